@@ -1,0 +1,41 @@
+package ratelimit
+
+import (
+	"context"
+	"time"
+)
+
+// Decision is the outcome of one message against all windows of its key.
+// A refusal is a Decision, not an error.
+type Decision struct {
+	// Allowed reports whether every window admitted the message.
+	Allowed bool
+	// Wait is the exact time until the same message would be admitted: the
+	// largest wait among the refusing windows. Zero when Allowed.
+	Wait time.Duration
+	// Scores holds, per window in the order given, the score after the
+	// decision (written when Allowed; decayed but unwritten when refused).
+	Scores []float64
+}
+
+// Store decides all windows of one key in one atomic step. Key is the
+// client-and-type part of the key, such as "{203.0.113.7}:message:EVENT";
+// the store appends ":<period_ms>" per window and may prepend a prefix.
+//
+// now is the instant of the decision; the zero time means the store's own
+// clock (Redis TIME for the Redis store). An error means the store could not
+// decide and wraps ErrUnavailable.
+type Store interface {
+	Decide(ctx context.Context, key string, limits []Limit, now time.Time) (Decision, error)
+}
+
+// MessageKey returns the Store key for messages of type typ from client:
+// "{client}:message:TYPE". Callers on a hot path build it once per connection.
+func MessageKey(client, typ string) string {
+	return "{" + client + "}:message:" + typ
+}
+
+// ConnectionKey returns the Store key for connections from client.
+func ConnectionKey(client string) string {
+	return "{" + client + "}:connection"
+}
