@@ -1,0 +1,49 @@
+package relay
+
+// Outcome is what the gate did with a connection attempt or a frame.
+type Outcome uint8
+
+// The outcomes the gate reports to an Observer.
+const (
+	// Admitted: charged and within every window; forwarded.
+	Admitted Outcome = iota
+	// RateLimited: refused by a message or connection limit, with a wait.
+	RateLimited
+	// Unavailable: the store could not decide; refused (fail closed).
+	Unavailable
+	// QuotaExceeded: an EVENT refused because its actor used up its quota.
+	QuotaExceeded
+	// Allowlisted: forwarded without being charged (allow-listed IP or
+	// authenticated pubkey).
+	Allowlisted
+	// Invalid: an EVENT the gate could not attribute to one actor
+	// (duplicate "id" or "pubkey" fields) refused so that it cannot slip
+	// past the quota.
+	Invalid
+	// NumOutcomes is the number of outcomes, for arrays indexed by Outcome.
+	NumOutcomes
+)
+
+var outcomeNames = [NumOutcomes]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid"}
+
+// String returns a lower-case label fit for a metric ("rate_limited").
+func (o Outcome) String() string {
+	if o < NumOutcomes {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// Observer receives the gate's decisions, for metrics. Every field may be
+// nil. The functions are called on the per-frame path from many
+// goroutines at once: they must be safe for concurrent use and cheap
+// (an atomic add, a prometheus counter), and must not block.
+type Observer struct {
+	// Frame is called once per client frame with its type and outcome.
+	Frame func(t Type, o Outcome)
+	// Connection is called once per WebSocket upgrade attempt.
+	Connection func(o Outcome)
+	// Open is called with +1 when a gated connection opens and -1 when it
+	// closes, so a gauge of open connections can be kept.
+	Open func(delta int)
+}
