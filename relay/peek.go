@@ -1,5 +1,10 @@
 package relay
 
+import (
+	"bytes"
+	"unicode/utf8"
+)
+
 // Type is the kind of a client message, from a fixed set: a client can never
 // mint a new one by inventing labels.
 type Type uint8
@@ -19,11 +24,84 @@ const (
 	NumTypes // the number of types, for arrays indexed by Type
 )
 
-// String returns the wire label ("EVENT", "NEG-OPEN", …; "OTHER" for the catch-all).
-func (t Type) String() string { panic("unimplemented") }
+// typeNames holds the wire label of every Type, indexed by Type.
+var typeNames = [NumTypes]string{
+	TypeOther:    "OTHER",
+	TypeEVENT:    "EVENT",
+	TypeREQ:      "REQ",
+	TypeCLOSE:    "CLOSE",
+	TypeCOUNT:    "COUNT",
+	TypeAUTH:     "AUTH",
+	TypeNEGOPEN:  "NEG-OPEN",
+	TypeNEGMSG:   "NEG-MSG",
+	TypeNEGCLOSE: "NEG-CLOSE",
+}
 
-// ParseType maps a config or wire label onto a Type; ok is false for an unknown label.
-func ParseType(s string) (t Type, ok bool) { panic("unimplemented") }
+// maxLabelLen is the length of the longest known label ("NEG-CLOSE"). A label
+// that decodes to more bytes than this is TypeOther, and Peek stops reading it.
+const maxLabelLen = 9
+
+// MaxSubIDLen bounds Frame.ID for REQ, COUNT and CLOSE: the raw JSON literal,
+// quotes and escapes included, may be at most this many bytes. NIP-01 caps a
+// subscription id at 64 characters; the bound is lenient (room for escapes
+// and multi-byte characters) but finite, so a client can never make a reply
+// large. A longer id is not used, and the reply falls back to NOTICE.
+const MaxSubIDLen = 256
+
+// MaxIDScan bounds the scan for an event's top-level "id" (EVENT, AUTH): at
+// most this many bytes of the frame are looked at. It equals the gate's
+// default read limit, so by default the id of any frame the gate accepts is
+// found, wherever the client's library put it (nostr-tools writes it after
+// the tags and content). The scan is linear, allocation-free and skips string
+// bodies with bytes.IndexByte; it stops at the id, so the usual cost is a few
+// hundred bytes.
+const MaxIDScan = 512 << 10
+
+// String returns the wire label ("EVENT", "NEG-OPEN", …; "OTHER" for the
+// catch-all). A value outside the set renders as "OTHER".
+func (t Type) String() string {
+	if t >= NumTypes {
+		return typeNames[TypeOther]
+	}
+	return typeNames[t]
+}
+
+// ParseType maps a config or wire label onto a Type; ok is false for an
+// unknown label. It is case-sensitive, as NIP-01 labels are, and accepts
+// "OTHER" for the catch-all bucket so a config can name it.
+func ParseType(s string) (t Type, ok bool) {
+	for i, name := range typeNames {
+		if s == name {
+			return Type(i), true
+		}
+	}
+	return TypeOther, false
+}
+
+// labelType maps a decoded wire label onto a Type; anything unknown
+// (including the literal "OTHER") is TypeOther. It does not allocate: the
+// compiler turns a switch on string(b) into comparisons without a copy.
+func labelType(b []byte) Type {
+	switch string(b) {
+	case "EVENT":
+		return TypeEVENT
+	case "REQ":
+		return TypeREQ
+	case "CLOSE":
+		return TypeCLOSE
+	case "COUNT":
+		return TypeCOUNT
+	case "AUTH":
+		return TypeAUTH
+	case "NEG-OPEN":
+		return TypeNEGOPEN
+	case "NEG-MSG":
+		return TypeNEGMSG
+	case "NEG-CLOSE":
+		return TypeNEGCLOSE
+	}
+	return TypeOther
+}
 
 // Frame is what the gate learns of a client frame without parsing it.
 type Frame struct {
@@ -36,4 +114,300 @@ type Frame struct {
 }
 
 // Peek classifies a text frame. It never allocates and never panics.
-func Peek(frame []byte) Frame { panic("unimplemented") }
+//
+// The type is the first element of the JSON array, decoded as a real JSON
+// string: leading whitespace, escapes ("\u0045VENT" is EVENT) and surrogate
+// pairs are handled as the relay's own JSON parser handles them, so spelling
+// a label differently cannot buy a different bucket. Labels are matched
+// exactly and case-sensitively (NIP-01). Everything else is TypeOther: a
+// frame that is not an array, whose first element is not a string, whose
+// label is unknown or longer than the longest known label (Peek stops
+// reading there), holds an invalid escape, a raw control character or
+// non-ASCII text in its label, or ends before the label is closed and
+// followed by ',' or ']'.
+//
+// Whitespace is skipped without a bound: the frame has already been read and
+// unmasked whole, skipping spaces costs less than that, and a bound would let
+// a client move its EVENTs into the catch-all bucket by padding them.
+//
+// Peek does not validate the rest of the frame. A frame that is malformed
+// after a well-formed label keeps its label's type: it is charged to the
+// bucket it claims, and the relay rejects it.
+//
+// Binary WebSocket frames are not for Peek: the gate classifies them as
+// TypeOther itself, without looking at their bytes.
+//
+// ID is found as Frame.ID describes. For REQ, COUNT and CLOSE it is the
+// second element when that is a well-formed JSON string of valid UTF-8 of at
+// most MaxSubIDLen raw bytes. For EVENT and AUTH it is the value of the
+// event object's top-level "id" key (the key spelled without escapes; an "id"
+// inside tags or content does not count), found by a scan of at most
+// MaxIDScan bytes that tracks string state and nesting depth and never
+// decodes the event; it is used only when it is exactly 64 lowercase hex
+// digits. Otherwise ID is nil.
+func Peek(frame []byte) Frame {
+	i := skipWS(frame, 0)
+	if i >= len(frame) || frame[i] != '[' {
+		return Frame{}
+	}
+	i = skipWS(frame, i+1)
+	if i >= len(frame) || frame[i] != '"' {
+		return Frame{}
+	}
+	var buf [maxLabelLen]byte
+	n, end, ok := decodeLabel(frame, i+1, &buf)
+	if !ok {
+		return Frame{}
+	}
+	t := labelType(buf[:n])
+	if t == TypeOther {
+		return Frame{}
+	}
+	// The label must be followed by ',' or ']': a frame cut after its label
+	// is truncated and cannot be classified.
+	j := skipWS(frame, end)
+	if j >= len(frame) {
+		return Frame{}
+	}
+	switch frame[j] {
+	case ']':
+		return Frame{Type: t}
+	case ',':
+	default:
+		return Frame{}
+	}
+	j = skipWS(frame, j+1)
+	f := Frame{Type: t}
+	switch t {
+	case TypeREQ, TypeCOUNT, TypeCLOSE:
+		f.ID = subID(frame, j)
+	case TypeEVENT, TypeAUTH:
+		f.ID = eventID(frame, j)
+	}
+	return f
+}
+
+// isWS reports whether c is JSON whitespace (RFC 8259: space, tab, LF, CR).
+func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// skipWS returns the index of the first non-whitespace byte at or after i.
+func skipWS(b []byte, i int) int {
+	for i < len(b) && isWS(b[i]) {
+		i++
+	}
+	return i
+}
+
+// decodeLabel decodes the JSON string whose body starts at b[i] (just after
+// the opening quote) into buf. It reports ok=false as soon as the string
+// cannot be a known label: longer than buf, a non-ASCII character (every
+// label is ASCII, so a surrogate pair or a lone surrogate, which JSON
+// decoders turn into U+FFFD, can never match), a raw control character, an
+// invalid escape, or the end of input. end is the index after the closing
+// quote.
+func decodeLabel(b []byte, i int, buf *[maxLabelLen]byte) (n, end int, ok bool) {
+	for i < len(b) {
+		c := b[i]
+		switch {
+		case c == '"':
+			return n, i + 1, true
+		case c < 0x20 || c >= 0x80:
+			return 0, 0, false
+		case c == '\\':
+			if i+1 >= len(b) {
+				return 0, 0, false
+			}
+			switch b[i+1] {
+			case '"', '\\', '/':
+				c = b[i+1]
+			case 'b':
+				c = '\b'
+			case 'f':
+				c = '\f'
+			case 'n':
+				c = '\n'
+			case 'r':
+				c = '\r'
+			case 't':
+				c = '\t'
+			case 'u':
+				r, ok := hex4(b, i+2)
+				if !ok || r >= 0x80 {
+					return 0, 0, false
+				}
+				c = byte(r)
+				i += 4
+			default:
+				return 0, 0, false
+			}
+			i += 2
+		default:
+			i++
+		}
+		if n == maxLabelLen {
+			return 0, 0, false
+		}
+		buf[n] = c
+		n++
+	}
+	return 0, 0, false
+}
+
+// hex4 decodes the four hex digits at b[i:i+4].
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		var d byte
+		switch {
+		case '0' <= c && c <= '9':
+			d = c - '0'
+		case 'a' <= c && c <= 'f':
+			d = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(d)
+	}
+	return r, true
+}
+
+// subID returns the JSON string literal starting at b[i] when it is
+// well-formed, valid UTF-8 and at most MaxSubIDLen bytes raw; nil otherwise.
+func subID(b []byte, i int) []byte {
+	if i >= len(b) || b[i] != '"' {
+		return nil
+	}
+	limit := min(len(b), i+MaxSubIDLen)
+	j := i + 1
+	for j < limit {
+		c := b[j]
+		switch {
+		case c == '"':
+			return b[i : j+1 : j+1]
+		case c < 0x20:
+			return nil
+		case c == '\\':
+			if j+1 >= limit {
+				return nil
+			}
+			switch b[j+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				j += 2
+			case 'u':
+				if _, ok := hex4(b[:limit], j+2); !ok {
+					return nil
+				}
+				j += 6
+			default:
+				return nil
+			}
+		case c < 0x80:
+			j++
+		default:
+			r, size := utf8.DecodeRune(b[j:limit])
+			if r == utf8.RuneError && size <= 1 {
+				return nil
+			}
+			j += size
+		}
+	}
+	return nil
+}
+
+// eventID scans the object starting at b[i] for its top-level "id" key and
+// returns the value's literal when it is 64 lowercase hex digits. The first
+// top-level "id" decides: a later duplicate is not looked for. The scan
+// tracks string state and nesting depth, so keys and values inside nested
+// objects, arrays and strings never count, and it gives up (nil) at the end
+// of the object, at the end of input, or after MaxIDScan bytes.
+func eventID(b []byte, i int) []byte {
+	if i >= len(b) || b[i] != '{' {
+		return nil
+	}
+	limit := min(len(b), i+MaxIDScan)
+	b = b[:limit]
+	depth := 1
+	expectKey := true // at depth 1, the next string is a key
+	j := i + 1
+	for j < len(b) {
+		c := b[j]
+		switch c {
+		case '"':
+			end := skipString(b, j+1)
+			if end < 0 {
+				return nil
+			}
+			if depth == 1 && expectKey {
+				if end-j == 4 && b[j+1] == 'i' && b[j+2] == 'd' {
+					return idValue(b, end)
+				}
+				expectKey = false
+			}
+			j = end
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return nil
+			}
+		case ',':
+			if depth == 1 {
+				expectKey = true
+			}
+		}
+		j++
+	}
+	return nil
+}
+
+// skipString returns the index after the closing quote of the JSON string
+// whose body starts at b[i], or -1 when the input ends first. Only quotes and
+// backslashes matter here, so the body is skipped with bytes.IndexByte and a
+// quote is closing when an even number of backslashes precede it. Each
+// backslash is counted at most once, so the work stays linear.
+func skipString(b []byte, i int) int {
+	start := i
+	for {
+		k := bytes.IndexByte(b[i:], '"')
+		if k < 0 {
+			return -1
+		}
+		q := i + k
+		n := 0
+		for p := q - 1; p >= start && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1
+		}
+		i = q + 1
+		start = q + 1
+	}
+}
+
+// idValue returns the 64-lowercase-hex string literal that follows the key
+// ending at b[i] (whitespace, ':', whitespace), or nil.
+func idValue(b []byte, i int) []byte {
+	i = skipWS(b, i)
+	if i >= len(b) || b[i] != ':' {
+		return nil
+	}
+	i = skipWS(b, i+1)
+	const lit = 64 + 2
+	if i+lit > len(b) || b[i] != '"' || b[i+lit-1] != '"' {
+		return nil
+	}
+	for _, c := range b[i+1 : i+lit-1] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return nil
+		}
+	}
+	return b[i : i+lit : i+lit]
+}

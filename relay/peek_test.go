@@ -1,0 +1,203 @@
+package relay
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+const (
+	testID  = "4376c65d2f232afbe9b882a35baa4f6fe8667c4e684749af565f981833ed6a65"
+	testID2 = "f8a3f0e5c6b1d2e3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90a1b"
+)
+
+// goNostrEvent is ordered as go-nostr serializes an event (id early).
+const goNostrEvent = `{"kind":1,"id":"` + testID + `","pubkey":"6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93","created_at":1673347337,"tags":[["e","` + testID2 + `"],["p","6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"]],"content":"hello \"id\":\"x\" world","sig":"908a15e46fb4d8675bab026fc230a0e3542bfade63da02d542fb78b2a8513fcd0092619a2c8c1221e581946e0191f2af505dfdf8657a414dbca329186f009262"}`
+
+// nostrToolsEvent is ordered as nostr-tools' finalizeEvent leaves it (id late),
+// with an "id" key inside a nested object and inside the content.
+const nostrToolsEvent = `{"kind":1,"created_at":1673347337,"tags":[["id","` + testID2 + `"],{"id":"` + testID2 + `"}],"content":"{\"id\":\"` + testID2 + `\"}\\","pubkey":"6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93","id":"` + testID + `","sig":"908a15e46fb4d8675bab026fc230a0e3542bfade63da02d542fb78b2a8513fcd0092619a2c8c1221e581946e0191f2af505dfdf8657a414dbca329186f009262"}`
+
+func TestPeek(t *testing.T) {
+	tests := []struct {
+		name  string
+		frame string
+		want  Type
+		id    string // expected raw ID literal; "" means nil
+	}{
+		{"event go-nostr order", `["EVENT",` + goNostrEvent + `]`, TypeEVENT, `"` + testID + `"`},
+		{"event nostr-tools order", `["EVENT",` + nostrToolsEvent + `]`, TypeEVENT, `"` + testID + `"`},
+		{"event spaced", " \r\n\t[ \n\"EVENT\" ,\t{ \"id\" : \"" + testID + "\" } ]", TypeEVENT, `"` + testID + `"`},
+		{"event escaped label", `["\u0045VENT",{"id":"` + testID + `"}]`, TypeEVENT, `"` + testID + `"`},
+		{"event fully escaped label", `["\u0045\u0056\u0045\u004e\u0054",{}]`, TypeEVENT, ""},
+		{"event lower-case hex escape", `["\u0045\u0056\u0045\u004E\u0054",{}]`, TypeEVENT, ""},
+		{"neg-close fully escaped", `["\u004e\u0045\u0047\u002d\u0043\u004c\u004f\u0053\u0045","s"]`, TypeNEGCLOSE, ""},
+		{"solidus escape", `["NEG\/OPEN"]`, TypeOther, ""},
+		{"event upper-case id", `["EVENT",{"id":"` + strings.ToUpper(testID) + `"}]`, TypeEVENT, ""},
+		{"event short id", `["EVENT",{"id":"abcd"}]`, TypeEVENT, ""},
+		{"event id not a string", `["EVENT",{"id":123}]`, TypeEVENT, ""},
+		{"event escaped id key", `["EVENT",{"\u0069d":"` + testID + `"}]`, TypeEVENT, ""},
+		{"event id only nested", `["EVENT",{"tags":[["id","` + testID + `"]],"x":{"id":"` + testID + `"}}]`, TypeEVENT, ""},
+		{"event id only in content", `["EVENT",{"content":"\",\"id\":\"` + testID + `\""}]`, TypeEVENT, ""},
+		{"event id as value", `["EVENT",{"x":"id","y":"` + testID + `"}]`, TypeEVENT, ""},
+		{"event not an object", `["EVENT","` + testID + `"]`, TypeEVENT, ""},
+		{"event truncated in object", `["EVENT",{"content":"abc`, TypeEVENT, ""},
+		{"auth", `["AUTH",{"id":"` + testID + `","kind":22242}]`, TypeAUTH, `"` + testID + `"`},
+		{"req", `["REQ","sub1",{"kinds":[1]}]`, TypeREQ, `"sub1"`},
+		{"req escaped sub id", `["REQ","a\"b\\c\u00e9\n",{}]`, TypeREQ, `"a\"b\\c\u00e9\n"`},
+		{"req utf-8 sub id", `["REQ","süß🙂",{}]`, TypeREQ, `"süß🙂"`},
+		{"req sub id not a string", `["REQ",42,{}]`, TypeREQ, ""},
+		{"req sub id bad escape", `["REQ","a\x",{}]`, TypeREQ, ""},
+		{"req sub id bad \\u", `["REQ","a\u12",{}]`, TypeREQ, ""},
+		{"req sub id control char", "[\"REQ\",\"a\tb\",{}]", TypeREQ, ""},
+		{"req sub id invalid utf-8", "[\"REQ\",\"a\xffb\",{}]", TypeREQ, ""},
+		{"req sub id truncated", `["REQ","abc`, TypeREQ, ""},
+		{"req sub id max", `["REQ","` + strings.Repeat("s", MaxSubIDLen-2) + `"]`, TypeREQ, `"` + strings.Repeat("s", MaxSubIDLen-2) + `"`},
+		{"req sub id too long", `["REQ","` + strings.Repeat("s", MaxSubIDLen-1) + `"]`, TypeREQ, ""},
+		{"count", `["COUNT","c",{}]`, TypeCOUNT, `"c"`},
+		{"close", `["CLOSE","sub1"]`, TypeCLOSE, `"sub1"`},
+		{"close alone", `["CLOSE"]`, TypeCLOSE, ""},
+		{"neg-open", `["NEG-OPEN","s",{},"00"]`, TypeNEGOPEN, ""},
+		{"neg-msg", `["NEG-MSG","s","00"]`, TypeNEGMSG, ""},
+		{"neg-close", `["NEG-CLOSE","s"]`, TypeNEGCLOSE, ""},
+		{"lower-case label", `["event",{}]`, TypeOther, ""},
+		{"OTHER label", `["OTHER"]`, TypeOther, ""},
+		{"unknown label", `["FOO",1]`, TypeOther, ""},
+		{"empty label", `["",1]`, TypeOther, ""},
+		{"label with NUL escape", `["EVENT\u0000",{}]`, TypeOther, ""},
+		{"label prefix of longer", `["EVENTS",{}]`, TypeOther, ""},
+		{"huge label", `["` + strings.Repeat("A", 1<<16) + `"]`, TypeOther, ""},
+		{"empty", ``, TypeOther, ""},
+		{"bracket", `[`, TypeOther, ""},
+		{"bracket quote", `["`, TypeOther, ""},
+		{"truncated label", `["EVE`, TypeOther, ""},
+		{"truncated after label", `["EVENT"`, TypeOther, ""},
+		{"truncated after label ws", `["EVENT"  `, TypeOther, ""},
+		{"label then garbage", `["EVENT":{}]`, TypeOther, ""},
+		{"one-element array", `[ "EVENT" ]`, TypeEVENT, ""},
+		{"object", `{}`, TypeOther, ""},
+		{"object with label", `{"EVENT":1}`, TypeOther, ""},
+		{"number", `123`, TypeOther, ""},
+		{"nested array", `[["EVENT"],{}]`, TypeOther, ""},
+		{"number first", `[1,"EVENT"]`, TypeOther, ""},
+		{"NUL bytes", "\x00[\"EVENT\",{}]", TypeOther, ""},
+		{"NUL in label", "[\"EV\x00ENT\",{}]", TypeOther, ""},
+		{"BOM", "\xef\xbb\xbf[\"EVENT\",{}]", TypeOther, ""},
+		{"invalid utf-8 label", "[\"EV\xffT\",{}]", TypeOther, ""},
+		{"lone surrogate label", `["\ud800",{}]`, TypeOther, ""},
+		{"surrogate pair label", `["\ud83d\ude00",{}]`, TypeOther, ""},
+		{"non-ascii escape label", `["EVEN\u0054\u00e9"]`, TypeOther, ""},
+		{"invalid escape label", `["\EVENT",{}]`, TypeOther, ""},
+		{"short \\u label", `["\u004",{}]`, TypeOther, ""},
+		{"bad hex label", `["\u00g5VENT",{}]`, TypeOther, ""},
+		{"vertical tab is not whitespace", "\v[\"EVENT\",{}]", TypeOther, ""},
+		{"non-breaking space is not whitespace", "\u00a0[\"EVENT\",{}]", TypeOther, ""},
+		{"lots of whitespace", strings.Repeat(" ", 1<<16) + `["REQ","s",{}]`, TypeREQ, `"s"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			frame := []byte(tt.frame)
+			got := Peek(frame)
+			if got.Type != tt.want {
+				t.Errorf("Type = %v, want %v", got.Type, tt.want)
+			}
+			if tt.id == "" && got.ID != nil {
+				t.Errorf("ID = %q, want nil", got.ID)
+			}
+			if tt.id != "" && string(got.ID) != tt.id {
+				t.Errorf("ID = %q, want %q", got.ID, tt.id)
+			}
+			checkFrame(t, frame, got)
+		})
+	}
+}
+
+// checkFrame asserts the invariants every Peek result keeps.
+func checkFrame(t *testing.T, frame []byte, f Frame) {
+	t.Helper()
+	if f.Type >= NumTypes {
+		t.Fatalf("Type %d out of range", f.Type)
+	}
+	if f.ID == nil {
+		return
+	}
+	if !isSubSlice(frame, f.ID) {
+		t.Fatalf("ID %q is not a sub-slice of the frame", f.ID)
+	}
+	if !validStringLiteral(f.ID) {
+		t.Fatalf("ID %q is not a valid JSON string literal", f.ID)
+	}
+	if cap(f.ID) != len(f.ID) {
+		t.Fatalf("ID cap %d > len %d: appending to it would overwrite the frame", cap(f.ID), len(f.ID))
+	}
+}
+
+func isSubSlice(outer, inner []byte) bool {
+	if len(inner) == 0 {
+		return false
+	}
+	for i := 0; i+len(inner) <= len(outer); i++ {
+		if &outer[i] == &inner[0] {
+			return bytes.Equal(outer[i:i+len(inner)], inner)
+		}
+	}
+	return false
+}
+
+func TestTypeString(t *testing.T) {
+	want := []string{"OTHER", "EVENT", "REQ", "CLOSE", "COUNT", "AUTH", "NEG-OPEN", "NEG-MSG", "NEG-CLOSE"}
+	if len(want) != int(NumTypes) {
+		t.Fatalf("NumTypes = %d, test knows %d", NumTypes, len(want))
+	}
+	for i, w := range want {
+		typ := Type(i)
+		if got := typ.String(); got != w {
+			t.Errorf("Type(%d).String() = %q, want %q", i, got, w)
+		}
+		p, ok := ParseType(w)
+		if !ok || p != typ {
+			t.Errorf("ParseType(%q) = %v, %v; want %v, true", w, p, ok, typ)
+		}
+		if i != int(TypeOther) {
+			if got := Peek([]byte(`["` + w + `"]`)).Type; got != typ {
+				t.Errorf("Peek of %q label = %v", w, got)
+			}
+		}
+	}
+	if got := Type(200).String(); got != "OTHER" {
+		t.Errorf("out-of-range String = %q", got)
+	}
+	for _, bad := range []string{"", "event", "Event", "NEG_OPEN", "EVENT ", " EVENT", "other"} {
+		if p, ok := ParseType(bad); ok || p != TypeOther {
+			t.Errorf("ParseType(%q) = %v, %v; want OTHER, false", bad, p, ok)
+		}
+	}
+}
+
+func TestPeekAllocs(t *testing.T) {
+	frames := [][]byte{
+		[]byte(`["EVENT",` + nostrToolsEvent + `]`),
+		[]byte(`["\u0045VENT",` + goNostrEvent + `]`),
+		[]byte(`["REQ","süß",{"kinds":[1]}]`),
+		[]byte(`["` + strings.Repeat("A", 100) + `"]`),
+	}
+	var sink Frame
+	for _, f := range frames {
+		if n := testing.AllocsPerRun(100, func() { sink = Peek(f) }); n != 0 {
+			t.Errorf("Peek(%.20q…) allocates %v times", f, n)
+		}
+	}
+	_ = sink
+}
+
+// validStringLiteral reports whether b is exactly one JSON string literal of
+// valid UTF-8, checked with encoding/json as an independent oracle.
+func validStringLiteral(b []byte) bool {
+	if len(b) < 2 || b[0] != '"' || !utf8.Valid(b) {
+		return false
+	}
+	var s string
+	return json.Unmarshal(b, &s) == nil
+}
