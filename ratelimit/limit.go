@@ -14,6 +14,29 @@
 // written. A refused message writes nothing, so the wait a client is told
 // stays true however often it knocks. The wait until the same message would
 // be admitted is T·log2(decayed/(R−c)).
+//
+// # Time resolution and numerical honesty
+//
+// Decisions are made on whole milliseconds, the resolution of Redis TIME and
+// of the instants the Redis store's script is given: the memory store
+// truncates every instant to its unix millisecond, so one step table of
+// instants gives the same decisions on every store.
+//
+// A Decision's Wait is a whole number of milliseconds: the smallest w ≥ 1 ms
+// such that the very admission test the store runs, run at now+w against the
+// unchanged score, admits. It is found from T·log2(S/(R−c)) rounded up and
+// then checked by running that test at now+w and now+w−1ms, so float error in
+// log and exp can neither make a client that obeys the wait be refused nor
+// let one that comes back 1 ms sooner in. Admission itself compares
+// decayed+c ≤ R with no tolerance.
+//
+// # Bounded memory
+//
+// MemoryStore, the Limiter's table of refused clients and Quota are fixed
+// tables sized at construction, indexed by hash/maphash with a per-process
+// random seed: a client cannot choose which slot its key lands in, and no
+// key, however many, makes any of them grow. Keys that share a slot share a
+// budget; the sizes make that rare.
 package ratelimit
 
 import (
@@ -83,20 +106,46 @@ func (l Limit) Validate() error {
 	return nil
 }
 
-// Burst returns how many messages the limit admits from rest: ⌊R/c⌋.
+// Burst returns how many messages the limit admits at one instant from rest:
+// ⌊R/c⌋, counted the way a store counts them (by adding c to the score until
+// it would pass R), so that float sums such as 0.1+0.1+0.1 > 0.3 give the
+// answer a store gives. It returns 0 for a limit that Validate refuses.
 func (l Limit) Burst() int {
-	return int(math.Floor(l.Rate/l.cost() + 1e-9))
+	c := l.cost()
+	if l.Validate() != nil {
+		return 0
+	}
+	n := math.Floor(l.Rate / c)
+	if n > 1<<20 {
+		return int(n) // too many to count one by one; float sums are exact enough here
+	}
+	k, s := 0, 0.0
+	for s+c <= l.Rate {
+		s += c
+		k++
+	}
+	return k
 }
 
 // Interval returns the steady-state spacing of admitted messages once the
-// burst is spent: −T·log2(1 − c/R).
+// burst is spent: −T·log2(1 − c/R). A client that obeys every wait is spaced
+// by this rounded up to whole milliseconds, the resolution of decisions. It
+// returns 0 for a limit that Validate refuses.
 func (l Limit) Interval() time.Duration {
+	if l.Validate() != nil {
+		return 0
+	}
 	return time.Duration(-float64(l.Period) * math.Log2(1-l.cost()/l.Rate))
 }
 
-// Sustained returns the steady-state rate in messages per second.
+// Sustained returns the steady-state rate in messages per second, about
+// R·ln2/(c·T) when R ≫ c. It returns 0 for a limit that Validate refuses.
 func (l Limit) Sustained() float64 {
-	return float64(time.Second) / float64(l.Interval())
+	iv := l.Interval()
+	if iv <= 0 {
+		return 0
+	}
+	return float64(time.Second) / float64(iv)
 }
 
 // String renders the limit as in the config ("10/1s") and what it means.
@@ -120,14 +169,41 @@ func Decay(s float64, written, now time.Time, period time.Duration) float64 {
 }
 
 // Wait returns how long a refused message of limit l must wait, given the
-// current decayed score: T·log2(decayed/(R−c)), or 0 when it would be
-// admitted now.
+// current decayed score: T·log2(decayed/(R−c)) rounded up to whole
+// milliseconds and checked against the admission test (see the package doc),
+// or 0 when decayed+c ≤ R already. A limit that Validate refuses gets 0 from
+// a score it would admit and the longest representable wait otherwise.
 func (l Limit) Wait(decayed float64) time.Duration {
-	room := l.Rate - l.cost()
-	if decayed <= room {
+	c := l.cost()
+	if decayed+c <= l.Rate {
 		return 0
 	}
-	return time.Duration(math.Ceil(float64(l.Period) * math.Log2(decayed/room)))
+	periodMs, _, err := checkLimit(l)
+	if err != nil {
+		return time.Duration(maxWaitMs) * time.Millisecond
+	}
+	return time.Duration(waitMs(decayed, 0, 0, periodMs, c, l.Rate)) * time.Millisecond
+}
+
+// ValidateLimits checks the limits of one key at configuration time, so that
+// deciding them need not: every limit valid, at most MaxWindows of them, and
+// no two with the same period (they would share one store key). An empty
+// list is valid and means the key passes free.
+func ValidateLimits(limits []Limit) error {
+	if len(limits) > MaxWindows {
+		return fmt.Errorf("%w: %d windows, at most %d", ErrInvalidLimit, len(limits), MaxWindows)
+	}
+	for i, l := range limits {
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("limit %d (%v): %w", i+1, l, err)
+		}
+		for _, p := range limits[:i] {
+			if p.Period/time.Millisecond == l.Period/time.Millisecond {
+				return fmt.Errorf("%w: two limits with period %v would share one key", ErrInvalidLimit, l.Period)
+			}
+		}
+	}
+	return nil
 }
 
 // RetrySeconds renders a wait for the wire: whole seconds rounded up, never 0.

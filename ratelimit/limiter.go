@@ -2,27 +2,207 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"sync/atomic"
 	"time"
 )
 
+// DefaultBlockedSlots is the size of a Limiter's refused-until table when
+// LimiterOptions.BlockedSlots is 0: 16,384 clients-and-types at 32 bytes each.
+const DefaultBlockedSlots = 1 << 14
+
+// statStripes spreads the Limiter's counters over padded cells so that
+// counting does not make every core write one cache line.
+const statStripes = 16
+
 // Limiter is a Store plus a bounded local table of clients already told to
-// wait. STUB: signatures fixed, body to be written.
-type Limiter struct{}
+// wait. When the store refuses a key with wait w, the Limiter remembers
+// "refused until now+w" for that key; until then further messages for it are
+// refused locally, with the remaining wait, without a store call, so a flood
+// from a blocked client costs the store nothing. Refusals write nothing in
+// the store, so the local answer is the one the store would give.
+//
+// The table is fixed-size and lock-free: a slot holds a 64-bit fingerprint of
+// the key (from a hash with a per-process random seed) and the instant, and a
+// key whose fingerprint is not in its slot simply asks the store. Another
+// key landing in the same slot can only evict an entry (costing one store
+// call), never refuse the wrong client.
+//
+// A Limiter is safe for concurrent use. Create one with NewLimiter.
+type Limiter struct {
+	store   Store
+	mem     *MemoryStore // store, when it is one: its allocation-free path
+	now     func() time.Time
+	seed    maphash.Seed
+	blocked []blockedSlot
+	mask    uint64
+	stats   [statStripes]statStripe
+}
 
 // LimiterOptions configures a Limiter. The zero value is usable.
 type LimiterOptions struct {
 	// Now is the clock; nil means time.Now, and then the store's own clock
 	// decides (Redis TIME) while the local table uses time.Now.
 	Now func() time.Time
-	// BlockedSlots sizes the local refused-until table; 0 means a default.
+	// BlockedSlots sizes the local refused-until table (rounded up to a
+	// power of two); 0 or less means DefaultBlockedSlots.
 	BlockedSlots int
 }
 
-// NewLimiter returns a Limiter over store.
-func NewLimiter(store Store, opts LimiterOptions) *Limiter { panic("unimplemented") }
+// LimiterStats counts what a Limiter did since it was created.
+type LimiterStats struct {
+	// StoreCalls is the number of decisions asked of the store.
+	StoreCalls uint64
+	// StoreErrors is how many of those failed (and were refused closed).
+	StoreErrors uint64
+	// LocalRefusals is the number of messages refused from the local
+	// table without a store call.
+	LocalRefusals uint64
+}
 
-// Allow decides one message for key against limits. A refusal is a Decision;
-// err != nil (wrapping ErrUnavailable) only when the store failed.
+// blockedSlot is one refused-until entry, guarded by a sequence lock: seq is
+// odd while a writer fills fp and until, and a reader that sees seq change
+// or odd ignores the slot. Every field is atomic so that readers never race.
+type blockedSlot struct {
+	seq   atomic.Uint64
+	fp    atomic.Uint64 // fingerprint of the key; 0 means empty
+	until atomic.Int64  // unix nanoseconds
+	_     [8]byte       // 32 bytes: two slots to a cache line, never straddling
+}
+
+type statStripe struct {
+	storeCalls, storeErrors, localRefusals atomic.Uint64
+	_                                      [64 - 24]byte
+}
+
+// NewLimiter returns a Limiter over store. A nil store means a new
+// MemoryStore of DefaultMemorySlots using opts.Now as its clock.
+func NewLimiter(store Store, opts LimiterOptions) *Limiter {
+	if store == nil {
+		store = &MemoryStore{Now: opts.Now}
+	}
+	n := opts.BlockedSlots
+	if n <= 0 {
+		n = DefaultBlockedSlots
+	}
+	if n > 1<<30 {
+		n = 1 << 30
+	}
+	n = 1 << bits.Len(uint(n-1))
+	l := &Limiter{
+		store:   store,
+		now:     opts.Now,
+		seed:    maphash.MakeSeed(),
+		blocked: make([]blockedSlot, n),
+		mask:    uint64(n - 1),
+	}
+	l.mem, _ = store.(*MemoryStore)
+	return l
+}
+
+// Allow decides one message for key against limits at the Limiter's clock.
+// A refusal is a Decision; err != nil (wrapping ErrUnavailable) only when the
+// store failed, and then the Decision refuses with no wait: the caller must
+// fail closed and must not call it a rate limit.
+//
+// limits are not validated here, so that Allow stays cheap: check them once
+// with ValidateLimits. An empty list admits without a store call. A Decision
+// answered from the local table has no Scores; one from a MemoryStore has no
+// Scores either (they would cost an allocation per call).
 func (l *Limiter) Allow(ctx context.Context, key string, limits []Limit) (Decision, error) {
-	panic("unimplemented")
+	return l.AllowAt(ctx, key, limits, time.Time{})
+}
+
+// AllowAt is Allow at the instant now, for tests and for callers with their
+// own clock; the zero now means the Limiter's clock (see LimiterOptions.Now).
+func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now time.Time) (Decision, error) {
+	if len(limits) == 0 {
+		return Decision{Allowed: true}, nil
+	}
+	storeNow := now // zero: the store's own clock decides
+	if now.IsZero() {
+		if l.now != nil {
+			now = l.now()
+			storeNow = now
+		} else {
+			now = time.Now()
+		}
+	}
+	nowNs := now.UnixNano()
+	h := maphash.String(l.seed, key)
+	fp := h // the whole hash; the index is only some of its bits
+	if fp == 0 {
+		fp = 1 // 0 marks the empty slot
+	}
+	slot := &l.blocked[(h>>32)&l.mask]
+	st := &l.stats[h>>60]
+
+	if until, ok := slot.load(fp); ok && nowNs < until {
+		st.localRefusals.Add(1)
+		return Decision{Wait: time.Duration(until - nowNs)}, nil
+	}
+
+	st.storeCalls.Add(1)
+	var (
+		d   Decision
+		err error
+	)
+	if l.mem != nil {
+		d, err = l.mem.decide(key, limits, storeNow, nil)
+	} else {
+		d, err = l.store.Decide(ctx, key, limits, storeNow)
+	}
+	if err != nil {
+		st.storeErrors.Add(1)
+		if !errors.Is(err, ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return Decision{}, err
+	}
+	if !d.Allowed && d.Wait > 0 {
+		slot.store(fp, nowNs+int64(d.Wait))
+	}
+	return d, nil
+}
+
+// Stats returns the Limiter's counters. They are read one by one, not as a
+// snapshot, and only ever grow.
+func (l *Limiter) Stats() LimiterStats {
+	var s LimiterStats
+	for i := range l.stats {
+		st := &l.stats[i]
+		s.StoreCalls += st.storeCalls.Load()
+		s.StoreErrors += st.storeErrors.Load()
+		s.LocalRefusals += st.localRefusals.Load()
+	}
+	return s
+}
+
+// load returns the slot's until when it holds fingerprint fp and was not
+// being written while read.
+func (s *blockedSlot) load(fp uint64) (int64, bool) {
+	q := s.seq.Load()
+	if q&1 != 0 || s.fp.Load() != fp {
+		return 0, false
+	}
+	until := s.until.Load()
+	if s.seq.Load() != q {
+		return 0, false
+	}
+	return until, true
+}
+
+// store writes fp and until unless another writer holds the slot; losing
+// that race only costs the key one more store call later.
+func (s *blockedSlot) store(fp uint64, until int64) {
+	q := s.seq.Load()
+	if q&1 != 0 || !s.seq.CompareAndSwap(q, q+1) {
+		return
+	}
+	s.fp.Store(fp)
+	s.until.Store(until)
+	s.seq.Store(q + 2)
 }

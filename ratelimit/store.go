@@ -15,6 +15,8 @@ type Decision struct {
 	Wait time.Duration
 	// Scores holds, per window in the order given, the score after the
 	// decision (written when Allowed; decayed but unwritten when refused).
+	// It is nil when the decision did not come from a store call with
+	// scores: a Limiter's local refusal, or a Limiter over a MemoryStore.
 	Scores []float64
 }
 

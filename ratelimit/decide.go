@@ -1,0 +1,123 @@
+package ratelimit
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// MaxWindows is the most limits one key may have. ValidateLimits refuses
+// more; the memory store decides up to this many windows without touching
+// the heap.
+const MaxWindows = 8
+
+// maxWaitMs caps a wait (about 34 years) so that no arithmetic on it can
+// overflow; a wait that long only arises from absurd configurations.
+const maxWaitMs = 1 << 40
+
+// decayAt returns score s written at unix millisecond at, seen at unix
+// millisecond now, under half-life periodMs. This one expression is the
+// admission test's and the wait search's, so the two can never disagree.
+func decayAt(s float64, at, now int64, periodMs float64) float64 {
+	dt := now - at
+	if dt <= 0 {
+		return s // a score never decays for time that has not passed
+	}
+	x := float64(dt) / periodMs
+	if x > 1100 {
+		return 0 // 2^-1100 is below the smallest float64; skip the subnormals
+	}
+	return s * math.Exp2(-x)
+}
+
+// checkLimit reports whether l can be decided at all. It is the cheap part of
+// Validate, run per decision so that an unvalidated limit fails closed instead
+// of producing NaN waits.
+func checkLimit(l Limit) (periodMs, cost float64, err error) {
+	periodMs = float64(l.Period) / float64(time.Millisecond)
+	cost = l.cost()
+	if !(periodMs >= 1) || !(cost > 0) || !(l.Rate-cost > 0) || math.IsInf(l.Rate, 1) {
+		return 0, 0, fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrInvalidLimit, l)
+	}
+	return periodMs, cost, nil
+}
+
+// decide is the whole decision for one key, pure and allocation-free. Per
+// window i it is given the stored score[i] and the unix millisecond at[i] it
+// was written; now is the instant of the decision in unix milliseconds.
+//
+// The message is admitted when every window has decayed+cost ≤ rate. Then
+// score[i] and at[i] hold what must be written back (decayed+cost, at the
+// later of now and at[i]). When refused, score[i] holds the decayed score and
+// at[i] is unchanged: the caller writes nothing. Either way out[i] (when out
+// is not nil) receives score[i].
+//
+// The wait is the largest, over the refusing windows, of the smallest whole
+// number of milliseconds w ≥ 1 such that the same admission test run at
+// now+w admits. It starts from T·log2(S/(R−c)) rounded up and is then
+// corrected by probing the admission test itself at ±1 ms, so float error in
+// Log2 or Exp2 can never make an obedient client be refused, and a client
+// coming back 1 ms sooner is always refused.
+func decide(limits []Limit, score []float64, at []int64, now int64, out []float64) (bool, time.Duration, error) {
+	allowed := true
+	var wait int64
+	for i, l := range limits {
+		periodMs, cost, err := checkLimit(l)
+		if err != nil {
+			return false, 0, err
+		}
+		s, w := score[i], at[i]
+		d := decayAt(s, w, now, periodMs)
+		score[i] = d
+		if d+cost <= l.Rate {
+			continue
+		}
+		allowed = false
+		if wi := waitMs(s, w, now, periodMs, cost, l.Rate); wi > wait {
+			wait = wi
+		}
+	}
+	if allowed {
+		for i, l := range limits {
+			score[i] += l.cost()
+			if now > at[i] {
+				at[i] = now
+			}
+		}
+		wait = 0
+	}
+	if out != nil {
+		copy(out, score[:len(limits)])
+	}
+	return allowed, time.Duration(wait) * time.Millisecond, nil
+}
+
+// waitMs returns the smallest w ≥ 1 (milliseconds) such that score s written
+// at at admits a message of cost c under rate r at now+w. The caller has
+// established that it refuses at now.
+func waitMs(s float64, at, now int64, periodMs, c, r float64) int64 {
+	admits := func(t int64) bool { return decayAt(s, at, t, periodMs)+c <= r }
+	// Time after at until the score has decayed to r−c, from the stored
+	// score rather than the decayed one so that no rounding compounds.
+	d := periodMs * math.Log2(s/(r-c))
+	if !(d < maxWaitMs) { // also catches NaN
+		d = maxWaitMs
+	}
+	w := at + int64(math.Ceil(d)) - now
+	if w < 1 {
+		w = 1
+	}
+	if w > maxWaitMs {
+		w = maxWaitMs
+	}
+	// The estimate is exact to far better than a millisecond; these loops
+	// run at most once or twice and are bounded in case of pathological
+	// floats.
+	for n := 0; n < 16 && w < maxWaitMs && !admits(now+w); n++ {
+		w++
+	}
+	for n := 0; n < 16 && w > 1 && admits(now+w-1); n++ {
+		w--
+	}
+	return w
+}
