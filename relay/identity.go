@@ -1,0 +1,423 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"strings"
+)
+
+// Sentinel errors of identity and allow-list configuration. Test with
+// errors.Is; the wrapping error names the offending field or entry.
+var (
+	// ErrIdentity is wrapped by Identity.Validate.
+	ErrIdentity = errors.New("relay: invalid identity")
+	// ErrAllowList is wrapped by NewAllowList.
+	ErrAllowList = errors.New("relay: invalid allow-list entry")
+)
+
+// Identity defaults.
+const (
+	// DefaultIPv6Prefix groups IPv6 clients by /64, the block one
+	// subscriber usually holds: keying single IPv6 addresses would let a
+	// client rotate through 2^64 budgets.
+	DefaultIPv6Prefix = 64
+	// DefaultForwardHeader is the forwarding header believed from trusted
+	// proxies when Identity.Header is empty.
+	DefaultForwardHeader = "X-Forwarded-For"
+	// UnknownClient is the client of a request or hook whose address cannot
+	// be read. Every such client shares this one budget: garbage never
+	// mints a key of its own.
+	UnknownClient = "unknown"
+)
+
+// maxForwardHops bounds the entries of a forwarding header Client looks
+// at; maxForwardEntry bounds one entry's length. Longer chains of trusted
+// proxies than this do not exist in practice, so a header that needs more is
+// treated as garbage and the TCP peer is the client.
+const (
+	maxForwardHops  = 32
+	maxForwardEntry = 64 // "[" + 45-byte IPv6 + "]:65535", with room to spare
+)
+
+// Identity turns a request into the client a budget belongs to. The zero
+// value (and a nil *Identity) is usable: the TCP peer is the client, IPv6
+// grouped by /64, no forwarding header believed. An Identity must not be
+// changed once in use; it is then safe for concurrent use.
+type Identity struct {
+	// IPv6Prefix is the prefix length IPv6 clients are grouped by. 0 means
+	// DefaultIPv6Prefix (64); 128 keys single addresses.
+	IPv6Prefix int
+	// TrustedProxies are the networks whose forwarding header is believed.
+	// Nil means none: the TCP peer is always the client.
+	TrustedProxies []netip.Prefix
+	// Header is the forwarding header read from trusted proxies: "" means
+	// DefaultForwardHeader (X-Forwarded-For). "X-Real-IP" is read as one
+	// address; any other header (X-Forwarded-For, CF-Connecting-IP, …) as
+	// a comma-separated list, right-most entry appended last.
+	Header string
+	// Allow exempts allow-listed addresses from every limit in Key. Nil
+	// means nothing is allow-listed.
+	Allow *AllowList
+}
+
+// Validate reports a configuration Client cannot honour: a prefix length
+// outside 0…128, an invalid trusted-proxy prefix, or a header name that is
+// not an HTTP token.
+func (id *Identity) Validate() error {
+	if id == nil {
+		return nil
+	}
+	if id.IPv6Prefix < 0 || id.IPv6Prefix > 128 {
+		return fmt.Errorf("%w: ipv6_prefix %d must be 0 (the default, 64) or 1…128", ErrIdentity, id.IPv6Prefix)
+	}
+	for _, p := range id.TrustedProxies {
+		if !p.IsValid() {
+			return fmt.Errorf("%w: trusted_proxies: invalid prefix %v", ErrIdentity, p)
+		}
+	}
+	if h := id.Header; h != "" && !isToken(h) {
+		return fmt.Errorf("%w: header %q is not a valid header name", ErrIdentity, h)
+	}
+	return nil
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110), as a header name must be.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// Client returns the client of r as a key string and its address.
+//
+// The address is the TCP peer's (r.RemoteAddr), unless the peer is in
+// TrustedProxies: then the forwarding header is read right to left and the
+// first address that is not itself a trusted proxy is the client (when every
+// entry is trusted, the left-most). Entries left of the client are never
+// looked at, so whatever a client writes into the header itself cannot help
+// it. A header that is missing, malformed where it is read, or longer than 32
+// hops leaves the peer as the client: garbage is never believed.
+//
+// The key is the address rendered by ClientFromAddr: IPv4 whole, IPv6 as its
+// IPv6Prefix network. An IPv4-mapped IPv6 address counts as IPv4 and zones
+// are dropped. When even the peer cannot be read, client is UnknownClient
+// and addr is the zero Addr.
+func (id *Identity) Client(r *http.Request) (client string, addr netip.Addr) {
+	addr = id.Addr(r)
+	return id.ClientFromAddr(addr), addr
+}
+
+// Addr is Client without the key: the client's address, or the zero Addr
+// when the peer cannot be read. It does not allocate.
+func (id *Identity) Addr(r *http.Request) netip.Addr {
+	peer, ok := parseHost(r.RemoteAddr)
+	if !ok {
+		return netip.Addr{}
+	}
+	if !id.trusted(peer) {
+		return peer
+	}
+	header := DefaultForwardHeader
+	if id.Header != "" {
+		header = id.Header
+	}
+	if strings.EqualFold(header, "X-Real-IP") {
+		vals := r.Header["X-Real-Ip"]
+		if len(vals) != 1 {
+			return peer
+		}
+		if a, ok := parseForwarded(vals[0]); ok {
+			return a
+		}
+		return peer
+	}
+	if a, ok := id.walkForwarded(r.Header[textproto.CanonicalMIMEHeaderKey(header)]); ok {
+		return a
+	}
+	return peer
+}
+
+// walkForwarded reads a list-valued forwarding header (all its lines, in
+// order, form one list) from the right and returns the first untrusted
+// address, or the left-most one when all are trusted. ok is false for no
+// entries, a malformed entry before the client is found, or too many hops.
+func (id *Identity) walkForwarded(vals []string) (netip.Addr, bool) {
+	var last netip.Addr
+	hops := 0
+	for v := len(vals) - 1; v >= 0; v-- {
+		s := vals[v]
+		for {
+			hops++
+			if hops > maxForwardHops {
+				return netip.Addr{}, false
+			}
+			entry := s
+			comma := strings.LastIndexByte(s, ',')
+			if comma >= 0 {
+				entry = s[comma+1:]
+			}
+			a, ok := parseForwarded(entry)
+			if !ok {
+				return netip.Addr{}, false
+			}
+			if !id.trusted(a) {
+				return a, true
+			}
+			last = a
+			if comma < 0 {
+				break
+			}
+			s = s[:comma]
+		}
+	}
+	return last, last.IsValid()
+}
+
+// trusted reports whether a is in TrustedProxies.
+func (id *Identity) trusted(a netip.Addr) bool {
+	if id == nil {
+		return false
+	}
+	for _, p := range id.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseForwarded reads one forwarding-header entry: an address, optionally
+// with a port ("203.0.113.7:4711", "[2001:db8::1]:4711") or in brackets,
+// surrounded by optional whitespace. Unspecified addresses are garbage.
+func parseForwarded(s string) (netip.Addr, bool) {
+	s = strings.Trim(s, " \t")
+	if len(s) > maxForwardEntry {
+		return netip.Addr{}, false
+	}
+	return parseHost(s)
+}
+
+// parseHost reads "ip", "ip:port", "[ip]" or "[ip]:port" and normalises the
+// address: IPv4-mapped IPv6 becomes IPv4, a zone is dropped. Unspecified and
+// invalid addresses are refused.
+func parseHost(s string) (netip.Addr, bool) {
+	var a netip.Addr
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		a = ap.Addr()
+	} else if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		p, err := netip.ParseAddr(s[1 : len(s)-1])
+		if err != nil || !p.Is6() {
+			return netip.Addr{}, false
+		}
+		a = p
+	} else if p, err := netip.ParseAddr(s); err == nil {
+		a = p
+	} else {
+		return netip.Addr{}, false
+	}
+	a = a.WithZone("").Unmap()
+	if !a.IsValid() || a.IsUnspecified() {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+// ClientFromAddr renders addr as a client key: IPv4 whole ("203.0.113.7"),
+// IPv6 as its IPv6Prefix network ("2001:db8:1:2::/64"), IPv4-mapped IPv6 as
+// IPv4, zones dropped; UnknownClient for the zero Addr.
+func (id *Identity) ClientFromAddr(addr netip.Addr) string {
+	var buf [64]byte
+	return string(id.AppendClient(buf[:0], addr))
+}
+
+// AppendClient appends ClientFromAddr(addr) to dst without allocating.
+func (id *Identity) AppendClient(dst []byte, addr netip.Addr) []byte {
+	addr = addr.WithZone("").Unmap()
+	if !addr.IsValid() {
+		return append(dst, UnknownClient...)
+	}
+	if addr.Is4() {
+		return addr.AppendTo(dst)
+	}
+	bits := DefaultIPv6Prefix
+	if id != nil && id.IPv6Prefix > 0 && id.IPv6Prefix <= 128 {
+		bits = id.IPv6Prefix
+	}
+	p, _ := addr.Prefix(bits)
+	return p.AppendTo(dst)
+}
+
+// ClientFromString is ClientFromAddr for an address held as a string, as
+// hook users get it (khatru.GetIP, rely's Client.IP): "ip", "ip:port",
+// "[ip]" and "[ip]:port" are read; anything else is UnknownClient. The
+// string is not a forwarding header: it is taken as the client's address
+// as it is, so the caller must know where it came from.
+func (id *Identity) ClientFromString(ip string) string {
+	a, _ := parseHost(strings.TrimSpace(ip))
+	return id.ClientFromAddr(a)
+}
+
+// Key maps an address string onto a client key for the hooks: key is
+// ClientFromString(ip), and charge is false when the address is in
+// Allow (an allow-listed client is never charged). An unreadable address
+// is charged to UnknownClient.
+func (id *Identity) Key(ip string) (key string, charge bool) {
+	a, _ := parseHost(strings.TrimSpace(ip))
+	if id.AllowsAddr(a) {
+		return id.ClientFromAddr(a), false
+	}
+	return id.ClientFromAddr(a), true
+}
+
+// AllowList exempts clients from every limit: by network (IPs, checked on
+// the client's address) and by pubkey (checked on the NIP-42 authenticated
+// pubkey or an event's author). Build it with NewAllowList, which validates
+// every entry and indexes the pubkeys; a literal AllowList works too, with
+// a linear pubkey lookup. A nil *AllowList allows nothing. It must not be
+// changed once in use; it is then safe for concurrent use.
+type AllowList struct {
+	IPs     []netip.Prefix
+	Pubkeys []string // 64 lowercase hex digits each
+
+	set map[[32]byte]struct{} // Pubkeys decoded, built by NewAllowList
+}
+
+// NewAllowList builds an AllowList from config strings: ips holds addresses
+// ("203.0.113.7", "2001:db8::1") and networks ("10.0.0.0/8",
+// "2001:db8::/32"); pubkeys holds 64-digit hex pubkeys (either case; stored
+// lowercase). An entry that is none of these, or a network with host bits
+// set ("10.1.2.3/8", probably a typo), is an error wrapping ErrAllowList
+// that names it.
+func NewAllowList(ips []string, pubkeys []string) (*AllowList, error) {
+	al := &AllowList{set: make(map[[32]byte]struct{}, len(pubkeys))}
+	for i, s := range ips {
+		var p netip.Prefix
+		if strings.Contains(s, "/") {
+			var err error
+			p, err = netip.ParsePrefix(s)
+			if err != nil {
+				return nil, fmt.Errorf("%w: ips[%d] %q: %v", ErrAllowList, i, s, err)
+			}
+			if p.Addr().Zone() != "" {
+				return nil, fmt.Errorf("%w: ips[%d] %q: zones are not allowed", ErrAllowList, i, s)
+			}
+			if p.Masked() != p {
+				return nil, fmt.Errorf("%w: ips[%d] %q has host bits set (did you mean %v?)", ErrAllowList, i, s, p.Masked())
+			}
+		} else {
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				return nil, fmt.Errorf("%w: ips[%d] %q: %v", ErrAllowList, i, s, err)
+			}
+			if a.Zone() != "" {
+				return nil, fmt.Errorf("%w: ips[%d] %q: zones are not allowed", ErrAllowList, i, s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p.Addr().Is4In6() {
+			// Clients are compared unmapped, so keep the list unmapped too.
+			if p.Bits() < 96 {
+				return nil, fmt.Errorf("%w: ips[%d] %q: an IPv4-mapped network must be at least /96", ErrAllowList, i, s)
+			}
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		al.IPs = append(al.IPs, p)
+	}
+	for i, s := range pubkeys {
+		k, ok := decodePubkey(s)
+		if !ok {
+			return nil, fmt.Errorf("%w: pubkeys[%d] %q is not 64 hex digits", ErrAllowList, i, s)
+		}
+		al.set[k] = struct{}{}
+		al.Pubkeys = append(al.Pubkeys, strings.ToLower(s))
+	}
+	return al, nil
+}
+
+// AllowsAddr reports whether addr is in one of the allow-listed networks.
+// IPv4-mapped addresses are compared as IPv4, zones are ignored. It does not
+// allocate.
+func (al *AllowList) AllowsAddr(addr netip.Addr) bool {
+	if al == nil || !addr.IsValid() {
+		return false
+	}
+	addr = addr.WithZone("").Unmap()
+	for _, p := range al.IPs {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowsPubkey reports whether pubkeyHex (64 hex digits, either case) is
+// allow-listed. It does not allocate.
+func (al *AllowList) AllowsPubkey(pubkeyHex string) bool {
+	if al == nil {
+		return false
+	}
+	k, ok := decodePubkey(pubkeyHex)
+	if !ok {
+		return false
+	}
+	if al.set != nil {
+		_, ok := al.set[k]
+		return ok
+	}
+	for _, p := range al.Pubkeys {
+		if q, ok := decodePubkey(p); ok && q == k {
+			return true
+		}
+	}
+	return false
+}
+
+// decodePubkey decodes exactly 64 hex digits.
+func decodePubkey(s string) (k [32]byte, ok bool) {
+	if len(s) != 64 {
+		return k, false
+	}
+	for i := range k {
+		hi, ok1 := hexNibble(s[2*i])
+		lo, ok2 := hexNibble(s[2*i+1])
+		if !ok1 || !ok2 {
+			return k, false
+		}
+		k[i] = hi<<4 | lo
+	}
+	return k, true
+}
+
+// hexNibble decodes one hex digit.
+func hexNibble(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// AllowsAddr reports whether Allow lists addr; false for a nil Identity or Allow.
+func (id *Identity) AllowsAddr(addr netip.Addr) bool {
+	return id != nil && id.Allow.AllowsAddr(addr)
+}
+
+// AllowsPubkey reports whether Allow lists pubkeyHex; false for a nil
+// Identity or Allow.
+func (id *Identity) AllowsPubkey(pubkeyHex string) bool {
+	return id != nil && id.Allow.AllowsPubkey(pubkeyHex)
+}
