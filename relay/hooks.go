@@ -1,0 +1,515 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip11"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// ErrRateLimited is wrapped by a Refusal for a message or connection that a
+// limit or the actor quota refused. Test with errors.Is.
+var ErrRateLimited = errors.New("relay: rate limited")
+
+// Refusal is the error the rely hooks return. Its Error is the NIP-01 reason
+// the framework sends to the client unchanged, "rate-limited: slow down;
+// retry in 3s" or "error: rate limiter unavailable"; it unwraps to
+// ErrRateLimited or to the store's error (which wraps
+// ratelimit.ErrUnavailable), so a caller can tell the two apart with
+// errors.Is.
+type Refusal struct {
+	// Reason is the wire reason, with its NIP-01 prefix.
+	Reason string
+	// Wait is the exact wait behind a rate-limited reason; 0 when the store
+	// was unavailable.
+	Wait time.Duration
+	err  error
+}
+
+// Error returns Reason, so that a framework that sends err.Error() to the
+// client sends exactly the NIP-01 reason.
+func (r *Refusal) Error() string { return r.Reason }
+
+// Unwrap returns ErrRateLimited or the store's error.
+func (r *Refusal) Unwrap() error { return r.err }
+
+// HookOptions configures Hooks. The zero value is usable: DefaultLimits over
+// a fresh memory store, no actor quota, no allow-lists.
+type HookOptions struct {
+	// Limiter decides every charge. Nil means a Limiter over a fresh
+	// ratelimit.MemoryStore of the default size (one process only).
+	Limiter *ratelimit.Limiter
+	// Limits are the windows charged per connection and per message type.
+	// Nil means DefaultLimits(); a non-nil Limits is used as it is.
+	Limits *Limits
+	// Quota caps validated events per actor. Nil means no quota.
+	Quota *ratelimit.Quota
+	// Now is the clock of the quota. Nil means time.Now.
+	Now func() time.Time
+	// Identity turns the address a hook is given into the client key
+	// (IPv6 grouped by prefix) and holds the allow-lists. Nil means the
+	// zero Identity.
+	Identity *Identity
+	// Observer receives every decision, as from a Gate. Nil means none.
+	Observer *Observer
+}
+
+// Hooks charges the messages a relay framework has already parsed to the
+// same budgets a Gate would, for operators who prefer the framework's hook
+// slots to a gate in front of it. Khatru and Rely return functions whose
+// types fit khatru's and rely's hook fields; the package imports neither
+// framework, and learns a client's address only through a function the
+// caller passes (khatru.GetIP, rely's Client.IP).
+//
+// Hooks is safe for concurrent use. One Hooks may serve several relays; they
+// then share budgets, as gates over one store do.
+//
+// # What hooks cannot do
+//
+// A hook runs where the framework calls it, after the framework has done its
+// own work, so hooks are weaker than a Gate:
+//
+//   - They see parsed messages only. CLOSE, AUTH, NEG-MSG, NEG-CLOSE,
+//     unknown labels and frames that do not parse never reach a hook, so
+//     those types are never charged; Limits.Message for them is ignored.
+//   - The work a limit should save is partly spent already: the frame was
+//     read and parsed (and in khatru the event's id and signature checked)
+//     before the hook runs. Rely runs its Reject.Event hooks in order, so
+//     prepend ours to refuse before rely checks the signature.
+//   - A refused connection cannot be told how long to wait: khatru answers
+//     a RejectConnection with a bare 429 and rely a Reject.Connection with
+//     403, neither with Retry-After, and a store outage looks the same.
+//   - khatru answers a refused COUNT with a NOTICE carrying the reason and
+//     then a COUNT of 0, not a CLOSED; that is khatru's behaviour.
+//   - Ephemeral events are not saved, so khatru's OnEventSaved does not run
+//     for them and they do not count against the actor quota (their EVENT
+//     budget still applies).
+//
+// A Gate (Wrap) has none of these limits: it reads each frame before the
+// relay does.
+type Hooks struct {
+	lim      *ratelimit.Limiter
+	limits   Limits
+	quota    *ratelimit.Quota
+	now      func() time.Time
+	identity *Identity
+	obs      *Observer
+
+	// reqs holds the cancellation scope (ctx.Done()) of every REQ already
+	// charged whose context is still live; khatru calls RejectFilter once
+	// per filter, all with the REQ's own context. Entries leave when the
+	// context ends (CLOSE, a refused filter, disconnect), so it holds at
+	// most one small entry per open subscription, beside the listener per
+	// filter that khatru itself keeps.
+	reqs sync.Map // <-chan struct{} → struct{}
+	// conns holds the scope of every live khatru connection (OnConnect),
+	// so that RejectFilter can tell a NEG-OPEN, which khatru filters under
+	// the connection's own context, from a REQ.
+	conns sync.Map // <-chan struct{} → struct{}
+}
+
+// NewHooks returns Hooks for opts. It validates every configured limit and
+// returns an error wrapping ratelimit.ErrInvalidLimit that names the
+// offending type.
+func NewHooks(opts HookOptions) (*Hooks, error) {
+	h := &Hooks{lim: opts.Limiter, quota: opts.Quota, now: opts.Now, identity: opts.Identity, obs: opts.Observer}
+	if opts.Limits != nil {
+		h.limits = *opts.Limits
+	} else {
+		h.limits = DefaultLimits()
+	}
+	if err := h.limits.Validate(); err != nil {
+		return nil, err
+	}
+	if h.lim == nil {
+		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	if h.identity == nil {
+		h.identity = &Identity{}
+	}
+	if err := h.identity.Validate(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// verdict is the outcome of one charge: pass, or refuse with reason.
+type verdict struct {
+	refuse bool
+	reason string
+	wait   time.Duration
+	err    error // ErrRateLimited or the store's error when refused
+}
+
+// refusal renders v for rely: nil when it passes.
+func (v verdict) refusal() error {
+	if !v.refuse {
+		return nil
+	}
+	return &Refusal{Reason: v.reason, Wait: v.wait, err: v.err}
+}
+
+// client maps addr onto the client key. ok is false when the hook must not
+// charge: no address at all (a call from inside the relay, such as khatru's
+// AddEvent, has no connection) or an allow-listed one.
+func (h *Hooks) client(addr string) (key string, ok bool) {
+	if addr == "" {
+		return "", false
+	}
+	return h.identity.Key(addr)
+}
+
+// charge decides one message of type t from the client at addr, whose
+// NIP-42 authenticated pubkey is authed ("" for none).
+func (h *Hooks) charge(ctx context.Context, addr, authed string, t Type) verdict {
+	key, ok := h.client(addr)
+	if ok && authed != "" && h.identity.Allow.AllowsPubkey(authed) {
+		ok = false
+	}
+	if !ok {
+		if addr != "" {
+			h.frame(t, Allowlisted)
+		}
+		return verdict{}
+	}
+	limits := h.limits.Message[t]
+	if len(limits) == 0 {
+		h.frame(t, Admitted)
+		return verdict{}
+	}
+	d, err := h.lim.Allow(ctx, ratelimit.MessageKey(key, t.String()), limits)
+	v := h.verdict(d, err)
+	h.frame(t, outcomeOf(v))
+	return v
+}
+
+// verdict turns a limiter answer into a verdict: the store failing is
+// never a rate limit.
+func (h *Hooks) verdict(d ratelimit.Decision, err error) verdict {
+	switch {
+	case err != nil:
+		return verdict{refuse: true, reason: ReasonUnavailable, err: err}
+	case !d.Allowed:
+		return verdict{refuse: true, reason: RateLimitedReason(d.Wait), wait: d.Wait, err: ErrRateLimited}
+	}
+	return verdict{}
+}
+
+func outcomeOf(v verdict) Outcome {
+	switch {
+	case !v.refuse:
+		return Admitted
+	case errors.Is(v.err, ErrRateLimited):
+		return RateLimited
+	}
+	return Unavailable
+}
+
+func (h *Hooks) frame(t Type, o Outcome) {
+	if h.obs != nil && h.obs.Frame != nil {
+		h.obs.Frame(t, o)
+	}
+}
+
+// connection decides one WebSocket upgrade from the client at addr.
+func (h *Hooks) connection(ctx context.Context, addr string) verdict {
+	key, ok := h.client(addr)
+	var v verdict
+	var o Outcome
+	switch {
+	case !ok:
+		o = Allowlisted
+	case len(h.limits.Connection) == 0:
+		o = Admitted
+	default:
+		d, err := h.lim.Allow(ctx, ratelimit.ConnectionKey(key), h.limits.Connection)
+		v = h.verdict(d, err)
+		o = outcomeOf(v)
+	}
+	if h.obs != nil && h.obs.Connection != nil {
+		h.obs.Connection(o)
+	}
+	return v
+}
+
+// event decides an EVENT: the actor quota first (a local check that costs
+// no store call), then the EVENT windows. actor is whom the quota charges:
+// authed when there is one, else the event's author.
+func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event) verdict {
+	if addr == "" {
+		return verdict{} // the relay's own event, not a client's
+	}
+	actor := evt.PubKey
+	if authed != "" {
+		actor = authed
+	}
+	if h.identity.Allow.AllowsPubkey(evt.PubKey) {
+		h.frame(TypeEVENT, Allowlisted)
+		return verdict{}
+	}
+	if !h.quota.IsUnlimited() && actor != "" {
+		if over, wait := h.quota.Exceeded(actor, h.now()); over {
+			h.frame(TypeEVENT, QuotaExceeded)
+			return verdict{refuse: true, reason: RateLimitedReason(wait), wait: wait, err: ErrRateLimited}
+		}
+	}
+	return h.charge(ctx, addr, authed, TypeEVENT)
+}
+
+// saved charges a validated event to its actor's quota.
+func (h *Hooks) saved(actor string) {
+	if !h.quota.IsUnlimited() && actor != "" {
+		h.quota.Add(actor, h.now())
+	}
+}
+
+// requestAddr is the TCP peer's host, for a connection hook given no
+// function of its own: the one address a client cannot forge.
+func requestAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// isUpgrade reports whether r asks for a WebSocket. Rely runs its
+// Reject.Connection hooks for every HTTP request, NIP-11 included; only
+// upgrades are charged, as in a Gate.
+func isUpgrade(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
+// KhatruAccess holds khatru's accessors, passed in so that this package
+// need not import khatru.
+type KhatruAccess struct {
+	// IP returns the client's address for a connection's context:
+	// khatru.GetIP. Required. An empty address (khatru's own AddEvent
+	// calls have no connection) is not charged.
+	//
+	// khatru.GetIP believes the first public X-Forwarded-For address from
+	// any peer. Use it only behind a proxy that overwrites that header, or
+	// behind a Gate; otherwise pass a function that reads the peer address,
+	// such as func(ctx) string { return khatru.GetConnection(ctx).Request.RemoteAddr }
+	// (a host:port is accepted).
+	IP func(ctx context.Context) string
+	// RequestIP returns the client's address for an upgrade request, such
+	// as khatru.GetIPFromRequest. Nil means the host of r.RemoteAddr.
+	RequestIP func(r *http.Request) string
+	// Authed returns the NIP-42 authenticated pubkey of a connection, or
+	// "": khatru.GetAuthed. The actor quota charges it instead of the
+	// event's pubkey when there is one. Nil means the event's pubkey.
+	Authed func(ctx context.Context) string
+}
+
+// KhatruHooks are functions whose types fit khatru v0.19.1's hook slices,
+// field for field. Append every non-nil one to the khatru.Relay field of the
+// same name; OnConnect matters whenever Negentropy is on, and OnEventSaved
+// whenever there is a quota.
+type KhatruHooks struct {
+	// RejectConnection charges an upgrade to the connection limit. khatru
+	// answers true with a bare 429: no Retry-After, and a store outage
+	// looks the same (see Hooks).
+	RejectConnection func(r *http.Request) bool
+	// OnConnect records the connection's context, so that RejectFilter can
+	// tell khatru's NEG-OPEN (filtered under the connection's context)
+	// from a REQ (filtered under a context of its own).
+	OnConnect func(ctx context.Context)
+	// RejectEvent checks the actor quota and charges the EVENT windows.
+	RejectEvent func(ctx context.Context, event *nostr.Event) (reject bool, msg string)
+	// RejectFilter charges a REQ once, however many filters it has: khatru
+	// calls it once per filter, every time under the REQ's own context,
+	// and only the first call of a context is charged. Filters with
+	// "limit": 0 skip khatru's RejectFilter altogether, so a REQ made only
+	// of them is not charged. A call under a connection's context is a
+	// NEG-OPEN and charged as one.
+	RejectFilter func(ctx context.Context, filter nostr.Filter) (reject bool, msg string)
+	// RejectCountFilter charges a COUNT; khatru calls it once per COUNT.
+	RejectCountFilter func(ctx context.Context, filter nostr.Filter) (reject bool, msg string)
+	// OnEventSaved charges a saved event to its actor's quota. Nil when
+	// there is no quota.
+	OnEventSaved func(ctx context.Context, event *nostr.Event)
+	// OverwriteRelayInformation returns the relay's document with a
+	// limitation object of its own: khatru hands every request the same
+	// *Limitation, which must not be written to. NIP-11 has no field for
+	// message rates, so it states none.
+	OverwriteRelayInformation func(ctx context.Context, r *http.Request, info nip11.RelayInformationDocument) nip11.RelayInformationDocument
+}
+
+// Khatru returns hooks for a khatru v0.19.1 relay. It panics if acc.IP is
+// nil, a wiring error that no request could survive.
+func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
+	if acc.IP == nil {
+		panic("relay: KhatruAccess.IP is nil")
+	}
+	reqIP := acc.RequestIP
+	if reqIP == nil {
+		reqIP = requestAddr
+	}
+	authed := func(ctx context.Context) string {
+		if acc.Authed == nil {
+			return ""
+		}
+		return acc.Authed(ctx)
+	}
+	k := KhatruHooks{
+		RejectConnection: func(r *http.Request) bool {
+			return h.connection(r.Context(), reqIP(r)).refuse
+		},
+		OnConnect: func(ctx context.Context) {
+			h.track(&h.conns, ctx)
+		},
+		RejectEvent: func(ctx context.Context, evt *nostr.Event) (bool, string) {
+			v := h.event(ctx, acc.IP(ctx), authed(ctx), evt)
+			return v.refuse, v.reason
+		},
+		RejectFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
+			v := h.filter(ctx, acc.IP(ctx), authed(ctx))
+			return v.refuse, v.reason
+		},
+		RejectCountFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
+			v := h.charge(ctx, acc.IP(ctx), authed(ctx), TypeCOUNT)
+			return v.refuse, v.reason
+		},
+		OverwriteRelayInformation: func(_ context.Context, _ *http.Request, info nip11.RelayInformationDocument) nip11.RelayInformationDocument {
+			var lim nip11.RelayLimitationDocument
+			if info.Limitation != nil {
+				lim = *info.Limitation
+			}
+			info.Limitation = &lim
+			return info
+		},
+	}
+	if !h.quota.IsUnlimited() {
+		k.OnEventSaved = func(ctx context.Context, evt *nostr.Event) {
+			if acc.IP(ctx) == "" {
+				return // saved by the relay itself, not by a client
+			}
+			actor := evt.PubKey
+			if pk := authed(ctx); pk != "" {
+				actor = pk
+			}
+			h.saved(actor)
+		}
+	}
+	return k
+}
+
+// filter charges one khatru RejectFilter call: the first call of a REQ's
+// context as a REQ, further calls of it free, a call under a connection's
+// context (khatru's NEG-OPEN) as a NEG-OPEN.
+func (h *Hooks) filter(ctx context.Context, addr, authed string) verdict {
+	scope := ctx.Done()
+	if scope == nil {
+		// A context that can never end cannot be told apart from the next
+		// REQ's, nor forgotten: charge every call rather than none.
+		return h.charge(ctx, addr, authed, TypeREQ)
+	}
+	if _, ok := h.conns.Load(scope); ok {
+		return h.charge(ctx, addr, authed, TypeNEGOPEN)
+	}
+	if _, ok := h.reqs.Load(scope); ok {
+		return verdict{} // this REQ was charged at its first filter
+	}
+	v := h.charge(ctx, addr, authed, TypeREQ)
+	if !v.refuse {
+		// A refused REQ is not remembered: khatru stops at the first
+		// refused filter and cancels the REQ's context.
+		h.track(&h.reqs, ctx)
+	}
+	return v
+}
+
+// track remembers ctx's scope in m until ctx ends.
+func (h *Hooks) track(m *sync.Map, ctx context.Context) {
+	scope := ctx.Done()
+	if scope == nil {
+		return
+	}
+	m.Store(scope, struct{}{})
+	context.AfterFunc(ctx, func() { m.Delete(scope) })
+}
+
+// RelyHooks are functions whose types fit rely v1.2.2's Reject hook slices;
+// C is rely.Client and S is rely.Stats. Prepend them (relay.Reject.Event.
+// Prepend(…)) so that they run before rely's signature check.
+type RelyHooks[C, S any] struct {
+	// Connection charges an upgrade to the connection limit; other HTTP
+	// requests (NIP-11) pass uncharged. Rely answers an error with 403
+	// and the reason as body, without Retry-After.
+	Connection func(S, *http.Request) error
+	// Event checks the actor quota (the event's pubkey) and charges the
+	// EVENT windows.
+	Event func(C, *nostr.Event) error
+	// Req charges a REQ once; rely passes all its filters in one call.
+	Req func(C, nostr.Filters) error
+	// Count charges a COUNT.
+	Count func(C, nostr.Filters) error
+
+	h *Hooks
+}
+
+// Rely returns hooks for a rely v1.2.2 relay. ip returns a client's address,
+// for example func(c rely.Client) string { return c.IP().String() }: rely
+// reads True-Client-IP, X-Real-IP and X-Forwarded-For from any peer, so run
+// it behind a proxy that overwrites them, or behind a Gate. requestIP does the
+// same for an upgrade request (rely.GetIP(r).String()); nil means the host of
+// r.RemoteAddr. S cannot be inferred: write Rely[rely.Client, rely.Stats].
+//
+// The actor quota, if any, is charged by the function that SaveEvent returns.
+// Rely lets a client authenticate as several pubkeys at once, so the actor is
+// always the event's pubkey. Rely answers every refusal with the Refusal's
+// Error, the NIP-01 reason.
+func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) string) RelyHooks[C, S] {
+	if ip == nil {
+		panic("relay: Rely ip is nil")
+	}
+	if requestIP == nil {
+		requestIP = requestAddr
+	}
+	return RelyHooks[C, S]{
+		Connection: func(_ S, r *http.Request) error {
+			if !isUpgrade(r) {
+				return nil
+			}
+			return h.connection(r.Context(), requestIP(r)).refusal()
+		},
+		Event: func(c C, evt *nostr.Event) error {
+			return h.event(context.Background(), ip(c), "", evt).refusal()
+		},
+		Req: func(c C, _ nostr.Filters) error {
+			return h.charge(context.Background(), ip(c), "", TypeREQ).refusal()
+		},
+		Count: func(c C, _ nostr.Filters) error {
+			return h.charge(context.Background(), ip(c), "", TypeCOUNT).refusal()
+		},
+		h: h,
+	}
+}
+
+// SaveEvent wraps rely's On.Event (the function that stores an event) so
+// that an event it saves without error is charged to its pubkey's quota:
+// relay.On.Event = hooks.SaveEvent(store). Without a quota it returns save.
+func (r RelyHooks[C, S]) SaveEvent(save func(C, *nostr.Event) error) func(C, *nostr.Event) error {
+	if r.h == nil || r.h.quota.IsUnlimited() {
+		return save
+	}
+	return func(c C, evt *nostr.Event) error {
+		if err := save(c, evt); err != nil {
+			return err
+		}
+		r.h.saved(evt.PubKey)
+		return nil
+	}
+}

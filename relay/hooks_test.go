@@ -1,0 +1,443 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip11"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// hookT0 is the frozen instant of the hook tests: with time standing still
+// nothing decays, so a limit of R admits exactly R messages and the wait it
+// reports is exact.
+var hookT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// outageStore is a Store that can be made to fail, as Redis would.
+type outageStore struct {
+	ratelimit.Store
+	down atomic.Bool
+}
+
+func (s *outageStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+	if s.down.Load() {
+		return ratelimit.Decision{}, fmt.Errorf("test outage: %w", ratelimit.ErrUnavailable)
+	}
+	return s.Store.Decide(ctx, key, limits, now)
+}
+
+// hookFixture is a Hooks over a memory store, a movable clock and a store
+// that can fail.
+type hookFixture struct {
+	h     *Hooks
+	store *outageStore
+	now   atomic.Pointer[time.Time]
+	obs   [NumTypes][NumOutcomes]atomic.Int64
+	conns [NumOutcomes]atomic.Int64
+}
+
+func newHookFixture(t *testing.T, limits Limits, quota *ratelimit.Quota) *hookFixture {
+	t.Helper()
+	f := &hookFixture{store: &outageStore{Store: ratelimit.NewMemoryStore(64)}}
+	f.set(hookT0)
+	clock := func() time.Time { return *f.now.Load() }
+	h, err := NewHooks(HookOptions{
+		Limiter: ratelimit.NewLimiter(f.store, ratelimit.LimiterOptions{Now: clock}),
+		Limits:  &limits,
+		Quota:   quota,
+		Now:     clock,
+		Observer: &Observer{
+			Frame:      func(t Type, o Outcome) { f.obs[t][o].Add(1) },
+			Connection: func(o Outcome) { f.conns[o].Add(1) },
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.h = h
+	return f
+}
+
+func (f *hookFixture) set(t time.Time) { f.now.Store(&t) }
+
+// limitsOf returns Limits with only typ limited to rate per period.
+func limitsOf(typ Type, rate float64, period time.Duration) Limits {
+	var l Limits
+	l.Message[typ] = []ratelimit.Limit{ratelimit.PerPeriod(rate, period)}
+	return l
+}
+
+const hookIP = "203.0.113.7"
+
+func ipOf(context.Context) string { return hookIP }
+
+// reqCtx makes a context the way khatru makes one per REQ: a cancelable
+// child of the connection's context carrying the subscription id.
+func reqCtx(conn context.Context, id string) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(conn)
+	type subKey struct{}
+	return context.WithValue(ctx, subKey{}, id), cancel
+}
+
+// TestKhatruRejectFilterChargesOncePerREQ drives RejectFilter as khatru
+// does, once per filter under the REQ's context: a REQ of three filters
+// costs one message, so a budget of two admits two such REQs and refuses the
+// third at its first filter. Charging per filter would refuse the first
+// REQ's third filter.
+func TestKhatruRejectFilterChargesOncePerREQ(t *testing.T) {
+	f := newHookFixture(t, limitsOf(TypeREQ, 2, 10*time.Second), nil)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	conn, closeConn := context.WithCancel(context.Background())
+	defer closeConn()
+	k.OnConnect(conn)
+
+	for i := range 2 {
+		ctx, cancel := reqCtx(conn, fmt.Sprint("sub", i))
+		defer cancel()
+		for j := range 3 {
+			if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
+				t.Fatalf("REQ %d filter %d refused: %q", i, j, msg)
+			}
+		}
+	}
+	ctx, cancel := reqCtx(conn, "sub2")
+	defer cancel()
+	reject, msg := k.RejectFilter(ctx, nostr.Filter{})
+	// 2 charged, R=2, c=1: wait = 10s·log2(2/1) = 10s.
+	if want := "rate-limited: slow down; retry in 10s"; !reject || msg != want {
+		t.Fatalf("third REQ: got (%v, %q), want (true, %q)", reject, msg, want)
+	}
+	if got := f.obs[TypeREQ][Admitted].Load(); got != 2 {
+		t.Errorf("observer saw %d admitted REQs, want 2 (one per REQ, not per filter)", got)
+	}
+}
+
+// TestKhatruRejectFilterForgetsEndedREQ checks that a REQ's entry leaves
+// when its context ends, so the table holds only live subscriptions.
+func TestKhatruRejectFilterForgetsEndedREQ(t *testing.T) {
+	f := newHookFixture(t, limitsOf(TypeREQ, 100, time.Second), nil)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	for i := range 100 {
+		ctx, cancel := reqCtx(context.Background(), fmt.Sprint(i))
+		k.RejectFilter(ctx, nostr.Filter{})
+		cancel()
+	}
+	// context.AfterFunc deletes on its own goroutine; wait for it.
+	for deadline := time.Now().Add(5 * time.Second); countMap(&f.h.reqs) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ended REQs still remembered", countMap(&f.h.reqs))
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestKhatruRejectFilterNegOpen: khatru filters a NEG-OPEN under the
+// connection's own context; it must be charged as a NEG-OPEN every time,
+// not as a REQ charged once per connection.
+func TestKhatruRejectFilterNegOpen(t *testing.T) {
+	var l Limits
+	l.Message[TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
+	f := newHookFixture(t, l, nil)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	conn, closeConn := context.WithCancel(context.Background())
+	defer closeConn()
+	k.OnConnect(conn)
+
+	for i := range 2 {
+		if reject, msg := k.RejectFilter(conn, nostr.Filter{}); reject {
+			t.Fatalf("NEG-OPEN %d refused: %q", i, msg)
+		}
+	}
+	if reject, _ := k.RejectFilter(conn, nostr.Filter{}); !reject {
+		t.Fatal("third NEG-OPEN admitted past a budget of 2")
+	}
+	if got := f.obs[TypeNEGOPEN][RateLimited].Load(); got != 1 {
+		t.Errorf("NEG-OPEN refusals observed = %d, want 1", got)
+	}
+	// The REQ budget is untouched.
+	ctx, cancel := reqCtx(conn, "a")
+	defer cancel()
+	if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
+		t.Fatalf("REQ refused after NEG-OPENs: %q", msg)
+	}
+}
+
+// TestKhatruRejectFilterUncancelable: a context that never ends cannot be
+// told apart from the next REQ's; every call is charged rather than none.
+func TestKhatruRejectFilterUncancelable(t *testing.T) {
+	f := newHookFixture(t, limitsOf(TypeREQ, 2, time.Second), nil)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	ctx := context.Background()
+	k.RejectFilter(ctx, nostr.Filter{})
+	k.RejectFilter(ctx, nostr.Filter{})
+	if reject, _ := k.RejectFilter(ctx, nostr.Filter{}); !reject {
+		t.Fatal("third call under context.Background admitted past a budget of 2")
+	}
+}
+
+func TestKhatruRejectEvent(t *testing.T) {
+	f := newHookFixture(t, limitsOf(TypeEVENT, 3, 10*time.Second), nil)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	ctx := context.Background()
+	evt := &nostr.Event{PubKey: "aa"}
+	for i := range 3 {
+		if reject, msg := k.RejectEvent(ctx, evt); reject {
+			t.Fatalf("event %d refused: %q", i, msg)
+		}
+	}
+	// 3 charged, R=3: wait = 10s·log2(3/2) = 5.85s, rounded up.
+	want := "rate-limited: slow down; retry in 6s"
+	if reject, msg := k.RejectEvent(ctx, evt); !reject || msg != want {
+		t.Fatalf("fourth event: (%v, %q), want (true, %q)", reject, msg, want)
+	}
+	// A client that waits as told is admitted.
+	f.set(hookT0.Add(6 * time.Second))
+	if reject, msg := k.RejectEvent(ctx, evt); reject {
+		t.Fatalf("event after the reported wait refused: %q", msg)
+	}
+	// Another client has its own budget.
+	other := f.h.Khatru(KhatruAccess{IP: func(context.Context) string { return "198.51.100.1" }})
+	if reject, msg := other.RejectEvent(ctx, evt); reject {
+		t.Fatalf("another client refused: %q", msg)
+	}
+}
+
+// TestHooksStoreOutage: a store that cannot decide refuses with the
+// unavailable reason, never a rate-limited one, on every hook.
+func TestHooksStoreOutage(t *testing.T) {
+	l := DefaultLimits()
+	f := newHookFixture(t, l, nil)
+	f.store.down.Store(true)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	ctx, cancel := reqCtx(context.Background(), "x")
+	defer cancel()
+	for name, call := range map[string]func() (bool, string){
+		"RejectEvent":       func() (bool, string) { return k.RejectEvent(ctx, &nostr.Event{PubKey: "aa"}) },
+		"RejectFilter":      func() (bool, string) { return k.RejectFilter(ctx, nostr.Filter{}) },
+		"RejectCountFilter": func() (bool, string) { return k.RejectCountFilter(ctx, nostr.Filter{}) },
+	} {
+		if reject, msg := call(); !reject || msg != ReasonUnavailable {
+			t.Errorf("%s: (%v, %q), want (true, %q)", name, reject, msg, ReasonUnavailable)
+		}
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	if !k.RejectConnection(r) {
+		t.Error("RejectConnection admitted while the store is down")
+	}
+	if got := f.obs[TypeEVENT][Unavailable].Load(); got != 1 {
+		t.Errorf("observer: %d unavailable EVENTs, want 1", got)
+	}
+	if got := f.conns[Unavailable].Load(); got != 1 {
+		t.Errorf("observer: %d unavailable connections, want 1", got)
+	}
+
+	rh := Rely[string, struct{}](f.h, func(c string) string { return c }, nil)
+	err := rh.Event(hookIP, &nostr.Event{PubKey: "aa"})
+	if err == nil || err.Error() != ReasonUnavailable {
+		t.Fatalf("rely Event: %v, want %q", err, ReasonUnavailable)
+	}
+	if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ErrRateLimited) {
+		t.Errorf("rely Event error %v: want ErrUnavailable and not ErrRateLimited", err)
+	}
+}
+
+// TestHooksNoClient: khatru's own AddEvent runs the hooks with no
+// connection; such calls are the relay's, not a client's, and pass free.
+func TestHooksNoClient(t *testing.T) {
+	f := newHookFixture(t, limitsOf(TypeEVENT, 1.5, time.Second), nil)
+	f.store.down.Store(true) // any charge would be refused
+	k := f.h.Khatru(KhatruAccess{IP: func(context.Context) string { return "" }})
+	if reject, msg := k.RejectEvent(context.Background(), &nostr.Event{}); reject {
+		t.Fatalf("internal event refused: %q", msg)
+	}
+}
+
+func TestKhatruRejectConnection(t *testing.T) {
+	var l Limits
+	l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
+	f := newHookFixture(t, l, nil)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	req := func(remote string) *http.Request {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = remote
+		r.Header.Set("X-Forwarded-For", "192.0.2.99") // not believed without RequestIP
+		return r
+	}
+	// One client on different source ports.
+	if k.RejectConnection(req("203.0.113.7:1000")) || k.RejectConnection(req("203.0.113.7:1001")) {
+		t.Fatal("connection refused within the budget")
+	}
+	if !k.RejectConnection(req("203.0.113.7:1002")) {
+		t.Fatal("third connection from one address admitted past a budget of 2")
+	}
+	if k.RejectConnection(req("203.0.113.8:1000")) {
+		t.Fatal("another address refused")
+	}
+}
+
+func TestKhatruQuota(t *testing.T) {
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newHookFixture(t, Limits{}, q)
+	authed := ""
+	k := f.h.Khatru(KhatruAccess{IP: ipOf, Authed: func(context.Context) string { return authed }})
+	if k.OnEventSaved == nil {
+		t.Fatal("OnEventSaved is nil with a quota")
+	}
+	ctx := context.Background()
+	alice, bob := &nostr.Event{PubKey: "a1"}, &nostr.Event{PubKey: "b0"}
+	for range 2 {
+		if reject, msg := k.RejectEvent(ctx, alice); reject {
+			t.Fatalf("alice refused within quota: %q", msg)
+		}
+		k.OnEventSaved(ctx, alice)
+	}
+	reject, msg := k.RejectEvent(ctx, alice)
+	if !reject || msg != RateLimitedReason(time.Minute) {
+		t.Fatalf("alice past quota: (%v, %q), want (true, %q)", reject, msg, RateLimitedReason(time.Minute))
+	}
+	if got := f.obs[TypeEVENT][QuotaExceeded].Load(); got != 1 {
+		t.Errorf("observer: %d quota refusals, want 1", got)
+	}
+	if reject, msg := k.RejectEvent(ctx, bob); reject {
+		t.Fatalf("bob refused by alice's quota: %q", msg)
+	}
+	// Authenticated as bob, alice's events are bob's to answer for.
+	authed = "b0"
+	if reject, msg := k.RejectEvent(ctx, alice); reject {
+		t.Fatalf("alice's event from bob's session refused: %q", msg)
+	}
+	// The next window starts afresh.
+	authed = ""
+	f.set(hookT0.Add(time.Minute))
+	if reject, msg := k.RejectEvent(ctx, alice); reject {
+		t.Fatalf("alice refused in the next window: %q", msg)
+	}
+}
+
+func TestKhatruNoQuotaNoSavedHook(t *testing.T) {
+	f := newHookFixture(t, Limits{}, nil)
+	if k := f.h.Khatru(KhatruAccess{IP: ipOf}); k.OnEventSaved != nil {
+		t.Error("OnEventSaved set without a quota: a useless hook on every save")
+	}
+}
+
+func TestKhatruOverwriteRelayInformation(t *testing.T) {
+	f := newHookFixture(t, Limits{}, nil)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	shared := &nip11.RelayLimitationDocument{MaxSubscriptions: 20}
+	info := nip11.RelayInformationDocument{Name: "r", Limitation: shared}
+	got := k.OverwriteRelayInformation(context.Background(), httptest.NewRequest("GET", "/", nil), info)
+	if got.Name != "r" || got.Limitation == nil || got.Limitation.MaxSubscriptions != 20 {
+		t.Fatalf("document changed: %+v", got)
+	}
+	if got.Limitation == shared {
+		t.Error("returned the relay's shared *Limitation")
+	}
+	if got := k.OverwriteRelayInformation(context.Background(), nil, nip11.RelayInformationDocument{}); got.Limitation == nil {
+		t.Error("no limitation object")
+	}
+}
+
+// relyClient stands in for rely.Client.
+type relyClient struct{ ip string }
+
+func TestRelyHooks(t *testing.T) {
+	var l Limits
+	l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	l.Message[TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	f := newHookFixture(t, l, nil)
+	rh := Rely[*relyClient, int](f.h, func(c *relyClient) string { return c.ip }, nil)
+	c := &relyClient{ip: hookIP}
+	three := nostr.Filters{{}, {}, {}}
+
+	if err := rh.Req(c, three); err != nil {
+		t.Fatalf("first REQ: %v", err)
+	}
+	err := rh.Req(c, three)
+	var ref *Refusal
+	if !errors.As(err, &ref) || !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("second REQ: %v, want a rate-limited Refusal", err)
+	}
+	// 1 charged, R=1.5: wait = 1s·log2(1/0.5) = 1s.
+	if ref.Wait != time.Second || err.Error() != "rate-limited: slow down; retry in 1s" {
+		t.Errorf("second REQ: wait %v, reason %q", ref.Wait, err.Error())
+	}
+	if err := rh.Count(c, three); err != nil {
+		t.Fatalf("COUNT has a budget of its own: %v", err)
+	}
+	if err := rh.Event(c, &nostr.Event{}); err != nil {
+		t.Fatalf("EVENT: %v", err)
+	}
+	if err := rh.Event(c, &nostr.Event{}); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("second EVENT: %v", err)
+	}
+
+	nip11req := httptest.NewRequest("GET", "/", nil)
+	nip11req.Header.Set("Accept", "application/nostr+json")
+	for range 3 {
+		if err := rh.Connection(0, nip11req); err != nil {
+			t.Fatalf("NIP-11 request charged: %v", err)
+		}
+	}
+	up := httptest.NewRequest("GET", "/", nil)
+	up.Header.Set("Upgrade", "websocket")
+	if err := rh.Connection(0, up); err != nil {
+		t.Fatalf("first upgrade: %v", err)
+	}
+	if err := rh.Connection(0, up); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("second upgrade: %v", err)
+	}
+}
+
+func TestRelySaveEvent(t *testing.T) {
+	q, err := ratelimit.NewQuota(1, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newHookFixture(t, Limits{}, q)
+	rh := Rely[*relyClient, int](f.h, func(c *relyClient) string { return c.ip }, nil)
+	c := &relyClient{ip: hookIP}
+	evt := &nostr.Event{PubKey: "a1"}
+	failing := rh.SaveEvent(func(*relyClient, *nostr.Event) error { return errors.New("disk full") })
+	if err := failing(c, evt); err == nil {
+		t.Fatal("save error swallowed")
+	}
+	if err := rh.Event(c, evt); err != nil {
+		t.Fatalf("an event that was not saved was charged: %v", err)
+	}
+	ok := rh.SaveEvent(func(*relyClient, *nostr.Event) error { return nil })
+	if err := ok(c, evt); err != nil {
+		t.Fatal(err)
+	}
+	if err := rh.Event(c, evt); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("event past quota: %v", err)
+	}
+}
+
+func TestNewHooksInvalidLimit(t *testing.T) {
+	l := limitsOf(TypeEVENT, 1, time.Second) // rate must exceed cost
+	if _, err := NewHooks(HookOptions{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) {
+		t.Fatalf("NewHooks: %v, want ErrInvalidLimit", err)
+	}
+}
+
+func countMap(m interface{ Range(func(k, v any) bool) }) int {
+	n := 0
+	m.Range(func(any, any) bool { n++; return true })
+	return n
+}
