@@ -211,18 +211,30 @@ func parseForwarded(s string) (netip.Addr, bool) {
 // address: IPv4-mapped IPv6 becomes IPv4, a zone is dropped. Unspecified and
 // invalid addresses are refused.
 func parseHost(s string) (netip.Addr, bool) {
-	var a netip.Addr
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		a = ap.Addr()
-	} else if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
-		p, err := netip.ParseAddr(s[1 : len(s)-1])
-		if err != nil || !p.Is6() {
+	// The form is chosen by syntax first: the netip parsers allocate an
+	// error for every input they refuse, and Client must not allocate.
+	host := s
+	if len(s) > 0 && s[0] == '[' {
+		end := strings.IndexByte(s, ']')
+		if end < 0 || !validPort(s[end+1:], true) {
 			return netip.Addr{}, false
 		}
-		a = p
-	} else if p, err := netip.ParseAddr(s); err == nil {
-		a = p
-	} else {
+		host = s[1:end]
+		if strings.IndexByte(host, ':') < 0 {
+			return netip.Addr{}, false // brackets are for IPv6 only
+		}
+	} else if c := strings.Count(s, ":"); c == 1 {
+		colon := strings.IndexByte(s, ':')
+		if !validPort(s[colon:], false) {
+			return netip.Addr{}, false
+		}
+		host = s[:colon]
+	}
+	if host == "" {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
 		return netip.Addr{}, false
 	}
 	a = a.WithZone("").Unmap()
@@ -230,6 +242,23 @@ func parseHost(s string) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	return a, true
+}
+
+// validPort reports whether s is ":" followed by 1–5 digits, or, when empty
+// is true, the empty string.
+func validPort(s string, empty bool) bool {
+	if s == "" {
+		return empty
+	}
+	if s[0] != ':' || len(s) < 2 || len(s) > 6 {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // ClientFromAddr renders addr as a client key: IPv4 whole ("203.0.113.7"),
