@@ -5,7 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"sync"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/ratelimit"
 )
@@ -47,6 +51,14 @@ type Options struct {
 	Quota *ratelimit.Quota
 	// Now is the clock of the quota. Nil means time.Now.
 	Now func() time.Time
+	// Identity turns a request into its client (the budget's key and the
+	// address the relay is told) and holds the allow-lists: an
+	// allow-listed address is charged nothing; an allow-listed pubkey is
+	// charged nothing once the connection has authenticated as it
+	// (NIP-42), and is exempt from the quota as an event's author. Nil
+	// means the zero Identity: the TCP peer is the client, IPv6 by /64,
+	// nothing allow-listed.
+	Identity *Identity
 	// ReadLimit is the largest client frame in bytes; a larger one closes
 	// the connection (1009). 0 means DefaultReadLimit.
 	ReadLimit int64
@@ -72,13 +84,81 @@ type Options struct {
 // charges every client frame to its budget before forwarding it. A Gate
 // is safe for concurrent use; one Gate may front several upstreams.
 type Gate struct {
-	opts Options
+	limiter      *ratelimit.Limiter
+	limits       Limits
+	quota        *ratelimit.Quota
+	now          func() time.Time
+	readLimit    int64
+	writeBuffer  int
+	pingInterval time.Duration
+	writeTimeout time.Duration
+	obs          *Observer
+	log          *slog.Logger
+	identity     *Identity
+	upgrader     websocket.Upgrader
+
+	mu     sync.Mutex
+	closed bool
+	conns  map[*conn]struct{}
+	stops  []func() // in-process servers started by Wrap
+	wg     sync.WaitGroup
 }
 
 // New returns a Gate. It validates every configured limit and returns an
-// error wrapping ratelimit.ErrInvalidLimit that names the offending type.
+// error wrapping ratelimit.ErrInvalidLimit that names the offending type,
+// or one wrapping ErrIdentity for a bad Options.Identity.
 func New(opts Options) (*Gate, error) {
-	return &Gate{opts: opts}, nil
+	g := &Gate{
+		limiter:      opts.Limiter,
+		quota:        opts.Quota,
+		now:          opts.Now,
+		readLimit:    opts.ReadLimit,
+		writeBuffer:  opts.WriteBuffer,
+		pingInterval: opts.PingInterval,
+		writeTimeout: opts.WriteTimeout,
+		obs:          opts.Observer,
+		log:          opts.Logger,
+		identity:     opts.Identity,
+		conns:        make(map[*conn]struct{}),
+	}
+	if opts.Limits == nil {
+		g.limits = DefaultLimits()
+	} else {
+		g.limits = *opts.Limits
+	}
+	if err := g.limits.Validate(); err != nil {
+		return nil, err
+	}
+	if err := g.identity.Validate(); err != nil {
+		return nil, err
+	}
+	if g.limiter == nil {
+		g.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.readLimit <= 0 {
+		g.readLimit = DefaultReadLimit
+	}
+	if g.writeBuffer <= 0 {
+		g.writeBuffer = DefaultWriteBuffer
+	}
+	if g.pingInterval <= 0 {
+		g.pingInterval = DefaultPingInterval
+	}
+	if g.writeTimeout <= 0 {
+		g.writeTimeout = DefaultWriteTimeout
+	}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	g.upgrader = websocket.Upgrader{
+		// Nostr clients are web pages on any origin; a relay is public.
+		CheckOrigin:      func(*http.Request) bool { return true },
+		HandshakeTimeout: 10 * time.Second,
+	}
+	return g, nil
 }
 
 // Wrap returns a handler that serves h behind the gate in-process: plain
@@ -87,9 +167,19 @@ func New(opts Options) (*Gate, error) {
 //
 // h sees each bridged request with RemoteAddr set to the client's address
 // and X-Forwarded-For / X-Real-IP set to it too (khatru's GetIPFromRequest
-// reads them).
+// reads them). Shutdown stops the in-process server.
 func (g *Gate) Wrap(h http.Handler) http.Handler {
-	panic("unimplemented")
+	up, stop := inProcess(h)
+	g.mu.Lock()
+	g.stops = append(g.stops, stop)
+	g.mu.Unlock()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !websocket.IsWebSocketUpgrade(r) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		g.serveWS(w, r, up)
+	})
 }
 
 // Proxy returns a handler that gates WebSocket upgrades and forwards them
@@ -102,13 +192,188 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 // client's address (replacing any the client sent). Configure the relay
 // to trust them from the gate's address only.
 func (g *Gate) Proxy(upstream string) (http.Handler, error) {
-	panic("unimplemented")
+	up, u, err := newURLUpstream(upstream)
+	if err != nil {
+		return nil, err
+	}
+	plain := httpProxy(u)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !websocket.IsWebSocketUpgrade(r) {
+			plain.ServeHTTP(w, r)
+			return
+		}
+		g.serveWS(w, r, up)
+	}), nil
+}
+
+// serveWS gates one upgrade: the connection limit, then the upstream
+// handshake (so a relay that refuses is answered before the client is
+// upgraded), then the client upgrade, then the bridge until either side
+// closes.
+func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
+	client, addr, freeIP := g.client(r)
+	if !g.track(1) {
+		http.Error(w, "sluice: shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	defer g.track(-1)
+
+	if len(g.limits.Connection) > 0 && !freeIP {
+		d, err := g.limiter.Allow(r.Context(), ratelimit.ConnectionKey(client), g.limits.Connection)
+		if err != nil {
+			g.obs.connection(Unavailable)
+			http.Error(w, ReasonUnavailable, http.StatusServiceUnavailable)
+			return
+		}
+		if !d.Allowed {
+			g.obs.connection(RateLimited)
+			w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(d.Wait), 10))
+			http.Error(w, RateLimitedReason(d.Wait), http.StatusTooManyRequests)
+			return
+		}
+	}
+	if freeIP {
+		g.obs.connection(Allowlisted)
+	} else {
+		g.obs.connection(Admitted)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	upConn, resp, err := up.dial(r.Context(), r, addr)
+	if err != nil {
+		cancel()
+		if resp != nil {
+			// The relay refused the handshake itself: pass its answer on.
+			w.WriteHeader(resp.StatusCode)
+			return
+		}
+		g.log.Warn("relay unreachable", "err", err)
+		http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
+		return
+	}
+	clientConn, err := g.upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		cancel()
+		_ = upConn.Close()
+		return // the upgrader has answered
+	}
+	clientConn.SetReadLimit(g.readLimit)
+	_ = clientConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
+	clientConn.SetPongHandler(func(string) error {
+		return clientConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
+	})
+
+	c := &conn{
+		g:       g,
+		client:  clientConn,
+		up:      upConn,
+		out:     make(chan outFrame, g.writeBuffer),
+		ctx:     ctx,
+		cancel:  cancel,
+		closing: make(chan struct{}),
+		keys:    keysFor(client),
+		freeIP:  freeIP,
+		limits:  &g.limits,
+		quota:   g.quota,
+	}
+	if !g.add(c) {
+		c.end(true, true, closeGoingAway, "sluice: shutting down")
+		return
+	}
+	g.obs.open(1)
+	c.run()
+	g.obs.open(-1)
+	g.remove(c)
+}
+
+// keysFor builds the limiter key of every message type for one client, so
+// that the per-frame path builds none.
+func keysFor(client string) *[NumTypes]string {
+	var k [NumTypes]string
+	for t := range k {
+		k[t] = ratelimit.MessageKey(client, Type(t).String())
+	}
+	return &k
+}
+
+// track counts a handler in or out of the gate; it refuses new ones once
+// Shutdown has begun.
+func (g *Gate) track(delta int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if delta > 0 {
+		if g.closed {
+			return false
+		}
+		g.wg.Add(1)
+		return true
+	}
+	g.wg.Done()
+	return true
+}
+
+func (g *Gate) add(c *conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.conns[c] = struct{}{}
+	return true
+}
+
+func (g *Gate) remove(c *conn) {
+	g.mu.Lock()
+	delete(g.conns, c)
+	g.mu.Unlock()
 }
 
 // Shutdown stops accepting upgrades, closes every gated connection with a
-// close frame (1001, going away) on both sides, and waits for its
-// goroutines until ctx is done; then it cuts the remaining connections
-// and returns ctx.Err().
+// close frame (1001, going away) on both sides, stops the in-process
+// servers of Wrap, and waits for the gate's goroutines until ctx is done.
+// It returns ctx.Err() if they did not all finish in time, and ErrClosed
+// when called again.
 func (g *Gate) Shutdown(ctx context.Context) error {
-	panic("unimplemented")
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return ErrClosed
+	}
+	g.closed = true
+	conns := make([]*conn, 0, len(g.conns))
+	for c := range g.conns {
+		conns = append(conns, c)
+	}
+	stops := g.stops
+	g.mu.Unlock()
+
+	for _, c := range conns {
+		c.end(true, true, closeGoingAway, "sluice: shutting down")
+	}
+	done := make(chan struct{})
+	go func() {
+		g.wg.Wait()
+		for _, stop := range stops {
+			stop()
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
+
+// client returns the budget key of a request's client and the address
+// the relay is told, and whether that address is allow-listed.
+func (g *Gate) client(r *http.Request) (client, addr string, free bool) {
+	key, a := g.identity.Client(r)
+	if !a.IsValid() {
+		return key, "", false
+	}
+	return key, a.String(), g.identity.AllowsAddr(a)
+}
+
+func (g *Gate) allowPubkey(pk string) bool { return g.identity.AllowsPubkey(pk) }

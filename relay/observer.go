@@ -47,3 +47,23 @@ type Observer struct {
 	// closes, so a gauge of open connections can be kept.
 	Open func(delta int)
 }
+
+// The nil-safe calls the gate makes.
+
+func (o *Observer) frame(t Type, out Outcome) {
+	if o != nil && o.Frame != nil {
+		o.Frame(t, out)
+	}
+}
+
+func (o *Observer) connection(out Outcome) {
+	if o != nil && o.Connection != nil {
+		o.Connection(out)
+	}
+}
+
+func (o *Observer) open(delta int) {
+	if o != nil && o.Open != nil {
+		o.Open(delta)
+	}
+}

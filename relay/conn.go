@@ -1,0 +1,326 @@
+package relay
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// conn is one gated connection: a client WebSocket bridged to an upstream
+// WebSocket. It runs three goroutines:
+//
+//   - the client reader (the HTTP handler's own goroutine) reads a frame,
+//     charges it and either writes it to the upstream itself (it is the
+//     upstream's only writer) or queues a refusal for the client;
+//   - the client writer is the client's only writer: it drains the
+//     bounded out queue and sends keepalive pings;
+//   - the upstream reader queues every relay frame for the client without
+//     ever blocking: a client too slow to keep its queue from filling is
+//     disconnected, so it cannot hold up the relay.
+//
+// A slow relay slows only the client reader of its own connection.
+type conn struct {
+	g      *Gate
+	client *websocket.Conn
+	up     *websocket.Conn
+	out    chan outFrame
+	ctx    context.Context // cancelled when the connection ends
+	cancel context.CancelFunc
+
+	once    sync.Once
+	wg      sync.WaitGroup
+	closing chan struct{} // closed by end
+
+	// Set before the goroutines start, read-only after.
+	keys     *[NumTypes]string // limiter keys per type, built once
+	freeIP   bool              // allow-listed client address: nothing charged
+	limits   *Limits
+	quota    *ratelimit.Quota
+	pending  pending // forwarded EVENTs awaiting the relay's OK (quota only)
+	authMu   sync.Mutex
+	authID   hex32  // id of the last AUTH event forwarded
+	authPK   string // its pubkey, until the relay accepts it
+	authed   string // NIP-42 pubkey the relay accepted; guarded by authMu
+	freeAuth bool   // authed pubkey is allow-listed; guarded by authMu
+}
+
+type outFrame struct {
+	typ  int
+	data []byte
+}
+
+// Close codes the gate sends on its own account.
+const (
+	closeSlowClient = websocket.ClosePolicyViolation // 1008: queue full
+	closeGoingAway  = websocket.CloseGoingAway       // 1001: shutdown, upstream lost
+)
+
+// end tears the connection down once: it sends code/text to each side
+// that is still open (send… false for a side that closed first or is
+// broken), closes both sockets and cancels ctx. Safe from any goroutine.
+func (c *conn) end(toClient, toUp bool, code int, text string) {
+	c.once.Do(func() {
+		deadline := time.Now().Add(time.Second)
+		msg := websocket.FormatCloseMessage(code, text)
+		if toClient {
+			_ = c.client.WriteControl(websocket.CloseMessage, msg, deadline)
+		}
+		if toUp {
+			_ = c.up.WriteControl(websocket.CloseMessage, msg, deadline)
+		}
+		close(c.closing)
+		c.cancel()
+		_ = c.client.Close()
+		_ = c.up.Close()
+	})
+}
+
+// run serves the connection until either side closes, then waits for its
+// goroutines.
+func (c *conn) run() {
+	c.wg.Add(2)
+	go c.writeClient()
+	go c.readUpstream()
+	c.readClient()
+	c.wg.Wait()
+}
+
+// send queues a frame for the client. It never blocks: when the queue is
+// full the client is not reading, and it is disconnected.
+func (c *conn) send(typ int, data []byte) {
+	select {
+	case c.out <- outFrame{typ, data}:
+	case <-c.closing:
+	default:
+		c.g.log.Info("closing slow client", "queued", cap(c.out))
+		c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
+	}
+}
+
+func (c *conn) writeClient() {
+	defer c.wg.Done()
+	ping := time.NewTicker(c.g.pingInterval)
+	defer ping.Stop()
+	for {
+		select {
+		case f := <-c.out:
+			_ = c.client.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
+			if err := c.client.WriteMessage(f.typ, f.data); err != nil {
+				c.end(false, true, closeGoingAway, "client connection lost")
+				return
+			}
+		case <-ping.C:
+			if err := c.client.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.g.writeTimeout)); err != nil {
+				c.end(false, true, closeGoingAway, "client connection lost")
+				return
+			}
+		case <-c.closing:
+			return
+		}
+	}
+}
+
+func (c *conn) readUpstream() {
+	defer c.wg.Done()
+	for {
+		typ, data, err := c.up.ReadMessage()
+		if err != nil {
+			code, text := closeGoingAway, "relay connection lost"
+			var ce *websocket.CloseError
+			if errors.As(err, &ce) {
+				code, text = relayable(ce)
+			}
+			c.end(true, false, code, text)
+			return
+		}
+		if typ == websocket.TextMessage && (c.quota != nil || c.authPending()) {
+			c.watch(data)
+		}
+		c.send(typ, data)
+	}
+}
+
+// relayable maps a received close onto one that may be sent: 1005 and
+// 1006 are reserved for "no status" and must not appear on the wire.
+func relayable(ce *websocket.CloseError) (int, string) {
+	switch ce.Code {
+	case websocket.CloseNoStatusReceived, websocket.CloseAbnormalClosure, websocket.CloseTLSHandshake:
+		return websocket.CloseNormalClosure, ""
+	}
+	return ce.Code, ce.Text
+}
+
+// watch looks at a relay frame for the OK that answers a forwarded EVENT
+// (charging the quota) or AUTH (learning the authenticated pubkey).
+func (c *conn) watch(frame []byte) {
+	id, accepted, isOK := relayOK(frame)
+	if !isOK {
+		return
+	}
+	if actor, ok := c.pending.take(id); ok {
+		if accepted && actor != "" {
+			c.quota.Add(actor, c.g.now())
+		}
+		return
+	}
+	c.authMu.Lock()
+	if c.authPK != "" && id == c.authID {
+		if accepted {
+			c.authed = c.authPK
+			c.freeAuth = c.g.allowPubkey(c.authed)
+		}
+		c.authPK = ""
+	}
+	c.authMu.Unlock()
+}
+
+func (c *conn) authPending() bool {
+	c.authMu.Lock()
+	defer c.authMu.Unlock()
+	return c.authPK != ""
+}
+
+func (c *conn) auth() (pubkey string, free bool) {
+	c.authMu.Lock()
+	defer c.authMu.Unlock()
+	return c.authed, c.freeAuth
+}
+
+func (c *conn) readClient() {
+	var buf []byte
+	for {
+		typ, r, err := c.client.NextReader()
+		if err != nil {
+			var ce *websocket.CloseError
+			if errors.As(err, &ce) {
+				code, text := relayable(ce)
+				c.end(false, true, code, text)
+			} else {
+				// Read limit, protocol error, dead peer: gorilla has
+				// already told the client what it could.
+				c.end(false, true, closeGoingAway, "client connection lost")
+			}
+			return
+		}
+		buf, err = readFrame(r, buf[:0])
+		if err != nil {
+			c.end(false, true, closeGoingAway, "client connection lost")
+			return
+		}
+		_ = c.client.SetReadDeadline(time.Now().Add(2 * c.g.pingInterval))
+		if !c.admit(typ, buf) {
+			continue
+		}
+		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
+		if err := c.up.WriteMessage(typ, buf); err != nil {
+			c.end(true, false, closeGoingAway, "relay connection lost")
+			return
+		}
+		if cap(buf) > 64<<10 {
+			buf = nil // do not keep one large frame's buffer for the connection's life
+		}
+	}
+}
+
+// readFrame reads a whole message into buf, reusing its storage.
+func readFrame(r io.Reader, buf []byte) ([]byte, error) {
+	if cap(buf) == 0 {
+		buf = make([]byte, 0, 4096)
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
+// admit decides one client frame. It returns true to forward it; on a
+// refusal it has queued the reply for the client.
+func (c *conn) admit(typ int, frame []byte) bool {
+	f := Frame{Type: TypeOther}
+	if typ == websocket.TextMessage {
+		f = Peek(frame)
+	}
+	obs := c.g.obs
+	_, freeAuth := c.auth()
+	free := c.freeIP || freeAuth
+	if lims := c.limits.Message[f.Type]; len(lims) > 0 && !free {
+		d, err := c.g.limiter.Allow(c.ctx, c.keys[f.Type], lims)
+		if err != nil {
+			c.send(websocket.TextMessage, AppendUnavailable(nil, f))
+			obs.frame(f.Type, Unavailable)
+			return false
+		}
+		if !d.Allowed {
+			c.send(websocket.TextMessage, AppendRateLimited(nil, f, d.Wait))
+			obs.frame(f.Type, RateLimited)
+			return false
+		}
+	}
+	switch f.Type {
+	case TypeEVENT:
+		if c.quota != nil && !free {
+			return c.admitEvent(f, frame)
+		}
+	case TypeAUTH:
+		if id, pk, res := eventFields(frame); res == scanOK {
+			c.authMu.Lock()
+			c.authID, c.authPK = id, hex.EncodeToString(pk[:])
+			c.authMu.Unlock()
+		}
+	}
+	if free {
+		obs.frame(f.Type, Allowlisted)
+	} else {
+		obs.frame(f.Type, Admitted)
+	}
+	return true
+}
+
+// admitEvent applies the actor quota to an EVENT the limits admitted.
+func (c *conn) admitEvent(f Frame, frame []byte) bool {
+	id, pk, res := eventFields(frame)
+	if res != scanOK {
+		c.send(websocket.TextMessage, AppendRefusal(nil, f, reasonUnattributable))
+		c.g.obs.frame(f.Type, Invalid)
+		return false
+	}
+	actor, _ := c.auth()
+	if actor == "" {
+		actor = hex.EncodeToString(pk[:])
+		if c.g.allowPubkey(actor) {
+			// Not charged: an allow-listed author. Forging its pubkey
+			// gains nothing, since the quota only counts events the
+			// relay validated.
+			c.g.obs.frame(f.Type, Allowlisted)
+			return true
+		}
+	}
+	if over, wait := c.quota.Exceeded(actor, c.g.now()); over {
+		c.send(websocket.TextMessage, AppendRateLimited(nil, f, wait))
+		c.g.obs.frame(f.Type, QuotaExceeded)
+		return false
+	}
+	c.pending.add(id, actor)
+	c.g.obs.frame(f.Type, Admitted)
+	return true
+}
+
+// reasonUnattributable answers an EVENT whose id or pubkey the gate could
+// not read unambiguously while the quota is on: forwarding it would let
+// the relay's OK go uncharged.
+const reasonUnattributable = "invalid: event must have exactly one id and one pubkey, each 64 hex digits"

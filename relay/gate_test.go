@@ -1,0 +1,433 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+const (
+	idHex = "4376c65d2f232afbe9b882a35baa4f6fe8667c4e684749af565f981833ed6a65"
+	pkHex = "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"
+)
+
+func mustHex32(t *testing.T, s string) hex32 {
+	t.Helper()
+	var h hex32
+	sc := scanner{b: []byte(`"` + s + `"`)}
+	if !sc.hexValue(&h) {
+		t.Fatalf("bad hex %q", s)
+	}
+	return h
+}
+
+func TestEventFields(t *testing.T) {
+	id, pk := mustHex32(t, idHex), mustHex32(t, pkHex)
+	ok := func(frame string) { // must find exactly id and pk
+		t.Helper()
+		gid, gpk, res := eventFields([]byte(frame))
+		if res != scanOK || gid != id || gpk != pk {
+			t.Errorf("eventFields(%s) = %x %x %v, want the id and pubkey", frame, gid, gpk, res)
+		}
+	}
+	bad := func(frame string) {
+		t.Helper()
+		if _, _, res := eventFields([]byte(frame)); res != scanBad {
+			t.Errorf("eventFields(%s) = ok, want scanBad", frame)
+		}
+	}
+	ok(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `","kind":1,"tags":[["p","x"]],"content":"hi","sig":"00"}]`)
+	ok(` [ "EVENT" , { "kind" : 1 , "pubkey" : "` + pkHex + `" , "id" : "` + idHex + `" } ] `)
+	// Tags and content that look like keys are skipped as values.
+	ok(`["EVENT",{"tags":[["pubkey","` + idHex + `"],{"id":"x"}],"content":"\"pubkey\":\"` + idHex + `\"","id":"` + idHex + `","pubkey":"` + pkHex + `"}]`)
+	// Escaped keys and values decode as the relay would decode them.
+	ok(`["EVENT",{"\u0069d":"` + idHex + `","\u0070ubkey":"\u0036` + pkHex[1:] + `"}]`)
+	ok(`["AUTH",{"id":"` + idHex + `","pubkey":"` + pkHex + `","created_at":-1.5e3,"x":null,"y":true}]`)
+	// Two pubkeys: which one a relay keeps is the relay's business; the
+	// gate cannot tell whom to charge.
+	bad(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `","pubkey":"` + idHex + `"}]`)
+	bad(`["EVENT",{"id":"` + idHex + `","\u0070ubkey":"` + pkHex + `","pubkey":"` + pkHex + `"}]`)
+	bad(`["EVENT",{"id":"` + idHex + `","id":"` + idHex + `","pubkey":"` + pkHex + `"}]`)
+	bad(`["EVENT",{"id":"` + idHex + `"}]`)
+	bad(`["EVENT",{"id":"` + idHex[:63] + `","pubkey":"` + pkHex + `"}]`)
+	bad(`["EVENT",{"id":"` + idHex + `x","pubkey":"` + pkHex + `"}]`)
+	bad(`["EVENT",{"id":"` + idHex[:63] + `g","pubkey":"` + pkHex + `"}]`)
+	bad(`["EVENT",{"id":1,"pubkey":"` + pkHex + `"}]`)
+	bad(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `"`) // truncated
+	bad(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex[:10])
+	bad(`["EVENT",{"content":"\`)
+	bad(`["EVENT","sub",{"id":"` + idHex + `","pubkey":"` + pkHex + `"}]`)
+	bad(`["EVENT",{}]`)
+	bad(`{"EVENT":1}`)
+	bad(``)
+}
+
+func FuzzEventFields(f *testing.F) {
+	f.Add([]byte(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `","tags":[["e","\""]]}]`))
+	f.Add([]byte(`["OK","` + idHex + `",true,""]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		eventFields(b) // must not panic
+		relayOK(b)
+	})
+}
+
+func TestRelayOK(t *testing.T) {
+	id := mustHex32(t, idHex)
+	for _, tc := range []struct {
+		frame          string
+		accepted, isOK bool
+	}{
+		{`["OK","` + idHex + `",true,""]`, true, true},
+		{`["OK","` + idHex + `",false,"blocked: no"]`, false, true},
+		{` [ "OK" , "` + idHex + `" , true , "duplicate:" ] `, true, true},
+		{`["OK","` + idHex + `",tru`, false, false},
+		{`["NOTICE","` + idHex + `",true]`, false, false},
+		{`["OK","` + idHex[:62] + `",true,""]`, false, false},
+		{`["EVENT","sub",{}]`, false, false},
+	} {
+		gid, accepted, isOK := relayOK([]byte(tc.frame))
+		if accepted != tc.accepted || isOK != tc.isOK || (isOK && gid != id) {
+			t.Errorf("relayOK(%s) = %x %v %v, want %v %v", tc.frame, gid, accepted, isOK, tc.accepted, tc.isOK)
+		}
+	}
+}
+
+func TestPendingBounded(t *testing.T) {
+	var p pending
+	idOf := func(i int) hex32 { var h hex32; h[0], h[1] = byte(i), byte(i>>8); return h }
+	for i := 0; i < 3*DefaultPending; i++ {
+		p.add(idOf(i), "actor")
+	}
+	if n := p.len(); n != DefaultPending {
+		t.Fatalf("pending holds %d ids, want the bound %d", n, DefaultPending)
+	}
+	if _, ok := p.take(idOf(0)); ok {
+		t.Error("oldest id survived eviction")
+	}
+	if a, ok := p.take(idOf(3*DefaultPending - 1)); !ok || a != "actor" {
+		t.Error("newest id lost")
+	}
+	if _, ok := p.take(idOf(3*DefaultPending - 1)); ok {
+		t.Error("id taken twice")
+	}
+	// An id taken and added again keeps its new slot when its old slot is
+	// overwritten.
+	var q pending
+	q.add(idOf(1000), "a")
+	q.take(idOf(1000))
+	for i := 0; i < DefaultPending-1; i++ {
+		q.add(idOf(i), "x")
+	}
+	q.add(idOf(1000), "b") // the ring wraps: slot 0 next
+	q.add(idOf(2000), "y") // evicts slot 0, which once held 1000
+	if a, ok := q.take(idOf(1000)); !ok || a != "b" {
+		t.Errorf("re-added id evicted with its old slot: %q %v", a, ok)
+	}
+}
+
+func TestNewValidatesLimits(t *testing.T) {
+	l := DefaultLimits()
+	l.Message[TypeREQ] = []ratelimit.Limit{{Rate: 1, Period: time.Second}}
+	_, err := New(Options{Limits: &l})
+	if !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
+		t.Fatalf("New with REQ rate 1 cost 1: err = %v, want ErrInvalidLimit naming REQ", err)
+	}
+	l = Limits{Connection: []ratelimit.Limit{{Rate: 5}}}
+	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+		t.Fatalf("New with a zero connection period: err = %v", err)
+	}
+	d := DefaultLimits()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("DefaultLimits invalid: %v", err)
+	}
+	if len(d.Message[TypeCLOSE]) != 0 || len(d.Message[TypeOther]) == 0 {
+		t.Error("CLOSE must be free and OTHER limited by default")
+	}
+}
+
+func TestProxyRejectsBadURL(t *testing.T) {
+	g, err := New(Options{Limits: &Limits{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"http://example.com", "ws://", "::", "example.com"} {
+		if _, err := g.Proxy(u); !errors.Is(err, ErrUpstream) {
+			t.Errorf("Proxy(%q) err = %v, want ErrUpstream", u, err)
+		}
+	}
+}
+
+func TestOutcomeString(t *testing.T) {
+	seen := map[string]bool{}
+	for o := Outcome(0); o < NumOutcomes; o++ {
+		s := o.String()
+		if s == "" || s == "unknown" || seen[s] {
+			t.Errorf("Outcome(%d).String() = %q", o, s)
+		}
+		seen[s] = true
+	}
+}
+
+// clock is a test clock that moves only when told.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// flakyStore is a memory store that can be switched off, for outages
+// without Redis.
+type flakyStore struct {
+	ratelimit.Store
+	down atomic.Bool
+}
+
+var errDown = fmt.Errorf("%w: test store switched off", ratelimit.ErrUnavailable)
+
+func (s *flakyStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+	if s.down.Load() {
+		return ratelimit.Decision{}, errDown
+	}
+	return s.Store.Decide(ctx, key, limits, now)
+}
+
+// serve starts an httptest server for h and returns its ws:// URL.
+func serve(t testing.TB, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return "ws" + strings.TrimPrefix(srv.URL, "http")
+}
+
+// newGate returns a gate whose Shutdown runs at cleanup.
+func newGate(t testing.TB, opts Options) *Gate {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quietLogger()
+	}
+	g, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := g.Shutdown(ctx); err != nil && !errors.Is(err, ErrClosed) {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
+	return g
+}
+
+// memLimiter returns a limiter over a memory store on clock c.
+func memLimiter(c *clock) *ratelimit.Limiter {
+	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Now: c.Now})
+}
+
+// The refusal on the wire: the OK carries the event id exactly as sent,
+// and nothing reaches the relay.
+func TestGateRefusalWire(t *testing.T) {
+	clk := newClock()
+	var l Limits
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
+	rec := newRecorder()
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+
+	frames := []string{
+		`["EVENT",{"id":"` + idHex + `","kind":1}]`,
+		` [ "\u0045VENT" , { "id" : "` + idHex + `" } ]`,
+		`["REQ","a",{}]`,
+		`["REQ","b\"",{}]`,
+	}
+	for _, f := range frames {
+		if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{
+		`["OK","` + idHex + `",false,"rate-limited: slow down; retry in 1s"]`,
+		`["CLOSED","b\"","rate-limited: slow down; retry in 1s"]`,
+	}
+	for _, w := range want {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, got, err := c.ReadMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != w {
+			t.Errorf("reply %s, want %s", got, w)
+		}
+	}
+	if got := rec.frames(2); got[0] != frames[0] || got[1] != frames[2] {
+		t.Errorf("relay got %q, want only the admitted frames", got)
+	}
+}
+
+// (g) connection limit and store outage on upgrade.
+func TestGateConnectionLimit(t *testing.T) {
+	clk := newClock()
+	store := &flakyStore{Store: ratelimit.NewMemoryStore(0)}
+	l := Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}}
+	var outcomes [NumOutcomes]atomic.Int64
+	obs := &Observer{Connection: func(o Outcome) { outcomes[o].Add(1) }}
+	g := newGate(t, Options{
+		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Now: clk.Now}),
+		Limits:   &l,
+		Observer: obs,
+	})
+	url := serve(t, g.Wrap(newRecorder()))
+	for range 2 {
+		dialRaw(t, url)
+	}
+	_, resp, err := websocket.DefaultDialer.Dial(url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("third connection: err %v resp %v, want 429", err, resp)
+	}
+	// Two at rest under 2/10s: the third waits 10s·log2(2/1) = 10s.
+	if ra := resp.Header.Get("Retry-After"); ra != "10" {
+		t.Errorf("Retry-After = %q, want 10", ra)
+	}
+
+	// Past the wait the limiter must ask the store again (it answers a
+	// known-blocked client locally until then).
+	clk.Advance(11 * time.Second)
+	store.down.Store(true)
+	_, resp, err = websocket.DefaultDialer.Dial(url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("store down: err %v resp %v, want 503", err, resp)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if strings.TrimSpace(string(body)) != ReasonUnavailable {
+		t.Errorf("503 body %q, want %q", body, ReasonUnavailable)
+	}
+	if outcomes[Admitted].Load() != 2 || outcomes[RateLimited].Load() != 1 || outcomes[Unavailable].Load() != 1 {
+		t.Errorf("observer saw admitted %d, rate-limited %d, unavailable %d; want 2, 1, 1",
+			outcomes[Admitted].Load(), outcomes[RateLimited].Load(), outcomes[Unavailable].Load())
+	}
+}
+
+// recorder is an upstream WebSocket endpoint that records what it
+// receives, answers "echo:"-prefixed text frames with the rest, closes
+// on "bye", and remembers the forwarding headers it was given.
+type recorder struct {
+	mu     sync.Mutex
+	got    []string
+	types  []int
+	hdr    http.Header
+	remote string
+	cond   *sync.Cond
+}
+
+func newRecorder() *recorder {
+	r := &recorder{}
+	r.cond = sync.NewCond(&r.mu)
+	return r
+}
+
+func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !websocket.IsWebSocketUpgrade(r) {
+		fmt.Fprint(w, "plain http")
+		return
+	}
+	up := websocket.Upgrader{}
+	c, err := up.Upgrade(w, r, nil)
+	if err != nil {
+		return
+	}
+	rec.mu.Lock()
+	rec.hdr, rec.remote = r.Header.Clone(), r.RemoteAddr
+	rec.mu.Unlock()
+	defer c.Close()
+	for {
+		typ, data, err := c.ReadMessage()
+		if err != nil {
+			return
+		}
+		rec.mu.Lock()
+		rec.got = append(rec.got, string(data))
+		rec.types = append(rec.types, typ)
+		rec.cond.Broadcast()
+		rec.mu.Unlock()
+		switch {
+		case string(data) == "bye":
+			_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(4000, "bye"))
+			return
+		case strings.HasPrefix(string(data), "echo:"):
+			_ = c.WriteMessage(typ, data[5:])
+		}
+	}
+}
+
+// frames waits until n frames have arrived and returns them.
+func (rec *recorder) frames(n int) []string {
+	deadline := time.AfterFunc(5*time.Second, func() {
+		rec.mu.Lock()
+		rec.cond.Broadcast()
+		rec.mu.Unlock()
+	})
+	defer deadline.Stop()
+	start := time.Now()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for len(rec.got) < n && time.Since(start) < 5*time.Second {
+		rec.cond.Wait()
+	}
+	return append([]string(nil), rec.got...)
+}
+
+func dialRaw(t testing.TB, url string) *websocket.Conn {
+	t.Helper()
+	c, _, err := websocket.DefaultDialer.Dial(url, nil)
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// settle waits for the goroutine count to come back to at most base.
+func settle(t *testing.T, base int) {
+	t.Helper()
+	var n int
+	for i := 0; i < 200; i++ {
+		runtime.GC()
+		if n = runtime.NumGoroutine(); n <= base {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	t.Fatalf("goroutines: %d, baseline %d\n%s", n, base, buf)
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -1,0 +1,219 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// upstream is where a gated connection is bridged to: a relay at a URL or
+// an in-process handler reached over in-memory pipes.
+type upstream struct {
+	dialer *websocket.Dialer
+	// target returns the WebSocket URL to dial for client request r.
+	target func(r *http.Request) string
+}
+
+// dial opens the upstream WebSocket for client request r, whose client
+// address is addr. The relay learns addr from X-Forwarded-For and
+// X-Real-IP, which replace whatever the client sent.
+func (u *upstream) dial(ctx context.Context, r *http.Request, addr string) (*websocket.Conn, *http.Response, error) {
+	h := make(http.Header, len(r.Header)+4)
+	for k, vs := range r.Header {
+		if skipHeader(k) {
+			continue
+		}
+		h[k] = vs
+	}
+	if addr != "" {
+		h.Set("X-Forwarded-For", addr)
+		h.Set("X-Real-IP", addr)
+	}
+	h.Set("X-Forwarded-Host", r.Host)
+	if r.TLS != nil {
+		h.Set("X-Forwarded-Proto", "https")
+	} else {
+		h.Set("X-Forwarded-Proto", "http")
+	}
+	ctx = context.WithValue(ctx, clientAddrKey{}, addr)
+	return u.dialer.DialContext(ctx, u.target(r), h)
+}
+
+// skipHeader reports the client headers not copied to the upstream
+// handshake: hop-by-hop headers, the WebSocket handshake (the gate makes
+// its own, without compression, so frames pass byte for byte), and the
+// forwarding headers the gate sets itself.
+func skipHeader(k string) bool {
+	switch k {
+	case "Connection", "Upgrade", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding",
+		"Proxy-Connection", "Proxy-Authorization", "Host", "Content-Length",
+		"X-Forwarded-For", "X-Real-Ip", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded":
+		return true
+	}
+	return strings.HasPrefix(k, "Sec-Websocket-")
+}
+
+// clientAddrKey carries the client's address to the in-process dialer, so
+// that the relay's request has it as RemoteAddr.
+type clientAddrKey struct{}
+
+// newURLUpstream validates a ws:// or wss:// URL.
+func newURLUpstream(raw string) (*upstream, *url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %q: %v", ErrUpstream, raw, err)
+	}
+	if u.Scheme != "ws" && u.Scheme != "wss" {
+		return nil, nil, fmt.Errorf("%w: %q: scheme must be ws or wss", ErrUpstream, raw)
+	}
+	if u.Host == "" {
+		return nil, nil, fmt.Errorf("%w: %q: no host", ErrUpstream, raw)
+	}
+	base := *u
+	up := &upstream{
+		dialer: &websocket.Dialer{
+			Proxy:            http.ProxyFromEnvironment,
+			HandshakeTimeout: 10 * time.Second,
+		},
+		target: func(r *http.Request) string {
+			t := base
+			t.Path = singleJoin(base.Path, r.URL.Path)
+			t.RawPath = ""
+			t.RawQuery = r.URL.RawQuery
+			return t.String()
+		},
+	}
+	return up, u, nil
+}
+
+// httpProxy forwards plain HTTP requests (NIP-11, pages) to the relay
+// behind a ws:// or wss:// URL, over http:// or https://.
+func httpProxy(u *url.URL) http.Handler {
+	target := *u
+	if target.Scheme == "wss" {
+		target.Scheme = "https"
+	} else {
+		target.Scheme = "http"
+	}
+	return httputil.NewSingleHostReverseProxy(&target)
+}
+
+func singleJoin(a, b string) string {
+	switch {
+	case b == "" || b == "/":
+		if a == "" {
+			return "/"
+		}
+		return a
+	case strings.HasSuffix(a, "/") && strings.HasPrefix(b, "/"):
+		return a + b[1:]
+	case !strings.HasSuffix(a, "/") && !strings.HasPrefix(b, "/"):
+		return a + "/" + b
+	}
+	return a + b
+}
+
+// pipeListener is a net.Listener whose connections are in-memory pipes
+// made by dial: an http.Server serving on it runs a handler with a real,
+// hijackable connection and no TCP port.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// Accept implements net.Listener.
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close implements net.Listener; it makes Accept and dial fail.
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+// Addr implements net.Listener.
+func (l *pipeListener) Addr() net.Addr { return pipeAddr("sluice-in-process") }
+
+// dial hands one end of a new pipe to Accept and returns the other. The
+// server's end reports the client's address (from ctx) as its remote
+// address, so the handler's r.RemoteAddr is the real client.
+func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	c1, c2 := net.Pipe()
+	var server net.Conn = c2
+	if a, ok := ctx.Value(clientAddrKey{}).(string); ok && a != "" {
+		server = addrConn{Conn: c2, remote: pipeAddr(net.JoinHostPort(a, "0"))}
+	}
+	select {
+	case l.conns <- server:
+		return c1, nil
+	case <-l.done:
+	case <-ctx.Done():
+	}
+	c1.Close()
+	c2.Close()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return nil, net.ErrClosed
+}
+
+type pipeAddr string
+
+func (a pipeAddr) Network() string { return "pipe" }
+func (a pipeAddr) String() string  { return string(a) }
+
+// addrConn overrides the remote address of a pipe end.
+type addrConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }
+
+// inProcess runs h on a pipe listener and returns the upstream that
+// dials it. stop shuts the server down.
+func inProcess(h http.Handler) (up *upstream, stop func()) {
+	l := newPipeListener()
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l)
+	}()
+	up = &upstream{
+		dialer: &websocket.Dialer{
+			NetDialContext:   l.dial,
+			HandshakeTimeout: 10 * time.Second,
+		},
+		target: func(r *http.Request) string {
+			u := url.URL{Scheme: "ws", Host: r.Host, Path: r.URL.Path, RawQuery: r.URL.RawQuery}
+			if u.Host == "" {
+				u.Host = "in-process"
+			}
+			return u.String()
+		},
+	}
+	return up, func() {
+		_ = srv.Close()
+		<-done
+	}
+}
