@@ -1,0 +1,318 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// This file serves NIP-11 relay information documents with sluice's limits
+// in them. In proxy mode the document is the upstream relay's own, fetched
+// over HTTP and merged, so the operator's name, contact and supported NIPs
+// stay what the relay says; sluice only adds what it enforces.
+
+// ErrNIP11 is wrapped by FetchNIP11 and MergeNIP11 for a document they
+// cannot use: an HTTP error, a body too large, or JSON that is not an object.
+var ErrNIP11 = errors.New("relay: bad NIP-11 document")
+
+// NIP-11 defaults.
+const (
+	// NIP11ContentType is the media type of a NIP-11 document, and what a
+	// client's Accept header asks for.
+	NIP11ContentType = "application/nostr+json"
+	// MaxNIP11Size bounds an upstream's document: real ones are a few KiB.
+	MaxNIP11Size = 256 << 10
+	// DefaultNIP11TTL is how long NIP11Handler keeps a fetched document.
+	DefaultNIP11TTL = time.Minute
+	// DefaultNIP11Timeout bounds one fetch when the client has no timeout.
+	DefaultNIP11Timeout = 5 * time.Second
+)
+
+// IsNIP11Request reports whether r asks for a NIP-11 document: a GET or
+// HEAD, not a WebSocket upgrade, whose Accept header names
+// application/nostr+json.
+func IsNIP11Request(r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return false
+	}
+	for _, v := range r.Header.Values("Accept") {
+		for _, part := range strings.Split(v, ",") {
+			mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
+			if err == nil && mt == NIP11ContentType {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// NIP11Limitation is what sluice adds to a NIP-11 document. The zero value
+// adds nothing.
+type NIP11Limitation struct {
+	// MaxMessageLength is the gate's read limit in bytes. It is written to
+	// limitation.max_message_length unless the document already has a
+	// smaller one (the smaller of the two is what a client can send). 0
+	// leaves the field as it is.
+	MaxMessageLength int64
+	// Limits, when not nil, are published as the top-level "rate_limits"
+	// object (not part of NIP-11: clients that do not know it ignore it).
+	Limits *Limits
+	// Quota, when not nil and not unlimited, is published in rate_limits.
+	Quota *ratelimit.Quota
+}
+
+// nip11Window is one limit as rate_limits publishes it: the configured
+// numbers and what they mean, so a client need not know the EWMA math.
+type nip11Window struct {
+	Rate          float64 `json:"rate"`
+	PeriodSeconds float64 `json:"period_seconds"`
+	Cost          float64 `json:"cost"`
+	Burst         int     `json:"burst"`
+	Sustained     float64 `json:"sustained_per_second"`
+}
+
+type nip11Quota struct {
+	Events        int     `json:"events"`
+	WindowSeconds float64 `json:"window_seconds"`
+}
+
+type nip11RateLimits struct {
+	Note       string                   `json:"note"`
+	Connection []nip11Window            `json:"connection"`
+	Message    map[string][]nip11Window `json:"message"`
+	Quota      *nip11Quota              `json:"quota,omitempty"`
+}
+
+func nip11Windows(ls []ratelimit.Limit) []nip11Window {
+	out := make([]nip11Window, 0, len(ls))
+	for _, l := range ls {
+		out = append(out, nip11Window{
+			Rate:          l.Rate,
+			PeriodSeconds: l.Period.Seconds(),
+			Cost:          l.EffectiveCost(),
+			Burst:         l.Burst(),
+			Sustained:     math.Round(l.Sustained()*1000) / 1000,
+		})
+	}
+	return out
+}
+
+// MergeNIP11 returns doc, a JSON object, with lim merged in. Every field of
+// doc other than limitation.max_message_length and rate_limits is kept
+// byte for byte, including fields this package does not know.
+func MergeNIP11(doc []byte, lim NIP11Limitation) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(doc, &top); err != nil || top == nil {
+		return nil, fmt.Errorf("%w: not a JSON object", ErrNIP11)
+	}
+	if lim.MaxMessageLength > 0 {
+		var limitation map[string]json.RawMessage
+		if raw, ok := top["limitation"]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			if err := json.Unmarshal(raw, &limitation); err != nil || limitation == nil {
+				return nil, fmt.Errorf("%w: limitation is not a JSON object", ErrNIP11)
+			}
+		}
+		if limitation == nil {
+			limitation = map[string]json.RawMessage{}
+		}
+		mml := lim.MaxMessageLength
+		var theirs float64
+		if raw, ok := limitation["max_message_length"]; ok && json.Unmarshal(raw, &theirs) == nil && theirs > 0 && theirs < float64(mml) {
+			mml = int64(theirs)
+		}
+		limitation["max_message_length"], _ = json.Marshal(mml)
+		top["limitation"], _ = json.Marshal(limitation)
+	}
+	if lim.Limits != nil {
+		rl := nip11RateLimits{
+			Note:       "per client (IP address or IPv6 prefix); EWMA windows: burst from rest, then sustained_per_second; a refusal says how long to wait",
+			Connection: nip11Windows(lim.Limits.Connection),
+			Message:    make(map[string][]nip11Window, NumTypes),
+		}
+		for t := Type(0); t < NumTypes; t++ {
+			rl.Message[t.String()] = nip11Windows(lim.Limits.Message[t])
+		}
+		if q := lim.Quota; q != nil && !q.IsUnlimited() {
+			rl.Quota = &nip11Quota{Events: q.Events(), WindowSeconds: q.Window().Seconds()}
+		}
+		top["rate_limits"], _ = json.Marshal(rl)
+	}
+	return json.Marshal(top)
+}
+
+// NIP11URL returns the http:// or https:// URL a NIP-11 document of the
+// relay at a ws:// or wss:// URL is fetched from.
+func NIP11URL(relayURL string) (string, error) {
+	u, err := url.Parse(relayURL)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("%w: %q is not a relay URL", ErrUpstream, relayURL)
+	}
+	switch u.Scheme {
+	case "ws":
+		u.Scheme = "http"
+	case "wss":
+		u.Scheme = "https"
+	case "http", "https":
+	default:
+		return "", fmt.Errorf("%w: %q: scheme must be ws or wss", ErrUpstream, relayURL)
+	}
+	u.Fragment = ""
+	return u.String(), nil
+}
+
+// FetchNIP11 GETs the NIP-11 document of the relay at relayURL (ws://,
+// wss://, or the http(s) URL itself) with Accept: application/nostr+json.
+// The body is read up to MaxNIP11Size and must be a JSON object. A nil
+// client means a client with DefaultNIP11Timeout; ctx bounds the call too.
+func FetchNIP11(ctx context.Context, client *http.Client, relayURL string) ([]byte, error) {
+	target, err := NIP11URL(relayURL)
+	if err != nil {
+		return nil, err
+	}
+	if client == nil {
+		client = &http.Client{Timeout: DefaultNIP11Timeout}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNIP11, err)
+	}
+	req.Header.Set("Accept", NIP11ContentType)
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNIP11, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%w: %s answered %s", ErrNIP11, target, resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxNIP11Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading %s: %v", ErrNIP11, target, err)
+	}
+	if len(body) > MaxNIP11Size {
+		return nil, fmt.Errorf("%w: %s: document larger than %d bytes", ErrNIP11, target, MaxNIP11Size)
+	}
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(body, &probe); err != nil || probe == nil {
+		return nil, fmt.Errorf("%w: %s: not a JSON object", ErrNIP11, target)
+	}
+	return body, nil
+}
+
+// NIP11Handler serves NIP-11 documents with Limitation merged in. The base
+// document comes from Fetch and is kept for TTL; when Fetch fails the last
+// good document is served, or Fallback when there is none, and Fetch is not
+// tried again for a few seconds (a client asking for NIP-11 in a loop must
+// not turn into a loop of upstream requests).
+//
+// Set the fields before first use; NIP11Handler is then safe for
+// concurrent use.
+type NIP11Handler struct {
+	// Fetch returns the base document (a JSON object). Nil means Fallback
+	// is always served.
+	Fetch func(ctx context.Context) ([]byte, error)
+	// Limitation is merged into every document served.
+	Limitation NIP11Limitation
+	// TTL is how long a fetched document is kept. 0 means
+	// DefaultNIP11TTL; a negative TTL fetches on every request (for an
+	// in-process relay, where fetching costs nothing).
+	TTL time.Duration
+	// Fallback is the base document when Fetch fails and nothing was
+	// fetched before. Nil means {}.
+	Fallback []byte
+	// OnError, when not nil, is told of every failed fetch.
+	OnError func(error)
+
+	mu        sync.Mutex
+	doc       []byte // merged, ready to serve
+	fresh     time.Time
+	retryAt   time.Time
+	fetchedOK bool
+}
+
+// nip11RetryAfterError is how long a failed fetch keeps NIP11Handler from
+// trying again.
+const nip11RetryAfterError = 5 * time.Second
+
+// ServeHTTP implements http.Handler. It answers any method with the
+// document (the caller routes with IsNIP11Request), and CORS preflights.
+func (h *NIP11Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hdr := w.Header()
+	hdr.Set("Access-Control-Allow-Origin", "*")
+	hdr.Set("Access-Control-Allow-Headers", "*")
+	hdr.Set("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
+	if r.Method == http.MethodOptions {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	doc := h.document(r.Context())
+	hdr.Set("Content-Type", NIP11ContentType)
+	if r.Method == http.MethodHead {
+		return
+	}
+	_, _ = w.Write(doc)
+}
+
+// document returns the merged document, fetching it when stale.
+func (h *NIP11Handler) document(ctx context.Context) []byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	ttl := h.TTL
+	if ttl == 0 {
+		ttl = DefaultNIP11TTL
+	}
+	if h.doc != nil && (now.Before(h.fresh) || now.Before(h.retryAt)) {
+		return h.doc
+	}
+	if h.Fetch != nil {
+		// The fetch outlives a client that hangs up: its result serves
+		// everyone after it.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultNIP11Timeout)
+		base, err := h.Fetch(fctx)
+		cancel()
+		if err == nil {
+			merged, merr := MergeNIP11(base, h.Limitation)
+			if merr == nil {
+				h.doc, h.fresh, h.fetchedOK = merged, now.Add(ttl), true
+				return h.doc
+			}
+			err = merr
+		}
+		if h.OnError != nil {
+			h.OnError(err)
+		}
+		h.retryAt = now.Add(nip11RetryAfterError)
+		if h.fetchedOK {
+			return h.doc // stale but real beats a stub
+		}
+	}
+	fallback := h.Fallback
+	if fallback == nil {
+		fallback = []byte("{}")
+	}
+	merged, err := MergeNIP11(fallback, h.Limitation)
+	if err != nil {
+		merged, _ = MergeNIP11([]byte("{}"), h.Limitation)
+	}
+	h.doc = merged
+	if h.Fetch == nil {
+		h.fresh = now.Add(ttl)
+	}
+	return h.doc
+}

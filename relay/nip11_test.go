@@ -1,0 +1,272 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+func TestIsNIP11Request(t *testing.T) {
+	tests := []struct {
+		name   string
+		method string
+		hdr    map[string]string
+		want   bool
+	}{
+		{"plain", "GET", map[string]string{"Accept": "application/nostr+json"}, true},
+		{"listed", "GET", map[string]string{"Accept": "text/html, application/nostr+json;q=0.9"}, true},
+		{"head", "HEAD", map[string]string{"Accept": "application/nostr+json"}, true},
+		{"browser", "GET", map[string]string{"Accept": "text/html"}, false},
+		{"none", "GET", nil, false},
+		{"post", "POST", map[string]string{"Accept": "application/nostr+json"}, false},
+		{"upgrade", "GET", map[string]string{"Accept": "application/nostr+json", "Upgrade": "websocket"}, false},
+		{"prefix only", "GET", map[string]string{"Accept": "application/nostr+jsonx"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest(tt.method, "/", nil)
+			for k, v := range tt.hdr {
+				r.Header.Set(k, v)
+			}
+			if got := IsNIP11Request(r); got != tt.want {
+				t.Errorf("IsNIP11Request = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func testLimitation(t *testing.T) NIP11Limitation {
+	t.Helper()
+	l := DefaultLimits()
+	q, err := ratelimit.NewQuota(600, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NIP11Limitation{MaxMessageLength: 524288, Limits: &l, Quota: q}
+}
+
+func TestMergeNIP11KeepsUnknownFields(t *testing.T) {
+	doc := `{"name":"strfry default","software":"git+https://github.com/hoytech/strfry.git","supported_nips":[1,2,4,9,11],` +
+		`"x_custom":{"deep":[1,2,3]},"limitation":{"max_subscriptions":20,"auth_required":false}}`
+	out, err := MergeNIP11([]byte(doc), testLimitation(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{
+		"name":           `"strfry default"`,
+		"supported_nips": `[1,2,4,9,11]`,
+		"x_custom":       `{"deep":[1,2,3]}`,
+	} {
+		if string(got[k]) != want {
+			t.Errorf("%s = %s, want %s unchanged", k, got[k], want)
+		}
+	}
+	var lim map[string]any
+	if err := json.Unmarshal(got["limitation"], &lim); err != nil {
+		t.Fatal(err)
+	}
+	if lim["max_message_length"] != float64(524288) || lim["max_subscriptions"] != float64(20) || lim["auth_required"] != false {
+		t.Errorf("limitation = %v, want max_message_length 524288 added and the relay's fields kept", lim)
+	}
+	var rl struct {
+		Connection []nip11Window
+		Message    map[string][]nip11Window
+		Quota      *nip11Quota
+	}
+	if err := json.Unmarshal(got["rate_limits"], &rl); err != nil {
+		t.Fatal(err)
+	}
+	ev := rl.Message["EVENT"]
+	if len(ev) != 2 || ev[0].Rate != 10 || ev[0].PeriodSeconds != 1 || ev[0].Burst != 10 || ev[1].PeriodSeconds != 60 {
+		t.Errorf("rate_limits.message.EVENT = %+v, want the default two windows", ev)
+	}
+	if ev[0].Sustained < 6.5 || ev[0].Sustained > 6.7 {
+		t.Errorf("EVENT sustained = %v, want about 6.58/s for 10/1s", ev[0].Sustained)
+	}
+	if c := rl.Message["CLOSE"]; c == nil || len(c) != 0 {
+		t.Errorf("CLOSE = %v, want [] (free, and said so)", c)
+	}
+	if rl.Quota == nil || rl.Quota.Events != 600 || rl.Quota.WindowSeconds != 60 {
+		t.Errorf("quota = %+v, want 600 per 60s", rl.Quota)
+	}
+}
+
+func TestMergeNIP11MaxMessageLength(t *testing.T) {
+	tests := []struct {
+		doc  string
+		ours int64
+		want float64
+	}{
+		{`{}`, 1000, 1000},
+		{`{"limitation":null}`, 1000, 1000},
+		{`{"limitation":{"max_message_length":500}}`, 1000, 500}, // the relay's is smaller: it wins
+		{`{"limitation":{"max_message_length":5000}}`, 1000, 1000},
+		{`{"limitation":{"max_message_length":"big"}}`, 1000, 1000},
+		{`{"limitation":{"max_message_length":0}}`, 1000, 1000},
+	}
+	for _, tt := range tests {
+		out, err := MergeNIP11([]byte(tt.doc), NIP11Limitation{MaxMessageLength: tt.ours})
+		if err != nil {
+			t.Fatalf("%s: %v", tt.doc, err)
+		}
+		var got struct {
+			Limitation map[string]any `json:"limitation"`
+			RateLimits any            `json:"rate_limits"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Limitation["max_message_length"] != tt.want {
+			t.Errorf("%s: max_message_length = %v, want %v", tt.doc, got.Limitation["max_message_length"], tt.want)
+		}
+		if got.RateLimits != nil {
+			t.Errorf("%s: rate_limits present without Limits", tt.doc)
+		}
+	}
+}
+
+func TestMergeNIP11RefusesNonObjects(t *testing.T) {
+	for _, doc := range []string{``, `null`, `[]`, `"x"`, `{"a":`, `{"limitation":[1]}`, `{"limitation":3}`} {
+		_, err := MergeNIP11([]byte(doc), NIP11Limitation{MaxMessageLength: 1})
+		if !errors.Is(err, ErrNIP11) {
+			t.Errorf("MergeNIP11(%q) err = %v, want ErrNIP11", doc, err)
+		}
+	}
+}
+
+func TestNIP11URL(t *testing.T) {
+	for in, want := range map[string]string{
+		"ws://127.0.0.1:7000":        "http://127.0.0.1:7000",
+		"wss://relay.example/nostr":  "https://relay.example/nostr",
+		"ws://h:1/p?x=1#frag":        "http://h:1/p?x=1",
+		"http://already.example:80/": "http://already.example:80/",
+	} {
+		got, err := NIP11URL(in)
+		if err != nil || got != want {
+			t.Errorf("NIP11URL(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"ftp://h/", "127.0.0.1:7000", "ws://", "::"} {
+		if _, err := NIP11URL(in); !errors.Is(err, ErrUpstream) {
+			t.Errorf("NIP11URL(%q) err = %v, want ErrUpstream", in, err)
+		}
+	}
+}
+
+func TestFetchNIP11(t *testing.T) {
+	var accept atomic.Value
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ok", func(w http.ResponseWriter, r *http.Request) {
+		accept.Store(r.Header.Get("Accept"))
+		w.Write([]byte(`{"name":"up"}`))
+	})
+	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"name":"` + strings.Repeat("x", MaxNIP11Size) + `"}`))
+	})
+	mux.HandleFunc("/array", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`[1]`)) })
+	mux.HandleFunc("/500", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no", 500) })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ws := "ws" + strings.TrimPrefix(srv.URL, "http")
+
+	body, err := FetchNIP11(context.Background(), srv.Client(), ws+"/ok")
+	if err != nil || string(body) != `{"name":"up"}` {
+		t.Fatalf("FetchNIP11 = %q, %v", body, err)
+	}
+	if got := accept.Load(); got != NIP11ContentType {
+		t.Errorf("Accept = %v, want %s", got, NIP11ContentType)
+	}
+	for _, p := range []string{"/big", "/array", "/500"} {
+		if _, err := FetchNIP11(context.Background(), srv.Client(), ws+p); !errors.Is(err, ErrNIP11) {
+			t.Errorf("FetchNIP11(%s) err = %v, want ErrNIP11", p, err)
+		}
+	}
+}
+
+func TestNIP11HandlerCachesAndFallsBack(t *testing.T) {
+	var calls atomic.Int32
+	var fail atomic.Bool
+	var errs atomic.Int32
+	h := &NIP11Handler{
+		Fetch: func(ctx context.Context) ([]byte, error) {
+			calls.Add(1)
+			if fail.Load() {
+				return nil, ErrNIP11
+			}
+			return []byte(`{"name":"upstream"}`), nil
+		},
+		Limitation: NIP11Limitation{MaxMessageLength: 4096},
+		Fallback:   []byte(`{"name":"fallback"}`),
+		OnError:    func(error) { errs.Add(1) },
+	}
+	get := func() map[string]any {
+		t.Helper()
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("Accept", NIP11ContentType)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if ct := w.Header().Get("Content-Type"); ct != NIP11ContentType {
+			t.Errorf("Content-Type = %q", ct)
+		}
+		if w.Header().Get("Access-Control-Allow-Origin") != "*" {
+			t.Errorf("no CORS header")
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil {
+			t.Fatalf("body %q: %v", w.Body.String(), err)
+		}
+		return doc
+	}
+	for range 5 {
+		if doc := get(); doc["name"] != "upstream" {
+			t.Fatalf("name = %v, want upstream", doc["name"])
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("fetched %d times for 5 requests within the TTL, want 1", n)
+	}
+
+	// Expire the cache; a failing upstream then leaves the last good copy.
+	h.mu.Lock()
+	h.fresh = time.Time{}
+	h.mu.Unlock()
+	fail.Store(true)
+	for range 5 {
+		if doc := get(); doc["name"] != "upstream" {
+			t.Fatalf("name = %v, want the stale upstream copy", doc["name"])
+		}
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("fetched %d times, want 2: a failure must not be retried on every request", n)
+	}
+	if errs.Load() != 1 {
+		t.Errorf("OnError called %d times, want 1", errs.Load())
+	}
+
+	// A handler that never fetched serves the fallback, merged.
+	h2 := &NIP11Handler{
+		Fetch:      func(ctx context.Context) ([]byte, error) { return nil, ErrNIP11 },
+		Limitation: NIP11Limitation{MaxMessageLength: 4096},
+		Fallback:   []byte(`{"name":"fallback"}`),
+	}
+	h = h2
+	doc := get()
+	if doc["name"] != "fallback" {
+		t.Errorf("name = %v, want fallback", doc["name"])
+	}
+	if lim, _ := doc["limitation"].(map[string]any); lim["max_message_length"] != float64(4096) {
+		t.Errorf("fallback limitation = %v", doc["limitation"])
+	}
+}
