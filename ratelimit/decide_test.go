@@ -1,0 +1,103 @@
+package ratelimit
+
+import (
+	"math"
+	"math/rand"
+	"testing"
+	"time"
+)
+
+// TestWaitMsIsTheSmallestAdmittingMillisecond compares waitMs with its
+// definition — the first millisecond at which the admission test admits —
+// on scores built to sit within float error of a millisecond boundary
+// (s = room·2^(m/T)), where a wait computed from Log2 alone is off by one.
+func TestWaitMsIsTheSmallestAdmittingMillisecond(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	boundary := 0
+	for range 20000 {
+		periodMs := float64(1 + rng.Intn(100000))
+		c := 1.0
+		if rng.Intn(2) == 0 {
+			c = 0.1 + 3*rng.Float64()
+		}
+		r := c * (1.001 + 20*rng.Float64())
+		room := r - c
+		m := 1 + rng.Int63n(int64(periodMs)*8)
+		s := room * math.Exp2(float64(m)/periodMs)
+		at := rng.Int63n(1 << 41)
+		now := at + rng.Int63n(m) // refused at now (m ms after at it is about the boundary)
+		if rng.Intn(4) == 0 {
+			now = at - rng.Int63n(5000) // an instant before the write
+		}
+		admits := func(x int64) bool { return decayAt(s, at, x, periodMs)+c <= r }
+		if admits(now) {
+			continue
+		}
+		// The admission test is monotone in time: binary search for the
+		// first admitting millisecond.
+		lo, hi := int64(0), int64(1)<<42 // refuses at now+lo, admits at now+hi
+		for hi-lo > 1 {
+			if mid := lo + (hi-lo)/2; admits(now + mid) {
+				hi = mid
+			} else {
+				lo = mid
+			}
+		}
+		want := hi
+		if want == m+at-now {
+			boundary++
+		}
+		if got := waitMs(s, at, now, periodMs, c, r); got != want {
+			t.Fatalf("waitMs(s=%v at=%d now=%d T=%vms c=%v r=%v) = %d, want %d", s, at, now, periodMs, c, r, got, want)
+		}
+	}
+	if boundary < 1000 {
+		t.Fatalf("only %d cases on a boundary", boundary)
+	}
+}
+
+func TestDecayAt(t *testing.T) {
+	tests := []struct {
+		name     string
+		s        float64
+		at, now  int64
+		periodMs float64
+		want     float64
+	}{
+		{"no time", 5, 100, 100, 1000, 5},
+		{"now before written", 5, 100, 50, 1000, 5},
+		{"one half-life", 5, 0, 1000, 1000, 2.5},
+		{"underflow is zero", 5, 0, 1 << 40, 1, 0},
+		{"far past is zero, not NaN", math.MaxFloat64, 0, 1 << 40, 1, 0},
+		{"subnormal region is zero", 1, 0, 1090, 1, 0},
+	}
+	for _, tt := range tests {
+		if got := decayAt(tt.s, tt.at, tt.now, tt.periodMs); got != tt.want {
+			t.Errorf("%s: decayAt = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestDecideIsPure: a refusal leaves the state it was given untouched apart
+// from reporting decayed scores, and an admission writes decayed+c at now.
+func TestDecideIsPure(t *testing.T) {
+	limits := []Limit{PerPeriod(2, time.Second), PerPeriod(10, time.Minute)}
+	score := []float64{2, 1}
+	at := []int64{1000, 1000}
+	out := make([]float64, 2)
+	ok, wait, err := decide(limits, score, at, 1000, out)
+	if err != nil || ok || wait != time.Second {
+		t.Fatalf("decide = %v %v %v, want refused for 1s", ok, wait, err)
+	}
+	if at[0] != 1000 || at[1] != 1000 || out[0] != 2 || out[1] != 1 {
+		t.Fatalf("refusal changed state: at %v out %v", at, out)
+	}
+	score = []float64{2, 1}
+	ok, wait, err = decide(limits, score, at, 2000, out)
+	if err != nil || !ok || wait != 0 {
+		t.Fatalf("decide a second later = %v %v %v, want admitted", ok, wait, err)
+	}
+	if at[0] != 2000 || at[1] != 2000 || score[0] != 2 || out[1] != score[1] || math.Abs(score[1]-(1*math.Exp2(-1.0/60)+1)) > 1e-15 {
+		t.Fatalf("admission wrote score %v at %v (out %v)", score, at, out)
+	}
+}

@@ -1,0 +1,195 @@
+package ratelimit_test
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+func TestLimitValidate(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	tests := []struct {
+		name string
+		l    ratelimit.Limit
+		ok   bool
+	}{
+		{"plain", ratelimit.PerPeriod(10, time.Second), true},
+		{"zero cost means 1", ratelimit.Limit{Rate: 2, Period: time.Second}, true},
+		{"fractional cost", ratelimit.Limit{Rate: 1, Period: time.Second, Cost: 0.5}, true},
+		{"one millisecond", ratelimit.PerPeriod(2, time.Millisecond), true},
+		{"zero period", ratelimit.PerPeriod(10, 0), false},
+		{"negative period", ratelimit.PerPeriod(10, -time.Second), false},
+		{"sub-millisecond period", ratelimit.PerPeriod(10, 999*time.Microsecond), false},
+		{"fractional milliseconds", ratelimit.PerPeriod(10, 1500*time.Microsecond), false},
+		{"rate equals cost", ratelimit.PerPeriod(1, time.Second), false},
+		{"rate below cost", ratelimit.Limit{Rate: 2, Period: time.Second, Cost: 3}, false},
+		{"zero rate", ratelimit.PerPeriod(0, time.Second), false},
+		{"negative rate", ratelimit.PerPeriod(-5, time.Second), false},
+		{"negative cost", ratelimit.Limit{Rate: 5, Period: time.Second, Cost: -1}, false},
+		{"NaN rate", ratelimit.PerPeriod(nan, time.Second), false},
+		{"Inf rate", ratelimit.PerPeriod(inf, time.Second), false},
+		{"NaN cost", ratelimit.Limit{Rate: 5, Period: time.Second, Cost: nan}, false},
+		{"Inf cost", ratelimit.Limit{Rate: 5, Period: time.Second, Cost: inf}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.l.Validate()
+			if tt.ok && err != nil {
+				t.Fatalf("Validate(%+v) = %v, want nil", tt.l, err)
+			}
+			if !tt.ok && !errors.Is(err, ratelimit.ErrInvalidLimit) {
+				t.Fatalf("Validate(%+v) = %v, want ErrInvalidLimit", tt.l, err)
+			}
+		})
+	}
+}
+
+func TestValidateLimits(t *testing.T) {
+	sec := ratelimit.PerPeriod(10, time.Second)
+	min := ratelimit.PerPeriod(240, time.Minute)
+	if err := ratelimit.ValidateLimits(nil); err != nil {
+		t.Errorf("no limits: %v, want nil (the type passes free)", err)
+	}
+	if err := ratelimit.ValidateLimits([]ratelimit.Limit{sec, min}); err != nil {
+		t.Errorf("two windows: %v", err)
+	}
+	bad := []struct {
+		name   string
+		limits []ratelimit.Limit
+	}{
+		{"one invalid", []ratelimit.Limit{sec, ratelimit.PerPeriod(1, time.Hour)}},
+		{"same period twice", []ratelimit.Limit{sec, ratelimit.PerPeriod(20, time.Second)}},
+		{"too many", func() []ratelimit.Limit {
+			var ls []ratelimit.Limit
+			for i := 1; i <= ratelimit.MaxWindows+1; i++ {
+				ls = append(ls, ratelimit.PerPeriod(10, time.Duration(i)*time.Second))
+			}
+			return ls
+		}()},
+	}
+	for _, tt := range bad {
+		if err := ratelimit.ValidateLimits(tt.limits); !errors.Is(err, ratelimit.ErrInvalidLimit) {
+			t.Errorf("%s: %v, want ErrInvalidLimit", tt.name, err)
+		}
+	}
+}
+
+func TestLimitMeaning(t *testing.T) {
+	tests := []struct {
+		l         ratelimit.Limit
+		burst     int
+		interval  time.Duration // within 1µs
+		sustained float64       // per second, within 1e-6 relative
+	}{
+		// −1s·log2(1−1/10) = 152.003µs·1000
+		{ratelimit.PerPeriod(10, time.Second), 10, 152003093, 6.578813},
+		{ratelimit.PerPeriod(2, time.Second), 2, time.Second, 1},
+		{ratelimit.PerPeriod(240, time.Minute), 240, 361427258, 2.766808}, // ≈ R·ln2/c per T
+		{ratelimit.Limit{Rate: 5, Period: time.Second, Cost: 2}, 2, 736965594, 1.356915},
+		// 0.1+0.1+0.1 > 0.3 in float: a store admits 2, so Burst says 2.
+		{ratelimit.Limit{Rate: 0.3, Period: time.Second, Cost: 0.1}, 2, 584962501, 1.709511},
+		{ratelimit.PerPeriod(1, time.Second), 0, 0, 0}, // invalid
+	}
+	for _, tt := range tests {
+		if got := tt.l.Burst(); got != tt.burst {
+			t.Errorf("%v: Burst = %d, want %d", tt.l, got, tt.burst)
+		}
+		if got := tt.l.Interval(); (got - tt.interval).Abs() > time.Microsecond {
+			t.Errorf("%v: Interval = %v, want %v", tt.l, got, tt.interval)
+		}
+		if got := tt.l.Sustained(); math.Abs(got-tt.sustained) > 1e-4*math.Max(1, tt.sustained) {
+			t.Errorf("%v: Sustained = %v, want %v", tt.l, got, tt.sustained)
+		}
+	}
+}
+
+func TestLimitString(t *testing.T) {
+	for l, want := range map[ratelimit.Limit]string{
+		ratelimit.PerPeriod(10, time.Second):        "10/1s",
+		{Rate: 2.5, Period: time.Minute, Cost: 0.5}: "2.5/1m0s cost 0.5",
+		{Rate: 20, Period: 1500 * time.Millisecond}: "20/1.5s",
+	} {
+		if got := l.String(); got != want {
+			t.Errorf("String(%+v) = %q, want %q", l, got, want)
+		}
+	}
+}
+
+func TestLimitWait(t *testing.T) {
+	l := ratelimit.PerPeriod(3, time.Second)
+	tests := []struct {
+		decayed float64
+		want    time.Duration
+	}{
+		{0, 0},
+		{2, 0},                           // 2+1 ≤ 3: admitted now
+		{3, 585 * time.Millisecond},      // 1s·log2(3/2) = 584.96ms, rounded up
+		{4, time.Second},                 // exactly one half-life
+		{2.0000001, time.Millisecond},    // a hair over: the smallest wait is 1ms, never 0
+		{2.9990, 585 * time.Millisecond}, // 584.48ms rounded up
+	}
+	for _, tt := range tests {
+		if got := l.Wait(tt.decayed); got != tt.want {
+			t.Errorf("Wait(%v) = %v, want %v", tt.decayed, got, tt.want)
+		}
+	}
+	// Not T·log2(decayed/R): that is off by one message.
+	if got, wrong := l.Wait(3), time.Duration(0); got == wrong {
+		t.Errorf("Wait(3) = 0: the off-by-one formula")
+	}
+}
+
+func TestDecay(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	tests := []struct {
+		s    float64
+		at   time.Duration
+		want float64
+	}{
+		{8, 0, 8},
+		{8, time.Second, 4},
+		{8, 3 * time.Second, 1},
+		{8, -time.Second, 8}, // before it was written: no decay
+		{8, 2000 * time.Second, 0},
+	}
+	for _, tt := range tests {
+		if got := ratelimit.Decay(tt.s, t0, t0.Add(tt.at), time.Second); got != tt.want {
+			t.Errorf("Decay(%v, +%v) = %v, want %v", tt.s, tt.at, got, tt.want)
+		}
+	}
+}
+
+func TestRetrySeconds(t *testing.T) {
+	tests := []struct {
+		wait time.Duration
+		want int64
+	}{
+		{-time.Second, 1},
+		{0, 1},
+		{time.Nanosecond, 1},
+		{time.Millisecond, 1},
+		{999 * time.Millisecond, 1},
+		{time.Second, 1},
+		{time.Second + time.Nanosecond, 2},
+		{17*time.Second + 1, 18},
+		{18 * time.Second, 18},
+		{time.Hour, 3600},
+	}
+	for _, tt := range tests {
+		if got := ratelimit.RetrySeconds(tt.wait); got != tt.want {
+			t.Errorf("RetrySeconds(%v) = %d, want %d", tt.wait, got, tt.want)
+		}
+	}
+}
+
+func TestKeys(t *testing.T) {
+	if got, want := ratelimit.MessageKey("203.0.113.7", "EVENT"), "{203.0.113.7}:message:EVENT"; got != want {
+		t.Errorf("MessageKey = %q, want %q", got, want)
+	}
+	if got, want := ratelimit.ConnectionKey("2001:db8::/64"), "{2001:db8::/64}:connection"; got != want {
+		t.Errorf("ConnectionKey = %q, want %q", got, want)
+	}
+}
