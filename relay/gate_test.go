@@ -339,7 +339,12 @@ func TestGateConnectionLimit(t *testing.T) {
 // receives, answers "echo:"-prefixed text frames with the rest, closes
 // on "bye", and remembers the forwarding headers it was given.
 type recorder struct {
+	// answerOK, when set, makes the recorder answer every EVENT and AUTH
+	// with ["OK",id,answerOK(id),""], as a relay would.
+	answerOK func(id hex32) bool
+
 	mu     sync.Mutex
+	closes []int // close codes received
 	got    []string
 	types  []int
 	hdr    http.Header
@@ -370,6 +375,13 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		typ, data, err := c.ReadMessage()
 		if err != nil {
+			var ce *websocket.CloseError
+			if errors.As(err, &ce) {
+				rec.mu.Lock()
+				rec.closes = append(rec.closes, ce.Code)
+				rec.cond.Broadcast()
+				rec.mu.Unlock()
+			}
 			return
 		}
 		rec.mu.Lock()
@@ -383,8 +395,49 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case strings.HasPrefix(string(data), "echo:"):
 			_ = c.WriteMessage(typ, data[5:])
+		case strings.HasPrefix(string(data), "flood:"):
+			big := make([]byte, 64<<10)
+			for {
+				if err := c.WriteMessage(websocket.BinaryMessage, big); err != nil {
+					rec.mu.Lock()
+					rec.closes = append(rec.closes, floodCut)
+					rec.cond.Broadcast()
+					rec.mu.Unlock()
+					return
+				}
+			}
+		case rec.answerOK != nil:
+			if id, _, res := eventFields(data); res == scanOK {
+				reply := fmt.Sprintf(`["OK","%x",%v,""]`, id[:], rec.answerOK(id))
+				_ = c.WriteMessage(websocket.TextMessage, []byte(reply))
+			}
 		}
 	}
+}
+
+// floodCut is recorded as the close code when a flood's write fails: the
+// gate cut the connection.
+const floodCut = -1
+
+// closed waits for the close frame of an upstream connection and returns
+// its code, or 0 if none came within 5s.
+func (rec *recorder) closed() int {
+	deadline := time.AfterFunc(5*time.Second, func() {
+		rec.mu.Lock()
+		rec.cond.Broadcast()
+		rec.mu.Unlock()
+	})
+	defer deadline.Stop()
+	start := time.Now()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for len(rec.closes) == 0 && time.Since(start) < 5*time.Second {
+		rec.cond.Wait()
+	}
+	if len(rec.closes) == 0 {
+		return 0
+	}
+	return rec.closes[0]
 }
 
 // frames waits until n frames have arrived and returns them.
@@ -431,3 +484,256 @@ func settle(t *testing.T, base int) {
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// readText reads one frame with a deadline.
+func readText(t *testing.T, c *websocket.Conn) string {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, b, err := c.ReadMessage()
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return string(b)
+}
+
+// Frames pass byte for byte in both directions, with their message type,
+// in both upstream modes; the relay is told the client's address and not
+// what the client claimed; plain HTTP passes.
+func TestGateForwardsByteForByte(t *testing.T) {
+	for _, mode := range []string{"wrap", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			rec := newRecorder()
+			g := newGate(t, Options{Limits: &Limits{}})
+			var url string
+			if mode == "wrap" {
+				url = serve(t, g.Wrap(rec))
+			} else {
+				h, err := g.Proxy(serve(t, rec) + "/base")
+				if err != nil {
+					t.Fatal(err)
+				}
+				url = serve(t, h)
+			}
+			c, _, err := websocket.DefaultDialer.Dial(url+"/x?y=1", http.Header{"X-Forwarded-For": {"6.6.6.6"}, "X-Real-Ip": {"6.6.6.6"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			sent := []struct {
+				typ  int
+				data string
+			}{
+				{websocket.TextMessage, ` [ "REQ" , "x" , { "kinds" : [ 1 ] } ] ` + "\n"},
+				{websocket.TextMessage, `["EVENT",{"id":"` + idHex + `","content":"\u00e9 é ☃"}]`},
+				{websocket.BinaryMessage, "\x00\x01\xff[\"EVENT\""},
+				{websocket.TextMessage, `echo:["NOTICE","é\u0000"]`},
+				{websocket.BinaryMessage, "echo:\x00bin"},
+			}
+			for _, f := range sent {
+				if err := c.WriteMessage(f.typ, []byte(f.data)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := rec.frames(len(sent))
+			rec.mu.Lock()
+			types := append([]int(nil), rec.types...)
+			hdr, remote := rec.hdr, rec.remote
+			rec.mu.Unlock()
+			for i, f := range sent {
+				if i >= len(got) || got[i] != f.data || types[i] != f.typ {
+					t.Fatalf("relay got %q (types %v), want every frame as sent", got, types)
+				}
+			}
+			for _, want := range []struct {
+				typ  int
+				data string
+			}{{websocket.TextMessage, `["NOTICE","é\u0000"]`}, {websocket.BinaryMessage, "\x00bin"}} {
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				typ, b, err := c.ReadMessage()
+				if err != nil || typ != want.typ || string(b) != want.data {
+					t.Fatalf("client got %d %q %v, want %d %q", typ, b, err, want.typ, want.data)
+				}
+			}
+			if hdr.Get("X-Forwarded-For") != "127.0.0.1" || hdr.Get("X-Real-Ip") != "127.0.0.1" {
+				t.Errorf("relay told X-Forwarded-For %q, X-Real-IP %q; want the client's 127.0.0.1", hdr.Get("X-Forwarded-For"), hdr.Get("X-Real-Ip"))
+			}
+			if mode == "wrap" && !strings.HasPrefix(remote, "127.0.0.1:") {
+				t.Errorf("in-process RemoteAddr %q, want the client's address", remote)
+			}
+
+			resp, err := http.Get("http" + strings.TrimPrefix(url, "ws") + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(body) != "plain http" {
+				t.Errorf("plain GET through the gate: %q", body)
+			}
+		})
+	}
+}
+
+// A close on either side closes the other with the same code.
+func TestGateClosePropagates(t *testing.T) {
+	rec := newRecorder()
+	g := newGate(t, Options{Limits: &Limits{}})
+	url := serve(t, g.Wrap(rec))
+
+	c := dialRaw(t, url)
+	_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(4001, "done"))
+	if code := rec.closed(); code != 4001 {
+		t.Errorf("relay saw close %d, want the client's 4001", code)
+	}
+
+	c = dialRaw(t, url)
+	_ = c.WriteMessage(websocket.TextMessage, []byte("bye"))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _, err := c.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != 4000 || ce.Text != "bye" {
+		t.Errorf("client got %v, want the relay's close 4000 bye", err)
+	}
+}
+
+// Many connections, closed from either side, cleanly or not, leave no
+// goroutine behind, and Shutdown returns with none.
+func TestGateNoGoroutineLeak(t *testing.T) {
+	rec := newRecorder()
+	g, err := New(Options{Limits: &Limits{}, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Wrap(rec))
+	url := "ws" + strings.TrimPrefix(srv.URL, "http")
+	base := runtime.NumGoroutine()
+
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, _, err := websocket.DefaultDialer.Dial(url, nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			_ = c.WriteMessage(websocket.TextMessage, []byte("echo:hi"))
+			_, _, _ = c.ReadMessage()
+			switch i % 4 {
+			case 0: // client closes cleanly
+				_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+			case 1: // client vanishes
+				c.NetConn().Close()
+			case 2, 3: // relay closes
+				_ = c.WriteMessage(websocket.TextMessage, []byte("bye"))
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				for {
+					if _, _, err := c.ReadMessage(); err != nil {
+						break
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	settle(t, base)
+
+	// Open connections at shutdown are closed and waited for.
+	for range 5 {
+		c, _, err := websocket.DefaultDialer.Dial(url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	settle(t, base-2) // the in-process server and httptest's own are gone too
+}
+
+// Shutdown says goodbye to both sides and refuses new upgrades.
+func TestGateShutdown(t *testing.T) {
+	rec := newRecorder()
+	g := newGate(t, Options{Limits: &Limits{}})
+	url := serve(t, g.Wrap(rec))
+	c := dialRaw(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _, err := c.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.CloseGoingAway {
+		t.Errorf("client got %v, want close 1001", err)
+	}
+	if code := rec.closed(); code != websocket.CloseGoingAway {
+		t.Errorf("relay got close %d, want 1001", code)
+	}
+	_, resp, err := websocket.DefaultDialer.Dial(url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("upgrade after Shutdown: %v %v, want 503", err, resp)
+	}
+	if err := g.Shutdown(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("second Shutdown: %v, want ErrClosed", err)
+	}
+}
+
+// A client that does not read is disconnected instead of holding up the
+// relay, and other clients are unaffected.
+func TestGateSlowClientDisconnected(t *testing.T) {
+	rec := newRecorder()
+	g := newGate(t, Options{Limits: &Limits{}, WriteBuffer: 4, WriteTimeout: time.Minute})
+	url := serve(t, g.Wrap(rec))
+	slow := dialRaw(t, url)
+	if err := slow.WriteMessage(websocket.TextMessage, []byte("flood:")); err != nil {
+		t.Fatal(err)
+	}
+	// The relay's flood ends when the gate drops the slow client, long
+	// before the minute-long write timeout would.
+	if code := rec.closed(); code != floodCut {
+		t.Fatalf("relay side: %d, want its flood cut off", code)
+	}
+	other := dialRaw(t, url)
+	_ = other.WriteMessage(websocket.TextMessage, []byte("echo:ok"))
+	if got := readText(t, other); got != "ok" {
+		t.Fatalf("other client got %q", got)
+	}
+}
+
+// Binary frames and unknown labels are charged to OTHER; an oversized
+// frame closes the connection with 1009.
+func TestGateOtherBucketAndReadLimit(t *testing.T) {
+	clk := newClock()
+	var l Limits
+	l.Message[TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Second)}
+	rec := newRecorder()
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, ReadLimit: 1024})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["REQ","a",{}]`))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["HELLO"]`))
+	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["REQ","b",{}]`))
+	if got := readText(t, c); got != `["NOTICE","rate-limited: slow down; retry in 1s"]` {
+		t.Errorf("third OTHER frame answered %s", got)
+	}
+	if got := rec.frames(2); len(got) != 2 {
+		t.Errorf("relay got %q, want the first two", got)
+	}
+	_ = c.WriteMessage(websocket.TextMessage, make([]byte, 2048))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _, err := c.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.CloseMessageTooBig {
+		t.Errorf("oversized frame: %v, want close 1009", err)
+	}
+	if code := rec.closed(); code == 0 {
+		t.Error("relay side not closed after the client was")
+	}
+}
