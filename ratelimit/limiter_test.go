@@ -1,0 +1,262 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// countingStore is a Store that counts its calls and can fail. It hides the
+// MemoryStore behind the interface, so the Limiter takes its general path.
+type countingStore struct {
+	inner    ratelimit.Store
+	calls    atomic.Int64
+	zeroNows atomic.Int64
+	err      error
+}
+
+func (s *countingStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+	s.calls.Add(1)
+	if now.IsZero() {
+		s.zeroNows.Add(1)
+	}
+	if s.err != nil {
+		return ratelimit.Decision{}, s.err
+	}
+	return s.inner.Decide(ctx, key, limits, now)
+}
+
+func newCounting() *countingStore {
+	return &countingStore{inner: ratelimit.NewMemoryStore(0)}
+}
+
+func TestLimiterBlockedFloodCostsNoStoreCalls(t *testing.T) {
+	store := newCounting()
+	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	ctx := context.Background()
+	key := ratelimit.MessageKey("192.0.2.1", "EVENT")
+	for i := range 3 {
+		if d, err := lim.AllowAt(ctx, key, per3s, t0); err != nil || !d.Allowed {
+			t.Fatalf("message %d: %+v %v", i, d, err)
+		}
+	}
+	d, err := lim.AllowAt(ctx, key, per3s, t0)
+	if err != nil || d.Allowed || d.Wait != 585*time.Millisecond {
+		t.Fatalf("fourth: %+v %v, want refused for 585ms", d, err)
+	}
+	calls := store.calls.Load()
+
+	// A flood until the wait ends is answered locally, each with the wait
+	// that remains.
+	for i := range 10_000 {
+		at := t0.Add(time.Duration(i) * 58 * time.Microsecond) // up to t0+580ms
+		d, err := lim.AllowAt(ctx, key, per3s, at)
+		if err != nil || d.Allowed || d.Wait != t3.Sub(at) {
+			t.Fatalf("flood %d at t0+%v: %+v %v, want refused for %v", i, at.Sub(t0), d, err, t3.Sub(at))
+		}
+	}
+	if got := store.calls.Load() - calls; got != 0 {
+		t.Fatalf("a blocked flood of 10,000 cost %d store calls, want 0", got)
+	}
+	st := lim.Stats()
+	if st.LocalRefusals != 10_000 || st.StoreCalls != uint64(calls) || st.StoreErrors != 0 {
+		t.Fatalf("Stats = %+v, want 10000 local refusals and %d store calls", st, calls)
+	}
+
+	// Another type of the same client is not blocked.
+	if d, _ := lim.AllowAt(ctx, ratelimit.MessageKey("192.0.2.1", "REQ"), per3s, t1); !d.Allowed {
+		t.Fatalf("REQ blocked by EVENT's refusal: %+v", d)
+	}
+}
+
+func TestLimiterLocalBlockExpires(t *testing.T) {
+	store := newCounting()
+	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	ctx := context.Background()
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
+	lim.AllowAt(ctx, "k", limits, t0)
+	lim.AllowAt(ctx, "k", limits, t0)
+	if d, _ := lim.AllowAt(ctx, "k", limits, t0); d.Allowed || d.Wait != time.Second {
+		t.Fatalf("third: %+v, want refused for 1s", d)
+	}
+	calls := store.calls.Load()
+	if d, _ := lim.AllowAt(ctx, "k", limits, t4); d.Allowed || d.Wait != time.Millisecond {
+		t.Fatalf("1ms before the end: %+v, want refused for 1ms", d)
+	}
+	if store.calls.Load() != calls {
+		t.Fatal("the store was asked while the local block held")
+	}
+	// At exactly t0+wait the block is over: the store is asked, and admits.
+	if d, _ := lim.AllowAt(ctx, "k", limits, t5); !d.Allowed {
+		t.Fatalf("at the end of the wait: %+v, want admitted", d)
+	}
+	if store.calls.Load() != calls+1 {
+		t.Fatal("the store was not asked once the block expired")
+	}
+}
+
+func TestLimiterStoreErrorsFailClosed(t *testing.T) {
+	plain := errors.New("dial tcp 127.0.0.1:1: connection refused")
+	wrapped := errors.Join(ratelimit.ErrUnavailable, plain)
+	for _, storeErr := range []error{plain, wrapped, context.DeadlineExceeded} {
+		store := &countingStore{err: storeErr}
+		lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+		for range 3 {
+			d, err := lim.AllowAt(context.Background(), "k", per3s, t0)
+			if d.Allowed {
+				t.Fatalf("%v: admitted on a store error", storeErr)
+			}
+			if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, storeErr) {
+				t.Fatalf("%v: err = %v, want it wrapped with ErrUnavailable", storeErr, err)
+			}
+		}
+		// An error is not a refusal: nothing is blocked locally, every
+		// message asks the store again.
+		if got := store.calls.Load(); got != 3 {
+			t.Fatalf("%v: %d store calls for 3 messages", storeErr, got)
+		}
+		if st := lim.Stats(); st.StoreErrors != 3 || st.LocalRefusals != 0 {
+			t.Fatalf("%v: Stats = %+v", storeErr, st)
+		}
+	}
+}
+
+// TestLimiterFingerprintCollision: with one slot every key shares it; a
+// blocked key's entry must never refuse another key.
+func TestLimiterFingerprintCollision(t *testing.T) {
+	store := newCounting()
+	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{BlockedSlots: 1})
+	ctx := context.Background()
+	for range 4 {
+		lim.AllowAt(ctx, "blocked", per3s, t0)
+	}
+	for i := range 100 {
+		key := "other-" + strconv.Itoa(i)
+		if d, err := lim.AllowAt(ctx, key, per3s, t1); err != nil || !d.Allowed {
+			t.Fatalf("%s refused by another key's block: %+v %v", key, d, err)
+		}
+	}
+	// Now "other-0" is blocked and owns the slot; "blocked" lost its entry
+	// and asks the store, which still refuses it honestly.
+	for range 3 {
+		lim.AllowAt(ctx, "other-0", per3s, t1)
+	}
+	calls := store.calls.Load()
+	if d, _ := lim.AllowAt(ctx, "blocked", per3s, t1); d.Allowed || d.Wait != 485*time.Millisecond {
+		t.Fatalf("evicted key: %+v, want the store's refusal for 485ms", d)
+	}
+	if store.calls.Load() != calls+1 {
+		t.Fatal("evicted key was not asked of the store")
+	}
+}
+
+func TestLimiterNoLimitsPassFree(t *testing.T) {
+	store := newCounting()
+	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	for range 100 {
+		if d, err := lim.Allow(context.Background(), "k", nil); err != nil || !d.Allowed {
+			t.Fatalf("no limits: %+v %v", d, err)
+		}
+	}
+	if store.calls.Load() != 0 {
+		t.Fatal("no limits still asked the store")
+	}
+}
+
+func TestLimiterClock(t *testing.T) {
+	// Without a clock the store's own clock decides: it gets the zero instant.
+	store := newCounting()
+	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	lim.Allow(context.Background(), "k", per3s)
+	if store.zeroNows.Load() != 1 {
+		t.Fatal("nil Now: the store was not left to its own clock")
+	}
+	// With a clock, it is used for both the store and the local table.
+	now := t0
+	store = newCounting()
+	lim = ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Now: func() time.Time { return now }})
+	for range 4 {
+		lim.Allow(context.Background(), "k", per3s)
+	}
+	if store.zeroNows.Load() != 0 {
+		t.Fatal("Now set: the store got the zero instant")
+	}
+	now = t1
+	if d, _ := lim.Allow(context.Background(), "k", per3s); d.Allowed || d.Wait != 485*time.Millisecond {
+		t.Fatalf("at the injected t1: %+v, want refused for 485ms", d)
+	}
+	now = t3
+	if d, _ := lim.Allow(context.Background(), "k", per3s); !d.Allowed {
+		t.Fatalf("at the injected t3: %+v, want admitted", d)
+	}
+}
+
+// TestLimiterMemoryFastPath: a Limiter over a MemoryStore decides like the
+// store does through its interface, and allocates nothing.
+func TestLimiterMemoryFastPath(t *testing.T) {
+	for _, tt := range stepTables {
+		t.Run(tt.name, func(t *testing.T) {
+			// A fresh Limiter per step, so that its local table does not
+			// answer: the store alone decides, through the fast path.
+			m := ratelimit.NewMemoryStore(0)
+			for i, st := range tt.steps {
+				d, err := ratelimit.NewLimiter(m, ratelimit.LimiterOptions{}).AllowAt(context.Background(), "k", tt.limits, st.at)
+				if err != nil || d.Allowed != st.allowed || d.Wait != st.wait {
+					t.Errorf("step %d: %+v %v, want allowed %v wait %v", i, d, err, st.allowed, st.wait)
+				}
+			}
+		})
+	}
+	lim := ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Now: func() time.Time { return t0 }})
+	key := ratelimit.MessageKey("192.0.2.9", "EVENT")
+	if allocs := testing.AllocsPerRun(1000, func() { lim.Allow(context.Background(), key, twoWindows) }); allocs != 0 {
+		t.Errorf("Allow over a MemoryStore allocates %v per call, want 0", allocs)
+	}
+}
+
+// TestLimiterConcurrent exercises the lock-free table under -race: many
+// goroutines, few slots, keys blocking and expiring. Each key's admissions
+// never exceed what the store allows.
+func TestLimiterConcurrent(t *testing.T) {
+	lim := ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{BlockedSlots: 4})
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(5, time.Hour)}
+	var admitted [16]atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				k := (g + i) % len(admitted)
+				at := t0.Add(time.Duration(i) * time.Millisecond)
+				d, err := lim.AllowAt(context.Background(), "key-"+strconv.Itoa(k), limits, at)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					admitted[k].Add(1)
+				} else if d.Wait <= 0 {
+					t.Errorf("refused with wait %v", d.Wait)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for k := range admitted {
+		// 5 from rest, plus what decays back within 2 s of a 1 h half-life: none.
+		if got := admitted[k].Load(); got != 5 {
+			t.Errorf("key-%d admitted %d times, want 5", k, got)
+		}
+	}
+	if st := lim.Stats(); st.LocalRefusals == 0 || st.StoreCalls+st.LocalRefusals != 16000 {
+		t.Errorf("Stats = %+v, want 16000 decisions, some local", st)
+	}
+}
