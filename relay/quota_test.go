@@ -1,0 +1,141 @@
+package relay
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+func pubkeyN(n int) string { return fmt.Sprintf("%064x", 0xabc000+n) }
+
+func eventFrame(id int, pubkey string) string {
+	return fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","kind":1,"tags":[],"content":"x"}]`, id, pubkey)
+}
+
+func okReply(id int, accepted bool, reason string) string {
+	return fmt.Sprintf(`["OK","%064x",%v,"%s"]`, id, accepted, reason)
+}
+
+// The quota counts what the relay accepted, per actor: the event's author,
+// or the authenticated pubkey; past it the gate refuses with the window's
+// remainder; the next window starts afresh; allow-listed authors are
+// exempt; an event the gate cannot attribute is not forwarded.
+func TestGateQuota(t *testing.T) {
+	clk := newClock()
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := pubkeyN(99)
+	al, err := NewAllowList(nil, []string{allowed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	rejected := hex32{31: 5} // the relay refuses event 5
+	rec.answerOK = func(id hex32) bool { return id != rejected }
+	g := newGate(t, Options{Limits: &Limits{}, Quota: q, Now: clk.Now, Identity: &Identity{Allow: al}})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+
+	step := func(frame, want string) {
+		t.Helper()
+		if err := c.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+		if got := readText(t, c); got != want {
+			t.Fatalf("%s\n got %s\nwant %s", frame, got, want)
+		}
+	}
+	a, b, cc := pubkeyN(1), pubkeyN(2), pubkeyN(3)
+	over := "rate-limited: slow down; retry in 60s"
+	step(eventFrame(1, a), okReply(1, true, ""))
+	step(eventFrame(2, a), okReply(2, true, ""))
+	step(eventFrame(3, a), okReply(3, false, over))
+	step(eventFrame(4, b), okReply(4, true, "")) // same connection, other author
+	// An event the relay refused is not charged.
+	step(eventFrame(5, cc), okReply(5, false, ""))
+	step(eventFrame(6, cc), okReply(6, true, ""))
+	step(eventFrame(7, cc), okReply(7, true, ""))
+	step(eventFrame(8, cc), okReply(8, false, over))
+	// Allow-listed author: never counted.
+	for i := 20; i < 25; i++ {
+		step(eventFrame(i, allowed), okReply(i, true, ""))
+	}
+	// Two pubkeys: the relay might keep either, so the gate forwards neither.
+	dup := fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","pubkey":"%s"}]`, 30, a, b)
+	step(dup, okReply(30, false, reasonUnattributable))
+
+	// The next window starts afresh; the wait told was the remainder.
+	clk.Advance(30 * time.Second)
+	step(eventFrame(9, a), okReply(9, false, "rate-limited: slow down; retry in 30s"))
+	clk.Advance(30 * time.Second)
+	step(eventFrame(10, a), okReply(10, true, ""))
+
+	for _, f := range rec.frames(0) {
+		for _, id := range []int{3, 8, 9, 30} {
+			if strings.Contains(f, fmt.Sprintf("%064x", id)) {
+				t.Errorf("refused event %d reached the relay", id)
+			}
+		}
+	}
+}
+
+// Once the relay accepts a connection's AUTH, its events are charged to the
+// authenticated pubkey whoever signed them, and an allow-listed
+// authenticated pubkey passes the message limits too.
+func TestGateQuotaAuthenticatedActor(t *testing.T) {
+	clk := newClock()
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted := pubkeyN(50)
+	al, _ := NewAllowList(nil, []string{trusted})
+	var l Limits
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Second)}
+	rec := newRecorder()
+	rec.answerOK = func(hex32) bool { return true }
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q, Now: clk.Now, Identity: &Identity{Allow: al}})
+	url := serve(t, g.Wrap(rec))
+
+	step := func(c *websocket.Conn, frame, want string) {
+		t.Helper()
+		if err := c.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+		if got := readText(t, c); got != want {
+			t.Fatalf("%s\n got %s\nwant %s", frame, got, want)
+		}
+	}
+	auth := func(id int, pk string) string {
+		return fmt.Sprintf(`["AUTH",{"id":"%064x","pubkey":"%s","kind":22242}]`, id, pk)
+	}
+
+	c := dialRaw(t, url)
+	x := pubkeyN(7)
+	step(c, auth(100, x), okReply(100, true, ""))
+	step(c, eventFrame(1, pubkeyN(1)), okReply(1, true, ""))
+	step(c, eventFrame(2, pubkeyN(2)), okReply(2, true, ""))
+	step(c, eventFrame(3, pubkeyN(3)), okReply(3, false, "rate-limited: slow down; retry in 60s"))
+
+	// An allow-listed, authenticated connection passes limits and quota.
+	c2 := dialRaw(t, url)
+	step(c2, auth(101, trusted), okReply(101, true, ""))
+	for i := 10; i < 20; i++ {
+		step(c2, eventFrame(i, pubkeyN(i)), okReply(i, true, ""))
+	}
+	// Claiming the allow-listed pubkey without authenticating buys no
+	// message limit: the fourth event in the burst is refused. (The
+	// client's EVENT budget is shared by its connections: let it rest.)
+	clk.Advance(time.Minute)
+	c3 := dialRaw(t, url)
+	for i := 30; i < 33; i++ {
+		step(c3, eventFrame(i, trusted), okReply(i, true, ""))
+	}
+	step(c3, eventFrame(33, trusted), okReply(33, false, "rate-limited: slow down; retry in 1s"))
+}
