@@ -33,7 +33,29 @@ func (s *countingStore) Decide(ctx context.Context, key string, limits []ratelim
 }
 
 func newCounting() *countingStore {
-	return &countingStore{inner: ratelimit.NewMemoryStore(0)}
+	return &countingStore{inner: &perKeyStore{}}
+}
+
+// perKeyStore gives every key a MemoryStore of its own, so that no two keys
+// of a test can ever share a slot: the Limiter's tests then never depend on
+// the memory store's (rare, random) collisions.
+type perKeyStore struct {
+	mu     sync.Mutex
+	stores map[string]*ratelimit.MemoryStore
+}
+
+func (s *perKeyStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+	s.mu.Lock()
+	m := s.stores[key]
+	if m == nil {
+		if s.stores == nil {
+			s.stores = make(map[string]*ratelimit.MemoryStore)
+		}
+		m = ratelimit.NewMemoryStore(16)
+		s.stores[key] = m
+	}
+	s.mu.Unlock()
+	return m.Decide(ctx, key, limits, now)
 }
 
 func TestLimiterBlockedFloodCostsNoStoreCalls(t *testing.T) {
@@ -224,7 +246,7 @@ func TestLimiterMemoryFastPath(t *testing.T) {
 // goroutines, few slots, keys blocking and expiring. Each key's admissions
 // never exceed what the store allows.
 func TestLimiterConcurrent(t *testing.T) {
-	lim := ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{BlockedSlots: 4})
+	lim := ratelimit.NewLimiter(&perKeyStore{}, ratelimit.LimiterOptions{BlockedSlots: 4})
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(5, time.Hour)}
 	var admitted [16]atomic.Int64
 	var wg sync.WaitGroup
