@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net/http"
 	"sort"
 	"strings"
 	"testing"
@@ -22,9 +23,12 @@ import (
 
 	"github.com/fiatjaf/eventstore/slicestore"
 	"github.com/fiatjaf/khatru"
+	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 )
 
 // newKhatru returns a khatru relay over an in-memory event store.
@@ -215,5 +219,132 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 	store.down.Store(false)
 	if err := publish(t, r, signed(t, sk, "after outage")); err != nil {
 		t.Fatalf("publish after outage: %v", err)
+	}
+}
+
+// redisLimiter returns a limiter on a fresh client of url, without a
+// breaker so that it heals on the first call after a restart.
+func redisLimiter(t testing.TB, url string, clk *clock) *ratelimit.Limiter {
+	t.Helper()
+	client, err := redisstore.NewClient(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	st, err := redisstore.New(client, redisstore.Options{Breaker: redisstore.BreakerOptions{Failures: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := ratelimit.LimiterOptions{}
+	if clk != nil {
+		opts.Now = clk.Now
+	}
+	return ratelimit.NewLimiter(st, opts)
+}
+
+// (d) Redis stopped: "error: rate limiter unavailable", never
+// "rate-limited"; the relay healthy throughout; restarted: admitted again.
+func TestE2ERedisOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	var l Limits
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	g := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), nil), Limits: &l})
+	k := newKhatru(t)
+	gated := connect(t, serve(t, g.Wrap(k)))
+	direct := connect(t, serve(t, k))
+	sk := nostr.GeneratePrivateKey()
+
+	if err := publish(t, gated, signed(t, sk, "before")); err != nil {
+		t.Fatalf("before the outage: %v", err)
+	}
+	srv.Kill()
+	for i := range 3 {
+		err := publish(t, gated, signed(t, sk, "during"))
+		if err == nil || err.Error() != "msg: "+ReasonUnavailable {
+			t.Fatalf("during the outage (%d): %v, want %q", i, err, ReasonUnavailable)
+		}
+	}
+	if err := publish(t, direct, signed(t, sk, "direct")); err != nil {
+		t.Fatalf("relay unhealthy during the outage: %v", err)
+	}
+	srv.Restart()
+	if err := publish(t, gated, signed(t, sk, "after")); err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+	pk, _ := nostr.GetPublicKey(sk)
+	if n := len(query(t, gated, nostr.Filter{Authors: []string{pk}})); n != 3 {
+		t.Fatalf("relay holds %d events, want before, direct and after", n)
+	}
+}
+
+// (e) Two gates on one Redis share one budget.
+func TestE2ERedisSharedBudget(t *testing.T) {
+	srv := redistest.Start(t)
+	clk := newClock()
+	g1 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Limits: tightLimits()})
+	g2 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Limits: tightLimits()})
+	k := newKhatru(t)
+	r1 := connect(t, serve(t, g1.Wrap(k)))
+	r2 := connect(t, serve(t, g2.Wrap(k)))
+	sk := nostr.GeneratePrivateKey()
+	for i := range 2 {
+		if err := publish(t, r1, signed(t, sk, "via 1")); err != nil {
+			t.Fatalf("gate 1 event %d: %v", i, err)
+		}
+	}
+	if err := publish(t, r2, signed(t, sk, "via 2")); err != nil {
+		t.Fatalf("gate 2, third of the burst of 3: %v", err)
+	}
+	err := publish(t, r2, signed(t, sk, "via 2 again"))
+	if err == nil || !strings.HasPrefix(err.Error(), "msg: rate-limited: ") {
+		t.Fatalf("fourth event through the other gate: %v, want rate-limited", err)
+	}
+	err = publish(t, r1, signed(t, sk, "via 1 again"))
+	if err == nil || !strings.HasPrefix(err.Error(), "msg: rate-limited: ") {
+		t.Fatalf("fifth event back through gate 1: %v, want rate-limited", err)
+	}
+}
+
+// (h) Proxy mode in front of khatru on its own port: go-nostr works
+// through it, frames pass byte for byte, NIP-11 is proxied.
+func TestE2EProxyKhatru(t *testing.T) {
+	g := newGate(t, Options{})
+	h, err := g.Proxy(serve(t, newKhatru(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, h)
+	r := connect(t, url)
+	sk := nostr.GeneratePrivateKey()
+	ev := signed(t, sk, "proxied")
+	if err := publish(t, r, ev); err != nil {
+		t.Fatal(err)
+	}
+	if got := query(t, r, nostr.Filter{IDs: []string{ev.ID}}); len(got) != 1 {
+		t.Fatalf("query through the proxy: %v", got)
+	}
+	// The relay read the escaped sub id of an oddly spaced frame, and its
+	// answer comes back as khatru writes it (trailing newline included).
+	c := dialRaw(t, url)
+	_ = c.WriteMessage(websocket.TextMessage, []byte(` [ "REQ" ,"s\u0031",{"ids":["`+ev.ID+`"]} ]`))
+	var lines []string
+	for range 2 {
+		lines = append(lines, readText(t, c))
+	}
+	if !strings.HasPrefix(lines[0], `["EVENT","s1",{`) || lines[1] != "[\"EOSE\",\"s1\"]\n" {
+		t.Fatalf("REQ through the proxy answered %q", lines)
+	}
+
+	req, _ := http.NewRequest("GET", "http"+strings.TrimPrefix(url, "ws"), nil)
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `"software"`) {
+		t.Fatalf("NIP-11 through the proxy: %s", body)
 	}
 }

@@ -1,0 +1,51 @@
+//go:build !race
+
+package relay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// (issue 5, item 5) With a small quota, one author past it is refused while
+// another author on the same connection is accepted, and the refused author
+// is admitted again in the next window. Charged on khatru's OK true only.
+func TestE2EQuota(t *testing.T) {
+	clk := newClock()
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGate(t, Options{Limits: &Limits{}, Quota: q, Now: clk.Now})
+	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
+	skA, skB := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
+
+	for i := range 2 {
+		if err := publish(t, r, signed(t, skA, "a")); err != nil {
+			t.Fatalf("A's event %d within quota: %v", i, err)
+		}
+	}
+	// A tampered event is refused by khatru and not charged to B.
+	bad := signed(t, skB, "b")
+	bad.Content = "tampered"
+	if err := publish(t, r, bad); err == nil {
+		t.Fatal("tampered event accepted")
+	}
+	err = publish(t, r, signed(t, skA, "a3"))
+	if err == nil || err.Error() != "msg: rate-limited: slow down; retry in 60s" {
+		t.Fatalf("A past quota: %v, want rate-limited retry in 60s", err)
+	}
+	for i := range 2 {
+		if err := publish(t, r, signed(t, skB, "b")); err != nil {
+			t.Fatalf("B's event %d on the same connection: %v", i, err)
+		}
+	}
+	clk.Advance(time.Minute)
+	if err := publish(t, r, signed(t, skA, "a, next window")); err != nil {
+		t.Fatalf("A in the next window: %v", err)
+	}
+}
