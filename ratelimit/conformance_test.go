@@ -1,0 +1,23 @@
+package ratelimit_test
+
+import (
+	"testing"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/storetest"
+)
+
+// TestConformanceMemory runs the cross-store suite against MemoryStore. The
+// table is large (2^20 slots) so that the suite's few keys never share a
+// slot: sharing is the memory store's documented trade, not a disagreement.
+func TestConformanceMemory(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) ratelimit.Store { return ratelimit.NewMemoryStore(1 << 20) })
+}
+
+// TestMemoryWaitIsExactSeeds runs the exact-wait property over more seeds
+// than the suite does; the memory store is fast enough for it.
+func TestMemoryWaitIsExactSeeds(t *testing.T) {
+	for seed := uint64(2); seed < 12; seed++ {
+		storetest.WaitIsExact(t, ratelimit.NewMemoryStore(1<<20), seed, 300)
+	}
+}

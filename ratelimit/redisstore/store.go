@@ -1,0 +1,319 @@
+// Package redisstore is the Redis ratelimit.Store: every window of one key is
+// decided in one atomic Lua script (scripts.EWMA) on a go-redis v9
+// UniversalClient, so a standalone, sentinel or cluster deployment shares
+// one budget per client across every gate instance.
+//
+// # Failing closed
+//
+// Every call has its own deadline (Options.Timeout). Any failure — timeout,
+// refused connection, open breaker, a reply that is not a list of scores —
+// is an error wrapping ratelimit.ErrUnavailable, never a refusal and never a
+// score of zero.
+//
+// # Never charged twice
+//
+// go-redis retries a command whose reply was lost (EOF, connection reset,
+// pool timeouts, cluster node failures), and the auto-pipeliner may replay a
+// batch; a replayed EVALSHA that had already been admitted would charge the
+// client twice. The store cannot turn retries off on a client it was given,
+// so the script is idempotent instead: each Decide sends a fresh request id,
+// the script keeps an admitted reply under a short-lived per-request key in
+// the client's hash slot, and a repeat of the id returns that reply without
+// charging again. Retries are then safe, and useful: they carry a decision
+// past a stale pooled connection after a Redis restart.
+//
+// # Breaker
+//
+// After Breaker.Failures consecutive failures the store stops calling Redis
+// for Breaker.CoolDown and fails every decision at once; then one probe is
+// let through, and its outcome closes or re-opens the breaker. An outage
+// therefore costs a bounded number of dials per second however many
+// messages arrive, and the store heals by itself when Redis returns.
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/scripts"
+)
+
+// Defaults applied by New for zero Options fields.
+const (
+	DefaultPrefix  = "sluice:"
+	DefaultTimeout = 100 * time.Millisecond
+)
+
+// Errors returned by New and wrapped (with ratelimit.ErrUnavailable) by Decide.
+var (
+	// ErrBreakerOpen means the breaker is open and Redis was not called.
+	ErrBreakerOpen = errors.New("redisstore: breaker open")
+	// ErrConfig is wrapped by New for options or clients it cannot work with.
+	ErrConfig = errors.New("redisstore: invalid configuration")
+)
+
+// ewma is shared by every Store: the SHA is a property of the source.
+var ewma = redis.NewScript(scripts.EWMA)
+
+// Options configures a Store. The zero value is usable.
+type Options struct {
+	// Prefix is prepended to every key; "" means DefaultPrefix. It must not
+	// contain '{' or '}': the client part of the key carries the Redis
+	// Cluster hash tag, and a brace in the prefix would become the tag.
+	Prefix string
+	// Timeout bounds each call to Redis (context.WithTimeout on the caller's
+	// context); 0 means DefaultTimeout, a negative value means no deadline
+	// of the store's own (the caller's context still applies).
+	Timeout time.Duration
+	// Breaker configures the circuit breaker; the zero value means its defaults.
+	Breaker BreakerOptions
+	// Observe, when not nil, is called after every call that reached for
+	// Redis with its duration and error (nil on success), for a latency
+	// histogram. Decisions refused by the open breaker are not observed.
+	// It must be safe for concurrent use and fast.
+	Observe func(d time.Duration, err error)
+	// AutoPipeline runs the script through the client's auto-pipeliner
+	// (go-redis v9 AutoPipeline), batching concurrent decisions into
+	// pipelines. Off by default; see the package benchmarks.
+	AutoPipeline bool
+}
+
+// Store is a ratelimit.Store on Redis. It is safe for concurrent use. The
+// client stays the caller's: closing it is the caller's business.
+type Store struct {
+	client  redis.Scripter
+	prefix  string
+	timeout time.Duration
+	observe func(time.Duration, error)
+	br      *breaker
+
+	dedupTTL int64 // ms the per-request reply is kept
+	idBase   string
+	idSeq    atomic.Uint64
+}
+
+var _ ratelimit.Store = (*Store)(nil)
+
+// optionsClient and clusterOptionsClient are implemented by the concrete
+// go-redis clients; they let New see whether socket deadlines follow the
+// context.
+type optionsClient interface{ Options() *redis.Options }
+type clusterOptionsClient interface{ Options() *redis.ClusterOptions }
+
+// New returns a Store deciding on client with opts.
+//
+// The client must follow context deadlines (ContextTimeoutEnabled: true;
+// NewClient sets it): otherwise go-redis ignores the per-call deadline for
+// socket reads and a hung Redis would hold every decision for the client's
+// ReadTimeout. New refuses a *redis.Client or *redis.ClusterClient built
+// without it, wrapping ErrConfig; other UniversalClient implementations are
+// taken on trust.
+func New(client redis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil client", ErrConfig)
+	}
+	switch c := client.(type) {
+	case optionsClient:
+		if !c.Options().ContextTimeoutEnabled {
+			return nil, fmt.Errorf("%w: client must be built with ContextTimeoutEnabled: true, or Timeout cannot bound a call", ErrConfig)
+		}
+	case clusterOptionsClient:
+		if !c.Options().ContextTimeoutEnabled {
+			return nil, fmt.Errorf("%w: cluster client must be built with ContextTimeoutEnabled: true, or Timeout cannot bound a call", ErrConfig)
+		}
+	}
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("%w: prefix %q must not contain '{' or '}' (the hash tag belongs to the client)", ErrConfig, prefix)
+	}
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	br, err := newBreaker(opts.Breaker)
+	if err != nil {
+		return nil, err
+	}
+	var sc redis.Scripter = client
+	if opts.AutoPipeline {
+		ap, err := autoPipeline(client)
+		if err != nil {
+			return nil, err
+		}
+		sc = ap
+	}
+	var seed [8]byte
+	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails on supported platforms
+	// A retry happens within one call, so the reply need only outlive the
+	// call's deadline; twice that, and at least a second, covers Redis
+	// executing a delayed first attempt late. With no deadline of our own a
+	// call may take the client's retries times its ReadTimeout: 30s.
+	dedup := max(time.Second, 2*timeout)
+	if timeout < 0 {
+		dedup = 30 * time.Second
+	}
+	return &Store{
+		client:   sc,
+		prefix:   prefix,
+		timeout:  timeout,
+		observe:  opts.Observe,
+		br:       br,
+		dedupTTL: int64(dedup / time.Millisecond),
+		idBase:   hex.EncodeToString(seed[:]) + ".",
+	}, nil
+}
+
+// autoPipeline returns the client's blocking auto-pipeliner.
+func autoPipeline(client redis.UniversalClient) (redis.Scripter, error) {
+	type autoPipeliner interface {
+		AutoPipeline() (*redis.AutoPipeliner, error)
+	}
+	c, ok := client.(autoPipeliner)
+	if !ok {
+		return nil, fmt.Errorf("%w: client %T has no auto-pipeliner", ErrConfig, client)
+	}
+	ap, err := c.AutoPipeline()
+	if err != nil {
+		return nil, fmt.Errorf("%w: auto-pipeline: %w", ErrConfig, err)
+	}
+	return ap, nil
+}
+
+// BreakerState reports the breaker's state now, for metrics.
+func (s *Store) BreakerState() BreakerState { return s.br.state() }
+
+// Decide implements ratelimit.Store: it runs the EWMA script over every
+// window of key in one round trip. A zero now means Redis TIME; otherwise
+// now is used at millisecond resolution. No limits means allowed without a
+// call. An error always wraps ratelimit.ErrUnavailable.
+func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+	if len(limits) == 0 {
+		return ratelimit.Decision{Allowed: true}, nil
+	}
+	for _, l := range limits {
+		if err := l.Validate(); err != nil {
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+		}
+	}
+	probe, ok := s.br.allow()
+	if !ok {
+		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrBreakerOpen)
+	}
+
+	keys, args := s.request(key, limits, now)
+	callCtx, cancel := ctx, context.CancelFunc(nil)
+	if s.timeout > 0 {
+		callCtx, cancel = context.WithTimeout(ctx, s.timeout)
+	}
+	start := time.Now()
+	reply, err := ewma.Run(callCtx, s.client, keys, args...).Result()
+	if cancel != nil {
+		cancel()
+	}
+	var d ratelimit.Decision
+	if err == nil {
+		d, err = parseReply(reply, limits)
+	}
+	if s.observe != nil {
+		s.observe(time.Since(start), err)
+	}
+	// A caller that gave up (client gone, shutdown) says nothing about Redis.
+	callerGaveUp := err != nil && ctx.Err() != nil
+	s.br.done(probe, err == nil, callerGaveUp)
+	if err != nil {
+		if errors.Is(err, ratelimit.ErrBadReply) {
+			return ratelimit.Decision{}, err
+		}
+		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+	}
+	return d, nil
+}
+
+// request builds KEYS and ARGV for the script (see scripts/ewma.lua).
+func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) ([]string, []any) {
+	n := len(limits)
+	keys := make([]string, n+1)
+	args := make([]any, 3, 3+3*n)
+	base := s.prefix + key + ":"
+	for i, l := range limits {
+		ms := int64(l.Period / time.Millisecond)
+		keys[i] = base + strconv.FormatInt(ms, 10)
+		args = append(args, l.Rate, ms, l.EffectiveCost())
+	}
+	id := s.idBase + strconv.FormatUint(s.idSeq.Add(1), 36)
+	keys[n] = base + "r:" + id
+	if now.IsZero() {
+		args[0] = "0"
+	} else {
+		args[0] = now.UnixMilli()
+	}
+	args[1] = id
+	args[2] = s.dedupTTL
+	return keys, args
+}
+
+// maxWaitMs is the longest wait the script reports (2^40 ms, as in ratelimit).
+const maxWaitMs = 1 << 40
+
+// parseReply reads the script's reply strictly: exactly 2+len(limits)
+// elements — the allowed flag (0 or 1), the wait in milliseconds (0 when
+// allowed, 1…2^40 when refused), then one finite non-negative score per
+// window as a string. Anything else is a protocol disagreement and an error
+// wrapping both ErrBadReply and ErrUnavailable — never a score of zero.
+func parseReply(reply any, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+	arr, ok := reply.([]any)
+	if !ok {
+		return ratelimit.Decision{}, badReply("reply is %T, not an array", reply)
+	}
+	if len(arr) != len(limits)+2 {
+		return ratelimit.Decision{}, badReply("reply has %d elements, want %d", len(arr), len(limits)+2)
+	}
+	flag, ok := arr[0].(int64)
+	if !ok || (flag != 0 && flag != 1) {
+		return ratelimit.Decision{}, badReply("allowed flag is %#v", arr[0])
+	}
+	wait, ok := arr[1].(int64)
+	switch {
+	case !ok:
+		return ratelimit.Decision{}, badReply("wait is %#v", arr[1])
+	case flag == 1 && wait != 0:
+		return ratelimit.Decision{}, badReply("admitted with a wait of %d ms", wait)
+	case flag == 0 && (wait < 1 || wait > maxWaitMs):
+		return ratelimit.Decision{}, badReply("refused with a wait of %d ms", wait)
+	}
+	d := ratelimit.Decision{
+		Allowed: flag == 1,
+		Wait:    time.Duration(wait) * time.Millisecond,
+		Scores:  make([]float64, len(limits)),
+	}
+	for i, e := range arr[2:] {
+		str, ok := e.(string)
+		if !ok {
+			return ratelimit.Decision{}, badReply("score %d is %#v, not a string", i, e)
+		}
+		f, err := strconv.ParseFloat(str, 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+			return ratelimit.Decision{}, badReply("score %d is %q", i, str)
+		}
+		d.Scores[i] = f
+	}
+	return d, nil
+}
+
+func badReply(format string, args ...any) error {
+	return fmt.Errorf("%w: %w: %s", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, fmt.Sprintf(format, args...))
+}

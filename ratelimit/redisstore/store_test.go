@@ -1,0 +1,227 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/storetest"
+)
+
+// client returns a go-redis client for addr that follows context deadlines,
+// closed when the test ends.
+func client(tb testing.TB, addr string) *redis.Client {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func newStore(tb testing.TB, c redis.UniversalClient, opts Options) *Store {
+	tb.Helper()
+	s, err := New(c, opts)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	return s
+}
+
+// realRedis starts a redis-server for the test (skipped without one,
+// failed under REQUIRE_REDIS=1).
+func realRedis(tb testing.TB) (*redistest.Server, *redis.Client) {
+	tb.Helper()
+	srv := redistest.Start(tb)
+	return srv, client(tb, srv.Addr())
+}
+
+// slow is for tests of correctness, not of failure: the machine is shared
+// and -race is slow, so a call must not fail for being late.
+var slow = Options{Timeout: 10 * time.Second}
+
+// memory is the reference store for Agree: small, since each round uses one key.
+func memory() ratelimit.Store { return ratelimit.NewMemoryStore(256) }
+
+func TestConformanceMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+	c := client(t, m.Addr())
+	storetest.Run(t, func(t *testing.T) ratelimit.Store { return newStore(t, c, slow) })
+}
+
+func TestConformanceRedis(t *testing.T) {
+	_, c := realRedis(t)
+	storetest.Run(t, func(t *testing.T) ratelimit.Store { return newStore(t, c, slow) })
+}
+
+func TestConformanceRedisAutoPipeline(t *testing.T) {
+	_, c := realRedis(t)
+	storetest.Run(t, func(t *testing.T) ratelimit.Store { return newStore(t, c, Options{AutoPipeline: true, Timeout: slow.Timeout}) })
+}
+
+// TestAgreeWithMemory: the memory store and Redis make the same decision,
+// with the same wait, on every step of seeded random traffic, and their
+// scores agree within 1e-9.
+func TestAgreeWithMemory(t *testing.T) {
+	_, c := realRedis(t)
+	s := newStore(t, c, slow)
+	for seed := uint64(1); seed <= 3; seed++ {
+		storetest.Agree(t, memory, s, seed, 100)
+	}
+}
+
+func TestAgreeWithMemoryMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+	s := newStore(t, client(t, m.Addr()), slow)
+	storetest.Agree(t, memory, s, 7, 60)
+}
+
+func TestWaitIsExactRedis(t *testing.T) {
+	_, c := realRedis(t)
+	s := newStore(t, c, slow)
+	for seed := uint64(20); seed < 24; seed++ {
+		storetest.WaitIsExact(t, s, seed, 150)
+	}
+}
+
+// TestRedisTime: the zero instant means Redis TIME, and the script's clock
+// is Redis's: a decision with the zero instant is decayed against it.
+func TestRedisTime(t *testing.T) {
+	_, c := realRedis(t)
+	s := newStore(t, c, slow)
+	ctx := context.Background()
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(3, time.Hour)}
+	key := "{time}:message:EVENT"
+	for i := range 3 {
+		d, err := s.Decide(ctx, key, limits, time.Time{})
+		if err != nil || !d.Allowed {
+			t.Fatalf("#%d: %+v %v", i, d, err)
+		}
+	}
+	d, err := s.Decide(ctx, key, limits, time.Time{})
+	if err != nil || d.Allowed {
+		t.Fatalf("4th: %+v %v", d, err)
+	}
+	// Within a second of the burst the hour-long half-life has barely
+	// decayed: the wait is close to 3600000·log2(3/2) ms = 35.1 min.
+	if d.Wait < 35*time.Minute || d.Wait > 36*time.Minute {
+		t.Errorf("wait %v, want about 35m06s", d.Wait)
+	}
+	raw, err := c.Get(ctx, DefaultPrefix+key+":3600000").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, _ := c.Time(ctx).Result()
+	var score float64
+	var at int64
+	if _, err := fmtSscan(raw, &score, &at); err != nil {
+		t.Fatalf("stored %q: %v", raw, err)
+	}
+	if diff := tm.UnixMilli() - at; diff < 0 || diff > 5000 {
+		t.Errorf("stored instant %d is %d ms from Redis TIME %d", at, diff, tm.UnixMilli())
+	}
+}
+
+// TestKeysAndTTL checks the key layout and that every written key expires,
+// never before the longest wait it could still report.
+func TestKeysAndTTL(t *testing.T) {
+	_, c := realRedis(t)
+	s := newStore(t, c, Options{Prefix: "p:", Timeout: slow.Timeout})
+	ctx := context.Background()
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	for range 10 {
+		if _, err := s.Decide(ctx, "{203.0.113.7}:message:EVENT", limits, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused, err := s.Decide(ctx, "{203.0.113.7}:message:EVENT", limits, time.Time{})
+	if err != nil || refused.Allowed {
+		t.Fatalf("11th: %+v %v", refused, err)
+	}
+	for _, l := range limits {
+		key := "p:{203.0.113.7}:message:EVENT:" + itoa(int64(l.Period/time.Millisecond))
+		ttl, err := c.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 {
+			t.Fatalf("%s: PTTL %v, want a positive TTL", key, ttl)
+		}
+		// The longest wait this key could report: from a full score R.
+		longest := time.Duration(float64(l.Period) * log2(l.Rate/(l.Rate-1)))
+		if ttl < longest {
+			t.Errorf("%s: TTL %v shorter than the longest wait %v", key, ttl, longest)
+		}
+		if ttl < refused.Wait {
+			t.Errorf("%s: TTL %v shorter than the wait just reported %v", key, ttl, refused.Wait)
+		}
+		// And bounded: at most T·log2(1024·R/min(c,R−c)) plus slack.
+		if limit := time.Duration(float64(l.Period) * (log2(1024*l.Rate) + 1)); ttl > limit {
+			t.Errorf("%s: TTL %v beyond the bound %v", key, ttl, limit)
+		}
+	}
+	// Dedup keys of admitted requests expire too.
+	keys, _ := c.Keys(ctx, "p:*:r:*").Result()
+	if len(keys) != 10 {
+		t.Errorf("%d dedup keys for 10 admitted requests: %v", len(keys), keys)
+	}
+	for _, k := range keys {
+		if ttl, _ := c.PTTL(ctx, k).Result(); ttl <= 0 || ttl > 2*slow.Timeout {
+			t.Errorf("%s: PTTL %v, want ≤ %v", k, ttl, 2*slow.Timeout)
+		}
+	}
+}
+
+// TestNoScriptHeals: after SCRIPT FLUSH, EVALSHA fails with NOSCRIPT and the
+// store falls back to EVAL, which reloads the script.
+func TestNoScriptHeals(t *testing.T) {
+	_, c := realRedis(t)
+	s := newStore(t, c, slow)
+	ctx := context.Background()
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	if _, err := s.Decide(ctx, "{flush}:message:EVENT", limits, storetest.T0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := c.ScriptExists(ctx, ewma.Hash()).Result(); ok[0] {
+		t.Fatal("script still cached after SCRIPT FLUSH")
+	}
+	d, err := s.Decide(ctx, "{flush}:message:EVENT", limits, storetest.T0)
+	if err != nil || !d.Allowed || !storetest.Close(d.Scores[0], 2) {
+		t.Fatalf("after SCRIPT FLUSH: %+v %v", d, err)
+	}
+	if ok, _ := c.ScriptExists(ctx, ewma.Hash()).Result(); !ok[0] {
+		t.Error("script not cached again after the EVAL fallback")
+	}
+}
+
+func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	if _, err := New(c, Options{}); !errors.Is(err, ErrConfig) {
+		t.Errorf("client without ContextTimeoutEnabled: err = %v, want ErrConfig", err)
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cc.Close()
+	if _, err := New(cc, Options{}); !errors.Is(err, ErrConfig) {
+		t.Errorf("cluster client without ContextTimeoutEnabled: err = %v, want ErrConfig", err)
+	}
+	good := client(t, "127.0.0.1:1")
+	for _, p := range []string{"a{b", "x}", "{}"} {
+		if _, err := New(good, Options{Prefix: p}); !errors.Is(err, ErrConfig) {
+			t.Errorf("prefix %q: err = %v, want ErrConfig", p, err)
+		}
+	}
+	if _, err := New(nil, Options{}); !errors.Is(err, ErrConfig) {
+		t.Errorf("nil client: err = %v, want ErrConfig", err)
+	}
+	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, ErrConfig) {
+		t.Errorf("negative cool-down: err = %v, want ErrConfig", err)
+	}
+}
