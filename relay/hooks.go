@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -340,10 +341,11 @@ type KhatruHooks struct {
 	// OnEventSaved charges a saved event to its actor's quota. Nil when
 	// there is no quota.
 	OnEventSaved func(ctx context.Context, event *nostr.Event)
-	// OverwriteRelayInformation returns the relay's document with a
-	// limitation object of its own: khatru hands every request the same
-	// *Limitation, which must not be written to. NIP-11 has no field for
-	// message rates, so it states none.
+	// OverwriteRelayInformation appends to the document's description one
+	// line that states the limits these hooks enforce, for the people who
+	// read it. nip11.RelayInformationDocument has no field for rates, so
+	// the machine-readable "rate_limits" object that a Gate's NIP11Handler
+	// publishes cannot be expressed here.
 	OverwriteRelayInformation func(ctx context.Context, r *http.Request, info nip11.RelayInformationDocument) nip11.RelayInformationDocument
 }
 
@@ -382,14 +384,17 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 			v := h.charge(ctx, acc.IP(ctx), authed(ctx), TypeCOUNT)
 			return v.refuse, v.reason
 		},
-		OverwriteRelayInformation: func(_ context.Context, _ *http.Request, info nip11.RelayInformationDocument) nip11.RelayInformationDocument {
-			var lim nip11.RelayLimitationDocument
-			if info.Limitation != nil {
-				lim = *info.Limitation
-			}
-			info.Limitation = &lim
-			return info
-		},
+	}
+	summary := h.summary()
+	k.OverwriteRelayInformation = func(_ context.Context, _ *http.Request, info nip11.RelayInformationDocument) nip11.RelayInformationDocument {
+		switch {
+		case summary == "":
+		case info.Description == "":
+			info.Description = summary
+		default:
+			info.Description += "\n\n" + summary
+		}
+		return info
 	}
 	if !h.quota.IsUnlimited() {
 		k.OnEventSaved = func(ctx context.Context, evt *nostr.Event) {
@@ -404,6 +409,38 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 		}
 	}
 	return k
+}
+
+// summary states in one line the limits that hooks enforce (the types a
+// hook sees), or "" when there are none.
+func (h *Hooks) summary() string {
+	var parts []string
+	windows := func(ls []ratelimit.Limit) string {
+		s := make([]string, len(ls))
+		for i, l := range ls {
+			s[i] = l.String()
+		}
+		return strings.Join(s, ", ")
+	}
+	if len(h.limits.Connection) > 0 {
+		parts = append(parts, "connections "+windows(h.limits.Connection))
+	}
+	for _, t := range [...]Type{TypeEVENT, TypeREQ, TypeCOUNT, TypeNEGOPEN} {
+		if ls := h.limits.Message[t]; len(ls) > 0 {
+			parts = append(parts, t.String()+" "+windows(ls))
+		}
+	}
+	if q := h.quota; !q.IsUnlimited() {
+		parts = append(parts, fmt.Sprintf("at most %d saved events per %v per pubkey", q.Events(), q.Window()))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	prefix := DefaultIPv6Prefix
+	if p := h.identity.IPv6Prefix; p > 0 {
+		prefix = p
+	}
+	return fmt.Sprintf("Rate limits per client (IPv4 address or IPv6 /%d), as rate per half-life: %s.", prefix, strings.Join(parts, "; "))
 }
 
 // filter charges one khatru RejectFilter call: the first call of a REQ's

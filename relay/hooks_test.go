@@ -335,19 +335,35 @@ func TestKhatruNoQuotaNoSavedHook(t *testing.T) {
 }
 
 func TestKhatruOverwriteRelayInformation(t *testing.T) {
-	f := newHookFixture(t, Limits{}, nil)
+	var l Limits
+	l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(12, time.Second)}
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	l.Message[TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)} // no hook sees AUTH
+	q, err := ratelimit.NewQuota(600, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newHookFixture(t, l, q)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	want := "Rate limits per client (IPv4 address or IPv6 /64), as rate per half-life: " +
+		"connections 12/1s; EVENT 10/1s, 240/1m0s; at most 600 saved events per 1m0s per pubkey."
 	shared := &nip11.RelayLimitationDocument{MaxSubscriptions: 20}
-	info := nip11.RelayInformationDocument{Name: "r", Limitation: shared}
+	info := nip11.RelayInformationDocument{Name: "r", Description: "A relay.", Limitation: shared}
 	got := k.OverwriteRelayInformation(context.Background(), httptest.NewRequest("GET", "/", nil), info)
-	if got.Name != "r" || got.Limitation == nil || got.Limitation.MaxSubscriptions != 20 {
-		t.Fatalf("document changed: %+v", got)
+	if got.Description != "A relay.\n\n"+want {
+		t.Errorf("description %q, want the relay's and then %q", got.Description, want)
 	}
-	if got.Limitation == shared {
-		t.Error("returned the relay's shared *Limitation")
+	if got.Name != "r" || got.Limitation != shared || *shared != (nip11.RelayLimitationDocument{MaxSubscriptions: 20}) {
+		t.Errorf("document changed beyond its description: %+v", got)
 	}
-	if got := k.OverwriteRelayInformation(context.Background(), nil, nip11.RelayInformationDocument{}); got.Limitation == nil {
-		t.Error("no limitation object")
+	// Without a limitation object none is made up: its zero fields
+	// ("created_at_upper_limit": 0) would tell clients nonsense.
+	if got := k.OverwriteRelayInformation(context.Background(), nil, nip11.RelayInformationDocument{}); got.Limitation != nil || got.Description != want {
+		t.Errorf("empty document: %+v", got)
+	}
+	none := newHookFixture(t, Limits{}, nil).h.Khatru(KhatruAccess{IP: ipOf})
+	if got := none.OverwriteRelayInformation(context.Background(), nil, info); got.Description != "A relay." {
+		t.Errorf("no limits: description %q, want it unchanged", got.Description)
 	}
 }
 
@@ -440,4 +456,50 @@ func countMap(m interface{ Range(func(k, v any) bool) }) int {
 	n := 0
 	m.Range(func(any, any) bool { n++; return true })
 	return n
+}
+
+// TestKhatruHooksConcurrent runs REQs of three filters from many
+// goroutines, as khatru runs each message on a goroutine of its own: each
+// REQ is charged exactly once, and every ended REQ is forgotten.
+func TestKhatruHooksConcurrent(t *testing.T) {
+	const workers, reqs = 8, 200
+	f := newHookFixture(t, limitsOf(TypeREQ, 1e9, time.Second), nil)
+	k := f.h.Khatru(KhatruAccess{IP: ipOf})
+	conn, hangUp := context.WithCancel(context.Background())
+	defer hangUp()
+	k.OnConnect(conn)
+	done := make(chan struct{})
+	for w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range reqs {
+				ctx, cancel := reqCtx(conn, fmt.Sprint(w, ":", i))
+				for range 3 {
+					if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
+						t.Errorf("REQ refused: %q", msg)
+					}
+				}
+				cancel()
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+	if got := f.obs[TypeREQ][Admitted].Load(); got != workers*reqs {
+		t.Errorf("%d REQs charged, want %d", got, workers*reqs)
+	}
+	for deadline := time.Now().Add(5 * time.Second); countMap(&f.h.reqs) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ended REQs still remembered", countMap(&f.h.reqs))
+		}
+		runtime.Gosched()
+	}
+	hangUp()
+	for deadline := time.Now().Add(5 * time.Second); countMap(&f.h.conns) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("closed connection still remembered")
+		}
+		runtime.Gosched()
+	}
 }
