@@ -1,0 +1,131 @@
+package ratelimit_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// benchKeys are realistic message keys: many clients, one type.
+var benchKeys = func() []string {
+	keys := make([]string, 4096)
+	for i := range keys {
+		keys[i] = ratelimit.MessageKey("2001:db8:"+strconv.FormatInt(int64(i), 16)+"::/64", "EVENT")
+	}
+	return keys
+}()
+
+var benchLimits = map[string][]ratelimit.Limit{
+	// Generous: the common case, every message admitted.
+	"windows=1": {ratelimit.PerPeriod(1e9, time.Second)},
+	"windows=2": {ratelimit.PerPeriod(1e9, time.Second), ratelimit.PerPeriod(1e10, time.Minute)},
+	// Tight: most messages refused, so the wait is computed.
+	"windows=2/refusing": {ratelimit.PerPeriod(2, time.Second), ratelimit.PerPeriod(4, time.Minute)},
+}
+
+// goroutineSeq hands each RunParallel goroutine its own starting point.
+var goroutineSeq atomic.Int64
+
+// BenchmarkMemoryStoreDecide measures one decision through DecideInto with
+// the caller's score buffer (the zero-allocation form), and through the
+// Store interface's Decide, which allocates Decision.Scores.
+func BenchmarkMemoryStoreDecide(b *testing.B) {
+	for _, name := range []string{"windows=1", "windows=2", "windows=2/refusing"} {
+		limits := benchLimits[name]
+		b.Run(name, func(b *testing.B) {
+			m := ratelimit.NewMemoryStore(0)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(goroutineSeq.Add(1)) * 997
+				buf := make([]float64, 0, ratelimit.MaxWindows)
+				for pb.Next() {
+					i++
+					at := t0.Add(time.Duration(i) * time.Microsecond)
+					m.DecideInto(ctx, benchKeys[i&4095], limits, at, buf)
+				}
+			})
+		})
+	}
+	b.Run("windows=2/Decide", func(b *testing.B) {
+		var s ratelimit.Store = ratelimit.NewMemoryStore(0)
+		limits := benchLimits["windows=2"]
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(goroutineSeq.Add(1)) * 997
+			for pb.Next() {
+				i++
+				s.Decide(ctx, benchKeys[i&4095], limits, t0.Add(time.Duration(i)*time.Microsecond))
+			}
+		})
+	})
+}
+
+// BenchmarkLimiterAllow is the gate's hot path over the memory store:
+// local table lookup, then the store's allocation-free decision.
+func BenchmarkLimiterAllow(b *testing.B) {
+	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+	limits := benchLimits["windows=2"]
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(goroutineSeq.Add(1)) * 997
+		for pb.Next() {
+			i++
+			lim.AllowAt(ctx, benchKeys[i&4095], limits, t0.Add(time.Duration(i)*time.Microsecond))
+		}
+	})
+}
+
+// BenchmarkLimiterBlockedFlood: clients already refused keep sending; the
+// local table answers, so the store is called ≈ 0 times per message.
+func BenchmarkLimiterBlockedFlood(b *testing.B) {
+	store := &countingStore{inner: ratelimit.NewMemoryStore(0)}
+	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}
+	ctx := context.Background()
+	flooders := benchKeys[:64]
+	for _, k := range flooders {
+		for range 3 {
+			lim.AllowAt(ctx, k, limits, t0)
+		}
+	}
+	before := store.calls.Load()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(goroutineSeq.Add(1))
+		for pb.Next() {
+			i++
+			d, _ := lim.AllowAt(ctx, flooders[i&63], limits, t1)
+			if d.Allowed {
+				b.Error("a blocked client was admitted")
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(store.calls.Load()-before)/float64(b.N), "storecalls/op")
+}
+
+// BenchmarkQuota is one check and one charge, as the gate does for an EVENT
+// the relay accepted, over many actors.
+func BenchmarkQuota(b *testing.B) {
+	q, _ := ratelimit.NewQuota(600, time.Minute)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(goroutineSeq.Add(1)) * 997
+		for pb.Next() {
+			i++
+			k := benchKeys[i&4095]
+			at := t0.Add(time.Duration(i) * time.Microsecond)
+			if over, _ := q.Exceeded(k, at); !over {
+				q.Add(k, at)
+			}
+		}
+	})
+}

@@ -1,0 +1,93 @@
+package ratelimit_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+func ExampleLimiter_Allow() {
+	// Tests and examples pass the clock; a server leaves Now nil.
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{
+		Now: func() time.Time { return now },
+	})
+	events := []ratelimit.Limit{ratelimit.PerPeriod(3, time.Second)}
+	if err := ratelimit.ValidateLimits(events); err != nil { // once, at start-up
+		panic(err)
+	}
+	key := ratelimit.MessageKey("203.0.113.7", "EVENT")
+
+	for i := 1; i <= 4; i++ {
+		d, err := lim.Allow(context.Background(), key, events)
+		if err != nil {
+			fmt.Println("error: rate limiter unavailable")
+			continue
+		}
+		if d.Allowed {
+			fmt.Printf("EVENT %d: admitted\n", i)
+		} else {
+			fmt.Printf("EVENT %d: rate-limited: slow down; retry in %ds (exact wait %v)\n", i, ratelimit.RetrySeconds(d.Wait), d.Wait)
+		}
+	}
+	now = now.Add(585 * time.Millisecond) // the client obeys the wait
+	d, _ := lim.Allow(context.Background(), key, events)
+	fmt.Println("after the wait, admitted:", d.Allowed)
+	// Output:
+	// EVENT 1: admitted
+	// EVENT 2: admitted
+	// EVENT 3: admitted
+	// EVENT 4: rate-limited: slow down; retry in 1s (exact wait 585ms)
+	// after the wait, admitted: true
+}
+
+func ExampleLimit_Burst() {
+	for _, l := range []ratelimit.Limit{
+		ratelimit.PerPeriod(10, time.Second),
+		ratelimit.PerPeriod(240, time.Minute),
+	} {
+		fmt.Printf("%v: burst %d, then one every %v (%.2f/s)\n",
+			l, l.Burst(), l.Interval().Round(time.Millisecond), l.Sustained())
+	}
+	// Output:
+	// 10/1s: burst 10, then one every 152ms (6.58/s)
+	// 240/1m0s: burst 240, then one every 361ms (2.77/s)
+}
+
+func ExampleQuota() {
+	// 2 validated events per actor per minute (the default is 600).
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		panic(err)
+	}
+	now := time.Date(2026, 11, 30, 12, 0, 15, 0, time.UTC)
+	alice := "a1b2c3…" // the event's pubkey
+	for i := 1; i <= 3; i++ {
+		if over, wait := q.Exceeded(alice, now); over {
+			fmt.Printf("event %d: rate-limited: retry in %ds\n", i, ratelimit.RetrySeconds(wait))
+			continue
+		}
+		q.Add(alice, now) // once the relay has accepted the event
+		fmt.Printf("event %d: accepted\n", i)
+	}
+	over, _ := q.Exceeded(alice, now.Add(45*time.Second))
+	fmt.Println("next minute, over quota:", over)
+	// Output:
+	// event 1: accepted
+	// event 2: accepted
+	// event 3: rate-limited: retry in 45s
+	// next minute, over quota: false
+}
+
+func ExampleRetrySeconds() {
+	for _, w := range []time.Duration{0, 585 * time.Millisecond, 17*time.Second + time.Millisecond, 18 * time.Second} {
+		fmt.Printf("wait %v: retry in %ds\n", w, ratelimit.RetrySeconds(w))
+	}
+	// Output:
+	// wait 0s: retry in 1s
+	// wait 585ms: retry in 1s
+	// wait 17.001s: retry in 18s
+	// wait 18s: retry in 18s
+}
