@@ -1,0 +1,367 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// hangGuard is how long any single decision may take before the test calls
+// it a hang. It is not a speed assertion: the deadline is 100 ms, and the
+// guard only has to tell "bounded" from "stuck" on a loaded machine.
+const hangGuard = 3 * time.Second
+
+// countingClient returns a client for addr that counts its dials.
+func countingClient(tb testing.TB, addr string, dials *atomic.Int64) *redis.Client {
+	tb.Helper()
+	d := &net.Dialer{}
+	c := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		ContextTimeoutEnabled: true,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	return c
+}
+
+// settleGoroutines waits until the goroutine count is back to at most base
+// and fails the test if it never is.
+func settleGoroutines(t *testing.T, base int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := runtime.NumGoroutine()
+		if n <= base {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("goroutines: %d before, %d after\n%s", base, n, buf)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// decideTimed runs one decision and fails the test if it hangs.
+func decideTimed(t *testing.T, s ratelimit.Store, key string, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+	t.Helper()
+	start := time.Now()
+	d, err := s.Decide(context.Background(), key, limits, time.Time{})
+	if el := time.Since(start); el > hangGuard {
+		t.Errorf("a decision took %v (hang guard %v)", el, hangGuard)
+	}
+	return d, err
+}
+
+// TestKilledAndRestarted: with Redis killed mid-run every decision fails
+// closed with ErrUnavailable and none hangs; the breaker bounds the dials;
+// after a restart the same Store and Limiter decide again; nothing leaks.
+func TestKilledAndRestarted(t *testing.T) {
+	srv := redistest.Start(t)
+	base := runtime.NumGoroutine()
+	var dials atomic.Int64
+	c := countingClient(t, srv.Addr(), &dials)
+	var observed, observedErr atomic.Int64
+	s := newStore(t, c, Options{
+		Breaker: BreakerOptions{Failures: 3, CoolDown: 200 * time.Millisecond},
+		Observe: func(d time.Duration, err error) {
+			observed.Add(1)
+			if err != nil {
+				observedErr.Add(1)
+			}
+		},
+	})
+	lim := ratelimit.NewLimiter(s, ratelimit.LimiterOptions{})
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(1000, time.Second), ratelimit.PerPeriod(100000, time.Minute)}
+
+	// Healthy traffic from several goroutines, then the kill lands mid-run.
+	var wg sync.WaitGroup
+	var ok, failed, wrongErr atomic.Int64
+	stop := make(chan struct{})
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("{kill-%d}:message:EVENT", g)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := decideTimed(t, s, key, limits)
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, ratelimit.ErrUnavailable):
+					failed.Add(1)
+				default:
+					wrongErr.Add(1)
+				}
+			}
+		}()
+	}
+	for ok.Load() < 200 {
+		time.Sleep(time.Millisecond)
+	}
+	srv.Kill()
+	// Let the goroutines run against the dead server for a while.
+	for failed.Load() < 2000 {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if wrongErr.Load() != 0 {
+		t.Errorf("%d errors not wrapping ErrUnavailable", wrongErr.Load())
+	}
+
+	// Dead: every decision fails closed, quickly, as unavailable — never as
+	// a rate limit. The Limiter passes the error through.
+	dialsBefore := dials.Load()
+	for i := range 200 {
+		d, err := decideTimed(t, s, "{kill-x}:message:EVENT", limits)
+		if !errors.Is(err, ratelimit.ErrUnavailable) || d.Allowed {
+			t.Fatalf("#%d after kill: %+v %v", i, d, err)
+		}
+		if _, err := lim.Allow(context.Background(), "{kill-y}:message:EVENT", limits); !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Fatalf("Limiter #%d after kill: %v", i, err)
+		}
+	}
+	// 400 decisions cost a handful of dials, not 400: the breaker lets one
+	// probe per cool-down through (each probe may dial 1+MaxRetries times).
+	if n := dials.Load() - dialsBefore; n > 40 {
+		t.Errorf("%d dials for 400 decisions against a dead Redis", n)
+	}
+	if st := s.BreakerState(); st == BreakerClosed {
+		t.Errorf("breaker %v with Redis dead", st)
+	}
+
+	// Restarted: the same Store and Limiter heal by themselves.
+	srv.Restart()
+	healed := false
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := decideTimed(t, s, "{kill-z}:message:EVENT", limits); err == nil {
+			healed = true
+			break
+		}
+	}
+	if !healed {
+		t.Fatal("store did not heal after the restart")
+	}
+	// The restarted server is empty: the script must have been reloaded
+	// (NOSCRIPT → EVAL), and the Limiter decides through the same store.
+	if d, err := lim.Allow(context.Background(), "{kill-y}:message:EVENT", limits); err != nil || !d.Allowed {
+		t.Fatalf("Limiter after restart: %+v %v", d, err)
+	}
+	if st := s.BreakerState(); st != BreakerClosed {
+		t.Errorf("breaker %v after healing", st)
+	}
+	if observed.Load() == 0 || observedErr.Load() == 0 {
+		t.Errorf("Observe saw %d calls, %d errors", observed.Load(), observedErr.Load())
+	}
+
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	settleGoroutines(t, base)
+}
+
+// TestHungRedis: a Redis that accepts but never answers (SIGSTOP) costs each
+// decision its deadline, not the client's 5 s ReadTimeout, and no more.
+func TestHungRedis(t *testing.T) {
+	_, c := realRedis(t)
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := 0
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, _ = strconv.Atoi(v)
+		}
+	}
+	if pid <= 0 {
+		t.Fatalf("no process_id in INFO server")
+	}
+	s := newStore(t, c, Options{Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: -1}})
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	if _, err := decideTimed(t, s, "{hang}:message:EVENT", limits); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	cont := func() { _ = syscall.Kill(pid, syscall.SIGCONT) }
+	t.Cleanup(cont)
+	for i := range 5 {
+		start := time.Now()
+		_, err := s.Decide(context.Background(), "{hang}:message:EVENT", limits, time.Time{})
+		el := time.Since(start)
+		if !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Fatalf("#%d with Redis stopped: %v", i, err)
+		}
+		if el > hangGuard {
+			t.Fatalf("#%d took %v with a 100ms deadline", i, el)
+		}
+	}
+	cont()
+	healed := false
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := decideTimed(t, s, "{hang}:message:EVENT", limits); err == nil {
+			healed = true
+			break
+		}
+	}
+	if !healed {
+		t.Fatal("did not heal after SIGCONT")
+	}
+}
+
+// TestCallerCancelDoesNotTrip: callers giving up (clients disconnecting)
+// fail their own decisions but say nothing about Redis.
+func TestCallerCancelDoesNotTrip(t *testing.T) {
+	_, c := realRedis(t)
+	s := newStore(t, c, Options{Breaker: BreakerOptions{Failures: 2}})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 10 {
+		if _, err := s.Decide(ctx, "{cancel}:message:EVENT", twoWindows, time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Fatalf("cancelled: %v", err)
+		}
+	}
+	if st := s.BreakerState(); st != BreakerClosed {
+		t.Errorf("breaker %v after callers gave up", st)
+	}
+}
+
+// lossyProxy forwards TCP to a Redis and, when armed, swallows the next
+// reply that comes back and drops the connection: the reply was lost after
+// Redis executed the command, which is what makes a blind retry charge twice.
+type lossyProxy struct {
+	ln     net.Listener
+	target string
+	armed  atomic.Bool
+	lost   atomic.Int64
+	wg     sync.WaitGroup
+}
+
+func startLossyProxy(t *testing.T, target string) *lossyProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &lossyProxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *lossyProxy) serve() {
+	defer p.wg.Done()
+	for {
+		cl, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			cl.Close()
+			continue
+		}
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); _, _ = io.Copy(up, cl); up.Close() }()
+		go func() {
+			defer p.wg.Done()
+			defer cl.Close()
+			defer up.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := up.Read(buf)
+				if n > 0 {
+					if p.armed.CompareAndSwap(true, false) {
+						p.lost.Add(1)
+						return // the reply is lost with the connection
+					}
+					if _, werr := cl.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// TestLostReplyChargesOnce: Redis admits and charges, the reply is lost,
+// go-redis retries the EVALSHA on a new connection — and the request id
+// makes the retry return the first reply instead of charging again. The
+// same loss without a request id (the script run directly) charges twice,
+// so the test can tell the two apart.
+func TestLostReplyChargesOnce(t *testing.T) {
+	srv, direct := realRedis(t)
+	p := startLossyProxy(t, srv.Addr())
+	c := client(t, p.ln.Addr().String()) // go-redis defaults: MaxRetries 3
+	s := newStore(t, c, slow)
+	ctx := context.Background()
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}
+	key := "{lost}:message:EVENT"
+	// stored is the score in Redis; with an hour's half-life the few ms the
+	// test takes decay it by less than 1e-5.
+	stored := func() float64 {
+		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000").Result()
+		v, _, _ = strings.Cut(v, " ")
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Fatalf("stored %q: %v", v, err)
+		}
+		return f
+	}
+	near := func(x, want float64) bool { return x > want-1e-3 && x <= want }
+
+	if d, err := s.Decide(ctx, key, limits, time.Time{}); err != nil || !d.Allowed {
+		t.Fatalf("warm-up: %+v %v", d, err)
+	}
+	p.armed.Store(true)
+	d, err := s.Decide(ctx, key, limits, time.Time{})
+	if err != nil || !d.Allowed {
+		t.Fatalf("decision whose first reply was lost: %+v %v", d, err)
+	}
+	if p.lost.Load() != 1 {
+		t.Fatalf("proxy lost %d replies, want 1", p.lost.Load())
+	}
+	if got := stored(); !near(got, 2) || !near(d.Scores[0], 2) {
+		t.Errorf("after 2 decisions (one retried): stored score %v, reply %v; want 2 (charged once)", got, d.Scores)
+	}
+
+	// The hazard, shown: the same lost reply without a request id.
+	keys := []string{DefaultPrefix + key + ":3600000", DefaultPrefix + key + ":r:none"}
+	p.armed.Store(true)
+	if err := ewma.Run(ctx, c, keys, "0", "", 1000, 100, 3600000, 1).Err(); err != nil {
+		t.Fatalf("raw script: %v", err)
+	}
+	if got := stored(); !near(got, 4) {
+		t.Errorf("without a request id the retried call left score %v; expected it to charge twice (≈4)", got)
+	}
+}

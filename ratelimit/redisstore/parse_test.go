@@ -1,0 +1,118 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/storetest"
+)
+
+var twoWindows = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+
+// TestParseReplyHostile: every reply that is not exactly {0|1, wait, score,
+// score} is an error wrapping ErrBadReply and ErrUnavailable — never a
+// decision, and above all never a zero score.
+func TestParseReplyHostile(t *testing.T) {
+	for name, reply := range map[string]any{
+		"nil":                 nil,
+		"string":              "OK",
+		"int":                 int64(1),
+		"empty":               []any{},
+		"flag only":           []any{int64(1)},
+		"one score short":     []any{int64(1), int64(0), "1"},
+		"one score too many":  []any{int64(1), int64(0), "1", "1", "1"},
+		"flag 2":              []any{int64(2), int64(0), "1", "1"},
+		"flag -1":             []any{int64(-1), int64(0), "1", "1"},
+		"flag string":         []any{"1", int64(0), "1", "1"},
+		"flag nil":            []any{nil, int64(0), "1", "1"},
+		"wait string":         []any{int64(0), "5", "1", "1"},
+		"admitted with wait":  []any{int64(1), int64(5), "1", "1"},
+		"refused without":     []any{int64(0), int64(0), "1", "1"},
+		"refused negative":    []any{int64(0), int64(-3), "1", "1"},
+		"refused forever":     []any{int64(0), int64(1<<40 + 1), "1", "1"},
+		"score nil":           []any{int64(1), int64(0), nil, "1"},
+		"score int":           []any{int64(1), int64(0), int64(1), "1"},
+		"score empty":         []any{int64(1), int64(0), "", "1"},
+		"score word":          []any{int64(1), int64(0), "one", "1"},
+		"score nan":           []any{int64(1), int64(0), "nan", "1"},
+		"score NaN":           []any{int64(1), int64(0), "1", "NaN"},
+		"score inf":           []any{int64(1), int64(0), "inf", "1"},
+		"score -inf":          []any{int64(1), int64(0), "1", "-inf"},
+		"score overflow":      []any{int64(1), int64(0), "1e999", "1"},
+		"score negative":      []any{int64(1), int64(0), "-0.5", "1"},
+		"score with space":    []any{int64(1), int64(0), "1 ", "1"},
+		"score nested":        []any{int64(1), int64(0), []any{"1"}, "1"},
+		"redis error element": []any{int64(1), int64(0), redis.Nil, "1"},
+	} {
+		d, err := parseReply(reply, twoWindows)
+		if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Errorf("%s: %+v, err = %v; want ErrBadReply and ErrUnavailable", name, d, err)
+		}
+		if d.Scores != nil || d.Allowed {
+			t.Errorf("%s: a decision came back with the error: %+v", name, d)
+		}
+	}
+}
+
+func TestParseReplyGood(t *testing.T) {
+	d, err := parseReply([]any{int64(0), int64(1234), "10", "7.5000000000000009"}, twoWindows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Wait != 1234*time.Millisecond || d.Scores[0] != 10 || d.Scores[1] != 7.5000000000000009 {
+		t.Errorf("got %+v", d)
+	}
+	d, err = parseReply([]any{int64(1), int64(0), "0", "1e-300"}, twoWindows)
+	if err != nil || !d.Allowed || d.Wait != 0 || d.Scores[1] != 1e-300 {
+		t.Errorf("got %+v %v", d, err)
+	}
+}
+
+// replaceReply is a go-redis hook that lets the script run and then
+// replaces its reply with v, as a server speaking another protocol would.
+type replaceReply struct{ v any }
+
+func (h replaceReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h replaceReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h replaceReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if c, ok := cmd.(*redis.Cmd); ok && err == nil {
+			c.SetVal(h.v)
+		}
+		return err
+	}
+}
+
+// TestWrongShapeThroughClient: a wrong-shaped reply arriving through a real
+// client is an error, and counts as a failure for the breaker.
+func TestWrongShapeThroughClient(t *testing.T) {
+	m := miniredis.RunT(t)
+	for name, v := range map[string]any{
+		"truncated":    []any{int64(1), int64(0), "1"},
+		"integer zero": []any{int64(1), int64(0), int64(0), int64(0)},
+		"nan":          []any{int64(1), int64(0), "nan", "1"},
+		"status":       "OK",
+	} {
+		c := client(t, m.Addr())
+		c.AddHook(replaceReply{v})
+		s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 2}})
+		for i := range 2 {
+			d, err := s.Decide(context.Background(), "{shape}:message:EVENT", twoWindows, storetest.T0)
+			if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+				t.Errorf("%s #%d: %+v %v, want ErrBadReply", name, i, d, err)
+			}
+		}
+		if st := s.BreakerState(); st != BreakerOpen {
+			t.Errorf("%s: breaker %v after 2 bad replies, want open", name, st)
+		}
+	}
+}

@@ -1,0 +1,165 @@
+package scripts_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/scripts"
+)
+
+func TestEmbedIsTheFile(t *testing.T) {
+	src, err := os.ReadFile("ewma.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(src) != scripts.EWMA || !strings.Contains(scripts.EWMA, "redis.call('MGET'") {
+		t.Fatal("scripts.EWMA is not ewma.lua")
+	}
+}
+
+// servers runs f against miniredis and against a real redis-server (when
+// there is one), so the script's behaviour is pinned on both.
+func servers(t *testing.T, f func(t *testing.T, c *redis.Client)) {
+	t.Run("miniredis", func(t *testing.T) {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		defer c.Close()
+		f(t, c)
+	})
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		defer c.Close()
+		f(t, c)
+	})
+}
+
+var ewma = redis.NewScript(scripts.EWMA)
+
+const now = "1767322800000" // a fixed instant in unix ms
+
+// one window of rate 2, half-life 1s, cost 1, plus the dedup key.
+var keys = []string{"t:{c}:message:EVENT:1000", "t:{c}:message:EVENT:r:1"}
+
+func run(t *testing.T, c *redis.Client, reqid string) []any {
+	t.Helper()
+	v, err := ewma.Run(context.Background(), c, keys, now, reqid, 5000, 2, 1000, 1).Slice()
+	if err != nil {
+		t.Fatalf("reqid %q: %v", reqid, err)
+	}
+	return v
+}
+
+// TestRequestIDChargesOnce: the same request id run twice (what a go-redis
+// retry after a lost reply does) charges once and returns the same reply;
+// without an id, the repeat charges again.
+func TestRequestIDChargesOnce(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		first := run(t, c, "req-1")
+		again := run(t, c, "req-1")
+		if len(first) != 3 || first[0] != int64(1) || first[2] != "1" {
+			t.Fatalf("first reply %v, want [1 0 \"1\"]", first)
+		}
+		if !equal(first, again) {
+			t.Errorf("repeat of req-1 replied %v, first %v", again, first)
+		}
+		if v, _ := c.Get(context.Background(), keys[0]).Result(); !strings.HasPrefix(v, "1 ") {
+			t.Errorf("stored %q after one request run twice, want score 1", v)
+		}
+		// Without an id the same call charges twice: the hazard the id removes.
+		run(t, c, "")
+		if v, _ := c.Get(context.Background(), keys[0]).Result(); !strings.HasPrefix(v, "2 ") {
+			t.Errorf("stored %q, want score 2", v)
+		}
+	})
+}
+
+// TestRefusalWritesNothing: a refused request leaves the windows and the
+// dedup key untouched.
+func TestRefusalWritesNothing(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		run(t, c, "")
+		run(t, c, "")
+		before, _ := c.Get(ctx, keys[0]).Result()
+		ttlBefore, _ := c.PTTL(ctx, keys[0]).Result()
+		r := run(t, c, "req-1")
+		if r[0] != int64(0) || r[1] != int64(1000) || r[2] != "2" {
+			t.Fatalf("third at one instant: %v, want [0 1000 \"2\"]", r)
+		}
+		after, _ := c.Get(ctx, keys[0]).Result()
+		if after != before {
+			t.Errorf("refusal changed the window: %q → %q", before, after)
+		}
+		if ttl, _ := c.PTTL(ctx, keys[0]).Result(); ttl > ttlBefore {
+			t.Errorf("refusal extended the TTL: %v → %v", ttlBefore, ttl)
+		}
+		if n, _ := c.Exists(ctx, keys[1]).Result(); n != 0 {
+			t.Error("refusal wrote a dedup key")
+		}
+	})
+}
+
+func TestBadArgumentsAndValues(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		for name, args := range map[string][]any{
+			"missing cost":  {now, "", 5000, 2, 1000},
+			"extra window":  {now, "", 5000, 2, 1000, 1, 3, 2000, 1},
+			"rate = cost":   {now, "", 5000, 1, 1000, 1},
+			"zero period":   {now, "", 5000, 2, 0, 1},
+			"not a number":  {now, "", 5000, "x", 1000, 1},
+			"negative cost": {now, "", 5000, 2, 1000, -1},
+		} {
+			if err := ewma.Run(ctx, c, keys, args...).Err(); err == nil {
+				t.Errorf("%s: no error", name)
+			}
+		}
+		if err := ewma.Run(ctx, c, keys[:1], now, "", 5000).Err(); err == nil {
+			t.Error("no windows: no error")
+		}
+		c.Set(ctx, keys[0], "garbage", 0)
+		if err := ewma.Run(ctx, c, keys, now, "", 5000, 2, 1000, 1).Err(); err == nil || !strings.Contains(err.Error(), "malformed") {
+			t.Errorf("malformed stored value: err = %v", err)
+		}
+	})
+}
+
+// TestRedisTIME: a zero instant takes Redis TIME and writes it.
+func TestRedisTIME(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		if err := ewma.Run(ctx, c, keys, "0", "", 5000, 2, 1000, 1).Err(); err != nil {
+			t.Fatal(err)
+		}
+		v, _ := c.Get(ctx, keys[0]).Result()
+		tm, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, atStr, _ := strings.Cut(v, " ")
+		at, err := strconv.ParseInt(atStr, 10, 64)
+		if d := tm.UnixMilli() - at; err != nil || d < 0 || d > 5000 {
+			t.Errorf("stored instant %q, Redis TIME %d ms", atStr, tm.UnixMilli())
+		}
+	})
+}
+
+func equal(a, b []any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
