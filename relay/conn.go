@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -38,16 +39,24 @@ type conn struct {
 	closing chan struct{} // closed by end
 
 	// Set before the goroutines start, read-only after.
-	keys     *[NumTypes]string // limiter keys per type, built once
-	freeIP   bool              // allow-listed client address: nothing charged
-	limits   *Limits
-	quota    *ratelimit.Quota
-	pending  pending // forwarded EVENTs awaiting the relay's OK (quota only)
-	authMu   sync.Mutex
-	authID   hex32  // id of the last AUTH event forwarded
-	authPK   string // its pubkey, until the relay accepts it
-	authed   string // NIP-42 pubkey the relay accepted; guarded by authMu
-	freeAuth bool   // authed pubkey is allow-listed; guarded by authMu
+	keys    *[NumTypes]string // limiter keys per type, built once
+	freeIP  bool              // allow-listed client address: nothing charged
+	limits  *Limits
+	quota   *ratelimit.Quota
+	pending pending // forwarded EVENTs awaiting the relay's OK (quota only)
+
+	authMu sync.Mutex
+	authID hex32  // id of the last AUTH event forwarded; guarded by authMu
+	authPK string // its pubkey, until the relay answers; guarded by authMu
+	// authed is what the relay accepted (NIP-42); nil before. Read on
+	// every frame, written once per accepted AUTH.
+	authed atomic.Pointer[authState]
+}
+
+// authState is a connection's NIP-42 identity as the relay accepted it.
+type authState struct {
+	pubkey string // 64 lowercase hex digits
+	free   bool   // allow-listed: charged nothing
 }
 
 type outFrame struct {
@@ -172,8 +181,7 @@ func (c *conn) watch(frame []byte) {
 	c.authMu.Lock()
 	if c.authPK != "" && id == c.authID {
 		if accepted {
-			c.authed = c.authPK
-			c.freeAuth = c.g.allowPubkey(c.authed)
+			c.authed.Store(&authState{pubkey: c.authPK, free: c.g.allowPubkey(c.authPK)})
 		}
 		c.authPK = ""
 	}
@@ -187,9 +195,10 @@ func (c *conn) authPending() bool {
 }
 
 func (c *conn) auth() (pubkey string, free bool) {
-	c.authMu.Lock()
-	defer c.authMu.Unlock()
-	return c.authed, c.freeAuth
+	if a := c.authed.Load(); a != nil {
+		return a.pubkey, a.free
+	}
+	return "", false
 }
 
 func (c *conn) readClient() {

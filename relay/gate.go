@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -244,7 +245,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		cancel()
 		if resp != nil {
 			// The relay refused the handshake itself: pass its answer on.
-			w.WriteHeader(resp.StatusCode)
+			relayRefusal(w, resp)
 			return
 		}
 		g.log.Warn("relay unreachable", "err", err)
@@ -284,6 +285,19 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	c.run()
 	g.obs.open(-1)
 	g.remove(c)
+}
+
+// relayRefusal copies a relay's refused handshake to the client: status,
+// Retry-After, content type and up to 4 KiB of body.
+func relayRefusal(w http.ResponseWriter, resp *http.Response) {
+	defer resp.Body.Close()
+	for _, k := range []string{"Retry-After", "Content-Type"} {
+		if v := resp.Header.Get(k); v != "" {
+			w.Header().Set(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, io.LimitReader(resp.Body, 4<<10))
 }
 
 // keysFor builds the limiter key of every message type for one client, so
@@ -347,11 +361,19 @@ func (g *Gate) Shutdown(ctx context.Context) error {
 	stops := g.stops
 	g.mu.Unlock()
 
+	// Each goodbye may wait up to a second for a slow peer: say them all
+	// at once.
+	var ends sync.WaitGroup
 	for _, c := range conns {
-		c.end(true, true, closeGoingAway, "sluice: shutting down")
+		ends.Add(1)
+		go func() {
+			defer ends.Done()
+			c.end(true, true, closeGoingAway, "sluice: shutting down")
+		}()
 	}
 	done := make(chan struct{})
 	go func() {
+		ends.Wait()
 		g.wg.Wait()
 		for _, stop := range stops {
 			stop()

@@ -737,3 +737,22 @@ func TestGateOtherBucketAndReadLimit(t *testing.T) {
 		t.Error("relay side not closed after the client was")
 	}
 }
+
+// A relay that refuses the handshake is answered for: the client sees its
+// status, Retry-After and body, not a gate error.
+func TestGateRelayRefusalPassesThrough(t *testing.T) {
+	refuser := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "7")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprint(w, "relay says slow down")
+	})
+	g := newGate(t, Options{Limits: &Limits{}})
+	_, resp, err := websocket.DefaultDialer.Dial(serve(t, g.Wrap(refuser)), nil)
+	if err == nil || resp == nil {
+		t.Fatalf("dial: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "7" || string(body) != "relay says slow down" {
+		t.Fatalf("got %d Retry-After %q body %q", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+}

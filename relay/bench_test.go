@@ -1,0 +1,139 @@
+//go:build !race
+
+package relay
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// The publish benchmarks send signed EVENTs to khatru (in-memory store)
+// over a raw gorilla connection and wait for each OK, directly and through
+// the gate. Every frame through the gate is charged to a real EVENT limit
+// (too large to refuse) and checked against the actor quota, so the
+// numbers include the limiter and the quota, not just the bridge.
+//
+//	go test ./relay/ -run '^$' -bench 'Publish' -benchtime 2000x -count 1
+
+// benchLimits charge every frame without refusing any.
+func benchLimits() *Limits {
+	var l Limits
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second), ratelimit.PerPeriod(1e12, time.Minute)}
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second)}
+	return &l
+}
+
+// benchTargets returns the URLs to benchmark: khatru direct, through a gate
+// on the memory store, and through a gate on Redis (skipped without
+// redis-server unless REQUIRE_REDIS=1).
+func benchTargets(b *testing.B) []struct {
+	name string
+	url  func(b *testing.B) string
+} {
+	quota := func(b *testing.B) *ratelimit.Quota {
+		q, err := ratelimit.NewQuota(ratelimit.MaxQuotaEvents, time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return q
+	}
+	return []struct {
+		name string
+		url  func(b *testing.B) string
+	}{
+		{"direct", func(b *testing.B) string { return serve(b, newKhatru(b)) }},
+		{"gate-memory", func(b *testing.B) string {
+			g := newGate(b, Options{Limits: benchLimits(), Quota: quota(b)})
+			return serve(b, g.Wrap(newKhatru(b)))
+		}},
+		{"gate-redis", func(b *testing.B) string {
+			srv := redistest.Start(b)
+			g := newGate(b, Options{Limiter: redisLimiter(b, srv.URL(), nil), Limits: benchLimits(), Quota: quota(b)})
+			return serve(b, g.Wrap(newKhatru(b)))
+		}},
+	}
+}
+
+// signedFrames returns n EVENT frames and their OK prefixes.
+func signedFrames(b *testing.B, n int) (frames [][]byte, oks []string) {
+	sk := nostr.GeneratePrivateKey()
+	for i := range n {
+		ev := nostr.Event{Kind: 1, CreatedAt: nostr.Now(), Content: fmt.Sprintf("bench %d", i), Tags: nostr.Tags{}}
+		if err := ev.Sign(sk); err != nil {
+			b.Fatal(err)
+		}
+		f, _ := nostr.EventEnvelope{Event: ev}.MarshalJSON()
+		frames = append(frames, f)
+		oks = append(oks, `["OK","`+ev.ID+`",true`)
+	}
+	return frames, oks
+}
+
+// roundTrip publishes one frame on c and waits for its OK true.
+func roundTrip(b *testing.B, c *websocket.Conn, frame []byte, ok string) {
+	if err := c.WriteMessage(websocket.TextMessage, frame); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		_, reply, err := c.ReadMessage()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(reply) >= len(ok) && string(reply[:len(ok)]) == ok {
+			return
+		}
+		if len(reply) > 5 && string(reply[:5]) == `["OK"` {
+			b.Fatalf("refused: %s", reply)
+		}
+	}
+}
+
+// BenchmarkPublish is one client publishing and waiting for each OK:
+// ns/op is the round trip, frames/s its inverse.
+func BenchmarkPublish(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			url := tg.url(b)
+			frames, oks := signedFrames(b, b.N)
+			c := dialRaw(b, url)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				roundTrip(b, c, frames[i], oks[i])
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "frames/s")
+		})
+	}
+}
+
+// BenchmarkPublishParallel is GOMAXPROCS×4 clients, each on its own
+// connection, publishing and waiting for each OK: frames/s is the
+// throughput of the whole path.
+func BenchmarkPublishParallel(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			url := tg.url(b)
+			frames, oks := signedFrames(b, b.N)
+			var next atomic.Int64
+			b.SetParallelism(4)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				c := dialRaw(b, url)
+				for pb.Next() {
+					i := next.Add(1) - 1
+					roundTrip(b, c, frames[i], oks[i])
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "frames/s")
+		})
+	}
+}
