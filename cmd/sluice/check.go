@@ -1,0 +1,130 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay"
+)
+
+// printCheck writes what cfg means: where budgets live and, for every
+// limit, the burst it admits from rest and the rate it sustains after.
+func printCheck(w io.Writer, cfg *config) {
+	fmt.Fprintln(w, "configuration OK")
+	if cfg.Redis == "" {
+		fmt.Fprintln(w, "store: memory (bounded; budgets are this process's own)")
+	} else {
+		fmt.Fprintf(w, "store: redis %s (prefix %q, timeout %v)\n", redactURL(cfg.Redis), cfg.Prefix, cfg.StoreTimeout)
+	}
+	v6 := cfg.Identity.IPv6Prefix
+	fmt.Fprintf(w, "limits, per client (an IPv4 address or an IPv6 /%d):\n", v6)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	printWindows(tw, "connection", cfg.Limits.Connection)
+	for _, t := range typeOrder() {
+		printWindows(tw, t.String(), cfg.Limits.Message[t])
+	}
+	tw.Flush()
+
+	if cfg.QuotaUnlimited {
+		fmt.Fprintln(w, "quota: off (unlimited)")
+	} else {
+		fmt.Fprintf(w, "quota: %d validated events per actor per %s (fixed windows)\n", cfg.QuotaEvents, formatDuration(cfg.QuotaWindow))
+	}
+	fmt.Fprintf(w, "a refused client is told the exact wait, rounded up to whole seconds: \"rate-limited: …; retry in Ns\"\n")
+}
+
+// typeOrder lists the message types as the config file does.
+func typeOrder() []relay.Type {
+	return []relay.Type{
+		relay.TypeEVENT, relay.TypeREQ, relay.TypeCLOSE, relay.TypeCOUNT, relay.TypeAUTH,
+		relay.TypeNEGOPEN, relay.TypeNEGMSG, relay.TypeNEGCLOSE, relay.TypeOther,
+	}
+}
+
+func printWindows(w io.Writer, name string, ls []ratelimit.Limit) {
+	if len(ls) == 0 {
+		fmt.Fprintf(w, "  %s\tfree\t\t\n", name)
+		return
+	}
+	burst, sustained := -1, 0.0
+	for i, l := range ls {
+		label := name
+		if i > 0 {
+			label = ""
+		}
+		fmt.Fprintf(w, "  %s\t%s\tburst %d\tsustained %s (one every %s)\n",
+			label, limitString(l), l.Burst(), rate(l.Sustained()), round(l.Interval()))
+		if b := l.Burst(); burst < 0 || b < burst {
+			burst = b
+		}
+		if s := l.Sustained(); i == 0 || s < sustained {
+			sustained = s
+		}
+	}
+	if len(ls) > 1 {
+		// Every window must admit a message: the tightest one sets both.
+		fmt.Fprintf(w, "  \ttogether\tburst %d\tsustained %s\n", burst, rate(sustained))
+	}
+}
+
+// limitString writes a limit as the config does: "240/60s", "10/1s cost 2".
+func limitString(l ratelimit.Limit) string {
+	s := strconv.FormatFloat(l.Rate, 'g', -1, 64) + "/" + formatDuration(l.Period)
+	if c := l.EffectiveCost(); c != 1 {
+		s += " cost " + strconv.FormatFloat(c, 'g', -1, 64)
+	}
+	return s
+}
+
+// rate renders messages per second with three significant digits.
+func rate(perSecond float64) string {
+	return strconv.FormatFloat(perSecond, 'g', 3, 64) + "/s"
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(time.Microsecond)
+}
+
+// redactURL hides the password of a Redis URL ("redis://u:xxxxx@h:6379").
+// It works on the text, since sentinel and cluster URLs with several
+// host:port pairs are not URLs net/url accepts.
+func redactURL(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return "(unreadable URL)"
+	}
+	auth := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		auth = rest[:i]
+	}
+	if at := strings.LastIndexByte(auth, '@'); at >= 0 {
+		user := auth[:at]
+		if c := strings.IndexByte(user, ':'); c >= 0 {
+			user = user[:c+1] + "xxxxx"
+		}
+		rest = user + rest[at:]
+	}
+	// Query options may carry passwords too (sentinel_password=…).
+	if q := strings.IndexByte(rest, '?'); q >= 0 {
+		params := strings.Split(rest[q+1:], "&")
+		for i, p := range params {
+			if k, _, ok := strings.Cut(p, "="); ok && strings.Contains(strings.ToLower(k), "password") {
+				params[i] = k + "=xxxxx"
+			}
+		}
+		rest = rest[:q+1] + strings.Join(params, "&")
+	}
+	return scheme + "://" + rest
+}

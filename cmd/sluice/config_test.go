@@ -1,0 +1,411 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay"
+)
+
+const examplePath = "../../sluice.example.yaml"
+
+// TestExampleIsTheDefault holds sluice.example.yaml and the built-in
+// defaults equal, field for field: the file documents what sluice runs on.
+func TestExampleIsTheDefault(t *testing.T) {
+	data, err := os.ReadFile(examplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Parse over an empty config, not over the defaults, so that a field
+	// missing from the file shows up as a difference.
+	got, err := parseConfigOver(fileConfig{}, data)
+	if err != nil {
+		t.Fatalf("example does not parse: %v", err)
+	}
+	want := defaultFileConfig()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("sluice.example.yaml differs from the defaults:\n got %+v\nwant %+v", got, want)
+		for label := range want.Limits.Message {
+			if !reflect.DeepEqual(got.Limits.Message[label], want.Limits.Message[label]) {
+				t.Errorf("limits.message.%s differs", label)
+			}
+		}
+	}
+	if _, err := got.validate(); err != nil {
+		t.Errorf("example does not validate: %v", err)
+	}
+}
+
+// TestDefaultLimitsAreTheGates: the binary's defaults are the library's.
+func TestDefaultLimitsAreTheGates(t *testing.T) {
+	fc := defaultFileConfig()
+	cfg, err := fc.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := relay.DefaultLimits(); !sameLimits(cfg.Limits, want) {
+		t.Errorf("default limits\n got %+v\nwant %+v", cfg.Limits, want)
+	}
+	if cfg.ReadLimit != relay.DefaultReadLimit || cfg.Identity.IPv6Prefix != relay.DefaultIPv6Prefix ||
+		cfg.QuotaEvents != 600 || cfg.QuotaWindow != time.Minute || cfg.QuotaUnlimited || cfg.Redis != "" {
+		t.Errorf("defaults: %+v", cfg)
+	}
+}
+
+// sameLimits compares limits with nil and empty windows equal (both free).
+func sameLimits(a, b relay.Limits) bool {
+	same := func(x, y []ratelimit.Limit) bool {
+		if len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if x[i].Rate != y[i].Rate || x[i].Period != y[i].Period || x[i].EffectiveCost() != y[i].EffectiveCost() {
+				return false
+			}
+		}
+		return true
+	}
+	if !same(a.Connection, b.Connection) {
+		return false
+	}
+	for t := range a.Message {
+		if !same(a.Message[t], b.Message[t]) {
+			return false
+		}
+	}
+	return true
+}
+
+func TestOverlay(t *testing.T) {
+	fc, err := parseConfig([]byte(`
+limits:
+  message:
+    EVENT: [{rate: 5, period: 2s, cost: 2}]
+    CLOSE: [{rate: 100, period: 1s}]
+    OTHER: []
+quota: {unlimited: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := fc.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := relay.DefaultLimits()
+	if got := cfg.Limits.Message[relay.TypeEVENT]; !reflect.DeepEqual(got, []ratelimit.Limit{{Rate: 5, Period: 2 * time.Second, Cost: 2}}) {
+		t.Errorf("EVENT = %v, want the file's one window", got)
+	}
+	if got := cfg.Limits.Message[relay.TypeCLOSE]; len(got) != 1 {
+		t.Errorf("CLOSE = %v, want the file's window", got)
+	}
+	if got := cfg.Limits.Message[relay.TypeOther]; len(got) != 0 {
+		t.Errorf("OTHER = %v, want [] (free)", got)
+	}
+	if got := cfg.Limits.Message[relay.TypeREQ]; !reflect.DeepEqual(got, def.Message[relay.TypeREQ]) {
+		t.Errorf("REQ = %v, want the default kept", got)
+	}
+	if !cfg.QuotaUnlimited || cfg.QuotaEvents != 600 {
+		t.Errorf("quota: unlimited %v events %d", cfg.QuotaUnlimited, cfg.QuotaEvents)
+	}
+}
+
+// TestHostileConfigs: every bad value is refused, and the message names
+// the field a person has to fix.
+func TestHostileConfigs(t *testing.T) {
+	aliasBomb := "a: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n" +
+		"d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n" +
+		"g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]\nh: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g,*g]\ni: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h,*h]\n"
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"unknown top-level field", "lsiten: 127.0.0.1:1\n", "lsiten (line 1): unknown field"},
+		{"unknown nested field", "store:\n  redis_url: x\n", "store.redis_url (line 2): unknown field"},
+		{"unknown field in a window", "limits: {message: {EVENT: [{rate: 10, period: 1s, burst: 5}]}}", "limits.message.EVENT[0].burst (line 1): unknown field"},
+		{"wrong type", "listen: [1, 2]\n", "listen (line 1): expected a string"},
+		{"rate not a number", "limits: {message: {EVENT: [{rate: ten, period: 1s}]}}", "limits.message.EVENT[0].rate (line 1): expected a number"},
+		{"read_limit not an integer", "read_limit: 1.5\n", "read_limit (line 1): expected a whole number, got !!float `1.5`"},
+		{"quota events not an integer", "quota: {events: 600.5}", "quota.events (line 1): expected a whole number"},
+		{"ipv6 prefix a string", "identity:\n  ipv6_prefix: \"64\"\n", "identity.ipv6_prefix (line 2): expected a whole number"},
+		{"rate equal to cost", "limits: {message: {EVENT: [{rate: 1, period: 1s}]}}", "limits.message.EVENT[0].rate: must be greater than cost 1"},
+		{"second window bad", "limits: {message: {EVENT: [{rate: 10, period: 1s}, {rate: 1, period: 60s}]}}", "limits.message.EVENT[1].rate: must be greater than cost 1"},
+		{"rate below cost", "limits: {connection: [{rate: 3, period: 1s, cost: 5}]}", "limits.connection[0].rate: must be greater than cost 5"},
+		{"cost zero", "limits: {message: {REQ: [{rate: 3, period: 1s, cost: 0}]}}", "limits.message.REQ[0].cost: must be a number greater than 0"},
+		{"cost negative", "limits: {message: {REQ: [{rate: 3, period: 1s, cost: -1}]}}", "limits.message.REQ[0].cost"},
+		{"rate missing", "limits: {message: {REQ: [{period: 1s}]}}", "limits.message.REQ[0].rate: is required"},
+		{"period missing", "limits: {message: {REQ: [{rate: 5}]}}", "limits.message.REQ[0].period: is required"},
+		{"period not a duration", "limits: {message: {REQ: [{rate: 5, period: 1}]}}", "limits.message.REQ[0].period: not a duration"},
+		{"period zero", "limits: {message: {REQ: [{rate: 5, period: 0s}]}}", "limits.message.REQ[0].period: must be a whole number of milliseconds"},
+		{"period negative", "limits: {message: {REQ: [{rate: 5, period: -1s}]}}", "limits.message.REQ[0].period"},
+		{"period sub-millisecond", "limits: {message: {REQ: [{rate: 5, period: 1500us}]}}", "limits.message.REQ[0].period: must be a whole number of milliseconds"},
+		{"period too long", "limits: {message: {REQ: [{rate: 5, period: 48h}]}}", "limits.message.REQ[0].period"},
+		{"same period twice", "limits: {message: {REQ: [{rate: 5, period: 1s}, {rate: 9, period: 1000ms}]}}", "limits.message.REQ[1].period: 1s appears twice"},
+		{"rate NaN", "limits: {message: {REQ: [{rate: .nan, period: 1s}]}}", "limits.message.REQ[0].rate: must be a finite number"},
+		{"rate infinite", "limits: {message: {REQ: [{rate: .inf, period: 1s}]}}", "limits.message.REQ[0].rate: must be a finite number"},
+		{"rate huge", "limits: {message: {REQ: [{rate: 1e300, period: 1s}]}}", "limits.message.REQ[0].rate: must be a finite number"},
+		{"too many windows", "limits: {message: {REQ: [" + strings.Repeat("{rate: 5, period: 1s},", 9) + "]}}", "limits.message.REQ: at most 8 windows"},
+		{"unknown type", "limits: {message: {EVNT: []}}", "limits.message.EVNT: unknown message type"},
+		{"lower-case type", "limits: {message: {event: []}}", "limits.message.event: unknown message type"},
+		{"null windows", "limits: {message: {EVENT: }}", "limits.message.EVENT: must be a list of windows"},
+		{"message not a map", "limits: {message: [1]}", "limits.message (line 1): expected a mapping"},
+		{"quota zero", "quota: {events: 0}", "quota.events: must be at least 1"},
+		{"quota zero even when unlimited", "quota: {events: 0, unlimited: true}", "quota.events: must be at least 1"},
+		{"quota negative", "quota: {events: -5}", "quota.events"},
+		{"quota window zero", "quota: {window: 0s}", "quota.window"},
+		{"quota window empty", "quota: {window: \"\"}", "quota.window: is required"},
+		{"ipv6 prefix zero", "identity: {ipv6_prefix: 0}", "identity.ipv6_prefix: must be between 16 and 128"},
+		{"ipv6 prefix too long", "identity: {ipv6_prefix: 129}", "identity.ipv6_prefix"},
+		{"trusted proxy host bits", "identity: {trusted_proxies: [10.0.0.1/8]}", "identity.trusted_proxies[0]: \"10.0.0.1/8\" has host bits set"},
+		{"trusted proxy garbage", "identity: {trusted_proxies: [10.0.0.0/8, nonsense]}", "identity.trusted_proxies[1]: not an IP address or CIDR"},
+		{"header with space", "identity: {header: \"X Forwarded\"}", "identity.header"},
+		{"header empty", "identity: {header: \"\"}", "identity.header: must not be empty"},
+		{"allow ip bad", "allow: {ips: [300.1.1.1]}", "allow.ips[0]"},
+		{"allow pubkey short", "allow: {pubkeys: [abc]}", "allow.pubkeys[0]: must be 64 hex digits or an npub"},
+		{"allow pubkey not hex", "allow: {pubkeys: [" + strings.Repeat("g", 64) + "]}", "allow.pubkeys[0]"},
+		{"allow bad npub", "allow: {pubkeys: [npub1qqqq]}", "allow.pubkeys[0]: not a valid npub"},
+		{"read limit tiny", "read_limit: 10", "read_limit: must be between 1024"},
+		{"read limit huge", "read_limit: 1099511627776", "read_limit: must be between 1024"},
+		{"log format", "log: {format: xml}", "log.format: must be text or json"},
+		{"log level", "log: {level: loud}", "log.level"},
+		{"listen garbage", "listen: localhost", "listen: want host:port"},
+		{"listen bad port", "listen: 127.0.0.1:99999", "listen: bad port"},
+		{"metrics listen garbage", "metrics_listen: nope", "metrics_listen: want host:port"},
+		{"data dir empty", "data_dir: \"\"", "data_dir: must not be empty"},
+		{"upstream http", "upstream: http://127.0.0.1:7000", "upstream: must be a ws:// or wss:// URL"},
+		{"upstream no host", "upstream: ws://", "upstream: has no host"},
+		{"upstream credentials", "upstream: ws://u:p@h:1", "upstream: must not carry credentials"},
+		{"redis scheme", "store: {redis: \"http://127.0.0.1:6379\"}", "store.redis"},
+		{"redis password not echoed", "store: {redis: \"redis://u:hunter2@h:notaport/0\"}", "store.redis"},
+		{"prefix with brace", "store: {prefix: \"a{b\"}", "store.prefix: must not contain { or }"},
+		{"timeout zero", "store: {timeout: 0s}", "store.timeout: must be between 1ms"},
+		{"timeout garbage", "store: {timeout: fast}", "store.timeout: not a duration"},
+		{"timeout huge", "store: {timeout: 1h}", "store.timeout: must be between 1ms"},
+		{"info name huge", "info: {name: " + strings.Repeat("n", 300) + "}", "info.name: must be at most 256 bytes"},
+		{"info pubkey", "info: {pubkey: nope}", "info.pubkey"},
+		{"two documents", "listen: 127.0.0.1:1\n---\nlisten: 127.0.0.1:2\n", "more than one YAML document"},
+		{"duplicate key", "listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n", "already defined"},
+		{"not a mapping", "- a\n- b\n", "expected a mapping"},
+		{"scalar document", "hello\n", "expected a mapping"},
+		{"bad yaml", "listen: [\n", "did not find expected"},
+		{"tab indentation", "store:\n\tredis: x\n", "line 2: found character that cannot start any token (YAML does not allow tabs"},
+		{"alias bomb", aliasBomb, ""},
+		{"too large", "listen: 127.0.0.1:1\n#" + strings.Repeat("x", maxConfigSize), "larger than"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := parseAndValidate([]byte(tt.yaml))
+			if err == nil {
+				t.Fatalf("accepted: %+v", cfg)
+			}
+			if !errors.Is(err, errConfig) {
+				t.Errorf("error %v does not wrap errConfig", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error\n  %v\ndoes not contain\n  %s", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("error repeats the password: %v", err)
+			}
+		})
+	}
+}
+
+func parseAndValidate(data []byte) (*config, error) {
+	fc, err := parseConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	return fc.validate()
+}
+
+// TestGoodConfigs: valid but unusual configs are accepted.
+func TestGoodConfigs(t *testing.T) {
+	for _, y := range []string{
+		"",
+		"# only a comment\n",
+		"listen: \"[::]:7777\"\nmetrics_listen: \"\"\n",
+		"store: {redis: \"redis://127.0.0.1:6379/0\"}",
+		"store: {redis: \"redis+sentinel://h1:26379,h2:26379/mymaster/0\"}",
+		"store: {redis: \"redis+cluster://h1:6379,h2:6379\"}",
+		"store: {redis: \"rediss://u:p@h:6380/1\"}",
+		"limits: {connection: [], message: {EVENT: [], REQ: [{rate: 1.5, period: 250ms, cost: 0.5}]}}",
+		"identity: {ipv6_prefix: 48, trusted_proxies: [10.0.0.0/8, \"::1\", 192.168.1.1], header: X-Real-IP}",
+		"allow: {ips: [203.0.113.0/24, \"2001:db8::/32\"], pubkeys: [" + strings.Repeat("Ab", 32) + "]}",
+		"quota: {events: 1, window: 1s}",
+		"upstream: wss://relay.example/path\n",
+	} {
+		if _, err := parseAndValidate([]byte(y)); err != nil {
+			t.Errorf("%q refused: %v", y, err)
+		}
+	}
+}
+
+// TestPrecedence: defaults < file < SLUICE_* < flags.
+func TestPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:1001\ndata_dir: /from/file\nstore: {redis: \"redis://file:6379\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"SLUICE_CONFIG":    path,
+		"SLUICE_LISTEN":    "127.0.0.1:2002",
+		"SLUICE_DATA_DIR":  "/from/env",
+		"SLUICE_LOG_LEVEL": "debug",
+		"SLUICE_REDIS":     "", // set but empty: ignored
+	}
+	load := func(args ...string) *config {
+		t.Helper()
+		fs, fv := newFlagSet("relay", io.Discard)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := loadConfig(fs, fv, func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cfg := load()
+	if cfg.Listen != "127.0.0.1:2002" || cfg.DataDir != "/from/env" || cfg.Redis != "redis://file:6379" || cfg.LogLevel != "debug" {
+		t.Errorf("env over file: %+v", cfg)
+	}
+	cfg = load("--listen", "127.0.0.1:3003", "--redis", "")
+	if cfg.Listen != "127.0.0.1:3003" || cfg.DataDir != "/from/env" || cfg.Redis != "" {
+		t.Errorf("flags over env: listen %s data %s redis %q", cfg.Listen, cfg.DataDir, cfg.Redis)
+	}
+	env["SLUICE_CONFIG"] = filepath.Join(dir, "missing.yaml")
+	fs, fv := newFlagSet("relay", io.Discard)
+	_ = fs.Parse(nil)
+	if _, err := loadConfig(fs, fv, func(k string) string { return env[k] }); !errors.Is(err, errConfig) {
+		t.Errorf("missing config file: err %v", err)
+	}
+}
+
+func TestRunExitCodes(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("limits: {message: {EVENT: [{rate: 10, period: 1s}, {rate: 1, period: 60s}]}}\n"), 0o600)
+	tests := []struct {
+		args     []string
+		code     int
+		out, err string
+	}{
+		{[]string{"check"}, exitOK, "EVENT       10/1s", ""},
+		{[]string{"check", "--config", examplePath}, exitOK, "burst 240", ""},
+		{[]string{"check", "--config", bad}, exitUsage, "", "limits.message.EVENT[1].rate: must be greater than cost 1"},
+		{[]string{"check", "--nope"}, exitUsage, "", "flag provided but not defined"},
+		{[]string{"check", "extra"}, exitUsage, "", "unexpected argument"},
+		{[]string{"proxy"}, exitUsage, "", "--upstream"},
+		{[]string{"relay", "--upstream", "ws://x:1"}, exitUsage, "", "flag provided but not defined"},
+		{[]string{"frobnicate"}, exitUsage, "", "unknown command"},
+		{nil, exitUsage, "", "Usage:"},
+		{[]string{"help"}, exitOK, "sluice relay", ""},
+		{[]string{"help", "proxy"}, exitOK, "-upstream", ""},
+		{[]string{"relay", "--help"}, exitOK, "", "-data-dir"},
+		{[]string{"version"}, exitOK, "sluice ", ""},
+	}
+	for _, tt := range tests {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), tt.args, func(string) string { return "" }, &out, &errb)
+		if code != tt.code || !strings.Contains(out.String(), tt.out) || !strings.Contains(errb.String(), tt.err) {
+			t.Errorf("sluice %v: exit %d (want %d)\nstdout: %s\nstderr: %s\nwant stdout ∋ %q, stderr ∋ %q",
+				tt.args, code, tt.code, out.String(), errb.String(), tt.out, tt.err)
+		}
+	}
+}
+
+// TestCheckPrintsEveryLimit: check prints a burst and a sustained rate for
+// every configured window, and "free" for every free type.
+func TestCheckPrintsEveryLimit(t *testing.T) {
+	fc := defaultFileConfig()
+	cfg, err := fc.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	printCheck(&out, cfg)
+	s := out.String()
+	windows := len(cfg.Limits.Connection)
+	for _, ls := range cfg.Limits.Message {
+		windows += len(ls)
+	}
+	if n := strings.Count(s, "sustained"); n < windows {
+		t.Errorf("%d sustained lines for %d windows:\n%s", n, windows, s)
+	}
+	for _, want := range []string{
+		"EVENT       10/1s     burst 10   sustained 6.58/s (one every 152ms)",
+		"240/60s   burst 240  sustained 2.77/s (one every 361ms)",
+		"together  burst 10   sustained 2.77/s",
+		"CLOSE       free",
+		"quota: 600 validated events per actor per 60s",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("check output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"redis://h:6379/0":                             "redis://h:6379/0",
+		"redis://u:secret@h:6379/0":                    "redis://u:xxxxx@h:6379/0",
+		"redis+sentinel://:pw@h1:1,h2:2/m":             "redis+sentinel://:xxxxx@h1:1,h2:2/m",
+		"redis+sentinel://h1:1/m?sentinel_password=pw": "redis+sentinel://h1:1/m?sentinel_password=xxxxx",
+		"garbage": "(unreadable URL)",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// FuzzParseConfig: no input makes the parser panic or hang, and whatever it
+// accepts is a configuration the gate can run (every window valid).
+func FuzzParseConfig(f *testing.F) {
+	if data, err := os.ReadFile(examplePath); err == nil {
+		f.Add(data)
+	}
+	for _, s := range []string{
+		"", "listen: 127.0.0.1:1", "limits: {message: {EVENT: [{rate: 10, period: 1s}]}}",
+		"limits: {message: {EVENT: [{rate: 1, period: 1s}]}}", "quota: {events: 0}",
+		"a: &a [*a]", "limits: {message: {OTHER: [{rate: 2, period: 1ms, cost: 1.999999}]}}",
+		"identity: {trusted_proxies: [\"::ffff:10.0.0.0/104\"]}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := parseAndValidate(data)
+		if err != nil {
+			if !errors.Is(err, errConfig) {
+				t.Fatalf("error does not wrap errConfig: %v", err)
+			}
+			return
+		}
+		if err := cfg.Limits.Validate(); err != nil {
+			t.Fatalf("accepted limits the gate refuses: %v", err)
+		}
+		for _, ls := range append([][]ratelimit.Limit{cfg.Limits.Connection}, cfg.Limits.Message[:]...) {
+			for _, l := range ls {
+				if b := l.Burst(); b < 1 {
+					t.Fatalf("accepted %v with burst %d", l, b)
+				}
+				if iv := l.Interval(); iv <= 0 {
+					t.Fatalf("accepted %v with interval %v", l, iv)
+				}
+			}
+		}
+		if cfg.QuotaEvents < 1 || cfg.Identity.IPv6Prefix < 16 || cfg.ReadLimit < 1024 {
+			t.Fatalf("accepted out-of-range values: %+v", cfg)
+		}
+	})
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/redisstore"
+	"github.com/sluice-relay/sluice/relay"
+)
+
+// metrics holds sluice's Prometheus collectors on a registry of its own
+// (not the global one, so tests can build several). Every counter a frame
+// can touch is created up front and kept in arrays, so the gate's hot path
+// costs an index and an atomic add, never a label lookup.
+type metrics struct {
+	reg *prometheus.Registry
+
+	frames      [relay.NumTypes][relay.NumOutcomes]prometheus.Counter
+	connections [relay.NumOutcomes]prometheus.Counter
+	open        prometheus.Gauge
+	storeOK     prometheus.Observer
+	storeErr    prometheus.Observer
+}
+
+// newMetrics registers the gate's and the store's collectors; watch adds
+// the limiter's once it exists (the store it wraps needs observeStore first).
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "sluice_build_info",
+		Help:        "Always 1; the version label says which sluice is running.",
+		ConstLabels: prometheus.Labels{"version": buildVersion()},
+	})
+	buildInfo.Set(1)
+
+	frames := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_frames_total",
+		Help: "Client frames by message type and what the gate did with them: admitted, rate_limited, unavailable (store could not decide; refused), quota_exceeded, allowlisted, invalid.",
+	}, []string{"type", "outcome"})
+	conns := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_connections_total",
+		Help: "WebSocket upgrade attempts by outcome (rate_limited is HTTP 429, unavailable is HTTP 503).",
+	}, []string{"outcome"})
+	for t := relay.Type(0); t < relay.NumTypes; t++ {
+		for o := relay.Outcome(0); o < relay.NumOutcomes; o++ {
+			m.frames[t][o] = frames.WithLabelValues(t.String(), o.String())
+		}
+	}
+	for o := relay.Outcome(0); o < relay.NumOutcomes; o++ {
+		m.connections[o] = conns.WithLabelValues(o.String())
+	}
+	m.open = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_open_connections",
+		Help: "Gated WebSocket connections open now.",
+	})
+	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "sluice_store_latency_seconds",
+		Help: "Duration of Redis store calls (memory-store decisions are not observed), by result: ok or error.",
+		// From 100µs (a local Redis) to the default 100ms deadline and past it.
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+	}, []string{"result"})
+	m.storeOK = latency.WithLabelValues("ok")
+	m.storeErr = latency.WithLabelValues("error")
+	m.reg.MustRegister(buildInfo, frames, conns, m.open, latency)
+	return m
+}
+
+// watch registers the limiter's counters and, when breaker is not nil
+// (the Redis store), the breaker gauge.
+func (m *metrics) watch(limiter *ratelimit.Limiter, breaker func() redisstore.BreakerState) {
+	if breaker != nil {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_breaker_open",
+			Help: "1 while the Redis store's breaker is open or half-open (decisions fail closed without calling Redis), else 0.",
+		}, func() float64 {
+			if breaker() == redisstore.BreakerClosed {
+				return 0
+			}
+			return 1
+		}))
+	}
+	if limiter != nil {
+		stat := func(name, help string, f func(ratelimit.LimiterStats) uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+				func() float64 { return float64(f(limiter.Stats())) })
+		}
+		m.reg.MustRegister(
+			stat("sluice_limiter_store_calls_total", "Decisions the limiter asked of its store.",
+				func(s ratelimit.LimiterStats) uint64 { return s.StoreCalls }),
+			stat("sluice_limiter_store_errors_total", "Store decisions that failed (refused closed).",
+				func(s ratelimit.LimiterStats) uint64 { return s.StoreErrors }),
+			stat("sluice_limiter_local_refusals_total", "Messages refused from the local refused-until table, without a store call.",
+				func(s ratelimit.LimiterStats) uint64 { return s.LocalRefusals }),
+		)
+	}
+}
+
+// observer returns the gate's hook into the counters.
+func (m *metrics) observer() *relay.Observer {
+	return &relay.Observer{
+		Frame: func(t relay.Type, o relay.Outcome) {
+			if t < relay.NumTypes && o < relay.NumOutcomes {
+				m.frames[t][o].Inc()
+			}
+		},
+		Connection: func(o relay.Outcome) {
+			if o < relay.NumOutcomes {
+				m.connections[o].Inc()
+			}
+		},
+		Open: func(delta int) { m.open.Add(float64(delta)) },
+	}
+}
+
+// observeStore is redisstore.Options.Observe.
+func (m *metrics) observeStore(d time.Duration, err error) {
+	if err != nil {
+		m.storeErr.Observe(d.Seconds())
+		return
+	}
+	m.storeOK.Observe(d.Seconds())
+}
+
+// handler serves /metrics.
+func (m *metrics) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("sluice metrics: see /metrics\n"))
+	})
+	return mux
+}

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/sluice-relay/sluice/relay"
+)
+
+// runProxy runs the gate in front of the relay at cfg.Upstream until ctx is
+// done. NIP-11 requests get the upstream's own document with sluice's
+// limits merged in; if the upstream cannot be asked, a document built from
+// the info section of the config.
+func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
+	m := newMetrics()
+	parts, err := newLimiter(ctx, cfg, m, logger)
+	if err != nil {
+		return err
+	}
+	gate, err := newGate(cfg, parts, m, logger)
+	if err != nil {
+		parts.close()
+		return err
+	}
+	gated, err := gate.Proxy(cfg.Upstream)
+	if err != nil {
+		parts.close()
+		return fmt.Errorf("%w: upstream: %v", errConfig, err)
+	}
+
+	fallback, _ := json.Marshal(map[string]any{
+		"name":        cfg.Info.Name,
+		"description": cfg.Info.Description,
+		"contact":     cfg.Info.Contact,
+		"pubkey":      cfg.Info.Pubkey,
+		"software":    sluiceURL,
+		"version":     buildVersion(),
+	})
+	client := &http.Client{Timeout: relay.DefaultNIP11Timeout}
+	info := &relay.NIP11Handler{
+		Fetch: func(ctx context.Context) ([]byte, error) {
+			return relay.FetchNIP11(ctx, client, cfg.Upstream)
+		},
+		Limitation: nip11Limitation(cfg, parts),
+		Fallback:   fallback,
+		OnError: func(err error) {
+			logger.Warn("upstream NIP-11 unavailable; serving the last good or built-in document", "err", err)
+		},
+	}
+
+	handler := front(info, gated, "This is a Nostr relay behind sluice, a rate-limit gate.\nConnect to it with a Nostr client over WebSocket at this address.\n")
+	logger.Info("sluice proxy", "version", buildVersion(), "store", parts.store, "upstream", cfg.Upstream)
+	return serve(ctx, cfg, logger, handler, m, gate, parts.close)
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/redisstore"
+	"github.com/sluice-relay/sluice/relay"
+)
+
+// shutdownTimeout bounds a graceful shutdown: draining connections,
+// flushing the event store, closing Redis. Past it the remaining
+// connections are cut and sluice exits 1.
+const shutdownTimeout = 10 * time.Second
+
+// redisPingTimeout bounds the start-up check that Redis answers.
+const redisPingTimeout = 2 * time.Second
+
+// limiterParts is the limiter and what must be closed with it.
+type limiterParts struct {
+	limiter *ratelimit.Limiter
+	quota   *ratelimit.Quota // nil: no quota
+	redis   redis.UniversalClient
+	store   string // "memory" or the redacted Redis URL, for logs
+}
+
+// newLimiter builds the store (memory, or Redis when cfg.Redis is set), the
+// Limiter over it and the quota, and wires their metrics. A Redis that does
+// not answer is logged, not fatal: sluice starts and fails closed until
+// Redis is there, which is what it would do if Redis left a minute later.
+func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logger) (*limiterParts, error) {
+	p := &limiterParts{store: "memory"}
+	if cfg.Redis == "" {
+		p.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+		m.watch(p.limiter, nil)
+	} else {
+		client, err := redisstore.NewClient(cfg.Redis)
+		if err != nil {
+			return nil, fmt.Errorf("%w: store.redis: %v", errConfig, err)
+		}
+		st, err := redisstore.New(client, redisstore.Options{
+			Prefix:  cfg.Prefix,
+			Timeout: cfg.StoreTimeout,
+			Observe: m.observeStore,
+		})
+		if err != nil {
+			client.Close()
+			return nil, fmt.Errorf("%w: store: %v", errConfig, err)
+		}
+		p.redis = client
+		p.store = redactURL(cfg.Redis)
+		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
+		m.watch(p.limiter, st.BreakerState)
+
+		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
+		err = client.Ping(pctx).Err()
+		cancel()
+		if err != nil {
+			logger.Warn("redis does not answer; every message is refused with \"error: rate limiter unavailable\" until it does",
+				"redis", p.store, "err", err)
+		}
+	}
+	if !cfg.QuotaUnlimited {
+		q, err := ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow)
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("%w: quota: %v", errConfig, err)
+		}
+		p.quota = q
+	}
+	return p, nil
+}
+
+func (p *limiterParts) close() error {
+	if p.redis != nil {
+		return p.redis.Close()
+	}
+	return nil
+}
+
+// newGate builds the gate on p with cfg's limits, identity and read limit.
+func newGate(cfg *config, p *limiterParts, m *metrics, logger *slog.Logger) (*relay.Gate, error) {
+	limits := cfg.Limits
+	identity := cfg.Identity
+	g, err := relay.New(relay.Options{
+		Limiter:   p.limiter,
+		Limits:    &limits,
+		Quota:     p.quota,
+		Identity:  &identity,
+		ReadLimit: cfg.ReadLimit,
+		Observer:  m.observer(),
+		Logger:    logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errConfig, err)
+	}
+	return g, nil
+}
+
+// nip11Limitation is what sluice publishes about itself in NIP-11.
+func nip11Limitation(cfg *config, p *limiterParts) relay.NIP11Limitation {
+	limits := cfg.Limits
+	return relay.NIP11Limitation{MaxMessageLength: cfg.ReadLimit, Limits: &limits, Quota: p.quota}
+}
+
+// front routes a request: NIP-11 to info, WebSocket upgrades to gated,
+// anything else to a short page saying what this is.
+func front(info, gated http.Handler, page string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case relay.IsNIP11Request(r):
+			info.ServeHTTP(w, r)
+		case r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "":
+			info.ServeHTTP(w, r) // CORS preflight for NIP-11
+		case headerHasToken(r.Header, "Connection", "upgrade") || r.Header.Get("Upgrade") != "":
+			gated.ServeHTTP(w, r)
+		case r.Method == http.MethodGet || r.Method == http.MethodHead:
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			if r.URL.Path != "/" {
+				w.WriteHeader(http.StatusNotFound)
+			}
+			_, _ = io.WriteString(w, page)
+		default:
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		}
+	})
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// serve runs handler on cfg.Listen and the metrics on cfg.MetricsListen
+// until ctx is done, then shuts down in order: stop accepting, drain the
+// gate, then close (the event store, Redis) — all within shutdownTimeout.
+func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.Handler, m *metrics, gate *relay.Gate, closers ...func() error) error {
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+
+	var msrv *http.Server
+	if cfg.MetricsListen != "" {
+		mln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("metrics listen: %w", err)
+		}
+		msrv = &http.Server{Handler: m.handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- msrv.Serve(mln) }()
+		logger.Info("metrics", "addr", mln.Addr().String(), "path", "/metrics")
+	}
+	logger.Info("listening", "addr", ln.Addr().String())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down", "timeout", shutdownTimeout)
+	case runErr = <-errc:
+		logger.Error("server failed", "err", runErr)
+	}
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	var errs []error
+	if runErr != nil && !errors.Is(runErr, http.ErrServerClosed) {
+		errs = append(errs, runErr)
+	}
+	// Stop accepting first: new upgrades would only be cut again.
+	if err := srv.Shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+	}
+	if err := gate.Shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("draining connections: %w", err))
+	}
+	if msrv != nil {
+		if err := msrv.Shutdown(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("metrics shutdown: %w", err))
+		}
+	}
+	for _, c := range closers {
+		if err := c(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	logger.Info("stopped cleanly")
+	return nil
+}
