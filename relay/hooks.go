@@ -161,29 +161,35 @@ func (v verdict) refusal() error {
 	return &Refusal{Reason: v.reason, Wait: v.wait, err: v.err}
 }
 
-// client maps addr onto the client key. ok is false when the hook must not
-// charge: no address at all (a call from inside the relay, such as khatru's
-// AddEvent, has no connection) or an allow-listed one.
-func (h *Hooks) client(addr string) (key string, ok bool) {
-	if addr == "" {
-		return "", false
+// who maps addr onto the client key; charge is false for an allow-listed
+// address or authenticated pubkey (authed, "" for none). addr must not be
+// empty.
+func (h *Hooks) who(addr, authed string) (key string, charge bool) {
+	key, charge = h.identity.Key(addr)
+	if charge && authed != "" && h.identity.Allow.AllowsPubkey(authed) {
+		charge = false
 	}
-	return h.identity.Key(addr)
+	return key, charge
 }
 
 // charge decides one message of type t from the client at addr, whose
-// NIP-42 authenticated pubkey is authed ("" for none).
+// NIP-42 authenticated pubkey is authed ("" for none). An empty addr is a
+// call from inside the relay (khatru's AddEvent has no connection), not a
+// client's, and passes uncharged.
 func (h *Hooks) charge(ctx context.Context, addr, authed string, t Type) verdict {
-	key, ok := h.client(addr)
-	if ok && authed != "" && h.identity.Allow.AllowsPubkey(authed) {
-		ok = false
-	}
-	if !ok {
-		if addr != "" {
-			h.frame(t, Allowlisted)
-		}
+	if addr == "" {
 		return verdict{}
 	}
+	key, ok := h.who(addr, authed)
+	if !ok {
+		h.frame(t, Allowlisted)
+		return verdict{}
+	}
+	return h.decide(ctx, key, t)
+}
+
+// decide charges one message of type t to client key.
+func (h *Hooks) decide(ctx context.Context, key string, t Type) verdict {
 	limits := h.limits.Message[t]
 	if len(limits) == 0 {
 		h.frame(t, Admitted)
@@ -225,7 +231,7 @@ func (h *Hooks) frame(t Type, o Outcome) {
 
 // connection decides one WebSocket upgrade from the client at addr.
 func (h *Hooks) connection(ctx context.Context, addr string) verdict {
-	key, ok := h.client(addr)
+	key, ok := h.identity.Key(addr)
 	var v verdict
 	var o Outcome
 	switch {
@@ -245,19 +251,22 @@ func (h *Hooks) connection(ctx context.Context, addr string) verdict {
 }
 
 // event decides an EVENT: the actor quota first (a local check that costs
-// no store call), then the EVENT windows. actor is whom the quota charges:
-// authed when there is one, else the event's author.
-func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event) verdict {
+// no store call), then the EVENT windows. The quota's actor is authed when
+// there is one, else the event's author. verified says whether the
+// framework has checked the event's signature already (khatru has, rely
+// has not when our hook runs first).
+func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event, verified bool) verdict {
 	if addr == "" {
 		return verdict{} // the relay's own event, not a client's
+	}
+	key, ok := h.who(addr, authed)
+	if !ok || h.authorAllowed(evt, verified) {
+		h.frame(TypeEVENT, Allowlisted)
+		return verdict{}
 	}
 	actor := evt.PubKey
 	if authed != "" {
 		actor = authed
-	}
-	if h.identity.Allow.AllowsPubkey(evt.PubKey) {
-		h.frame(TypeEVENT, Allowlisted)
-		return verdict{}
 	}
 	if !h.quota.IsUnlimited() && actor != "" {
 		if over, wait := h.quota.Exceeded(actor, h.now()); over {
@@ -265,7 +274,22 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 			return verdict{refuse: true, reason: RateLimitedReason(wait), wait: wait, err: ErrRateLimited}
 		}
 	}
-	return h.charge(ctx, addr, authed, TypeEVENT)
+	return h.decide(ctx, key, TypeEVENT)
+}
+
+// authorAllowed reports whether evt's author is allow-listed. An event
+// whose signature nobody has checked yet is checked here, and only when it
+// names an allow-listed author: otherwise anyone could write that author's
+// pubkey on a flood of unsigned events and pass uncharged.
+func (h *Hooks) authorAllowed(evt *nostr.Event, verified bool) bool {
+	if !h.identity.Allow.AllowsPubkey(evt.PubKey) {
+		return false
+	}
+	if verified {
+		return true
+	}
+	ok, err := evt.CheckSignature()
+	return err == nil && ok && evt.CheckID()
 }
 
 // saved charges a validated event to its actor's quota.
@@ -373,7 +397,7 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 			h.track(&h.conns, ctx)
 		},
 		RejectEvent: func(ctx context.Context, evt *nostr.Event) (bool, string) {
-			v := h.event(ctx, acc.IP(ctx), authed(ctx), evt)
+			v := h.event(ctx, acc.IP(ctx), authed(ctx), evt, true)
 			return v.refuse, v.reason
 		},
 		RejectFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
@@ -523,7 +547,7 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 			return h.connection(r.Context(), requestIP(r)).refusal()
 		},
 		Event: func(c C, evt *nostr.Event) error {
-			return h.event(context.Background(), ip(c), "", evt).refusal()
+			return h.event(context.Background(), ip(c), "", evt, false).refusal()
 		},
 		Req: func(c C, _ nostr.Filters) error {
 			return h.charge(context.Background(), ip(c), "", TypeREQ).refusal()

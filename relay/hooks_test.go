@@ -503,3 +503,74 @@ func TestKhatruHooksConcurrent(t *testing.T) {
 		runtime.Gosched()
 	}
 }
+
+// TestHooksAllowList: allow-listed addresses and authenticated pubkeys are
+// never charged (the store is down, so any charge would be refused), and an
+// allow-listed author exempts only an event that is really theirs.
+func TestHooksAllowList(t *testing.T) {
+	sk := nostr.GeneratePrivateKey()
+	pk, err := nostr.GetPublicKey(sk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow, err := NewAllowList([]string{"198.51.100.0/24"}, []string{pk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := DefaultLimits()
+	store := &outageStore{Store: ratelimit.NewMemoryStore(64)}
+	store.down.Store(true)
+	h, err := NewHooks(HookOptions{
+		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
+		Limits:   &l,
+		Identity: &Identity{Allow: allow},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := reqCtx(context.Background(), "s")
+	defer cancel()
+	stranger := &nostr.Event{PubKey: "b0"}
+
+	allowedIP := h.Khatru(KhatruAccess{IP: func(context.Context) string { return "198.51.100.9:443" }})
+	if reject, msg := allowedIP.RejectEvent(ctx, stranger); reject {
+		t.Errorf("event from an allow-listed address: %q", msg)
+	}
+	if reject, msg := allowedIP.RejectFilter(ctx, nostr.Filter{}); reject {
+		t.Errorf("REQ from an allow-listed address: %q", msg)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "198.51.100.9:443"
+	if allowedIP.RejectConnection(r) {
+		t.Error("connection from an allow-listed address refused")
+	}
+
+	authed := h.Khatru(KhatruAccess{IP: ipOf, Authed: func(context.Context) string { return pk }})
+	if reject, msg := authed.RejectCountFilter(ctx, nostr.Filter{}); reject {
+		t.Errorf("COUNT of an allow-listed authenticated pubkey: %q", msg)
+	}
+	if reject, msg := authed.RejectEvent(ctx, stranger); reject {
+		t.Errorf("event sent by an allow-listed authenticated pubkey: %q", msg)
+	}
+
+	// Nobody is exempt here: the store's outage shows.
+	plain := h.Khatru(KhatruAccess{IP: ipOf})
+	if reject, msg := plain.RejectEvent(ctx, stranger); !reject || msg != ReasonUnavailable {
+		t.Errorf("stranger's event: (%v, %q), want the outage", reject, msg)
+	}
+
+	rh := Rely[*relyClient, int](h, func(c *relyClient) string { return c.ip }, nil)
+	c := &relyClient{ip: hookIP}
+	signed := nostr.Event{Kind: 1, CreatedAt: nostr.Now(), Tags: nostr.Tags{}, Content: "mine"}
+	if err := signed.Sign(sk); err != nil {
+		t.Fatal(err)
+	}
+	if err := rh.Event(c, &signed); err != nil {
+		t.Errorf("allow-listed author's signed event: %v", err)
+	}
+	forged := signed
+	forged.Content = "not mine" // the signature no longer matches
+	if err := rh.Event(c, &forged); !errors.Is(err, ratelimit.ErrUnavailable) {
+		t.Errorf("forged event in an allow-listed author's name: %v, want it charged", err)
+	}
+}
