@@ -137,3 +137,49 @@ func BenchmarkPublishParallel(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRoundTrip measures what the gate adds to one EVENT round trip
+// when the relay does no work: an upstream that answers every EVENT with
+// OK true at once (no signature check, no storage). ns/op is the round
+// trip; the difference between direct and the gate is the gate's cost.
+func BenchmarkRoundTrip(b *testing.B) {
+	ok := func() *recorder {
+		rec := newRecorder()
+		rec.answerOK = func(hex32) bool { return true }
+		rec.discard = true
+		return rec
+	}
+	q, _ := ratelimit.NewQuota(ratelimit.MaxQuotaEvents, time.Minute)
+	for _, tg := range []struct {
+		name string
+		url  func(b *testing.B) string
+	}{
+		{"direct", func(b *testing.B) string { return serve(b, ok()) }},
+		{"gate-memory-wrap", func(b *testing.B) string {
+			return serve(b, newGate(b, Options{Limits: benchLimits(), Quota: q}).Wrap(ok()))
+		}},
+		{"gate-memory-proxy", func(b *testing.B) string {
+			h, err := newGate(b, Options{Limits: benchLimits(), Quota: q}).Proxy(serve(b, ok()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			return serve(b, h)
+		}},
+	} {
+		b.Run(tg.name, func(b *testing.B) {
+			c := dialRaw(b, tg.url(b))
+			frames := make([][]byte, 1024)
+			oks := make([]string, len(frames))
+			for i := range frames {
+				frames[i] = []byte(eventFrame(i, pubkeyN(i%7)))
+				oks[i] = okReply(i, true, "")[:len(`["OK","`)+64+len(`",true`)]
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				roundTrip(b, c, frames[i%len(frames)], oks[i%len(frames)])
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "frames/s")
+		})
+	}
+}

@@ -342,6 +342,8 @@ type recorder struct {
 	// answerOK, when set, makes the recorder answer every EVENT and AUTH
 	// with ["OK",id,answerOK(id),""], as a relay would.
 	answerOK func(id hex32) bool
+	// discard keeps nothing of what arrives (benchmarks).
+	discard bool
 
 	mu     sync.Mutex
 	closes []int // close codes received
@@ -384,11 +386,13 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
-		rec.mu.Lock()
-		rec.got = append(rec.got, string(data))
-		rec.types = append(rec.types, typ)
-		rec.cond.Broadcast()
-		rec.mu.Unlock()
+		if !rec.discard {
+			rec.mu.Lock()
+			rec.got = append(rec.got, string(data))
+			rec.types = append(rec.types, typ)
+			rec.cond.Broadcast()
+			rec.mu.Unlock()
+		}
 		switch {
 		case string(data) == "bye":
 			_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(4000, "bye"))
