@@ -1,3 +1,27 @@
+// Package relay is the Nostr side of sluice: it learns the type of each
+// client frame without parsing it (Peek), names the client a budget belongs
+// to (Identity), charges the frame through a ratelimit.Limiter and answers a
+// refusal as NIP-01 wants it (OK, CLOSED or NOTICE with "rate-limited: slow
+// down; retry in Ns", or "error: rate limiter unavailable" when the store
+// cannot decide).
+//
+// It offers two ways to put the limits in front of a relay:
+//
+//   - A Gate, an http.Handler in front of the relay: Wrap for a Go relay
+//     in the same process (http.ListenAndServe(addr, gate.Wrap(relay))),
+//     Proxy for any relay at a ws:// URL. It reads every frame before the
+//     relay does, limits every message type, and refuses a connection with
+//     429 and Retry-After.
+//   - Hooks, functions for khatru's and rely's own hook slots (Khatru,
+//     Rely), for operators who would rather not put anything in front. The
+//     package imports neither framework.
+//
+// Hooks are the weaker of the two. They see parsed messages only, never
+// CLOSE, AUTH, negentropy messages after NEG-OPEN, or frames that do not
+// parse, so those are never charged; the relay has already spent the work of
+// reading and parsing (in khatru, of checking the signature too) before a
+// hook runs; and a refused connection gets khatru's bare 429 or rely's 403,
+// with no Retry-After. The Hooks type says more.
 package relay
 
 import (
@@ -90,6 +114,9 @@ type HookOptions struct {
 //     403, neither with Retry-After, and a store outage looks the same.
 //   - khatru answers a refused COUNT with a NOTICE carrying the reason and
 //     then a COUNT of 0, not a CLOSED; that is khatru's behaviour.
+//   - khatru runs no RejectFilter for a filter with "limit": 0, so a REQ
+//     made only of such filters (a subscription to new events, no query)
+//     is not charged.
 //   - Ephemeral events are not saved, so khatru's OnEventSaved does not run
 //     for them and they do not count against the actor quota (their EVENT
 //     budget still applies).
@@ -511,7 +538,9 @@ type RelyHooks[C, S any] struct {
 	// and the reason as body, without Retry-After.
 	Connection func(S, *http.Request) error
 	// Event checks the actor quota (the event's pubkey) and charges the
-	// EVENT windows.
+	// EVENT windows. Run before rely's signature check, it checks the
+	// signature itself only of an event whose author is allow-listed,
+	// before exempting it.
 	Event func(C, *nostr.Event) error
 	// Req charges a REQ once; rely passes all its filters in one call.
 	Req func(C, nostr.Filters) error
