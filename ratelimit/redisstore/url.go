@@ -36,24 +36,51 @@ var ErrURL = errors.New("redisstore: invalid redis URL")
 // The error, wrapping ErrURL, names what is wrong; the password is never
 // part of it. The caller owns the client and closes it.
 func NewClient(rawURL string) (redis.UniversalClient, error) {
+	o, err := parseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	return o.client(), nil
+}
+
+// clientOptions is a parsed URL: exactly one of the three is set.
+type clientOptions struct {
+	standalone *redis.Options
+	failover   *redis.FailoverOptions
+	cluster    *redis.ClusterOptions
+}
+
+func (o clientOptions) client() redis.UniversalClient {
+	switch {
+	case o.failover != nil:
+		return redis.NewFailoverClient(o.failover)
+	case o.cluster != nil:
+		return redis.NewClusterClient(o.cluster)
+	}
+	return redis.NewClient(o.standalone)
+}
+
+func parseURL(rawURL string) (clientOptions, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return nil, fmt.Errorf("%w: %q has no scheme (want redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)", ErrURL, redact(rawURL))
+		return clientOptions{}, fmt.Errorf("%w: %q has no scheme (want redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)", ErrURL, redact(rawURL))
 	}
-	switch strings.ToLower(scheme) {
+	switch s := strings.ToLower(scheme); s {
 	case "redis", "rediss", "unix":
-		o, err := redis.ParseURL(rawURL)
+		o, err := redis.ParseURL(s + "://" + rest)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %s", ErrURL, redact(rawURL), redactErr(err, rawURL))
+			return clientOptions{}, fmt.Errorf("%w: %s: %s", ErrURL, redact(rawURL), redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true
-		return redis.NewClient(o), nil
+		return clientOptions{standalone: o}, nil
 	case "redis+sentinel", "rediss+sentinel":
-		return newSentinel(strings.TrimSuffix(strings.ToLower(scheme), "+sentinel"), rest, rawURL)
+		o, err := parseSentinel(strings.TrimSuffix(s, "+sentinel"), rest, rawURL)
+		return clientOptions{failover: o}, err
 	case "redis+cluster", "rediss+cluster":
-		return newCluster(strings.TrimSuffix(strings.ToLower(scheme), "+cluster"), rest, rawURL)
+		o, err := parseCluster(strings.TrimSuffix(s, "+cluster"), rest, rawURL)
+		return clientOptions{cluster: o}, err
 	}
-	return nil, fmt.Errorf("%w: unknown scheme %q (want redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster or rediss+cluster)", ErrURL, scheme)
+	return clientOptions{}, fmt.Errorf("%w: unknown scheme %q (want redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster or rediss+cluster)", ErrURL, redact(scheme))
 }
 
 // splitHosts parses "[userinfo@]h:p[,h:p…][/path][?query]" into its parts.
@@ -101,7 +128,7 @@ func goRedisURL(scheme string, user *url.Userinfo, hosts []string, path string, 
 	return u.String()
 }
 
-func newSentinel(scheme, rest, rawURL string) (redis.UniversalClient, error) {
+func parseSentinel(scheme, rest, rawURL string) (*redis.FailoverOptions, error) {
 	user, hosts, path, query, err := splitHosts(rest, rawURL)
 	if err != nil {
 		return nil, err
@@ -142,10 +169,10 @@ func newSentinel(scheme, rest, rawURL string) (redis.UniversalClient, error) {
 	}
 	o.SentinelUsername, o.SentinelPassword = sentUser, sentPass
 	o.ContextTimeoutEnabled = true
-	return redis.NewFailoverClient(o), nil
+	return o, nil
 }
 
-func newCluster(scheme, rest, rawURL string) (redis.UniversalClient, error) {
+func parseCluster(scheme, rest, rawURL string) (*redis.ClusterOptions, error) {
 	user, hosts, path, query, err := splitHosts(rest, rawURL)
 	if err != nil {
 		return nil, err
@@ -162,32 +189,30 @@ func newCluster(scheme, rest, rawURL string) (redis.UniversalClient, error) {
 		return nil, fmt.Errorf("%w: %s: %s", ErrURL, redact(rawURL), redactErr(err, rawURL))
 	}
 	o.ContextTimeoutEnabled = true
-	return redis.NewClusterClient(o), nil
+	return o, nil
 }
 
-// redact replaces the password in a URL-ish string with "xxxxx", so errors
-// and logs can name the URL.
+// redact replaces the password in a URL-ish string with "xxxxx", and cuts
+// it short, so errors and logs can name the URL.
 func redact(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		if len(raw) > 200 {
-			return raw[:200] + "…"
+	out := raw
+	if scheme, rest, ok := strings.Cut(raw, "://"); ok {
+		auth := rest
+		if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+			auth = rest[:i]
 		}
-		return raw
+		if at := strings.LastIndexByte(auth, '@'); at >= 0 {
+			userinfo := auth[:at]
+			if c := strings.IndexByte(userinfo, ':'); c >= 0 {
+				userinfo = userinfo[:c+1] + "xxxxx"
+			}
+			out = scheme + "://" + userinfo + rest[at:]
+		}
 	}
-	auth := rest
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		auth = rest[:i]
+	if len(out) > 200 {
+		out = out[:200] + "…"
 	}
-	at := strings.LastIndexByte(auth, '@')
-	if at < 0 {
-		return raw
-	}
-	userinfo := auth[:at]
-	if c := strings.IndexByte(userinfo, ':'); c >= 0 {
-		userinfo = userinfo[:c+1] + "xxxxx"
-	}
-	return scheme + "://" + userinfo + rest[at:]
+	return out
 }
 
 // redactErr renders err with any password from rawURL replaced.
@@ -202,6 +227,9 @@ func redactErr(err error, rawURL string) string {
 				msg = strings.ReplaceAll(msg, dec, "xxxxx")
 			}
 		}
+	}
+	if len(msg) > 300 {
+		msg = msg[:300] + "…"
 	}
 	return msg
 }
