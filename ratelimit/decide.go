@@ -55,9 +55,10 @@ func checkLimit(l Limit) (periodMs, cost float64, err error) {
 // The wait is the largest, over the refusing windows, of the smallest whole
 // number of milliseconds w ≥ 1 such that the same admission test run at
 // now+w admits. It starts from T·log2(S/(R−c)) rounded up and is then
-// corrected by probing the admission test itself at ±1 ms, so float error in
-// Log2 or Exp2 can never make an obedient client be refused, and a client
-// coming back 1 ms sooner is always refused.
+// confirmed by running the admission test itself at w and w−1 (searching
+// further when float error is large, see waitMs), so float error in Log2 or
+// Exp2 can never make an obedient client be refused, and a client coming
+// back 1 ms sooner is always refused.
 func decide(limits []Limit, score []float64, at []int64, now int64, out []float64) (bool, time.Duration, error) {
 	allowed := true
 	var wait int64
@@ -95,8 +96,14 @@ func decide(limits []Limit, score []float64, at []int64, now int64, out []float6
 // waitMs returns the smallest w ≥ 1 (milliseconds) such that score s written
 // at at admits a message of cost c under rate r at now+w. The caller has
 // established that it refuses at now.
+//
+// The estimate T·log2(S/(R−c)) is right to far better than a millisecond for
+// any sane limit, and then two probes of the admission test confirm it. When
+// float error is large — R barely above c, where adding c to the score
+// absorbs most of R−c — the probes gallop away from the estimate and a
+// binary search finds the boundary, so the answer is exact for any limit.
 func waitMs(s float64, at, now int64, periodMs, c, r float64) int64 {
-	admits := func(t int64) bool { return decayAt(s, at, t, periodMs)+c <= r }
+	admits := func(w int64) bool { return decayAt(s, at, now+w, periodMs)+c <= r }
 	// Time after at until the score has decayed to r−c, from the stored
 	// score rather than the decayed one so that no rounding compounds.
 	d := periodMs * math.Log2(s/(r-c))
@@ -104,20 +111,47 @@ func waitMs(s float64, at, now int64, periodMs, c, r float64) int64 {
 		d = maxWaitMs
 	}
 	w := at + int64(math.Ceil(d)) - now
-	if w < 1 {
-		w = 1
+	w = min(max(w, 1), maxWaitMs)
+
+	// Bracket the boundary: lo refuses (0 is known to), hi admits.
+	var lo, hi int64
+	if admits(w) {
+		hi = w
+		for step := int64(1); ; step *= 2 {
+			if hi-step <= 0 {
+				lo = 0
+				break
+			}
+			if !admits(hi - step) {
+				lo = hi - step
+				break
+			}
+			hi -= step
+		}
+	} else {
+		lo = w
+		for step := int64(1); ; step *= 2 {
+			if lo+step >= maxWaitMs {
+				if !admits(maxWaitMs) {
+					return maxWaitMs // never, in practice: the longest wait we report
+				}
+				hi = maxWaitMs
+				break
+			}
+			if admits(lo + step) {
+				hi = lo + step
+				break
+			}
+			lo += step
+		}
 	}
-	if w > maxWaitMs {
-		w = maxWaitMs
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if admits(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
 	}
-	// The estimate is exact to far better than a millisecond; these loops
-	// run at most once or twice and are bounded in case of pathological
-	// floats.
-	for n := 0; n < 16 && w < maxWaitMs && !admits(now+w); n++ {
-		w++
-	}
-	for n := 0; n < 16 && w > 1 && admits(now+w-1); n++ {
-		w--
-	}
-	return w
+	return hi
 }

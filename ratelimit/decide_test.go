@@ -101,3 +101,63 @@ func TestDecideIsPure(t *testing.T) {
 		t.Fatalf("admission wrote score %v at %v (out %v)", score, at, out)
 	}
 }
+
+// FuzzDecide drives decide with arbitrary limits and arrival gaps and checks
+// what must hold for every valid limit: no error, finite scores never above
+// the rate once written, and a wait that is a whole number of milliseconds
+// after which the message is admitted and 1 ms before which it is not.
+func FuzzDecide(f *testing.F) {
+	f.Add(3.0, 1.0, uint32(1000), 10.0, uint32(60000), []byte{0, 0, 0, 0, 200, 1, 90})
+	f.Add(0.3, 0.1, uint32(1), 1e9, uint32(1), []byte{0, 0, 0, 255, 255})
+	f.Add(1.5, 1.0, uint32(86_400_000), 2.5, uint32(7), []byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, r1, c1 float64, p1 uint32, r2 float64, p2 uint32, gaps []byte) {
+		limits := []Limit{{Rate: r1, Period: time.Duration(p1) * time.Millisecond, Cost: c1}}
+		if p2 != p1 {
+			limits = append(limits, Limit{Rate: r2, Period: time.Duration(p2) * time.Millisecond, Cost: c1})
+		}
+		if ValidateLimits(limits) != nil {
+			return
+		}
+		n := len(limits)
+		score, at := make([]float64, n), make([]int64, n)
+		work, workAt := make([]float64, n), make([]int64, n)
+		try := func(now int64) (bool, time.Duration) {
+			copy(work, score)
+			copy(workAt, at)
+			ok, wait, err := decide(limits, work, workAt, now, nil)
+			if err != nil {
+				t.Fatalf("valid limits %v: %v", limits, err)
+			}
+			return ok, wait
+		}
+		now := int64(1_700_000_000_000)
+		for _, g := range gaps {
+			now += int64(g) * int64(g) // 0 to 65 s, mostly short
+			ok, wait := try(now)
+			if !ok {
+				if wait < time.Millisecond || wait%time.Millisecond != 0 {
+					t.Fatalf("%v at %d: wait %v", limits, now, wait)
+				}
+				w := int64(wait / time.Millisecond)
+				if w < maxWaitMs {
+					if early, _ := try(now + w - 1); early {
+						t.Fatalf("%v: admitted 1ms before the wait %v", limits, wait)
+					}
+					if late, _ := try(now + w); !late {
+						t.Fatalf("%v: refused at the end of the wait %v", limits, wait)
+					}
+				}
+				continue
+			}
+			ok, _, _ = decide(limits, score, at, now, nil)
+			if !ok {
+				t.Fatal("decide is not deterministic")
+			}
+			for i, s := range score {
+				if !(s >= 0 && s <= limits[i].Rate) {
+					t.Fatalf("%v: wrote score %v", limits, s)
+				}
+			}
+		}
+	})
+}

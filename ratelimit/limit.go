@@ -25,10 +25,11 @@
 // A Decision's Wait is a whole number of milliseconds: the smallest w ≥ 1 ms
 // such that the very admission test the store runs, run at now+w against the
 // unchanged score, admits. It is found from T·log2(S/(R−c)) rounded up and
-// then checked by running that test at now+w and now+w−1ms, so float error in
-// log and exp can neither make a client that obeys the wait be refused nor
-// let one that comes back 1 ms sooner in. Admission itself compares
-// decayed+c ≤ R with no tolerance.
+// then checked by running that test at now+w and now+w−1ms (and searched
+// for, when R is so close to c that adding c absorbs most of R−c), so float
+// error in log and exp can neither make a client that obeys the wait be
+// refused nor let one that comes back 1 ms sooner in. Admission itself
+// compares decayed+c ≤ R with no tolerance.
 //
 // # Bounded memory
 //
