@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/fiatjaf/eventstore v0.17.2
 	github.com/fiatjaf/khatru v0.19.1
+	github.com/gorilla/websocket v1.5.3
 	github.com/nbd-wtf/go-nostr v0.52.3
 	github.com/sluice-relay/sluice v0.0.0
 )
@@ -23,7 +24,6 @@ require (
 	github.com/decred/dcrd/crypto/blake256 v1.1.0 // indirect
 	github.com/decred/dcrd/dcrec/secp256k1/v4 v4.4.0 // indirect
 	github.com/fasthttp/websocket v1.5.12 // indirect
-	github.com/gorilla/websocket v1.5.3 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect

@@ -91,6 +91,7 @@ func build(hooks bool, opts relay.Options) (http.Handler, *relay.Gate, error) {
 func newKhatru() *khatru.Relay {
 	rl := khatru.NewRelay()
 	rl.Info.Name = "sluice example"
+	rl.Negentropy = true // NIP-77: NEG-OPEN is charged as its own type
 	db := &slicestore.SliceStore{}
 	db.Init()
 	rl.StoreEvent = append(rl.StoreEvent, db.SaveEvent)

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -368,5 +369,50 @@ func TestCountHooks(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("no NOTICE for the refused COUNT")
+	}
+}
+
+// TestNegOpen: khatru filters a NEG-OPEN through RejectFilter under the
+// connection's own context. It must be charged as a NEG-OPEN each time, and
+// must not use up (or be mistaken for) the REQ budget.
+func TestNegOpen(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			l := limitsOf(relay.TypeNEGOPEN, 2, 10*time.Second)
+			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, 10*time.Second)}
+			e := start(t, m.hooks, l, nil)
+			c, _, err := websocket.DefaultDialer.Dial(e.ws, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			roundTrip := func(frame string) string {
+				t.Helper()
+				if err := c.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
+					t.Fatal(err)
+				}
+				_, b, err := c.ReadMessage()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return strings.TrimSpace(string(b)) // khatru ends frames with a newline
+			}
+			// "61" is an empty negentropy v1 message: khatru answers each
+			// admitted NEG-OPEN with one NEG-MSG.
+			for i := range 2 {
+				if got := roundTrip(fmt.Sprintf(`["NEG-OPEN","n%d",{"kinds":[1]},"61"]`, i)); strings.Contains(got, "rate-limited") {
+					t.Fatalf("NEG-OPEN %d refused: %s", i, got)
+				}
+			}
+			// 2 charged, R=2: 10s. The gate answers with a NOTICE, khatru
+			// with a NEG-ERR (which go-nostr labels NEG-ERROR).
+			if got := roundTrip(`["NEG-OPEN","n2",{"kinds":[1]},"61"]`); !strings.Contains(got, `"rate-limited: slow down; retry in 10s"`) {
+				t.Fatalf("NEG-OPEN 3: %s, want refused for 10s", got)
+			}
+			if got := roundTrip(`["REQ","r",{"kinds":[1]}]`); got != `["EOSE","r"]` {
+				t.Fatalf("REQ after NEG-OPENs: %s, want EOSE", got)
+			}
+		})
 	}
 }
