@@ -27,7 +27,9 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
 )
 
@@ -412,6 +414,55 @@ func TestNegOpen(t *testing.T) {
 			}
 			if got := roundTrip(`["REQ","r",{"kinds":[1]}]`); got != `["EOSE","r"]` {
 				t.Fatalf("REQ after NEG-OPENs: %s, want EOSE", got)
+			}
+		})
+	}
+}
+
+// TestRedisOutage: budgets in a real Redis (redis-server started by the
+// test on a free loopback port); killing it turns every EVENT and REQ into
+// "error: rate limiter unavailable", never "rate-limited:".
+func TestRedisOutage(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			client, err := redisstore.NewClient(srv.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			store, err := redisstore.New(client, redisstore.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := limitsOf(relay.TypeEVENT, 100, time.Second)
+			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+			h, gate, err := build(m.hooks, relay.Options{
+				Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
+				Limits:  &l,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs := httptest.NewServer(h)
+			t.Cleanup(func() {
+				if gate != nil {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					gate.Shutdown(ctx)
+				}
+				hs.CloseClientConnections()
+				hs.Close()
+			})
+			r := connect(t, &env{ws: "ws" + strings.TrimPrefix(hs.URL, "http")})
+			sk := nostr.GeneratePrivateKey()
+			if err := publish(t, r, note(t, sk, "redis up")); err != nil {
+				t.Fatalf("event with Redis up: %v", err)
+			}
+			srv.Kill()
+			wantReason(t, "event with Redis down", publish(t, r, note(t, sk, "redis down")), relay.ReasonUnavailable)
+			if got := subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != relay.ReasonUnavailable {
+				t.Fatalf("REQ with Redis down: %q, want CLOSED %q", got, relay.ReasonUnavailable)
 			}
 		})
 	}
