@@ -120,6 +120,11 @@ func (c *conn) writeClient() {
 		select {
 		case f := <-c.out:
 			_ = c.client.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
+			if f.typ == websocket.CloseMessage { // the relay closed: pass it on, end
+				_ = c.client.WriteMessage(f.typ, f.data)
+				c.end(false, false, 0, "")
+				return
+			}
 			if err := c.client.WriteMessage(f.typ, f.data); err != nil {
 				c.end(false, true, closeGoingAway, "client connection lost")
 				return
@@ -145,7 +150,9 @@ func (c *conn) readUpstream() {
 			if errors.As(err, &ce) {
 				code, text = relayable(ce)
 			}
-			c.end(true, false, code, text)
+			// Queued behind the relay's last frames, so the client gets
+			// them (a NOTICE saying why, say) before the close.
+			c.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, text))
 			return
 		}
 		if typ == websocket.TextMessage && (c.quota != nil || c.authPending()) {

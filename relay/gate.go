@@ -49,6 +49,23 @@ type Options struct {
 	// &Limits{} limits nothing and an empty slice makes its type free.
 	Limits *Limits
 	// Quota caps validated events per actor. Nil means no quota.
+	//
+	// The actor of an EVENT is the pubkey the connection authenticated as
+	// (NIP-42, learnt from the relay's OK true to the client's AUTH), or
+	// else the event's author. An actor over its quota has its EVENTs
+	// answered OK false "rate-limited: …; retry in Ns" (the rest of the
+	// window). The gate remembers up to DefaultPending forwarded event ids
+	// per connection and charges the actor when the relay answers OK true
+	// for one: events the relay refuses cost nothing. Events in flight are
+	// not yet charged, so an actor can exceed its quota by what it has in
+	// flight at the moment it crosses it (at most DefaultPending per
+	// connection).
+	//
+	// With a quota the gate reads the id and pubkey of every EVENT (a
+	// bounded scan, no parse) and refuses, with OK false "invalid: …", an
+	// EVENT it cannot attribute to exactly one id and one pubkey (duplicate
+	// keys, a non-hex id): a relay might read such an event differently,
+	// and its OK would then charge nobody.
 	Quota *ratelimit.Quota
 	// Now is the clock of the quota. Nil means time.Now.
 	Now func() time.Time
@@ -84,6 +101,23 @@ type Options struct {
 // Gate is the rate-limit gate: an http.Handler factory (Wrap, Proxy) that
 // charges every client frame to its budget before forwarding it. A Gate
 // is safe for concurrent use; one Gate may front several upstreams.
+//
+// Per WebSocket upgrade the gate charges the connection limit (refused:
+// HTTP 429 with Retry-After; store down: HTTP 503 with the body
+// ReasonUnavailable), opens the upstream connection, and only then
+// upgrades the client. Per client frame it charges the frame's type
+// (binary frames are TypeOther): a refusal is answered by the gate with
+// the reply AppendRefusal describes and never reaches the relay; an
+// admitted frame is forwarded byte for byte with its message type. Relay
+// frames return unchanged.
+//
+// The relay learns the client's address from X-Forwarded-For and
+// X-Real-IP, which the gate sets (replacing the client's own) on the
+// upstream handshake, and, in Wrap mode, from r.RemoteAddr as well. A
+// relay behind Proxy must believe those headers from the gate's address
+// and from nowhere else (khatru's GetIPFromRequest believes
+// X-Forwarded-For from anyone, which is safe only while the relay port is
+// reachable solely through the gate).
 type Gate struct {
 	limiter      *ratelimit.Limiter
 	limits       Limits

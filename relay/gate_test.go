@@ -394,7 +394,10 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rec.mu.Unlock()
 		}
 		switch {
-		case string(data) == "bye":
+		case strings.HasPrefix(string(data), "bye"): // "bye" or "bye:<last words>"
+			if last, ok := strings.CutPrefix(string(data), "bye:"); ok {
+				_ = c.WriteMessage(websocket.TextMessage, []byte(last))
+			}
 			_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(4000, "bye"))
 			return
 		case strings.HasPrefix(string(data), "echo:"):
@@ -590,8 +593,12 @@ func TestGateClosePropagates(t *testing.T) {
 		t.Errorf("relay saw close %d, want the client's 4001", code)
 	}
 
+	// The relay's last words arrive before its close.
 	c = dialRaw(t, url)
-	_ = c.WriteMessage(websocket.TextMessage, []byte("bye"))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`bye:["NOTICE","going"]`))
+	if got := readText(t, c); got != `["NOTICE","going"]` {
+		t.Errorf("relay's last frame: %q", got)
+	}
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, _, err := c.ReadMessage()
 	var ce *websocket.CloseError
