@@ -304,3 +304,36 @@ func TestIdentityAllocs(t *testing.T) {
 		t.Errorf("allow-list lookups allocate %v times", n)
 	}
 }
+
+func BenchmarkIdentity(b *testing.B) {
+	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.0/24")}}
+	direct := &http.Request{RemoteAddr: "203.0.113.7:4711", Header: http.Header{}}
+	direct6 := &http.Request{RemoteAddr: "[2001:db8:1:2::7]:4711", Header: http.Header{}}
+	chain := &http.Request{RemoteAddr: "10.0.0.1:4711", Header: http.Header{"X-Forwarded-For": {"6.6.6.6, 2001:db8:1:2::7, 192.0.2.9, 10.9.9.9"}}}
+	for _, bm := range []struct {
+		name string
+		r    *http.Request
+	}{{"ipv4-peer", direct}, {"ipv6-peer", direct6}, {"xff-chain", chain}} {
+		b.Run(bm.name+"/Addr+AppendClient", func(b *testing.B) {
+			b.ReportAllocs()
+			buf := make([]byte, 0, 64)
+			for b.Loop() {
+				buf = id.AppendClient(buf[:0], id.Addr(bm.r))
+			}
+		})
+		b.Run(bm.name+"/Client", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = id.Client(bm.r)
+			}
+		})
+	}
+	al, _ := NewAllowList([]string{"10.0.0.0/8", "2001:db8::/32"}, []string{pkA, pkB})
+	a := netip.MustParseAddr("203.0.113.7")
+	b.Run("AllowList", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = al.AllowsAddr(a) || al.AllowsPubkey(pkB)
+		}
+	})
+}

@@ -336,6 +336,10 @@ func eventID(b []byte, i int) []byte {
 	j := i + 1
 	for j < len(b) {
 		c := b[j]
+		if !structural[c] {
+			j++ // numbers, literals, ':' and whitespace change nothing here
+			continue
+		}
 		switch c {
 		case '"':
 			end := skipString(b, j+1)
@@ -369,12 +373,23 @@ func eventID(b []byte, i int) []byte {
 
 // skipString returns the index after the closing quote of the JSON string
 // whose body starts at b[i], or -1 when the input ends first. Only quotes and
-// backslashes matter here, so the body is skipped with bytes.IndexByte and a
-// quote is closing when an even number of backslashes precede it. Each
-// backslash is counted at most once, so the work stays linear.
+// backslashes matter here. Short strings (keys, tag values) are walked byte
+// by byte; past the first 32 bytes the rest is skipped with bytes.IndexByte,
+// a quote being closing when an even number of backslashes precede it. Each
+// byte is looked at a bounded number of times, so the work stays linear.
 func skipString(b []byte, i int) int {
+	for end := min(len(b), i+32); i < end; {
+		switch b[i] {
+		case '"':
+			return i + 1
+		case '\\':
+			i += 2 // an escape pair is consumed whole, so i never stops inside one
+		default:
+			i++
+		}
+	}
 	start := i
-	for {
+	for i < len(b) {
 		k := bytes.IndexByte(b[i:], '"')
 		if k < 0 {
 			return -1
@@ -390,7 +405,11 @@ func skipString(b []byte, i int) int {
 		i = q + 1
 		start = q + 1
 	}
+	return -1
 }
+
+// structural marks the bytes eventID acts on outside strings.
+var structural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true, ',': true}
 
 // idValue returns the 64-lowercase-hex string literal that follows the key
 // ending at b[i] (whitespace, ':', whitespace), or nil.

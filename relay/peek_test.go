@@ -201,3 +201,31 @@ func validStringLiteral(b []byte) bool {
 	var s string
 	return json.Unmarshal(b, &s) == nil
 }
+
+func BenchmarkPeek(b *testing.B) {
+	bigContent := `["EVENT",{"kind":1,"tags":[],"content":"` + strings.Repeat("lorem ipsum ", 5000) + `","pubkey":"6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93","id":"` + testID + `","sig":"00"}]`
+	for _, bm := range []struct{ name, frame string }{
+		{"EVENT", `["EVENT",` + goNostrEvent + `]`},
+		{"EVENT-id-late", `["EVENT",` + nostrToolsEvent + `]`},
+		{"EVENT-id-late-60KiB", bigContent},
+		{"REQ", `["REQ","sub:1",{"kinds":[1],"limit":10}]`},
+		{"escaped-label", `["\u0045\u0056\u0045\u004e\u0054",` + goNostrEvent + `]`},
+		{"hostile-long-label", `["` + strings.Repeat("A", 4096) + `"]`},
+		{"hostile-nested-4KiB", `["EVENT",{"a":` + strings.Repeat("[", 4096) + `]`},
+		{"hostile-quotes-4KiB", `["EVENT",{"a":[` + strings.Repeat(`""",`, 800) + `]`},
+		{"hostile-worst-512KiB", `["EVENT",{"a":[` + strings.Repeat(`[],`, (512<<10)/3-8) + `]}]`},
+		{"hostile-whitespace-4KiB", strings.Repeat(" ", 4096) + `["REQ","s"]`},
+		{"hostile-garbage", "\xef\xbb\xbf\x00\x00garbage"},
+	} {
+		frame := []byte(bm.frame)
+		b.Run(bm.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(frame)))
+			var f Frame
+			for b.Loop() {
+				f = Peek(frame)
+			}
+			_ = f
+		})
+	}
+}

@@ -195,3 +195,29 @@ func TestAppendRefusalAllocs(t *testing.T) {
 		t.Errorf("AppendRefusal allocates %v times", n)
 	}
 }
+
+func BenchmarkAppendRefusal(b *testing.B) {
+	event := Peek([]byte(`["EVENT",` + goNostrEvent + `]`))
+	req := Peek([]byte(`["REQ","sub:1",{}]`))
+	b.Run("EVENT-rate-limited", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 256)
+		for b.Loop() {
+			buf = AppendRateLimited(buf[:0], event, goldenWait)
+		}
+	})
+	b.Run("REQ-unavailable", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 256)
+		for b.Loop() {
+			buf = AppendUnavailable(buf[:0], req)
+		}
+	})
+	b.Run("NOTICE-escaped-reason", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 256)
+		for b.Loop() {
+			buf = AppendRefusal(buf[:0], Frame{}, "reason with \"quotes\" and \n é")
+		}
+	})
+}
