@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,10 @@ import (
 // DefaultBlockedSlots is the size of a Limiter's refused-until table when
 // LimiterOptions.BlockedSlots is 0: 16,384 clients-and-types at 32 bytes each.
 const DefaultBlockedSlots = 1 << 14
+
+// blockedWays is the number of slots a key may use: one bucket, two cache
+// lines.
+const blockedWays = 4
 
 // statStripes spreads the Limiter's counters over padded cells so that
 // counting does not make every core write one cache line.
@@ -25,11 +30,13 @@ const statStripes = 16
 // from a blocked client costs the store nothing. Refusals write nothing in
 // the store, so the local answer is the one the store would give.
 //
-// The table is fixed-size and lock-free: a slot holds a 64-bit fingerprint of
-// the key (from a hash with a per-process random seed) and the instant, and a
-// key whose fingerprint is not in its slot simply asks the store. Another
-// key landing in the same slot can only evict an entry (costing one store
-// call), never refuse the wrong client.
+// The table is fixed-size and lock-free: a key hashes (with a per-process
+// random seed) to a bucket of blockedWays slots, each holding a 64-bit
+// fingerprint of a key and its instant, and a key whose fingerprint is in
+// none of them simply asks the store. A full bucket evicts the entry that
+// ends first, so two blocked flooders that share a bucket do not push each
+// other out on every message. Another key can only evict an entry (costing
+// one store call), never refuse the wrong client.
 //
 // A Limiter is safe for concurrent use. Create one with NewLimiter.
 type Limiter struct {
@@ -38,7 +45,7 @@ type Limiter struct {
 	now     func() time.Time
 	seed    maphash.Seed
 	blocked []blockedSlot
-	mask    uint64
+	mask    uint64 // bucket index mask
 	stats   [statStripes]statStripe
 }
 
@@ -48,7 +55,7 @@ type LimiterOptions struct {
 	// decides (Redis TIME) while the local table uses time.Now.
 	Now func() time.Time
 	// BlockedSlots sizes the local refused-until table (rounded up to a
-	// power of two); 0 or less means DefaultBlockedSlots.
+	// power of two, at least 4); 0 or less means DefaultBlockedSlots.
 	BlockedSlots int
 }
 
@@ -91,13 +98,13 @@ func NewLimiter(store Store, opts LimiterOptions) *Limiter {
 	if n > 1<<30 {
 		n = 1 << 30
 	}
-	n = 1 << bits.Len(uint(n-1))
+	n = max(1<<bits.Len(uint(n-1)), blockedWays)
 	l := &Limiter{
 		store:   store,
 		now:     opts.Now,
 		seed:    maphash.MakeSeed(),
 		blocked: make([]blockedSlot, n),
-		mask:    uint64(n - 1),
+		mask:    uint64(n/blockedWays - 1),
 	}
 	l.mem, _ = store.(*MemoryStore)
 	return l
@@ -137,12 +144,15 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now t
 	if fp == 0 {
 		fp = 1 // 0 marks the empty slot
 	}
-	slot := &l.blocked[(h>>32)&l.mask]
+	b := ((h >> 32) & l.mask) * blockedWays
+	bucket := l.blocked[b : b+blockedWays : b+blockedWays]
 	st := &l.stats[h>>60]
 
-	if until, ok := slot.load(fp); ok && nowNs < until {
-		st.localRefusals.Add(1)
-		return Decision{Wait: time.Duration(until - nowNs)}, nil
+	for i := range bucket {
+		if until, ok := bucket[i].load(fp); ok && nowNs < until {
+			st.localRefusals.Add(1)
+			return Decision{Wait: time.Duration(until - nowNs)}, nil
+		}
 	}
 
 	st.storeCalls.Add(1)
@@ -163,7 +173,7 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now t
 		return Decision{}, err
 	}
 	if !d.Allowed && d.Wait > 0 {
-		slot.store(fp, nowNs+int64(d.Wait))
+		remember(bucket, fp, nowNs, nowNs+int64(d.Wait))
 	}
 	return d, nil
 }
@@ -179,6 +189,28 @@ func (l *Limiter) Stats() LimiterStats {
 		s.LocalRefusals += st.localRefusals.Load()
 	}
 	return s
+}
+
+// remember records key fp as refused until until in its bucket: in its own
+// slot if it has one, else in one that is empty or has expired at now, else
+// in place of the entry that ends first.
+func remember(bucket []blockedSlot, fp uint64, now, until int64) {
+	victim, victimUntil := 0, int64(math.MaxInt64)
+	for i := range bucket {
+		s := &bucket[i]
+		u := s.until.Load()
+		if s.fp.Load() == fp {
+			victim = i
+			break
+		}
+		if u <= now {
+			u = math.MinInt64 // empty or expired: take the first such
+		}
+		if u < victimUntil {
+			victim, victimUntil = i, u
+		}
+	}
+	bucket[victim].store(fp, until)
 }
 
 // load returns the slot's until when it holds fingerprint fp and was not

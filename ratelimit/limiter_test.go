@@ -149,7 +149,7 @@ func TestLimiterStoreErrorsFailClosed(t *testing.T) {
 	}
 }
 
-// TestLimiterFingerprintCollision: with one slot every key shares it; a
+// TestLimiterFingerprintCollision: with one bucket every key shares it; a
 // blocked key's entry must never refuse another key.
 func TestLimiterFingerprintCollision(t *testing.T) {
 	store := newCounting()
@@ -164,10 +164,13 @@ func TestLimiterFingerprintCollision(t *testing.T) {
 			t.Fatalf("%s refused by another key's block: %+v %v", key, d, err)
 		}
 	}
-	// Now "other-0" is blocked and owns the slot; "blocked" lost its entry
-	// and asks the store, which still refuses it honestly.
-	for range 3 {
-		lim.AllowAt(ctx, "other-0", per3s, t1)
+	// Now four others are blocked, filling the bucket; "blocked", whose
+	// entry ended first, lost it and asks the store, which still refuses
+	// it honestly.
+	for i := range 4 {
+		for range 3 {
+			lim.AllowAt(ctx, "other-"+strconv.Itoa(i), per3s, t1)
+		}
 	}
 	calls := store.calls.Load()
 	if d, _ := lim.AllowAt(ctx, "blocked", per3s, t1); d.Allowed || d.Wait != 485*time.Millisecond {
@@ -175,6 +178,45 @@ func TestLimiterFingerprintCollision(t *testing.T) {
 	}
 	if store.calls.Load() != calls+1 {
 		t.Fatal("evicted key was not asked of the store")
+	}
+}
+
+// TestLimiterSharedBucketDoesNotThrash: blocked clients that share a
+// bucket keep their entries, so neither costs store calls; a newcomer to a
+// full bucket evicts the entry that ends first.
+func TestLimiterSharedBucketDoesNotThrash(t *testing.T) {
+	store := newCounting()
+	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{BlockedSlots: 4})
+	ctx := context.Background()
+	block := func(k string, at time.Time) {
+		for range 4 {
+			lim.AllowAt(ctx, k, per3s, at)
+		}
+	}
+	block("a", t0) // blocked until t0+585ms, the earliest
+	for _, k := range []string{"b", "c", "d"} {
+		block(k, t1) // until t1+585ms
+	}
+	calls := store.calls.Load()
+	keys := []string{"a", "b", "c", "d"}
+	for i := range 1000 {
+		if d, _ := lim.AllowAt(ctx, keys[i%4], per3s, t2); d.Allowed {
+			t.Fatal("blocked key admitted")
+		}
+	}
+	if got := store.calls.Load() - calls; got != 0 {
+		t.Fatalf("four blocked keys in one bucket cost %d store calls", got)
+	}
+	block("e", t2)
+	calls = store.calls.Load()
+	for _, k := range []string{"e", "d", "c", "b", "a"} {
+		if d, _ := lim.AllowAt(ctx, k, per3s, t2); d.Allowed {
+			t.Fatalf("%s admitted", k)
+		}
+	}
+	// Only a, whose entry ended first, was evicted: one store call.
+	if got := store.calls.Load() - calls; got != 1 {
+		t.Fatalf("after one eviction, %d store calls for five blocked keys, want 1", got)
 	}
 }
 
