@@ -197,12 +197,14 @@ func New(opts Options) (*Gate, error) {
 }
 
 // Wrap returns a handler that serves h behind the gate in-process: plain
-// HTTP requests (NIP-11, web pages) go straight to h, WebSocket upgrades
+// HTTP requests (NIP-11, web pages) go to h ungated, WebSocket upgrades
 // are gated and bridged to h over in-memory pipes, without a TCP port.
 //
-// h sees each bridged request with RemoteAddr set to the client's address
-// and X-Forwarded-For / X-Real-IP set to it too (khatru's GetIPFromRequest
-// reads them). Shutdown stops the in-process server.
+// h sees every request with X-Forwarded-For and X-Real-IP set to the
+// client's address and every other client-address header (Forwarded,
+// True-Client-IP, CF-Connecting-IP, …) removed, so whichever one h
+// believes, it is the gate's word; bridged requests also have RemoteAddr
+// set to the client's address. Shutdown stops the in-process server.
 func (g *Gate) Wrap(h http.Handler) http.Handler {
 	up, stop := inProcess(h)
 	g.mu.Lock()
@@ -210,6 +212,9 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 	g.mu.Unlock()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !websocket.IsWebSocketUpgrade(r) {
+			_, addr, _ := g.client(r)
+			r = r.Clone(r.Context())
+			setForwarded(r.Header, r, addr)
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -223,15 +228,16 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 // web pages) are reverse-proxied ungated to the same host over http:// or
 // https://.
 //
-// The upstream request carries X-Forwarded-For and X-Real-IP set to the
-// client's address (replacing any the client sent). Configure the relay
-// to trust them from the gate's address only.
+// Upstream requests carry X-Forwarded-For and X-Real-IP set to the
+// client's address; every client-address header the client sent
+// (Forwarded, True-Client-IP, CF-Connecting-IP, …) is removed. Configure
+// the relay to trust them from the gate's address only.
 func (g *Gate) Proxy(upstream string) (http.Handler, error) {
 	up, u, err := newURLUpstream(upstream)
 	if err != nil {
 		return nil, err
 	}
-	plain := httpProxy(u)
+	plain := g.httpProxy(u)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !websocket.IsWebSocketUpgrade(r) {
 			plain.ServeHTTP(w, r)

@@ -345,13 +345,14 @@ type recorder struct {
 	// discard keeps nothing of what arrives (benchmarks).
 	discard bool
 
-	mu     sync.Mutex
-	closes []int // close codes received
-	got    []string
-	types  []int
-	hdr    http.Header
-	remote string
-	cond   *sync.Cond
+	mu       sync.Mutex
+	closes   []int // close codes received
+	got      []string
+	types    []int
+	hdr      http.Header // of the WebSocket handshake
+	plainHdr http.Header // of the last plain HTTP request
+	remote   string
+	cond     *sync.Cond
 }
 
 func newRecorder() *recorder {
@@ -362,6 +363,9 @@ func newRecorder() *recorder {
 
 func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !websocket.IsWebSocketUpgrade(r) {
+		rec.mu.Lock()
+		rec.plainHdr = r.Header.Clone()
+		rec.mu.Unlock()
 		fmt.Fprint(w, "plain http")
 		return
 	}
@@ -521,7 +525,15 @@ func TestGateForwardsByteForByte(t *testing.T) {
 				}
 				url = serve(t, h)
 			}
-			c, _, err := websocket.DefaultDialer.Dial(url+"/x?y=1", http.Header{"X-Forwarded-For": {"6.6.6.6"}, "X-Real-Ip": {"6.6.6.6"}})
+			spoof := http.Header{
+				"X-Forwarded-For":  {"6.6.6.6"},
+				"X-Real-Ip":        {"6.6.6.6"},
+				"True-Client-Ip":   {"6.6.6.6"},
+				"Cf-Connecting-Ip": {"6.6.6.6"},
+				"Forwarded":        {"for=6.6.6.6"},
+				"X-Custom":         {"kept"},
+			}
+			c, _, err := websocket.DefaultDialer.Dial(url+"/x?y=1", spoof)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -561,14 +573,28 @@ func TestGateForwardsByteForByte(t *testing.T) {
 					t.Fatalf("client got %d %q %v, want %d %q", typ, b, err, want.typ, want.data)
 				}
 			}
-			if hdr.Get("X-Forwarded-For") != "127.0.0.1" || hdr.Get("X-Real-Ip") != "127.0.0.1" {
-				t.Errorf("relay told X-Forwarded-For %q, X-Real-IP %q; want the client's 127.0.0.1", hdr.Get("X-Forwarded-For"), hdr.Get("X-Real-Ip"))
+			checkForwarded := func(what string, hdr http.Header) {
+				t.Helper()
+				if hdr.Get("X-Forwarded-For") != "127.0.0.1" || hdr.Get("X-Real-Ip") != "127.0.0.1" {
+					t.Errorf("%s: relay told X-Forwarded-For %q, X-Real-IP %q; want the client's 127.0.0.1", what, hdr.Get("X-Forwarded-For"), hdr.Get("X-Real-Ip"))
+				}
+				for _, k := range []string{"True-Client-Ip", "Cf-Connecting-Ip", "Forwarded"} {
+					if v := hdr.Get(k); v != "" {
+						t.Errorf("%s: the client's %s: %s reached the relay", what, k, v)
+					}
+				}
+				if hdr.Get("X-Custom") != "kept" {
+					t.Errorf("%s: other headers dropped", what)
+				}
 			}
+			checkForwarded("upgrade", hdr)
 			if mode == "wrap" && !strings.HasPrefix(remote, "127.0.0.1:") {
 				t.Errorf("in-process RemoteAddr %q, want the client's address", remote)
 			}
 
-			resp, err := http.Get("http" + strings.TrimPrefix(url, "ws") + "/")
+			req, _ := http.NewRequest("GET", "http"+strings.TrimPrefix(url, "ws")+"/", nil)
+			req.Header = spoof
+			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -577,6 +603,10 @@ func TestGateForwardsByteForByte(t *testing.T) {
 			if string(body) != "plain http" {
 				t.Errorf("plain GET through the gate: %q", body)
 			}
+			rec.mu.Lock()
+			plain := rec.plainHdr
+			rec.mu.Unlock()
+			checkForwarded("plain GET", plain)
 		})
 	}
 }

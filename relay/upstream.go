@@ -28,10 +28,43 @@ type upstream struct {
 func (u *upstream) dial(ctx context.Context, r *http.Request, addr string) (*websocket.Conn, *http.Response, error) {
 	h := make(http.Header, len(r.Header)+4)
 	for k, vs := range r.Header {
-		if skipHeader(k) {
+		if hopHeader(k) {
 			continue
 		}
 		h[k] = vs
+	}
+	setForwarded(h, r, addr)
+	ctx = context.WithValue(ctx, clientAddrKey{}, addr)
+	return u.dialer.DialContext(ctx, u.target(r), h)
+}
+
+// hopHeader reports the client headers not copied to the upstream
+// handshake: hop-by-hop headers and the WebSocket handshake (the gate
+// makes its own, without compression, so frames pass byte for byte).
+func hopHeader(k string) bool {
+	switch k {
+	case "Connection", "Upgrade", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding",
+		"Proxy-Connection", "Proxy-Authorization", "Host", "Content-Length":
+		return true
+	}
+	return strings.HasPrefix(k, "Sec-Websocket-")
+}
+
+// clientIPHeaders are the headers some relay or framework believes as the
+// client's address (rely reads True-Client-IP first). A client must not
+// choose them: setForwarded removes every one before setting its own.
+var clientIPHeaders = []string{
+	"Forwarded", "X-Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
+	"X-Real-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Cf-Connecting-Ipv6", "X-Client-Ip",
+	"Fastly-Client-Ip", "X-Cluster-Client-Ip", "X-Original-Forwarded-For", "Client-Ip",
+}
+
+// setForwarded replaces every client-address header of h with the gate's
+// word: X-Forwarded-For and X-Real-IP set to addr (when known), and
+// X-Forwarded-Host and X-Forwarded-Proto from r.
+func setForwarded(h http.Header, r *http.Request, addr string) {
+	for _, k := range clientIPHeaders {
+		delete(h, k)
 	}
 	if addr != "" {
 		h.Set("X-Forwarded-For", addr)
@@ -43,22 +76,6 @@ func (u *upstream) dial(ctx context.Context, r *http.Request, addr string) (*web
 	} else {
 		h.Set("X-Forwarded-Proto", "http")
 	}
-	ctx = context.WithValue(ctx, clientAddrKey{}, addr)
-	return u.dialer.DialContext(ctx, u.target(r), h)
-}
-
-// skipHeader reports the client headers not copied to the upstream
-// handshake: hop-by-hop headers, the WebSocket handshake (the gate makes
-// its own, without compression, so frames pass byte for byte), and the
-// forwarding headers the gate sets itself.
-func skipHeader(k string) bool {
-	switch k {
-	case "Connection", "Upgrade", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding",
-		"Proxy-Connection", "Proxy-Authorization", "Host", "Content-Length",
-		"X-Forwarded-For", "X-Real-Ip", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded":
-		return true
-	}
-	return strings.HasPrefix(k, "Sec-Websocket-")
 }
 
 // clientAddrKey carries the client's address to the in-process dialer, so
@@ -95,15 +112,20 @@ func newURLUpstream(raw string) (*upstream, *url.URL, error) {
 }
 
 // httpProxy forwards plain HTTP requests (NIP-11, pages) to the relay
-// behind a ws:// or wss:// URL, over http:// or https://.
-func httpProxy(u *url.URL) http.Handler {
+// behind a ws:// or wss:// URL, over http:// or https://, with the
+// client-address headers set by the gate as on WebSocket upgrades.
+func (g *Gate) httpProxy(u *url.URL) http.Handler {
 	target := *u
 	if target.Scheme == "wss" {
 		target.Scheme = "https"
 	} else {
 		target.Scheme = "http"
 	}
-	return httputil.NewSingleHostReverseProxy(&target)
+	return &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.SetURL(&target)
+		_, addr, _ := g.client(pr.In)
+		setForwarded(pr.Out.Header, pr.In, addr)
+	}}
 }
 
 func singleJoin(a, b string) string {
