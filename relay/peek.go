@@ -329,19 +329,25 @@ func eventID(b []byte, i int) []byte {
 	if i >= len(b) || b[i] != '{' {
 		return nil
 	}
-	limit := min(len(b), i+MaxIDScan)
-	b = b[:limit]
+	b = b[:min(len(b), i+MaxIDScan)]
 	depth := 1
 	expectKey := true // at depth 1, the next string is a key
-	j := i + 1
-	for j < len(b) {
-		c := b[j]
-		if !structural[c] {
-			j++ // numbers, literals, ':' and whitespace change nothing here
-			continue
-		}
-		switch c {
-		case '"':
+	for j := i + 1; j < len(b); j++ {
+		switch scanClass[b[j]] {
+		case scanOther:
+			// numbers, literals, ':' and whitespace change nothing here
+		case scanOpen:
+			depth++
+		case scanClose:
+			depth--
+			if depth == 0 {
+				return nil
+			}
+		case scanComma:
+			if depth == 1 {
+				expectKey = true
+			}
+		case scanQuote:
 			end := skipString(b, j+1)
 			if end < 0 {
 				return nil
@@ -352,21 +358,8 @@ func eventID(b []byte, i int) []byte {
 				}
 				expectKey = false
 			}
-			j = end
-			continue
-		case '{', '[':
-			depth++
-		case '}', ']':
-			depth--
-			if depth == 0 {
-				return nil
-			}
-		case ',':
-			if depth == 1 {
-				expectKey = true
-			}
+			j = end - 1
 		}
-		j++
 	}
 	return nil
 }
@@ -408,8 +401,17 @@ func skipString(b []byte, i int) int {
 	return -1
 }
 
-// structural marks the bytes eventID acts on outside strings.
-var structural = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true, ',': true}
+// The classes of bytes eventID acts on outside strings.
+const (
+	scanOther uint8 = iota
+	scanOpen
+	scanClose
+	scanComma
+	scanQuote
+)
+
+// scanClass maps a byte onto its class for eventID.
+var scanClass = [256]uint8{'{': scanOpen, '[': scanOpen, '}': scanClose, ']': scanClose, ',': scanComma, '"': scanQuote}
 
 // idValue returns the 64-lowercase-hex string literal that follows the key
 // ending at b[i] (whitespace, ':', whitespace), or nil.
