@@ -1,0 +1,515 @@
+//go:build !race
+
+// The end-to-end tests are left out of -race builds: go-nostr v0.52.3's
+// Relay races with itself when a connection closes (relay.go: the writer
+// goroutine sets r.Connection to nil while close reads it), which the race
+// detector reports in this test process whatever sluice does. The Makefile
+// runs them in a separate pass without -race, so "make test" always
+// includes them.
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/sluice-relay/sluice/internal/redistest"
+)
+
+// These tests build the sluice binary and run it as an operator would:
+// as a process, configured by flags and files, talked to over TCP by a
+// go-nostr client, stopped with SIGTERM.
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	binPath   string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// sluiceBinary builds the binary once per test run.
+func sluiceBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the binary; skipped with -short")
+	}
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "sluice-e2e")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "sluice")
+		cmd := exec.Command("go", "build", "-o", binPath, ".")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out.String())
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// proc is a running sluice.
+type proc struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	addr    string // where clients connect
+	metrics string // where /metrics is
+	done    chan struct{}
+	waitErr error
+
+	mu  sync.Mutex
+	log bytes.Buffer
+}
+
+// startSluice runs sluice with args on free loopback ports (unless args
+// say otherwise) and waits until it listens.
+func startSluice(t *testing.T, args ...string) *proc {
+	t.Helper()
+	bin := sluiceBinary(t)
+	full := append([]string{}, args...)
+	if len(args) > 0 && (args[0] == "relay" || args[0] == "proxy") {
+		full = append(full, "--log-format", "json")
+		if !hasFlag(args, "--listen") {
+			full = append(full, "--listen", "127.0.0.1:0")
+		}
+		if !hasFlag(args, "--metrics-listen") {
+			full = append(full, "--metrics-listen", "127.0.0.1:0")
+		}
+	}
+	cmd := exec.Command(bin, full...)
+	cmd.Env = cleanEnv()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, cmd: cmd, done: make(chan struct{})}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		signalled := false
+		for sc.Scan() {
+			line := sc.Bytes()
+			p.mu.Lock()
+			p.log.Write(line)
+			p.log.WriteByte('\n')
+			p.mu.Unlock()
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal(line, &rec) == nil {
+				switch rec.Msg {
+				case "metrics":
+					p.mu.Lock()
+					p.metrics = rec.Addr
+					p.mu.Unlock()
+				case "listening":
+					p.mu.Lock()
+					p.addr = rec.Addr
+					p.mu.Unlock()
+					if !signalled {
+						signalled = true
+						close(ready)
+					}
+				}
+			}
+		}
+		p.waitErr = cmd.Wait()
+		close(p.done)
+	}()
+	select {
+	case <-ready:
+	case <-p.done:
+		t.Fatalf("sluice %v exited before listening: %v\n%s", full, p.waitErr, p.logs())
+	case <-time.After(2 * time.Minute):
+		p.kill()
+		t.Fatalf("sluice %v did not listen within 2m\n%s", full, p.logs())
+	}
+	t.Cleanup(p.kill)
+	return p
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// cleanEnv is the test's environment without SLUICE_* variables, so a
+// developer's shell cannot change what the tests run.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SLUICE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func (p *proc) url() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return "ws://" + p.addr
+}
+
+func (p *proc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+func (p *proc) kill() {
+	select {
+	case <-p.done:
+	default:
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (p *proc) stop() int {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		p.t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		p.kill()
+		p.t.Fatalf("sluice did not exit within 1m of SIGTERM\n%s", p.logs())
+	}
+	var ee *exec.ExitError
+	if errors.As(p.waitErr, &ee) {
+		return ee.ExitCode()
+	}
+	if p.waitErr != nil {
+		p.t.Fatal(p.waitErr)
+	}
+	return 0
+}
+
+// metric returns the value of one sample line ("name{labels}") of /metrics.
+func (p *proc) metric(t *testing.T, sample string) float64 {
+	t.Helper()
+	p.mu.Lock()
+	addr := p.metrics
+	p.mu.Unlock()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics:\n%s", sample, body)
+	return 0
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func connect(t *testing.T, ctx context.Context, url string) *nostr.Relay {
+	t.Helper()
+	r, err := nostr.RelayConnect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func signed(t *testing.T, sk, content string) nostr.Event {
+	t.Helper()
+	ev := nostr.Event{CreatedAt: nostr.Now(), Kind: 1, Content: content, Tags: nostr.Tags{}}
+	if err := ev.Sign(sk); err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func publishAndRead(t *testing.T, ctx context.Context, url string, ev nostr.Event) {
+	t.Helper()
+	r := connect(t, ctx, url)
+	if err := r.Publish(ctx, ev); err != nil {
+		t.Fatalf("publish through %s: %v", url, err)
+	}
+	readBack(t, ctx, url, ev)
+}
+
+func readBack(t *testing.T, ctx context.Context, url string, ev nostr.Event) {
+	t.Helper()
+	r := connect(t, ctx, url)
+	got, err := r.QuerySync(ctx, nostr.Filter{IDs: []string{ev.ID}})
+	if err != nil {
+		t.Fatalf("query %s: %v", url, err)
+	}
+	if len(got) != 1 || got[0].ID != ev.ID || got[0].Content != ev.Content {
+		t.Fatalf("query %s for %s: got %v", url, ev.ID, got)
+	}
+}
+
+var retryRe = regexp.MustCompile(`^msg: rate-limited: .+; retry in [1-9][0-9]*s$`)
+
+// flood publishes fresh events on one connection until one is refused, and
+// returns how many were admitted and the refusal. It fails the test if no
+// refusal comes within max events.
+func flood(t *testing.T, ctx context.Context, r *nostr.Relay, sk string, max int) (int, error) {
+	t.Helper()
+	for i := range max {
+		ev := signed(t, sk, fmt.Sprintf("flood %d", i))
+		if err := r.Publish(ctx, ev); err != nil {
+			return i, err
+		}
+	}
+	t.Fatalf("no refusal within %d events", max)
+	return max, nil
+}
+
+func checkRefusal(t *testing.T, err error) {
+	t.Helper()
+	if !retryRe.MatchString(err.Error()) {
+		t.Errorf("refusal %q does not match %v", err, retryRe)
+	}
+}
+
+// TestE2ERelay: publish, read back, survive a graceful restart, and refuse
+// a flood with the wait the limit means.
+func TestE2ERelay(t *testing.T) {
+	ctx := testCtx(t)
+	data := t.TempDir()
+	sk := nostr.GeneratePrivateKey()
+
+	p := startSluice(t, "relay", "--data-dir", data)
+	ev := signed(t, sk, "hello from the e2e test")
+	publishAndRead(t, ctx, p.url(), ev)
+
+	// A client still connected while sluice stops must not keep it from
+	// stopping cleanly: the gate says goodbye (1001) and drains it.
+	idle, _, err := websocket.DefaultDialer.DialContext(ctx, p.url(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	if code := p.stop(); code != 0 {
+		t.Fatalf("SIGTERM: exit code %d, want 0 (graceful)\n%s", code, p.logs())
+	}
+	idle.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, _, err = idle.ReadMessage()
+	if !websocket.IsCloseError(err, websocket.CloseGoingAway) {
+		t.Errorf("idle client got %v at shutdown, want close 1001 (going away)", err)
+	}
+	if !strings.Contains(p.logs(), `"msg":"stopped cleanly"`) {
+		t.Errorf("no clean stop in the log:\n%s", p.logs())
+	}
+
+	p = startSluice(t, "relay", "--data-dir", data)
+	readBack(t, ctx, p.url(), ev)
+
+	r := connect(t, ctx, p.url())
+	admitted, err := flood(t, ctx, r, sk, 500)
+	checkRefusal(t, err)
+	if admitted < 10 {
+		t.Errorf("refused after %d events, want at least the burst of 10", admitted)
+	}
+	if n := p.metric(t, `sluice_frames_total{outcome="rate_limited",type="EVENT"}`); n < 1 {
+		t.Errorf("rate_limited EVENT frames = %v, want ≥ 1", n)
+	}
+	if n := p.metric(t, `sluice_open_connections`); n < 1 {
+		t.Errorf("open connections = %v, want ≥ 1", n)
+	}
+	// The same client's REQs still pass: budgets are per type.
+	readBack(t, ctx, p.url(), ev)
+	if code := p.stop(); code != 0 {
+		t.Fatalf("exit code %d\n%s", code, p.logs())
+	}
+}
+
+// TestE2EProxy: sluice proxy in front of sluice relay: events pass both
+// ways, a flood is refused by the proxy, NIP-11 is the upstream's with
+// sluice's limits merged in.
+func TestE2EProxy(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "upstream.yaml")
+	if err := os.WriteFile(cfg, []byte("info: {name: the-upstream, contact: ops@example.org}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up := startSluice(t, "relay", "--config", cfg, "--data-dir", filepath.Join(dir, "data"))
+	px := startSluice(t, "proxy", "--upstream", up.url())
+
+	sk := nostr.GeneratePrivateKey()
+	ev := signed(t, sk, "through the proxy")
+	publishAndRead(t, ctx, px.url(), ev)
+	readBack(t, ctx, up.url(), ev) // it really reached the relay
+
+	r := connect(t, ctx, px.url())
+	_, err := flood(t, ctx, r, sk, 500)
+	checkRefusal(t, err)
+	if n := px.metric(t, `sluice_frames_total{outcome="rate_limited",type="EVENT"}`); n < 1 {
+		t.Errorf("the proxy refused %v EVENTs, want ≥ 1 (the refusal must come from the proxy)", n)
+	}
+
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+strings.TrimPrefix(px.url(), "ws://")+"/", nil)
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Name       string
+		Contact    string
+		Limitation map[string]any
+		RateLimits map[string]any `json:"rate_limits"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Name != "the-upstream" || doc.Contact != "ops@example.org" {
+		t.Errorf("NIP-11 name %q contact %q: want the upstream's own document", doc.Name, doc.Contact)
+	}
+	if doc.Limitation["max_message_length"] != float64(524288) {
+		t.Errorf("NIP-11 limitation = %v, want max_message_length 524288", doc.Limitation)
+	}
+	if doc.RateLimits["message"] == nil {
+		t.Errorf("NIP-11 rate_limits = %v, want the message limits", doc.RateLimits)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/nostr+json" {
+		t.Errorf("NIP-11 Content-Type = %q", ct)
+	}
+
+	for _, p := range []*proc{px, up} {
+		if code := p.stop(); code != 0 {
+			t.Errorf("exit code %d\n%s", code, p.logs())
+		}
+	}
+}
+
+// TestE2ECheck: sluice check as a person runs it.
+func TestE2ECheck(t *testing.T) {
+	bin := sluiceBinary(t)
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("limits:\n  message:\n    EVENT: [{rate: 10, period: 1s}, {rate: 1, period: 60s}]\n"), 0o600)
+
+	cmd := exec.Command(bin, "check", "--config", bad)
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
+		t.Errorf("check of a bad config: %v, want exit %d", err, exitUsage)
+	}
+	if !strings.Contains(string(out), "limits.message.EVENT[1].rate: must be greater than cost 1") {
+		t.Errorf("check output does not name the field:\n%s", out)
+	}
+
+	cmd = exec.Command(bin, "check", "--config", examplePath)
+	cmd.Env = cleanEnv()
+	out, err = cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("check of the example: %v\n%s", err, out)
+	}
+	for _, want := range []string{"configuration OK", "burst 10", "sustained 6.58/s", "240/60s", "CLOSE       free"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestE2ESharedRedis: two sluice relays on one Redis share one budget. A
+// one-hour half-life makes refill negligible during the test, so the
+// count is exact: the burst of 10, not 10 per process.
+func TestE2ESharedRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	// A generous store deadline: this machine is shared and loaded, and
+	// the test is about sharing, not latency.
+	conf := "store: {timeout: 5s}\nlimits: {message: {EVENT: [{rate: 10, period: 1h}]}}\n"
+	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := startSluice(t, "relay", "--config", cfg, "--redis", srv.URL(), "--data-dir", filepath.Join(dir, "a"))
+	b := startSluice(t, "relay", "--config", cfg, "--redis", srv.URL(), "--data-dir", filepath.Join(dir, "b"))
+	ra, rb := connect(t, ctx, a.url()), connect(t, ctx, b.url())
+
+	sk := nostr.GeneratePrivateKey()
+	admitted := 0
+	var refusal error
+	for i := 0; i < 40 && refusal == nil; i++ {
+		r := ra
+		if i%2 == 1 {
+			r = rb
+		}
+		if err := r.Publish(ctx, signed(t, sk, fmt.Sprintf("shared %d", i))); err != nil {
+			refusal = err
+			break
+		}
+		admitted++
+	}
+	if refusal == nil {
+		t.Fatalf("40 events admitted across two relays with a shared burst of 10")
+	}
+	checkRefusal(t, refusal)
+	if admitted != 10 {
+		t.Errorf("admitted %d events across two relays, want exactly the shared burst of 10", admitted)
+	}
+	// The breaker gauge exists and is closed while Redis is up.
+	if v := a.metric(t, "sluice_breaker_open"); v != 0 {
+		t.Errorf("sluice_breaker_open = %v with Redis up", v)
+	}
+	for _, p := range []*proc{a, b} {
+		if code := p.stop(); code != 0 {
+			t.Errorf("exit code %d\n%s", code, p.logs())
+		}
+	}
+}
