@@ -20,7 +20,8 @@ import (
 //     charges it and either writes it to the upstream itself (it is the
 //     upstream's only writer) or queues a refusal for the client;
 //   - the client writer is the client's only writer: it drains the
-//     bounded out queue and sends keepalive pings;
+//     bounded out queue and sends keepalive pings to both sides (a side
+//     silent for two ping intervals is gone);
 //   - the upstream reader queues every relay frame for the client without
 //     ever blocking: a client too slow to keep its queue from filling is
 //     disconnected, so it cannot hold up the relay.
@@ -130,8 +131,18 @@ func (c *conn) writeClient() {
 				return
 			}
 		case <-ping.C:
-			if err := c.client.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.g.writeTimeout)); err != nil {
+			deadline := time.Now().Add(c.g.writeTimeout)
+			if err := c.client.WriteControl(websocket.PingMessage, nil, deadline); err != nil {
 				c.end(false, true, closeGoingAway, "client connection lost")
+				return
+			}
+			// The relay is pinged too: a relay gone without a FIN would
+			// otherwise hold this connection until a write to it failed.
+			// A relay that cannot take a ping within half an interval is
+			// not reading; the short deadline keeps it from stalling the
+			// client's writes and pings.
+			if err := c.up.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.g.pingInterval/2)); err != nil {
+				c.end(true, false, closeGoingAway, "relay connection lost")
 				return
 			}
 		case <-c.closing:
@@ -143,6 +154,7 @@ func (c *conn) writeClient() {
 func (c *conn) readUpstream() {
 	defer c.wg.Done()
 	for {
+		_ = c.up.SetReadDeadline(time.Now().Add(2 * c.g.pingInterval))
 		typ, data, err := c.up.ReadMessage()
 		if err != nil {
 			code, text := closeGoingAway, "relay connection lost"

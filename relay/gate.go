@@ -85,8 +85,9 @@ type Options struct {
 	// queue fills, its connection is closed (1008) rather than holding up
 	// the relay. 0 means DefaultWriteBuffer.
 	WriteBuffer int
-	// PingInterval is the keepalive period towards clients. 0 means
-	// DefaultPingInterval.
+	// PingInterval is the keepalive period towards clients and relays; a
+	// side that sends nothing, not even a pong, for two intervals is
+	// closed. 0 means DefaultPingInterval.
 	PingInterval time.Duration
 	// WriteTimeout bounds one write to a client or to the relay; a side
 	// that stays blocked longer is closed. 0 means DefaultWriteTimeout.
@@ -302,6 +303,9 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	_ = clientConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
 	clientConn.SetPongHandler(func(string) error {
 		return clientConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
+	})
+	upConn.SetPongHandler(func(string) error {
+		return upConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
 	})
 
 	c := &conn{

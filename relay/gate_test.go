@@ -406,6 +406,9 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case strings.HasPrefix(string(data), "echo:"):
 			_ = c.WriteMessage(typ, data[5:])
+		case string(data) == "stall": // stop reading: no pongs, nothing
+			<-r.Context().Done()
+			return
 		case strings.HasPrefix(string(data), "flood:"):
 			big := make([]byte, 64<<10)
 			for {
@@ -795,5 +798,23 @@ func TestGateRelayRefusalPassesThrough(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "7" || string(body) != "relay says slow down" {
 		t.Fatalf("got %d Retry-After %q body %q", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+}
+
+// A relay that stops answering (no frames, no pongs) is dropped after two
+// ping intervals, and the client is told.
+func TestGateStalledRelayDropped(t *testing.T) {
+	rec := newRecorder()
+	g := newGate(t, Options{Limits: &Limits{}, PingInterval: 50 * time.Millisecond})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	_ = c.WriteMessage(websocket.TextMessage, []byte("stall"))
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var err error
+	for err == nil {
+		_, _, err = c.ReadMessage() // answers the gate's pings meanwhile
+	}
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.CloseGoingAway {
+		t.Fatalf("client got %v, want close 1001 (relay lost)", err)
 	}
 }
