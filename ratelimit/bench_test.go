@@ -30,6 +30,14 @@ var benchLimits = map[string][]ratelimit.Limit{
 // goroutineSeq hands each RunParallel goroutine its own starting point.
 var goroutineSeq atomic.Int64
 
+// reportCPU adds cpu-ns/op, the process's CPU time per op since start (see
+// processCPU). Call it with the CPU time read after b.ResetTimer.
+func reportCPU(b *testing.B, start time.Duration) {
+	if cpu := processCPU() - start; cpu > 0 {
+		b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	}
+}
+
 // BenchmarkMemoryStoreDecide measures one decision through DecideInto with
 // the caller's score buffer (the zero-allocation form), and through the
 // Store interface's Decide, which allocates Decision.Scores.
@@ -40,6 +48,7 @@ func BenchmarkMemoryStoreDecide(b *testing.B) {
 			m := ratelimit.NewMemoryStore(0)
 			ctx := context.Background()
 			b.ReportAllocs()
+			cpu := processCPU()
 			b.RunParallel(func(pb *testing.PB) {
 				i := int(goroutineSeq.Add(1)) * 997
 				buf := make([]float64, 0, ratelimit.MaxWindows)
@@ -49,6 +58,7 @@ func BenchmarkMemoryStoreDecide(b *testing.B) {
 					m.DecideInto(ctx, benchKeys[i&4095], limits, at, buf)
 				}
 			})
+			reportCPU(b, cpu)
 		})
 	}
 	b.Run("windows=2/Decide", func(b *testing.B) {
@@ -56,6 +66,7 @@ func BenchmarkMemoryStoreDecide(b *testing.B) {
 		limits := benchLimits["windows=2"]
 		ctx := context.Background()
 		b.ReportAllocs()
+		cpu := processCPU()
 		b.RunParallel(func(pb *testing.PB) {
 			i := int(goroutineSeq.Add(1)) * 997
 			for pb.Next() {
@@ -63,6 +74,7 @@ func BenchmarkMemoryStoreDecide(b *testing.B) {
 				s.Decide(ctx, benchKeys[i&4095], limits, t0.Add(time.Duration(i)*time.Microsecond))
 			}
 		})
+		reportCPU(b, cpu)
 	})
 }
 
@@ -73,6 +85,7 @@ func BenchmarkLimiterAllow(b *testing.B) {
 	limits := benchLimits["windows=2"]
 	ctx := context.Background()
 	b.ReportAllocs()
+	cpu := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		i := int(goroutineSeq.Add(1)) * 997
 		for pb.Next() {
@@ -80,6 +93,7 @@ func BenchmarkLimiterAllow(b *testing.B) {
 			lim.AllowAt(ctx, benchKeys[i&4095], limits, t0.Add(time.Duration(i)*time.Microsecond))
 		}
 	})
+	reportCPU(b, cpu)
 }
 
 // BenchmarkLimiterBlockedFlood: clients already refused keep sending; the
@@ -98,6 +112,7 @@ func BenchmarkLimiterBlockedFlood(b *testing.B) {
 	before := store.calls.Load()
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		i := int(goroutineSeq.Add(1))
 		for pb.Next() {
@@ -109,6 +124,7 @@ func BenchmarkLimiterBlockedFlood(b *testing.B) {
 			}
 		}
 	})
+	reportCPU(b, cpu)
 	b.ReportMetric(float64(store.calls.Load()-before)/float64(b.N), "storecalls/op")
 }
 
@@ -117,6 +133,7 @@ func BenchmarkLimiterBlockedFlood(b *testing.B) {
 func BenchmarkQuota(b *testing.B) {
 	q, _ := ratelimit.NewQuota(600, time.Minute)
 	b.ReportAllocs()
+	cpu := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		i := int(goroutineSeq.Add(1)) * 997
 		for pb.Next() {
@@ -128,4 +145,5 @@ func BenchmarkQuota(b *testing.B) {
 			}
 		}
 	})
+	reportCPU(b, cpu)
 }
