@@ -1,0 +1,30 @@
+# sluice: multi-stage build. The event store (badger) is pure Go, so the
+# binary is static (CGO_ENABLED=0) and the runtime image has no libc.
+#
+#   docker build -t sluice .
+#   docker run -p 7777:7777 -v sluice-data:/data sluice            # sluice relay
+#   docker run -p 7777:7777 sluice proxy --upstream ws://relay:8080
+
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/sluice ./cmd/sluice \
+ && mkdir -p /out/data
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/sluice /usr/local/bin/sluice
+# Owned by the image's nonroot user, so a fresh named volume is writable.
+COPY --from=build --chown=65532:65532 /out/data /data
+# In a container the relay must listen beyond loopback; metrics stay on
+# their own port (publish it only where Prometheus can reach it).
+ENV SLUICE_LISTEN=0.0.0.0:7777 \
+    SLUICE_METRICS_LISTEN=0.0.0.0:9777 \
+    SLUICE_DATA_DIR=/data
+VOLUME /data
+EXPOSE 7777 9777
+USER nonroot:nonroot
+ENTRYPOINT ["/usr/local/bin/sluice"]
+CMD ["relay"]

@@ -1,0 +1,75 @@
+# sluice — make targets. Quick start: `make run`, `make test`.
+#
+#   make run      a relay on 127.0.0.1:7777 with the built-in config: memory
+#                 limits (no Redis), events in ./data, metrics on 127.0.0.1:9777
+#   make test     every test of the module and of the example modules
+#                 (RACE=-race for the race detector, as CI does)
+#   make bench    the Go benchmarks, briefly (BENCHTIME=1s)
+#   make fuzz     every fuzz target for FUZZTIME each (default 20s)
+#   make lint     gofmt, go vet (and staticcheck when installed)
+#   make build    bin/sluice
+
+GO        ?= go
+BIN       ?= bin/sluice
+RACE      ?=
+TESTFLAGS ?=
+BENCHTIME ?= 1s
+FUZZTIME  ?= 20s
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+
+# Nested modules (examples/khatru, examples/rely, …): every directory below
+# examples/ that has its own go.mod.
+EXAMPLE_MODULES := $(sort $(dir $(wildcard examples/*/go.mod examples/*/*/go.mod)))
+
+# Packages whose end-to-end tests are built only without -race (their
+# relay frameworks or clients race on their own; see the files' comments).
+# With RACE set, `make test` runs those packages a second time without it,
+# so they are never left out.
+NORACE_PKGS := $(sort $(patsubst %/,./%,$(dir $(shell grep -rl --include='*_test.go' --exclude-dir=examples '^//go:build !race' . 2>/dev/null | sed 's|^\./||'))))
+
+.PHONY: run test bench fuzz lint build clean
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sluice
+
+run: build
+	./$(BIN) relay --listen 127.0.0.1:7777 --data-dir ./data
+
+test:
+	$(GO) test $(RACE) $(TESTFLAGS) ./...
+ifneq ($(strip $(RACE)),)
+ifneq ($(strip $(NORACE_PKGS)),)
+	$(GO) test $(TESTFLAGS) $(NORACE_PKGS)
+endif
+endif
+	@set -e; for m in $(EXAMPLE_MODULES); do \
+		echo "== $$m"; \
+		(cd $$m && $(GO) test $(RACE) $(TESTFLAGS) ./...); \
+		if [ -n "$(strip $(RACE))" ] && grep -rlq --include='*_test.go' '^//go:build !race' $$m; then \
+			(cd $$m && $(GO) test $(TESTFLAGS) ./...); \
+		fi; \
+	done
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 1 ./...
+
+# One `go test -fuzz` per target: Go fuzzes a single target at a time.
+fuzz:
+	@set -e; grep -rl --include='*_test.go' --exclude-dir=examples '^func Fuzz' . | while read -r f; do \
+		pkg=./$$(dirname $${f#./}); \
+		for fn in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== $$pkg $$fn"; \
+			$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+		if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	@set -e; for m in $(EXAMPLE_MODULES); do (cd $$m && $(GO) vet ./...); done
+	@if command -v staticcheck >/dev/null 2>&1; then staticcheck ./...; else echo "staticcheck not installed; skipped"; fi
+
+clean:
+	rm -rf bin
