@@ -167,7 +167,7 @@ func (c *conn) readUpstream() {
 			c.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, text))
 			return
 		}
-		if typ == websocket.TextMessage && (c.quota != nil || c.authPending()) {
+		if typ == websocket.TextMessage && c.g.watchOK {
 			c.watch(data)
 		}
 		c.send(typ, data)
@@ -205,12 +205,6 @@ func (c *conn) watch(frame []byte) {
 		c.authPK = ""
 	}
 	c.authMu.Unlock()
-}
-
-func (c *conn) authPending() bool {
-	c.authMu.Lock()
-	defer c.authMu.Unlock()
-	return c.authPK != ""
 }
 
 func (c *conn) auth() (pubkey string, free bool) {
@@ -305,6 +299,9 @@ func (c *conn) admit(typ int, frame []byte) bool {
 			return c.admitEvent(f, frame)
 		}
 	case TypeAUTH:
+		if !c.g.watchOK {
+			break
+		}
 		if id, pk, res := eventFields(frame); res == scanOK {
 			c.authMu.Lock()
 			c.authID, c.authPK = id, hex.EncodeToString(pk[:])

@@ -131,7 +131,10 @@ type Gate struct {
 	obs          *Observer
 	log          *slog.Logger
 	identity     *Identity
-	upgrader     websocket.Upgrader
+	// watchOK: the relay's OKs matter (a quota to charge, or allow-listed
+	// pubkeys a connection may authenticate as), so AUTHs and OKs are read.
+	watchOK  bool
+	upgrader websocket.Upgrader
 
 	mu     sync.Mutex
 	closed bool
@@ -168,6 +171,7 @@ func New(opts Options) (*Gate, error) {
 	if err := g.identity.Validate(); err != nil {
 		return nil, err
 	}
+	g.watchOK = g.quota != nil || (g.identity != nil && g.identity.Allow != nil && len(g.identity.Allow.Pubkeys) > 0)
 	if g.limiter == nil {
 		g.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
 	}

@@ -139,3 +139,32 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	}
 	step(c3, eventFrame(33, trusted), okReply(33, false, "rate-limited: slow down; retry in 1s"))
 }
+
+// Without a quota, an allow-listed pubkey still counts once the connection
+// has authenticated as it; an AUTH the relay refused buys nothing.
+func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
+	clk := newClock()
+	trusted := pubkeyN(50)
+	al, _ := NewAllowList(nil, []string{trusted})
+	var l Limits
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	rec := newRecorder()
+	refusedAuth := hex32{31: 200}
+	rec.answerOK = func(id hex32) bool { return id != refusedAuth }
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Identity: &Identity{Allow: al}})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	step := func(frame, want string) {
+		t.Helper()
+		_ = c.WriteMessage(websocket.TextMessage, []byte(frame))
+		if got := readText(t, c); got != want {
+			t.Fatalf("%s\n got %s\nwant %s", frame, got, want)
+		}
+	}
+	step(fmt.Sprintf(`["AUTH",{"id":"%064x","pubkey":"%s"}]`, 200, trusted), okReply(200, false, ""))
+	step(eventFrame(1, trusted), okReply(1, true, ""))
+	step(eventFrame(2, trusted), okReply(2, false, "rate-limited: slow down; retry in 1s"))
+	step(fmt.Sprintf(`["AUTH",{"id":"%064x","pubkey":"%s"}]`, 201, trusted), okReply(201, true, ""))
+	for i := 3; i < 8; i++ {
+		step(eventFrame(i, trusted), okReply(i, true, ""))
+	}
+}
