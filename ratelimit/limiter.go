@@ -31,7 +31,7 @@ const statStripes = 16
 // the store, so the local answer is the one the store would give.
 //
 // The table is fixed-size and lock-free: a key hashes (with a per-process
-// random seed) to a bucket of blockedWays slots, each holding a 64-bit
+// random seed) to a bucket of four slots, each holding a 64-bit
 // fingerprint of a key and its instant, and a key whose fingerprint is in
 // none of them simply asks the store. A full bucket evicts the entry that
 // ends first, so two blocked flooders that share a bucket do not push each
@@ -161,6 +161,9 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now t
 		err error
 	)
 	if l.mem != nil {
+		if storeNow.IsZero() && l.mem.Now == nil {
+			storeNow = now // the same clock; spare the store reading it again
+		}
 		d, err = l.mem.decide(key, limits, storeNow, nil)
 	} else {
 		d, err = l.store.Decide(ctx, key, limits, storeNow)
