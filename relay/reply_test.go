@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -220,4 +221,33 @@ func BenchmarkAppendRefusal(b *testing.B) {
 			buf = AppendRefusal(buf[:0], Frame{}, "reason with \"quotes\" and \n é")
 		}
 	})
+}
+
+func ExampleAppendRateLimited() {
+	frame := []byte(`["REQ","feed",{"kinds":[1],"limit":20}]`)
+	f := Peek(frame)
+	fmt.Println(f.Type, string(f.ID))
+	fmt.Println(string(AppendRateLimited(nil, f, 17200*time.Millisecond)))
+	fmt.Println(string(AppendUnavailable(nil, Peek([]byte(`["CLOSE","feed"]`)))))
+	// Output:
+	// REQ "feed"
+	// ["CLOSED","feed","rate-limited: slow down; retry in 18s"]
+	// ["NOTICE","error: rate limiter unavailable"]
+}
+
+func ExamplePeek() {
+	for _, frame := range []string{
+		`["EVENT",{"id":"4376c65d2f232afbe9b882a35baa4f6fe8667c4e684749af565f981833ed6a65","kind":1}]`,
+		` [ "\u0043OUNT" , "c1", {} ]`,
+		`["event",{}]`,
+		`["EVENT"`,
+	} {
+		f := Peek([]byte(frame))
+		fmt.Printf("%v id=%s\n", f.Type, f.ID)
+	}
+	// Output:
+	// EVENT id="4376c65d2f232afbe9b882a35baa4f6fe8667c4e684749af565f981833ed6a65"
+	// COUNT id="c1"
+	// OTHER id=
+	// OTHER id=
 }
