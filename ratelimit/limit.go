@@ -149,7 +149,9 @@ func (l Limit) Sustained() float64 {
 	return float64(time.Second) / float64(iv)
 }
 
-// String renders the limit as in the config ("10/1s") and what it means.
+// String renders the limit as in the config ("10/1s"), with its cost when
+// that is not 1 ("10/1s cost 2"). Burst, Interval and Sustained say what it
+// means.
 func (l Limit) String() string {
 	s := strconv.FormatFloat(l.Rate, 'g', -1, 64) + "/" + l.Period.String()
 	if c := l.cost(); c != 1 {

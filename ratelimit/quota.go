@@ -14,7 +14,7 @@ const DefaultQuotaSlots = 1024
 
 // MaxQuotaEvents is the largest events-per-window a Quota accepts: the count
 // shares one 64-bit word with the window number.
-const MaxQuotaEvents = 1<<quotaCountBits - 1
+const MaxQuotaEvents = 1<<22 - 1
 
 // ErrInvalidQuota is wrapped by NewQuota.
 var ErrInvalidQuota = errors.New("ratelimit: invalid quota")
@@ -23,7 +23,7 @@ const (
 	quotaCountBits = 22 // up to 4,194,303 events per window
 	quotaWinBits   = 64 - quotaCountBits
 	quotaWinMask   = 1<<quotaWinBits - 1
-	quotaCountMask = 1<<quotaCountBits - 1
+	quotaCountMask = MaxQuotaEvents
 	quotaHalf      = 1 << (quotaWinBits - 1) // serial-number comparison
 )
 

@@ -11,7 +11,10 @@ type Decision struct {
 	// Allowed reports whether every window admitted the message.
 	Allowed bool
 	// Wait is the exact time until the same message would be admitted: the
-	// largest wait among the refusing windows. Zero when Allowed.
+	// largest wait among the refusing windows, a whole number of
+	// milliseconds (the resolution of decisions; see the package doc), at
+	// least 1 ms. Zero when Allowed. A Limiter's local refusal reports the
+	// part of the store's wait that remains.
 	Wait time.Duration
 	// Scores holds, per window in the order given, the score after the
 	// decision (written when Allowed; decayed but unwritten when refused).
