@@ -1,7 +1,10 @@
 package relay
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -76,13 +79,76 @@ func TestEventFields(t *testing.T) {
 	bad(``)
 }
 
+// FuzzEventFields checks eventFields against encoding/json: on valid JSON
+// they must agree, so the gate never refuses as unattributable an event
+// the relay would read as having one id and one pubkey, and never
+// attributes an event to other values than the relay reads.
 func FuzzEventFields(f *testing.F) {
 	f.Add([]byte(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `","tags":[["e","\""]]}]`))
+	f.Add([]byte(`["EVENT",{"\u0069d":"` + idHex + `","pubkey":"` + pkHex + `","pubkey":"` + pkHex + `"}]`))
 	f.Add([]byte(`["OK","` + idHex + `",true,""]`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		eventFields(b) // must not panic
+		id, pk, res := eventFields(b) // must not panic
 		relayOK(b)
+		if !json.Valid(b) {
+			return
+		}
+		wid, wpk, ok := referenceFields(b)
+		if ok != (res == scanOK) || ok && (wid != id || wpk != pk) {
+			t.Fatalf("eventFields(%s) = %x %x %v; encoding/json reads %x %x %v", b, id, pk, res, wid, wpk, ok)
+		}
 	})
+}
+
+// referenceFields is eventFields by encoding/json's tokenizer: the frame
+// is an array whose second element is an object with exactly one "id" and
+// one "pubkey" key, each a string of 64 hex digits.
+func referenceFields(b []byte) (id, pk hex32, ok bool) {
+	var arr []json.RawMessage
+	if json.Unmarshal(b, &arr) != nil || len(arr) < 2 {
+		return id, pk, false
+	}
+	var label string
+	if json.Unmarshal(arr[0], &label) != nil {
+		return id, pk, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(arr[1]))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return id, pk, false
+	}
+	var nid, npk int
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return id, pk, false
+		}
+		key := tok.(string)
+		var raw json.RawMessage
+		if dec.Decode(&raw) != nil {
+			return id, pk, false
+		}
+		var dst *hex32
+		switch key {
+		case "id":
+			nid++
+			dst = &id
+		case "pubkey":
+			npk++
+			dst = &pk
+		default:
+			continue
+		}
+		var s string
+		if json.Unmarshal(raw, &s) != nil || len(s) != 64 {
+			return id, pk, false
+		}
+		v, err := hex.DecodeString(s)
+		if err != nil {
+			return id, pk, false
+		}
+		copy(dst[:], v)
+	}
+	return id, pk, nid == 1 && npk == 1
 }
 
 func TestRelayOK(t *testing.T) {
