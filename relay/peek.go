@@ -50,12 +50,20 @@ const MaxSubIDLen = 256
 
 // MaxIDScan bounds the scan for an event's top-level "id" (EVENT, AUTH): at
 // most this many bytes of the frame are looked at. It equals the gate's
-// default read limit, so by default the id of any frame the gate accepts is
-// found, wherever the client's library put it (nostr-tools writes it after
-// the tags and content). The scan is linear, allocation-free and skips string
-// bodies with bytes.IndexByte; it stops at the id, so the usual cost is a few
-// hundred bytes.
+// default read limit, so the id of a real event the gate accepts is found
+// wherever the client's library put it (nostr-tools and NDK write it after
+// the tags and content). The scan is linear, allocation-free, skips string
+// bodies with bytes.IndexByte and stops at the id, so the usual cost is a
+// few hundred bytes; a budget of structural bytes (see maxIDTokens) keeps a
+// frame built to be expensive from costing a byte-by-byte walk of all of it.
 const MaxIDScan = 512 << 10
+
+// maxIDTokens bounds the structural bytes (brackets, braces, commas,
+// strings) the id scan acts on. Real events need few even when they are large
+// (a contact list filling MaxIDScan has under 45,000; a long article's content
+// is one string, skipped at memchr speed); a frame made of nothing but
+// "[]," would otherwise cost a byte-by-byte walk over all of MaxIDScan.
+const maxIDTokens = 1 << 16
 
 // String returns the wire label ("EVENT", "NEG-OPEN", …; "OTHER" for the
 // catch-all). A value outside the set renders as "OTHER".
@@ -141,8 +149,8 @@ type Frame struct {
 // second element when that is a well-formed JSON string of valid UTF-8 of at
 // most MaxSubIDLen raw bytes. For EVENT and AUTH it is the value of the
 // event object's top-level "id" key (the key spelled without escapes; an "id"
-// inside tags or content does not count), found by a scan of at most
-// MaxIDScan bytes that tracks string state and nesting depth and never
+// inside tags or content does not count), found by a bounded scan (at most
+// MaxIDScan bytes) that tracks string state and nesting depth and never
 // decodes the event; it is used only when it is exactly 64 lowercase hex
 // digits. Otherwise ID is nil.
 func Peek(frame []byte) Frame {
@@ -324,7 +332,8 @@ func subID(b []byte, i int) []byte {
 // top-level "id" decides: a later duplicate is not looked for. The scan
 // tracks string state and nesting depth, so keys and values inside nested
 // objects, arrays and strings never count, and it gives up (nil) at the end
-// of the object, at the end of input, or after MaxIDScan bytes.
+// of the object, at the end of input, after MaxIDScan bytes or after
+// maxIDTokens structural bytes.
 func eventID(b []byte, i int) []byte {
 	if i >= len(b) || b[i] != '{' {
 		return nil
@@ -332,10 +341,16 @@ func eventID(b []byte, i int) []byte {
 	b = b[:min(len(b), i+MaxIDScan)]
 	depth := 1
 	expectKey := true // at depth 1, the next string is a key
+	tokens := 0
 	for j := i + 1; j < len(b); j++ {
-		switch scanClass[b[j]] {
-		case scanOther:
-			// numbers, literals, ':' and whitespace change nothing here
+		class := scanClass[b[j]]
+		if class == scanOther {
+			continue // numbers, literals, ':' and whitespace change nothing here
+		}
+		if tokens++; tokens > maxIDTokens {
+			return nil
+		}
+		switch class {
 		case scanOpen:
 			depth++
 		case scanClose:

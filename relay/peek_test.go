@@ -151,6 +151,39 @@ func isSubSlice(outer, inner []byte) bool {
 	return false
 }
 
+// TestPeekLargeEvents checks the scan bounds: a big real event (a contact
+// list of 4,000 follows with relay hints and petnames, id last as
+// nostr-tools writes it) still yields its
+// id, while a frame of nothing but structure gives up before reaching it.
+func TestPeekLargeEvents(t *testing.T) {
+	var follows strings.Builder
+	for i := range 4000 {
+		if i > 0 {
+			follows.WriteByte(',')
+		}
+		follows.WriteString(`["p","` + testID2 + `","wss://relay.example.com","alice"]`)
+	}
+	contacts := []byte(`["EVENT",{"kind":3,"created_at":1,"tags":[` + follows.String() + `],"content":"","pubkey":"` + testID2 + `","id":"` + testID + `","sig":"00"}]`)
+	if len(contacts) > MaxIDScan {
+		t.Fatalf("test event of %d bytes exceeds MaxIDScan", len(contacts))
+	}
+	if f := Peek(contacts); string(f.ID) != `"`+testID+`"` {
+		t.Errorf("contact list (%d bytes): ID = %q, want the id", len(contacts), f.ID)
+	}
+	article := []byte(`["EVENT",{"kind":30023,"content":"` + strings.Repeat("words and \"quotes\" ", 20000) + `","id":"` + testID + `"}]`)
+	if f := Peek(article); string(f.ID) != `"`+testID+`"` {
+		t.Errorf("long article (%d bytes): ID = %q, want the id", len(article), f.ID)
+	}
+	flood := []byte(`["EVENT",{"a":[` + strings.Repeat("[],", maxIDTokens) + `[]],"id":"` + testID + `"}]`)
+	if f := Peek(flood); f.Type != TypeEVENT || f.ID != nil {
+		t.Errorf("structural flood: %v %q, want EVENT without id", f.Type, f.ID)
+	}
+	past := []byte(`["EVENT",{"content":"` + strings.Repeat("x", MaxIDScan) + `","id":"` + testID + `"}]`)
+	if f := Peek(past); f.Type != TypeEVENT || f.ID != nil {
+		t.Errorf("id past MaxIDScan: %v %q, want EVENT without id", f.Type, f.ID)
+	}
+}
+
 func TestTypeString(t *testing.T) {
 	want := []string{"OTHER", "EVENT", "REQ", "CLOSE", "COUNT", "AUTH", "NEG-OPEN", "NEG-MSG", "NEG-CLOSE"}
 	if len(want) != int(NumTypes) {
@@ -218,7 +251,9 @@ func BenchmarkPeek(b *testing.B) {
 		{"hostile-long-label", `["` + strings.Repeat("A", 4096) + `"]`},
 		{"hostile-nested-4KiB", `["EVENT",{"a":` + strings.Repeat("[", 4096) + `]`},
 		{"hostile-quotes-4KiB", `["EVENT",{"a":[` + strings.Repeat(`""",`, 800) + `]`},
-		{"hostile-worst-512KiB", `["EVENT",{"a":[` + strings.Repeat(`[],`, (512<<10)/3-8) + `]}]`},
+		{"hostile-structure-512KiB", `["EVENT",{"a":[` + strings.Repeat(`[],`, (512<<10)/3-8) + `]}]`},
+		{"hostile-digits-512KiB", `["EVENT",{"a":` + strings.Repeat(`1`, (512<<10)-20) + `}]`},
+		{"hostile-whitespace-512KiB", strings.Repeat(" ", (512<<10)-20) + `["REQ","s"]`},
 		{"hostile-whitespace-4KiB", strings.Repeat(" ", 4096) + `["REQ","s"]`},
 		{"hostile-garbage", "\xef\xbb\xbf\x00\x00garbage"},
 	} {
