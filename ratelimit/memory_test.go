@@ -237,11 +237,18 @@ func TestMemoryStoreDecideInto(t *testing.T) {
 	if &d.Scores[0] != &buf[0] {
 		t.Error("DecideInto did not use the buffer's capacity")
 	}
-	allocs := testing.AllocsPerRun(100, func() {
-		m.DecideInto(context.Background(), "k", twoWindows, t9, buf[:0])
-	})
-	if allocs != 0 {
-		t.Errorf("DecideInto allocates %v per call, want 0", allocs)
+	three := []ratelimit.Limit{
+		ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute), ratelimit.PerPeriod(1000, time.Hour),
+	}
+	for n := 1; n <= 3; n++ {
+		i := 0
+		allocs := testing.AllocsPerRun(100, func() {
+			i++ // admitted and refused both
+			m.DecideInto(context.Background(), "k", three[:n], t9.Add(time.Duration(i)*time.Millisecond), buf[:0])
+		})
+		if allocs != 0 {
+			t.Errorf("DecideInto with %d windows allocates %v per call, want 0", n, allocs)
+		}
 	}
 }
 
