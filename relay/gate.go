@@ -284,10 +284,14 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		g.obs.connection(Admitted)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
+	if !handshakeOK(r) {
+		// Let the upgrader answer a malformed handshake before it costs
+		// a connection to the relay.
+		_, _ = g.upgrader.Upgrade(w, r, nil)
+		return
+	}
 	upConn, resp, err := up.dial(r.Context(), r, addr)
 	if err != nil {
-		cancel()
 		if resp != nil {
 			// The relay refused the handshake itself: pass its answer on.
 			relayRefusal(w, resp)
@@ -299,7 +303,6 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	}
 	clientConn, err := g.upgrader.Upgrade(w, r, nil)
 	if err != nil {
-		cancel()
 		_ = upConn.Close()
 		return // the upgrader has answered
 	}
@@ -312,6 +315,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		return upConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
 	})
 
+	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
 		g:       g,
 		client:  clientConn,
@@ -333,6 +337,15 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	c.run()
 	g.obs.open(-1)
 	g.remove(c)
+}
+
+// handshakeOK reports whether r has what the upgrader requires of a
+// client handshake (RFC 6455 4.2.1), short of the Connection and Upgrade
+// headers that IsWebSocketUpgrade has checked.
+func handshakeOK(r *http.Request) bool {
+	return r.Method == http.MethodGet &&
+		r.Header.Get("Sec-Websocket-Version") == "13" &&
+		r.Header.Get("Sec-Websocket-Key") != ""
 }
 
 // relayRefusal copies a relay's refused handshake to the client: status,

@@ -884,3 +884,27 @@ func TestGateStalledRelayDropped(t *testing.T) {
 		t.Fatalf("client got %v, want close 1001 (relay lost)", err)
 	}
 }
+
+// A malformed handshake is refused by the gate without reaching the relay.
+func TestGateBadHandshakeNotForwarded(t *testing.T) {
+	rec := newRecorder()
+	g := newGate(t, Options{Limits: &Limits{}})
+	url := "http" + strings.TrimPrefix(serve(t, g.Wrap(rec)), "ws")
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Sec-WebSocket-Version", "13") // no key
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("status %d, want 400", resp.StatusCode)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.hdr != nil {
+		t.Error("the relay saw a handshake for a malformed upgrade")
+	}
+}
