@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -71,9 +72,10 @@ const (
 	closeGoingAway  = websocket.CloseGoingAway       // 1001: shutdown, upstream lost
 )
 
-// end tears the connection down once: it sends code/text to each side
-// that is still open (send… false for a side that closed first or is
-// broken), closes both sockets and cancels ctx. Safe from any goroutine.
+// end tears the connection down once: it sends a close frame with code
+// and text to the client if toClient and to the relay if toUp (false for
+// a side that closed first or is broken), closes both sockets and cancels
+// ctx. Safe from any goroutine; only the first call does anything.
 func (c *conn) end(toClient, toUp bool, code int, text string) {
 	c.once.Do(func() {
 		deadline := time.Now().Add(time.Second)

@@ -325,7 +325,18 @@ func TestGateRefusalWire(t *testing.T) {
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
 	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
 	rec := newRecorder()
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l})
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var open atomic.Int64
+	obs := &Observer{
+		Frame: func(ty Type, o Outcome) {
+			mu.Lock()
+			seen[ty.String()+" "+o.String()]++
+			mu.Unlock()
+		},
+		Open: func(d int) { open.Add(int64(d)) },
+	}
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Observer: obs})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 
 	frames := []string{
@@ -355,6 +366,22 @@ func TestGateRefusalWire(t *testing.T) {
 	}
 	if got := rec.frames(2); got[0] != frames[0] || got[1] != frames[2] {
 		t.Errorf("relay got %q, want only the admitted frames", got)
+	}
+	mu.Lock()
+	wantSeen := map[string]int{"EVENT admitted": 1, "EVENT rate_limited": 1, "REQ admitted": 1, "REQ rate_limited": 1}
+	if fmt.Sprint(seen) != fmt.Sprint(wantSeen) {
+		t.Errorf("observer saw %v, want %v", seen, wantSeen)
+	}
+	mu.Unlock()
+	if n := open.Load(); n != 1 {
+		t.Errorf("observer counts %d open connections, want 1", n)
+	}
+	c.Close()
+	for i := 0; i < 200 && open.Load() != 0; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := open.Load(); n != 0 {
+		t.Errorf("observer counts %d open connections after close, want 0", n)
 	}
 }
 
