@@ -15,8 +15,7 @@ import (
 // LimiterOptions.BlockedSlots is 0: 16,384 clients-and-types at 32 bytes each.
 const DefaultBlockedSlots = 1 << 14
 
-// blockedWays is the number of slots a key may use: one bucket, two cache
-// lines.
+// blockedWays is the number of slots a key may use: one bucket.
 const blockedWays = 4
 
 // statStripes spreads the Limiter's counters over padded cells so that
@@ -44,7 +43,7 @@ type Limiter struct {
 	mem     *MemoryStore // store, when it is one: its allocation-free path
 	now     func() time.Time
 	seed    maphash.Seed
-	blocked []blockedSlot
+	blocked []blockedBucket
 	mask    uint64 // bucket index mask
 	stats   [statStripes]statStripe
 }
@@ -70,14 +69,17 @@ type LimiterStats struct {
 	LocalRefusals uint64
 }
 
-// blockedSlot is one refused-until entry, guarded by a sequence lock: seq is
-// odd while a writer fills fp and until, and a reader that sees seq change
-// or odd ignores the slot. Every field is atomic so that readers never race.
-type blockedSlot struct {
-	seq   atomic.Uint64
-	fp    atomic.Uint64 // fingerprint of the key; 0 means empty
-	until atomic.Int64  // unix nanoseconds
-	_     [8]byte       // 32 bytes: two slots to a cache line, never straddling
+// blockedBucket holds blockedWays refused-until entries, laid out so that
+// the fields a lookup reads for every message (seq and fp, 64 bytes) share
+// one cache line and until is only read on a match. Each entry is guarded
+// by a sequence lock: seq[i] is odd while a writer fills fp[i] and until[i],
+// and a reader that sees it change or odd ignores the entry. Every field is
+// atomic so that readers never race.
+type blockedBucket struct {
+	seq   [blockedWays]atomic.Uint64
+	fp    [blockedWays]atomic.Uint64 // fingerprint of the key; 0 means empty
+	until [blockedWays]atomic.Int64  // unix nanoseconds
+	_     [128 - 3*8*blockedWays]byte
 }
 
 type statStripe struct {
@@ -103,7 +105,7 @@ func NewLimiter(store Store, opts LimiterOptions) *Limiter {
 		store:   store,
 		now:     opts.Now,
 		seed:    maphash.MakeSeed(),
-		blocked: make([]blockedSlot, n),
+		blocked: make([]blockedBucket, n/blockedWays),
 		mask:    uint64(n/blockedWays - 1),
 	}
 	l.mem, _ = store.(*MemoryStore)
@@ -144,15 +146,12 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now t
 	if fp == 0 {
 		fp = 1 // 0 marks the empty slot
 	}
-	b := ((h >> 32) & l.mask) * blockedWays
-	bucket := l.blocked[b : b+blockedWays : b+blockedWays]
+	bucket := &l.blocked[(h>>32)&l.mask]
 	st := &l.stats[h>>60]
 
-	for i := range bucket {
-		if until, ok := bucket[i].load(fp); ok && nowNs < until {
-			st.localRefusals.Add(1)
-			return Decision{Wait: time.Duration(until - nowNs)}, nil
-		}
+	if until, ok := bucket.load(fp); ok && nowNs < until {
+		st.localRefusals.Add(1)
+		return Decision{Wait: time.Duration(until - nowNs)}, nil
 	}
 
 	st.storeCalls.Add(1)
@@ -176,7 +175,7 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now t
 		return Decision{}, err
 	}
 	if !d.Allowed && d.Wait > 0 {
-		remember(bucket, fp, nowNs, nowNs+int64(d.Wait))
+		bucket.remember(fp, nowNs, nowNs+int64(d.Wait))
 	}
 	return d, nil
 }
@@ -194,18 +193,35 @@ func (l *Limiter) Stats() LimiterStats {
 	return s
 }
 
-// remember records key fp as refused until until in its bucket: in its own
-// slot if it has one, else in one that is empty or has expired at now, else
-// in place of the entry that ends first.
-func remember(bucket []blockedSlot, fp uint64, now, until int64) {
+// load returns the instant until which key fp is refused, when the bucket
+// holds an entry for it that was not being written while read.
+func (b *blockedBucket) load(fp uint64) (int64, bool) {
+	for i := range blockedWays {
+		q := b.seq[i].Load()
+		if q&1 != 0 || b.fp[i].Load() != fp {
+			continue
+		}
+		until := b.until[i].Load()
+		if b.seq[i].Load() != q {
+			return 0, false
+		}
+		return until, true
+	}
+	return 0, false
+}
+
+// remember records key fp as refused until until: in its own entry if it
+// has one, else in one that is empty or has expired at now, else in place
+// of the entry that ends first. The reads that choose are hints; the write
+// itself is guarded.
+func (b *blockedBucket) remember(fp uint64, now, until int64) {
 	victim, victimUntil := 0, int64(math.MaxInt64)
-	for i := range bucket {
-		s := &bucket[i]
-		u := s.until.Load()
-		if s.fp.Load() == fp {
+	for i := range blockedWays {
+		if b.fp[i].Load() == fp {
 			victim = i
 			break
 		}
+		u := b.until[i].Load()
 		if u <= now {
 			u = math.MinInt64 // empty or expired: take the first such
 		}
@@ -213,31 +229,17 @@ func remember(bucket []blockedSlot, fp uint64, now, until int64) {
 			victim, victimUntil = i, u
 		}
 	}
-	bucket[victim].store(fp, until)
+	b.store(victim, fp, until)
 }
 
-// load returns the slot's until when it holds fingerprint fp and was not
-// being written while read.
-func (s *blockedSlot) load(fp uint64) (int64, bool) {
-	q := s.seq.Load()
-	if q&1 != 0 || s.fp.Load() != fp {
-		return 0, false
-	}
-	until := s.until.Load()
-	if s.seq.Load() != q {
-		return 0, false
-	}
-	return until, true
-}
-
-// store writes fp and until unless another writer holds the slot; losing
-// that race only costs the key one more store call later.
-func (s *blockedSlot) store(fp uint64, until int64) {
-	q := s.seq.Load()
-	if q&1 != 0 || !s.seq.CompareAndSwap(q, q+1) {
+// store writes entry i unless another writer holds it; losing that race
+// only costs the key one more store call later.
+func (b *blockedBucket) store(i int, fp uint64, until int64) {
+	q := b.seq[i].Load()
+	if q&1 != 0 || !b.seq[i].CompareAndSwap(q, q+1) {
 		return
 	}
-	s.fp.Store(fp)
-	s.until.Store(until)
-	s.seq.Store(q + 2)
+	b.fp[i].Store(fp)
+	b.until[i].Store(until)
+	b.seq[i].Store(q + 2)
 }
