@@ -135,12 +135,28 @@ var stepTables = []struct {
 		{t0, false, 1585 * time.Millisecond, []float64{3}},
 		{t5.Add(585 * time.Millisecond), true, 0, nil},
 	}},
+	{"hour half-life: burst, minute, hour", []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}, append(
+		burstSteps(t0, 100),
+		step{t0, false, 52199 * time.Millisecond, []float64{100}}, // 1h·log2(100/99) = 52.1985s
+		step{t7, true, 0, []float64{99.85140203528961}},
+		step{t7, false, 44475 * time.Millisecond, nil}, // 1h·log2(99.8514/99) = 44.4741s
+		step{t8, true, 0, []float64{51.505809720150964}},
+	)},
 	{"sub-millisecond instants are truncated", per3s, []step{
 		{t0.Add(900 * time.Microsecond), true, 0, nil},
 		{t0, true, 0, nil},
 		{t0.Add(999 * time.Microsecond), true, 0, nil},
 		{t0.Add(500 * time.Microsecond), false, 585 * time.Millisecond, []float64{3}},
 	}},
+}
+
+// burstSteps is n admitted messages at instant at, from rest.
+func burstSteps(at time.Time, n int) []step {
+	steps := make([]step, n)
+	for i := range steps {
+		steps[i] = step{at, true, 0, []float64{float64(i + 1)}}
+	}
+	return steps
 }
 
 func TestMemoryStoreSteps(t *testing.T) {
