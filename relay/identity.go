@@ -64,8 +64,8 @@ type Identity struct {
 }
 
 // Validate reports a configuration Client cannot honour: a prefix length
-// outside 0…128, an invalid trusted-proxy prefix, or a header name that is
-// not an HTTP token.
+// outside 0…128, an invalid or IPv4-mapped trusted-proxy prefix, or a
+// header name that is not an HTTP token.
 func (id *Identity) Validate() error {
 	if id == nil {
 		return nil
@@ -76,6 +76,11 @@ func (id *Identity) Validate() error {
 	for _, p := range id.TrustedProxies {
 		if !p.IsValid() {
 			return fmt.Errorf("%w: trusted_proxies: invalid prefix %v", ErrIdentity, p)
+		}
+		if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			// Peers are compared unmapped and without zones, so such a
+			// prefix would silently never match.
+			return fmt.Errorf("%w: trusted_proxies: %v: write IPv4 networks as IPv4, without zones", ErrIdentity, p)
 		}
 	}
 	if h := id.Header; h != "" && !isToken(h) {
@@ -315,8 +320,8 @@ func (id *Identity) Key(ip string) (key string, charge bool) {
 // a linear pubkey lookup. A nil *AllowList allows nothing. It must not be
 // changed once in use; it is then safe for concurrent use.
 type AllowList struct {
-	IPs     []netip.Prefix
-	Pubkeys []string // 64 lowercase hex digits each
+	IPs     []netip.Prefix // IPv4 networks as IPv4: clients are compared unmapped
+	Pubkeys []string       // 64 lowercase hex digits each
 
 	set map[[32]byte]struct{} // Pubkeys decoded, built by NewAllowList
 }

@@ -159,6 +159,7 @@ func TestIdentityValidate(t *testing.T) {
 		{IPv6Prefix: -1},
 		{IPv6Prefix: 129},
 		{TrustedProxies: []netip.Prefix{{}}},
+		{TrustedProxies: mustPrefixes(t, "::ffff:10.0.0.0/104")},
 		{Header: "X Forwarded For"},
 		{Header: "X-Forwarded-For:"},
 	} {
