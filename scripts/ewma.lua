@@ -12,19 +12,23 @@
 --
 -- KEYS[1..n]  one key per window; all carry the same {client} hash tag, so
 --             the script is legal on Redis Cluster.
--- KEYS[n+1]   the request's dedup key (same hash tag); see ARGV[2].
 -- ARGV[1]     now in unix milliseconds; "0" (or anything not a positive
 --             number) means Redis TIME, so every gate instance shares one
 --             clock.
--- ARGV[2]     request id, or "" for none. go-redis retries a command whose
---             reply was lost (EOF, reset) and its auto-pipeliner may replay
---             a batch; without this, a repeated call that had already been
---             admitted would charge the client twice. The reply of an
---             admitted call is kept under KEYS[n+1] for ARGV[3] ms, and a
---             repeat of the id returns it without charging. Refusals write
---             nothing, so repeating one is harmless.
--- ARGV[3]     lifetime of the dedup key in milliseconds.
--- ARGV[4..]   per window: rate R, half-life T in ms, cost c.
+-- ARGV[2]     request id (no spaces), or "" for none. go-redis retries a
+--             command whose reply was lost (EOF, reset) and its
+--             auto-pipeliner may replay a batch; without this, a repeated
+--             call that had already been admitted would charge the client
+--             twice. The ids of the last IDS admitted requests are kept in
+--             the first window's value, and a repeat of one of them returns
+--             {1, 0, stored scores} without charging. Refusals write
+--             nothing, so repeating one is harmless. The guard fails only if
+--             more than IDS other requests of the same key were admitted
+--             between an attempt and its retry (a few ms apart): then the
+--             retry charges once more. A per-request dedup key would close
+--             that gap at the price of a GET, a SET and a new key on every
+--             call (about half again the script's cost, measured).
+-- ARGV[3..]   per window: rate R, half-life T in ms, cost c.
 --
 -- Reply: {allowed (0|1), wait_ms, score_1, ..., score_n}.
 --   wait_ms  0 when admitted; else the smallest whole number of ms w >= 1
@@ -40,26 +44,35 @@
 --            digits) so it round-trips exactly.
 --
 -- Stored value of a window: "<score %.17g> <t ms>", one string per key, so
--- reading all windows is one MGET and writing one is a SET ... PX.
+-- reading all windows is one MGET and writing one is a SET ... PX. The first
+-- window's value goes on with the recent request ids: "<score> <t> <id>...".
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
+local LN2 = 0.69314718055994531
+local IDS = 4
 
-local n = #KEYS - 1
-if n < 1 or #ARGV ~= 3 + 3 * n then
-  return redis.error_reply('ERR sluice ewma: want n+1 keys and 3+3n args')
+local n = #KEYS
+if n < 1 or #ARGV ~= 2 + 3 * n then
+  return redis.error_reply('ERR sluice ewma: want n keys and 2+3n args')
 end
 
+local vals = redis.call('MGET', unpack(KEYS))
+
 local reqid = ARGV[2]
-local dedup = KEYS[n + 1]
-if reqid ~= '' then
-  local prev = redis.call('GET', dedup)
-  if prev then
-    local reply = {1, 0}
-    for s in string.gmatch(prev, '%S+') do
-      reply[#reply + 1] = s
+local ids = ''
+if vals[1] then
+  ids = string.match(vals[1], '^%S+ %S+ ?(.*)$') or ''
+end
+if reqid ~= '' and string.find(' ' .. ids .. ' ', ' ' .. reqid .. ' ', 1, true) then
+  -- A repeat of an admitted request: answer as admitted, charge nothing.
+  local reply = {1, 0}
+  for i = 1, n do
+    if not vals[i] then
+      return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[i])
     end
-    return reply
+    reply[i + 2] = string.match(vals[i], '^%S+')
   end
+  return reply
 end
 
 local now = tonumber(ARGV[1])
@@ -89,7 +102,7 @@ end
 -- waitms returns the smallest w >= 1 such that score s written at at admits
 -- cost c under rate r at now+w; the caller knows it refuses at now.
 local function waitms(s, at, period, c, r)
-  local d = period * math.log(s / (r - c)) / math.log(2)
+  local d = period * math.log(s / (r - c)) / LN2
   if not (d < MAX_WAIT) then
     d = MAX_WAIT
   end
@@ -109,22 +122,21 @@ local function waitms(s, at, period, c, r)
   return w
 end
 
-local vals = redis.call('MGET', unpack(KEYS, 1, n))
 local rate, period, cost = {}, {}, {}
 local score, at = {}, {}
 local allowed = true
 local wait = 0
 for i = 1, n do
-  rate[i] = tonumber(ARGV[3 * i + 1])
-  period[i] = tonumber(ARGV[3 * i + 2])
-  cost[i] = tonumber(ARGV[3 * i + 3])
+  rate[i] = tonumber(ARGV[3 * i])
+  period[i] = tonumber(ARGV[3 * i + 1])
+  cost[i] = tonumber(ARGV[3 * i + 2])
   if not (rate[i] and period[i] and cost[i] and period[i] >= 1 and cost[i] > 0 and rate[i] - cost[i] > 0) then
     return redis.error_reply('ERR sluice ewma: bad limit for ' .. KEYS[i])
   end
   local s, t = 0, 0
   local v = vals[i]
   if v then
-    local ss, ts = string.match(v, '^(%S+) (%S+)$')
+    local ss, ts = string.match(v, '^(%S+) (%S+)')
     s, t = tonumber(ss), tonumber(ts)
     if s == nil or t == nil then
       return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
@@ -156,14 +168,22 @@ if allowed then
     -- starts decaying only at t; the TTL counts from now and would be short
     -- by t-now, so that is added.)
     local eps = math.min(cost[i], rate[i] - cost[i]) / 1024
-    local ttl = math.ceil(period[i] * math.log(math.max(s, eps) / eps) / math.log(2)) + 1 + (t - now)
-    redis.call('SET', KEYS[i], str .. ' ' .. string.format('%d', t), 'PX', ttl)
+    local ttl = math.ceil(period[i] * math.log(math.max(s, eps) / eps) / LN2) + 1 + (t - now)
+    local v = str .. ' ' .. string.format('%d', t)
+    if i == 1 then
+      -- Keep the last IDS request ids, newest first.
+      local kept = {}
+      if reqid ~= '' then kept[1] = reqid end
+      for id in string.gmatch(ids, '%S+') do
+        if #kept >= IDS then break end
+        kept[#kept + 1] = id
+      end
+      if #kept > 0 then
+        v = v .. ' ' .. table.concat(kept, ' ')
+      end
+    end
+    redis.call('SET', KEYS[i], v, 'PX', ttl)
     reply[i + 2] = str
-  end
-  if reqid ~= '' then
-    local out = {}
-    for i = 1, n do out[i] = reply[i + 2] end
-    redis.call('SET', dedup, table.concat(out, ' '), 'PX', tonumber(ARGV[3]))
   end
 else
   reply = {0, wait}

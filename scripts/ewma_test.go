@@ -45,12 +45,12 @@ var ewma = redis.NewScript(scripts.EWMA)
 
 const now = "1767322800000" // a fixed instant in unix ms
 
-// one window of rate 2, half-life 1s, cost 1, plus the dedup key.
-var keys = []string{"t:{c}:message:EVENT:1000", "t:{c}:message:EVENT:r:1"}
+// one window of rate 2, half-life 1s, cost 1.
+var keys = []string{"t:{c}:message:EVENT:1000"}
 
 func run(t *testing.T, c *redis.Client, reqid string) []any {
 	t.Helper()
-	v, err := ewma.Run(context.Background(), c, keys, now, reqid, 5000, 2, 1000, 1).Slice()
+	v, err := ewma.Run(context.Background(), c, keys, now, reqid, 2, 1000, 1).Slice()
 	if err != nil {
 		t.Fatalf("reqid %q: %v", reqid, err)
 	}
@@ -70,13 +70,49 @@ func TestRequestIDChargesOnce(t *testing.T) {
 		if !equal(first, again) {
 			t.Errorf("repeat of req-1 replied %v, first %v", again, first)
 		}
-		if v, _ := c.Get(context.Background(), keys[0]).Result(); !strings.HasPrefix(v, "1 ") {
-			t.Errorf("stored %q after one request run twice, want score 1", v)
+		if v, _ := c.Get(context.Background(), keys[0]).Result(); v != "1 "+now+" req-1" {
+			t.Errorf("stored %q after one request run twice, want score 1 and the id", v)
 		}
 		// Without an id the same call charges twice: the hazard the id removes.
 		run(t, c, "")
 		if v, _ := c.Get(context.Background(), keys[0]).Result(); !strings.HasPrefix(v, "2 ") {
 			t.Errorf("stored %q, want score 2", v)
+		}
+	})
+}
+
+// TestRequestIDsKept: the first window keeps the last 4 admitted ids,
+// newest first; a repeat of any of them charges nothing and answers with
+// every window's stored score; an id pushed out of the list charges again
+// (the documented limit of the guard).
+func TestRequestIDsKept(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		two := []string{"t:{d}:message:EVENT:1000", "t:{d}:message:EVENT:60000"}
+		call := func(id string) []any {
+			v, err := ewma.Run(ctx, c, two, now, id, 100, 1000, 1, 1000, 60000, 1).Slice()
+			if err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+			return v
+		}
+		for _, id := range []string{"a", "b", "c", "d", "e"} {
+			call(id)
+		}
+		if v, _ := c.Get(ctx, two[0]).Result(); v != "5 "+now+" e d c b" {
+			t.Errorf("first window %q, want score 5 and ids e d c b", v)
+		}
+		if v, _ := c.Get(ctx, two[1]).Result(); v != "5 "+now {
+			t.Errorf("second window %q, want score 5 and no ids", v)
+		}
+		if r := call("b"); !equal(r, []any{int64(1), int64(0), "5", "5"}) {
+			t.Errorf("repeat of b: %v, want [1 0 5 5]", r)
+		}
+		if v, _ := c.Get(ctx, two[0]).Result(); !strings.HasPrefix(v, "5 ") {
+			t.Errorf("repeat of b charged: %q", v)
+		}
+		if r := call("a"); !equal(r, []any{int64(1), int64(0), "6", "6"}) {
+			t.Errorf("a, pushed out of the list, is charged as new: got %v", r)
 		}
 	})
 }
@@ -101,8 +137,8 @@ func TestRefusalWritesNothing(t *testing.T) {
 		if ttl, _ := c.PTTL(ctx, keys[0]).Result(); ttl > ttlBefore {
 			t.Errorf("refusal extended the TTL: %v → %v", ttlBefore, ttl)
 		}
-		if n, _ := c.Exists(ctx, keys[1]).Result(); n != 0 {
-			t.Error("refusal wrote a dedup key")
+		if strings.Contains(after, "req-1") {
+			t.Error("refusal recorded its request id")
 		}
 	})
 }
@@ -111,22 +147,22 @@ func TestBadArgumentsAndValues(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
 		for name, args := range map[string][]any{
-			"missing cost":  {now, "", 5000, 2, 1000},
-			"extra window":  {now, "", 5000, 2, 1000, 1, 3, 2000, 1},
-			"rate = cost":   {now, "", 5000, 1, 1000, 1},
-			"zero period":   {now, "", 5000, 2, 0, 1},
-			"not a number":  {now, "", 5000, "x", 1000, 1},
-			"negative cost": {now, "", 5000, 2, 1000, -1},
+			"missing cost":  {now, "", 2, 1000},
+			"extra window":  {now, "", 2, 1000, 1, 3, 2000, 1},
+			"rate = cost":   {now, "", 1, 1000, 1},
+			"zero period":   {now, "", 2, 0, 1},
+			"not a number":  {now, "", "x", 1000, 1},
+			"negative cost": {now, "", 2, 1000, -1},
 		} {
 			if err := ewma.Run(ctx, c, keys, args...).Err(); err == nil {
 				t.Errorf("%s: no error", name)
 			}
 		}
-		if err := ewma.Run(ctx, c, keys[:1], now, "", 5000).Err(); err == nil {
+		if err := ewma.Run(ctx, c, nil, now, "").Err(); err == nil {
 			t.Error("no windows: no error")
 		}
 		c.Set(ctx, keys[0], "garbage", 0)
-		if err := ewma.Run(ctx, c, keys, now, "", 5000, 2, 1000, 1).Err(); err == nil || !strings.Contains(err.Error(), "malformed") {
+		if err := ewma.Run(ctx, c, keys, now, "", 2, 1000, 1).Err(); err == nil || !strings.Contains(err.Error(), "malformed") {
 			t.Errorf("malformed stored value: err = %v", err)
 		}
 	})
@@ -136,7 +172,7 @@ func TestBadArgumentsAndValues(t *testing.T) {
 func TestRedisTIME(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
-		if err := ewma.Run(ctx, c, keys, "0", "", 5000, 2, 1000, 1).Err(); err != nil {
+		if err := ewma.Run(ctx, c, keys, "0", "", 2, 1000, 1).Err(); err != nil {
 			t.Fatal(err)
 		}
 		v, _ := c.Get(ctx, keys[0]).Result()

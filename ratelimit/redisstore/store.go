@@ -17,10 +17,12 @@
 // batch; a replayed EVALSHA that had already been admitted would charge the
 // client twice. The store cannot turn retries off on a client it was given,
 // so the script is idempotent instead: each Decide sends a fresh request id,
-// the script keeps an admitted reply under a short-lived per-request key in
-// the client's hash slot, and a repeat of the id returns that reply without
-// charging again. Retries are then safe, and useful: they carry a decision
-// past a stale pooled connection after a Redis restart.
+// the script keeps the ids of the last few admitted requests beside the
+// first window's score, and a repeat of one of them is answered "admitted"
+// without charging again. Retries are then safe, and useful: they carry a
+// decision past a stale pooled connection after a Redis restart. (The guard
+// keeps 4 ids per key: it fails only if more than 4 other requests of the
+// same client and type are admitted between an attempt and its retry.)
 //
 // # Breaker
 //
@@ -98,9 +100,10 @@ type Store struct {
 	observe func(time.Duration, error)
 	br      *breaker
 
-	dedupTTL int64 // ms the per-request reply is kept
-	idBase   string
-	idSeq    atomic.Uint64
+	idBase string // random per Store, so two gates never share request ids
+	idSeq  atomic.Uint64
+
+	argCache [64]atomic.Pointer[boxedLimits]
 }
 
 var _ ratelimit.Store = (*Store)(nil)
@@ -156,24 +159,15 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		}
 		sc = ap
 	}
-	var seed [8]byte
+	var seed [6]byte
 	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails on supported platforms
-	// A retry happens within one call, so the reply need only outlive the
-	// call's deadline; twice that, and at least a second, covers Redis
-	// executing a delayed first attempt late. With no deadline of our own a
-	// call may take the client's retries times its ReadTimeout: 30s.
-	dedup := max(time.Second, 2*timeout)
-	if timeout < 0 {
-		dedup = 30 * time.Second
-	}
 	return &Store{
-		client:   sc,
-		prefix:   prefix,
-		timeout:  timeout,
-		observe:  opts.Observe,
-		br:       br,
-		dedupTTL: int64(dedup / time.Millisecond),
-		idBase:   hex.EncodeToString(seed[:]) + ".",
+		client:  sc,
+		prefix:  prefix,
+		timeout: timeout,
+		observe: opts.Observe,
+		br:      br,
+		idBase:  hex.EncodeToString(seed[:]) + ".",
 	}, nil
 }
 
@@ -243,27 +237,82 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	return d, nil
 }
 
-// request builds KEYS and ARGV for the script (see scripts/ewma.lua).
+// request builds KEYS and ARGV for the script (see scripts/ewma.lua). All
+// keys share one allocation, and the per-window arguments come boxed from
+// a small cache, since a gate passes the same few limit lists again and
+// again: the hot path allocates little besides what go-redis does.
 func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) ([]string, []any) {
 	n := len(limits)
-	keys := make([]string, n+1)
-	args := make([]any, 3, 3+3*n)
-	base := s.prefix + key + ":"
-	for i, l := range limits {
-		ms := int64(l.Period / time.Millisecond)
-		keys[i] = base + strconv.FormatInt(ms, 10)
-		args = append(args, l.Rate, ms, l.EffectiveCost())
+	buf := make([]byte, 0, n*(len(s.prefix)+len(key)+8))
+	ends := make([]int, 0, 8)
+	for _, l := range limits {
+		buf = append(buf, s.prefix...)
+		buf = append(buf, key...)
+		buf = append(buf, ':')
+		buf = strconv.AppendInt(buf, int64(l.Period/time.Millisecond), 10)
+		ends = append(ends, len(buf))
 	}
-	id := s.idBase + strconv.FormatUint(s.idSeq.Add(1), 36)
-	keys[n] = base + "r:" + id
+	all := string(buf)
+	keys := make([]string, n)
+	start := 0
+	for i, e := range ends {
+		keys[i] = all[start:e]
+		start = e
+	}
+	args := make([]any, 2+3*n)
 	if now.IsZero() {
 		args[0] = "0"
 	} else {
 		args[0] = now.UnixMilli()
 	}
-	args[1] = id
-	args[2] = s.dedupTTL
+	args[1] = s.idBase + strconv.FormatUint(s.idSeq.Add(1), 36)
+	copy(args[2:], s.boxed(limits))
 	return keys, args
+}
+
+// boxedLimits is one entry of Store.argCache: a copy of a limit list and
+// its script arguments, already converted to interfaces.
+type boxedLimits struct {
+	limits []ratelimit.Limit
+	args   []any
+}
+
+// boxed returns rate, period in ms and cost per window as script
+// arguments, from the cache when the same list was seen before.
+func (s *Store) boxed(limits []ratelimit.Limit) []any {
+	var h uint64 = 14695981039346656037
+	for _, l := range limits {
+		h = (h ^ math.Float64bits(l.Rate)) * 1099511628211
+		h = (h ^ uint64(l.Period)) * 1099511628211
+		h = (h ^ math.Float64bits(l.Cost)) * 1099511628211
+	}
+	slot := &s.argCache[h%uint64(len(s.argCache))]
+	if e := slot.Load(); e != nil && equalLimits(e.limits, limits) {
+		return e.args
+	}
+	e := &boxedLimits{limits: append([]ratelimit.Limit(nil), limits...), args: make([]any, 0, 3*len(limits))}
+	// Formatted once here: go-redis would format floats on every call, and
+	// shortest-round-trip formatting is a visible share of the client's CPU.
+	for _, l := range limits {
+		e.args = append(e.args,
+			strconv.FormatFloat(l.Rate, 'g', -1, 64),
+			strconv.FormatInt(int64(l.Period/time.Millisecond), 10),
+			strconv.FormatFloat(l.EffectiveCost(), 'g', -1, 64))
+	}
+	slot.Store(e)
+	return e.args
+}
+
+func equalLimits(a, b []ratelimit.Limit) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // maxWaitMs is the longest wait the script reports (2^40 ms, as in ratelimit).

@@ -1,0 +1,128 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// benchParallelism × GOMAXPROCS goroutines decide at once, in every
+// sub-benchmark alike.
+const benchParallelism = 8
+
+// benchClients is how many distinct clients the traffic cycles through.
+const benchClients = 10000
+
+var benchKeys = func() []string {
+	k := make([]string, benchClients)
+	for i := range k {
+		k[i] = ratelimit.MessageKey("198.51.100."+strconv.Itoa(i), "EVENT")
+	}
+	return k
+}()
+
+// BenchmarkRedis runs, against one redis-server on loopback and at the
+// same concurrency, our two-window decision and redis_rate/v10's one-window
+// GCRA Allow as the peer, each on a plain client and through go-redis's
+// auto-pipeliner. Metrics: ops/s (the figure to compare), and
+// redis-µs/op, the server's own time per script call (INFO commandstats).
+func BenchmarkRedis(b *testing.B) {
+	srv := redistest.Start(b)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	b.Cleanup(func() { _ = admin.Close() })
+	newClient := func(b *testing.B, ap *redis.AutoPipelineOptions) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, AutoPipelineOptions: ap})
+		b.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+
+	// parallel runs call from benchParallelism×GOMAXPROCS goroutines over
+	// the benchmark keys and reports the metrics.
+	parallel := func(b *testing.B, call func(ctx context.Context, key string) error) {
+		ctx := context.Background()
+		var next atomic.Uint64
+		var failed atomic.Int64
+		if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.SetParallelism(benchParallelism)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			i := next.Add(7919)
+			for pb.Next() {
+				i++
+				if err := call(ctx, benchKeys[i%benchClients]); err != nil {
+					failed.Add(1)
+				}
+			}
+		})
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+		b.ReportMetric(evalshaMicros(b, admin), "redis-µs/op")
+		if n := failed.Load(); n > 0 {
+			b.Fatalf("%d of %d calls failed", n, b.N)
+		}
+	}
+	decide := func(ap bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			s := newStore(b, newClient(b, nil), Options{Timeout: time.Second, AutoPipeline: ap})
+			parallel(b, func(ctx context.Context, key string) error {
+				_, err := s.Decide(ctx, key, twoWindows, time.Time{})
+				return err
+			})
+		}
+	}
+	rate := func(ap bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			c := newClient(b, nil)
+			var lim *redis_rate.Limiter
+			if ap {
+				p, err := c.AutoPipeline()
+				if err != nil {
+					b.Fatal(err)
+				}
+				lim = redis_rate.NewLimiter(p)
+			} else {
+				lim = redis_rate.NewLimiter(c)
+			}
+			limit := redis_rate.Limit{Rate: 10, Burst: 10, Period: time.Second}
+			parallel(b, func(ctx context.Context, key string) error {
+				_, err := lim.Allow(ctx, key, limit)
+				return err
+			})
+		}
+	}
+	b.Run("Decide2Windows", decide(false))
+	b.Run("RedisRateAllow1Window", rate(false))
+	b.Run("Decide2WindowsAutoPipeline", decide(true))
+	b.Run("RedisRateAllow1WindowAutoPipeline", rate(true))
+}
+
+// evalshaMicros returns the server's microseconds per EVALSHA since the
+// last CONFIG RESETSTAT.
+func evalshaMicros(b *testing.B, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+			_, v, _ := strings.Cut(rest, "usec_per_call=")
+			v, _, _ = strings.Cut(v, ",")
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
