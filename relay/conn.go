@@ -40,6 +40,9 @@ type conn struct {
 	wg      sync.WaitGroup
 	closing chan struct{} // closed by end
 
+	clientRD *readDeadline // owned by the client reader
+	upRD     *readDeadline // owned by the upstream reader
+
 	// Set before the goroutines start, read-only after.
 	keys    *[NumTypes]string // limiter keys per type, built once
 	freeIP  bool              // allow-listed client address: nothing charged
@@ -59,6 +62,21 @@ type conn struct {
 type authState struct {
 	pubkey string // 64 lowercase hex digits
 	free   bool   // allow-listed: charged nothing
+}
+
+// readDeadline keeps a side's read deadline two ping intervals ahead,
+// moving it at most once per half interval: on an in-memory pipe every
+// SetReadDeadline allocates a timer. A side is thus dropped after 1.5 to 2
+// intervals of silence. Used by one reader goroutine only.
+type readDeadline struct{ next time.Time }
+
+func (d *readDeadline) extend(ws *websocket.Conn, interval time.Duration) {
+	now := time.Now()
+	if now.Before(d.next) {
+		return
+	}
+	d.next = now.Add(interval / 2)
+	_ = ws.SetReadDeadline(now.Add(2 * interval))
 }
 
 type outFrame struct {
@@ -96,6 +114,14 @@ func (c *conn) end(toClient, toUp bool, code int, text string) {
 // run serves the connection until either side closes, then waits for its
 // goroutines.
 func (c *conn) run() {
+	// Each reader extends its own deadline on every frame and pong (pong
+	// handlers run inside the reader's own read calls).
+	var clientRD, upRD readDeadline
+	c.clientRD, c.upRD = &clientRD, &upRD
+	clientRD.extend(c.client, c.g.pingInterval)
+	upRD.extend(c.up, c.g.pingInterval)
+	c.client.SetPongHandler(func(string) error { clientRD.extend(c.client, c.g.pingInterval); return nil })
+	c.up.SetPongHandler(func(string) error { upRD.extend(c.up, c.g.pingInterval); return nil })
 	c.wg.Add(2)
 	go c.writeClient()
 	go c.readUpstream()
@@ -156,7 +182,6 @@ func (c *conn) writeClient() {
 func (c *conn) readUpstream() {
 	defer c.wg.Done()
 	for {
-		_ = c.up.SetReadDeadline(time.Now().Add(2 * c.g.pingInterval))
 		typ, data, err := c.up.ReadMessage()
 		if err != nil {
 			code, text := closeGoingAway, "relay connection lost"
@@ -169,6 +194,7 @@ func (c *conn) readUpstream() {
 			c.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, text))
 			return
 		}
+		c.upRD.extend(c.up, c.g.pingInterval)
 		if typ == websocket.TextMessage && c.g.watchOK {
 			c.watch(data)
 		}
@@ -237,7 +263,7 @@ func (c *conn) readClient() {
 			c.end(false, true, closeGoingAway, "client connection lost")
 			return
 		}
-		_ = c.client.SetReadDeadline(time.Now().Add(2 * c.g.pingInterval))
+		c.clientRD.extend(c.client, c.g.pingInterval)
 		if !c.admit(typ, buf) {
 			continue
 		}
@@ -306,7 +332,7 @@ func (c *conn) admit(typ int, frame []byte) bool {
 		}
 		if id, pk, res := eventFields(frame); res == scanOK {
 			c.authMu.Lock()
-			c.authID, c.authPK = id, hex.EncodeToString(pk[:])
+			c.authID, c.authPK = id, hexString(&pk)
 			c.authMu.Unlock()
 		}
 	}
@@ -328,7 +354,7 @@ func (c *conn) admitEvent(f Frame, frame []byte) bool {
 	}
 	actor, _ := c.auth()
 	if actor == "" {
-		actor = hex.EncodeToString(pk[:])
+		actor = hexString(&pk)
 		if c.g.allowPubkey(actor) {
 			// Not charged: an allow-listed author. Forging its pubkey
 			// gains nothing, since the quota only counts events the
@@ -351,3 +377,11 @@ func (c *conn) admitEvent(f Frame, frame []byte) bool {
 // not read unambiguously while the quota is on: forwarding it would let
 // the relay's OK go uncharged.
 const reasonUnattributable = "invalid: event must have exactly one id and one pubkey, each 64 hex digits"
+
+// hexString renders a pubkey as the 64 lowercase hex digits the quota and
+// allow-lists key on, in one allocation.
+func hexString(k *hex32) string {
+	var buf [64]byte
+	hex.Encode(buf[:], k[:])
+	return string(buf[:])
+}

@@ -307,13 +307,6 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		return // the upgrader has answered
 	}
 	clientConn.SetReadLimit(g.readLimit)
-	_ = clientConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
-	clientConn.SetPongHandler(func(string) error {
-		return clientConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
-	})
-	upConn.SetPongHandler(func(string) error {
-		return upConn.SetReadDeadline(time.Now().Add(2 * g.pingInterval))
-	})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
