@@ -319,7 +319,9 @@ const DefaultPending = 256
 type pending struct {
 	mu   sync.Mutex
 	byID map[hex32]pendingEntry
-	ring [DefaultPending]hex32
+	// ring is allocated by the first add: most connections only read,
+	// and 8 KiB each would add up.
+	ring *[DefaultPending]hex32
 	next int // the ring slot written next, and evicted first
 	full bool
 }
@@ -335,6 +337,7 @@ func (p *pending) add(id hex32, actor string) {
 	defer p.mu.Unlock()
 	if p.byID == nil {
 		p.byID = make(map[hex32]pendingEntry, 16)
+		p.ring = new([DefaultPending]hex32)
 	}
 	if p.full {
 		old := p.ring[p.next]
