@@ -734,17 +734,32 @@ func TestGateClosePropagates(t *testing.T) {
 }
 
 // Many connections, closed from either side, cleanly or not, leave no
-// goroutine behind, and Shutdown returns with none.
+// goroutine behind, in both upstream modes, and Shutdown returns with
+// none.
 func TestGateNoGoroutineLeak(t *testing.T) {
+	t.Run("wrap", func(t *testing.T) { leakCheck(t, false) })
+	t.Run("proxy", func(t *testing.T) { leakCheck(t, true) })
+}
+
+func leakCheck(t *testing.T, proxy bool) {
 	rec := newRecorder()
 	g, err := New(Options{Limits: &Limits{}, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(g.Wrap(rec))
+	var h http.Handler
+	var upSrv *httptest.Server
+	if proxy {
+		upSrv = httptest.NewServer(rec)
+		if h, err = g.Proxy("ws" + strings.TrimPrefix(upSrv.URL, "http")); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		h = g.Wrap(rec)
+	}
+	srv := httptest.NewServer(h)
 	url := "ws" + strings.TrimPrefix(srv.URL, "http")
 	base := runtime.NumGoroutine()
-
 	var wg sync.WaitGroup
 	for i := range 40 {
 		wg.Add(1)
@@ -791,7 +806,10 @@ func TestGateNoGoroutineLeak(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Close()
-	settle(t, base-2) // the in-process server and httptest's own are gone too
+	if proxy {
+		upSrv.Close()
+	}
+	settle(t, base-2) // the in-process or upstream server and httptest's own are gone too
 }
 
 // Shutdown says goodbye to both sides and refuses new upgrades.
