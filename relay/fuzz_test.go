@@ -3,11 +3,16 @@ package relay
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/nbd-wtf/go-nostr"
 )
 
 // hostileFrames are frames a client may send to confuse Peek; the short ones
@@ -128,23 +133,48 @@ func checkPeek(t *testing.T, frame []byte) {
 			t.Fatalf("Peek sub id %q, encoding/json %q, frame %q", f.ID, want, frame)
 		}
 	case TypeEVENT, TypeAUTH:
-		if f.ID == nil {
+		if len(elems) < 2 || elems[1][0] != '{' {
+			if f.ID != nil {
+				t.Fatalf("Peek found id %s in a non-object, frame %q", f.ID, frame)
+			}
 			return
 		}
-		if len(elems) < 2 || elems[1][0] != '{' {
-			t.Fatalf("Peek found id %s in a non-object, frame %q", f.ID, frame)
-		}
 		ids := topLevelIDs(t, elems[1])
+		if f.ID == nil {
+			// Without escapes anywhere every key is spelled plainly, so a
+			// valid first top-level "id" is one Peek must find (within its
+			// scan bounds, which a frame this short cannot exceed).
+			plain := !bytes.ContainsRune(elems[1], '\\') && len(frame) <= maxIDTokens
+			if plain && len(ids) > 0 && isHexID(ids[0]) {
+				t.Fatalf("Peek found no id, encoding/json's first id is %q, frame %q", ids[0], frame)
+			}
+			return
+		}
+		// Peek takes the first plainly spelled "id"; an escaped key
+		// ("\u0069d") before it is one only encoding/json sees.
 		var id string
 		_ = json.Unmarshal(f.ID, &id)
 		found := false
 		for _, v := range ids {
 			found = found || v == id
 		}
-		if !found {
-			t.Fatalf("Peek id %s is none of the top-level ids %q, frame %q", f.ID, ids, frame)
+		if !found || (!bytes.ContainsRune(elems[1], '\\') && id != ids[0]) {
+			t.Fatalf("Peek id %s, encoding/json top-level ids %q, frame %q", f.ID, ids, frame)
 		}
 	}
+}
+
+// isHexID reports whether s is 64 lowercase hex digits.
+func isHexID(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // topLevelIDs returns the string values of every top-level key of obj that
@@ -189,4 +219,119 @@ func TestFuzzCorpusPresent(t *testing.T) {
 			t.Errorf("%s is not a go test fuzz v1 file", name)
 		}
 	}
+}
+
+// FuzzAppendRefusal checks that whatever frame is refused with whatever
+// reason, the reply is valid JSON of the right envelope carrying the frame's
+// id and the reason, and that go-nostr reads it as that envelope.
+func FuzzAppendRefusal(f *testing.F) {
+	for _, shape := range refusalShapes {
+		f.Add([]byte(shape.frame), ReasonUnavailable, int64(17200))
+	}
+	f.Add([]byte(`["REQ","\ud800",{}]`), "bad \xff utf8 \u2028", int64(-5))
+	f.Add([]byte(`["COUNT","a\"b",{}]`), "\"\\\x00", int64(1<<40))
+	f.Fuzz(func(t *testing.T, frame []byte, reason string, waitMs int64) {
+		fr := Peek(frame)
+		reply := AppendRefusal(nil, fr, reason)
+		if !utf8.Valid(reply) {
+			t.Fatalf("reply is not valid UTF-8: %q", reply)
+		}
+		var arr []any
+		if err := json.Unmarshal(reply, &arr); err != nil {
+			t.Fatalf("reply %q does not decode: %v", reply, err)
+		}
+		var wantReason string
+		b, _ := json.Marshal(reason)
+		_ = json.Unmarshal(b, &wantReason)
+		var id string
+		if fr.ID != nil {
+			_ = json.Unmarshal(fr.ID, &id)
+		}
+		var want []any
+		switch {
+		case fr.ID != nil && (fr.Type == TypeEVENT || fr.Type == TypeAUTH):
+			want = []any{"OK", id, false, wantReason}
+		case fr.ID != nil && (fr.Type == TypeREQ || fr.Type == TypeCOUNT):
+			want = []any{"CLOSED", id, wantReason}
+		default:
+			want = []any{"NOTICE", wantReason}
+		}
+		gotJSON, _ := json.Marshal(arr)
+		wantJSON, _ := json.Marshal(want)
+		if !bytes.Equal(gotJSON, wantJSON) {
+			t.Fatalf("reply %s decodes to %s, want %s", reply, gotJSON, wantJSON)
+		}
+		if env := nostr.ParseMessage(string(reply)); env == nil || env.Label() != want[0] {
+			t.Fatalf("go-nostr reads %s as %v, want %s", reply, env, want[0])
+		}
+
+		wait := time.Duration(waitMs) * time.Millisecond
+		rl := AppendRateLimited(nil, fr, wait)
+		if via := AppendRefusal(nil, fr, RateLimitedReason(wait)); !bytes.Equal(rl, via) {
+			t.Fatalf("AppendRateLimited %s != AppendRefusal %s", rl, via)
+		}
+		if !json.Valid(rl) || !json.Valid(AppendUnavailable(nil, fr)) {
+			t.Fatalf("invalid JSON from the specialised forms: %s", rl)
+		}
+	})
+}
+
+// FuzzClient checks Identity.Client on arbitrary peers and forwarding
+// headers: it never panics, the key always matches the address, garbage is
+// never believed, and an untrusted peer is always the client itself.
+func FuzzClient(f *testing.F) {
+	f.Add("10.0.0.1:1", "6.6.6.6, 198.51.100.9, 10.9.9.9", false)
+	f.Add("203.0.113.7:1", "1.2.3.4", false)
+	f.Add("[2001:db8::1]:1", "[2001:db8:5::1]:80", true)
+	f.Add("[fe80::1%eth0]:1", "fe80::2%lo", false)
+	f.Add("10.0.0.1:1", ",,,", false)
+	f.Add("pipe", "1.2.3.4", true)
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}
+	f.Fuzz(func(t *testing.T, remote, header string, realIP bool) {
+		id := &Identity{TrustedProxies: trusted}
+		name := "X-Forwarded-For"
+		if realIP {
+			id.Header, name = "X-Real-IP", "X-Real-Ip"
+		}
+		r := &http.Request{RemoteAddr: remote, Header: http.Header{name: strings.Split(header, "\n")}}
+		client, addr := id.Client(r)
+		peer, peerOK := parseHost(remote)
+		if !addr.IsValid() {
+			if client != UnknownClient || peerOK {
+				t.Fatalf("no address but client %q (peer %v ok=%v)", client, peer, peerOK)
+			}
+			return
+		}
+		if addr.Zone() != "" || addr.Is4In6() || addr.IsUnspecified() {
+			t.Fatalf("address %v not normalised", addr)
+		}
+		if !peerOK {
+			t.Fatalf("address %v from an unreadable peer %q", addr, remote)
+		}
+		if !id.trusted(peer) && addr != peer {
+			t.Fatalf("untrusted peer %v, but client address %v (header %q)", peer, addr, header)
+		}
+		if addr != peer {
+			// The address came from the header: one of its entries reads as it.
+			found := false
+			for _, e := range strings.FieldsFunc(header, func(r rune) bool { return r == ',' || r == '\n' }) {
+				if a, ok := parseForwarded(e); ok && a == addr {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("client address %v is neither the peer nor in the header %q", addr, header)
+			}
+		}
+		if client != id.ClientFromAddr(addr) {
+			t.Fatalf("client %q != ClientFromAddr(%v)", client, addr)
+		}
+		if addr.Is4() {
+			if client != addr.String() {
+				t.Fatalf("IPv4 client %q for %v", client, addr)
+			}
+		} else if p, err := netip.ParsePrefix(client); err != nil || p.Bits() != DefaultIPv6Prefix || !p.Contains(addr) {
+			t.Fatalf("IPv6 client %q for %v: %v", client, addr, err)
+		}
+	})
 }
