@@ -124,9 +124,9 @@ type Frame struct {
 // Peek classifies a text frame. It never allocates and never panics.
 //
 // The type is the first element of the JSON array, decoded as a real JSON
-// string: leading whitespace, escapes ("\u0045VENT" is EVENT) and surrogate
-// pairs are handled as the relay's own JSON parser handles them, so spelling
-// a label differently cannot buy a different bucket. Labels are matched
+// string: whitespace, escapes ("\u0045VENT" is EVENT) and surrogates (which
+// can never spell a label) give the type the relay's own JSON parser would
+// read, so spelling a label differently cannot buy a different bucket. Labels are matched
 // exactly and case-sensitively (NIP-01). Everything else is TypeOther: a
 // frame that is not an array, whose first element is not a string, whose
 // label is unknown or longer than the longest known label (Peek stops
@@ -135,8 +135,9 @@ type Frame struct {
 // followed by ',' or ']'.
 //
 // Whitespace is skipped without a bound: the frame has already been read and
-// unmasked whole, skipping spaces costs less than that, and a bound would let
-// a client move its EVENTs into the catch-all bucket by padding them.
+// unmasked whole, a linear skip costs the same order as that did, and a bound
+// would let a client move its EVENTs into the catch-all bucket by padding
+// them.
 //
 // Peek does not validate the rest of the frame. A frame that is malformed
 // after a well-formed label keeps its label's type: it is charged to the
