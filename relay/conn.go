@@ -215,12 +215,12 @@ func relayable(ce *websocket.CloseError) (int, string) {
 // watch looks at a relay frame for the OK that answers a forwarded EVENT
 // (charging the quota) or AUTH (learning the authenticated pubkey).
 func (c *conn) watch(frame []byte) {
-	id, accepted, isOK := relayOK(frame)
+	id, accepted, duplicate, isOK := relayOK(frame)
 	if !isOK {
 		return
 	}
 	if actor, ok := c.pending.take(id); ok {
-		if accepted && actor != "" {
+		if accepted && !duplicate {
 			c.quota.Add(actor, c.g.now())
 		}
 		return

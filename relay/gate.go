@@ -56,7 +56,8 @@ type Options struct {
 	// answered OK false "rate-limited: …; retry in Ns" (the rest of the
 	// window). The gate remembers up to DefaultPending forwarded event ids
 	// per connection and charges the actor when the relay answers OK true
-	// for one: events the relay refuses cost nothing. Events in flight are
+	// for one: events the relay refuses, or answers "duplicate:" (it had
+	// them already), cost nothing. Events in flight are
 	// not yet charged, so an actor can exceed its quota by what it has in
 	// flight at the moment it crosses it (at most DefaultPending per
 	// connection).
@@ -213,7 +214,11 @@ func New(opts Options) (*Gate, error) {
 func (g *Gate) Wrap(h http.Handler) http.Handler {
 	up, stop := inProcess(h)
 	g.mu.Lock()
-	g.stops = append(g.stops, stop)
+	if g.closed { // nothing would stop it: every upgrade gets 503 anyway
+		stop()
+	} else {
+		g.stops = append(g.stops, stop)
+	}
 	g.mu.Unlock()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !websocket.IsWebSocketUpgrade(r) {

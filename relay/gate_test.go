@@ -154,20 +154,22 @@ func referenceFields(b []byte) (id, pk hex32, ok bool) {
 func TestRelayOK(t *testing.T) {
 	id := mustHex32(t, idHex)
 	for _, tc := range []struct {
-		frame          string
-		accepted, isOK bool
+		frame                     string
+		accepted, duplicate, isOK bool
 	}{
-		{`["OK","` + idHex + `",true,""]`, true, true},
-		{`["OK","` + idHex + `",false,"blocked: no"]`, false, true},
-		{` [ "OK" , "` + idHex + `" , true , "duplicate:" ] `, true, true},
-		{`["OK","` + idHex + `",tru`, false, false},
-		{`["NOTICE","` + idHex + `",true]`, false, false},
-		{`["OK","` + idHex[:62] + `",true,""]`, false, false},
-		{`["EVENT","sub",{}]`, false, false},
+		{`["OK","` + idHex + `",true,""]`, true, false, true},
+		{`["OK","` + idHex + `",true]`, true, false, true},
+		{`["OK","` + idHex + `",false,"blocked: no"]`, false, false, true},
+		{` [ "OK" , "` + idHex + `" , true , "duplicate: have it" ] `, true, true, true},
+		{`["OK","` + idHex + `",true,"duplicates are fine"]`, true, false, true},
+		{`["OK","` + idHex + `",tru`, false, false, false},
+		{`["NOTICE","` + idHex + `",true]`, false, false, false},
+		{`["OK","` + idHex[:62] + `",true,""]`, false, false, false},
+		{`["EVENT","sub",{}]`, false, false, false},
 	} {
-		gid, accepted, isOK := relayOK([]byte(tc.frame))
-		if accepted != tc.accepted || isOK != tc.isOK || (isOK && gid != id) {
-			t.Errorf("relayOK(%s) = %x %v %v, want %v %v", tc.frame, gid, accepted, isOK, tc.accepted, tc.isOK)
+		gid, accepted, duplicate, isOK := relayOK([]byte(tc.frame))
+		if accepted != tc.accepted || duplicate != tc.duplicate || isOK != tc.isOK || (isOK && gid != id) {
+			t.Errorf("relayOK(%s) = %x %v %v %v, want %v %v %v", tc.frame, gid, accepted, duplicate, isOK, tc.accepted, tc.duplicate, tc.isOK)
 		}
 	}
 }
@@ -435,6 +437,8 @@ type recorder struct {
 	// answerOK, when set, makes the recorder answer every EVENT and AUTH
 	// with ["OK",id,answerOK(id),""], as a relay would.
 	answerOK func(id hex32) bool
+	// okReason, when set, gives the reason of those OKs.
+	okReason func(id hex32) string
 	// discard keeps nothing of what arrives (benchmarks).
 	discard bool
 
@@ -515,7 +519,11 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		case rec.answerOK != nil:
 			if id, _, res := eventFields(data); res == scanOK {
-				reply := fmt.Sprintf(`["OK","%x",%v,""]`, id[:], rec.answerOK(id))
+				reason := ""
+				if rec.okReason != nil {
+					reason = rec.okReason(id)
+				}
+				reply := fmt.Sprintf(`["OK","%x",%v,"%s"]`, id[:], rec.answerOK(id), reason)
 				_ = c.WriteMessage(websocket.TextMessage, []byte(reply))
 			}
 		}

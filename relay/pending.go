@@ -94,42 +94,51 @@ func eventFields(frame []byte) (id, pubkey hex32, res eventScan) {
 	return id, pubkey, scanOK
 }
 
-// relayOK reads a relay frame ["OK", <id>, true|false, …] and returns the
-// id and whether the relay accepted the event; isOK is false for every
-// other frame. It is called on every relay frame, so it gives up on the
-// first byte that does not fit.
-func relayOK(frame []byte) (id hex32, accepted, isOK bool) {
+// relayOK reads a relay frame ["OK", <id>, true|false, <reason>] and
+// returns the id, whether the relay accepted the event, and whether the
+// reason says it already had it ("duplicate:", NIP-01): such an event adds
+// nothing to the relay. isOK is false for every other frame. It is called
+// on every relay frame, so it gives up on the first byte that does not fit.
+func relayOK(frame []byte) (id hex32, accepted, duplicate, isOK bool) {
 	s := scanner{b: frame}
 	s.ws()
 	if !s.eat('[') {
-		return id, false, false
+		return id, false, false, false
 	}
 	s.ws()
 	label, ok := s.str()
 	if !ok || string(label) != `"OK"` {
-		return id, false, false
+		return id, false, false, false
 	}
 	s.ws()
 	if !s.eat(',') {
-		return id, false, false
+		return id, false, false, false
 	}
 	s.ws()
 	if !s.hexValue(&id) {
-		return id, false, false
+		return id, false, false, false
 	}
 	s.ws()
 	if !s.eat(',') {
-		return id, false, false
+		return id, false, false, false
 	}
 	s.ws()
 	rest := s.b[s.i:]
 	switch {
-	case len(rest) >= 4 && string(rest[:4]) == "true":
-		return id, true, true
 	case len(rest) >= 5 && string(rest[:5]) == "false":
-		return id, false, true
+		return id, false, false, true
+	case len(rest) < 4 || string(rest[:4]) != "true":
+		return id, false, false, false
 	}
-	return id, false, false
+	s.i += 4
+	s.ws()
+	if s.eat(',') {
+		s.ws()
+		const dup = `"duplicate:`
+		rest = s.b[s.i:]
+		duplicate = len(rest) >= len(dup) && string(rest[:len(dup)]) == dup
+	}
+	return id, true, duplicate, true
 }
 
 // scanner walks JSON without building anything. Every method stops at the

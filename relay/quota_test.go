@@ -39,6 +39,12 @@ func TestGateQuota(t *testing.T) {
 	rec := newRecorder()
 	rejected := hex32{31: 5} // the relay refuses event 5
 	rec.answerOK = func(id hex32) bool { return id != rejected }
+	rec.okReason = func(id hex32) string { // events 40-42: the relay had them
+		if id[31] >= 40 && id[31] <= 42 {
+			return "duplicate: have it"
+		}
+		return ""
+	}
 	g := newGate(t, Options{Limits: &Limits{}, Quota: q, Now: clk.Now, Identity: &Identity{Allow: al}})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 
@@ -62,6 +68,14 @@ func TestGateQuota(t *testing.T) {
 	step(eventFrame(6, cc), okReply(6, true, ""))
 	step(eventFrame(7, cc), okReply(7, true, ""))
 	step(eventFrame(8, cc), okReply(8, false, over))
+	// Events the relay already had add nothing and are not charged.
+	d := pubkeyN(4)
+	for i := 40; i < 43; i++ {
+		step(eventFrame(i, d), okReply(i, true, "duplicate: have it"))
+	}
+	step(eventFrame(43, d), okReply(43, true, ""))
+	step(eventFrame(44, d), okReply(44, true, ""))
+	step(eventFrame(45, d), okReply(45, false, over))
 	// Allow-listed author: never counted.
 	for i := 20; i < 25; i++ {
 		step(eventFrame(i, allowed), okReply(i, true, ""))
