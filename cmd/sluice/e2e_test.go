@@ -17,11 +17,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -353,6 +355,23 @@ func TestE2ERelay(t *testing.T) {
 	p = startSluice(t, "relay", "--data-dir", data)
 	readBack(t, ctx, p.url(), ev)
 
+	doc := getNIP11(t, ctx, p.url())
+	if doc.Name != "sluice" || doc.Limitation["max_message_length"] != float64(524288) || doc.RateLimits["message"] == nil {
+		t.Errorf("relay NIP-11: name %q limitation %v rate_limits %v", doc.Name, doc.Limitation, doc.RateLimits)
+	}
+	if !slices.Contains(doc.SupportedNIPs, 11) || !slices.Contains(doc.SupportedNIPs, 77) {
+		t.Errorf("relay NIP-11 supported_nips = %v, want 11 and 77 among them", doc.SupportedNIPs)
+	}
+	resp, err := http.Get("http" + strings.TrimPrefix(p.url(), "ws") + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(page), "Nostr relay") {
+		t.Errorf("plain GET: %d %q", resp.StatusCode, page)
+	}
+
 	r := connect(t, ctx, p.url())
 	admitted, err := flood(t, ctx, r, sk, 500)
 	checkRefusal(t, err)
@@ -397,22 +416,7 @@ func TestE2EProxy(t *testing.T) {
 		t.Errorf("the proxy refused %v EVENTs, want ≥ 1 (the refusal must come from the proxy)", n)
 	}
 
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+strings.TrimPrefix(px.url(), "ws://")+"/", nil)
-	req.Header.Set("Accept", "application/nostr+json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var doc struct {
-		Name       string
-		Contact    string
-		Limitation map[string]any
-		RateLimits map[string]any `json:"rate_limits"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
-		t.Fatal(err)
-	}
+	doc := getNIP11(t, ctx, px.url())
 	if doc.Name != "the-upstream" || doc.Contact != "ops@example.org" {
 		t.Errorf("NIP-11 name %q contact %q: want the upstream's own document", doc.Name, doc.Contact)
 	}
@@ -422,14 +426,59 @@ func TestE2EProxy(t *testing.T) {
 	if doc.RateLimits["message"] == nil {
 		t.Errorf("NIP-11 rate_limits = %v, want the message limits", doc.RateLimits)
 	}
-	if ct := resp.Header.Get("Content-Type"); ct != "application/nostr+json" {
-		t.Errorf("NIP-11 Content-Type = %q", ct)
-	}
 
 	for _, p := range []*proc{px, up} {
 		if code := p.stop(); code != 0 {
 			t.Errorf("exit code %d\n%s", code, p.logs())
 		}
+	}
+}
+
+type nip11Doc struct {
+	Name          string
+	Contact       string
+	SupportedNIPs []int `json:"supported_nips"`
+	Limitation    map[string]any
+	RateLimits    map[string]any `json:"rate_limits"`
+}
+
+// getNIP11 GETs the NIP-11 document of the relay at a ws:// URL.
+func getNIP11(t *testing.T, ctx context.Context, wsURL string) nip11Doc {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http"+strings.TrimPrefix(wsURL, "ws")+"/", nil)
+	req.Header.Set("Accept", "application/nostr+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "application/nostr+json" {
+		t.Errorf("NIP-11 Content-Type = %q", ct)
+	}
+	var doc nip11Doc
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
+
+// TestE2EPortInUse: a taken address is an error at start-up, exit 1.
+func TestE2EPortInUse(t *testing.T) {
+	bin := sluiceBinary(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cmd := exec.Command(bin, "relay", "--listen", ln.Addr().String(), "--metrics-listen", "", "--data-dir", t.TempDir())
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitFailure {
+		t.Errorf("relay on a taken port: %v, want exit %d\n%s", err, exitFailure, out)
+	}
+	if !strings.Contains(string(out), "address already in use") {
+		t.Errorf("output does not say why:\n%s", out)
 	}
 }
 

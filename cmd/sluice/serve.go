@@ -152,9 +152,25 @@ func headerHasToken(h http.Header, name, token string) bool {
 // until ctx is done, then shuts down in order: stop accepting, drain the
 // gate, then close (the event store, Redis) — all within shutdownTimeout.
 func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.Handler, m *metrics, gate *relay.Gate, closers ...func() error) error {
+	closeAll := func() {
+		for _, c := range closers {
+			_ = c()
+		}
+	}
+	// Bind both addresses before serving either, so a port in use is an
+	// error at start-up rather than half a running sluice.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		closeAll()
 		return fmt.Errorf("listen: %w", err)
+	}
+	var mln net.Listener
+	if cfg.MetricsListen != "" {
+		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			ln.Close()
+			closeAll()
+			return fmt.Errorf("metrics listen: %w", err)
+		}
 	}
 	srv := &http.Server{
 		Handler:           handler,
@@ -167,12 +183,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.H
 	go func() { errc <- srv.Serve(ln) }()
 
 	var msrv *http.Server
-	if cfg.MetricsListen != "" {
-		mln, err := net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			srv.Close()
-			return fmt.Errorf("metrics listen: %w", err)
-		}
+	if mln != nil {
 		msrv = &http.Server{Handler: m.handler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- msrv.Serve(mln) }()
 		logger.Info("metrics", "addr", mln.Addr().String(), "path", "/metrics")
