@@ -44,6 +44,7 @@ type conn struct {
 	upRD     *readDeadline // owned by the upstream reader
 
 	// Set before the goroutines start, read-only after.
+	who     string            // the client's budget key, for logs
 	keys    *[NumTypes]string // limiter keys per type, built once
 	freeIP  bool              // allow-listed client address: nothing charged
 	limits  *Limits
@@ -136,7 +137,7 @@ func (c *conn) send(typ int, data []byte) {
 	case c.out <- outFrame{typ, data}:
 	case <-c.closing:
 	default:
-		c.g.log.Info("closing slow client", "queued", cap(c.out))
+		c.g.log.Info("closing slow client", "client", c.who, "queued", cap(c.out))
 		c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 	}
 }

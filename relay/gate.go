@@ -302,7 +302,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 			relayRefusal(w, resp)
 			return
 		}
-		g.log.Warn("relay unreachable", "err", err)
+		g.log.Warn("relay unreachable", "client", client, "err", err)
 		http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
 		return
 	}
@@ -322,6 +322,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		ctx:     ctx,
 		cancel:  cancel,
 		closing: make(chan struct{}),
+		who:     client,
 		keys:    keysFor(client),
 		freeIP:  freeIP,
 		limits:  &g.limits,
