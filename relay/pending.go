@@ -148,16 +148,7 @@ type scanner struct {
 	i int
 }
 
-func (s *scanner) ws() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
-	}
-}
+func (s *scanner) ws() { s.i = skipWS(s.b, s.i) }
 
 func (s *scanner) eat(c byte) bool {
 	if s.i < len(s.b) && s.b[s.i] == c {
@@ -168,25 +159,19 @@ func (s *scanner) eat(c byte) bool {
 }
 
 // str consumes a JSON string and returns its literal, quotes included.
+// Only its quotes and backslashes are looked at (skipString, the one Peek
+// uses): a long content string costs a memchr, not a byte-by-byte walk.
 func (s *scanner) str() ([]byte, bool) {
-	if !s.eat('"') {
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
 		return nil, false
 	}
-	start := s.i - 1
-	for s.i < len(s.b) {
-		switch c := s.b[s.i]; {
-		case c == '\\':
-			s.i += 2
-		case c == '"':
-			s.i++
-			return s.b[start:s.i], true
-		case c < 0x20:
-			return nil, false
-		default:
-			s.i++
-		}
+	end := skipString(s.b, s.i+1)
+	if end < 0 {
+		return nil, false
 	}
-	return nil, false
+	lit := s.b[s.i:end]
+	s.i = end
+	return lit, true
 }
 
 // hexValue consumes a JSON string that decodes to 64 hex digits.
@@ -286,18 +271,8 @@ func unquote(lit, dst []byte) (n int, ok bool) {
 			case 't':
 				c = '\t'
 			case 'u':
-				if i+4 >= len(lit) {
-					return 0, false
-				}
-				var r rune
-				for _, h := range lit[i+1 : i+5] {
-					v, ok := hexNibble(h)
-					if !ok {
-						return 0, false
-					}
-					r = r<<4 | rune(v)
-				}
-				if r >= 0x80 {
+				r, ok := hex4(lit, i+1)
+				if !ok || r >= 0x80 {
 					return 0, false
 				}
 				c = byte(r)
