@@ -98,7 +98,7 @@ func newFlagSet(cmd string, out io.Writer) (*flag.FlagSet, *flagValues) {
 		fs.StringVar(&v.upstream, "upstream", "", "ws:// or wss:// `URL` of the relay to protect (env SLUICE_UPSTREAM)")
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: sluice %s [flags]\n\n%s\nFlags:\n", cmd, commandHelp[cmd])
+		fmt.Fprintf(fs.Output(), "Usage: sluice %s [flags]\n\n%s\n\nFlags (-flag and --flag both work):\n", cmd, commandHelp[cmd])
 		fs.PrintDefaults()
 	}
 	return fs, v
