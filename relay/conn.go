@@ -40,8 +40,8 @@ type conn struct {
 	wg      sync.WaitGroup
 	closing chan struct{} // closed by end
 
-	clientRD *readDeadline // owned by the client reader
-	upRD     *readDeadline // owned by the upstream reader
+	clientRD readDeadline // owned by the client reader
+	upRD     readDeadline // owned by the upstream reader
 
 	// Set before the goroutines start, read-only after.
 	who     string            // the client's budget key, for logs
@@ -117,12 +117,10 @@ func (c *conn) end(toClient, toUp bool, code int, text string) {
 func (c *conn) run() {
 	// Each reader extends its own deadline on every frame and pong (pong
 	// handlers run inside the reader's own read calls).
-	var clientRD, upRD readDeadline
-	c.clientRD, c.upRD = &clientRD, &upRD
-	clientRD.extend(c.client, c.g.pingInterval)
-	upRD.extend(c.up, c.g.pingInterval)
-	c.client.SetPongHandler(func(string) error { clientRD.extend(c.client, c.g.pingInterval); return nil })
-	c.up.SetPongHandler(func(string) error { upRD.extend(c.up, c.g.pingInterval); return nil })
+	c.clientRD.extend(c.client, c.g.pingInterval)
+	c.upRD.extend(c.up, c.g.pingInterval)
+	c.client.SetPongHandler(func(string) error { c.clientRD.extend(c.client, c.g.pingInterval); return nil })
+	c.up.SetPongHandler(func(string) error { c.upRD.extend(c.up, c.g.pingInterval); return nil })
 	c.wg.Add(2)
 	go c.writeClient()
 	go c.readUpstream()
