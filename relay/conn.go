@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-
-	"github.com/sluice-relay/sluice/ratelimit"
 )
 
 // conn is one gated connection: a client WebSocket bridged to an upstream
@@ -44,11 +42,10 @@ type conn struct {
 	upRD     readDeadline // owned by the upstream reader
 
 	// Set before the goroutines start, read-only after.
-	who     string            // the client's budget key, for logs
-	keys    *[NumTypes]string // limiter keys per type, built once
-	freeIP  bool              // allow-listed client address: nothing charged
-	limits  *Limits
-	quota   *ratelimit.Quota
+	who    string            // the client's budget key, for logs
+	keys   *[NumTypes]string // limiter keys per type, built once
+	freeIP bool              // allow-listed client address: nothing charged
+
 	pending pending // forwarded EVENTs awaiting the relay's OK (quota only)
 
 	authMu sync.Mutex
@@ -220,7 +217,7 @@ func (c *conn) watch(frame []byte) {
 	}
 	if actor, ok := c.pending.take(id); ok {
 		if accepted && !duplicate {
-			c.quota.Add(actor, c.g.now())
+			c.g.quota.Add(actor, c.g.now())
 		}
 		return
 	}
@@ -307,7 +304,7 @@ func (c *conn) admit(typ int, frame []byte) bool {
 	obs := c.g.obs
 	_, freeAuth := c.auth()
 	free := c.freeIP || freeAuth
-	if lims := c.limits.Message[f.Type]; len(lims) > 0 && !free {
+	if lims := c.g.limits.Message[f.Type]; len(lims) > 0 && !free {
 		d, err := c.g.limiter.Allow(c.ctx, c.keys[f.Type], lims)
 		if err != nil {
 			c.send(websocket.TextMessage, AppendUnavailable(nil, f))
@@ -322,7 +319,7 @@ func (c *conn) admit(typ int, frame []byte) bool {
 	}
 	switch f.Type {
 	case TypeEVENT:
-		if c.quota != nil && !free {
+		if c.g.quota != nil && !free {
 			return c.admitEvent(f, frame)
 		}
 	case TypeAUTH:
@@ -362,7 +359,7 @@ func (c *conn) admitEvent(f Frame, frame []byte) bool {
 			return true
 		}
 	}
-	if over, wait := c.quota.Exceeded(actor, c.g.now()); over {
+	if over, wait := c.g.quota.Exceeded(actor, c.g.now()); over {
 		c.send(websocket.TextMessage, AppendRateLimited(nil, f, wait))
 		c.g.obs.frame(f.Type, QuotaExceeded)
 		return false

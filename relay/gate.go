@@ -325,8 +325,6 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		who:     client,
 		keys:    keysFor(client),
 		freeIP:  freeIP,
-		limits:  &g.limits,
-		quota:   g.quota,
 	}
 	if !g.add(c) {
 		c.end(true, true, closeGoingAway, "sluice: shutting down")
