@@ -613,7 +613,20 @@ func resolveLimits(path string, ls []limitConfig, bad func(string, string, ...an
 			ok = false
 			continue
 		}
-		out = append(out, ratelimit.Limit{Rate: rate, Period: period, Cost: cost})
+		l := ratelimit.Limit{Rate: rate, Period: period, Cost: cost}
+		if rate/cost > maxRate {
+			bad(p, "rate/cost is %g; a burst can be at most %g messages", rate/cost, float64(maxRate))
+			ok = false
+			continue
+		}
+		if l.Interval() < time.Microsecond {
+			// Beyond this the math still works, but nothing real sends
+			// that fast, and float rounding makes the interval 0.
+			bad(p, "%s allows more than a million messages a second; lower rate or raise period", limitString(l))
+			ok = false
+			continue
+		}
+		out = append(out, l)
 	}
 	return out, ok
 }

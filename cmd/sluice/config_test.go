@@ -152,6 +152,8 @@ func TestHostileConfigs(t *testing.T) {
 		{"rate NaN", "limits: {message: {REQ: [{rate: .nan, period: 1s}]}}", "limits.message.REQ[0].rate: must be a finite number"},
 		{"rate infinite", "limits: {message: {REQ: [{rate: .inf, period: 1s}]}}", "limits.message.REQ[0].rate: must be a finite number"},
 		{"rate huge", "limits: {message: {REQ: [{rate: 1e300, period: 1s}]}}", "limits.message.REQ[0].rate: must be a finite number"},
+		{"burst too large", "limits: {message: {REQ: [{rate: 1e9, period: 24h, cost: 1e-300}]}}", "limits.message.REQ[0]: rate/cost is +Inf; a burst can be at most 1e+09"},
+		{"interval too short", "limits: {message: {REQ: [{rate: 1e6, period: 1ms}]}}", "limits.message.REQ[0]: 1e+06/1ms allows more than a million messages a second"},
 		{"too many windows", "limits: {message: {REQ: [" + strings.Repeat("{rate: 5, period: 1s},", 9) + "]}}", "limits.message.REQ: at most 8 windows"},
 		{"unknown type", "limits: {message: {EVNT: []}}", "limits.message.EVNT: unknown message type"},
 		{"lower-case type", "limits: {message: {event: []}}", "limits.message.event: unknown message type"},
