@@ -75,12 +75,18 @@ func decideTimed(t *testing.T, s ratelimit.Store, key string, limits []ratelimit
 // closed with ErrUnavailable and none hangs; the breaker bounds the dials;
 // after a restart the same Store and Limiter decide again; nothing leaks.
 func TestKilledAndRestarted(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testKilledAndRestarted(t, false) })
+	t.Run("batch", func(t *testing.T) { testKilledAndRestarted(t, true) })
+}
+
+func testKilledAndRestarted(t *testing.T, batch bool) {
 	srv := redistest.Start(t)
 	base := runtime.NumGoroutine()
 	var dials atomic.Int64
 	c := countingClient(t, srv.Addr(), &dials)
 	var observed, observedErr atomic.Int64
 	s := newStore(t, c, Options{
+		Batch:   batchSize(batch),
 		Breaker: BreakerOptions{Failures: 3, CoolDown: 200 * time.Millisecond},
 		Observe: func(d time.Duration, err error) {
 			observed.Add(1)
@@ -178,6 +184,12 @@ func TestKilledAndRestarted(t *testing.T) {
 		t.Errorf("Observe saw %d calls, %d errors", observed.Load(), observedErr.Load())
 	}
 
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Decide(context.Background(), "{kill-z}:message:EVENT", limits, time.Time{}); !errors.Is(err, ErrClosed) || !errors.Is(err, ratelimit.ErrUnavailable) {
+		t.Errorf("after Close: %v, want ErrClosed", err)
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -187,6 +199,11 @@ func TestKilledAndRestarted(t *testing.T) {
 // TestHungRedis: a Redis that accepts but never answers (SIGSTOP) costs each
 // decision its deadline, not the client's 5 s ReadTimeout, and no more.
 func TestHungRedis(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testHungRedis(t, false) })
+	t.Run("batch", func(t *testing.T) { testHungRedis(t, true) })
+}
+
+func testHungRedis(t *testing.T, batch bool) {
 	_, c := realRedis(t)
 	info, err := c.Info(context.Background(), "server").Result()
 	if err != nil {
@@ -201,7 +218,7 @@ func TestHungRedis(t *testing.T) {
 	if pid <= 0 {
 		t.Fatalf("no process_id in INFO server")
 	}
-	s := newStore(t, c, Options{Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: -1}})
+	s := newStore(t, c, Options{Batch: batchSize(batch), Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: -1}})
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	if _, err := decideTimed(t, s, "{hang}:message:EVENT", limits); err != nil {
 		t.Fatal(err)
@@ -320,10 +337,15 @@ func (p *lossyProxy) serve() {
 // same loss without a request id (the script run directly) charges twice,
 // so the test can tell the two apart.
 func TestLostReplyChargesOnce(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testLostReplyChargesOnce(t, false) })
+	t.Run("batch", func(t *testing.T) { testLostReplyChargesOnce(t, true) })
+}
+
+func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	srv, direct := realRedis(t)
 	p := startLossyProxy(t, srv.Addr())
 	c := client(t, p.ln.Addr().String()) // go-redis defaults: MaxRetries 3
-	s := newStore(t, c, slow)
+	s := newStore(t, c, Options{Timeout: slow.Timeout, Batch: batchSize(batch)})
 	ctx := context.Background()
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}
 	key := "{lost}:message:EVENT"
@@ -357,6 +379,11 @@ func TestLostReplyChargesOnce(t *testing.T) {
 
 	// The hazard, shown: the same lost reply without a request id.
 	keys := []string{DefaultPrefix + key + ":3600000"}
+	// Warm the plain pool first (a batched Store pipelines on a pool of its
+	// own), so the lost reply is the script's, not a new connection's HELLO.
+	if err := ewma.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
 	p.armed.Store(true)
 	if err := ewma.Run(ctx, c, keys, "0", "", 100, 3600000, 1).Err(); err != nil {
 		t.Fatalf("raw script: %v", err)
@@ -364,4 +391,12 @@ func TestLostReplyChargesOnce(t *testing.T) {
 	if got := stored(); !near(got, 4) {
 		t.Errorf("without a request id the retried call left score %v; expected it to charge twice (≈4)", got)
 	}
+}
+
+// batchSize is the Options.Batch of the batched variant of a test.
+func batchSize(on bool) int {
+	if on {
+		return 16
+	}
+	return 0
 }

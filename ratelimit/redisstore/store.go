@@ -85,16 +85,24 @@ type Options struct {
 	// histogram. Decisions refused by the open breaker are not observed.
 	// It must be safe for concurrent use and fast.
 	Observe func(d time.Duration, err error)
-	// AutoPipeline runs the script through the client's auto-pipeliner
-	// (go-redis v9 AutoPipeline), batching concurrent decisions into
-	// pipelines. Off by default; see the package benchmarks.
-	AutoPipeline bool
+	// Batch, when positive, sends the decisions of concurrent callers to
+	// Redis together, up to Batch per pipeline, from BatchWorkers
+	// goroutines: one write and one read per batch instead of per decision,
+	// on both sides, which is most of the cost under load (see the package
+	// benchmarks). Each decision still returns at its own deadline. 0 means
+	// every decision is its own round trip. With Batch the Store owns
+	// goroutines: call Close.
+	Batch int
+	// BatchWorkers is how many pipelines may be in flight at once; 0 means 2.
+	BatchWorkers int
 }
 
 // Store is a ratelimit.Store on Redis. It is safe for concurrent use. The
 // client stays the caller's: closing it is the caller's business.
 type Store struct {
 	client  redis.Scripter
+	batch   *batcher // nil unless Options.Batch > 0
+	closed  atomic.Bool
 	prefix  string
 	timeout time.Duration
 	observe func(time.Duration, error)
@@ -151,40 +159,49 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	var sc redis.Scripter = client
-	if opts.AutoPipeline {
-		ap, err := autoPipeline(client)
-		if err != nil {
-			return nil, err
-		}
-		sc = ap
-	}
 	var seed [6]byte
 	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails on supported platforms
-	return &Store{
-		client:  sc,
+	st := &Store{
+		client:  client,
 		prefix:  prefix,
 		timeout: timeout,
 		observe: opts.Observe,
 		br:      br,
 		idBase:  hex.EncodeToString(seed[:]) + ".",
-	}, nil
+	}
+	switch {
+	case opts.Batch < 0 || opts.BatchWorkers < 0:
+		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must not be negative", ErrConfig, opts.Batch, opts.BatchWorkers)
+	case opts.Batch > 0:
+		workers := opts.BatchWorkers
+		if workers == 0 {
+			workers = 2
+		}
+		st.batch = newBatcher(client, opts.Batch, workers, st.callContext(context.Background()))
+	}
+	return st, nil
 }
 
-// autoPipeline returns the client's blocking auto-pipeliner.
-func autoPipeline(client redis.UniversalClient) (redis.Scripter, error) {
-	type autoPipeliner interface {
-		AutoPipeline() (*redis.AutoPipeliner, error)
+// Close stops the batch workers, if any; decisions after Close fail with
+// ErrClosed (wrapped with ratelimit.ErrUnavailable). It does not close the
+// client. It is safe to call more than once and concurrently with Decide.
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	if s.batch != nil {
+		s.batch.close()
 	}
-	c, ok := client.(autoPipeliner)
-	if !ok {
-		return nil, fmt.Errorf("%w: client %T has no auto-pipeliner", ErrConfig, client)
+	return nil
+}
+
+// callContext returns a function deriving a call's context from parent:
+// with the store's Timeout, unless it is negative.
+func (s *Store) callContext(parent context.Context) func() (context.Context, context.CancelFunc) {
+	return func() (context.Context, context.CancelFunc) {
+		if s.timeout > 0 {
+			return context.WithTimeout(parent, s.timeout)
+		}
+		return context.WithCancel(parent)
 	}
-	ap, err := c.AutoPipeline()
-	if err != nil {
-		return nil, fmt.Errorf("%w: auto-pipeline: %w", ErrConfig, err)
-	}
-	return ap, nil
 }
 
 // BreakerState reports the breaker's state now, for metrics.
@@ -203,6 +220,9 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 		}
 	}
+	if s.closed.Load() {
+		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrClosed)
+	}
 	probe, ok := s.br.allow()
 	if !ok {
 		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrBreakerOpen)
@@ -214,7 +234,13 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 		callCtx, cancel = context.WithTimeout(ctx, s.timeout)
 	}
 	start := time.Now()
-	reply, err := ewma.Run(callCtx, s.client, keys, args...).Result()
+	var reply any
+	var err error
+	if s.batch != nil {
+		reply, err = s.batch.do(callCtx, keys, args)
+	} else {
+		reply, err = ewma.Run(callCtx, s.client, keys, args...).Result()
+	}
 	if cancel != nil {
 		cancel()
 	}

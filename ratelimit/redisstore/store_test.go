@@ -58,10 +58,22 @@ func TestConformanceRedis(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) ratelimit.Store { return newStore(t, c, slow) })
 }
 
-func TestConformanceRedisAutoPipeline(t *testing.T) {
+func TestConformanceRedisBatch(t *testing.T) {
 	_, c := realRedis(t)
 	storetest.Run(t, func(t *testing.T) ratelimit.Store {
-		return newStore(t, c, Options{AutoPipeline: true, Timeout: slow.Timeout})
+		s := newStore(t, c, Options{Batch: 8, Timeout: slow.Timeout})
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}
+
+func TestConformanceMiniredisBatch(t *testing.T) {
+	m := miniredis.RunT(t)
+	c := client(t, m.Addr())
+	storetest.Run(t, func(t *testing.T) ratelimit.Store {
+		s := newStore(t, c, Options{Batch: 8, BatchWorkers: 3, Timeout: slow.Timeout})
+		t.Cleanup(func() { _ = s.Close() })
+		return s
 	})
 }
 
@@ -176,8 +188,14 @@ func TestKeysAndTTL(t *testing.T) {
 // TestNoScriptHeals: after SCRIPT FLUSH, EVALSHA fails with NOSCRIPT and the
 // store falls back to EVAL, which reloads the script.
 func TestNoScriptHeals(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testNoScriptHeals(t, slow) })
+	t.Run("batch", func(t *testing.T) { testNoScriptHeals(t, Options{Timeout: slow.Timeout, Batch: 4}) })
+}
+
+func testNoScriptHeals(t *testing.T, opts Options) {
 	_, c := realRedis(t)
-	s := newStore(t, c, slow)
+	s := newStore(t, c, opts)
+	defer s.Close()
 	ctx := context.Background()
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	if _, err := s.Decide(ctx, "{flush}:message:EVENT", limits, storetest.T0); err != nil {
@@ -217,6 +235,9 @@ func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
 	}
 	if _, err := New(nil, Options{}); !errors.Is(err, ErrConfig) {
 		t.Errorf("nil client: err = %v, want ErrConfig", err)
+	}
+	if _, err := New(good, Options{Batch: -1}); !errors.Is(err, ErrConfig) {
+		t.Errorf("negative batch: err = %v, want ErrConfig", err)
 	}
 	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, ErrConfig) {
 		t.Errorf("negative cool-down: err = %v, want ErrConfig", err)
