@@ -224,7 +224,7 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 		if !websocket.IsWebSocketUpgrade(r) {
 			_, addr, _ := g.client(r)
 			r = r.Clone(r.Context())
-			setForwarded(r.Header, r, addr)
+			setForwarded(r.Header, r, addr, g.fromTrustedProxy(r))
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -295,7 +295,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		_, _ = g.upgrader.Upgrade(w, r, nil)
 		return
 	}
-	upConn, resp, err := up.dial(r.Context(), r, addr)
+	upConn, resp, err := up.dial(r.Context(), r, addr, g.fromTrustedProxy(r))
 	if err != nil {
 		if resp != nil {
 			// The relay refused the handshake itself: pass its answer on.
@@ -454,6 +454,13 @@ func (g *Gate) client(r *http.Request) (client, addr string, free bool) {
 		return key, "", false
 	}
 	return key, a.String(), g.identity.AllowsAddr(a)
+}
+
+// fromTrustedProxy reports whether r's TCP peer is one of the identity's
+// trusted proxies.
+func (g *Gate) fromTrustedProxy(r *http.Request) bool {
+	peer, ok := parseHost(r.RemoteAddr)
+	return ok && g.identity.trusted(peer)
 }
 
 func (g *Gate) allowPubkey(pk string) bool { return g.identity.AllowsPubkey(pk) }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"runtime"
 	"strings"
 	"sync"
@@ -466,14 +467,16 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "plain http")
 		return
 	}
+	// Recorded before the handshake completes, so a client whose dial
+	// returned can read it.
+	rec.mu.Lock()
+	rec.hdr, rec.remote = r.Header.Clone(), r.RemoteAddr
+	rec.mu.Unlock()
 	up := websocket.Upgrader{}
 	c, err := up.Upgrade(w, r, nil)
 	if err != nil {
 		return
 	}
-	rec.mu.Lock()
-	rec.hdr, rec.remote = r.Header.Clone(), r.RemoteAddr
-	rec.mu.Unlock()
 	defer c.Close()
 	for {
 		typ, data, err := c.ReadMessage()
@@ -630,12 +633,14 @@ func TestGateForwardsByteForByte(t *testing.T) {
 				url = serve(t, h)
 			}
 			spoof := http.Header{
-				"X-Forwarded-For":  {"6.6.6.6"},
-				"X-Real-Ip":        {"6.6.6.6"},
-				"True-Client-Ip":   {"6.6.6.6"},
-				"Cf-Connecting-Ip": {"6.6.6.6"},
-				"Forwarded":        {"for=6.6.6.6"},
-				"X-Custom":         {"kept"},
+				"X-Forwarded-For":   {"6.6.6.6"},
+				"X-Real-Ip":         {"6.6.6.6"},
+				"True-Client-Ip":    {"6.6.6.6"},
+				"Cf-Connecting-Ip":  {"6.6.6.6"},
+				"Forwarded":         {"for=6.6.6.6"},
+				"X-Forwarded-Proto": {"https"},
+				"X-Forwarded-Host":  {"evil.example"},
+				"X-Custom":          {"kept"},
 			}
 			c, _, err := websocket.DefaultDialer.Dial(url+"/x?y=1", spoof)
 			if err != nil {
@@ -686,6 +691,9 @@ func TestGateForwardsByteForByte(t *testing.T) {
 					if v := hdr.Get(k); v != "" {
 						t.Errorf("%s: the client's %s: %s reached the relay", what, k, v)
 					}
+				}
+				if hdr.Get("X-Forwarded-Proto") != "http" || !strings.HasPrefix(hdr.Get("X-Forwarded-Host"), "127.0.0.1:") {
+					t.Errorf("%s: relay told proto %q host %q, want what the untrusted client really used", what, hdr.Get("X-Forwarded-Proto"), hdr.Get("X-Forwarded-Host"))
 				}
 				if hdr.Get("X-Custom") != "kept" {
 					t.Errorf("%s: other headers dropped", what)
@@ -959,5 +967,38 @@ func TestGateBadHandshakeNotForwarded(t *testing.T) {
 	defer rec.mu.Unlock()
 	if rec.hdr != nil {
 		t.Error("the relay saw a handshake for a malformed upgrade")
+	}
+}
+
+// Behind a trusted proxy the relay is told the client the proxy saw, and
+// the scheme and host the client used at the proxy (NIP-42 relay URL).
+func TestGateBehindTrustedProxy(t *testing.T) {
+	rec := newRecorder()
+	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	g := newGate(t, Options{Limits: &Limits{}, Identity: id})
+	hdr := http.Header{
+		"X-Forwarded-For":   {"6.6.6.6, 203.0.113.9"},
+		"X-Forwarded-Proto": {"https"},
+		"X-Forwarded-Host":  {"relay.example"},
+		"True-Client-Ip":    {"6.6.6.6"},
+	}
+	c, _, err := websocket.DefaultDialer.Dial(serve(t, g.Wrap(rec)), hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rec.mu.Lock()
+	got, remote := rec.hdr, rec.remote
+	rec.mu.Unlock()
+	for k, want := range map[string]string{
+		"X-Forwarded-For": "203.0.113.9", "X-Real-Ip": "203.0.113.9",
+		"X-Forwarded-Proto": "https", "X-Forwarded-Host": "relay.example", "True-Client-Ip": "",
+	} {
+		if got.Get(k) != want {
+			t.Errorf("relay told %s: %q, want %q", k, got.Get(k), want)
+		}
+	}
+	if !strings.HasPrefix(remote, "203.0.113.9:") {
+		t.Errorf("in-process RemoteAddr %q, want the client behind the proxy", remote)
 	}
 }

@@ -25,7 +25,7 @@ type upstream struct {
 // dial opens the upstream WebSocket for client request r, whose client
 // address is addr. The relay learns addr from X-Forwarded-For and
 // X-Real-IP, which replace whatever the client sent.
-func (u *upstream) dial(ctx context.Context, r *http.Request, addr string) (*websocket.Conn, *http.Response, error) {
+func (u *upstream) dial(ctx context.Context, r *http.Request, addr string, trustedPeer bool) (*websocket.Conn, *http.Response, error) {
 	h := make(http.Header, len(r.Header)+4)
 	for k, vs := range r.Header {
 		if hopHeader(k) {
@@ -33,7 +33,7 @@ func (u *upstream) dial(ctx context.Context, r *http.Request, addr string) (*web
 		}
 		h[k] = vs
 	}
-	setForwarded(h, r, addr)
+	setForwarded(h, r, addr, trustedPeer)
 	ctx = context.WithValue(ctx, clientAddrKey{}, addr)
 	return u.dialer.DialContext(ctx, u.target(r), h)
 }
@@ -59,10 +59,27 @@ var clientIPHeaders = []string{
 	"Fastly-Client-Ip", "X-Cluster-Client-Ip", "X-Original-Forwarded-For", "Client-Ip",
 }
 
-// setForwarded replaces every client-address header of h with the gate's
-// word: X-Forwarded-For and X-Real-IP set to addr (when known), and
-// X-Forwarded-Host and X-Forwarded-Proto from r.
-func setForwarded(h http.Header, r *http.Request, addr string) {
+// setForwarded replaces every client-address header of h (which may be
+// r.Header itself) with the gate's word: X-Forwarded-For and X-Real-IP set
+// to addr (when known), X-Forwarded-Host and X-Forwarded-Proto to the host
+// and scheme the client used. Those two come from the request itself, or,
+// when the TCP peer is a trusted proxy that terminated TLS in front of the
+// gate, from that proxy's own X-Forwarded-Host and X-Forwarded-Proto: a
+// relay that checks NIP-42's relay URL against them (khatru does) must
+// see wss://, not the http:// of the last hop.
+func setForwarded(h http.Header, r *http.Request, addr string, trustedPeer bool) {
+	proto, host := "http", r.Host
+	if r.TLS != nil {
+		proto = "https"
+	}
+	if trustedPeer {
+		if v := r.Header.Get("X-Forwarded-Proto"); v == "http" || v == "https" {
+			proto = v
+		}
+		if v := r.Header.Get("X-Forwarded-Host"); v != "" {
+			host = v
+		}
+	}
 	for _, k := range clientIPHeaders {
 		delete(h, k)
 	}
@@ -70,12 +87,8 @@ func setForwarded(h http.Header, r *http.Request, addr string) {
 		h.Set("X-Forwarded-For", addr)
 		h.Set("X-Real-IP", addr)
 	}
-	h.Set("X-Forwarded-Host", r.Host)
-	if r.TLS != nil {
-		h.Set("X-Forwarded-Proto", "https")
-	} else {
-		h.Set("X-Forwarded-Proto", "http")
-	}
+	h.Set("X-Forwarded-Host", host)
+	h.Set("X-Forwarded-Proto", proto)
 }
 
 // clientAddrKey carries the client's address to the in-process dialer, so
@@ -124,7 +137,7 @@ func (g *Gate) httpProxy(u *url.URL) http.Handler {
 	return &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(&target)
 		_, addr, _ := g.client(pr.In)
-		setForwarded(pr.Out.Header, pr.In, addr)
+		setForwarded(pr.Out.Header, pr.In, addr, g.fromTrustedProxy(pr.In))
 	}}
 }
 
