@@ -562,3 +562,77 @@ func TestE2ESharedRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestE2ERedisOutage: with Redis gone, sluice relay refuses honestly —
+// "error: rate limiter unavailable" on events, 503 on upgrades, never
+// "rate-limited:" — and admits again by itself once Redis is back.
+func TestE2ERedisOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(cfg, []byte("store: {timeout: 2s}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, "relay", "--config", cfg, "--redis", srv.URL(), "--data-dir", filepath.Join(dir, "data"))
+	sk := nostr.GeneratePrivateKey()
+	r := connect(t, ctx, p.url())
+	if err := r.Publish(ctx, signed(t, sk, "before the outage")); err != nil {
+		t.Fatalf("publish with Redis up: %v", err)
+	}
+
+	srv.Kill()
+	err := r.Publish(ctx, signed(t, sk, "during the outage"))
+	if err == nil || err.Error() != "msg: error: rate limiter unavailable" {
+		t.Errorf("publish with Redis down: %v, want msg: error: rate limiter unavailable", err)
+	}
+	// NIP-11 is not gated: clients can still read what the relay is.
+	if doc := getNIP11(t, ctx, p.url()); doc.Name != "sluice" {
+		t.Errorf("NIP-11 during the outage: %+v", doc)
+	}
+	code, body := upgrade(t, ctx, p.url())
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "error: rate limiter unavailable") {
+		t.Errorf("upgrade with Redis down: %d %q, want 503 error: rate limiter unavailable", code, body)
+	}
+
+	srv.Restart()
+	// The breaker lets a probe through after its cool-down: poll, do not
+	// assume how long that is.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := r.Publish(ctx, signed(t, sk, "after the outage"))
+		if err == nil {
+			break
+		}
+		if err.Error() != "msg: error: rate limiter unavailable" {
+			t.Fatalf("after restart: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still unavailable 30s after Redis came back")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if v := p.metric(t, `sluice_frames_total{outcome="unavailable",type="EVENT"}`); v < 1 {
+		t.Errorf("unavailable EVENT frames = %v, want ≥ 1", v)
+	}
+	if code := p.stop(); code != 0 {
+		t.Errorf("exit code %d\n%s", code, p.logs())
+	}
+}
+
+// upgrade attempts a WebSocket upgrade and returns the HTTP status and
+// body of a refusal (101 and "" when it was accepted).
+func upgrade(t *testing.T, ctx context.Context, url string) (int, string) {
+	t.Helper()
+	c, resp, err := websocket.DefaultDialer.DialContext(ctx, url, nil)
+	if err == nil {
+		c.Close()
+		return http.StatusSwitchingProtocols, ""
+	}
+	if resp == nil {
+		t.Fatalf("upgrade %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
