@@ -50,6 +50,9 @@ type Options struct {
 	Limits *Limits
 	// Quota caps validated events per actor. Nil means no quota.
 	//
+	// The quota is checked after the EVENT message limits, which charge
+	// every EVENT whatever the quota then decides.
+	//
 	// The actor of an EVENT is the pubkey the connection authenticated as
 	// (NIP-42, learnt from the relay's OK true to the client's AUTH), or
 	// else the event's author. An actor over its quota has its EVENTs
