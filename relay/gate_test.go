@@ -219,6 +219,23 @@ func TestNewValidatesLimits(t *testing.T) {
 	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
 		t.Fatalf("New with a zero connection period: err = %v", err)
 	}
+	// Two windows of one period would share a store key; more than
+	// MaxWindows would leave the memory store's allocation-free path.
+	l = DefaultLimits()
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second), ratelimit.PerPeriod(9, 1000*time.Millisecond)}
+	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
+		t.Fatalf("New with two REQ windows of one period: err = %v, want ErrInvalidLimit naming REQ", err)
+	}
+	l = DefaultLimits()
+	for i := range ratelimit.MaxWindows + 1 {
+		l.Connection = append(l.Connection, ratelimit.PerPeriod(5, time.Duration(i+1)*time.Second))
+	}
+	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+		t.Fatalf("New with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
+	}
+	if _, err := NewHooks(HookOptions{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) {
+		t.Fatalf("NewHooks with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
+	}
 	d := DefaultLimits()
 	if err := d.Validate(); err != nil {
 		t.Fatalf("DefaultLimits invalid: %v", err)

@@ -62,20 +62,19 @@ func DefaultLimits() Limits {
 	return l
 }
 
-// Validate checks every window with ratelimit.Limit.Validate; an error
-// names the connection limit or the message type and wraps
+// Validate checks the windows of the connection limit and of every message
+// type with ratelimit.ValidateLimits: each window valid, at most
+// ratelimit.MaxWindows of them, and no two with the same period (they would
+// share one store key, and the stores would not agree on what that means).
+// An error names the connection limit or the message type and wraps
 // ratelimit.ErrInvalidLimit.
 func (l *Limits) Validate() error {
-	for i, lim := range l.Connection {
-		if err := lim.Validate(); err != nil {
-			return fmt.Errorf("relay: connection limit %d (%v): %w", i, lim, err)
-		}
+	if err := ratelimit.ValidateLimits(l.Connection); err != nil {
+		return fmt.Errorf("relay: connection limits: %w", err)
 	}
 	for t := range l.Message {
-		for i, lim := range l.Message[t] {
-			if err := lim.Validate(); err != nil {
-				return fmt.Errorf("relay: %v limit %d (%v): %w", Type(t), i, lim, err)
-			}
+		if err := ratelimit.ValidateLimits(l.Message[t]); err != nil {
+			return fmt.Errorf("relay: %v limits: %w", Type(t), err)
 		}
 	}
 	return nil
