@@ -612,6 +612,15 @@ func TestE2ERedisOutage(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// The outage's end is logged within a second of the first success.
+	for !strings.Contains(p.logs(), "rate limiter store answers again") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, want := range []string{"rate limiter store unavailable", "rate limiter store answers again"} {
+		if !strings.Contains(p.logs(), want) {
+			t.Errorf("%q is not in the log:\n%s", want, p.logs())
+		}
+	}
 	if v := p.metric(t, `sluice_frames_total{outcome="unavailable",type="EVENT"}`); v < 1 {
 		t.Errorf("unavailable EVENT frames = %v, want ≥ 1", v)
 	}

@@ -169,6 +169,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	logger := newLogger(cfg, stderr)
+	// Libraries that log with the standard log package (eventstore's
+	// migrations, go-redis) then write through the same handler, so JSON
+	// logs stay JSON.
+	slog.SetDefault(logger)
 	switch cmd {
 	case "relay":
 		err = runRelay(ctx, cfg, logger)

@@ -44,6 +44,10 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		p.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
 		m.watch(p.limiter, nil)
 	} else {
+		// go-redis logs pool failures on its own; route them through slog
+		// (at Debug: every one of them is also a refused decision, which
+		// the metrics count, and an outage would flood the log).
+		redis.SetLogger(redisLogger{logger.With("component", "redis")})
 		client, err := redisstore.NewClient(cfg.Redis)
 		if err != nil {
 			return nil, fmt.Errorf("%w: store.redis: %v", errConfig, err)
@@ -61,6 +65,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		p.store = redactURL(cfg.Redis)
 		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
 		m.watch(p.limiter, st.BreakerState)
+		go logOutages(ctx, p.limiter, client, st.BreakerState, logger)
 
 		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 		err = client.Ping(pctx).Err()
@@ -226,4 +231,47 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.H
 	}
 	logger.Info("stopped cleanly")
 	return nil
+}
+
+// redisLogger adapts slog to go-redis's logger interface.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.DebugContext(ctx, fmt.Sprintf(format, v...))
+}
+
+// logOutages logs when the store starts failing (from the Limiter's
+// counters) and when Redis answers again (a ping, once a second while
+// failing), until ctx is done: an operator reading the log sees an outage
+// begin and end, not a line per refused message.
+func logOutages(ctx context.Context, l *ratelimit.Limiter, client redis.UniversalClient, breaker func() redisstore.BreakerState, logger *slog.Logger) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	lastErrs := l.Stats().StoreErrors
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		errs := l.Stats().StoreErrors
+		newErrs := errs - lastErrs
+		lastErrs = errs
+		if !failing {
+			if newErrs > 0 {
+				failing = true
+				logger.Error("rate limiter store unavailable: messages are refused with \"error: rate limiter unavailable\" until it answers",
+					"failed_calls", newErrs, "breaker", breaker().String())
+			}
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
+		err := client.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			failing = false
+			logger.Info("rate limiter store answers again")
+		}
+	}
 }
