@@ -15,7 +15,7 @@
 -- ARGV[1]     now in unix milliseconds; "0" (or anything not a positive
 --             number) means Redis TIME, so every gate instance shares one
 --             clock.
--- ARGV[2]     request id (no spaces), or "" for none. go-redis retries a
+-- ARGV[2]     request id (no spaces, one width), or "" for none. go-redis retries a
 --             command whose reply was lost (EOF, reset) and its
 --             auto-pipeliner may replay a batch; without this, a repeated
 --             call that had already been admitted would charge the client
@@ -51,86 +51,80 @@ local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local LN2 = 0.69314718055994531
 local IDS = 4
 
-local n = #KEYS
-if n < 1 or #ARGV ~= 2 + 3 * n then
-  return redis.error_reply('ERR sluice ewma: want n keys and 2+3n args')
-end
-
-local vals = redis.call('MGET', unpack(KEYS))
-
-local reqid = ARGV[2]
-local ids = ''
-if vals[1] then
-  ids = string.match(vals[1], '^%S+ %S+ ?(.*)$') or ''
-end
-if reqid ~= '' and string.find(' ' .. ids .. ' ', ' ' .. reqid .. ' ', 1, true) then
-  -- A repeat of an admitted request: answer as admitted, charge nothing.
-  local reply = {1, 0}
-  for i = 1, n do
-    if not vals[i] then
-      return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[i])
+-- waitms returns the smallest w >= 1 such that score s written at ms at
+-- admits cost c under rate r (half-life p ms) at now+w; the caller knows it
+-- refuses at now. Same steps as ratelimit.waitMs in Go.
+local function waitms(now, s, at, p, c, r)
+  local function admits(t)
+    local d = s
+    if t > at then
+      local x = (t - at) / p
+      if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
     end
-    reply[i + 2] = string.match(vals[i], '^%S+')
+    return d + c <= r
   end
-  return reply
-end
-
-local now = tonumber(ARGV[1])
-if now == nil or now <= 0 then
-  -- Redis < 5 needs effect replication before a write that follows TIME;
-  -- on Redis >= 7 this is a no-op.
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
-end
-
--- decay returns score s written at ms at, as seen at ms t.
-local function decay(s, at, t, period)
-  local dt = t - at
-  if dt <= 0 then
-    return s -- a score never decays for time that has not passed
-  end
-  local x = dt / period
-  if x > 1100 then
-    return 0 -- below the smallest double; Go skips the subnormals too
-  end
-  return s * 2 ^ (-x)
-end
-
--- waitms returns the smallest w >= 1 such that score s written at at admits
--- cost c under rate r at now+w; the caller knows it refuses at now.
-local function waitms(s, at, period, c, r)
-  local d = period * math.log(s / (r - c)) / LN2
-  if not (d < MAX_WAIT) then
-    d = MAX_WAIT
-  end
+  local d = p * math.log(s / (r - c)) / LN2
+  if not (d < MAX_WAIT) then d = MAX_WAIT end
   local w = at + math.ceil(d) - now
   if w < 1 then w = 1 end
   if w > MAX_WAIT then w = MAX_WAIT end
   local k = 0
-  while k < 16 and w < MAX_WAIT and not (decay(s, at, now + w, period) + c <= r) do
+  while k < 16 and w < MAX_WAIT and not admits(now + w) do
     w = w + 1
     k = k + 1
   end
   k = 0
-  while k < 16 and w > 1 and decay(s, at, now + w - 1, period) + c <= r do
+  while k < 16 and w > 1 and admits(now + w - 1) do
     w = w - 1
     k = k + 1
   end
   return w
 end
 
-local rate, period, cost = {}, {}, {}
-local score, at = {}, {}
+local n = #KEYS
+if n < 1 or #ARGV ~= 2 + 3 * n then
+  return redis.error_reply('ERR sluice ewma: want n keys and 2+3n args')
+end
+
+local vals = redis.call('MGET', unpack(KEYS))
+local reqid = ARGV[2]
+local ids = ''
+if vals[1] then
+  ids = string.match(vals[1], '^%S+ %S+ ?(.*)$') or ''
+  if reqid ~= '' and string.find(' ' .. ids .. ' ', ' ' .. reqid .. ' ', 1, true) then
+    -- A repeat of an admitted request: answer as admitted, charge nothing.
+    local reply = {1, 0}
+    for i = 1, n do
+      if not vals[i] then
+        return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[i])
+      end
+      reply[i + 2] = string.match(vals[i], '^%S+')
+    end
+    return reply
+  end
+end
+
+local now = tonumber(ARGV[1])
+if not now or now <= 0 then
+  -- Redis < 5 needs effect replication before a write that follows TIME;
+  -- on Redis >= 7 this is a no-op.
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local tm = redis.call('TIME')
+  now = tm[1] * 1000 + math.floor(tm[2] / 1000)
+end
+
+-- Decide every window. st holds, per window, five values: rate, period,
+-- cost, decayed score, write time (one flat table: this runs on every
+-- message, and tables are what Lua allocates).
+local st = {}
 local allowed = true
 local wait = 0
 for i = 1, n do
-  rate[i] = tonumber(ARGV[3 * i])
-  period[i] = tonumber(ARGV[3 * i + 1])
-  cost[i] = tonumber(ARGV[3 * i + 2])
-  if not (rate[i] and period[i] and cost[i] and period[i] >= 1 and cost[i] > 0 and rate[i] - cost[i] > 0) then
+  local j = 3 * i
+  local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+  if not (r and p and c and p >= 1 and c > 0 and r - c > 0) then
     return redis.error_reply('ERR sluice ewma: bad limit for ' .. KEYS[i])
   end
   local s, t = 0, 0
@@ -138,57 +132,65 @@ for i = 1, n do
   if v then
     local ss, ts = string.match(v, '^(%S+) (%S+)')
     s, t = tonumber(ss), tonumber(ts)
-    if s == nil or t == nil then
+    if not (s and t) then
       return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
     end
   end
-  local d = decay(s, t, now, period[i])
-  score[i], at[i] = d, t
-  if not (d + cost[i] <= rate[i]) then
+  local d = s
+  if now > t then
+    local x = (now - t) / p
+    if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
+  end
+  local k = 5 * i
+  st[k - 4], st[k - 3], st[k - 2], st[k - 1], st[k] = r, p, c, d, t
+  if not (d + c <= r) then
     allowed = false
-    local w = waitms(s, t, period[i], cost[i], rate[i])
+    local w = waitms(now, s, t, p, c, r)
     if w > wait then wait = w end
   end
 end
 
-local reply
-if allowed then
-  reply = {1, 0}
+if not allowed then
+  local reply = {0, wait}
   for i = 1, n do
-    local s = score[i] + cost[i]
-    local t = at[i]
-    if now > t then t = now end
-    local str = string.format('%.17g', s)
-    -- TTL: keep the key until its score is negligible, eps = min(c, R-c)/1024
-    -- (forgetting it then gives a client at most 1/1024 of a message), that
-    -- is T*log2(S/eps) ms. Since eps <= R-c this is never shorter than the
-    -- longest wait the key can still report, T*log2(S/(R-c)); since S <= R
-    -- it is at most T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any
-    -- sane limit. +1 covers the rounding. (If t is ahead of now, the score
-    -- starts decaying only at t; the TTL counts from now and would be short
-    -- by t-now, so that is added.)
-    local eps = math.min(cost[i], rate[i] - cost[i]) / 1024
-    local ttl = math.ceil(period[i] * math.log(math.max(s, eps) / eps) / LN2) + 1 + (t - now)
-    local v = str .. ' ' .. string.format('%d', t)
-    if i == 1 then
-      -- Keep the last IDS request ids, newest first.
-      local kept = {}
-      if reqid ~= '' then kept[1] = reqid end
-      for id in string.gmatch(ids, '%S+') do
-        if #kept >= IDS then break end
-        kept[#kept + 1] = id
-      end
-      if #kept > 0 then
-        v = v .. ' ' .. table.concat(kept, ' ')
-      end
+    reply[i + 2] = string.format('%.17g', st[5 * i - 1])
+  end
+  return reply
+end
+
+local reply = {1, 0}
+for i = 1, n do
+  local k = 5 * i
+  local r, p, c, s, t = st[k - 4], st[k - 3], st[k - 2], st[k - 1] + st[k - 2], st[k]
+  if now > t then t = now end
+  local str = string.format('%.17g', s)
+  -- TTL: keep the key until its score is negligible, eps = min(c, R-c)/1024
+  -- (forgetting it then gives a client at most 1/1024 of a message), that
+  -- is T*log2(S/eps) ms. Since eps <= R-c this is never shorter than the
+  -- longest wait the key can still report, T*log2(S/(R-c)); since S <= R
+  -- it is at most T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any
+  -- sane limit. +1 covers the rounding. (If t is ahead of now, the score
+  -- starts decaying only at t; the TTL counts from now and would be short
+  -- by t-now, so that is added.)
+  local eps = math.min(c, r - c) / 1024
+  local ttl = math.ceil(p * math.log(math.max(s, eps) / eps) / LN2) + 1 + (t - now)
+  local v = str .. ' ' .. string.format('%d', t)
+  if i == 1 then
+    -- Keep the last IDS request ids, newest first. Ids are of one width (16
+    -- characters from the Go store), so cutting the list to IDS of them is
+    -- one string.sub; an id of another width is at worst cut short, and a
+    -- cut id never matches.
+    local list = ids
+    if reqid ~= '' and ids == '' then
+      list = reqid
+    elseif reqid ~= '' then
+      list = string.sub(reqid .. ' ' .. ids, 1, IDS * (#reqid + 1) - 1)
     end
-    redis.call('SET', KEYS[i], v, 'PX', ttl)
-    reply[i + 2] = str
+    if list ~= '' then
+      v = v .. ' ' .. list
+    end
   end
-else
-  reply = {0, wait}
-  for i = 1, n do
-    reply[i + 2] = string.format('%.17g', score[i])
-  end
+  redis.call('SET', KEYS[i], v, 'PX', ttl)
+  reply[i + 2] = str
 end
 return reply

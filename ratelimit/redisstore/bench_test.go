@@ -120,7 +120,6 @@ func BenchmarkRedis(b *testing.B) {
 	b.Run("RedisRateAllow1Window", rate(false))
 	b.Run("Decide2WindowsBatch16x1", decide(Options{Batch: 16, BatchWorkers: 1}, false))
 	b.Run("Decide2WindowsBatch16x2", decide(Options{Batch: 16, BatchWorkers: 2}, false))
-	b.Run("Decide2WindowsBatch16x4", decide(Options{Batch: 16, BatchWorkers: 4}, false))
 	b.Run("Decide2WindowsGoRedisAutoPipeline", decide(Options{}, true))
 	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", rate(true))
 }

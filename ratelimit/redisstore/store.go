@@ -108,7 +108,7 @@ type Store struct {
 	observe func(time.Duration, error)
 	br      *breaker
 
-	idBase string // random per Store, so two gates never share request ids
+	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
 
 	argCache [64]atomic.Pointer[boxedLimits]
@@ -159,7 +159,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	var seed [6]byte
+	var seed [3]byte
 	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails on supported platforms
 	st := &Store{
 		client:  client,
@@ -167,7 +167,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		timeout: timeout,
 		observe: opts.Observe,
 		br:      br,
-		idBase:  hex.EncodeToString(seed[:]) + ".",
+		idBase:  hex.EncodeToString(seed[:]),
 	}
 	switch {
 	case opts.Batch < 0 || opts.BatchWorkers < 0:
@@ -291,9 +291,23 @@ func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) ([]
 	} else {
 		args[0] = now.UnixMilli()
 	}
-	args[1] = s.idBase + strconv.FormatUint(s.idSeq.Add(1), 36)
+	args[1] = s.requestID()
 	copy(args[2:], s.boxed(limits))
 	return keys, args
+}
+
+// requestID returns a fresh request id of 16 characters: the store's 6 hex
+// digits and 10 of a counter (2^40 ids before it wraps). One width, because
+// the script cuts its list of recent ids by length.
+func (s *Store) requestID() string {
+	var b [16]byte
+	copy(b[:], s.idBase)
+	n := s.idSeq.Add(1)
+	for i := 15; i >= 6; i-- {
+		b[i] = "0123456789abcdef"[n&15]
+		n >>= 4
+	}
+	return string(b[:])
 }
 
 // boxedLimits is one entry of Store.argCache: a copy of a limit list and

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,10 +179,21 @@ func TestKeysAndTTL(t *testing.T) {
 			t.Errorf("%s: TTL %v beyond the bound %v", key, ttl, limit)
 		}
 	}
-	// The windows are the only keys: request ids live in the first one.
+	// The windows are the only keys: the last 4 admitted request ids (16
+	// characters each) live in the first one.
 	keys, _ := c.Keys(ctx, "p:*").Result()
 	if len(keys) != 2 {
 		t.Errorf("keys %v, want the two windows only", keys)
+	}
+	v, _ := c.Get(ctx, "p:{203.0.113.7}:message:EVENT:1000").Result()
+	f := strings.Fields(v)
+	if len(f) != 6 {
+		t.Fatalf("first window %q: want score, instant and 4 ids", v)
+	}
+	for _, id := range f[2:] {
+		if len(id) != 16 {
+			t.Errorf("request id %q is not 16 characters", id)
+		}
 	}
 }
 
