@@ -477,6 +477,14 @@ func (fc *fileConfig) validate() (*config, error) {
 		c.StoreTimeout = d
 	}
 
+	// A null where a list or mapping belongs would otherwise read as "no
+	// limits at all": refuse it and say how to write what was meant.
+	if fc.Limits.Connection == nil {
+		bad("limits.connection", "must be a list of windows; write [] for no connection limit")
+	}
+	if fc.Limits.Message == nil {
+		bad("limits.message", "must be a mapping of message types to windows; leave it out to keep the defaults")
+	}
 	var ok bool
 	if c.Limits.Connection, ok = resolveLimits("limits.connection", fc.Limits.Connection, bad); !ok {
 		c.Limits.Connection = nil
