@@ -297,9 +297,11 @@ func readFrame(r io.Reader, buf []byte) ([]byte, error) {
 // admit decides one client frame. It returns true to forward it; on a
 // refusal it has queued the reply for the client.
 func (c *conn) admit(typ int, frame []byte) bool {
-	f := Frame{Type: TypeOther}
+	// The type decides the charge; the id (Peek's Frame.ID) is only wanted
+	// by a refusal, so it is looked for only then (f.at).
+	f := peeked{Type: TypeOther, frame: frame, rest: -1}
 	if typ == websocket.TextMessage {
-		f = Peek(frame)
+		f.Type, f.rest = peekType(frame)
 	}
 	obs := c.g.obs
 	_, freeAuth := c.auth()
@@ -307,12 +309,12 @@ func (c *conn) admit(typ int, frame []byte) bool {
 	if lims := c.g.limits.Message[f.Type]; len(lims) > 0 && !free {
 		d, err := c.g.limiter.Allow(c.ctx, c.keys[f.Type], lims)
 		if err != nil {
-			c.send(websocket.TextMessage, AppendUnavailable(nil, f))
+			c.send(websocket.TextMessage, AppendUnavailable(nil, f.full()))
 			obs.frame(f.Type, Unavailable)
 			return false
 		}
 		if !d.Allowed {
-			c.send(websocket.TextMessage, AppendRateLimited(nil, f, d.Wait))
+			c.send(websocket.TextMessage, AppendRateLimited(nil, f.full(), d.Wait))
 			obs.frame(f.Type, RateLimited)
 			return false
 		}
@@ -320,7 +322,7 @@ func (c *conn) admit(typ int, frame []byte) bool {
 	switch f.Type {
 	case TypeEVENT:
 		if c.g.quota != nil && !free {
-			return c.admitEvent(f, frame)
+			return c.admitEvent(f)
 		}
 	case TypeAUTH:
 		if !c.g.watchOK {
@@ -340,11 +342,24 @@ func (c *conn) admit(typ int, frame []byte) bool {
 	return true
 }
 
+// peeked is a client frame as peekType classified it, its id not yet
+// looked for.
+type peeked struct {
+	Type  Type
+	frame []byte
+	rest  int // index of the second element, or -1
+}
+
+// full returns the Frame that Peek would, id included.
+func (p peeked) full() Frame {
+	return Frame{Type: p.Type, ID: frameID(p.Type, p.frame, p.rest)}
+}
+
 // admitEvent applies the actor quota to an EVENT the limits admitted.
-func (c *conn) admitEvent(f Frame, frame []byte) bool {
-	id, pk, res := eventFields(frame)
+func (c *conn) admitEvent(f peeked) bool {
+	id, pk, res := eventFields(f.frame)
 	if res != scanOK {
-		c.send(websocket.TextMessage, AppendRefusal(nil, f, reasonUnattributable))
+		c.send(websocket.TextMessage, AppendRefusal(nil, f.full(), reasonUnattributable))
 		c.g.obs.frame(f.Type, Invalid)
 		return false
 	}
@@ -360,7 +375,7 @@ func (c *conn) admitEvent(f Frame, frame []byte) bool {
 		}
 	}
 	if over, wait := c.g.quota.Exceeded(actor, c.g.now()); over {
-		c.send(websocket.TextMessage, AppendRateLimited(nil, f, wait))
+		c.send(websocket.TextMessage, AppendRateLimited(nil, f.full(), wait))
 		c.g.obs.frame(f.Type, QuotaExceeded)
 		return false
 	}

@@ -155,45 +155,61 @@ type Frame struct {
 // decodes the event; it is used only when it is exactly 64 lowercase hex
 // digits. Otherwise ID is nil.
 func Peek(frame []byte) Frame {
+	t, rest := peekType(frame)
+	return Frame{Type: t, ID: frameID(t, frame, rest)}
+}
+
+// peekType is Peek without the id: the frame's type and the index of its
+// second element (after whitespace), or -1 when it has none. The gate needs
+// the id only to answer a refusal, so it looks for it (frameID) only then:
+// for an EVENT that is a scan of most of the event, which an admitted
+// frame does not need.
+func peekType(frame []byte) (Type, int) {
 	i := skipWS(frame, 0)
 	if i >= len(frame) || frame[i] != '[' {
-		return Frame{}
+		return TypeOther, -1
 	}
 	i = skipWS(frame, i+1)
 	if i >= len(frame) || frame[i] != '"' {
-		return Frame{}
+		return TypeOther, -1
 	}
 	var buf [maxLabelLen]byte
 	n, end, ok := decodeLabel(frame, i+1, &buf)
 	if !ok {
-		return Frame{}
+		return TypeOther, -1
 	}
 	t := labelType(buf[:n])
 	if t == TypeOther {
-		return Frame{}
+		return TypeOther, -1
 	}
 	// The label must be followed by ',' or ']': a frame cut after its label
 	// is truncated and cannot be classified.
 	j := skipWS(frame, end)
 	if j >= len(frame) {
-		return Frame{}
+		return TypeOther, -1
 	}
 	switch frame[j] {
 	case ']':
-		return Frame{Type: t}
+		return t, -1
 	case ',':
-	default:
-		return Frame{}
+		return t, skipWS(frame, j+1)
 	}
-	j = skipWS(frame, j+1)
-	f := Frame{Type: t}
+	return TypeOther, -1
+}
+
+// frameID is Frame.ID of a frame of type t whose second element starts at
+// rest, as peekType returned them.
+func frameID(t Type, frame []byte, rest int) []byte {
+	if rest < 0 {
+		return nil
+	}
 	switch t {
 	case TypeREQ, TypeCOUNT, TypeCLOSE:
-		f.ID = subID(frame, j)
+		return subID(frame, rest)
 	case TypeEVENT, TypeAUTH:
-		f.ID = eventID(frame, j)
+		return eventID(frame, rest)
 	}
-	return f
+	return nil
 }
 
 // isWS reports whether c is JSON whitespace (RFC 8259: space, tab, LF, CR).

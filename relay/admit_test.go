@@ -1,0 +1,155 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// admitConn returns a conn with no sockets, enough to drive admit: its
+// replies land in c.out, which holds up to 16.
+func admitConn(t testing.TB, opts Options) *conn {
+	t.Helper()
+	g := newGate(t, opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return &conn{g: g, out: make(chan outFrame, 16), ctx: ctx, cancel: cancel, closing: make(chan struct{}), keys: keysFor("203.0.113.7")}
+}
+
+// reply takes the one reply admit queued.
+func (c *conn) reply(t testing.TB) string {
+	t.Helper()
+	select {
+	case f := <-c.out:
+		return string(f.data)
+	default:
+		t.Fatal("no reply queued")
+		return ""
+	}
+}
+
+// downStore fails every decision, as a Redis outage does.
+type downStore struct{ calls atomic.Int64 }
+
+func (s *downStore) Decide(context.Context, string, []ratelimit.Limit, time.Time) (ratelimit.Decision, error) {
+	s.calls.Add(1)
+	return ratelimit.Decision{}, fmt.Errorf("test: %w", ratelimit.ErrUnavailable)
+}
+
+// TestAdmitRefusalsCarryTheID: admit looks for the id only when it
+// refuses, and then every refusal names it: the limits' (rate-limited,
+// unavailable), the quota's and the unattributable event's, for an EVENT
+// whose id comes late (nostr-tools order) and for a REQ.
+func TestAdmitRefusalsCarryTheID(t *testing.T) {
+	event := []byte(`["EVENT",` + nostrToolsEvent + `]`)
+	req := []byte(`["REQ","sub:1",{"kinds":[1]}]`)
+	one := func(typ Type) *Limits {
+		var l Limits
+		l.Message[typ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+		return &l
+	}
+	okPrefix := `["OK","` + testID + `",false,"`
+
+	c := admitConn(t, Options{Limits: one(TypeEVENT)})
+	if !c.admit(websocket.TextMessage, event) {
+		t.Fatal("first EVENT refused")
+	}
+	if c.admit(websocket.TextMessage, event) {
+		t.Fatal("second EVENT admitted past a burst of 1")
+	}
+	if got, want := c.reply(t), okPrefix+"rate-limited: slow down; retry in "; len(got) < len(want) || got[:len(want)] != want {
+		t.Errorf("rate-limited EVENT reply %s, want prefix %s", got, want)
+	}
+
+	c = admitConn(t, Options{Limits: one(TypeREQ)})
+	c.admit(websocket.TextMessage, req)
+	c.admit(websocket.TextMessage, req)
+	if got, want := c.reply(t), `["CLOSED","sub:1","rate-limited: slow down; retry in `; len(got) < len(want) || got[:len(want)] != want {
+		t.Errorf("rate-limited REQ reply %s, want prefix %s", got, want)
+	}
+
+	c = admitConn(t, Options{Limits: one(TypeEVENT), Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
+	c.admit(websocket.TextMessage, event)
+	if got, want := c.reply(t), okPrefix+ReasonUnavailable+`"]`; got != want {
+		t.Errorf("unavailable EVENT reply %s, want %s", got, want)
+	}
+
+	q, err := ratelimit.NewQuota(1, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	q.Add("6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", now)
+	c = admitConn(t, Options{Limits: &Limits{}, Quota: q, Now: func() time.Time { return now }})
+	if c.admit(websocket.TextMessage, event) {
+		t.Fatal("EVENT admitted past its author's quota")
+	}
+	if got, want := c.reply(t), okPrefix+"rate-limited: slow down; retry in "; len(got) < len(want) || got[:len(want)] != want {
+		t.Errorf("quota reply %s, want prefix %s", got, want)
+	}
+	twoIDs := []byte(`["EVENT",{"id":"` + testID + `","id":"` + testID + `","pubkey":"6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"}]`)
+	if c.admit(websocket.TextMessage, twoIDs) {
+		t.Fatal("EVENT with two ids admitted under a quota")
+	}
+	if got, want := c.reply(t), okPrefix+reasonUnattributable+`"]`; got != want {
+		t.Errorf("unattributable reply %s, want %s", got, want)
+	}
+}
+
+// BenchmarkAdmit is the gate's per-frame decision without the sockets: an
+// admitted EVENT (id late, as nostr-tools writes it) and REQ, with and
+// without the actor quota, and an EVENT from a client already refused
+// (answered from the Limiter's local table).
+//
+//	go test ./relay/ -run '^$' -bench Admit -benchtime 200000x -count 1
+func BenchmarkAdmit(b *testing.B) {
+	event := []byte(`["EVENT",` + nostrToolsEvent + `]`)
+	req := []byte(`["REQ","sub:1",{"kinds":[1],"limit":10}]`)
+	wide := func() *Limits {
+		var l Limits
+		l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second), ratelimit.PerPeriod(1e12, time.Minute)}
+		l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second)}
+		return &l
+	}
+	quota, err := ratelimit.NewQuota(ratelimit.MaxQuotaEvents, time.Minute)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tight := func() *Limits {
+		var l Limits
+		l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+		return &l
+	}
+	for _, bm := range []struct {
+		name  string
+		opts  Options
+		frame []byte
+		admit bool
+	}{
+		{"EVENT", Options{Limits: wide()}, event, true},
+		{"EVENT-quota", Options{Limits: wide(), Quota: quota}, event, true},
+		{"REQ", Options{Limits: wide()}, req, true},
+		{"EVENT-blocked", Options{Limits: tight()}, event, false},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			c := admitConn(b, bm.opts)
+			c.out = make(chan outFrame, 1)
+			b.ReportAllocs()
+			for b.Loop() {
+				if c.admit(websocket.TextMessage, bm.frame) != bm.admit && bm.admit {
+					b.Fatal("refused")
+				}
+				select {
+				case <-c.out:
+				default:
+				}
+			}
+		})
+	}
+}
