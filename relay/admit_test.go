@@ -102,6 +102,27 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 }
 
+// TestAdmitRefusalAllocs: refusing a frame costs one allocation, the reply
+// itself, for the longest reply the gate writes (an EVENT's OK with the
+// unattributable reason) and for a blocked client's flood.
+func TestAdmitRefusalAllocs(t *testing.T) {
+	var l Limits
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	c := admitConn(t, Options{Limits: &l})
+	event := []byte(`["EVENT",` + goNostrEvent + `]`)
+	c.admit(websocket.TextMessage, event)
+	allocs := testing.AllocsPerRun(100, func() {
+		c.admit(websocket.TextMessage, event)
+		<-c.out
+	})
+	if allocs != 1 {
+		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
+	}
+	if fr := Peek(event); len(AppendRefusal(nil, fr, reasonUnattributable)) > cap(replyBuf(fr)) {
+		t.Errorf("replyBuf too small for the unattributable reply")
+	}
+}
+
 // BenchmarkAdmit is the gate's per-frame decision without the sockets: an
 // admitted EVENT (id late, as nostr-tools writes it) and REQ, with and
 // without the actor quota, and an EVENT from a client already refused

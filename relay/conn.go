@@ -309,12 +309,14 @@ func (c *conn) admit(typ int, frame []byte) bool {
 	if lims := c.g.limits.Message[f.Type]; len(lims) > 0 && !free {
 		d, err := c.g.limiter.Allow(c.ctx, c.keys[f.Type], lims)
 		if err != nil {
-			c.send(websocket.TextMessage, AppendUnavailable(nil, f.full()))
+			fr := f.full()
+			c.send(websocket.TextMessage, AppendUnavailable(replyBuf(fr), fr))
 			obs.frame(f.Type, Unavailable)
 			return false
 		}
 		if !d.Allowed {
-			c.send(websocket.TextMessage, AppendRateLimited(nil, f.full(), d.Wait))
+			fr := f.full()
+			c.send(websocket.TextMessage, AppendRateLimited(replyBuf(fr), fr, d.Wait))
 			obs.frame(f.Type, RateLimited)
 			return false
 		}
@@ -355,11 +357,19 @@ func (p peeked) full() Frame {
 	return Frame{Type: p.Type, ID: frameID(p.Type, p.frame, p.rest)}
 }
 
+// replyBuf returns an empty buffer large enough for any refusal of f that
+// the gate sends, so that a refused frame (a blocked client's flood is
+// nothing else) costs one allocation rather than one per doubling.
+func replyBuf(f Frame) []byte {
+	return make([]byte, 0, 96+len(f.ID))
+}
+
 // admitEvent applies the actor quota to an EVENT the limits admitted.
 func (c *conn) admitEvent(f peeked) bool {
 	id, pk, res := eventFields(f.frame)
 	if res != scanOK {
-		c.send(websocket.TextMessage, AppendRefusal(nil, f.full(), reasonUnattributable))
+		fr := f.full()
+		c.send(websocket.TextMessage, AppendRefusal(replyBuf(fr), fr, reasonUnattributable))
 		c.g.obs.frame(f.Type, Invalid)
 		return false
 	}
@@ -375,7 +385,8 @@ func (c *conn) admitEvent(f peeked) bool {
 		}
 	}
 	if over, wait := c.g.quota.Exceeded(actor, c.g.now()); over {
-		c.send(websocket.TextMessage, AppendRateLimited(nil, f.full(), wait))
+		fr := f.full()
+		c.send(websocket.TextMessage, AppendRateLimited(replyBuf(fr), fr, wait))
 		c.g.obs.frame(f.Type, QuotaExceeded)
 		return false
 	}
