@@ -36,20 +36,24 @@ build:
 run: build
 	./$(BIN) relay --listen 127.0.0.1:7777 --data-dir ./data
 
+# Every part runs even when an earlier one fails, so one run reports all
+# failures; the target fails if any part did.
 test:
-	$(GO) test $(RACE) $(TESTFLAGS) ./...
-ifneq ($(strip $(RACE)),)
-ifneq ($(strip $(NORACE_PKGS)),)
-	$(GO) test $(TESTFLAGS) $(NORACE_PKGS)
-endif
-endif
-	@set -e; for m in $(EXAMPLE_MODULES); do \
+	@status=0; \
+	echo "$(GO) test $(RACE) $(TESTFLAGS) ./..."; \
+	$(GO) test $(RACE) $(TESTFLAGS) ./... || status=1; \
+	if [ -n "$(strip $(RACE))" ] && [ -n "$(strip $(NORACE_PKGS))" ]; then \
+		echo "$(GO) test $(TESTFLAGS) $(NORACE_PKGS)   # end-to-end tests built without -race"; \
+		$(GO) test $(TESTFLAGS) $(NORACE_PKGS) || status=1; \
+	fi; \
+	for m in $(EXAMPLE_MODULES); do \
 		echo "== $$m"; \
-		(cd $$m && $(GO) test $(RACE) $(TESTFLAGS) ./...); \
+		(cd $$m && $(GO) test $(RACE) $(TESTFLAGS) ./...) || status=1; \
 		if [ -n "$(strip $(RACE))" ] && grep -rlq --include='*_test.go' '^//go:build !race' $$m; then \
-			(cd $$m && $(GO) test $(TESTFLAGS) ./...); \
+			(cd $$m && $(GO) test $(TESTFLAGS) ./...) || status=1; \
 		fi; \
-	done
+	done; \
+	exit $$status
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 1 ./...
