@@ -239,33 +239,11 @@ func decodeLabel(b []byte, i int, buf *[maxLabelLen]byte) (n, end int, ok bool) 
 		case c < 0x20 || c >= 0x80:
 			return 0, 0, false
 		case c == '\\':
-			if i+1 >= len(b) {
+			var n2 int
+			if c, n2, ok = unescapeASCII(b, i); !ok {
 				return 0, 0, false
 			}
-			switch b[i+1] {
-			case '"', '\\', '/':
-				c = b[i+1]
-			case 'b':
-				c = '\b'
-			case 'f':
-				c = '\f'
-			case 'n':
-				c = '\n'
-			case 'r':
-				c = '\r'
-			case 't':
-				c = '\t'
-			case 'u':
-				r, ok := hex4(b, i+2)
-				if !ok || r >= 0x80 {
-					return 0, 0, false
-				}
-				c = byte(r)
-				i += 4
-			default:
-				return 0, 0, false
-			}
-			i += 2
+			i += n2
 		default:
 			i++
 		}
@@ -278,6 +256,39 @@ func decodeLabel(b []byte, i int, buf *[maxLabelLen]byte) (n, end int, ok bool) 
 	return 0, 0, false
 }
 
+// unescapeASCII decodes the JSON escape at b[i] (a backslash) and returns
+// the byte it stands for and the escape's length (2, or 6 for \uXXXX). ok is
+// false for an invalid or truncated escape and for a \u escape outside
+// ASCII: every label and key the gate looks for is ASCII, so such an
+// escape can never spell one.
+func unescapeASCII(b []byte, i int) (c byte, n int, ok bool) {
+	if i+1 >= len(b) {
+		return 0, 0, false
+	}
+	switch c = b[i+1]; c {
+	case '"', '\\', '/':
+	case 'b':
+		c = '\b'
+	case 'f':
+		c = '\f'
+	case 'n':
+		c = '\n'
+	case 'r':
+		c = '\r'
+	case 't':
+		c = '\t'
+	case 'u':
+		r, ok := hex4(b, i+2)
+		if !ok || r >= 0x80 {
+			return 0, 0, false
+		}
+		return byte(r), 6, true
+	default:
+		return 0, 0, false
+	}
+	return c, 2, true
+}
+
 // hex4 decodes the four hex digits at b[i:i+4].
 func hex4(b []byte, i int) (rune, bool) {
 	if i+4 > len(b) {
@@ -285,15 +296,8 @@ func hex4(b []byte, i int) (rune, bool) {
 	}
 	var r rune
 	for _, c := range b[i : i+4] {
-		var d byte
-		switch {
-		case '0' <= c && c <= '9':
-			d = c - '0'
-		case 'a' <= c && c <= 'f':
-			d = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			d = c - 'A' + 10
-		default:
+		d, ok := hexNibble(c)
+		if !ok {
 			return 0, false
 		}
 		r = r<<4 | rune(d)

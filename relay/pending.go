@@ -253,33 +253,11 @@ func unquote(lit, dst []byte) (n int, ok bool) {
 	for i := 0; i < len(lit); i++ {
 		c := lit[i]
 		if c == '\\' {
-			if i+1 >= len(lit) {
+			var k int
+			if c, k, ok = unescapeASCII(lit, i); !ok {
 				return 0, false
 			}
-			i++
-			switch lit[i] {
-			case '"', '\\', '/':
-				c = lit[i]
-			case 'b':
-				c = '\b'
-			case 'f':
-				c = '\f'
-			case 'n':
-				c = '\n'
-			case 'r':
-				c = '\r'
-			case 't':
-				c = '\t'
-			case 'u':
-				r, ok := hex4(lit, i+1)
-				if !ok || r >= 0x80 {
-					return 0, false
-				}
-				c = byte(r)
-				i += 4
-			default:
-				return 0, false
-			}
+			i += k - 1
 		}
 		if n >= len(dst) {
 			return 0, false
