@@ -79,6 +79,13 @@ func TestConformanceCluster(t *testing.T) {
 	s := newStore(t, cc, slow)
 	storetest.Run(t, func(t *testing.T) ratelimit.Store { return s })
 	storetest.Agree(t, memory, s, 11, 40)
+	t.Run("batch", func(t *testing.T) {
+		// A cluster pipeline is split by node; every decision must still
+		// find its own reply.
+		bs := newStore(t, cc, Options{Timeout: slow.Timeout, Batch: 16})
+		defer bs.Close()
+		storetest.Run(t, func(t *testing.T) ratelimit.Store { return bs })
+	})
 
 	ctx := context.Background()
 	// The suite's keys landed on more than one node: routing was exercised.
