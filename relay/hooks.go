@@ -1,27 +1,3 @@
-// Package relay is the Nostr side of sluice: it learns the type of each
-// client frame without parsing it (Peek), names the client a budget belongs
-// to (Identity), charges the frame through a ratelimit.Limiter and answers a
-// refusal as NIP-01 wants it (OK, CLOSED or NOTICE with "rate-limited: slow
-// down; retry in Ns", or "error: rate limiter unavailable" when the store
-// cannot decide).
-//
-// It offers two ways to put the limits in front of a relay:
-//
-//   - A Gate, an http.Handler in front of the relay: Wrap for a Go relay
-//     in the same process (http.ListenAndServe(addr, gate.Wrap(relay))),
-//     Proxy for any relay at a ws:// URL. It reads every frame before the
-//     relay does, limits every message type, and refuses a connection with
-//     429 and Retry-After.
-//   - Hooks, functions for khatru's and rely's own hook slots (Khatru,
-//     Rely), for operators who would rather not put anything in front. The
-//     package imports neither framework.
-//
-// Hooks are the weaker of the two. They see parsed messages only, never
-// CLOSE, AUTH, negentropy messages after NEG-OPEN, or frames that do not
-// parse, so those are never charged; the relay has already spent the work of
-// reading and parsing (in khatru, of checking the signature too) before a
-// hook runs; and a refused connection gets khatru's bare 429 or rely's 403,
-// with no Retry-After. The Hooks type says more.
 package relay
 
 import (
