@@ -163,6 +163,18 @@ func startSluice(t *testing.T, args ...string) *proc {
 	return p
 }
 
+// freeAddr returns a loopback address with a port that was free a moment
+// ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
 func hasFlag(args []string, name string) bool {
 	for _, a := range args {
 		if a == name || strings.HasPrefix(a, name+"=") {
@@ -401,13 +413,24 @@ func TestE2EProxy(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("info: {name: the-upstream, contact: ops@example.org}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	up := startSluice(t, "relay", "--config", cfg, "--data-dir", filepath.Join(dir, "data"))
+	// A fixed address, so the relay can come back where the proxy looks.
+	upAddr := freeAddr(t)
+	upArgs := []string{"relay", "--config", cfg, "--data-dir", filepath.Join(dir, "data"), "--listen", upAddr}
+	up := startSluice(t, upArgs...)
 	px := startSluice(t, "proxy", "--upstream", up.url())
 
 	sk := nostr.GeneratePrivateKey()
 	ev := signed(t, sk, "through the proxy")
 	publishAndRead(t, ctx, px.url(), ev)
 	readBack(t, ctx, up.url(), ev) // it really reached the relay
+
+	// Restart the relay behind the proxy: new clients of the proxy reach
+	// it again, and the event is still there.
+	if code := up.stop(); code != 0 {
+		t.Fatalf("relay exit code %d\n%s", code, up.logs())
+	}
+	up = startSluice(t, upArgs...)
+	readBack(t, ctx, px.url(), ev)
 
 	r := connect(t, ctx, px.url())
 	_, err := flood(t, ctx, r, sk, 500)
