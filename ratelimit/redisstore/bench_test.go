@@ -45,6 +45,7 @@ func BenchmarkRedis(b *testing.B) {
 		return c
 	}
 	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	oneWindow := twoWindows[:1]
 
 	// parallel runs call from benchParallelism×GOMAXPROCS goroutines over
 	// the benchmark keys and reports the metrics.
@@ -74,7 +75,7 @@ func BenchmarkRedis(b *testing.B) {
 			b.Fatalf("%d of %d calls failed", n, b.N)
 		}
 	}
-	decide := func(opts Options, ap bool) func(b *testing.B) {
+	decide := func(limits []ratelimit.Limit, opts Options, ap bool) func(b *testing.B) {
 		return func(b *testing.B) {
 			c := newClient(b, nil)
 			opts.Timeout = time.Second
@@ -91,7 +92,7 @@ func BenchmarkRedis(b *testing.B) {
 				s.client = p
 			}
 			parallel(b, func(ctx context.Context, key string) error {
-				_, err := s.Decide(ctx, key, twoWindows, time.Time{})
+				_, err := s.Decide(ctx, key, limits, time.Time{})
 				return err
 			})
 		}
@@ -116,11 +117,13 @@ func BenchmarkRedis(b *testing.B) {
 			})
 		}
 	}
-	b.Run("Decide2Windows", decide(Options{}, false))
+	b.Run("Decide2Windows", decide(twoWindows, Options{}, false))
 	b.Run("RedisRateAllow1Window", rate(false))
-	b.Run("Decide2WindowsBatch16x1", decide(Options{Batch: 16, BatchWorkers: 1}, false))
-	b.Run("Decide2WindowsBatch16x2", decide(Options{Batch: 16, BatchWorkers: 2}, false))
-	b.Run("Decide2WindowsGoRedisAutoPipeline", decide(Options{}, true))
+	b.Run("Decide1Window", decide(oneWindow, Options{}, false))
+	b.Run("Decide2WindowsBatch16x1", decide(twoWindows, Options{Batch: 16, BatchWorkers: 1}, false))
+	b.Run("Decide2WindowsBatch16x2", decide(twoWindows, Options{Batch: 16, BatchWorkers: 2}, false))
+	b.Run("Decide1WindowBatch16x2", decide(oneWindow, Options{Batch: 16, BatchWorkers: 2}, false))
+	b.Run("Decide2WindowsGoRedisAutoPipeline", decide(twoWindows, Options{}, true))
 	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", rate(true))
 }
 
