@@ -49,7 +49,7 @@ func typeOrder() []relay.Type {
 
 func printWindows(w io.Writer, name string, ls []ratelimit.Limit) {
 	if len(ls) == 0 {
-		fmt.Fprintf(w, "  %s\tfree\t\t\n", name)
+		fmt.Fprintf(w, "  %s\tfree\n", name)
 		return
 	}
 	burst, sustained := -1, 0.0
