@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"strconv"
@@ -24,12 +25,20 @@ func printCheck(w io.Writer, cfg *config) {
 	v6 := cfg.Identity.IPv6Prefix
 	fmt.Fprintf(w, "limits, per client (an IPv4 address or an IPv6 /%d):\n", v6)
 
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
 	printWindows(tw, "connection", cfg.Limits.Connection)
 	for _, t := range typeOrder() {
 		printWindows(tw, t.String(), cfg.Limits.Message[t])
 	}
 	tw.Flush()
+	for _, line := range strings.SplitAfter(table.String(), "\n") {
+		// Free types pad empty cells; keep the lines clean.
+		io.WriteString(w, strings.TrimRight(line, " \n"))
+		if strings.HasSuffix(line, "\n") {
+			io.WriteString(w, "\n")
+		}
+	}
 
 	if cfg.QuotaUnlimited {
 		fmt.Fprintln(w, "quota: off (unlimited)")
@@ -49,7 +58,7 @@ func typeOrder() []relay.Type {
 
 func printWindows(w io.Writer, name string, ls []ratelimit.Limit) {
 	if len(ls) == 0 {
-		fmt.Fprintf(w, "  %s\tfree\n", name)
+		fmt.Fprintf(w, "  %s\tfree\t\t\n", name)
 		return
 	}
 	burst, sustained := -1, 0.0
