@@ -354,7 +354,8 @@ func TestCheckPrintsEveryLimit(t *testing.T) {
 		"EVENT       10/1s     burst 10   sustained 6.58/s (one every 152ms)",
 		"240/60s   burst 240  sustained 2.77/s (one every 361ms)",
 		"together  burst 10   sustained 2.77/s",
-		"CLOSE       free",
+		"CLOSE       free\n",
+		"COUNT       20/1s     burst 20   sustained 13.5/s", // still aligned after a free type
 		"quota: 600 validated events per actor per 60s",
 	} {
 		if !strings.Contains(s, want) {
