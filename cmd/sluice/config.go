@@ -461,6 +461,11 @@ func (fc *fileConfig) validate() (*config, error) {
 			bad("store.redis", "%v", err)
 		}
 	}
+	if fc.Store.Prefix == "" {
+		// The Redis store reads "" as its default prefix; say so rather
+		// than let "no prefix" quietly mean "sluice:".
+		bad("store.prefix", "must not be empty (the default is \"sluice:\")")
+	}
 	if strings.ContainsAny(fc.Store.Prefix, "{}") {
 		// Braces would end the key's hash tag early and scatter one
 		// client's windows over cluster slots.

@@ -189,6 +189,7 @@ func TestHostileConfigs(t *testing.T) {
 		{"upstream credentials", "upstream: ws://u:p@h:1", "upstream: must not carry credentials"},
 		{"redis scheme", "store: {redis: \"http://127.0.0.1:6379\"}", "store.redis"},
 		{"redis password not echoed", "store: {redis: \"redis://u:hunter2@h:notaport/0\"}", "store.redis"},
+		{"prefix empty", "store: {prefix: \"\"}", "store.prefix: must not be empty"},
 		{"prefix with brace", "store: {prefix: \"a{b\"}", "store.prefix: must not contain { or }"},
 		{"timeout zero", "store: {timeout: 0s}", "store.timeout: must be between 1ms"},
 		{"timeout garbage", "store: {timeout: fast}", "store.timeout: not a duration"},
