@@ -516,6 +516,8 @@ func (fc *fileConfig) validate() (*config, error) {
 
 	if fc.Quota.Events < 1 {
 		bad("quota.events", "must be at least 1, got %d (set quota.unlimited: true to turn the quota off)", fc.Quota.Events)
+	} else if fc.Quota.Events > ratelimit.MaxQuotaEvents {
+		bad("quota.events", "must be at most %d, got %d (set quota.unlimited: true to turn the quota off)", ratelimit.MaxQuotaEvents, fc.Quota.Events)
 	}
 	if d, err := parseDuration(fc.Quota.Window); err != nil {
 		bad("quota.window", "%v", err)

@@ -163,6 +163,7 @@ func TestHostileConfigs(t *testing.T) {
 		{"message not a map", "limits: {message: [1]}", "limits.message (line 1): expected a mapping"},
 		{"quota zero", "quota: {events: 0}", "quota.events: must be at least 1"},
 		{"quota zero even when unlimited", "quota: {events: 0, unlimited: true}", "quota.events: must be at least 1"},
+		{"quota too large", "quota: {events: 99999999999}", "quota.events: must be at most 4194303"},
 		{"quota negative", "quota: {events: -5}", "quota.events"},
 		{"quota window zero", "quota: {window: 0s}", "quota.window"},
 		{"quota window empty", "quota: {window: \"\"}", "quota.window: is required"},
@@ -393,6 +394,7 @@ func FuzzParseConfig(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.LimiterOptions{BlockedSlots: 4})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := parseAndValidate(data)
 		if err != nil {
@@ -416,6 +418,13 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		if cfg.QuotaEvents < 1 || cfg.Identity.IPv6Prefix < 16 || cfg.ReadLimit < 1024 {
 			t.Fatalf("accepted out-of-range values: %+v", cfg)
+		}
+		// What start-up builds from the config must build.
+		if _, err := ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow); err != nil {
+			t.Fatalf("accepted a quota NewQuota refuses: %v", err)
+		}
+		if _, err := relay.New(relay.Options{Limiter: lim, Limits: &cfg.Limits, Identity: &cfg.Identity, ReadLimit: cfg.ReadLimit}); err != nil {
+			t.Fatalf("accepted a config relay.New refuses: %v", err)
 		}
 	})
 }
