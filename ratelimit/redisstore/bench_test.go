@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -143,4 +144,29 @@ func evalshaMicros(b *testing.B, c *redis.Client) float64 {
 		}
 	}
 	return 0
+}
+
+// BenchmarkDecideBreakerOpen: while Redis is down and the breaker open, a
+// decision is refused without a dial, a timer or an allocation.
+func BenchmarkDecideBreakerOpen(b *testing.B) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = c.Close() })
+	s := newStore(b, c, Options{Breaker: BreakerOptions{Failures: 1, CoolDown: time.Hour}})
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	ctx := context.Background()
+	if _, err := s.Decide(ctx, benchKeys[0], limits, time.Time{}); err == nil {
+		b.Fatal("decided against a closed port")
+	}
+	if s.BreakerState() != BreakerOpen {
+		b.Fatalf("breaker %v", s.BreakerState())
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := s.Decide(ctx, benchKeys[1], limits, time.Time{}); !errors.Is(err, ErrBreakerOpen) {
+				b.Fatal(err)
+			}
+		}
+	})
 }

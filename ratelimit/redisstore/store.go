@@ -75,6 +75,12 @@ var (
 	ErrConfig = errors.New("redisstore: invalid configuration")
 )
 
+// Prebuilt so that refusing a flood while Redis is down allocates nothing.
+var (
+	errBreakerOpen = fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrBreakerOpen)
+	errClosed      = fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrClosed)
+)
+
 // ewma is shared by every Store: the SHA is a property of the source.
 var ewma = redis.NewScript(scripts.EWMA)
 
@@ -233,11 +239,11 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 		}
 	}
 	if s.closed.Load() {
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrClosed)
+		return ratelimit.Decision{}, errClosed
 	}
 	probe, ok := s.br.allow()
 	if !ok {
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrBreakerOpen)
+		return ratelimit.Decision{}, errBreakerOpen
 	}
 
 	keys, args := s.request(key, limits, now)
