@@ -238,8 +238,9 @@ type NIP11Handler struct {
 	// OnError, when not nil, is told of every failed fetch.
 	OnError func(error)
 
-	mu        sync.Mutex
-	doc       []byte // merged, ready to serve
+	fetchMu   sync.Mutex // held by the one request fetching
+	mu        sync.Mutex // guards the fields below
+	doc       []byte     // merged, ready to serve
 	fresh     time.Time
 	retryAt   time.Time
 	fetchedOK bool
@@ -268,51 +269,86 @@ func (h *NIP11Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(doc)
 }
 
-// document returns the merged document, fetching it when stale.
+// document returns the merged document, fetching it when stale. While one
+// request refreshes a stale document, the others are served the stale one
+// rather than waiting on the upstream; only the very first document is
+// waited for.
 func (h *NIP11Handler) document(ctx context.Context) []byte {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	now := time.Now()
 	ttl := h.TTL
 	if ttl == 0 {
 		ttl = DefaultNIP11TTL
 	}
-	if h.doc != nil && (now.Before(h.fresh) || now.Before(h.retryAt)) {
+	if h.Fetch == nil {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.doc == nil {
+			h.doc = h.fallback()
+		}
 		return h.doc
 	}
-	if h.Fetch != nil {
-		// The fetch outlives a client that hangs up: its result serves
-		// everyone after it.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultNIP11Timeout)
-		base, err := h.Fetch(fctx)
-		cancel()
-		if err == nil {
-			merged, merr := MergeNIP11(base, h.Limitation)
-			if merr == nil {
-				h.doc, h.fresh, h.fetchedOK = merged, now.Add(ttl), true
-				return h.doc
-			}
-			err = merr
-		}
-		if h.OnError != nil {
-			h.OnError(err)
-		}
-		h.retryAt = now.Add(nip11RetryAfterError)
-		if h.fetchedOK {
-			return h.doc // stale but real beats a stub
-		}
+
+	h.mu.Lock()
+	doc, usable := h.doc, h.usable(time.Now())
+	h.mu.Unlock()
+	if usable {
+		return doc
 	}
-	fallback := h.Fallback
-	if fallback == nil {
-		fallback = []byte("{}")
+	if doc != nil {
+		if !h.fetchMu.TryLock() {
+			return doc // someone is refreshing it
+		}
+	} else {
+		h.fetchMu.Lock()
 	}
-	merged, err := MergeNIP11(fallback, h.Limitation)
+	defer h.fetchMu.Unlock()
+	h.mu.Lock()
+	doc, usable = h.doc, h.usable(time.Now())
+	h.mu.Unlock()
+	if usable {
+		return doc // refreshed while we waited
+	}
+
+	// The fetch outlives a client that hangs up: its result serves
+	// everyone after it.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultNIP11Timeout)
+	base, err := h.Fetch(fctx)
+	cancel()
+	var merged []byte
+	if err == nil {
+		merged, err = MergeNIP11(base, h.Limitation)
+	}
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err == nil {
+		h.doc, h.fresh, h.fetchedOK = merged, now.Add(ttl), true
+		return h.doc
+	}
+	if h.OnError != nil {
+		h.OnError(err)
+	}
+	h.retryAt = now.Add(nip11RetryAfterError)
+	if !h.fetchedOK {
+		h.doc = h.fallback()
+	}
+	return h.doc // stale but real beats a stub
+}
+
+// usable reports whether h.doc may be served at now without fetching:
+// fresh, or within the pause after a failed fetch. Called with mu held.
+func (h *NIP11Handler) usable(now time.Time) bool {
+	return h.doc != nil && (now.Before(h.fresh) || now.Before(h.retryAt))
+}
+
+// fallback returns Fallback (or {}) with Limitation merged in.
+func (h *NIP11Handler) fallback() []byte {
+	fb := h.Fallback
+	if fb == nil {
+		fb = []byte("{}")
+	}
+	merged, err := MergeNIP11(fb, h.Limitation)
 	if err != nil {
 		merged, _ = MergeNIP11([]byte("{}"), h.Limitation)
 	}
-	h.doc = merged
-	if h.Fetch == nil {
-		h.fresh = now.Add(ttl)
-	}
-	return h.doc
+	return merged
 }

@@ -270,3 +270,46 @@ func TestNIP11HandlerCachesAndFallsBack(t *testing.T) {
 		t.Errorf("fallback limitation = %v", doc["limitation"])
 	}
 }
+
+// TestNIP11HandlerServesStaleWhileRefreshing: a slow upstream holds up the
+// one request that refreshes, not every NIP-11 request.
+func TestNIP11HandlerServesStaleWhileRefreshing(t *testing.T) {
+	var version atomic.Int32
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var block atomic.Bool
+	h := &NIP11Handler{Fetch: func(ctx context.Context) ([]byte, error) {
+		if block.Load() {
+			entered <- struct{}{}
+			<-release
+		}
+		return []byte(`{"name":"v` + string(rune('0'+version.Add(1))) + `"}`), nil
+	}}
+	name := func() string {
+		var doc struct{ Name string }
+		if err := json.Unmarshal(h.document(context.Background()), &doc); err != nil {
+			t.Fatal(err)
+		}
+		return doc.Name
+	}
+	if got := name(); got != "v1" {
+		t.Fatalf("first document %q", got)
+	}
+	h.mu.Lock()
+	h.fresh = time.Time{} // stale
+	h.mu.Unlock()
+	block.Store(true)
+	done := make(chan string)
+	go func() { done <- name() }()
+	<-entered // the refresh is in flight and blocked on the upstream
+	if got := name(); got != "v1" {
+		t.Errorf("during the refresh got %q, want the stale v1 at once", got)
+	}
+	close(release)
+	if got := <-done; got != "v2" {
+		t.Errorf("the refreshing request got %q, want v2", got)
+	}
+	if got := name(); got != "v2" {
+		t.Errorf("after the refresh got %q, want v2", got)
+	}
+}
