@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -120,6 +121,33 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 	}
 	if fr := Peek(event); len(AppendRefusal(nil, fr, reasonUnattributable)) > cap(replyBuf(fr)) {
 		t.Errorf("replyBuf too small for the unattributable reply")
+	}
+}
+
+// TestReadFrameDropsLargeBuffers: the buffer of one large frame is not
+// reused for the next, so a client cannot pin a read-limit-sized buffer per
+// connection with one frame, even one the gate refuses (the refused path
+// used to skip the check).
+func TestReadFrameDropsLargeBuffers(t *testing.T) {
+	small := make([]byte, 0, 4096)
+	buf, err := readFrame(strings.NewReader(`["REQ","s"]`), small)
+	if err != nil || string(buf) != `["REQ","s"]` || &buf[:1][0] != &small[:1][0] {
+		t.Fatalf("small buffer not reused: %q %v", buf, err)
+	}
+	big := make([]byte, 0, DefaultReadLimit)
+	buf, err = readFrame(strings.NewReader(`["REQ","s"]`), big)
+	if err != nil || string(buf) != `["REQ","s"]` {
+		t.Fatalf("readFrame: %q %v", buf, err)
+	}
+	if cap(buf) > maxKeptFrameBuf {
+		t.Errorf("a %d-byte buffer was kept for a %d-byte frame", cap(buf), len(buf))
+	}
+	frame := strings.Repeat("x", 200<<10)
+	if buf, err = readFrame(strings.NewReader(frame), buf); err != nil || string(buf) != frame {
+		t.Fatalf("large frame read wrong: %d bytes, %v", len(buf), err)
+	}
+	if buf, err = readFrame(strings.NewReader("y"), buf); err != nil || string(buf) != "y" || cap(buf) > maxKeptFrameBuf {
+		t.Fatalf("frame after a large one: %q (cap %d), %v", buf, cap(buf), err)
 	}
 }
 

@@ -254,7 +254,7 @@ func (c *conn) readClient() {
 			}
 			return
 		}
-		buf, err = readFrame(r, buf[:0])
+		buf, err = readFrame(r, buf)
 		if err != nil {
 			c.end(false, true, closeGoingAway, "client connection lost")
 			return
@@ -268,14 +268,21 @@ func (c *conn) readClient() {
 			c.end(true, false, closeGoingAway, "relay connection lost")
 			return
 		}
-		if cap(buf) > 64<<10 {
-			buf = nil // do not keep one large frame's buffer for the connection's life
-		}
 	}
 }
 
-// readFrame reads a whole message into buf, reusing its storage.
+// maxKeptFrameBuf is the largest read buffer a connection keeps between
+// frames: one large frame must not pin its buffer for the connection's
+// life, whether it was forwarded or refused.
+const maxKeptFrameBuf = 64 << 10
+
+// readFrame reads a whole message into buf[:0], reusing buf's storage
+// unless it is larger than maxKeptFrameBuf.
 func readFrame(r io.Reader, buf []byte) ([]byte, error) {
+	buf = buf[:0]
+	if cap(buf) > maxKeptFrameBuf {
+		buf = nil
+	}
 	if cap(buf) == 0 {
 		buf = make([]byte, 0, 4096)
 	}
