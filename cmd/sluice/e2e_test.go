@@ -523,6 +523,15 @@ func TestE2ECheck(t *testing.T) {
 		t.Errorf("check output does not name the field:\n%s", out)
 	}
 
+	// The environment is read too, and a bad value is named the same way.
+	cmd = exec.Command(bin, "check")
+	cmd.Env = append(cleanEnv(), "SLUICE_REDIS=redis://h:notaport/0", "SLUICE_LISTEN=nowhere")
+	out, err = cmd.CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage ||
+		!strings.Contains(string(out), "store.redis:") || !strings.Contains(string(out), "listen: want host:port") {
+		t.Errorf("check with bad SLUICE_* values: %v\n%s", err, out)
+	}
+
 	cmd = exec.Command(bin, "check", "--config", examplePath)
 	cmd.Env = cleanEnv()
 	out, err = cmd.CombinedOutput()
@@ -667,4 +676,37 @@ func upgrade(t *testing.T, ctx context.Context, url string) (int, string) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
+}
+
+// TestE2EQuota: the per-actor quota is wired into sluice relay: one pubkey
+// past its quota is refused while another on the same connection is not.
+func TestE2EQuota(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	conf := "quota: {events: 3, window: 1h}\nlimits: {message: {EVENT: [{rate: 1000, period: 1s}]}}\n"
+	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, "relay", "--config", cfg, "--data-dir", filepath.Join(dir, "data"))
+	r := connect(t, ctx, p.url())
+	a, b := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
+	for i := range 3 {
+		if err := r.Publish(ctx, signed(t, a, fmt.Sprintf("a %d", i))); err != nil {
+			t.Fatalf("event %d within the quota: %v", i, err)
+		}
+	}
+	// The gate charges the quota on the relay's OK before passing it on,
+	// so the fourth event is refused, not a later one.
+	err := r.Publish(ctx, signed(t, a, "a 3"))
+	if err == nil {
+		t.Fatalf("a fourth event from one pubkey admitted with a quota of 3")
+	}
+	checkRefusal(t, err)
+	if err := r.Publish(ctx, signed(t, b, "b 0")); err != nil {
+		t.Errorf("another pubkey on the same connection: %v", err)
+	}
+	if v := p.metric(t, `sluice_frames_total{outcome="quota_exceeded",type="EVENT"}`); v < 1 {
+		t.Errorf("quota_exceeded EVENT frames = %v, want ≥ 1", v)
+	}
 }
