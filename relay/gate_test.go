@@ -554,41 +554,37 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // gate cut the connection.
 const floodCut = -1
 
-// closed waits for the close frame of an upstream connection and returns
-// its code, or 0 if none came within 5s.
-func (rec *recorder) closed() int {
+// waitLocked waits, for at most 5s, until done reports true; it is called
+// and returns with rec.mu held.
+func (rec *recorder) waitLocked(done func() bool) {
 	deadline := time.AfterFunc(5*time.Second, func() {
 		rec.mu.Lock()
 		rec.cond.Broadcast()
 		rec.mu.Unlock()
 	})
 	defer deadline.Stop()
-	start := time.Now()
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	for len(rec.closes) == 0 && time.Since(start) < 5*time.Second {
+	for start := time.Now(); !done() && time.Since(start) < 5*time.Second; {
 		rec.cond.Wait()
 	}
+}
+
+// closed waits for the close frame of an upstream connection and returns
+// its code, or 0 if none came within 5s.
+func (rec *recorder) closed() int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	rec.waitLocked(func() bool { return len(rec.closes) > 0 })
 	if len(rec.closes) == 0 {
 		return 0
 	}
 	return rec.closes[0]
 }
 
-// frames waits until n frames have arrived and returns them.
+// frames waits until n frames have arrived (at most 5s) and returns them.
 func (rec *recorder) frames(n int) []string {
-	deadline := time.AfterFunc(5*time.Second, func() {
-		rec.mu.Lock()
-		rec.cond.Broadcast()
-		rec.mu.Unlock()
-	})
-	defer deadline.Stop()
-	start := time.Now()
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	for len(rec.got) < n && time.Since(start) < 5*time.Second {
-		rec.cond.Wait()
-	}
+	rec.waitLocked(func() bool { return len(rec.got) >= n })
 	return append([]string(nil), rec.got...)
 }
 
