@@ -324,3 +324,58 @@ func TestLimiterConcurrent(t *testing.T) {
 		t.Errorf("Stats = %+v, want 16000 decisions, some local", st)
 	}
 }
+
+// TestLimiterWaitIsExactAtAnyInstant: arrivals at instants that are not
+// whole milliseconds, through the Limiter (local table and store). After a
+// refusal at t with wait w, t+w−1ms is refused and t+w admitted, whether
+// the Limiter that answers has the refusal in its local table or not (a
+// second Limiter over the same store has not). The store decides on whole
+// milliseconds and the local table on nanoseconds; neither may make the
+// other lie.
+func TestLimiterWaitIsExactAtAnyInstant(t *testing.T) {
+	ctx := context.Background()
+	rng := uint64(0x9e3779b97f4a7c15)
+	next := func(n uint64) uint64 { // xorshift: reproducible
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		return rng % n
+	}
+	for run := range 200 {
+		limits := []ratelimit.Limit{ratelimit.PerPeriod(float64(2+next(20))+float64(next(100))/100, time.Duration(1+next(5000))*time.Millisecond)}
+		if next(2) == 0 {
+			limits = append(limits, ratelimit.PerPeriod(float64(5+next(50)), time.Duration(5001+next(60000))*time.Millisecond))
+		}
+		store := &perKeyStore{}
+		a := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+		b := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+		now := t0.Add(time.Duration(next(1e9)))
+		var d ratelimit.Decision
+		for i := 0; ; i++ {
+			var err error
+			if d, err = a.AllowAt(ctx, "k", limits, now); err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed {
+				break
+			}
+			if i > 10000 {
+				t.Fatalf("run %d: %v never refused", run, limits)
+			}
+			now = now.Add(time.Duration(next(uint64(time.Millisecond))))
+		}
+		w := d.Wait
+		for _, lim := range []*ratelimit.Limiter{a, b} {
+			if d, _ := lim.AllowAt(ctx, "k", limits, now.Add(w-time.Millisecond)); d.Allowed {
+				t.Fatalf("run %d: %v refused at %v for %v, admitted 1ms sooner", run, limits, now, w)
+			}
+		}
+		lim := a // the one that remembers the first refusal, or the other
+		if run%2 == 1 {
+			lim = b
+		}
+		if d, _ := lim.AllowAt(ctx, "k", limits, now.Add(w)); !d.Allowed {
+			t.Fatalf("run %d: %v refused at %v for %v, refused again after exactly that wait: %+v", run, limits, now, w, d)
+		}
+	}
+}
