@@ -34,9 +34,10 @@
 --   wait_ms  0 when admitted; else the smallest whole number of ms w >= 1
 --            such that the admission test above, run at now+w against the
 --            unchanged scores, admits: estimated as T*log2(S/(R-c)) from
---            the stored score and then checked by running the test itself
---            at now+w and now+w-1, so float error in log/pow can neither
---            make an obedient client be refused nor let one 1 ms early in.
+--            the stored score and then found by running the test itself
+--            (gallop and bisect, see waitms), so float error in log/pow can
+--            neither make an obedient client be refused nor let one 1 ms
+--            early in, for any valid limit.
 --            The largest over the refusing windows.
 --   score_i  the written score when admitted, the decayed unwritten one
 --            when refused, as a string: Redis truncates Lua numbers to
@@ -53,9 +54,15 @@ local IDS = 4
 
 -- waitms returns the smallest w >= 1 such that score s written at ms at
 -- admits cost c under rate r (half-life p ms) at now+w; the caller knows it
--- refuses at now. Same steps as ratelimit.waitMs in Go.
+-- refuses at now. Same steps as ratelimit.waitMs in Go: start from the
+-- estimate T*log2(S/(R-c)), bracket the boundary by galloping (steps 1, 2,
+-- 4, ...) and bisect. For any sane limit that is two probes (admits at w,
+-- refuses at w-1); when R is barely above c, adding c absorbs most of R-c
+-- and the boundary can be minutes from the estimate, but it is still found
+-- exactly, in at most about 2*40 probes (waits are capped at 2^40 ms).
 local function waitms(now, s, at, p, c, r)
-  local function admits(t)
+  local function admits(w)
+    local t = now + w
     local d = s
     if t > at then
       local x = (t - at) / p
@@ -68,17 +75,46 @@ local function waitms(now, s, at, p, c, r)
   local w = at + math.ceil(d) - now
   if w < 1 then w = 1 end
   if w > MAX_WAIT then w = MAX_WAIT end
-  local k = 0
-  while k < 16 and w < MAX_WAIT and not admits(now + w) do
-    w = w + 1
-    k = k + 1
+  -- Bracket the boundary: lo refuses (0 is known to), hi admits.
+  local lo, hi
+  local step = 1
+  if admits(w) then
+    hi = w
+    while true do
+      if hi - step <= 0 then
+        lo = 0
+        break
+      end
+      if not admits(hi - step) then
+        lo = hi - step
+        break
+      end
+      hi = hi - step
+      step = step * 2
+    end
+  else
+    lo = w
+    while true do
+      if lo + step >= MAX_WAIT then
+        if not admits(MAX_WAIT) then
+          return MAX_WAIT -- the longest wait reported, as in Go
+        end
+        hi = MAX_WAIT
+        break
+      end
+      if admits(lo + step) then
+        hi = lo + step
+        break
+      end
+      lo = lo + step
+      step = step * 2
+    end
   end
-  k = 0
-  while k < 16 and w > 1 and admits(now + w - 1) do
-    w = w - 1
-    k = k + 1
+  while hi - lo > 1 do
+    local mid = lo + math.floor((hi - lo) / 2)
+    if admits(mid) then hi = mid else lo = mid end
   end
-  return w
+  return hi
 end
 
 local n = #KEYS

@@ -255,3 +255,12 @@ func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
 		t.Errorf("negative cool-down: err = %v, want ErrConfig", err)
 	}
 }
+
+// TestAgreeDegenerate: the memory store and Redis report the same exact
+// wait for limits where T·log2(S/(R−c)) is far from it (R a few ulps above
+// c, 1 ms to ten-year half-lives, costs far from 1).
+func TestAgreeDegenerate(t *testing.T) {
+	_, c := realRedis(t)
+	s := newStore(t, c, slow)
+	storetest.AgreeDegenerate(t, memory, s, 1, 200)
+}

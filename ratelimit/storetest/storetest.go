@@ -323,6 +323,77 @@ func RandomLimits(r *rand.Rand) []ratelimit.Limit {
 	return out
 }
 
+// degeneratePeriods are half-lives at the edges: the shortest a key can
+// hold, odd ones, and ones long enough that waits reach the 2^40 ms cap.
+var degeneratePeriods = []time.Duration{
+	ms, 2 * ms, 3 * ms, 7 * ms, 999 * ms, 60002 * ms, time.Hour,
+	30 * 24 * time.Hour, 365 * 24 * time.Hour, 10 * 365 * 24 * time.Hour,
+}
+
+// DegenerateLimits returns 1 to 3 valid limits with distinct periods that
+// stress the arithmetic rather than model a relay: R a few ulps or a tiny
+// fraction above c (adding c then absorbs most of R−c, and the true wait is
+// far from T·log2(S/(R−c))), costs far from 1, and periods from 1 ms to
+// ten years (waits up to the 2^40 ms cap).
+func DegenerateLimits(r *rand.Rand) []ratelimit.Limit {
+	n := 1 + r.IntN(3)
+	out := make([]ratelimit.Limit, 0, n)
+	seen := map[time.Duration]bool{}
+	for len(out) < n {
+		var p time.Duration
+		if r.IntN(2) == 0 {
+			p = degeneratePeriods[r.IntN(len(degeneratePeriods))]
+		} else {
+			p = time.Duration(1+r.Int64N(1<<r.IntN(40))) * ms
+		}
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		var cost float64
+		switch r.IntN(4) {
+		case 0:
+			cost = 1
+		case 1:
+			cost = 1.0 / float64(3+r.IntN(20)) // 1/6 is the fuzzer's find
+		case 2:
+			cost = math.Exp2(float64(r.IntN(60)-30)) * (1 + r.Float64())
+		default:
+			cost = float64(1 + r.IntN(1000))
+		}
+		var rate float64
+		switch r.IntN(4) {
+		case 0: // a few ulps above c
+			rate = cost
+			for range 1 + r.IntN(4) {
+				rate = math.Nextafter(rate, math.Inf(1))
+			}
+		case 1: // a tiny fraction above c
+			rate = cost * (1 + math.Pow(10, -float64(6+r.IntN(10))))
+		case 2: // far above c
+			rate = cost * math.Pow(10, float64(1+r.IntN(9)))
+		default:
+			rate = cost * (1.01 + r.Float64()*3)
+		}
+		if rate <= cost { // rounding ate the fraction
+			rate = math.Nextafter(cost, math.Inf(1))
+		}
+		out = append(out, ratelimit.Limit{Rate: rate, Period: p, Cost: cost})
+	}
+	return out
+}
+
+// DegenerateCases are limits worth checking on every run, whatever the seed.
+var DegenerateCases = [][]ratelimit.Limit{
+	// Found by FuzzDecide: the first admitting millisecond is minutes after
+	// ceil(T·log2(S/(R−c))).
+	{{Rate: 0.16666666666666669, Period: 60002 * ms, Cost: 0.16666666666666666}},
+	{{Rate: math.Nextafter(1, 2), Period: ms, Cost: 1}},
+	{{Rate: math.Nextafter(1, 2), Period: 10 * 365 * 24 * time.Hour, Cost: 1}},
+	{{Rate: 3, Period: time.Second, Cost: 1}, {Rate: math.Nextafter(0.1, 1), Period: time.Hour, Cost: 0.1}},
+	{{Rate: 1e9, Period: 2 * ms, Cost: 1e-9}},
+}
+
 // WaitIsExact drives store with seeded random limits and arrivals: every
 // time a message is refused with wait w at instant t, the same message at
 // t+w−1ms must be refused and at t+w admitted. rounds is the number of
@@ -391,13 +462,35 @@ func WaitIsExact(t *testing.T, store ratelimit.Store, seed uint64, rounds int) {
 // disagreement worth failing on.
 func Agree(t *testing.T, newWant func() ratelimit.Store, got ratelimit.Store, seed uint64, rounds int) {
 	t.Helper()
+	AgreeOn(t, newWant, got, seed, rounds, RandomLimits)
+}
+
+// AgreeDegenerate is Agree over DegenerateCases and then rounds sets of
+// DegenerateLimits: the stores must agree on the exact wait even where
+// T·log2(S/(R−c)) is far from it.
+func AgreeDegenerate(t *testing.T, newWant func() ratelimit.Store, got ratelimit.Store, seed uint64, rounds int) {
+	t.Helper()
+	i := 0
+	AgreeOn(t, newWant, got, seed, len(DegenerateCases)+rounds, func(r *rand.Rand) []ratelimit.Limit {
+		if i < len(DegenerateCases) {
+			i++
+			return DegenerateCases[i-1]
+		}
+		return DegenerateLimits(r)
+	})
+}
+
+// AgreeOn is Agree over limit sets drawn by limits.
+func AgreeOn(t *testing.T, newWant func() ratelimit.Store, got ratelimit.Store, seed uint64, rounds int, limits func(*rand.Rand) []ratelimit.Limit) {
+	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 0xa9ee))
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	ctx := context.Background()
 	decisions, refused := 0, 0
+	draw := limits
 	for round := range rounds {
 		want := newWant()
-		limits := RandomLimits(r)
+		limits := draw(r)
 		key := fmt.Sprintf("{storetest-agree-%s-%d}:message:EVENT", run, round)
 		now := T0.Add(time.Duration(r.IntN(1000)) * ms)
 		for range 20 {
