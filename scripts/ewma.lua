@@ -207,9 +207,12 @@ for i = 1, n do
   -- it is at most T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any
   -- sane limit. +1 covers the rounding. (If t is ahead of now, the score
   -- starts decaying only at t; the TTL counts from now and would be short
-  -- by t-now, so that is added.)
+  -- by t-now, so that is added.) Capped at 2*MAX_WAIT (70 years), twice
+  -- the longest wait ever reported: absurd limits (a ten-year half-life with
+  -- R a hair above c) would otherwise ask for centuries, which overflows
+  -- some Redis-compatible servers' expiry arithmetic.
   local eps = math.min(c, r - c) / 1024
-  local ttl = math.ceil(p * math.log(math.max(s, eps) / eps) / LN2) + 1 + (t - now)
+  local ttl = math.min(math.ceil(p * math.log(math.max(s, eps) / eps) / LN2) + 1, 2 * MAX_WAIT) + (t - now)
   local v = str .. ' ' .. string.format('%d', t)
   if i == 1 then
     -- Keep the last IDS request ids, newest first. Ids are of one width (16

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -263,4 +264,35 @@ func TestAgreeDegenerate(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, slow)
 	storetest.AgreeDegenerate(t, memory, s, 1, 200)
+}
+
+// TestAgreeDegenerateMiniredis is TestAgreeDegenerate on miniredis, whose
+// Lua reads no number written with an exponent: the script's stored scores
+// ("%.17g") then must stay within 1e-4 ≤ S < 1e17, so costs and rates are
+// kept there.
+func TestAgreeDegenerateMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+	s := newStore(t, client(t, m.Addr()), slow)
+	plain := func(ls []ratelimit.Limit) bool {
+		for _, l := range ls {
+			if l.EffectiveCost() < 1e-4 || l.Rate >= 1e16 {
+				return false
+			}
+		}
+		return true
+	}
+	i := 0
+	storetest.AgreeOn(t, memory, s, 2, 150, func(r *rand.Rand) []ratelimit.Limit {
+		for ; i < len(storetest.DegenerateCases); i++ {
+			if plain(storetest.DegenerateCases[i]) {
+				i++
+				return storetest.DegenerateCases[i-1]
+			}
+		}
+		for {
+			if ls := storetest.DegenerateLimits(r); plain(ls) {
+				return ls
+			}
+		}
+	})
 }
