@@ -122,17 +122,41 @@ if n < 1 or #ARGV ~= 2 + 3 * n then
   return redis.error_reply('ERR sluice ewma: want n keys and 2+3n args')
 end
 
+-- parse reads a stored window value strictly: "<score> <t>" and, in the
+-- first window, " <id>..." after it. The score must be a finite number >= 0
+-- and t a whole number of ms; anything else (a hand-edited key, another
+-- program's value) is nil, and the script refuses to decide on it rather
+-- than read it as a score of zero or NaN.
+local function parse(v)
+  local ss, ts, rest = string.match(v, '^(%S+) (%d+)(.*)$')
+  local s, t = tonumber(ss), tonumber(ts)
+  if s and t and s >= 0 and s < math.huge and t < 2 ^ 53 and (rest == '' or string.sub(rest, 1, 1) == ' ') then
+    return s, t, string.sub(rest, 2)
+  end
+end
+
+local function malformed(i)
+  return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
+end
+
 local vals = redis.call('MGET', unpack(KEYS))
 local reqid = ARGV[2]
 local ids = ''
 if vals[1] then
-  ids = string.match(vals[1], '^%S+ %S+ ?(.*)$') or ''
+  local s, t, rest = parse(vals[1])
+  if not s then
+    return malformed(1)
+  end
+  ids = rest
   if reqid ~= '' and string.find(' ' .. ids .. ' ', ' ' .. reqid .. ' ', 1, true) then
     -- A repeat of an admitted request: answer as admitted, charge nothing.
     local reply = {1, 0}
     for i = 1, n do
       if not vals[i] then
         return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[i])
+      end
+      if not parse(vals[i]) then
+        return malformed(i)
       end
       reply[i + 2] = string.match(vals[i], '^%S+')
     end
@@ -166,10 +190,9 @@ for i = 1, n do
   local s, t = 0, 0
   local v = vals[i]
   if v then
-    local ss, ts = string.match(v, '^(%S+) (%S+)')
-    s, t = tonumber(ss), tonumber(ts)
-    if not (s and t) then
-      return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
+    s, t = parse(v)
+    if not s then
+      return malformed(i)
     end
   end
   local d = s

@@ -271,14 +271,28 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	}
 	// A caller that gave up (client gone, shutdown) says nothing about Redis.
 	callerGaveUp := err != nil && ctx.Err() != nil
-	s.br.done(probe, err == nil, callerGaveUp)
-	if err != nil {
-		if errors.Is(err, ratelimit.ErrBadReply) {
-			return ratelimit.Decision{}, err
-		}
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+	// Neither does the script refusing one key's stored value: Redis
+	// answered, and one client's corrupt key must not open the breaker for
+	// every client.
+	refusedValue := isScriptRefusal(err)
+	s.br.done(probe, err == nil || refusedValue, callerGaveUp)
+	switch {
+	case err == nil:
+		return d, nil
+	case errors.Is(err, ratelimit.ErrBadReply):
+		return ratelimit.Decision{}, err
+	case refusedValue:
+		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, err)
 	}
-	return d, nil
+	return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+}
+
+// isScriptRefusal reports whether err is the script's own error reply
+// about the data it found (a malformed stored value), as opposed to Redis
+// failing to run it.
+func isScriptRefusal(err error) bool {
+	var re redis.Error
+	return err != nil && errors.As(err, &re) && strings.Contains(re.Error(), "sluice ewma: malformed value")
 }
 
 // request builds KEYS and ARGV for the script (see scripts/ewma.lua). All

@@ -296,3 +296,50 @@ func TestAgreeDegenerateMiniredis(t *testing.T) {
 		}
 	})
 }
+
+// TestMalformedStoredValue: a window holding something the script did not
+// write (garbage, NaN, infinity, a negative score, a fractional or negative
+// instant) is an error wrapping ErrBadReply — never an admission on a score
+// of zero, never a refusal with a wait of decades — and, since Redis did
+// answer, it does not open the breaker for every other client.
+func TestMalformedStoredValue(t *testing.T) {
+	t.Run("redis", func(t *testing.T) {
+		_, c := realRedis(t)
+		testMalformedStoredValue(t, c)
+	})
+	t.Run("miniredis", func(t *testing.T) {
+		testMalformedStoredValue(t, client(t, miniredis.RunT(t).Addr()))
+	})
+}
+
+func testMalformedStoredValue(t *testing.T, c *redis.Client) {
+	ctx := context.Background()
+	s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 1}})
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute)}
+	const key = "{bad}:message:EVENT"
+	at := itoa(storetest.T0.UnixMilli())
+	for _, v := range []string{"garbage", "", "1", "nan " + at, "inf " + at, "-inf " + at, "1e999 " + at,
+		"-1 " + at, "1 -5", "1 1.5", "1 nan", "1 " + at + "x", "x " + at} {
+		for w, other := range []string{DefaultPrefix + key + ":60000", DefaultPrefix + key + ":1000"} {
+			c.Del(ctx, DefaultPrefix+key+":1000", DefaultPrefix+key+":60000")
+			c.Set(ctx, other, v, 0)
+			d, err := s.Decide(ctx, key, limits, storetest.T0)
+			if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+				t.Errorf("window %d holding %q: %+v %v, want ErrBadReply", w, v, d, err)
+			}
+			if st := s.BreakerState(); st != BreakerClosed {
+				t.Fatalf("window %d holding %q: breaker %v, want closed", w, v, st)
+			}
+		}
+	}
+	// A seen request id whose other window is corrupt: still an error.
+	c.Del(ctx, DefaultPrefix+key+":1000", DefaultPrefix+key+":60000")
+	ids := []string{DefaultPrefix + key + ":1000", DefaultPrefix + key + ":60000"}
+	if err := ewma.Run(ctx, c, ids, at, "seen", "10", "1000", "1", "100", "60000", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.Set(ctx, ids[1], "garbage", 0)
+	if v, err := ewma.Run(ctx, c, ids, at, "seen", "10", "1000", "1", "100", "60000", "1").Result(); err == nil {
+		t.Errorf("repeat with a corrupt window replied %v", v)
+	}
+}
