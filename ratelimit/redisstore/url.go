@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -64,6 +65,12 @@ func parseURL(rawURL string) (clientOptions, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
 		return clientOptions{}, fmt.Errorf("%w: %q has no scheme (want redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)", ErrURL, redact(rawURL))
+	}
+	// A password with a raw '/', '?' or '#' (base64 passwords have '/')
+	// makes every URL parser cut it in two and echo the pieces as a host or
+	// a path; say what is wrong instead.
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 && strings.ContainsAny(rest[:at], "/?#") {
+		return clientOptions{}, fmt.Errorf("%w: %s: '/', '?' or '#' before the last '@': percent-escape them in the user name and password (%%2F, %%3F, %%23; '@' is %%40)", ErrURL, redact(rawURL))
 	}
 	switch s := strings.ToLower(scheme); s {
 	case "redis", "rediss", "unix":
@@ -192,44 +199,58 @@ func parseCluster(scheme, rest, rawURL string) (*redis.ClusterOptions, error) {
 	return o, nil
 }
 
-// redact replaces the password in a URL-ish string with "xxxxx", and cuts
-// it short, so errors and logs can name the URL.
-func redact(raw string) string {
-	out := raw
-	if scheme, rest, ok := strings.Cut(raw, "://"); ok {
-		auth := rest
-		if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-			auth = rest[:i]
+// secrets returns the passwords in rawURL, longest first, as written and
+// unescaped: the one in user:password@ and the values of query keys that
+// name a password (password=, sentinel_password=).
+func secrets(rawURL string) []string {
+	var out []string
+	add := func(v string) {
+		if v == "" {
+			return
 		}
-		if at := strings.LastIndexByte(auth, '@'); at >= 0 {
-			userinfo := auth[:at]
-			if c := strings.IndexByte(userinfo, ':'); c >= 0 {
-				userinfo = userinfo[:c+1] + "xxxxx"
+		out = append(out, v)
+		if u, err := url.QueryUnescape(v); err == nil && u != v && u != "" {
+			out = append(out, u)
+		}
+	}
+	_, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		rest = rawURL
+	}
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		if _, pass, ok := strings.Cut(rest[:at], ":"); ok {
+			add(pass)
+		}
+	}
+	if _, q, ok := strings.Cut(rest, "?"); ok {
+		q, _, _ = strings.Cut(q, "#")
+		for kv := range strings.SplitSeq(q, "&") {
+			if k, v, _ := strings.Cut(kv, "="); strings.Contains(strings.ToLower(k), "password") {
+				add(v)
 			}
-			out = scheme + "://" + userinfo + rest[at:]
 		}
 	}
-	if len(out) > 200 {
-		out = out[:200] + "…"
-	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out
+}
+
+// redact replaces every password in a URL-ish string (see secrets) with
+// "xxxxx", and cuts it short, so errors and logs can name the URL.
+func redact(raw string) string {
+	return hide(raw, raw, 200)
 }
 
 // redactErr renders err with any password from rawURL replaced.
 func redactErr(err error, rawURL string) string {
-	msg := err.Error()
-	_, rest, _ := strings.Cut(rawURL, "://")
-	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-		if c := strings.IndexByte(rest[:at], ':'); c >= 0 && c+1 < at {
-			pass := rest[c+1 : at]
-			msg = strings.ReplaceAll(msg, pass, "xxxxx")
-			if dec, derr := url.PathUnescape(pass); derr == nil && dec != "" {
-				msg = strings.ReplaceAll(msg, dec, "xxxxx")
-			}
-		}
+	return hide(err.Error(), rawURL, 300)
+}
+
+func hide(msg, rawURL string, max int) string {
+	for _, v := range secrets(rawURL) {
+		msg = strings.ReplaceAll(msg, v, "xxxxx")
 	}
-	if len(msg) > 300 {
-		msg = msg[:300] + "…"
+	if len(msg) > max {
+		msg = msg[:max] + "…"
 	}
 	return msg
 }

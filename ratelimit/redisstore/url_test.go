@@ -144,6 +144,20 @@ func TestNewClientHostile(t *testing.T) {
 		"redis+bogus://:sekrit@127.0.0.1:1",
 		"redis+cluster://:sekrit@" + strings.Repeat("h:1,", 10000) + "x",
 		strings.Repeat("redis://", 1000),
+		// Passwords with unescaped '/', '?', '#' (base64 ones have '/'),
+		// and passwords in the query.
+		"redis://:sekrit/sekrit@127.0.0.1:1",
+		"redis://u:sekrit?sekrit@127.0.0.1:1/0",
+		"redis://u:sekrit#sekrit@127.0.0.1:1/0",
+		"rediss://u:sekrit/sekrit@127.0.0.1:1/0",
+		"redis+cluster://u:sekrit/sekrit@127.0.0.1:1",
+		"redis+cluster://u:sekrit?sekrit@127.0.0.1:1",
+		"redis+sentinel://:sekrit/sekrit@127.0.0.1:1/m",
+		"redis+sentinel://:sekrit#sekrit@127.0.0.1:1/m",
+		"redis+sentinel://127.0.0.1:26379/m?sentinel_password=sekrit&bogus=1",
+		"redis+sentinel://127.0.0.1:26379/m?sentinel_password=sekrit#frag",
+		"redis://127.0.0.1:6379/0?password=sekrit&bogus=1",
+		"redis+cluster://127.0.0.1:7000?password=sekrit&bogus=1",
 	} {
 		func() {
 			defer func() {
