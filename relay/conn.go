@@ -306,10 +306,10 @@ func readFrame(r io.Reader, buf []byte) ([]byte, error) {
 func (c *conn) admit(typ int, frame []byte) bool {
 	// The type decides the charge; the id (Peek's Frame.ID) is only wanted
 	// by a refusal, so it is looked for only then (f.at).
-	f := peeked{Type: TypeOther, frame: frame, rest: -1}
-	if typ == websocket.TextMessage {
-		f.Type, f.rest = peekType(frame)
-	}
+	// Binary frames are peeked too: khatru parses them as text.
+	f := peeked{frame: frame}
+	var shaped bool
+	f.Type, f.rest, shaped = peekType(frame)
 	obs := c.g.obs
 	_, freeAuth := c.auth()
 	free := c.freeIP || freeAuth
@@ -327,6 +327,15 @@ func (c *conn) admit(typ int, frame []byte) bool {
 			obs.frame(f.Type, RateLimited)
 			return false
 		}
+	}
+	if !shaped {
+		// Charged (to TypeOther) but not forwarded: relays read such frames
+		// differently from the gate and from each other (see peekType), and
+		// khatru with negentropy on panics on some ([1,"X"]).
+		fr := f.full()
+		c.send(websocket.TextMessage, AppendRefusal(replyBuf(fr), fr, reasonNotNostr))
+		obs.frame(f.Type, Invalid)
+		return false
 	}
 	switch f.Type {
 	case TypeEVENT:
@@ -414,3 +423,7 @@ func hexString(k *hex32) string {
 	hex.Encode(buf[:], k[:])
 	return string(buf[:])
 }
+
+// reasonNotNostr answers a frame that is not shaped as a Nostr message: a
+// JSON array whose first element is the label.
+const reasonNotNostr = "invalid: not a Nostr message"

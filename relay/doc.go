@@ -16,20 +16,25 @@
 // does it open the relay's side, and only when the relay accepts does it
 // upgrade the client.
 //
-// Per client frame it learns the message type with Peek: the first JSON
-// string of the frame, decoded as the relay would decode it (whitespace and
-// escapes included), mapped onto a fixed set of types (EVENT, REQ, CLOSE,
-// COUNT, AUTH, NEG-OPEN, NEG-MSG, NEG-CLOSE, and TypeOther for everything
-// else, binary frames included), so a client cannot mint a bucket by
-// inventing labels. The frame is charged to that type's limits
+// Per client frame, text or binary (khatru reads binary frames as text),
+// it learns the message type with Peek: the first JSON string of the
+// frame, decoded as the relay would decode it (whitespace and escapes
+// included), mapped onto a fixed set of types (EVENT, REQ, CLOSE, COUNT,
+// AUTH, NEG-OPEN, NEG-MSG, NEG-CLOSE, and TypeOther for everything else),
+// so a client cannot mint a bucket by inventing labels. The frame is charged to that type's limits
 // (Limits.Message) under the key "{client}:message:TYPE" through a
 // ratelimit.Limiter, which answers a client it has already refused from a
 // local table without a store call. A refused frame is answered by the gate
 // and never reaches the relay; an admitted one is forwarded byte for byte,
 // and every relay frame comes back unchanged. DefaultLimits charges every
 // type but CLOSE and NEG-CLOSE (refusing them would only keep a
-// subscription open), and charges TypeOther: a frame the gate cannot
-// classify still costs the relay a read.
+// subscription open), and charges TypeOther: a frame with an unknown label
+// still costs the relay a read. A frame that is not shaped as a Nostr
+// message at all (an array whose first element is a string) is charged to
+// TypeOther too, but answered by the gate instead of forwarded, because
+// relays read such frames differently: khatru takes the first quoted
+// string anywhere in the frame as its label, so [0,"EVENT",{…}] is an
+// EVENT to it, and with negentropy on it panics on [1,"X"].
 //
 // With an actor quota (Options.Quota) the gate also caps the events each
 // pubkey may have accepted per window, charging an actor when the relay

@@ -85,6 +85,8 @@ func FuzzPeek(f *testing.F) {
 	f.Add([]byte(`["EVENT",` + nostrToolsEvent + `]`))
 	f.Add([]byte(`["REQ","sub",{"kinds":[1]},{"authors":["` + testID + `"]}]`))
 	f.Add([]byte(`["\u0043\u004fUNT","c",{}]`))
+	f.Add([]byte(`[0,"EVENT",` + goNostrEvent + `]`))
+	f.Add([]byte("\x01[\"REQ\",\"s\",{}]"))
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		checkPeek(t, frame)
 	})
@@ -111,6 +113,19 @@ func checkPeek(t *testing.T, frame []byte) {
 		t.Fatalf("Peek modified its input")
 	}
 	checkFrame(t, frame, f)
+
+	// khatru reads frames with go-nostr's default parser, which takes the
+	// text between the first two quotes anywhere in the frame as the label
+	// ([0,"EVENT",{…}] is an EVENT to it). A frame it reads as a message
+	// must be one the gate refuses to forward, or one charged as that
+	// message: otherwise its limits (and the quota) are skipped.
+	if env := nostr.ParseMessage(string(frame)); env != nil {
+		if typ, _, shaped := peekType(frame); shaped {
+			if want, _ := ParseType(env.Label()); typ != want {
+				t.Fatalf("go-nostr reads %q as %s, the gate charges it as %v and forwards it", frame, env.Label(), typ)
+			}
+		}
+	}
 
 	var elems []json.RawMessage
 	if json.Unmarshal(frame, &elems) != nil || len(elems) == 0 || elems[0][0] != '"' {

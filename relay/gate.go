@@ -110,11 +110,17 @@ type Options struct {
 // Per WebSocket upgrade the gate charges the connection limit (refused:
 // HTTP 429 with Retry-After; store down: HTTP 503 with the body
 // ReasonUnavailable), opens the upstream connection, and only then
-// upgrades the client. Per client frame it charges the frame's type
-// (binary frames are TypeOther): a refusal is answered by the gate with
-// the reply AppendRefusal describes and never reaches the relay; an
-// admitted frame is forwarded byte for byte with its message type. Relay
-// frames return unchanged.
+// upgrades the client. Per client frame it charges the frame's type (as
+// Peek reads it, binary frames included, since khatru reads those as
+// text): a refusal is answered by the gate with the reply AppendRefusal
+// describes and never reaches the relay; an admitted frame is forwarded
+// byte for byte with its message type. A frame that is not shaped as a
+// Nostr message (an array whose first element is a string label followed
+// by ',' or ']') is charged to TypeOther and answered with a NOTICE
+// "invalid: not a Nostr message", never forwarded: relays disagree about
+// such frames (khatru reads [0,"EVENT",{…}] as an EVENT, which would skip
+// the EVENT limits and the quota, and with negentropy on panics on
+// [1,"X"]). Relay frames return unchanged.
 //
 // The relay learns the client's address from X-Forwarded-For and
 // X-Real-IP, which the gate sets (replacing the client's own) on the

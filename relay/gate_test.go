@@ -449,8 +449,9 @@ func TestGateConnectionLimit(t *testing.T) {
 }
 
 // recorder is an upstream WebSocket endpoint that records what it
-// receives, answers "echo:"-prefixed text frames with the rest, closes
-// on "bye", and remembers the forwarding headers it was given.
+// receives, answers frames beginning ["echo", with the rest, closes on
+// ["bye"], and remembers the forwarding headers it was given. Its commands
+// are shaped as Nostr messages, since the gate forwards nothing else.
 type recorder struct {
 	// answerOK, when set, makes the recorder answer every EVENT and AUTH
 	// with ["OK",id,answerOK(id),""], as a relay would.
@@ -515,18 +516,18 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rec.mu.Unlock()
 		}
 		switch {
-		case strings.HasPrefix(string(data), "bye"): // "bye" or "bye:<last words>"
-			if last, ok := strings.CutPrefix(string(data), "bye:"); ok {
+		case strings.HasPrefix(string(data), `["bye"`): // ["bye"] or ["bye",<last words>
+			if last, ok := strings.CutPrefix(string(data), `["bye",`); ok {
 				_ = c.WriteMessage(websocket.TextMessage, []byte(last))
 			}
 			_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(4000, "bye"))
 			return
-		case strings.HasPrefix(string(data), "echo:"):
-			_ = c.WriteMessage(typ, data[5:])
-		case string(data) == "stall": // stop reading: no pongs, nothing
+		case strings.HasPrefix(string(data), `["echo",`): // ["echo",<payload>
+			_ = c.WriteMessage(typ, data[len(`["echo",`):])
+		case string(data) == `["stall"]`: // stop reading: no pongs, nothing
 			<-r.Context().Done()
 			return
-		case strings.HasPrefix(string(data), "flood:"):
+		case string(data) == `["flood"]`:
 			big := make([]byte, 64<<10)
 			for {
 				if err := c.WriteMessage(websocket.BinaryMessage, big); err != nil {
@@ -666,9 +667,9 @@ func TestGateForwardsByteForByte(t *testing.T) {
 			}{
 				{websocket.TextMessage, ` [ "REQ" , "x" , { "kinds" : [ 1 ] } ] ` + "\n"},
 				{websocket.TextMessage, `["EVENT",{"id":"` + idHex + `","content":"\u00e9 é ☃"}]`},
-				{websocket.BinaryMessage, "\x00\x01\xff[\"EVENT\""},
-				{websocket.TextMessage, `echo:["NOTICE","é\u0000"]`},
-				{websocket.BinaryMessage, "echo:\x00bin"},
+				{websocket.BinaryMessage, "[\"X\",\x00\x01\xff]"},
+				{websocket.TextMessage, `["echo",["NOTICE","é\u0000"]`},
+				{websocket.BinaryMessage, "[\"echo\",\x00bin"},
 			}
 			for _, f := range sent {
 				if err := c.WriteMessage(f.typ, []byte(f.data)); err != nil {
@@ -750,7 +751,7 @@ func TestGateClosePropagates(t *testing.T) {
 
 	// The relay's last words arrive before its close.
 	c = dialRaw(t, url)
-	_ = c.WriteMessage(websocket.TextMessage, []byte(`bye:["NOTICE","going"]`))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["bye",["NOTICE","going"]`))
 	if got := readText(t, c); got != `["NOTICE","going"]` {
 		t.Errorf("relay's last frame: %q", got)
 	}
@@ -800,7 +801,7 @@ func leakCheck(t *testing.T, proxy bool) {
 				return
 			}
 			defer c.Close()
-			_ = c.WriteMessage(websocket.TextMessage, []byte("echo:hi"))
+			_ = c.WriteMessage(websocket.TextMessage, []byte(`["echo",hi`))
 			_, _, _ = c.ReadMessage()
 			switch i % 4 {
 			case 0: // client closes cleanly
@@ -808,7 +809,7 @@ func leakCheck(t *testing.T, proxy bool) {
 			case 1: // client vanishes
 				c.NetConn().Close()
 			case 2, 3: // relay closes
-				_ = c.WriteMessage(websocket.TextMessage, []byte("bye"))
+				_ = c.WriteMessage(websocket.TextMessage, []byte(`["bye"]`))
 				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 				for {
 					if _, _, err := c.ReadMessage(); err != nil {
@@ -877,7 +878,7 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 	g := newGate(t, Options{Limits: &Limits{}, WriteBuffer: 4, WriteTimeout: time.Minute})
 	url := serve(t, g.Wrap(rec))
 	slow := dialRaw(t, url)
-	if err := slow.WriteMessage(websocket.TextMessage, []byte("flood:")); err != nil {
+	if err := slow.WriteMessage(websocket.TextMessage, []byte(`["flood"]`)); err != nil {
 		t.Fatal(err)
 	}
 	// The relay's flood ends when the gate drops the slow client, long
@@ -886,29 +887,47 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 		t.Fatalf("relay side: %d, want its flood cut off", code)
 	}
 	other := dialRaw(t, url)
-	_ = other.WriteMessage(websocket.TextMessage, []byte("echo:ok"))
+	_ = other.WriteMessage(websocket.TextMessage, []byte(`["echo",ok`))
 	if got := readText(t, other); got != "ok" {
 		t.Fatalf("other client got %q", got)
 	}
 }
 
-// Binary frames and unknown labels are charged to OTHER; an oversized
-// frame closes the connection with 1009.
+// Binary frames are classified like text frames (khatru reads them as
+// text); unknown labels are charged to OTHER and forwarded; frames not
+// shaped as a Nostr message are charged to OTHER and answered by the gate,
+// never forwarded; an oversized frame closes the connection with 1009.
 func TestGateOtherBucketAndReadLimit(t *testing.T) {
 	clk := newClock()
 	var l Limits
 	l.Message[TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Second)}
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	rec := newRecorder()
 	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, ReadLimit: 1024})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
-	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["REQ","a",{}]`))
-	_ = c.WriteMessage(websocket.TextMessage, []byte(`["HELLO"]`))
-	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["REQ","b",{}]`))
+	event := `["EVENT",{"id":"` + idHex + `"}]`
+	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["REQ","a",{}]`)) // REQ: free here
+	_ = c.WriteMessage(websocket.BinaryMessage, []byte(event))            // EVENT: the one of its burst
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["HELLO"]`))        // OTHER 1
+	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["HELLO",1]`))    // OTHER 2
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`[1,"X"]`))          // OTHER 3: refused
 	if got := readText(t, c); got != `["NOTICE","rate-limited: slow down; retry in 1s"]` {
 		t.Errorf("third OTHER frame answered %s", got)
 	}
-	if got := rec.frames(2); len(got) != 2 {
-		t.Errorf("relay got %q, want the first two", got)
+	_ = c.WriteMessage(websocket.BinaryMessage, []byte(event))
+	if got, want := readText(t, c), `["OK","`+idHex+`",false,"rate-limited: slow down; retry in `; !strings.HasPrefix(got, want) {
+		t.Errorf("second binary EVENT answered %s, want it charged as an EVENT", got)
+	}
+	clk.Advance(time.Second)
+	for _, frame := range []string{`[1,"X"]`, `[0,"EVENT",{}]`, "\x01[\"EVENT\",{}]", "[\"EVENT\"\x01,{}]", `{"EVENT":1}`, `["EVENT" {}]`, `["EVENT`} {
+		_ = c.WriteMessage(websocket.TextMessage, []byte(frame))
+		if got := readText(t, c); got != `["NOTICE","`+reasonNotNostr+`"]` {
+			t.Errorf("%q answered %s", frame, got)
+		}
+		clk.Advance(time.Second)
+	}
+	if got := rec.frames(4); len(got) != 4 {
+		t.Errorf("relay got %q, want the first four", got)
 	}
 	_ = c.WriteMessage(websocket.TextMessage, make([]byte, 2048))
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -947,7 +966,7 @@ func TestGateStalledRelayDropped(t *testing.T) {
 	rec := newRecorder()
 	g := newGate(t, Options{Limits: &Limits{}, PingInterval: 50 * time.Millisecond})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
-	_ = c.WriteMessage(websocket.TextMessage, []byte("stall"))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["stall"]`))
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var err error
 	for err == nil {

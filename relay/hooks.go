@@ -96,6 +96,10 @@ type HookOptions struct {
 //   - Ephemeral events are not saved, so khatru's OnEventSaved does not run
 //     for them and they do not count against the actor quota (their EVENT
 //     budget still applies).
+//   - They cannot keep a frame from the framework's parser. khatru v0.19.1
+//     with Negentropy on panics, taking the process down, on a frame such
+//     as [1,"X"] (go-nostr's nip77.ParseNegMessage slices out of range),
+//     before any hook runs; a Gate does not forward such frames.
 //
 // A Gate (Wrap) has none of these limits: it reads each frame before the
 // relay does.

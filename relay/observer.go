@@ -16,9 +16,10 @@ const (
 	// Allowlisted: forwarded without being charged (allow-listed IP or
 	// authenticated pubkey).
 	Allowlisted
-	// Invalid: an EVENT the gate could not attribute to one actor
-	// (duplicate "id" or "pubkey" fields) refused so that it cannot slip
-	// past the quota.
+	// Invalid: a frame refused as malformed, after it was charged: one
+	// not shaped as a Nostr message (see Gate), or, with a quota, an
+	// EVENT the gate could not attribute to one actor (duplicate "id" or
+	// "pubkey" fields), refused so that it cannot slip past the quota.
 	Invalid
 	// NumOutcomes is the number of outcomes, for arrays indexed by Outcome.
 	NumOutcomes

@@ -143,8 +143,9 @@ type Frame struct {
 // after a well-formed label keeps its label's type: it is charged to the
 // bucket it claims, and the relay rejects it.
 //
-// Binary WebSocket frames are not for Peek: the gate classifies them as
-// TypeOther itself, without looking at their bytes.
+// The gate peeks binary WebSocket frames as it peeks text frames: some
+// relays (khatru) read a binary frame as text, so its label must be charged
+// as the relay will read it.
 //
 // ID is found as Frame.ID describes. For REQ, COUNT and CLOSE it is the
 // second element when that is a well-formed JSON string of valid UTF-8 of at
@@ -155,7 +156,7 @@ type Frame struct {
 // decodes the event; it is used only when it is exactly 64 lowercase hex
 // digits. Otherwise ID is nil.
 func Peek(frame []byte) Frame {
-	t, rest := peekType(frame)
+	t, rest, _ := peekType(frame)
 	return Frame{Type: t, ID: frameID(t, frame, rest)}
 }
 
@@ -164,37 +165,46 @@ func Peek(frame []byte) Frame {
 // the id only to answer a refusal, so it looks for it (frameID) only then:
 // for an EVENT that is a scan of most of the event, which an admitted
 // frame does not need.
-func peekType(frame []byte) (Type, int) {
+//
+// shaped reports whether the frame is shaped as a Nostr message at all: an
+// array whose first element is a complete JSON string (any label, known or
+// not) followed by ',' or ']'. Relays disagree about frames that are not:
+// go-nostr's parser, and so khatru, takes the text between a frame's first
+// two quotes as its label wherever they are, reading [0,"EVENT",{…}] as an
+// EVENT. The gate does not forward them.
+func peekType(frame []byte) (t Type, rest int, shaped bool) {
 	i := skipWS(frame, 0)
 	if i >= len(frame) || frame[i] != '[' {
-		return TypeOther, -1
+		return TypeOther, -1, false
 	}
 	i = skipWS(frame, i+1)
 	if i >= len(frame) || frame[i] != '"' {
-		return TypeOther, -1
+		return TypeOther, -1, false
 	}
 	var buf [maxLabelLen]byte
 	n, end, ok := decodeLabel(frame, i+1, &buf)
-	if !ok {
-		return TypeOther, -1
-	}
-	t := labelType(buf[:n])
-	if t == TypeOther {
-		return TypeOther, -1
+	t = TypeOther
+	if ok {
+		t = labelType(buf[:n])
+	} else if end = skipString(frame, i+1); end < 0 {
+		return TypeOther, -1, false // the label never ends
 	}
 	// The label must be followed by ',' or ']': a frame cut after its label
 	// is truncated and cannot be classified.
 	j := skipWS(frame, end)
 	if j >= len(frame) {
-		return TypeOther, -1
+		return TypeOther, -1, false
 	}
 	switch frame[j] {
 	case ']':
-		return t, -1
+		return t, -1, true
 	case ',':
-		return t, skipWS(frame, j+1)
+		if t == TypeOther {
+			return TypeOther, -1, true
+		}
+		return t, skipWS(frame, j+1), true
 	}
-	return TypeOther, -1
+	return TypeOther, -1, false
 }
 
 // frameID is Frame.ID of a frame of type t whose second element starts at
