@@ -115,4 +115,20 @@ func TestConformanceCluster(t *testing.T) {
 	if _, err := s.Decide(ctx, "{notag}:message:EVENT", limits, storetest.T0); err != nil {
 		t.Errorf("tagged: %v", err)
 	}
+	// A client whose identity came out empty has the empty tag "{}", which
+	// Redis ignores: its windows land in different slots too. That is one
+	// key's problem, not an outage: it must not open the breaker for every
+	// other client.
+	one := newStore(t, cc, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 1}})
+	for range 3 {
+		if _, err := one.Decide(ctx, ratelimit.MessageKey("", "EVENT"), limits, storetest.T0); !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Fatalf("empty tag on a cluster: err = %v, want ErrUnavailable", err)
+		}
+	}
+	if st := one.BreakerState(); st != BreakerClosed {
+		t.Errorf("breaker %v after CROSSSLOT replies, want closed", st)
+	}
+	if _, err := one.Decide(ctx, "{notag}:message:EVENT", limits, storetest.T0); err != nil {
+		t.Errorf("another client after CROSSSLOT replies: %v", err)
+	}
 }

@@ -271,11 +271,11 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	}
 	// A caller that gave up (client gone, shutdown) says nothing about Redis.
 	callerGaveUp := err != nil && ctx.Err() != nil
-	// Neither does the script refusing one key's stored value: Redis
-	// answered, and one client's corrupt key must not open the breaker for
-	// every client.
+	// Neither does Redis refusing one key (a corrupt stored value, windows
+	// in different cluster slots): Redis answered, and one client's key
+	// must not open the breaker for every client.
 	refusedValue := isScriptRefusal(err)
-	s.br.done(probe, err == nil || refusedValue, callerGaveUp)
+	s.br.done(probe, err == nil || refusedValue || isCrossSlot(err), callerGaveUp)
 	switch {
 	case err == nil:
 		return d, nil
@@ -293,6 +293,14 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 func isScriptRefusal(err error) bool {
 	var re redis.Error
 	return err != nil && errors.As(err, &re) && strings.Contains(re.Error(), "sluice ewma: malformed value")
+}
+
+// isCrossSlot reports whether Redis Cluster refused the call because the
+// key's windows are in different slots: a key without a non-empty {hash
+// tag}, such as the "{}" of an empty client identity.
+func isCrossSlot(err error) bool {
+	var re redis.Error
+	return err != nil && errors.As(err, &re) && strings.HasPrefix(re.Error(), "CROSSSLOT")
 }
 
 // request builds KEYS and ARGV for the script (see scripts/ewma.lua). All
