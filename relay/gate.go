@@ -115,12 +115,12 @@ type Options struct {
 // text): a refusal is answered by the gate with the reply AppendRefusal
 // describes and never reaches the relay; an admitted frame is forwarded
 // byte for byte with its message type. A frame that is not shaped as a
-// Nostr message (an array whose first element is a string label followed
-// by ',' or ']') is charged to TypeOther and answered with a NOTICE
+// Nostr message (an array whose first element is a string label, without
+// a comma, followed by ',' or ']') is charged to TypeOther and answered with a NOTICE
 // "invalid: not a Nostr message", never forwarded: relays disagree about
 // such frames (khatru reads [0,"EVENT",{…}] as an EVENT, which would skip
 // the EVENT limits and the quota, and with negentropy on panics on
-// [1,"X"]). Relay frames return unchanged.
+// [1,"X"] and [",",1]). Relay frames return unchanged.
 //
 // The relay learns the client's address from X-Forwarded-For and
 // X-Real-IP, which the gate sets (replacing the client's own) on the

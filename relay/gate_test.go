@@ -919,7 +919,7 @@ func TestGateOtherBucketAndReadLimit(t *testing.T) {
 		t.Errorf("second binary EVENT answered %s, want it charged as an EVENT", got)
 	}
 	clk.Advance(time.Second)
-	for _, frame := range []string{`[1,"X"]`, `[0,"EVENT",{}]`, "\x01[\"EVENT\",{}]", "[\"EVENT\"\x01,{}]", `{"EVENT":1}`, `["EVENT" {}]`, `["EVENT`} {
+	for _, frame := range []string{`[1,"X"]`, `[0,"EVENT",{}]`, "\x01[\"EVENT\",{}]", "[\"EVENT\"\x01,{}]", `{"EVENT":1}`, `["EVENT" {}]`, `["EVENT`, `[",",1]`, `["NEG-OPENx,y","s",{},"00"]`} {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(frame))
 		if got := readText(t, c); got != `["NOTICE","`+reasonNotNostr+`"]` {
 			t.Errorf("%q answered %s", frame, got)

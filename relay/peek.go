@@ -167,8 +167,8 @@ func Peek(frame []byte) Frame {
 // frame does not need.
 //
 // shaped reports whether the frame is shaped as a Nostr message at all: an
-// array whose first element is a complete JSON string (any label, known or
-// not) followed by ',' or ']'. Relays disagree about frames that are not:
+// array whose first element is a complete JSON string without a comma (any
+// label, known or not) followed by ',' or ']'. Relays disagree about frames that are not:
 // go-nostr's parser, and so khatru, takes the text between a frame's first
 // two quotes as its label wherever they are, reading [0,"EVENT",{…}] as an
 // EVENT. The gate does not forward them.
@@ -188,6 +188,12 @@ func peekType(frame []byte) (t Type, rest int, shaped bool) {
 		t = labelType(buf[:n])
 	} else if end = skipString(frame, i+1); end < 0 {
 		return TypeOther, -1, false // the label never ends
+	}
+	if t == TypeOther && bytes.IndexByte(frame[i+1:end-1], ',') >= 0 {
+		// No label holds a comma, and khatru's negentropy parser reads the
+		// label as the bytes before the frame's first comma: it would read
+		// ["NEG-OPENx,…"…] as a NEG-OPEN, and panics on [",",…].
+		return TypeOther, -1, false
 	}
 	// The label must be followed by ',' or ']': a frame cut after its label
 	// is truncated and cannot be classified.

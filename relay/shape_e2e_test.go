@@ -18,9 +18,9 @@ import (
 // parses binary frames as text, so frames the gate once charged to OTHER
 // were EVENTs to khatru: [0,"EVENT",{…}] and a binary ["EVENT",{…}] got
 // past the EVENT limits and the actor quota. And with negentropy on,
-// khatru panics (taking the whole process down) on [1,"X"]. The gate now
-// peeks binary frames like text, and answers frames that are not shaped
-// as a Nostr message itself.
+// khatru panics (taking the whole process down) on [1,"X"] or [",",1].
+// The gate now peeks binary frames like text, and answers frames that are
+// not shaped as a Nostr message itself.
 func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	kr := newKhatru(t)
 	kr.Negentropy = true
@@ -31,10 +31,12 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	url := serve(t, g.Wrap(kr))
 	c := dialRaw(t, url)
 
-	// A frame that crashed khatru: answered by the gate, the relay lives.
-	_ = c.WriteMessage(websocket.TextMessage, []byte(`[1,"X"]`))
-	if got := readText(t, c); got != `["NOTICE","`+reasonNotNostr+`"]` {
-		t.Fatalf(`[1,"X"] answered %s`, got)
+	// Frames that crashed khatru: answered by the gate, the relay lives.
+	for _, crash := range []string{`[1,"X"]`, `[",",1]`} {
+		_ = c.WriteMessage(websocket.TextMessage, []byte(crash))
+		if got := readText(t, c); got != `["NOTICE","`+reasonNotNostr+`"]` {
+			t.Fatalf("%s answered %s", crash, got)
+		}
 	}
 
 	sk := nostr.GeneratePrivateKey()
