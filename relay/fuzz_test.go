@@ -88,6 +88,7 @@ func FuzzPeek(f *testing.F) {
 	f.Add([]byte(`["\u0043\u004fUNT","c",{}]`))
 	f.Add([]byte(`[0,"EVENT",` + goNostrEvent + `]`))
 	f.Add([]byte("\x01[\"REQ\",\"s\",{}]"))
+	f.Add([]byte(`["NEG-OPEN","s",{},"6100"]`))
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		checkPeek(t, frame)
 	})
@@ -120,10 +121,19 @@ func checkPeek(t *testing.T, frame []byte) {
 	// ([0,"EVENT",{…}] is an EVENT to it). A frame it reads as a message
 	// must be one the gate refuses to forward, or one charged as that
 	// message: otherwise its limits (and the quota) are skipped.
-	if _, _, shaped := peekType(frame); shaped {
+	if typ, _, shaped := peekType(frame); shaped {
 		// What the gate forwards, khatru's negentropy parser must survive
-		// (it panics on some frames the gate refuses, such as [1,"X"]).
-		_ = nip77.ParseNegMessage(string(frame))
+		// (it panics on some frames the gate refuses, such as [1,"X"]),
+		// and what it reads as a negentropy message, the gate must charge
+		// as one. khatru asks it only of frames whose label it does not know.
+		mp := nostr.NewMessageParser()
+		if _, err := mp.ParseMessage(string(frame)); err == nostr.UnknownLabel {
+			if env := nip77.ParseNegMessage(string(frame)); env != nil {
+				if want, _ := ParseType(env.Label()); typ != want {
+					t.Fatalf("khatru reads %q as %s, the gate charges it as %v and forwards it", frame, env.Label(), typ)
+				}
+			}
+		}
 	}
 	if env := nostr.ParseMessage(string(frame)); env != nil {
 		if typ, _, shaped := peekType(frame); shaped {
