@@ -139,16 +139,33 @@ local function malformed(i)
   return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
 end
 
+-- seen reports whether id is one of the space-separated ids in list: a
+-- plain find, checked at the boundaries (no padded copies of either).
+local function seen(list, id)
+  local k, m, n = 1, #id, #list
+  while true do
+    local p = string.find(list, id, k, true)
+    if not p then
+      return false
+    end
+    local q = p + m
+    if (p == 1 or string.byte(list, p - 1) == 32) and (q > n or string.byte(list, q) == 32) then
+      return true
+    end
+    k = p + 1
+  end
+end
+
 local vals = redis.call('MGET', unpack(KEYS))
 local reqid = ARGV[2]
 local ids = ''
+local s1, t1 -- the first window, parsed once
 if vals[1] then
-  local s, t, rest = parse(vals[1])
-  if not s then
+  s1, t1, ids = parse(vals[1])
+  if not s1 then
     return malformed(1)
   end
-  ids = rest
-  if reqid ~= '' and string.find(' ' .. ids .. ' ', ' ' .. reqid .. ' ', 1, true) then
+  if reqid ~= '' and ids ~= '' and seen(ids, reqid) then
     -- A repeat of an admitted request: answer as admitted, charge nothing.
     local reply = {1, 0}
     for i = 1, n do
@@ -189,7 +206,11 @@ for i = 1, n do
   end
   local s, t = 0, 0
   local v = vals[i]
-  if v then
+  if i == 1 then
+    if v then
+      s, t = s1, t1
+    end
+  elseif v then
     s, t = parse(v)
     if not s then
       return malformed(i)
@@ -236,21 +257,21 @@ for i = 1, n do
   -- some Redis-compatible servers' expiry arithmetic.
   local eps = math.min(c, r - c) / 1024
   local ttl = math.min(math.ceil(p * math.log(math.max(s, eps) / eps) / LN2) + 1, 2 * MAX_WAIT) + (t - now)
-  local v = str .. ' ' .. string.format('%d', t)
-  if i == 1 then
+  local v
+  if i == 1 and (reqid ~= '' or ids ~= '') then
     -- Keep the last IDS request ids, newest first. Ids are of one width (16
-    -- characters from the Go store), so cutting the list to IDS of them is
-    -- one string.sub; an id of another width is at worst cut short, and a
-    -- cut id never matches.
+    -- characters from the Go store), so keeping IDS-1 old ones is one
+    -- string.sub; an id of another width is at worst cut short, and a cut
+    -- id never matches (seen checks the boundaries).
     local list = ids
     if reqid ~= '' and ids == '' then
       list = reqid
     elseif reqid ~= '' then
-      list = string.sub(reqid .. ' ' .. ids, 1, IDS * (#reqid + 1) - 1)
+      list = reqid .. ' ' .. string.sub(ids, 1, (IDS - 1) * (#reqid + 1) - 1)
     end
-    if list ~= '' then
-      v = v .. ' ' .. list
-    end
+    v = string.format('%s %d %s', str, t, list)
+  else
+    v = string.format('%s %d', str, t)
   end
   redis.call('SET', KEYS[i], v, 'PX', ttl)
   reply[i + 2] = str
