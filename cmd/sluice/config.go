@@ -511,6 +511,13 @@ func (fc *fileConfig) validate() (*config, error) {
 			bad(path, "must be a list of windows; write [] to let %s pass free", label)
 			continue
 		}
+		// The catch-all bucket is never free (DESIGN.md): otherwise a client
+		// could send anything the gate cannot classify without limit, and the
+		// relay would still have to read and reject every frame.
+		if t == relay.TypeOther && len(ls) == 0 {
+			bad(path, "must have at least one window: the catch-all bucket is never free")
+			continue
+		}
 		c.Limits.Message[t], _ = resolveLimits(path, ls, bad)
 	}
 

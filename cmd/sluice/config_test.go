@@ -157,6 +157,7 @@ func TestHostileConfigs(t *testing.T) {
 		{"too many windows", "limits: {message: {REQ: [" + strings.Repeat("{rate: 5, period: 1s},", 9) + "]}}", "limits.message.REQ: at most 8 windows"},
 		{"unknown type", "limits: {message: {EVNT: []}}", "limits.message.EVNT: unknown message type"},
 		{"lower-case type", "limits: {message: {event: []}}", "limits.message.event: unknown message type"},
+		{"catch-all free", "limits: {message: {OTHER: []}}", "limits.message.OTHER: must have at least one window"},
 		{"null windows", "limits: {message: {EVENT: }}", "limits.message.EVENT: must be a list of windows"},
 		{"null message", "limits: {message: }", "limits.message: must be a mapping"},
 		{"null connection", "limits: {connection: }", "limits.connection: must be a list of windows; write []"},
