@@ -6,8 +6,6 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluice-relay/sluice/scripts"
 )
 
 // ErrClosed is wrapped (with ratelimit.ErrUnavailable) by Decide after Close.
@@ -15,9 +13,8 @@ var ErrClosed = errors.New("redisstore: store closed")
 
 // call is one decision waiting for a batch.
 type call struct {
-	keys []string
-	args []any
-	res  chan callResult // capacity 1: a worker never blocks on a caller who left
+	req *request
+	res chan callResult // capacity 1: a worker never blocks on a caller who left
 }
 
 type callResult struct {
@@ -60,8 +57,8 @@ func newBatcher(client redis.UniversalClient, max, workers int, timeout func() (
 }
 
 // do queues one script call and waits for its reply or for ctx.
-func (b *batcher) do(ctx context.Context, keys []string, args []any) (any, error) {
-	c := &call{keys: keys, args: args, res: make(chan callResult, 1)}
+func (b *batcher) do(ctx context.Context, req *request) (any, error) {
+	c := &call{req: req, res: make(chan callResult, 1)}
 	select {
 	case b.queue <- c:
 	case <-ctx.Done():
@@ -134,7 +131,10 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	defer cancel()
 	pipe := b.client.Pipeline()
 	for _, c := range batch {
-		cmds = append(cmds, pipe.EvalSha(ctx, ewma.Hash(), c.keys, c.args...))
+		cmd := redis.NewCmd(ctx, c.req.args...)
+		cmd.SetFirstKeyPos(3) // a cluster pipeline is split by the first key's node
+		_ = pipe.Process(ctx, cmd)
+		cmds = append(cmds, cmd)
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
 	var again redis.Pipeliner
@@ -143,7 +143,10 @@ func (b *batcher) exec(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 			if again == nil {
 				again = b.client.Pipeline()
 			}
-			cmds[i] = again.Eval(ctx, scripts.EWMA, batch[i].keys, batch[i].args...)
+			cmd := redis.NewCmd(ctx, batch[i].req.eval()...)
+			cmd.SetFirstKeyPos(3)
+			_ = again.Process(ctx, cmd)
+			cmds[i] = cmd
 		}
 	}
 	if again != nil {

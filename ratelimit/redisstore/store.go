@@ -116,7 +116,7 @@ type Options struct {
 // Store is a ratelimit.Store on Redis. It is safe for concurrent use. The
 // client stays the caller's: closing it is the caller's business.
 type Store struct {
-	client  redis.Scripter
+	client  processor
 	batch   *batcher // nil unless Options.Batch > 0
 	closed  atomic.Bool
 	prefix  string
@@ -131,6 +131,13 @@ type Store struct {
 }
 
 var _ ratelimit.Store = (*Store)(nil)
+
+// processor is what Decide needs of a client: a *redis.Client,
+// *redis.ClusterClient, a failover client, or (in benchmarks) go-redis's
+// auto-pipeliner.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
 
 // optionsClient and clusterOptionsClient are implemented by the concrete
 // go-redis clients; they let New see whether socket deadlines follow the
@@ -246,7 +253,7 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 		return ratelimit.Decision{}, errBreakerOpen
 	}
 
-	keys, args := s.request(key, limits, now)
+	req := s.request(key, limits, now)
 	callCtx, cancel := ctx, context.CancelFunc(nil)
 	if s.timeout > 0 {
 		callCtx, cancel = context.WithTimeout(ctx, s.timeout)
@@ -255,9 +262,9 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	var reply any
 	var err error
 	if s.batch != nil {
-		reply, err = s.batch.do(callCtx, keys, args)
+		reply, err = s.batch.do(callCtx, req)
 	} else {
-		reply, err = ewma.Run(callCtx, s.client, keys, args...).Result()
+		reply, err = run(callCtx, s.client, req)
 	}
 	if cancel != nil {
 		cancel()
@@ -291,63 +298,138 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 // about the data it found (a malformed stored value), as opposed to Redis
 // failing to run it.
 func isScriptRefusal(err error) bool {
+	if err == nil {
+		return false // before re exists: it escapes, and would cost every call an allocation
+	}
 	var re redis.Error
-	return err != nil && errors.As(err, &re) && strings.Contains(re.Error(), "sluice ewma: malformed value")
+	return errors.As(err, &re) && strings.Contains(re.Error(), "sluice ewma: malformed value")
 }
 
 // isCrossSlot reports whether Redis Cluster refused the call because the
 // key's windows are in different slots: a key without a non-empty {hash
 // tag}, such as the "{}" of an empty client identity.
 func isCrossSlot(err error) bool {
+	if err == nil {
+		return false
+	}
 	var re redis.Error
-	return err != nil && errors.As(err, &re) && strings.HasPrefix(re.Error(), "CROSSSLOT")
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "CROSSSLOT")
 }
 
-// request builds KEYS and ARGV for the script (see scripts/ewma.lua). All
-// keys share one allocation, and the per-window arguments come boxed from
-// a small cache, since a gate passes the same few limit lists again and
-// again: the hot path allocates little besides what go-redis does.
-func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) ([]string, []any) {
+// Argument values boxed once: converting a string or a large integer to
+// an interface allocates, and these are the same on every call.
+var (
+	argEvalSha any = "evalsha"
+	argEval    any = "eval"
+	argSHA     any = ewma.Hash()
+	argSource  any = scripts.EWMA
+	argNow0    any = "0"
+)
+
+// request is one EVALSHA's arguments, in one allocation when the key has
+// at most inlineWindows windows (two more otherwise): args is the command line
+// ("evalsha", sha, numkeys, keys…, now, request id, limits…), and the keys
+// and the id are strings in strs (all sharing one byte allocation) that
+// args points to, since a *string goes into an interface without
+// allocating and go-redis writes it like a string.
+type request struct {
+	args []any
+	strs []string
+	now  int64
+
+	argsArr [3 + 3 + 4*inlineWindows]any
+	strsArr [inlineWindows + 1]string
+}
+
+// inlineWindows is how many windows a request holds without allocating
+// its slices apart: relays configure one to three per type.
+const inlineWindows = 3
+
+// eval returns the same command as EVAL with the script's source, for the
+// fallback on NOSCRIPT.
+func (r *request) eval() []any {
+	a := append([]any(nil), r.args...)
+	a[0], a[1] = argEval, argSource
+	return a
+}
+
+// run runs req as one EVALSHA, and as EVAL (which caches the script
+// again) if Redis answers NOSCRIPT: after a restart or SCRIPT FLUSH.
+func run(ctx context.Context, c processor, req *request) (any, error) {
+	cmd := redis.NewCmd(ctx, req.args...)
+	cmd.SetFirstKeyPos(3) // the cluster client routes by the first key
+	_ = c.Process(ctx, cmd)
+	if isNoScript(cmd.Err()) {
+		cmd = redis.NewCmd(ctx, req.eval()...)
+		cmd.SetFirstKeyPos(3)
+		_ = c.Process(ctx, cmd)
+	}
+	return cmd.Result()
+}
+
+// request builds KEYS and ARGV for the script (see scripts/ewma.lua). The
+// per-window arguments come boxed from a small cache, since a gate passes
+// the same few limit lists again and again: the hot path allocates little
+// besides what go-redis does.
+func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) *request {
 	n := len(limits)
-	buf := make([]byte, 0, n*(len(s.prefix)+len(key)+8))
-	ends := make([]int, 0, 8)
-	for _, l := range limits {
-		buf = append(buf, s.prefix...)
-		buf = append(buf, key...)
-		buf = append(buf, ':')
-		buf = strconv.AppendInt(buf, int64(l.Period/time.Millisecond), 10)
-		ends = append(ends, len(buf))
-	}
-	all := string(buf)
-	keys := make([]string, n)
-	start := 0
-	for i, e := range ends {
-		keys[i] = all[start:e]
-		start = e
-	}
-	args := make([]any, 2+3*n)
-	if now.IsZero() {
-		args[0] = "0"
+	r := &request{}
+	if n <= inlineWindows {
+		r.args, r.strs = r.argsArr[:0], r.strsArr[:n+1]
 	} else {
-		args[0] = now.UnixMilli()
+		r.args, r.strs = make([]any, 0, 6+4*n), make([]string, n+1)
 	}
-	args[1] = s.requestID()
-	copy(args[2:], s.boxed(limits))
-	return keys, args
+	// Every key, then the request id, in one string.
+	var b strings.Builder
+	b.Grow(n*(len(s.prefix)+len(key)+15) + idLen) // ":" and up to 14 digits of ms
+	var num [20]byte
+	for i, l := range limits {
+		b.WriteString(s.prefix)
+		b.WriteString(key)
+		b.WriteByte(':')
+		b.Write(strconv.AppendInt(num[:0], int64(l.Period/time.Millisecond), 10))
+		r.strs[i] = b.String() // the prefix of all written so far; cut below
+	}
+	s.writeRequestID(&b)
+	all := b.String()
+	start := 0
+	for i := range n {
+		end := len(r.strs[i])
+		r.strs[i] = all[start:end]
+		start = end
+	}
+	r.strs[n] = all[start:]
+
+	r.args = append(r.args, argEvalSha, argSHA, n)
+	for i := range n {
+		r.args = append(r.args, &r.strs[i])
+	}
+	if now.IsZero() {
+		r.args = append(r.args, argNow0)
+	} else {
+		r.now = now.UnixMilli()
+		r.args = append(r.args, &r.now)
+	}
+	r.args = append(r.args, &r.strs[n])
+	r.args = append(r.args, s.boxed(limits)...)
+	return r
 }
 
-// requestID returns a fresh request id of 16 characters: the store's 6 hex
-// digits and 10 of a counter (2^40 ids before it wraps). One width, because
-// the script cuts its list of recent ids by length.
-func (s *Store) requestID() string {
-	var b [16]byte
-	copy(b[:], s.idBase)
+// idLen is the width of a request id. One width, because the script cuts
+// its list of recent ids by length.
+const idLen = 16
+
+// writeRequestID writes a fresh request id: the store's 6 hex digits and
+// 10 of a counter (2^40 ids before it wraps).
+func (s *Store) writeRequestID(b *strings.Builder) {
+	var id [idLen]byte
+	copy(id[:], s.idBase)
 	n := s.idSeq.Add(1)
-	for i := 15; i >= 6; i-- {
-		b[i] = "0123456789abcdef"[n&15]
+	for i := idLen - 1; i >= 6; i-- {
+		id[i] = "0123456789abcdef"[n&15]
 		n >>= 4
 	}
-	return string(b[:])
+	b.Write(id[:])
 }
 
 // boxedLimits is one entry of Store.argCache: a copy of a limit list and
