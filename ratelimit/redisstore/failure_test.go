@@ -400,3 +400,52 @@ func batchSize(on bool) int {
 	}
 	return 0
 }
+
+// TestCallerDeadlineOnHungRedisTrips: a caller whose own deadline is
+// shorter than the store's Timeout did not give up on Redis — Redis did
+// not answer in time. Counted as "caller gave up", every decision on a
+// hung Redis would wait out the caller's deadline and the breaker would
+// never open.
+func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() { // a Redis that accepts and never answers
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	s := newStore(t, client(t, ln.Addr().String()), Options{Timeout: 5 * time.Second, Breaker: BreakerOptions{Failures: 2, CoolDown: time.Hour}})
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := s.Decide(ctx, "{hung}:message:EVENT", twoWindows, time.Time{})
+		cancel()
+		if !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Fatalf("#%d: %v, want ErrUnavailable", i, err)
+		}
+	}
+	if st := s.BreakerState(); st != BreakerOpen {
+		t.Errorf("breaker %v after 2 calls that Redis never answered, want open", st)
+	}
+}

@@ -276,8 +276,12 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	if s.observe != nil {
 		s.observe(time.Since(start), err)
 	}
-	// A caller that gave up (client gone, shutdown) says nothing about Redis.
-	callerGaveUp := err != nil && ctx.Err() != nil
+	// A caller that gave up (client gone, shutdown: its context cancelled)
+	// says nothing about Redis. A caller whose own deadline passed does:
+	// Redis did not answer within it, and were that not counted, callers
+	// with deadlines shorter than Timeout would keep the breaker closed on
+	// a hung Redis forever.
+	callerGaveUp := err != nil && errors.Is(ctx.Err(), context.Canceled)
 	// Neither does Redis refusing one key (a corrupt stored value, windows
 	// in different cluster slots): Redis answered, and one client's key
 	// must not open the breaker for every client.
