@@ -117,6 +117,31 @@ func TestRequestIDsKept(t *testing.T) {
 	})
 }
 
+// TestRequestIDWholeMatch: a request id matches a kept id only whole, not
+// as a part of a longer one.
+func TestRequestIDWholeMatch(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		call := func(id string) []any {
+			v, err := ewma.Run(ctx, c, keys, now, id, 100, 1000, 1).Slice()
+			if err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+			return v
+		}
+		call("xreq-12")
+		call("ab")
+		for i, id := range []string{"req-1", "req-12", "xreq-1", "a"} {
+			if r := call(id); r[2] != strconv.Itoa(3+i) {
+				t.Errorf("%q (not kept) was not charged: %v", id, r)
+			}
+		}
+		if r := call("a"); r[2] != "6" {
+			t.Errorf("a kept id was charged again: %v", r)
+		}
+	})
+}
+
 // TestRefusalWritesNothing: a refused request leaves the windows and the
 // dedup key untouched.
 func TestRefusalWritesNothing(t *testing.T) {
