@@ -299,15 +299,8 @@ func Close(got, want float64) bool {
 
 // RandomLimits returns 1 to 3 valid limits with distinct periods, drawn from r.
 func RandomLimits(r *rand.Rand) []ratelimit.Limit {
-	n := 1 + r.IntN(3)
-	out := make([]ratelimit.Limit, 0, n)
-	seen := map[time.Duration]bool{}
-	for len(out) < n {
+	return limitSet(r, func() ratelimit.Limit {
 		p := time.Duration(1+r.IntN(120_000)) * ms
-		if seen[p] {
-			continue
-		}
-		seen[p] = true
 		var cost float64
 		switch r.IntN(3) {
 		case 0:
@@ -317,8 +310,22 @@ func RandomLimits(r *rand.Rand) []ratelimit.Limit {
 		default:
 			cost = float64(1 + r.IntN(5))
 		}
-		rate := cost * (1.01 + r.Float64()*40)
-		out = append(out, ratelimit.Limit{Rate: rate, Period: p, Cost: cost})
+		return ratelimit.Limit{Rate: cost * (1.01 + r.Float64()*40), Period: p, Cost: cost}
+	})
+}
+
+// limitSet returns 1 to 3 limits from draw, with distinct periods: a key
+// has one window per period.
+func limitSet(r *rand.Rand, draw func() ratelimit.Limit) []ratelimit.Limit {
+	n := 1 + r.IntN(3)
+	out := make([]ratelimit.Limit, 0, n)
+	seen := map[time.Duration]bool{}
+	for len(out) < n {
+		l := draw()
+		if !seen[l.Period] {
+			seen[l.Period] = true
+			out = append(out, l)
+		}
 	}
 	return out
 }
@@ -336,20 +343,13 @@ var degeneratePeriods = []time.Duration{
 // far from T·log2(S/(R−c))), costs far from 1, and periods from 1 ms to
 // ten years (waits up to the 2^40 ms cap).
 func DegenerateLimits(r *rand.Rand) []ratelimit.Limit {
-	n := 1 + r.IntN(3)
-	out := make([]ratelimit.Limit, 0, n)
-	seen := map[time.Duration]bool{}
-	for len(out) < n {
+	return limitSet(r, func() ratelimit.Limit {
 		var p time.Duration
 		if r.IntN(2) == 0 {
 			p = degeneratePeriods[r.IntN(len(degeneratePeriods))]
 		} else {
 			p = time.Duration(1+r.Int64N(1<<r.IntN(40))) * ms
 		}
-		if seen[p] {
-			continue
-		}
-		seen[p] = true
 		var cost float64
 		switch r.IntN(4) {
 		case 0:
@@ -378,9 +378,8 @@ func DegenerateLimits(r *rand.Rand) []ratelimit.Limit {
 		if rate <= cost { // rounding ate the fraction
 			rate = math.Nextafter(cost, math.Inf(1))
 		}
-		out = append(out, ratelimit.Limit{Rate: rate, Period: p, Cost: cost})
-	}
-	return out
+		return ratelimit.Limit{Rate: rate, Period: p, Cost: cost}
+	})
 }
 
 // DegenerateCases are limits worth checking on every run, whatever the seed.
