@@ -27,8 +27,13 @@
 // # Breaker
 //
 // After Breaker.Failures consecutive failures the store stops calling Redis
-// for Breaker.CoolDown and fails every decision at once; then one probe is
-// let through, and its outcome closes or re-opens the breaker. An outage
+// for Breaker.CoolDown and fails every decision at once. A failure is Redis
+// not answering in time (the store's Timeout or the caller's own deadline)
+// or answering something that is not the script's reply; a caller
+// cancelling, or Redis refusing one key (a corrupt stored value, CROSSSLOT
+// for a key without a hash tag), is not, so one client cannot open the
+// breaker for all. After the cool-down one probe is let through, and its
+// outcome closes or re-opens the breaker. An outage
 // therefore costs a bounded number of dials per second however many
 // messages arrive, and the store heals by itself when Redis returns
 // (including an emptied script cache: EVALSHA falls back to EVAL on
