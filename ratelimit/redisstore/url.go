@@ -234,6 +234,12 @@ func secrets(rawURL string) []string {
 	return out
 }
 
+// RedactURL returns rawURL, as given to NewClient, with every password in
+// it (user:password@ and query keys naming a password, written raw or
+// escaped) replaced by "xxxxx", and cut to 200 bytes: for logs and status
+// pages. It is what NewClient's errors show of a URL.
+func RedactURL(rawURL string) string { return redact(rawURL) }
+
 // redact replaces every password in a URL-ish string (see secrets) with
 // "xxxxx", and cuts it short, so errors and logs can name the URL.
 func redact(raw string) string {

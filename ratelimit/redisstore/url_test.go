@@ -205,3 +205,18 @@ func FuzzNewClient(f *testing.F) {
 		_ = o
 	})
 }
+
+func TestRedactURL(t *testing.T) {
+	for raw, want := range map[string]string{
+		"redis://127.0.0.1:6379/0":                              "redis://127.0.0.1:6379/0",
+		"redis://u:sekrit@127.0.0.1:6379/0":                     "redis://u:xxxxx@127.0.0.1:6379/0",
+		"redis://:se/krit@127.0.0.1:6379":                       "redis://:xxxxx@127.0.0.1:6379",
+		"redis://:se%2Fkrit@h:1":                                "redis://:xxxxx@h:1",
+		"redis+sentinel://h:1/m?sentinel_password=sekrit&db=1":  "redis+sentinel://h:1/m?sentinel_password=xxxxx&db=1",
+		"redis+cluster://u:p%40ss@h:1,h:2?password=sekrit#frag": "redis+cluster://u:xxxxx@h:1,h:2?password=xxxxx#frag",
+	} {
+		if got := RedactURL(raw); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}
