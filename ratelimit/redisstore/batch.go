@@ -73,6 +73,12 @@ func (b *batcher) do(ctx context.Context, req *request) (any, error) {
 		// The worker still delivers into the buffered channel; nobody reads
 		// it, and it is garbage once the batch is done.
 		return nil, ctx.Err()
+	case <-b.stop:
+		// The send above may have won its race with Close after the
+		// workers had drained the queue and gone: nobody would answer.
+		// (A call a worker is running is answered ErrClosed too; the
+		// store is shutting down.)
+		return nil, ErrClosed
 	}
 }
 

@@ -15,10 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 // hangGuard is how long any single decision may take before the test calls
@@ -447,5 +449,43 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 	}
 	if st := s.BreakerState(); st != BreakerOpen {
 		t.Errorf("breaker %v after 2 calls that Redis never answered, want open", st)
+	}
+}
+
+// TestBatchCloseStrandsNoCall: a call racing Close either gets its reply
+// or ErrClosed; none is left in the queue after the workers have gone,
+// waiting for a reply that never comes (with no deadline, forever).
+func TestBatchCloseStrandsNoCall(t *testing.T) {
+	m := miniredis.RunT(t)
+	c := client(t, m.Addr())
+	s := newStore(t, c, Options{Timeout: slow.Timeout})
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(1e9, time.Second)}
+	for round := range 50 {
+		b := newBatcher(c, 4, 2, s.callContext(context.Background()))
+		var wg sync.WaitGroup
+		done := make(chan struct{})
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					_, err := b.do(context.Background(), s.request("{close}:message:EVENT", limits, storetest.T0))
+					if errors.Is(err, ErrClosed) {
+						return
+					}
+					if err != nil {
+						t.Errorf("round %d: %v", round, err)
+						return
+					}
+				}
+			}()
+		}
+		go func() { wg.Wait(); close(done) }()
+		b.close()
+		select {
+		case <-done:
+		case <-time.After(time.Minute): // a liveness bound, not a timing assertion
+			t.Fatalf("round %d: a call is still waiting a minute after Close", round)
+		}
 	}
 }
