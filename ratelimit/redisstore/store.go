@@ -51,6 +51,7 @@ package redisstore
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -187,7 +188,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	var seed [3]byte
+	var seed [8]byte
 	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails on supported platforms
 	st := &Store{
 		client:  client,
@@ -195,8 +196,12 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		timeout: timeout,
 		observe: opts.Observe,
 		br:      br,
-		idBase:  hex.EncodeToString(seed[:]),
+		idBase:  hex.EncodeToString(seed[:3]),
 	}
+	// The counter starts at a random point too: two gates (or one restarted)
+	// whose 24-bit bases collide would otherwise count 1, 2, 3… in step, and
+	// an id repeated within a key's last 4 admissions is admitted free.
+	st.idSeq.Store(binary.LittleEndian.Uint64(seed[:]) >> 24)
 	switch {
 	case opts.Batch < 0 || opts.BatchWorkers < 0:
 		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must not be negative", ErrConfig, opts.Batch, opts.BatchWorkers)

@@ -387,3 +387,17 @@ func TestRequestAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestIDsStartApart: two stores whose random bases happen to be
+// equal still do not issue the same ids in step.
+func TestRequestIDsStartApart(t *testing.T) {
+	c := client(t, "127.0.0.1:1")
+	a, b := newStore(t, c, Options{}), newStore(t, c, Options{})
+	b.idBase = a.idBase
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
+	ida := *a.request("{x}:message:EVENT", limits, time.Time{}).args[5].(*string)
+	idb := *b.request("{x}:message:EVENT", limits, time.Time{}).args[5].(*string)
+	if ida == idb || len(ida) != idLen {
+		t.Errorf("first ids %q and %q", ida, idb)
+	}
+}
