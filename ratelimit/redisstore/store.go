@@ -309,14 +309,15 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 }
 
 // isScriptRefusal reports whether err is the script's own error reply
-// about the data it found (a malformed stored value), as opposed to Redis
-// failing to run it.
+// ("ERR sluice ewma: …": a malformed stored value, a window of a seen
+// request gone, arguments it refuses), as opposed to Redis failing to run
+// it. Each is about one key or one call, and Redis did answer.
 func isScriptRefusal(err error) bool {
 	if err == nil {
 		return false // before re exists: it escapes, and would cost every call an allocation
 	}
 	var re redis.Error
-	return errors.As(err, &re) && strings.Contains(re.Error(), "sluice ewma: malformed value")
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR sluice ewma: ")
 }
 
 // isCrossSlot reports whether Redis Cluster refused the call because the

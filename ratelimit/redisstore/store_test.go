@@ -401,3 +401,25 @@ func TestRequestIDsStartApart(t *testing.T) {
 		t.Errorf("first ids %q and %q", ida, idb)
 	}
 }
+
+// TestScriptRefusals: every error the script itself replies is classed as
+// Redis answering (not an outage), and nothing else is.
+func TestScriptRefusals(t *testing.T) {
+	c := client(t, miniredis.RunT(t).Addr())
+	ctx := context.Background()
+	for _, msg := range []string{"malformed value at k", "window missing for a seen request at k", "bad limit for k", "want n keys and 2+3n args"} {
+		err := c.Eval(ctx, "return redis.error_reply('ERR sluice ewma: "+msg+"')", nil).Err()
+		if !isScriptRefusal(err) {
+			t.Errorf("%q (%v): not a script refusal", msg, err)
+		}
+	}
+	for _, err := range []error{
+		c.Eval(ctx, "return redis.error_reply('ERR something else')", nil).Err(),
+		c.Eval(ctx, "return redis.call('NOPE')", nil).Err(),
+		context.DeadlineExceeded,
+	} {
+		if isScriptRefusal(err) {
+			t.Errorf("%v: classed as a script refusal", err)
+		}
+	}
+}
