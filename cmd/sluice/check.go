@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
 )
 
@@ -20,7 +21,7 @@ func printCheck(w io.Writer, cfg *config) {
 	if cfg.Redis == "" {
 		fmt.Fprintln(w, "store: memory (bounded; budgets are this process's own)")
 	} else {
-		fmt.Fprintf(w, "store: redis %s (prefix %q, timeout %v)\n", redactURL(cfg.Redis), cfg.Prefix, cfg.StoreTimeout)
+		fmt.Fprintf(w, "store: redis %s (prefix %q, timeout %v)\n", redisstore.RedactURL(cfg.Redis), cfg.Prefix, cfg.StoreTimeout)
 	}
 	v6 := cfg.Identity.IPv6Prefix
 	fmt.Fprintf(w, "limits, per client (an IPv4 address or an IPv6 /%d):\n", v6)
@@ -104,36 +105,4 @@ func round(d time.Duration) time.Duration {
 		return d.Round(time.Millisecond)
 	}
 	return d.Round(time.Microsecond)
-}
-
-// redactURL hides the password of a Redis URL ("redis://u:xxxxx@h:6379").
-// It works on the text, since sentinel and cluster URLs with several
-// host:port pairs are not URLs net/url accepts.
-func redactURL(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return "(unreadable URL)"
-	}
-	auth := rest
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		auth = rest[:i]
-	}
-	if at := strings.LastIndexByte(auth, '@'); at >= 0 {
-		user := auth[:at]
-		if c := strings.IndexByte(user, ':'); c >= 0 {
-			user = user[:c+1] + "xxxxx"
-		}
-		rest = user + rest[at:]
-	}
-	// Query options may carry passwords too (sentinel_password=…).
-	if q := strings.IndexByte(rest, '?'); q >= 0 {
-		params := strings.Split(rest[q+1:], "&")
-		for i, p := range params {
-			if k, _, ok := strings.Cut(p, "="); ok && strings.Contains(strings.ToLower(k), "password") {
-				params[i] = k + "=xxxxx"
-			}
-		}
-		rest = rest[:q+1] + strings.Join(params, "&")
-	}
-	return scheme + "://" + rest
 }

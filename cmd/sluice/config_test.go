@@ -91,7 +91,7 @@ limits:
   message:
     EVENT: [{rate: 5, period: 2s, cost: 2}]
     CLOSE: [{rate: 100, period: 1s}]
-    OTHER: []
+    AUTH: []
 quota: {unlimited: true}
 `))
 	if err != nil {
@@ -108,8 +108,8 @@ quota: {unlimited: true}
 	if got := cfg.Limits.Message[relay.TypeCLOSE]; len(got) != 1 {
 		t.Errorf("CLOSE = %v, want the file's window", got)
 	}
-	if got := cfg.Limits.Message[relay.TypeOther]; len(got) != 0 {
-		t.Errorf("OTHER = %v, want [] (free)", got)
+	if got := cfg.Limits.Message[relay.TypeAUTH]; len(got) != 0 {
+		t.Errorf("AUTH = %v, want [] (free)", got)
 	}
 	if got := cfg.Limits.Message[relay.TypeREQ]; !reflect.DeepEqual(got, def.Message[relay.TypeREQ]) {
 		t.Errorf("REQ = %v, want the default kept", got)
@@ -363,20 +363,6 @@ func TestCheckPrintsEveryLimit(t *testing.T) {
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("check output lacks %q:\n%s", want, s)
-		}
-	}
-}
-
-func TestRedactURL(t *testing.T) {
-	for in, want := range map[string]string{
-		"redis://h:6379/0":                             "redis://h:6379/0",
-		"redis://u:secret@h:6379/0":                    "redis://u:xxxxx@h:6379/0",
-		"redis+sentinel://:pw@h1:1,h2:2/m":             "redis+sentinel://:xxxxx@h1:1,h2:2/m",
-		"redis+sentinel://h1:1/m?sentinel_password=pw": "redis+sentinel://h1:1/m?sentinel_password=xxxxx",
-		"garbage": "(unreadable URL)",
-	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -26,12 +26,20 @@ const shutdownTimeout = 10 * time.Second
 // redisPingTimeout bounds the start-up check that Redis answers.
 const redisPingTimeout = 2 * time.Second
 
+// The Redis store's pipelining: up to redisBatch decisions per round trip,
+// redisBatchWorkers round trips in flight.
+const (
+	redisBatch        = 16
+	redisBatchWorkers = 2
+)
+
 // limiterParts is the limiter and what must be closed with it.
 type limiterParts struct {
 	limiter *ratelimit.Limiter
 	quota   *ratelimit.Quota // nil: no quota
 	redis   redis.UniversalClient
-	store   string // "memory" or the redacted Redis URL, for logs
+	rstore  *redisstore.Store // nil with the memory store
+	store   string            // "memory" or the redacted Redis URL, for logs
 }
 
 // newLimiter builds the store (memory, or Redis when cfg.Redis is set), the
@@ -56,13 +64,19 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 			Prefix:  cfg.Prefix,
 			Timeout: cfg.StoreTimeout,
 			Observe: m.observeStore,
+			// Pipelined decisions: one write and one read per batch instead
+			// of per message, which is most of the cost under load (see
+			// docs/BENCHMARKS.md); each message still keeps its own deadline.
+			Batch:        redisBatch,
+			BatchWorkers: redisBatchWorkers,
 		})
 		if err != nil {
 			client.Close()
 			return nil, fmt.Errorf("%w: store: %v", errConfig, err)
 		}
 		p.redis = client
-		p.store = redactURL(cfg.Redis)
+		p.rstore = st
+		p.store = redisstore.RedactURL(cfg.Redis)
 		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
 		m.watch(p.limiter, st.BreakerState)
 		go logOutages(ctx, p.limiter, client, st.BreakerState, logger)
@@ -86,7 +100,11 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 	return p, nil
 }
 
+// close stops the Redis store's batch workers, then closes its client.
 func (p *limiterParts) close() error {
+	if p.rstore != nil {
+		_ = p.rstore.Close() // never fails; it only stops the workers
+	}
 	if p.redis != nil {
 		return p.redis.Close()
 	}
