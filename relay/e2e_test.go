@@ -231,7 +231,9 @@ func redisLimiter(t testing.TB, url string, clk *clock) *ratelimit.Limiter {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	st, err := redisstore.New(client, redisstore.Options{Breaker: redisstore.BreakerOptions{Failures: -1}})
+	// A generous deadline: these tests assert outcomes, not speed, and CI
+	// runs them on a loaded machine.
+	st, err := redisstore.New(client, redisstore.Options{Timeout: 2 * time.Second, Breaker: redisstore.BreakerOptions{Failures: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,9 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	s := newStore(t, c, Options{Breaker: BreakerOptions{CoolDown: 100 * time.Millisecond}})
+	// A generous deadline: the first call also discovers the master through
+	// the sentinel and loads the script, and CI runs this under -race.
+	s := newStore(t, c, Options{Timeout: 2 * time.Second, Breaker: BreakerOptions{CoolDown: 100 * time.Millisecond}})
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(1000, time.Second)}
 	if _, err := s.Decide(context.Background(), "{fo}:message:EVENT", limits, time.Time{}); err != nil {
 		t.Fatal(err)
