@@ -10,57 +10,33 @@ package main
 
 // Integration tests: a real khatru v0.19.1 relay with sluice's limits, once
 // behind a gate (Wrap) and once with hooks, driven by go-nostr clients over
-// real WebSockets. The limiter's clock is frozen at t0 and moved by hand, so
-// every wait is exact and nothing sleeps.
+// real WebSockets. The limiter's clock is frozen at nostrtest.T0 and moved
+// by hand, so every wait is exact and nothing sleeps.
 
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
 )
 
-// t0 is on a minute boundary, so a quota window (aligned on the epoch)
-// starts exactly there.
-var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// outageStore is a memory store that can be made to fail as Redis would;
-// the store itself is tested in ratelimit.
-type outageStore struct {
-	ratelimit.Store
-	down atomic.Bool
-}
-
-func (s *outageStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
-	if s.down.Load() {
-		return ratelimit.Decision{}, fmt.Errorf("test outage: %w", ratelimit.ErrUnavailable)
-	}
-	return s.Store.Decide(ctx, key, limits, now)
-}
-
 type env struct {
 	ws    string // ws:// URL of the relay
 	http  string
-	store *outageStore
-	clock atomic.Pointer[time.Time]
+	store *nostrtest.OutageStore
+	clock *nostrtest.Clock // at nostrtest.T0, a minute boundary: a quota window starts there
 }
-
-func (e *env) now() time.Time          { return *e.clock.Load() }
-func (e *env) set(t time.Time)         { e.clock.Store(&t) }
-func (e *env) advance(d time.Duration) { e.set(e.now().Add(d)) }
 
 // modes are the two ways to put sluice in front of khatru.
 var modes = []struct {
@@ -71,90 +47,24 @@ var modes = []struct {
 // start serves a fresh khatru relay with limits and quota, gated or hooked.
 func start(t *testing.T, hooks bool, limits relay.Limits, quota *ratelimit.Quota) *env {
 	t.Helper()
-	e := &env{store: &outageStore{Store: ratelimit.NewMemoryStore(1024)}}
-	e.set(t0)
-	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Now: e.now})
-	h, gate, err := build(hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota, Now: e.now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(func() {
-		if gate != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			gate.Shutdown(ctx)
-		}
-		srv.CloseClientConnections()
-		srv.Close()
-	})
-	e.http = srv.URL
-	e.ws = "ws" + strings.TrimPrefix(srv.URL, "http")
+	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1024)}, clock: nostrtest.NewClock()}
+	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Now: e.clock.Now})
+	e.http, e.ws = serve(t, hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota, Now: e.clock.Now})
 	return e
 }
 
-func connect(t *testing.T, e *env, opts ...nostr.RelayOption) *nostr.Relay {
+// serve builds the relay with opts, gated or hooked, and serves it until
+// the test ends.
+func serve(t *testing.T, hooks bool, opts relay.Options) (httpURL, wsURL string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	r, err := nostr.RelayConnect(ctx, e.ws, opts...)
+	h, gate, err := build(hooks, opts)
 	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { r.Close() })
-	return r
-}
-
-// note returns a signed kind-1 event by sk.
-func note(t *testing.T, sk, content string) nostr.Event {
-	t.Helper()
-	evt := nostr.Event{Kind: 1, CreatedAt: nostr.Now(), Tags: nostr.Tags{}, Content: content}
-	if err := evt.Sign(sk); err != nil {
 		t.Fatal(err)
 	}
-	return evt
-}
-
-func publish(t *testing.T, r *nostr.Relay, evt nostr.Event) error {
-	t.Helper()
-	// An OK that does not carry the event's id would never reach Publish:
-	// it would time out instead of returning the relay's reason.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return r.Publish(ctx, evt)
-}
-
-// wantReason checks that err carries exactly reason from the relay.
-func wantReason(t *testing.T, what string, err error, reason string) {
-	t.Helper()
-	if err == nil || err.Error() != "msg: "+reason {
-		t.Fatalf("%s: got %v, want OK false %q", what, err, reason)
+	if gate != nil {
+		return nostrtest.Serve(t, h, gate.Shutdown)
 	}
-}
-
-// subscribe sends one REQ with filters and returns "EOSE" or the CLOSED reason.
-func subscribe(t *testing.T, r *nostr.Relay, filters nostr.Filters) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	sub, err := r.Subscribe(ctx, filters)
-	if err != nil {
-		t.Fatalf("subscribe: %v", err)
-	}
-	defer sub.Unsub()
-	for {
-		select {
-		case <-sub.Events:
-			// go-nostr blocks its reader until stored events are taken.
-		case <-sub.EndOfStoredEvents:
-			return "EOSE"
-		case reason := <-sub.ClosedReason:
-			return reason
-		case <-ctx.Done():
-			t.Fatal("subscribe: neither EOSE nor CLOSED")
-			return ""
-		}
-	}
+	return nostrtest.Serve(t, h)
 }
 
 func limitsOf(typ relay.Type, rate float64, period time.Duration) relay.Limits {
@@ -172,23 +82,23 @@ func TestEventFlood(t *testing.T) {
 			l := limitsOf(relay.TypeEVENT, 3, 10*time.Second)
 			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
 			e := start(t, m.hooks, l, nil)
-			r := connect(t, e)
+			r := nostrtest.Connect(t, e.ws)
 			sk := nostr.GeneratePrivateKey()
 			for i := range 3 {
-				if err := publish(t, r, note(t, sk, fmt.Sprint("hello ", i))); err != nil {
+				if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, fmt.Sprint("hello ", i))); err != nil {
 					t.Fatalf("event %d: %v", i, err)
 				}
 			}
 			// 3 charged, R=3: 10s·log2(3/2) = 5.85s, rounded up.
-			wantReason(t, "event 4", publish(t, r, note(t, sk, "flood")), "rate-limited: slow down; retry in 6s")
+			nostrtest.WantReason(t, "event 4", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "flood")), "rate-limited: slow down; retry in 6s")
 
 			evts, err := r.QuerySync(context.Background(), nostr.Filter{Kinds: []int{1}})
 			if err != nil || len(evts) != 3 {
 				t.Fatalf("REQ after the flood: %d events, %v; want the 3 admitted", len(evts), err)
 			}
 
-			e.advance(6 * time.Second)
-			if err := publish(t, r, note(t, sk, "patient")); err != nil {
+			e.clock.Advance(6 * time.Second)
+			if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "patient")); err != nil {
 				t.Fatalf("event after the reported wait: %v", err)
 			}
 		})
@@ -201,15 +111,15 @@ func TestREQChargedOnce(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			e := start(t, m.hooks, limitsOf(relay.TypeREQ, 2, 10*time.Second), nil)
-			r := connect(t, e)
+			r := nostrtest.Connect(t, e.ws)
 			three := nostr.Filters{{Kinds: []int{1}}, {Kinds: []int{2}}, {Kinds: []int{3}}}
 			for i := range 2 {
-				if got := subscribe(t, r, three); got != "EOSE" {
+				if got := nostrtest.Subscribe(t, r, three); got != "EOSE" {
 					t.Fatalf("REQ %d: %q, want EOSE", i, got)
 				}
 			}
 			// 2 charged, R=2: 10s·log2(2/1) = 10s.
-			if got, want := subscribe(t, r, three), "rate-limited: slow down; retry in 10s"; got != want {
+			if got, want := nostrtest.Subscribe(t, r, three), "rate-limited: slow down; retry in 10s"; got != want {
 				t.Fatalf("REQ 3: %q, want CLOSED %q", got, want)
 			}
 		})
@@ -225,20 +135,20 @@ func TestStoreOutage(t *testing.T) {
 			l := limitsOf(relay.TypeEVENT, 10, time.Second)
 			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
 			e := start(t, m.hooks, l, nil)
-			r := connect(t, e)
+			r := nostrtest.Connect(t, e.ws)
 			sk := nostr.GeneratePrivateKey()
 
-			e.store.down.Store(true)
-			wantReason(t, "event during outage", publish(t, r, note(t, sk, "down")), relay.ReasonUnavailable)
-			if got := subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != relay.ReasonUnavailable {
+			e.store.Down.Store(true)
+			nostrtest.WantReason(t, "event during outage", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "down")), relay.ReasonUnavailable)
+			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != relay.ReasonUnavailable {
 				t.Fatalf("REQ during outage: %q, want CLOSED %q", got, relay.ReasonUnavailable)
 			}
 
-			e.store.down.Store(false)
-			if err := publish(t, r, note(t, sk, "up")); err != nil {
+			e.store.Down.Store(false)
+			if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "up")); err != nil {
 				t.Fatalf("event after the outage: %v", err)
 			}
-			if got := subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != "EOSE" {
+			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != "EOSE" {
 				t.Fatalf("REQ after the outage: %q", got)
 			}
 		})
@@ -248,19 +158,7 @@ func TestStoreOutage(t *testing.T) {
 // upgrade sends a bare WebSocket upgrade and returns the response.
 func upgrade(t *testing.T, e *env) *http.Response {
 	t.Helper()
-	req, err := http.NewRequest("GET", e.http, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", "websocket")
-	req.Header.Set("Sec-WebSocket-Version", "13")
-	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp, _ := nostrtest.Do(t, nostrtest.UpgradeRequest(t, e.http))
 	return resp
 }
 
@@ -303,20 +201,20 @@ func TestQuota(t *testing.T) {
 				t.Fatal(err)
 			}
 			e := start(t, m.hooks, relay.Limits{}, q)
-			r := connect(t, e)
+			r := nostrtest.Connect(t, e.ws)
 			alice, bob := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
 			for i := range 2 {
-				if err := publish(t, r, note(t, alice, fmt.Sprint("alice ", i))); err != nil {
+				if err := nostrtest.Publish(t, r, nostrtest.Note(t, alice, fmt.Sprint("alice ", i))); err != nil {
 					t.Fatalf("alice %d: %v", i, err)
 				}
 			}
 			// The window began at t0, a minute boundary: the next is 60s away.
-			wantReason(t, "alice past quota", publish(t, r, note(t, alice, "more")), "rate-limited: slow down; retry in 60s")
-			if err := publish(t, r, note(t, bob, "bob")); err != nil {
+			nostrtest.WantReason(t, "alice past quota", nostrtest.Publish(t, r, nostrtest.Note(t, alice, "more")), "rate-limited: slow down; retry in 60s")
+			if err := nostrtest.Publish(t, r, nostrtest.Note(t, bob, "bob")); err != nil {
 				t.Fatalf("bob: %v", err)
 			}
-			e.advance(time.Minute)
-			if err := publish(t, r, note(t, alice, "next window")); err != nil {
+			e.clock.Advance(time.Minute)
+			if err := nostrtest.Publish(t, r, nostrtest.Note(t, alice, "next window")); err != nil {
 				t.Fatalf("alice in the next window: %v", err)
 			}
 		})
@@ -333,16 +231,11 @@ func TestNIP11(t *testing.T) {
 			for i := range 3 { // more than the connection limit allows upgrades
 				req, _ := http.NewRequest("GET", e.http, nil)
 				req.Header.Set("Accept", "application/nostr+json")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"name":"sluice example"`) {
+				resp, body := nostrtest.Do(t, req)
+				if resp.StatusCode != http.StatusOK || !strings.Contains(body, `"name":"sluice example"`) {
 					t.Fatalf("NIP-11 %d: %s %s", i, resp.Status, body)
 				}
-				if m.hooks && !strings.Contains(string(body), `Rate limits per client (IPv4 address or IPv6 /64), as rate per half-life: connections 1.5/1h0m0s.`) {
+				if m.hooks && !strings.Contains(body, `Rate limits per client (IPv4 address or IPv6 /64), as rate per half-life: connections 1.5/1h0m0s.`) {
 					t.Errorf("NIP-11 description does not state the limits: %s", body)
 				}
 			}
@@ -355,7 +248,7 @@ func TestNIP11(t *testing.T) {
 func TestCountHooks(t *testing.T) {
 	e := start(t, true, limitsOf(relay.TypeCOUNT, 1.5, 10*time.Second), nil)
 	notices := make(chan string, 4)
-	r := connect(t, e, nostr.WithNoticeHandler(func(n string) { notices <- n }))
+	r := nostrtest.Connect(t, e.ws, nostr.WithNoticeHandler(func(n string) { notices <- n }))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, _, err := r.Count(ctx, nostr.Filters{{Kinds: []int{1}}}); err != nil {
@@ -437,31 +330,18 @@ func TestRedisOutage(t *testing.T) {
 			}
 			l := limitsOf(relay.TypeEVENT, 100, time.Second)
 			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
-			h, gate, err := build(m.hooks, relay.Options{
+			_, ws := serve(t, m.hooks, relay.Options{
 				Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
 				Limits:  &l,
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			hs := httptest.NewServer(h)
-			t.Cleanup(func() {
-				if gate != nil {
-					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					defer cancel()
-					gate.Shutdown(ctx)
-				}
-				hs.CloseClientConnections()
-				hs.Close()
-			})
-			r := connect(t, &env{ws: "ws" + strings.TrimPrefix(hs.URL, "http")})
+			r := nostrtest.Connect(t, ws)
 			sk := nostr.GeneratePrivateKey()
-			if err := publish(t, r, note(t, sk, "redis up")); err != nil {
+			if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "redis up")); err != nil {
 				t.Fatalf("event with Redis up: %v", err)
 			}
 			srv.Kill()
-			wantReason(t, "event with Redis down", publish(t, r, note(t, sk, "redis down")), relay.ReasonUnavailable)
-			if got := subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != relay.ReasonUnavailable {
+			nostrtest.WantReason(t, "event with Redis down", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "redis down")), relay.ReasonUnavailable)
+			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != relay.ReasonUnavailable {
 				t.Fatalf("REQ with Redis down: %q, want CLOSED %q", got, relay.ReasonUnavailable)
 			}
 		})

@@ -1,0 +1,189 @@
+// Package nostrtest holds the test helpers that sluice's relay tests and
+// the khatru and rely examples' tests share: a clock that moves only when
+// told, a store that can be switched off as Redis would fail, and go-nostr
+// client steps (connect, sign, publish and wait for the OK, subscribe and
+// wait for EOSE or CLOSED) with the deadlines the tests use.
+//
+// It imports neither relay nor the examples, so that relay's own tests can
+// use it without an import cycle. Only tests import it.
+package nostrtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// T0 is where a Clock starts. It is on a minute boundary, so a quota window
+// (aligned on the epoch) starts exactly there.
+var T0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Timeout bounds every network step of the helpers below.
+const Timeout = 5 * time.Second
+
+// Clock is a clock that moves only when told: with time standing still
+// nothing decays, so a limit of R admits exactly R messages and the wait it
+// reports is exact. Safe for concurrent use.
+type Clock struct{ t atomic.Pointer[time.Time] }
+
+// NewClock returns a Clock at T0.
+func NewClock() *Clock {
+	c := &Clock{}
+	c.Set(T0)
+	return c
+}
+
+// Now returns the clock's instant; pass it as LimiterOptions.Now.
+func (c *Clock) Now() time.Time { return *c.t.Load() }
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) { c.t.Store(&t) }
+
+// Advance moves the clock d forward.
+func (c *Clock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
+
+// OutageStore is a Store (usually a memory store; the store itself is tested
+// in ratelimit) that can be switched off: while Down is true every Decide
+// fails with ratelimit.ErrUnavailable, as a Redis outage does. Safe for
+// concurrent use if Store is.
+type OutageStore struct {
+	ratelimit.Store
+	Down atomic.Bool
+}
+
+// Decide is Store.Decide, or ErrUnavailable while Down.
+func (s *OutageStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+	if s.Down.Load() {
+		return ratelimit.Decision{}, fmt.Errorf("test outage: %w", ratelimit.ErrUnavailable)
+	}
+	return s.Store.Decide(ctx, key, limits, now)
+}
+
+// Serve serves h on a loopback httptest server and returns its http:// and
+// ws:// URLs. When the test ends, each of shutdown runs first (a gate's
+// Shutdown, say), then client connections are closed, then the server.
+func Serve(t testing.TB, h http.Handler, shutdown ...func(context.Context) error) (httpURL, wsURL string) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(func() {
+		for _, f := range shutdown {
+			ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+			f(ctx)
+			cancel()
+		}
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return srv.URL, "ws" + strings.TrimPrefix(srv.URL, "http")
+}
+
+// Connect connects a go-nostr client to the relay at url, closed when the
+// test ends.
+func Connect(t testing.TB, url string, opts ...nostr.RelayOption) *nostr.Relay {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	r, err := nostr.RelayConnect(ctx, url, opts...)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// Note returns a kind-1 event with content, signed by sk.
+func Note(t testing.TB, sk, content string) nostr.Event {
+	t.Helper()
+	evt := nostr.Event{Kind: 1, CreatedAt: nostr.Now(), Tags: nostr.Tags{}, Content: content}
+	if err := evt.Sign(sk); err != nil {
+		t.Fatal(err)
+	}
+	return evt
+}
+
+// Publish sends evt on r and waits for its OK: nil for OK true, the
+// relay's reason as "msg: <reason>" for OK false.
+func Publish(t testing.TB, r *nostr.Relay, evt nostr.Event) error {
+	t.Helper()
+	// An OK that does not carry the event's id would never reach Publish:
+	// it would time out instead of returning the relay's reason.
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	return r.Publish(ctx, evt)
+}
+
+// WantReason fails the test unless err, from Publish, is the relay's OK
+// false carrying exactly reason.
+func WantReason(t testing.TB, what string, err error, reason string) {
+	t.Helper()
+	if err == nil || err.Error() != "msg: "+reason {
+		t.Fatalf("%s: got %v, want OK false %q", what, err, reason)
+	}
+}
+
+// Subscribe sends one REQ with filters on r and returns "EOSE" or the
+// CLOSED reason.
+func Subscribe(t testing.TB, r *nostr.Relay, filters nostr.Filters) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	sub, err := r.Subscribe(ctx, filters)
+	if err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	defer sub.Unsub()
+	for {
+		select {
+		case <-sub.Events:
+			// go-nostr blocks its reader until stored events are taken.
+		case <-sub.EndOfStoredEvents:
+			return "EOSE"
+		case reason := <-sub.ClosedReason:
+			return reason
+		case <-ctx.Done():
+			t.Fatal("subscribe: neither EOSE nor CLOSED")
+			return ""
+		}
+	}
+}
+
+// UpgradeRequest returns a bare WebSocket upgrade request for the http://
+// URL httpURL.
+func UpgradeRequest(t testing.TB, httpURL string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest("GET", httpURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	return req
+}
+
+// Do sends req and returns the response (body closed) and its body; the
+// body of a 101 Switching Protocols is left unread and returned empty.
+func Do(t testing.TB, req *http.Request) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return resp, ""
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
