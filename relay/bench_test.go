@@ -12,6 +12,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
@@ -67,10 +68,7 @@ func benchTargets(b *testing.B) []struct {
 func signedFrames(b *testing.B, n int) (frames [][]byte, oks []string) {
 	sk := nostr.GeneratePrivateKey()
 	for i := range n {
-		ev := nostr.Event{Kind: 1, CreatedAt: nostr.Now(), Content: fmt.Sprintf("bench %d", i), Tags: nostr.Tags{}}
-		if err := ev.Sign(sk); err != nil {
-			b.Fatal(err)
-		}
+		ev := nostrtest.Note(b, sk, fmt.Sprintf("bench %d", i))
 		f, _ := nostr.EventEnvelope{Event: ev}.MarshalJSON()
 		frames = append(frames, f)
 		oks = append(oks, `["OK","`+ev.ID+`",true`)

@@ -26,6 +26,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
@@ -48,32 +49,10 @@ func newKhatru(t testing.TB) *khatru.Relay {
 	return r
 }
 
+// connect connects a go-nostr client that ignores NOTICEs.
 func connect(t testing.TB, url string) *nostr.Relay {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	r, err := nostr.RelayConnect(ctx, url, nostr.WithNoticeHandler(func(string) {}))
-	if err != nil {
-		t.Fatalf("connect %s: %v", url, err)
-	}
-	t.Cleanup(func() { r.Close() })
-	return r
-}
-
-func signed(t testing.TB, sk, content string) nostr.Event {
-	t.Helper()
-	ev := nostr.Event{Kind: 1, CreatedAt: nostr.Now(), Content: content, Tags: nostr.Tags{}}
-	if err := ev.Sign(sk); err != nil {
-		t.Fatal(err)
-	}
-	return ev
-}
-
-func publish(t testing.TB, r *nostr.Relay, ev nostr.Event) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return r.Publish(ctx, ev)
+	return nostrtest.Connect(t, url, nostr.WithNoticeHandler(func(string) {}))
 }
 
 func query(t testing.TB, r *nostr.Relay, f nostr.Filter) []string {
@@ -110,8 +89,8 @@ func scenario(t *testing.T, url string) []string {
 
 	var published []string
 	for i := range 5 {
-		ev := signed(t, sk1, fmt.Sprintf("note %d", i))
-		out = append(out, fmt.Sprintf("publish %d: %v", i, publish(t, a, ev)))
+		ev := nostrtest.Note(t, sk1, fmt.Sprintf("note %d", i))
+		out = append(out, fmt.Sprintf("publish %d: %v", i, nostrtest.Publish(t, a, ev)))
 		published = append(published, ev.ID)
 	}
 	sort.Strings(published)
@@ -119,8 +98,8 @@ func scenario(t *testing.T, url string) []string {
 	got := query(t, b, nostr.Filter{Authors: []string{pk1}})
 	out = append(out, fmt.Sprintf("query finds all published: %v (%d)", strings.Join(got, ",") == strings.Join(published, ","), len(got)))
 
-	live := signed(t, sk2, "live")
-	out = append(out, fmt.Sprintf("publish live: %v", publish(t, b, live)))
+	live := nostrtest.Note(t, sk2, "live")
+	out = append(out, fmt.Sprintf("publish live: %v", nostrtest.Publish(t, b, live)))
 	select {
 	case ev := <-sub.Events:
 		out = append(out, fmt.Sprintf("live event delivered: %v", ev.ID == live.ID))
@@ -128,9 +107,9 @@ func scenario(t *testing.T, url string) []string {
 		out = append(out, "live event lost")
 	}
 	// An invalid event is rejected by the relay the same way.
-	bad := signed(t, sk1, "tampered")
+	bad := nostrtest.Note(t, sk1, "tampered")
 	bad.Content = "changed"
-	out = append(out, fmt.Sprintf("publish tampered: %v", publish(t, a, bad)))
+	out = append(out, fmt.Sprintf("publish tampered: %v", nostrtest.Publish(t, a, bad)))
 	return out
 }
 
@@ -162,7 +141,7 @@ func tightLimits() *Limits {
 // (b) and (c): an EVENT flood is refused with each event's id and a true
 // wait, REQs still pass, and a client that waits as told is admitted.
 func TestE2EFloodRefusedThenAdmittedAfterWait(t *testing.T) {
-	clk := newClock()
+	clk := nostrtest.NewClock()
 	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: tightLimits()})
 	url := serve(t, g.Wrap(newKhatru(t)))
 	r := connect(t, url)
@@ -171,8 +150,8 @@ func TestE2EFloodRefusedThenAdmittedAfterWait(t *testing.T) {
 	var accepted []string
 	var lastErr error
 	for i := range 10 {
-		ev := signed(t, sk, fmt.Sprintf("flood %d", i))
-		err := publish(t, r, ev)
+		ev := nostrtest.Note(t, sk, fmt.Sprintf("flood %d", i))
+		err := nostrtest.Publish(t, r, ev)
 		if i < 3 {
 			if err != nil {
 				t.Fatalf("event %d within the burst refused: %v", i, err)
@@ -196,35 +175,35 @@ func TestE2EFloodRefusedThenAdmittedAfterWait(t *testing.T) {
 
 	// Obey the wait: 1s (the rounded-up 585ms) later one more is admitted.
 	clk.Advance(time.Second)
-	if err := publish(t, r, signed(t, sk, "after the wait")); err != nil {
+	if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "after the wait")); err != nil {
 		t.Fatalf("event after the advertised wait refused: %v", err)
 	}
 }
 
 // A store outage mid-connection refuses frames honestly and heals.
 func TestE2EStoreOutageFailsClosed(t *testing.T) {
-	clk := newClock()
-	store := &flakyStore{Store: ratelimit.NewMemoryStore(0)}
+	clk := nostrtest.NewClock()
+	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	g := newGate(t, Options{
 		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Now: clk.Now}),
 		Limits:  tightLimits(),
 	})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
 	sk := nostr.GeneratePrivateKey()
-	store.down.Store(true)
-	err := publish(t, r, signed(t, sk, "during outage"))
+	store.Down.Store(true)
+	err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "during outage"))
 	if err == nil || !strings.Contains(err.Error(), ReasonUnavailable) || strings.Contains(err.Error(), "rate-limited") {
 		t.Fatalf("publish during outage: %v, want %q", err, ReasonUnavailable)
 	}
-	store.down.Store(false)
-	if err := publish(t, r, signed(t, sk, "after outage")); err != nil {
+	store.Down.Store(false)
+	if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "after outage")); err != nil {
 		t.Fatalf("publish after outage: %v", err)
 	}
 }
 
 // redisLimiter returns a limiter on a fresh client of url, without a
 // breaker so that it heals on the first call after a restart.
-func redisLimiter(t testing.TB, url string, clk *clock) *ratelimit.Limiter {
+func redisLimiter(t testing.TB, url string, clk *nostrtest.Clock) *ratelimit.Limiter {
 	t.Helper()
 	client, err := redisstore.NewClient(url)
 	if err != nil {
@@ -257,21 +236,21 @@ func TestE2ERedisOutage(t *testing.T) {
 	direct := connect(t, serve(t, k))
 	sk := nostr.GeneratePrivateKey()
 
-	if err := publish(t, gated, signed(t, sk, "before")); err != nil {
+	if err := nostrtest.Publish(t, gated, nostrtest.Note(t, sk, "before")); err != nil {
 		t.Fatalf("before the outage: %v", err)
 	}
 	srv.Kill()
 	for i := range 3 {
-		err := publish(t, gated, signed(t, sk, "during"))
+		err := nostrtest.Publish(t, gated, nostrtest.Note(t, sk, "during"))
 		if err == nil || err.Error() != "msg: "+ReasonUnavailable {
 			t.Fatalf("during the outage (%d): %v, want %q", i, err, ReasonUnavailable)
 		}
 	}
-	if err := publish(t, direct, signed(t, sk, "direct")); err != nil {
+	if err := nostrtest.Publish(t, direct, nostrtest.Note(t, sk, "direct")); err != nil {
 		t.Fatalf("relay unhealthy during the outage: %v", err)
 	}
 	srv.Restart()
-	if err := publish(t, gated, signed(t, sk, "after")); err != nil {
+	if err := nostrtest.Publish(t, gated, nostrtest.Note(t, sk, "after")); err != nil {
 		t.Fatalf("after the restart: %v", err)
 	}
 	pk, _ := nostr.GetPublicKey(sk)
@@ -283,7 +262,7 @@ func TestE2ERedisOutage(t *testing.T) {
 // (e) Two gates on one Redis share one budget.
 func TestE2ERedisSharedBudget(t *testing.T) {
 	srv := redistest.Start(t)
-	clk := newClock()
+	clk := nostrtest.NewClock()
 	g1 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Limits: tightLimits()})
 	g2 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Limits: tightLimits()})
 	k := newKhatru(t)
@@ -291,18 +270,18 @@ func TestE2ERedisSharedBudget(t *testing.T) {
 	r2 := connect(t, serve(t, g2.Wrap(k)))
 	sk := nostr.GeneratePrivateKey()
 	for i := range 2 {
-		if err := publish(t, r1, signed(t, sk, "via 1")); err != nil {
+		if err := nostrtest.Publish(t, r1, nostrtest.Note(t, sk, "via 1")); err != nil {
 			t.Fatalf("gate 1 event %d: %v", i, err)
 		}
 	}
-	if err := publish(t, r2, signed(t, sk, "via 2")); err != nil {
+	if err := nostrtest.Publish(t, r2, nostrtest.Note(t, sk, "via 2")); err != nil {
 		t.Fatalf("gate 2, third of the burst of 3: %v", err)
 	}
-	err := publish(t, r2, signed(t, sk, "via 2 again"))
+	err := nostrtest.Publish(t, r2, nostrtest.Note(t, sk, "via 2 again"))
 	if err == nil || !strings.HasPrefix(err.Error(), "msg: rate-limited: ") {
 		t.Fatalf("fourth event through the other gate: %v, want rate-limited", err)
 	}
-	err = publish(t, r1, signed(t, sk, "via 1 again"))
+	err = nostrtest.Publish(t, r1, nostrtest.Note(t, sk, "via 1 again"))
 	if err == nil || !strings.HasPrefix(err.Error(), "msg: rate-limited: ") {
 		t.Fatalf("fifth event back through gate 1: %v, want rate-limited", err)
 	}
@@ -319,8 +298,8 @@ func TestE2EProxyKhatru(t *testing.T) {
 	url := serve(t, h)
 	r := connect(t, url)
 	sk := nostr.GeneratePrivateKey()
-	ev := signed(t, sk, "proxied")
-	if err := publish(t, r, ev); err != nil {
+	ev := nostrtest.Note(t, sk, "proxied")
+	if err := nostrtest.Publish(t, r, ev); err != nil {
 		t.Fatal(err)
 	}
 	if got := query(t, r, nostr.Filter{IDs: []string{ev.ID}}); len(got) != 1 {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -268,42 +269,6 @@ func TestOutcomeString(t *testing.T) {
 	}
 }
 
-// clock is a test clock that moves only when told.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-// flakyStore is a memory store that can be switched off, for outages
-// without Redis.
-type flakyStore struct {
-	ratelimit.Store
-	down atomic.Bool
-}
-
-var errDown = fmt.Errorf("%w: test store switched off", ratelimit.ErrUnavailable)
-
-func (s *flakyStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
-	if s.down.Load() {
-		return ratelimit.Decision{}, errDown
-	}
-	return s.Store.Decide(ctx, key, limits, now)
-}
-
 // serve starts an httptest server for h and returns its ws:// URL.
 func serve(t testing.TB, h http.Handler) string {
 	t.Helper()
@@ -333,14 +298,14 @@ func newGate(t testing.TB, opts Options) *Gate {
 }
 
 // memLimiter returns a limiter over a memory store on clock c.
-func memLimiter(c *clock) *ratelimit.Limiter {
+func memLimiter(c *nostrtest.Clock) *ratelimit.Limiter {
 	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Now: c.Now})
 }
 
 // The refusal on the wire: the OK carries the event id exactly as sent,
 // and nothing reaches the relay.
 func TestGateRefusalWire(t *testing.T) {
-	clk := newClock()
+	clk := nostrtest.NewClock()
 	var l Limits
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
 	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
@@ -407,8 +372,8 @@ func TestGateRefusalWire(t *testing.T) {
 
 // (g) connection limit and store outage on upgrade.
 func TestGateConnectionLimit(t *testing.T) {
-	clk := newClock()
-	store := &flakyStore{Store: ratelimit.NewMemoryStore(0)}
+	clk := nostrtest.NewClock()
+	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	l := Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}}
 	var outcomes [NumOutcomes]atomic.Int64
 	obs := &Observer{Connection: func(o Outcome) { outcomes[o].Add(1) }}
@@ -433,7 +398,7 @@ func TestGateConnectionLimit(t *testing.T) {
 	// Past the wait the limiter must ask the store again (it answers a
 	// known-blocked client locally until then).
 	clk.Advance(11 * time.Second)
-	store.down.Store(true)
+	store.Down.Store(true)
 	_, resp, err = websocket.DefaultDialer.Dial(url, nil)
 	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("store down: err %v resp %v, want 503", err, resp)
@@ -898,7 +863,7 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 // shaped as a Nostr message are charged to OTHER and answered by the gate,
 // never forwarded; an oversized frame closes the connection with 1009.
 func TestGateOtherBucketAndReadLimit(t *testing.T) {
-	clk := newClock()
+	clk := nostrtest.NewClock()
 	var l Limits
 	l.Message[TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Second)}
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}

@@ -14,33 +14,17 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip11"
 
+	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
-// hookT0 is the frozen instant of the hook tests: with time standing still
-// nothing decays, so a limit of R admits exactly R messages and the wait it
-// reports is exact.
-var hookT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// outageStore is a Store that can be made to fail, as Redis would.
-type outageStore struct {
-	ratelimit.Store
-	down atomic.Bool
-}
-
-func (s *outageStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
-	if s.down.Load() {
-		return ratelimit.Decision{}, fmt.Errorf("test outage: %w", ratelimit.ErrUnavailable)
-	}
-	return s.Store.Decide(ctx, key, limits, now)
-}
-
-// hookFixture is a Hooks over a memory store, a movable clock and a store
-// that can fail.
+// hookFixture is a Hooks over a memory store that can fail and a clock
+// frozen at nostrtest.T0: with time standing still nothing decays, so a
+// limit of R admits exactly R messages and the wait it reports is exact.
 type hookFixture struct {
 	h     *Hooks
-	store *outageStore
-	now   atomic.Pointer[time.Time]
+	store *nostrtest.OutageStore
+	clock *nostrtest.Clock
 	obs   [NumTypes][NumOutcomes]atomic.Int64
 	conns [NumOutcomes]atomic.Int64
 }
@@ -49,14 +33,12 @@ func newHookFixture(t *testing.T, limits Limits, quota *ratelimit.Quota) *hookFi
 	t.Helper()
 	// A large table: keys that share a slot share a budget by design, and at
 	// 64 slots the REQ and NEG-OPEN keys of one test met in 1 run of 64.
-	f := &hookFixture{store: &outageStore{Store: ratelimit.NewMemoryStore(1 << 20)}}
-	f.set(hookT0)
-	clock := func() time.Time { return *f.now.Load() }
+	f := &hookFixture{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 20)}, clock: nostrtest.NewClock()}
 	h, err := NewHooks(HookOptions{
-		Limiter: ratelimit.NewLimiter(f.store, ratelimit.LimiterOptions{Now: clock}),
+		Limiter: ratelimit.NewLimiter(f.store, ratelimit.LimiterOptions{Now: f.clock.Now}),
 		Limits:  &limits,
 		Quota:   quota,
-		Now:     clock,
+		Now:     f.clock.Now,
 		Observer: &Observer{
 			Frame:      func(t Type, o Outcome) { f.obs[t][o].Add(1) },
 			Connection: func(o Outcome) { f.conns[o].Add(1) },
@@ -68,8 +50,6 @@ func newHookFixture(t *testing.T, limits Limits, quota *ratelimit.Quota) *hookFi
 	f.h = h
 	return f
 }
-
-func (f *hookFixture) set(t time.Time) { f.now.Store(&t) }
 
 // limitsOf returns Limits with only typ limited to rate per period.
 func limitsOf(typ Type, rate float64, period time.Duration) Limits {
@@ -203,7 +183,7 @@ func TestKhatruRejectEvent(t *testing.T) {
 		t.Fatalf("fourth event: (%v, %q), want (true, %q)", reject, msg, want)
 	}
 	// A client that waits as told is admitted.
-	f.set(hookT0.Add(6 * time.Second))
+	f.clock.Set(nostrtest.T0.Add(6 * time.Second))
 	if reject, msg := k.RejectEvent(ctx, evt); reject {
 		t.Fatalf("event after the reported wait refused: %q", msg)
 	}
@@ -219,7 +199,7 @@ func TestKhatruRejectEvent(t *testing.T) {
 func TestHooksStoreOutage(t *testing.T) {
 	l := DefaultLimits()
 	f := newHookFixture(t, l, nil)
-	f.store.down.Store(true)
+	f.store.Down.Store(true)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
 	ctx, cancel := reqCtx(context.Background(), "x")
 	defer cancel()
@@ -257,7 +237,7 @@ func TestHooksStoreOutage(t *testing.T) {
 // connection; such calls are the relay's, not a client's, and pass free.
 func TestHooksNoClient(t *testing.T) {
 	f := newHookFixture(t, limitsOf(TypeEVENT, 1.5, time.Second), nil)
-	f.store.down.Store(true) // any charge would be refused
+	f.store.Down.Store(true) // any charge would be refused
 	k := f.h.Khatru(KhatruAccess{IP: func(context.Context) string { return "" }})
 	if reject, msg := k.RejectEvent(context.Background(), &nostr.Event{}); reject {
 		t.Fatalf("internal event refused: %q", msg)
@@ -323,7 +303,7 @@ func TestKhatruQuota(t *testing.T) {
 	}
 	// The next window starts afresh.
 	authed = ""
-	f.set(hookT0.Add(time.Minute))
+	f.clock.Set(nostrtest.T0.Add(time.Minute))
 	if reject, msg := k.RejectEvent(ctx, alice); reject {
 		t.Fatalf("alice refused in the next window: %q", msg)
 	}
@@ -520,8 +500,8 @@ func TestHooksAllowList(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := DefaultLimits()
-	store := &outageStore{Store: ratelimit.NewMemoryStore(64)}
-	store.down.Store(true)
+	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(64)}
+	store.Down.Store(true)
 	h, err := NewHooks(HookOptions{
 		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
 		Limits:   &l,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -15,7 +16,7 @@ import (
 // another author on the same connection is accepted, and the refused author
 // is admitted again in the next window. Charged on khatru's OK true only.
 func TestE2EQuota(t *testing.T) {
-	clk := newClock()
+	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -25,27 +26,27 @@ func TestE2EQuota(t *testing.T) {
 	skA, skB := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
 
 	for i := range 2 {
-		if err := publish(t, r, signed(t, skA, "a")); err != nil {
+		if err := nostrtest.Publish(t, r, nostrtest.Note(t, skA, "a")); err != nil {
 			t.Fatalf("A's event %d within quota: %v", i, err)
 		}
 	}
 	// A tampered event is refused by khatru and not charged to B.
-	bad := signed(t, skB, "b")
+	bad := nostrtest.Note(t, skB, "b")
 	bad.Content = "tampered"
-	if err := publish(t, r, bad); err == nil {
+	if err := nostrtest.Publish(t, r, bad); err == nil {
 		t.Fatal("tampered event accepted")
 	}
-	err = publish(t, r, signed(t, skA, "a3"))
+	err = nostrtest.Publish(t, r, nostrtest.Note(t, skA, "a3"))
 	if err == nil || err.Error() != "msg: rate-limited: slow down; retry in 60s" {
 		t.Fatalf("A past quota: %v, want rate-limited retry in 60s", err)
 	}
 	for i := range 2 {
-		if err := publish(t, r, signed(t, skB, "b")); err != nil {
+		if err := nostrtest.Publish(t, r, nostrtest.Note(t, skB, "b")); err != nil {
 			t.Fatalf("B's event %d on the same connection: %v", i, err)
 		}
 	}
 	clk.Advance(time.Minute)
-	if err := publish(t, r, signed(t, skA, "a, next window")); err != nil {
+	if err := nostrtest.Publish(t, r, nostrtest.Note(t, skA, "a, next window")); err != nil {
 		t.Fatalf("A in the next window: %v", err)
 	}
 }

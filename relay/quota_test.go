@@ -8,6 +8,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -26,7 +27,7 @@ func okReply(id int, accepted bool, reason string) string {
 // remainder; the next window starts afresh; allow-listed authors are
 // exempt; an event the gate cannot attribute is not forwarded.
 func TestGateQuota(t *testing.T) {
-	clk := newClock()
+	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +104,7 @@ func TestGateQuota(t *testing.T) {
 // authenticated pubkey whoever signed them, and an allow-listed
 // authenticated pubkey passes the message limits too.
 func TestGateQuotaAuthenticatedActor(t *testing.T) {
-	clk := newClock()
+	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +158,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 // Without a quota, an allow-listed pubkey still counts once the connection
 // has authenticated as it; an AUTH the relay refused buys nothing.
 func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
-	clk := newClock()
+	clk := nostrtest.NewClock()
 	trusted := pubkeyN(50)
 	al, _ := NewAllowList(nil, []string{trusted})
 	var l Limits

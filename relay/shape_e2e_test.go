@@ -10,6 +10,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -40,7 +41,7 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	}
 
 	sk := nostr.GeneratePrivateKey()
-	e1, e2, e3 := signed(t, sk, "one"), signed(t, sk, "two"), signed(t, sk, "three")
+	e1, e2, e3 := nostrtest.Note(t, sk, "one"), nostrtest.Note(t, sk, "two"), nostrtest.Note(t, sk, "three")
 	frame := func(e nostr.Event) []byte { b, _ := nostr.EventEnvelope{Event: e}.MarshalJSON(); return b }
 	_ = c.WriteMessage(websocket.TextMessage, frame(e1))
 	if got := readText(t, c); !strings.HasPrefix(got, `["OK","`+e1.ID+`",true`) {
