@@ -15,14 +15,8 @@ import (
 // limits merged in; if the upstream cannot be asked, a document built from
 // the info section of the config.
 func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
-	m := newMetrics()
-	parts, err := newLimiter(ctx, cfg, m, logger)
+	gate, parts, m, err := newGate(ctx, cfg, logger)
 	if err != nil {
-		return err
-	}
-	gate, err := newGate(cfg, parts, m, logger)
-	if err != nil {
-		parts.close()
 		return err
 	}
 	gated, err := gate.Proxy(cfg.Upstream)

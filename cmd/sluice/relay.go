@@ -27,14 +27,8 @@ const sluiceURL = "https://github.com/sluice-relay/sluice"
 // acknowledged event sits in the OS page cache until badger syncs: it
 // survives a crash of sluice, not a crash of the machine.
 func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
-	m := newMetrics()
-	parts, err := newLimiter(ctx, cfg, m, logger)
+	gate, parts, m, err := newGate(ctx, cfg, logger)
 	if err != nil {
-		return err
-	}
-	gate, err := newGate(cfg, parts, m, logger)
-	if err != nil {
-		parts.close()
 		return err
 	}
 

@@ -111,11 +111,19 @@ func (p *limiterParts) close() error {
 	return nil
 }
 
-// newGate builds the gate on p with cfg's limits, identity and read limit.
-func newGate(cfg *config, p *limiterParts, m *metrics, logger *slog.Logger) (*relay.Gate, error) {
+// newGate builds the metrics, the limiter (newLimiter) and the gate on
+// them with cfg's limits, identity and read limit: the wiring that proxy
+// and relay mode share. On error nothing is left open; otherwise the
+// caller closes p after the gate has shut down.
+func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Gate, p *limiterParts, m *metrics, err error) {
+	m = newMetrics()
+	p, err = newLimiter(ctx, cfg, m, logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	limits := cfg.Limits
 	identity := cfg.Identity
-	g, err := relay.New(relay.Options{
+	g, err = relay.New(relay.Options{
 		Limiter:   p.limiter,
 		Limits:    &limits,
 		Quota:     p.quota,
@@ -125,9 +133,10 @@ func newGate(cfg *config, p *limiterParts, m *metrics, logger *slog.Logger) (*re
 		Logger:    logger,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errConfig, err)
+		p.close()
+		return nil, nil, nil, fmt.Errorf("%w: %v", errConfig, err)
 	}
-	return g, nil
+	return g, p, m, nil
 }
 
 // nip11Limitation is what sluice publishes about itself in NIP-11.
