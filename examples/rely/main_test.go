@@ -123,22 +123,7 @@ func TestStoreOutage(t *testing.T) {
 			l := limitsOf(relay.TypeEVENT, 10, time.Second)
 			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
 			e := start(t, m.hooks, l, nil, nil)
-			r := nostrtest.Connect(t, e.ws)
-			sk := nostr.GeneratePrivateKey()
-
-			e.store.Down.Store(true)
-			nostrtest.WantReason(t, "event during outage", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "down")), relay.ReasonUnavailable)
-			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != relay.ReasonUnavailable {
-				t.Fatalf("REQ during outage: %q, want CLOSED %q", got, relay.ReasonUnavailable)
-			}
-
-			e.store.Down.Store(false)
-			if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "up")); err != nil {
-				t.Fatalf("event after the outage: %v", err)
-			}
-			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != "EOSE" {
-				t.Fatalf("REQ after the outage: %q", got)
-			}
+			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, relay.ReasonUnavailable)
 		})
 	}
 }
@@ -189,21 +174,7 @@ func TestQuota(t *testing.T) {
 				t.Fatal(err)
 			}
 			e := start(t, m.hooks, relay.Limits{}, q, nil)
-			r := nostrtest.Connect(t, e.ws)
-			alice, bob := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
-			for i := range 2 {
-				if err := nostrtest.Publish(t, r, nostrtest.Note(t, alice, fmt.Sprint("alice ", i))); err != nil {
-					t.Fatalf("alice %d: %v", i, err)
-				}
-			}
-			nostrtest.WantReason(t, "alice past quota", nostrtest.Publish(t, r, nostrtest.Note(t, alice, "more")), "rate-limited: slow down; retry in 60s")
-			if err := nostrtest.Publish(t, r, nostrtest.Note(t, bob, "bob")); err != nil {
-				t.Fatalf("bob: %v", err)
-			}
-			e.clock.Advance(time.Minute)
-			if err := nostrtest.Publish(t, r, nostrtest.Note(t, alice, "next window")); err != nil {
-				t.Fatalf("alice in the next window: %v", err)
-			}
+			nostrtest.QuotaScenario(t, nostrtest.Connect(t, e.ws), e.clock)
 		})
 	}
 }

@@ -187,3 +187,48 @@ func Do(t testing.TB, req *http.Request) (*http.Response, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp, string(b)
 }
+
+// QuotaScenario checks, on a connection r to a relay whose only limit is an
+// actor quota of 2 events a minute and whose clock is at T0: a pubkey past
+// its quota is refused until the next window, exactly 60s away (T0 is a
+// minute boundary), while another pubkey on the same connection is not;
+// the next window starts afresh.
+func QuotaScenario(t testing.TB, r *nostr.Relay, clock *Clock) {
+	t.Helper()
+	alice, bob := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
+	for i := range 2 {
+		if err := Publish(t, r, Note(t, alice, fmt.Sprint("alice ", i))); err != nil {
+			t.Fatalf("alice %d: %v", i, err)
+		}
+	}
+	WantReason(t, "alice past quota", Publish(t, r, Note(t, alice, "more")), "rate-limited: slow down; retry in 60s")
+	if err := Publish(t, r, Note(t, bob, "bob")); err != nil {
+		t.Fatalf("bob: %v", err)
+	}
+	clock.Advance(time.Minute)
+	if err := Publish(t, r, Note(t, alice, "next window")); err != nil {
+		t.Fatalf("alice in the next window: %v", err)
+	}
+}
+
+// OutageScenario checks, on a connection r to a relay whose EVENT and REQ
+// budgets (ample ones) live in store: while the store is down, EVENTs and
+// REQs are refused with exactly unavailable (relay.ReasonUnavailable),
+// never "rate-limited:"; when it returns they are admitted again on the
+// same connection.
+func OutageScenario(t testing.TB, r *nostr.Relay, store *OutageStore, unavailable string) {
+	t.Helper()
+	sk := nostr.GeneratePrivateKey()
+	store.Down.Store(true)
+	WantReason(t, "event during outage", Publish(t, r, Note(t, sk, "down")), unavailable)
+	if got := Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != unavailable {
+		t.Fatalf("REQ during outage: %q, want CLOSED %q", got, unavailable)
+	}
+	store.Down.Store(false)
+	if err := Publish(t, r, Note(t, sk, "up")); err != nil {
+		t.Fatalf("event after the outage: %v", err)
+	}
+	if got := Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != "EOSE" {
+		t.Fatalf("REQ after the outage: %q", got)
+	}
+}
