@@ -52,132 +52,63 @@ local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local LN2 = 0.69314718055994531
 local IDS = 4
 
--- waitms returns the smallest w >= 1 such that score s written at ms at
--- admits cost c under rate r (half-life p ms) at now+w; the caller knows it
--- refuses at now. Same steps as ratelimit.waitMs in Go: start from the
--- estimate T*log2(S/(R-c)), bracket the boundary by galloping (steps 1, 2,
--- 4, ...) and bisect. For any sane limit that is two probes (admits at w,
--- refuses at w-1); when R is barely above c, adding c absorbs most of R-c
--- and the boundary can be minutes from the estimate, but it is still found
--- exactly, in at most about 2*40 probes (waits are capped at 2^40 ms).
-local function waitms(now, s, at, p, c, r)
-  local function admits(w)
-    local t = now + w
-    local d = s
-    if t > at then
-      local x = (t - at) / p
-      if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
-    end
-    return d + c <= r
-  end
-  local d = p * math.log(s / (r - c)) / LN2
-  if not (d < MAX_WAIT) then d = MAX_WAIT end
-  local w = at + math.ceil(d) - now
-  if w < 1 then w = 1 end
-  if w > MAX_WAIT then w = MAX_WAIT end
-  -- Bracket the boundary: lo refuses (0 is known to), hi admits.
-  local lo, hi
-  local step = 1
-  if admits(w) then
-    hi = w
-    while true do
-      if hi - step <= 0 then
-        lo = 0
-        break
-      end
-      if not admits(hi - step) then
-        lo = hi - step
-        break
-      end
-      hi = hi - step
-      step = step * 2
-    end
-  else
-    lo = w
-    while true do
-      if lo + step >= MAX_WAIT then
-        if not admits(MAX_WAIT) then
-          return MAX_WAIT -- the longest wait reported, as in Go
-        end
-        hi = MAX_WAIT
-        break
-      end
-      if admits(lo + step) then
-        hi = lo + step
-        break
-      end
-      lo = lo + step
-      step = step * 2
-    end
-  end
-  while hi - lo > 1 do
-    local mid = lo + math.floor((hi - lo) / 2)
-    if admits(mid) then hi = mid else lo = mid end
-  end
-  return hi
-end
-
 local n = #KEYS
 if n < 1 or #ARGV ~= 2 + 3 * n then
   return redis.error_reply('ERR sluice ewma: want n keys and 2+3n args')
 end
 
--- parse reads a stored window value strictly: "<score> <t>" and, in the
--- first window, " <id>..." after it. The score must be a finite number >= 0
--- and t a whole number of ms; anything else (a hand-edited key, another
--- program's value) is nil, and the script refuses to decide on it rather
--- than read it as a score of zero or NaN.
-local function parse(v)
-  local ss, ts, rest = string.match(v, '^(%S+) (%d+)(.*)$')
-  local s, t = tonumber(ss), tonumber(ts)
-  if s and t and s >= 0 and s < math.huge and t < 2 ^ 53 and (rest == '' or string.sub(rest, 1, 1) == ' ') then
-    return s, t, string.sub(rest, 2)
-  end
-end
-
-local function malformed(i)
-  return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
-end
-
--- seen reports whether id is one of the space-separated ids in list: a
--- plain find, checked at the boundaries (no padded copies of either).
-local function seen(list, id)
-  local k, m, n = 1, #id, #list
-  while true do
-    local p = string.find(list, id, k, true)
-    if not p then
-      return false
-    end
-    local q = p + m
-    if (p == 1 or string.byte(list, p - 1) == 32) and (q > n or string.byte(list, q) == 32) then
-      return true
-    end
-    k = p + 1
-  end
-end
-
 local vals = redis.call('MGET', unpack(KEYS))
+
+-- A stored value is read strictly: "<score> <t>" and, in the first window,
+-- " <id>..." after it. The score must be a finite number >= 0 and t a whole
+-- number of ms; anything else (a hand-edited key, another program's value)
+-- is refused rather than read as a score of zero or NaN. (Inline, not a
+-- function: this runs on every message, and a closure is an allocation.)
 local reqid = ARGV[2]
 local ids = ''
-local s1, t1 -- the first window, parsed once
-if vals[1] then
-  s1, t1, ids = parse(vals[1])
-  if not s1 then
-    return malformed(1)
+local s1, t1, ts1 -- the first window, parsed once
+local v = vals[1]
+if v then
+  local ss, ts, rest = string.match(v, '^(%S+) (%d+)(.*)$')
+  s1, t1 = tonumber(ss), tonumber(ts)
+  if not (s1 and t1 and s1 >= 0 and s1 < math.huge and t1 < 2 ^ 53 and (rest == '' or string.byte(rest, 1) == 32)) then
+    return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[1])
   end
-  if reqid ~= '' and ids ~= '' and seen(ids, reqid) then
-    -- A repeat of an admitted request: answer as admitted, charge nothing.
-    local reply = {1, 0}
-    for i = 1, n do
-      if not vals[i] then
-        return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[i])
+  ts1, ids = ts, string.sub(rest, 2)
+  if reqid ~= '' and ids ~= '' then
+    -- Is reqid one of the space-separated ids? A plain find, checked at
+    -- the boundaries (no padded copies of either).
+    local k, m, l = 1, #reqid, #ids
+    local seen = false
+    while true do
+      local p = string.find(ids, reqid, k, true)
+      if not p then
+        break
       end
-      if not parse(vals[i]) then
-        return malformed(i)
+      local q = p + m
+      if (p == 1 or string.byte(ids, p - 1) == 32) and (q > l or string.byte(ids, q) == 32) then
+        seen = true
+        break
       end
-      reply[i + 2] = string.match(vals[i], '^%S+')
+      k = p + 1
     end
-    return reply
+    if seen then
+      -- A repeat of an admitted request: answer as admitted, charge nothing.
+      local reply = {1, 0}
+      for i = 1, n do
+        local w = vals[i]
+        if not w then
+          return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[i])
+        end
+        local ss, ts, rest = string.match(w, '^(%S+) (%d+)(.*)$')
+        local s, t = tonumber(ss), tonumber(ts)
+        if not (s and t and s >= 0 and s < math.huge and t < 2 ^ 53 and (rest == '' or string.byte(rest, 1) == 32)) then
+          return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
+        end
+        reply[i + 2] = ss
+      end
+      return reply
+    end
   end
 end
 
@@ -192,28 +123,32 @@ if not now or now <= 0 then
   now = tm[1] * 1000 + math.floor(tm[2] / 1000)
 end
 
--- Decide every window. st holds, per window, five values: rate, period,
--- cost, decayed score, write time (one flat table: this runs on every
--- message, and tables are what Lua allocates).
-local st = {}
+-- Decide every window. st holds, per window, seven values: rate, period,
+-- cost, stored score, decayed score, write time and its stored digits (one
+-- flat table, sized by its constructor for two windows: this runs on every
+-- message, and growing a table reallocates it).
+local st = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 local allowed = true
-local wait = 0
 for i = 1, n do
   local j = 3 * i
   local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   if not (r and p and c and p >= 1 and c > 0 and r - c > 0) then
     return redis.error_reply('ERR sluice ewma: bad limit for ' .. KEYS[i])
   end
-  local s, t = 0, 0
-  local v = vals[i]
+  local s, t, ts = 0, 0, false
   if i == 1 then
     if v then
-      s, t = s1, t1
+      s, t, ts = s1, t1, ts1
     end
-  elseif v then
-    s, t = parse(v)
-    if not s then
-      return malformed(i)
+  else
+    local w = vals[i]
+    if w then
+      local ss, rest
+      ss, ts, rest = string.match(w, '^(%S+) (%d+)(.*)$')
+      s, t = tonumber(ss), tonumber(ts)
+      if not (s and t and s >= 0 and s < math.huge and t < 2 ^ 53 and (rest == '' or string.byte(rest, 1) == 32)) then
+        return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
+      end
     end
   end
   local d = s
@@ -221,28 +156,106 @@ for i = 1, n do
     local x = (now - t) / p
     if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
   end
-  local k = 5 * i
-  st[k - 4], st[k - 3], st[k - 2], st[k - 1], st[k] = r, p, c, d, t
+  local k = 7 * i
+  st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1], st[k] = r, p, c, s, d, t, ts
   if not (d + c <= r) then
     allowed = false
-    local w = waitms(now, s, t, p, c, r)
-    if w > wait then wait = w end
   end
 end
 
 if not allowed then
-  local reply = {0, wait}
-  for i = 1, n do
-    reply[i + 2] = string.format('%.17g', st[5 * i - 1])
+  -- waitms returns the smallest w >= 1 such that score s written at ms at
+  -- admits cost c under rate r (half-life p ms) at now+w; the caller knows it
+  -- refuses at now. Same steps as ratelimit.waitMs in Go: start from the
+  -- estimate T*log2(S/(R-c)), bracket the boundary by galloping (steps 1, 2,
+  -- 4, ...) and bisect. For any sane limit that is two probes (admits at w,
+  -- refuses at w-1); when R is barely above c, adding c absorbs most of R-c
+  -- and the boundary can be minutes from the estimate, but it is still found
+  -- exactly, in at most about 2*40 probes (waits are capped at 2^40 ms).
+  local function waitms(now, s, at, p, c, r)
+    local function admits(w)
+      local t = now + w
+      local d = s
+      if t > at then
+        local x = (t - at) / p
+        if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
+      end
+      return d + c <= r
+    end
+    local d = p * math.log(s / (r - c)) / LN2
+    if not (d < MAX_WAIT) then d = MAX_WAIT end
+    local w = at + math.ceil(d) - now
+    if w < 1 then w = 1 end
+    if w > MAX_WAIT then w = MAX_WAIT end
+    -- Bracket the boundary: lo refuses (0 is known to), hi admits.
+    local lo, hi
+    local step = 1
+    if admits(w) then
+      hi = w
+      while true do
+        if hi - step <= 0 then
+          lo = 0
+          break
+        end
+        if not admits(hi - step) then
+          lo = hi - step
+          break
+        end
+        hi = hi - step
+        step = step * 2
+      end
+    else
+      lo = w
+      while true do
+        if lo + step >= MAX_WAIT then
+          if not admits(MAX_WAIT) then
+            return MAX_WAIT -- the longest wait reported, as in Go
+          end
+          hi = MAX_WAIT
+          break
+        end
+        if admits(lo + step) then
+          hi = lo + step
+          break
+        end
+        lo = lo + step
+        step = step * 2
+      end
+    end
+    while hi - lo > 1 do
+      local mid = lo + math.floor((hi - lo) / 2)
+      if admits(mid) then hi = mid else lo = mid end
+    end
+    return hi
   end
+
+  local wait = 0
+  local reply = {0, 0}
+  for i = 1, n do
+    local k = 7 * i
+    local r, p, c, s, d, t = st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1]
+    if not (d + c <= r) then
+      local w = waitms(now, s, t, p, c, r)
+      if w > wait then wait = w end
+    end
+    reply[i + 2] = string.format('%.17g', d)
+  end
+  reply[2] = wait
   return reply
 end
 
 local reply = {1, 0}
+local nowstr -- now's digits, formatted at most once
 for i = 1, n do
-  local k = 5 * i
-  local r, p, c, s, t = st[k - 4], st[k - 3], st[k - 2], st[k - 1] + st[k - 2], st[k]
-  if now > t then t = now end
+  local k = 7 * i
+  local r, p, c, s, t, ts = st[k - 6], st[k - 5], st[k - 4], st[k - 2] + st[k - 4], st[k - 1], st[k]
+  if now > t or not ts then
+    t = now
+    if not nowstr then
+      nowstr = string.format('%d', now)
+    end
+    ts = nowstr
+  end
   local str = string.format('%.17g', s)
   -- TTL: keep the key until its score is negligible, eps = min(c, R-c)/1024
   -- (forgetting it then gives a client at most 1/1024 of a message), that
@@ -257,23 +270,21 @@ for i = 1, n do
   -- some Redis-compatible servers' expiry arithmetic.
   local eps = math.min(c, r - c) / 1024
   local ttl = math.min(math.ceil(p * math.log(math.max(s, eps) / eps) / LN2) + 1, 2 * MAX_WAIT) + (t - now)
-  local v
-  if i == 1 and (reqid ~= '' or ids ~= '') then
+  local val
+  if i ~= 1 or (reqid == '' and ids == '') then
+    val = str .. ' ' .. ts
+  elseif reqid == '' then
+    val = str .. ' ' .. ts .. ' ' .. ids
+  elseif ids == '' then
+    val = str .. ' ' .. ts .. ' ' .. reqid
+  else
     -- Keep the last IDS request ids, newest first. Ids are of one width (16
     -- characters from the Go store), so keeping IDS-1 old ones is one
     -- string.sub; an id of another width is at worst cut short, and a cut
-    -- id never matches (seen checks the boundaries).
-    local list = ids
-    if reqid ~= '' and ids == '' then
-      list = reqid
-    elseif reqid ~= '' then
-      list = reqid .. ' ' .. string.sub(ids, 1, (IDS - 1) * (#reqid + 1) - 1)
-    end
-    v = string.format('%s %d %s', str, t, list)
-  else
-    v = string.format('%s %d', str, t)
+    -- id never matches (the seen check looks at the boundaries).
+    val = str .. ' ' .. ts .. ' ' .. reqid .. ' ' .. string.sub(ids, 1, (IDS - 1) * (#reqid + 1) - 1)
   end
-  redis.call('SET', KEYS[i], v, 'PX', ttl)
+  redis.call('SET', KEYS[i], val, 'PX', ttl)
   reply[i + 2] = str
 end
 return reply
