@@ -49,11 +49,14 @@ func BenchmarkRedis(b *testing.B) {
 	oneWindow := twoWindows[:1]
 
 	// parallel runs call from benchParallelism×GOMAXPROCS goroutines over
-	// the benchmark keys and reports the metrics.
-	parallel := func(b *testing.B, call func(ctx context.Context, key string) error) {
+	// the benchmark keys and reports the metrics. call reports whether the
+	// request was admitted: admitted-% is reported so that a comparison can
+	// check both peers mostly admit (a refusal writes nothing and costs a
+	// different amount).
+	parallel := func(b *testing.B, call func(ctx context.Context, key string) (bool, error)) {
 		ctx := context.Background()
 		var next atomic.Uint64
-		var failed atomic.Int64
+		var failed, admitted atomic.Int64
 		if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 			b.Fatal(err)
 		}
@@ -62,16 +65,21 @@ func BenchmarkRedis(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			i := next.Add(7919)
+			var ok int64
 			for pb.Next() {
 				i++
-				if err := call(ctx, benchKeys[i%benchClients]); err != nil {
+				if allowed, err := call(ctx, benchKeys[i%benchClients]); err != nil {
 					failed.Add(1)
+				} else if allowed {
+					ok++
 				}
 			}
+			admitted.Add(ok)
 		})
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 		b.ReportMetric(evalshaMicros(b, admin), "redis-µs/op")
+		b.ReportMetric(100*float64(admitted.Load())/float64(b.N), "admitted-%")
 		if n := failed.Load(); n > 0 {
 			b.Fatalf("%d of %d calls failed", n, b.N)
 		}
@@ -92,9 +100,9 @@ func BenchmarkRedis(b *testing.B) {
 				}
 				s.client = p
 			}
-			parallel(b, func(ctx context.Context, key string) error {
-				_, err := s.Decide(ctx, key, limits, time.Time{})
-				return err
+			parallel(b, func(ctx context.Context, key string) (bool, error) {
+				d, err := s.Decide(ctx, key, limits, time.Time{})
+				return d.Allowed, err
 			})
 		}
 	}
@@ -112,9 +120,9 @@ func BenchmarkRedis(b *testing.B) {
 				lim = redis_rate.NewLimiter(c)
 			}
 			limit := redis_rate.Limit{Rate: 10, Burst: 10, Period: time.Second}
-			parallel(b, func(ctx context.Context, key string) error {
-				_, err := lim.Allow(ctx, key, limit)
-				return err
+			parallel(b, func(ctx context.Context, key string) (bool, error) {
+				r, err := lim.Allow(ctx, key, limit)
+				return err == nil && r.Allowed > 0, err
 			})
 		}
 	}
