@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,8 +35,11 @@ var benchKeys = func() []string {
 // BenchmarkRedis runs, against one redis-server on loopback and at the
 // same concurrency, our two-window decision and redis_rate/v10's one-window
 // GCRA Allow as the peer: each on a plain client and through go-redis's
-// auto-pipeliner, and ours with its own batching (Options.Batch). Metrics: ops/s (the figure to compare), and
-// redis-µs/op, the server's own time per script call (INFO commandstats).
+// auto-pipeliner, and ours with its own batching (Options.Batch). Metrics:
+// ops/s (the figure to compare); redis-µs/op, the server's own time per script call (INFO commandstats);
+// client-cpu-µs/op and server-cpu-µs/op, the CPU time this process and
+// redis-server spent per call (on a 2-core machine the two share the cores,
+// so ops/s is roughly 2 cores / their sum); admitted-%.
 func BenchmarkRedis(b *testing.B) {
 	srv := redistest.Start(b)
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -62,6 +66,7 @@ func BenchmarkRedis(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.SetParallelism(benchParallelism)
+		cpu0, srv0 := processCPU(b), serverCPU(b, admin)
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			i := next.Add(7919)
@@ -77,6 +82,8 @@ func BenchmarkRedis(b *testing.B) {
 			admitted.Add(ok)
 		})
 		b.StopTimer()
+		b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "client-cpu-µs/op")
+		b.ReportMetric(float64((serverCPU(b, admin)-srv0).Microseconds())/float64(b.N), "server-cpu-µs/op")
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 		b.ReportMetric(evalshaMicros(b, admin), "redis-µs/op")
 		b.ReportMetric(100*float64(admitted.Load())/float64(b.N), "admitted-%")
@@ -134,6 +141,34 @@ func BenchmarkRedis(b *testing.B) {
 	b.Run("Decide1WindowBatch16x2", decide(oneWindow, Options{Batch: 16, BatchWorkers: 2}, false))
 	b.Run("Decide2WindowsGoRedisAutoPipeline", decide(twoWindows, Options{}, true))
 	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", rate(true))
+}
+
+// processCPU returns the CPU time (user and system) this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serverCPU returns the CPU time (user and system) redis-server has used,
+// from INFO cpu: its whole cost, reading and writing sockets included,
+// where redis-µs/op is only the script's wall time.
+func serverCPU(b *testing.B, c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_sys" || k == "used_cpu_user" {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // evalshaMicros returns the server's microseconds per EVALSHA since the
