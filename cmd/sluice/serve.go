@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,13 +58,17 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		// the metrics count, and an outage would flood the log).
 		redis.SetLogger(redisLogger{logger.With("component", "redis")})
 		client, err := redisstore.NewClient(cfg.Redis)
+		serrs := new(storeErrors)
 		if err != nil {
 			return nil, fmt.Errorf("%w: store.redis: %v", errConfig, err)
 		}
 		st, err := redisstore.New(client, redisstore.Options{
 			Prefix:  cfg.Prefix,
 			Timeout: cfg.StoreTimeout,
-			Observe: m.observeStore,
+			Observe: func(d time.Duration, err error) {
+				m.observeStore(d, err)
+				serrs.observe(err)
+			},
 			// Pipelined decisions: one write and one read per batch instead
 			// of per message, which is most of the cost under load (see
 			// docs/BENCHMARKS.md); each message still keeps its own deadline.
@@ -79,7 +84,13 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		p.store = redisstore.RedactURL(cfg.Redis)
 		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
 		m.watch(p.limiter, st.BreakerState)
-		go logOutages(ctx, p.limiter, client, st.BreakerState, logger)
+		ol := &outageLog{
+			errs:    serrs,
+			ping:    func(ctx context.Context) error { return client.Ping(ctx).Err() },
+			breaker: func() string { return st.BreakerState().String() },
+			logger:  logger,
+		}
+		go ol.run(ctx)
 
 		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 		err = client.Ping(pctx).Err()
@@ -267,38 +278,95 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.l.DebugContext(ctx, fmt.Sprintf(format, v...))
 }
 
-// logOutages logs when the store starts failing (from the Limiter's
-// counters) and when Redis answers again (a ping, once a second while
-// failing), until ctx is done: an operator reading the log sees an outage
-// begin and end, not a line per refused message.
-func logOutages(ctx context.Context, l *ratelimit.Limiter, client redis.UniversalClient, breaker func() redisstore.BreakerState, logger *slog.Logger) {
+// storeErrors sorts the Redis store's failed calls (redisstore's Observe)
+// into outages and errors about one key. Safe for concurrent use.
+type storeErrors struct {
+	outage atomic.Uint64 // Redis did not answer: timeout, refused, reset…
+	perKey atomic.Uint64 // Redis answered, about one key: corrupt value, CROSSSLOT, malformed reply
+}
+
+// observe counts err (nil: nothing). A canceled context is the caller
+// leaving (a client gone mid-decision), which says nothing about Redis.
+func (s *storeErrors) observe(err error) {
+	switch {
+	case err == nil, errors.Is(err, context.Canceled):
+	case isPerKeyError(err):
+		s.perKey.Add(1)
+	default:
+		s.outage.Add(1)
+	}
+}
+
+// isPerKeyError reports whether err is Redis answering about one key —
+// a reply that is not a list of numbers, the script refusing a stored
+// value ("ERR sluice ewma: …"), or Redis Cluster refusing a key whose
+// windows are in different slots — rather than Redis not answering. Such
+// an error refuses one client's message; every other client is served.
+// (redisstore's breaker draws the same line.)
+func isPerKeyError(err error) bool {
+	if errors.Is(err, ratelimit.ErrBadReply) {
+		return true
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	return strings.HasPrefix(msg, "ERR sluice ewma: ") || strings.HasPrefix(msg, "CROSSSLOT")
+}
+
+// outageLog logs when the store starts failing and when Redis answers
+// again (ping, once a tick while failing), and, separately at Warn, calls
+// refused for one key: an operator reading the log sees an outage begin
+// and end, not a line per refused message, and a corrupt key is not
+// reported as Redis being down.
+type outageLog struct {
+	errs    *storeErrors
+	ping    func(context.Context) error
+	breaker func() string
+	logger  *slog.Logger
+
+	lastOutage, lastPerKey uint64
+	failing                bool
+}
+
+// run calls step once a second until ctx is done.
+func (o *outageLog) run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	lastErrs := l.Stats().StoreErrors
-	failing := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			o.step(ctx)
 		}
-		errs := l.Stats().StoreErrors
-		newErrs := errs - lastErrs
-		lastErrs = errs
-		if !failing {
-			if newErrs > 0 {
-				failing = true
-				logger.Error("rate limiter store unavailable: messages are refused with \"error: rate limiter unavailable\" until it answers",
-					"failed_calls", newErrs, "breaker", breaker().String())
-			}
-			continue
+	}
+}
+
+// step logs what changed since the last step.
+func (o *outageLog) step(ctx context.Context) {
+	if n := o.errs.perKey.Load(); n != o.lastPerKey {
+		o.logger.Warn("redis refused decisions for single keys (a corrupt stored value, a CROSSSLOT key, a malformed reply); those messages were refused with \"error: rate limiter unavailable\", other clients are unaffected",
+			"refused_calls", n-o.lastPerKey)
+		o.lastPerKey = n
+	}
+	n := o.errs.outage.Load()
+	newErrs := n - o.lastOutage
+	o.lastOutage = n
+	if !o.failing {
+		if newErrs > 0 {
+			o.failing = true
+			o.logger.Error("rate limiter store unavailable: messages are refused with \"error: rate limiter unavailable\" until it answers",
+				"failed_calls", newErrs, "breaker", o.breaker())
 		}
-		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
-		err := client.Ping(pctx).Err()
-		cancel()
-		if err == nil {
-			failing = false
-			logger.Info("rate limiter store answers again")
-		}
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
+	err := o.ping(pctx)
+	cancel()
+	if err == nil {
+		o.failing = false
+		o.logger.Info("rate limiter store answers again")
 	}
 }
