@@ -47,5 +47,5 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 
 	handler := front(info, gated, "This is a Nostr relay behind sluice, a rate-limit gate.\nConnect to it with a Nostr client over WebSocket at this address.\n")
 	logger.Info("sluice proxy", "version", buildVersion(), "store", parts.store, "upstream", cfg.Upstream)
-	return serve(ctx, cfg, logger, handler, m, gate, parts.close)
+	return serve(ctx, cfg, logger, handler, m, gate, func(context.Context) error { return parts.close() })
 }

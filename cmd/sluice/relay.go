@@ -51,11 +51,14 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	kr := khatru.NewRelay()
 	kr.Log = slog.NewLogLogger(logger.With("component", "khatru").Handler(), slog.LevelWarn)
 	kr.MaxMessageSize = cfg.ReadLimit // the gate reads no more; khatru need not either
-	kr.StoreEvent = append(kr.StoreEvent, db.SaveEvent)
-	kr.QueryEvents = append(kr.QueryEvents, db.QueryEvents)
-	kr.CountEvents = append(kr.CountEvents, db.CountEvents)
-	kr.DeleteEvent = append(kr.DeleteEvent, db.DeleteEvent)
-	kr.ReplaceEvent = append(kr.ReplaceEvent, db.ReplaceEvent)
+	// khatru's message goroutines outlive the gate's drain; the guard
+	// lets shutdown wait for their store calls before closing badger.
+	store := newGuardedStore(db)
+	kr.StoreEvent = append(kr.StoreEvent, store.SaveEvent)
+	kr.QueryEvents = append(kr.QueryEvents, store.QueryEvents)
+	kr.CountEvents = append(kr.CountEvents, store.CountEvents)
+	kr.DeleteEvent = append(kr.DeleteEvent, store.DeleteEvent)
+	kr.ReplaceEvent = append(kr.ReplaceEvent, store.ReplaceEvent)
 	kr.Negentropy = true
 	kr.Info.Name = cfg.Info.Name
 	kr.Info.Description = cfg.Info.Description
@@ -80,8 +83,8 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	handler := front(info, gate.Wrap(kr), "This is a Nostr relay ("+sluiceURL+").\nConnect to it with a Nostr client over WebSocket at this address.\n")
 	logger.Info("sluice relay", "version", buildVersion(), "store", parts.store, "data", dir)
 	return serve(ctx, cfg, logger, handler, m, gate,
-		func() error { db.Close(); return nil },
-		parts.close,
+		func(ctx context.Context) error { return store.close(ctx, db.Close) },
+		func(context.Context) error { return parts.close() },
 	)
 }
 

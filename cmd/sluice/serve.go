@@ -193,11 +193,12 @@ func headerHasToken(h http.Header, name, token string) bool {
 
 // serve runs handler on cfg.Listen and the metrics on cfg.MetricsListen
 // until ctx is done, then shuts down in order: stop accepting, drain the
-// gate, then close (the event store, Redis) — all within shutdownTimeout.
-func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.Handler, m *metrics, gate *relay.Gate, closers ...func() error) error {
+// gate, then close (the event store, Redis) — all within shutdownTimeout,
+// which each closer is given.
+func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.Handler, m *metrics, gate *relay.Gate, closers ...func(context.Context) error) error {
 	closeAll := func() {
 		for _, c := range closers {
-			_ = c()
+			_ = c(context.Background()) // at start-up no call is in flight
 		}
 	}
 	// Bind both addresses before serving either, so a port in use is an
@@ -260,7 +261,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.H
 		}
 	}
 	for _, c := range closers {
-		if err := c(); err != nil {
+		if err := c(sctx); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// blockingDB's SaveEvent waits for release; QueryEvents sends n events
+// from a goroutine, as badger does.
+type blockingDB struct {
+	entered, release chan struct{}
+	n                int
+	readerDone       chan struct{}
+}
+
+func (b *blockingDB) SaveEvent(context.Context, *nostr.Event) error {
+	b.entered <- struct{}{}
+	<-b.release
+	return nil
+}
+func (b *blockingDB) ReplaceEvent(context.Context, *nostr.Event) error { return nil }
+func (b *blockingDB) DeleteEvent(context.Context, *nostr.Event) error  { return nil }
+func (b *blockingDB) CountEvents(context.Context, nostr.Filter) (int64, error) {
+	return 0, nil
+}
+func (b *blockingDB) QueryEvents(context.Context, nostr.Filter) (chan *nostr.Event, error) {
+	ch := make(chan *nostr.Event)
+	go func() {
+		defer close(b.readerDone)
+		defer close(ch)
+		for range b.n {
+			ch <- &nostr.Event{}
+		}
+	}()
+	return ch, nil
+}
+
+// TestGuardedStoreWaitsForSave: the event store is closed only after a
+// save khatru began has returned, and calls after close began are refused.
+func TestGuardedStoreWaitsForSave(t *testing.T) {
+	db := &blockingDB{entered: make(chan struct{}), release: make(chan struct{}), readerDone: make(chan struct{})}
+	g := newGuardedStore(db)
+
+	saved := make(chan error, 1)
+	go func() { saved <- g.SaveEvent(context.Background(), &nostr.Event{}) }()
+	<-db.entered
+
+	closed := make(chan struct{})
+	closeErr := make(chan error, 1)
+	go func() {
+		closeErr <- g.close(context.Background(), func() { close(closed) })
+	}()
+	// Wait until close has begun: new calls are refused.
+	for g.enter() {
+		g.calls.Done()
+		runtime.Gosched()
+	}
+	if err := g.SaveEvent(context.Background(), &nostr.Event{}); !errors.Is(err, errEventStoreClosed) {
+		t.Fatalf("save after close began: %v, want errEventStoreClosed", err)
+	}
+	select {
+	case <-closed:
+		t.Fatal("event store closed while a save was running")
+	default:
+	}
+	close(db.release)
+	if err := <-saved; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closeErr; err != nil {
+		t.Fatal(err)
+	}
+	<-closed
+}
+
+// TestGuardedStoreAbandonedQuery: khatru may read one event and drop the
+// channel; close still completes, and the store's reader is drained first.
+func TestGuardedStoreAbandonedQuery(t *testing.T) {
+	db := &blockingDB{n: 5, readerDone: make(chan struct{})}
+	g := newGuardedStore(db)
+	ch, err := g.QueryEvents(context.Background(), nostr.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evt := <-ch; evt == nil {
+		t.Fatal("no first event")
+	}
+	closed := false
+	if err := g.close(context.Background(), func() { closed = true }); err != nil {
+		t.Fatal(err)
+	}
+	if !closed {
+		t.Fatal("closeDB not called")
+	}
+	<-db.readerDone // the reader was drained, not left blocked
+}
+
+// TestGuardedStoreCloseTimeout: a call that never returns leaves the store
+// open and close reports it, instead of hanging or closing under it.
+func TestGuardedStoreCloseTimeout(t *testing.T) {
+	db := &blockingDB{entered: make(chan struct{}), release: make(chan struct{})}
+	g := newGuardedStore(db)
+	go func() { _ = g.SaveEvent(context.Background(), &nostr.Event{}) }()
+	<-db.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	called := false
+	if err := g.close(ctx, func() { called = true }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("close: %v, want context.Canceled", err)
+	}
+	if called {
+		t.Fatal("closed under a running save")
+	}
+	close(db.release)
+}
