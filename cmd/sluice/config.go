@@ -60,6 +60,11 @@ type fileConfig struct {
 	Quota         quotaConfig    `yaml:"quota"`
 	Identity      identityConfig `yaml:"identity"`
 	Allow         allowConfig    `yaml:"allow"`
+
+	// from names where a field's value came from when that was not the
+	// file ("SLUICE_LISTEN", "--listen"), keyed by the field's path, so
+	// an error about it names what the operator actually set.
+	from map[string]string `yaml:"-"`
 }
 
 type logConfig struct {
@@ -241,7 +246,7 @@ func parseConfigOver(fc fileConfig, data []byte) (fileConfig, error) {
 func loadConfigFile(path string) (fileConfig, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return defaultFileConfig(), fmt.Errorf("%w: %v", errConfig, err)
+		return defaultFileConfig(), fmt.Errorf("%w: config file: %v", errConfig, err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
@@ -389,7 +394,11 @@ func findEntry(entries []entry, line int, match func(entry) bool) string {
 func (fc *fileConfig) validate() (*config, error) {
 	var errs []error
 	bad := func(path, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", errConfig, path, fmt.Sprintf(format, args...)))
+		msg := fmt.Sprintf(format, args...)
+		if src := fc.from[path]; src != "" {
+			msg += " (set by " + src + ")"
+		}
+		errs = append(errs, fmt.Errorf("%w: %s: %s", errConfig, path, msg))
 	}
 	c := &config{
 		Listen:         fc.Listen,

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -414,4 +415,54 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("accepted a config relay.New refuses: %v", err)
 		}
 	})
+}
+
+// TestBadOverrideNamesItsSource: a bad value from SLUICE_* or a flag is
+// reported with the variable or flag that set it, and a missing config
+// file says it is the config file.
+func TestBadOverrideNamesItsSource(t *testing.T) {
+	tests := []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{map[string]string{"SLUICE_LISTEN": "7777"}, nil, `listen: want host:port, got "7777" (set by SLUICE_LISTEN)`},
+		{map[string]string{"SLUICE_LISTEN": "7777"}, []string{"--listen", "x"}, `(set by --listen)`},
+		{map[string]string{"SLUICE_REDIS": "nope"}, nil, "(set by SLUICE_REDIS)"},
+		{map[string]string{"SLUICE_LOG_LEVEL": "loud"}, nil, "log.level: must be debug, info, warn or error, got \"loud\" (set by SLUICE_LOG_LEVEL)"},
+		{map[string]string{"SLUICE_METRICS_LISTEN": "::1:9"}, nil, "(set by SLUICE_METRICS_LISTEN)"},
+		{map[string]string{"SLUICE_CONFIG": "/nonexistent/sluice.yaml"}, nil, "config file: open /nonexistent/sluice.yaml"},
+	}
+	for _, tt := range tests {
+		fs, fv := newFlagSet("relay", io.Discard)
+		if err := fs.Parse(tt.args); err != nil {
+			t.Fatal(err)
+		}
+		_, err := loadConfig(fs, fv, func(k string) string { return tt.env[k] })
+		if !errors.Is(err, errConfig) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("env %v args %v: err %v, want it to contain %q", tt.env, tt.args, err, tt.want)
+		}
+	}
+}
+
+// TestKnownEnv: knownEnv (what the unknown-variable warning accepts) is
+// exactly the set of variables loadConfig reads.
+func TestKnownEnv(t *testing.T) {
+	read := map[string]bool{}
+	fs, fv := newFlagSet("proxy", io.Discard)
+	_ = fs.Parse(nil)
+	_, _ = loadConfig(fs, fv, func(k string) string { read[k] = true; return "" })
+	for _, k := range knownEnv {
+		if !read[k] {
+			t.Errorf("knownEnv lists %s, which loadConfig does not read", k)
+		}
+		delete(read, k)
+	}
+	for k := range read {
+		t.Errorf("loadConfig reads %s, missing from knownEnv (it would be warned about)", k)
+	}
+	got := unknownEnv([]string{"SLUICE_REDIS=redis://x", "SLUICE_REDIS_URL=redis://x", "PATH=/bin", "SLUICE_=1", "sluice_listen=x"})
+	if want := []string{"SLUICE_REDIS_URL", "SLUICE_"}; !slices.Equal(got, want) {
+		t.Errorf("unknownEnv = %v, want %v", got, want)
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -39,9 +40,33 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	for _, name := range unknownEnv(os.Environ()) {
+		// A typo (SLUICE_REDIS_URL) would otherwise run with memory
+		// budgets, silently unshared; a warning, since other tools may
+		// use the prefix too.
+		fmt.Fprintf(os.Stderr, "sluice: warning: ignoring unknown environment variable %s (sluice reads %s)\n",
+			name, strings.Join(knownEnv, ", "))
+	}
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// knownEnv is every environment variable sluice reads.
+var knownEnv = []string{"SLUICE_CONFIG", "SLUICE_LISTEN", "SLUICE_METRICS_LISTEN", "SLUICE_DATA_DIR",
+	"SLUICE_UPSTREAM", "SLUICE_REDIS", "SLUICE_LOG_FORMAT", "SLUICE_LOG_LEVEL"}
+
+// unknownEnv returns the names of SLUICE_* variables in environ (as
+// os.Environ gives it) that sluice does not read.
+func unknownEnv(environ []string) []string {
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "SLUICE_") && !slices.Contains(knownEnv, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	return unknown
 }
 
 const usageText = `sluice — a rate-limit gate for Nostr relays.
@@ -207,27 +232,30 @@ func loadConfig(fs *flag.FlagSet, fv *flagValues, getenv func(string) string) (*
 		}
 	}
 	overrides := []struct {
-		flag, env string
-		field     *string
-		value     string
+		flag, env, path string
+		field           *string
+		value           string
 	}{
-		{"listen", "SLUICE_LISTEN", &fc.Listen, fv.listen},
-		{"metrics-listen", "SLUICE_METRICS_LISTEN", &fc.MetricsListen, fv.metricsListen},
-		{"data-dir", "SLUICE_DATA_DIR", &fc.DataDir, fv.dataDir},
-		{"upstream", "SLUICE_UPSTREAM", &fc.Upstream, fv.upstream},
-		{"redis", "SLUICE_REDIS", &fc.Store.Redis, fv.redis},
-		{"log-format", "SLUICE_LOG_FORMAT", &fc.Log.Format, fv.logFormat},
-		{"log-level", "SLUICE_LOG_LEVEL", &fc.Log.Level, fv.logLevel},
+		{"listen", "SLUICE_LISTEN", "listen", &fc.Listen, fv.listen},
+		{"metrics-listen", "SLUICE_METRICS_LISTEN", "metrics_listen", &fc.MetricsListen, fv.metricsListen},
+		{"data-dir", "SLUICE_DATA_DIR", "data_dir", &fc.DataDir, fv.dataDir},
+		{"upstream", "SLUICE_UPSTREAM", "upstream", &fc.Upstream, fv.upstream},
+		{"redis", "SLUICE_REDIS", "store.redis", &fc.Store.Redis, fv.redis},
+		{"log-format", "SLUICE_LOG_FORMAT", "log.format", &fc.Log.Format, fv.logFormat},
+		{"log-level", "SLUICE_LOG_LEVEL", "log.level", &fc.Log.Level, fv.logLevel},
 	}
+	fc.from = map[string]string{}
 	for _, o := range overrides {
 		// An environment variable that is set but empty is ignored, so
 		// SLUICE_REDIS= in a compose file does not silently win over the
 		// file; a flag given as --redis "" does win (that is explicit).
 		if v := getenv(o.env); v != "" {
 			*o.field = v
+			fc.from[o.path] = o.env
 		}
 		if set[o.flag] {
 			*o.field = o.value
+			fc.from[o.path] = "--" + o.flag
 		}
 	}
 	return fc.validate()
