@@ -5,7 +5,11 @@
 #   docker run -p 7777:7777 -v sluice-data:/data sluice            # sluice relay
 #   docker run -p 7777:7777 sluice proxy --upstream ws://relay:8080
 
-FROM golang:1.26 AS build
+# The exact toolchain go.mod asks for: the golang images set
+# GOTOOLCHAIN=local, so a cached golang:1.26 older than 1.26.8 would refuse
+# to build rather than fetch a newer Go.
+ARG GO_VERSION=1.26.8
+FROM golang:${GO_VERSION} AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
@@ -19,7 +23,9 @@ COPY --from=build /out/sluice /usr/local/bin/sluice
 # Owned by the image's nonroot user, so a fresh named volume is writable.
 COPY --from=build --chown=65532:65532 /out/data /data
 # In a container the relay must listen beyond loopback; metrics stay on
-# their own port (publish it only where Prometheus can reach it).
+# their own port (publish it only where Prometheus can reach it). These
+# variables outrank a mounted config file's listen, metrics_listen and
+# data_dir: override them with -e or with flags, not in the file.
 ENV SLUICE_LISTEN=0.0.0.0:7777 \
     SLUICE_METRICS_LISTEN=0.0.0.0:9777 \
     SLUICE_DATA_DIR=/data
