@@ -291,29 +291,11 @@ type storeErrors struct {
 func (s *storeErrors) observe(err error) {
 	switch {
 	case err == nil, errors.Is(err, context.Canceled):
-	case isPerKeyError(err):
+	case redisstore.IsPerKey(err):
 		s.perKey.Add(1)
 	default:
 		s.outage.Add(1)
 	}
-}
-
-// isPerKeyError reports whether err is Redis answering about one key —
-// a reply that is not a list of numbers, the script refusing a stored
-// value ("ERR sluice ewma: …"), or Redis Cluster refusing a key whose
-// windows are in different slots — rather than Redis not answering. Such
-// an error refuses one client's message; every other client is served.
-// (redisstore's breaker draws the same line.)
-func isPerKeyError(err error) bool {
-	if errors.Is(err, ratelimit.ErrBadReply) {
-		return true
-	}
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	msg := re.Error()
-	return strings.HasPrefix(msg, "ERR sluice ewma: ") || strings.HasPrefix(msg, "CROSSSLOT")
 }
 
 // outageLog logs when the store starts failing and when Redis answers

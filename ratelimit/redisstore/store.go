@@ -308,6 +308,17 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 }
 
+// IsPerKey reports whether err, returned by Decide, is Redis answering about
+// one key rather than Redis not answering: a reply that is not a list of
+// numbers, the script refusing a stored value, or Redis Cluster refusing a
+// key whose windows are in different slots. Such an error refuses one
+// client's message (it still wraps ratelimit.ErrUnavailable) while every
+// other client is served; the breaker does not count it, and an operator's
+// outage alarm should not either.
+func IsPerKey(err error) bool {
+	return errors.Is(err, ratelimit.ErrBadReply) || isScriptRefusal(err) || isCrossSlot(err)
+}
+
 // isScriptRefusal reports whether err is the script's own error reply
 // ("ERR sluice ewma: …": a malformed stored value, a window of a seen
 // request gone, arguments it refuses), as opposed to Redis failing to run
