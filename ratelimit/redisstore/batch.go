@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -39,6 +40,10 @@ type batcher struct {
 	stop    chan struct{}
 	once    sync.Once
 	wg      sync.WaitGroup
+
+	// pipelines and calls count what the workers sent, for the benchmarks'
+	// mean batch size.
+	pipelines, calls atomic.Int64
 }
 
 func newBatcher(client redis.UniversalClient, max, workers int, timeout func() (context.Context, context.CancelFunc)) *batcher {
@@ -109,6 +114,8 @@ func (b *batcher) work() {
 				break fill
 			}
 		}
+		b.pipelines.Add(1)
+		b.calls.Add(int64(len(batch)))
 		cmds = b.exec(batch, cmds[:0])
 		for i, c := range batch {
 			c.res <- callResult{cmds[i].Val(), cmds[i].Err()}
