@@ -241,6 +241,21 @@ func testHungRedis(t *testing.T, batch bool) {
 			t.Fatalf("#%d took %v with a 100ms deadline", i, el)
 		}
 	}
+	// Many at once, more than a batched store queues (its callers wait in
+	// line for room, with no timer of their own): each is still bounded.
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, err := s.Decide(context.Background(), "{hang"+strconv.Itoa(i)+"}:message:EVENT", limits, time.Time{})
+			if el := time.Since(start); !errors.Is(err, ratelimit.ErrUnavailable) || el > hangGuard {
+				t.Errorf("concurrent #%d with Redis stopped: %v after %v", i, err, el)
+			}
+		}()
+	}
+	wg.Wait()
 	cont()
 	healed := false
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -461,7 +476,7 @@ func TestBatchCloseStrandsNoCall(t *testing.T) {
 	s := newStore(t, c, Options{Timeout: slow.Timeout})
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(1e9, time.Second)}
 	for round := range 50 {
-		b := newBatcher(c, 4, 2, s.callContext(context.Background()))
+		b := newBatcher(c, 4, 2)
 		var wg sync.WaitGroup
 		done := make(chan struct{})
 		for range 4 {
@@ -469,7 +484,7 @@ func TestBatchCloseStrandsNoCall(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					_, err := b.do(context.Background(), s.request("{close}:message:EVENT", limits, storetest.T0))
+					_, err := b.do(context.Background(), time.Now().Add(slow.Timeout), s.request("{close}:message:EVENT", limits, storetest.T0))
 					if errors.Is(err, ErrClosed) {
 						return
 					}

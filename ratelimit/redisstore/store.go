@@ -210,7 +210,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		if workers == 0 {
 			workers = 2
 		}
-		st.batch = newBatcher(client, opts.Batch, workers, st.callContext(context.Background()))
+		st.batch = newBatcher(client, opts.Batch, workers)
 	}
 	return st, nil
 }
@@ -224,17 +224,6 @@ func (s *Store) Close() error {
 		s.batch.close()
 	}
 	return nil
-}
-
-// callContext returns a function deriving a call's context from parent:
-// with the store's Timeout, unless it is negative.
-func (s *Store) callContext(parent context.Context) func() (context.Context, context.CancelFunc) {
-	return func() (context.Context, context.CancelFunc) {
-		if s.timeout > 0 {
-			return context.WithTimeout(parent, s.timeout)
-		}
-		return context.WithCancel(parent)
-	}
 }
 
 // BreakerState reports the breaker's state now, for metrics.
@@ -264,20 +253,26 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	}
 
 	req := s.request(key, limits, now)
-	callCtx, cancel := ctx, context.CancelFunc(nil)
-	if s.timeout > 0 {
-		callCtx, cancel = context.WithTimeout(ctx, s.timeout)
-	}
 	start := time.Now()
 	var reply any
 	var err error
 	if s.batch != nil {
-		reply, err = s.batch.do(callCtx, req)
+		// No timer per call: the batcher bounds the call by this deadline
+		// (see batcher), and the caller's own ctx still applies.
+		var deadline time.Time
+		if s.timeout > 0 {
+			deadline = start.Add(s.timeout)
+		}
+		reply, err = s.batch.do(ctx, deadline, req)
 	} else {
+		callCtx, cancel := ctx, context.CancelFunc(nil)
+		if s.timeout > 0 {
+			callCtx, cancel = context.WithTimeout(ctx, s.timeout)
+		}
 		reply, err = run(callCtx, s.client, req)
-	}
-	if cancel != nil {
-		cancel()
+		if cancel != nil {
+			cancel()
+		}
 	}
 	var d ratelimit.Decision
 	if err == nil {
