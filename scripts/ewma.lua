@@ -47,10 +47,21 @@
 -- Stored value of a window: "<score %.17g> <t ms>", one string per key, so
 -- reading all windows is one MGET and writing one is a SET ... PX. The first
 -- window's value goes on with the recent request ids: "<score> <t> <id>...".
+--
+-- Cost: this runs on every message, so the admitted path is kept to the
+-- work it cannot avoid (one MGET, TIME, one SET per window, one %.17g per
+-- window for the reply, which is also the stored digits). Every string made
+-- and every call into C costs Redis about 0.1 us, measured: hence plain
+-- finds and subs rather than patterns with captures, the first two windows'
+-- values held in locals rather than a table, the TTL handed to SET as
+-- digits, and the request ids searched and cut in place.
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local LN2 = 0.69314718055994531
 local IDS = 4
+local HUGE = math.huge
+local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
+local log, ceil = math.log, math.ceil
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 2 + 3 * n then
@@ -59,105 +70,114 @@ end
 
 local vals = redis.call('MGET', unpack(KEYS))
 
--- A stored value is read strictly: "<score> <t>" and, in the first window,
--- " <id>..." after it. The score must be a finite number >= 0 and t a whole
--- number of ms; anything else (a hand-edited key, another program's value)
--- is refused rather than read as a score of zero or NaN. (Inline, not a
--- function: this runs on every message, and a closure is an allocation.)
-local reqid = ARGV[2]
-local ids = ''
-local s1, t1, ts1 -- the first window, parsed once
-local v = vals[1]
-if v then
-  local ss, ts, rest = string.match(v, '^(%S+) (%d+)(.*)$')
-  s1, t1 = tonumber(ss), tonumber(ts)
-  if not (s1 and t1 and s1 >= 0 and s1 < math.huge and t1 < 2 ^ 53 and (rest == '' or string.byte(rest, 1) == 32)) then
-    return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[1])
-  end
-  ts1, ids = ts, string.sub(rest, 2)
-  if reqid ~= '' and ids ~= '' then
-    -- Is reqid one of the space-separated ids? A plain find, checked at
-    -- the boundaries (no padded copies of either).
-    local k, m, l = 1, #reqid, #ids
-    local seen = false
-    while true do
-      local p = string.find(ids, reqid, k, true)
-      if not p then
-        break
-      end
-      local q = p + m
-      if (p == 1 or string.byte(ids, p - 1) == 32) and (q > l or string.byte(ids, q) == 32) then
-        seen = true
-        break
-      end
-      k = p + 1
-    end
-    if seen then
-      -- A repeat of an admitted request: answer as admitted, charge nothing.
-      local reply = {1, 0}
-      for i = 1, n do
-        local w = vals[i]
-        if not w then
-          return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[i])
-        end
-        local ss, ts, rest = string.match(w, '^(%S+) (%d+)(.*)$')
-        local s, t = tonumber(ss), tonumber(ts)
-        if not (s and t and s >= 0 and s < math.huge and t < 2 ^ 53 and (rest == '' or string.byte(rest, 1) == 32)) then
-          return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
-        end
-        reply[i + 2] = ss
-      end
-      return reply
-    end
-  end
-end
-
 local now = tonumber(ARGV[1])
 if not now or now <= 0 then
   -- Redis < 5 needs effect replication before a write that follows TIME;
-  -- on Redis >= 7 this is a no-op.
-  if redis.replicate_commands then
+  -- Redis >= 7 (which has REDIS_VERSION) always replicates effects, so the
+  -- call is skipped there.
+  if not redis.REDIS_VERSION and redis.replicate_commands then
     redis.replicate_commands()
   end
   local tm = redis.call('TIME')
   now = tm[1] * 1000 + math.floor(tm[2] / 1000)
 end
 
--- Decide every window. st holds, per window, seven values: rate, period,
--- cost, stored score, decayed score, write time and its stored digits (one
--- flat table, sized by its constructor for two windows: this runs on every
--- message, and growing a table reallocates it).
-local st = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+-- Read and decide every window. A stored value is read strictly: "<score>
+-- <t>" and, in the first window, " <id>..." after it. The score must be a
+-- finite number >= 0 and t a whole number of ms >= 0; anything else (a
+-- hand-edited key, another program's value) is refused rather than read as
+-- a score of zero or NaN. Per window the decision keeps seven values: rate,
+-- period, cost, stored score, decayed score, write time and its stored
+-- digits; the first two windows (every limit sluice ships has one or two)
+-- keep them in locals, further windows in the table st.
+local reqid = ARGV[2]
+local v1 = vals[1]
+local idat -- where the first window's ids begin in v1, if it has any
+local r1, p1, c1, s1, d1, t1, ts1, r2, p2, c2, s2, d2, t2, ts2
+local st = n > 2 and {} or nil
+local lastts, lastt -- the previous window's t digits and value: windows written together share them
 local allowed = true
 for i = 1, n do
+  local v = vals[i]
+  local s, t, ts = 0, 0, false
+  if v then
+    local a = find(v, ' ', 1, true)
+    if not a then
+      return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
+    end
+    local b = find(v, ' ', a + 1, true)
+    ts = sub(v, a + 1, (b or 0) - 1)
+    s = tonumber(sub(v, 1, a - 1))
+    if ts == lastts then
+      t = lastt
+    else
+      t = tonumber(ts)
+      lastts, lastt = ts, t
+    end
+    if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
+      return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
+    end
+    if i == 1 and b and b < #v then
+      idat = b + 1
+      if reqid ~= '' then
+        -- Is reqid one of the space-separated ids? A plain find in v1
+        -- itself, checked at the boundaries (no copies of either).
+        local k, m, l = idat, #reqid, #v
+        local seen = false
+        while true do
+          local p = find(v, reqid, k, true)
+          if not p then
+            break
+          end
+          local q = p + m
+          if (p == idat or byte(v, p - 1) == 32) and (q > l or byte(v, q) == 32) then
+            seen = true
+            break
+          end
+          k = p + 1
+        end
+        if seen then
+          -- A repeat of an admitted request: answer as admitted, charge
+          -- nothing, with every window's stored digits (each read as
+          -- strictly as above).
+          local reply = {1, 0, sub(v, 1, a - 1)}
+          for j = 2, n do
+            local w = vals[j]
+            if not w then
+              return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[j])
+            end
+            local a = find(w, ' ', 1, true)
+            local b = a and find(w, ' ', a + 1, true)
+            local ss = a and sub(w, 1, a - 1)
+            local s, t = tonumber(ss), a and tonumber(sub(w, a + 1, (b or 0) - 1))
+            if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
+              return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[j])
+            end
+            reply[j + 2] = ss
+          end
+          return reply
+        end
+      end
+    end
+  end
   local j = 3 * i
   local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   if not (r and p and c and p >= 1 and c > 0 and r - c > 0) then
     return redis.error_reply('ERR sluice ewma: bad limit for ' .. KEYS[i])
-  end
-  local s, t, ts = 0, 0, false
-  if i == 1 then
-    if v then
-      s, t, ts = s1, t1, ts1
-    end
-  else
-    local w = vals[i]
-    if w then
-      local ss, rest
-      ss, ts, rest = string.match(w, '^(%S+) (%d+)(.*)$')
-      s, t = tonumber(ss), tonumber(ts)
-      if not (s and t and s >= 0 and s < math.huge and t < 2 ^ 53 and (rest == '' or string.byte(rest, 1) == 32)) then
-        return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
-      end
-    end
   end
   local d = s
   if now > t then
     local x = (now - t) / p
     if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
   end
-  local k = 7 * i
-  st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1], st[k] = r, p, c, s, d, t, ts
+  if i == 1 then
+    r1, p1, c1, s1, d1, t1, ts1 = r, p, c, s, d, t, ts
+  elseif i == 2 then
+    r2, p2, c2, s2, d2, t2, ts2 = r, p, c, s, d, t, ts
+  else
+    local k = 7 * i
+    st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1], st[k] = r, p, c, s, d, t, ts
+  end
   if not (d + c <= r) then
     allowed = false
   end
@@ -232,31 +252,48 @@ if not allowed then
   local wait = 0
   local reply = {0, 0}
   for i = 1, n do
-    local k = 7 * i
-    local r, p, c, s, d, t = st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1]
+    local r, p, c, s, d, t
+    if i == 1 then
+      r, p, c, s, d, t = r1, p1, c1, s1, d1, t1
+    elseif i == 2 then
+      r, p, c, s, d, t = r2, p2, c2, s2, d2, t2
+    else
+      local k = 7 * i
+      r, p, c, s, d, t = st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1]
+    end
     if not (d + c <= r) then
       local w = waitms(now, s, t, p, c, r)
       if w > wait then wait = w end
     end
-    reply[i + 2] = string.format('%.17g', d)
+    reply[i + 2] = format('%.17g', d)
   end
   reply[2] = wait
   return reply
 end
 
-local reply = {1, 0}
+-- Admitted: write every window. The reply is sized by its constructor for
+-- up to two windows (growing a table reallocates it).
+local reply = n == 1 and {1, 0, false} or {1, 0, false, false}
 local nowstr -- now's digits, formatted at most once
 for i = 1, n do
-  local k = 7 * i
-  local r, p, c, s, t, ts = st[k - 6], st[k - 5], st[k - 4], st[k - 2] + st[k - 4], st[k - 1], st[k]
-  if now > t or not ts then
+  local r, p, c, d, t, ts
+  if i == 1 then
+    r, p, c, d, t, ts = r1, p1, c1, d1, t1, ts1
+  elseif i == 2 then
+    r, p, c, d, t, ts = r2, p2, c2, d2, t2, ts2
+  else
+    local k = 7 * i
+    r, p, c, d, t, ts = st[k - 6], st[k - 5], st[k - 4], st[k - 2], st[k - 1], st[k]
+  end
+  local s = d + c
+  if now > t then
     t = now
     if not nowstr then
-      nowstr = string.format('%d', now)
+      nowstr = format('%d', now)
     end
     ts = nowstr
   end
-  local str = string.format('%.17g', s)
+  local str = format('%.17g', s)
   -- TTL: keep the key until its score is negligible, eps = min(c, R-c)/1024
   -- (forgetting it then gives a client at most 1/1024 of a message), that
   -- is T*log2(S/eps) ms. Since eps <= R-c this is never shorter than the
@@ -267,24 +304,31 @@ for i = 1, n do
   -- by t-now, so that is added.) Capped at 2*MAX_WAIT (70 years), twice
   -- the longest wait ever reported: absurd limits (a ten-year half-life with
   -- R a hair above c) would otherwise ask for centuries, which overflows
-  -- some Redis-compatible servers' expiry arithmetic.
-  local eps = math.min(c, r - c) / 1024
-  local ttl = math.min(math.ceil(p * math.log(math.max(s, eps) / eps) / LN2) + 1, 2 * MAX_WAIT) + (t - now)
+  -- some Redis-compatible servers' expiry arithmetic. It goes to SET as
+  -- digits: redis.call formats a number argument with %.17g, which costs
+  -- more than %d here. (min and max are written as comparisons: the same
+  -- result, without a call.)
+  local eps = r - c
+  if c < eps then eps = c end
+  eps = eps / 1024
+  local ttl = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
+  if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
+  ttl = ttl + (t - now)
   local val
-  if i ~= 1 or (reqid == '' and ids == '') then
+  if i ~= 1 or not idat and reqid == '' then
     val = str .. ' ' .. ts
   elseif reqid == '' then
-    val = str .. ' ' .. ts .. ' ' .. ids
-  elseif ids == '' then
+    val = str .. ' ' .. ts .. sub(v1, idat - 1)
+  elseif not idat then
     val = str .. ' ' .. ts .. ' ' .. reqid
   else
     -- Keep the last IDS request ids, newest first. Ids are of one width (16
     -- characters from the Go store), so keeping IDS-1 old ones is one
     -- string.sub; an id of another width is at worst cut short, and a cut
     -- id never matches (the seen check looks at the boundaries).
-    val = str .. ' ' .. ts .. ' ' .. reqid .. ' ' .. string.sub(ids, 1, (IDS - 1) * (#reqid + 1) - 1)
+    val = str .. ' ' .. ts .. ' ' .. reqid .. ' ' .. sub(v1, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
   end
-  redis.call('SET', KEYS[i], val, 'PX', ttl)
+  redis.call('SET', KEYS[i], val, 'PX', format('%d', ttl))
   reply[i + 2] = str
 end
 return reply
