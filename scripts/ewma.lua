@@ -48,18 +48,21 @@
 -- reading all windows is one MGET and writing one is a SET ... PX. The first
 -- window's value goes on with the recent request ids: "<score> <t> <id>...".
 --
--- Cost: this runs on every message, so the admitted path is kept to the
--- work it cannot avoid (one MGET, TIME, one SET per window, one %.17g per
--- window for the reply, which is also the stored digits). Every string made
--- and every call into C costs Redis about 0.1 us, measured: hence plain
--- finds and subs rather than patterns with captures, the first two windows'
--- values held in locals rather than a table, the TTL handed to SET as
--- digits, and the request ids searched and cut in place.
+-- Cost: this runs on every message. Beyond the commands (one MGET, TIME,
+-- one SET per window) the admitted path must read each window's digits and
+-- limits (tonumber) and format one %.17g per window (the reply, which is
+-- also the stored digits). Every other string made and every call into C
+-- costs Redis about 0.1 us, measured: hence plain finds and subs rather
+-- than a pattern with captures, the first two windows' values held in
+-- locals rather than a table, the TTL handed to SET as digits, and the
+-- request ids searched and cut in place.
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local LN2 = 0.69314718055994531
 local IDS = 4
 local HUGE = math.huge
+-- Library functions used on every call, as locals (a register, not a table
+-- lookup).
 local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
 local log, ceil = math.log, math.ceil
 
@@ -95,7 +98,9 @@ local v1 = vals[1]
 local idat -- where the first window's ids begin in v1, if it has any
 local r1, p1, c1, s1, d1, t1, ts1, r2, p2, c2, s2, d2, t2, ts2
 local st = n > 2 and {} or nil
-local lastts, lastt -- the previous window's t digits and value: windows written together share them
+-- The previous window's t digits and value: windows written together share
+-- them, so the second is usually not parsed again.
+local lastts, lastt
 local allowed = true
 for i = 1, n do
   local v = vals[i]
