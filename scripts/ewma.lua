@@ -1,61 +1,92 @@
--- ewma.lua: decide one message against every window of one key, atomically.
+-- ewma.lua: decide several messages, each against every window of its
+-- client, in one call; each decision atomically, in order.
 --
 -- A window's budget is a score S written at instant t (unix milliseconds).
 -- At instant now it has decayed to S * 2^(-(now - t)/T), T being the
--- window's half-life. A message of cost c is admitted when, in EVERY window,
--- decayed + c <= R (no tolerance); then every window is written as
--- (decayed + c, max(now, t)). A refused message writes nothing, so the wait a
--- client is told stays true however often it knocks.
+-- window's half-life. A message of cost c is admitted when, in EVERY window
+-- of its decision, decayed + c <= R (no tolerance); then every window of it
+-- is written as (decayed + c, max(now, t)). A refused message writes
+-- nothing, so the wait a client is told stays true however often it knocks.
 --
 -- This is the same arithmetic, step for step, as ratelimit.decide in Go (the
 -- memory store), so one table of instants gives the same decisions on both.
 --
--- KEYS[1..n]  one key per window; all carry the same {client} hash tag, so
---             the script is legal on Redis Cluster.
+-- Why several decisions per call: Redis runs every script on its one command
+-- thread, and per call it pays the EVALSHA dispatch, a Lua string per key
+-- and argument, the MGET, the TIME and the parsing of the limits. Sent as
+-- one call, a batch of decisions shares the dispatch, one MGET of all keys,
+-- one TIME, and the limits parsed once per distinct limit list.
+--
+-- KEYS        the windows of decision 1, then those of decision 2, ...
+--             (flattened, in order). All windows of one decision carry the
+--             same {client} hash tag; different decisions may have different
+--             clients, which is legal only off Redis Cluster (on a cluster
+--             the caller sends one decision per call, which is always legal).
 -- ARGV[1]     now in unix milliseconds; "0" (or anything not a positive
 --             number) means Redis TIME, so every gate instance shares one
---             clock.
--- ARGV[2]     request id (no spaces, one width), or "" for none. go-redis retries a
---             command whose reply was lost (EOF, reset) and its
---             auto-pipeliner may replay a batch; without this, a repeated
---             call that had already been admitted would charge the client
---             twice. The ids of the last IDS admitted requests are kept in
---             the first window's value, and a repeat of one of them returns
---             {1, 0, stored scores} without charging. Refusals write
---             nothing, so repeating one is harmless. The guard fails only if
---             more than IDS other requests of the same key were admitted
---             between an attempt and its retry (a few ms apart): then the
---             retry charges once more. A per-request dedup key would close
---             that gap at the price of a GET, a SET and a new key on every
---             call (about half again the script's cost, measured).
--- ARGV[3..]   per window: rate R, half-life T in ms, cost c.
+--             clock. One instant for the whole call: TIME runs at most once.
+-- ARGV[2]     L >= 1, the number of limit lists that follow.
+-- then        L limit lists, each: n >= 1, then per window: rate R,
+--             half-life T in ms (>= 1), cost c (> 0, < R).
+-- then        per decision, two args: the index (1..L) of its limit list
+--             (its windows are its next n keys) and its request id, or ""
+--             for none.
+--             The decisions are m = (args left)/2 >= 1, and the n of their
+--             lists add up to #KEYS. Any of this violated is an error reply
+--             for the whole call ('ERR sluice ewma: ...'); nothing is
+--             written.
 --
--- Reply: {allowed (0|1), wait_ms, score_1, ..., score_n}.
---   wait_ms  0 when admitted; else the smallest whole number of ms w >= 1
---            such that the admission test above, run at now+w against the
---            unchanged scores, admits: estimated as T*log2(S/(R-c)) from
---            the stored score and then found by running the test itself
---            (gallop and bisect, see waitms), so float error in log/pow can
---            neither make an obedient client be refused nor let one 1 ms
---            early in, for any valid limit.
---            The largest over the refusing windows.
---   score_i  the written score when admitted, the decayed unwritten one
---            when refused, as a string: Redis truncates Lua numbers to
---            integers on the way out. %.17g rather than tostring (14
---            digits) so it round-trips exactly.
+-- Request ids (no spaces, one width; 16 characters from the Go store):
+-- go-redis retries a command whose reply was lost (EOF, reset) and its
+-- auto-pipeliner may replay a batch; without ids, a repeated call that had
+-- already been admitted would charge the client twice. The ids of the last
+-- IDS admitted requests are kept in the first window's value, and a repeat
+-- of one of them (in a later call or later in the same call) is answered
+-- {1, 0, stored scores} without charging. Refusals write nothing, so
+-- repeating one is harmless. The guard fails only if more than IDS other
+-- requests of the same key were admitted between an attempt and its retry
+-- (a few ms apart): then the retry charges once more. A per-request dedup
+-- key would close that gap at the price of a GET, a SET and a new key on
+-- every decision (about half again the script's cost, measured).
+--
+-- Decisions run in order, and a later decision sees what an earlier one of
+-- the same call wrote (two messages of one client in one batch): the values
+-- are read with one MGET up front, and every value written during the call
+-- is kept in a table by key and consulted before the MGET's.
+--
+-- Reply: one flat array; per decision, in order, 2 + n entries (n its
+-- window count):
+--   admitted        1, 0, score_1, ..., score_n (the written scores)
+--   refused         0, wait_ms, score_1, ..., score_n (decayed, unwritten)
+--   a seen id       1, 0, the stored scores (nothing charged)
+--   an error        -1, message, then n empty strings: a malformed stored
+--                   value ('ERR sluice ewma: malformed value at <key>') or a
+--                   window missing for a seen request. That decision writes
+--                   nothing; the call's other decisions are decided as
+--                   usual. A malformed value is never read as a score.
+--   wait_ms  the smallest whole number of ms w >= 1 such that the admission
+--            test above, run at now+w against the unchanged scores, admits:
+--            estimated as T*log2(S/(R-c)) from the stored score and then
+--            found by running the test itself (gallop and bisect, see
+--            waitms), so float error in log/pow can neither make an obedient
+--            client be refused nor let one 1 ms early in, for any valid
+--            limit. The largest over the refusing windows.
+--   score_i  as a string: Redis truncates Lua numbers to integers on the
+--            way out. %.17g rather than tostring (14 digits) so it
+--            round-trips exactly.
 --
 -- Stored value of a window: "<score %.17g> <t ms>", one string per key, so
 -- reading all windows is one MGET and writing one is a SET ... PX. The first
 -- window's value goes on with the recent request ids: "<score> <t> <id>...".
 --
--- Cost: this runs on every message. Beyond the commands (one MGET, TIME,
--- one SET per window) the admitted path must read each window's digits and
--- limits (tonumber) and format one %.17g per window (the reply, which is
--- also the stored digits). Every other string made and every call into C
--- costs Redis about 0.1 us, measured: hence plain finds and subs rather
--- than a pattern with captures, the first two windows' values held in
--- locals rather than a table, the TTL handed to SET as digits, and the
--- request ids searched and cut in place.
+-- Cost: this runs for every message. Beyond the commands (one MGET and one
+-- TIME per call, one SET per window admitted) an admitted decision must read
+-- each window's digits (tonumber) and format one %.17g per window (the
+-- reply, which is also the stored digits). Every other string made and every
+-- call into C costs Redis about 0.1 us, measured: hence plain finds and subs
+-- rather than a pattern with captures, the first two windows' values held in
+-- locals rather than a table, the TTL handed to SET as digits, the request
+-- ids searched and cut in place, and the limits parsed once per list.
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local LN2 = 0.69314718055994531
@@ -66,9 +97,54 @@ local HUGE = math.huge
 local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
 local log, ceil = math.log, math.ceil
 
-local n = #KEYS
-if n < 1 or #ARGV ~= 2 + 3 * n then
-  return redis.error_reply('ERR sluice ewma: want n keys and 2+3n args')
+local function bad(msg)
+  return redis.error_reply('ERR sluice ewma: ' .. msg)
+end
+
+-- Parse and check the whole call before touching anything. The limits go
+-- into lim, three numbers per window, list after list; list i starts after
+-- lim[lo[i]] and has ln[i] windows.
+local nk, na = #KEYS, #ARGV
+local nl = na >= 2 and tonumber(ARGV[2])
+-- Every list takes at least 4 args and a decision 2: this bounds the loop.
+if not (nl and nl >= 1 and nl % 1 == 0 and 2 + 4 * nl + 2 <= na) then
+  return bad('want ARGV[2] = the number L >= 1 of limit lists, then the lists and the decisions')
+end
+local lim, lo, ln = {}, {}, {}
+local a, q = 3, 0 -- the next arg; the windows in lim so far, times 3
+for li = 1, nl do
+  local n = a <= na and tonumber(ARGV[a])
+  if not (n and n >= 1 and n % 1 == 0 and a + 3 * n <= na) then
+    return bad('bad window count of limit list ' .. li)
+  end
+  lo[li], ln[li] = q, n
+  for j = a + 1, a + 3 * n, 3 do
+    local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+    if not (r and p and c and p >= 1 and c > 0 and r - c > 0) then
+      return bad('bad limit in limit list ' .. li)
+    end
+    lim[q + 1], lim[q + 2], lim[q + 3] = r, p, c
+    q = q + 3
+  end
+  a = a + 1 + 3 * n
+end
+-- a is now the first decision's list index.
+local m = (na - a + 1) / 2
+if m < 1 or m % 1 ~= 0 then
+  return bad('want two args per decision (limit list index, request id)')
+end
+local dl = {} -- each decision's list
+local sum = 0
+for d = 1, m do
+  local li = tonumber(ARGV[a + 2 * d - 2])
+  if not (li and li >= 1 and li <= nl and li % 1 == 0) then
+    return bad('bad limit list index of decision ' .. d)
+  end
+  dl[d] = li
+  sum = sum + ln[li]
+end
+if sum ~= nk then
+  return bad('want one key per window of every decision')
 end
 
 local vals = redis.call('MGET', unpack(KEYS))
@@ -84,256 +160,287 @@ if not now or now <= 0 then
   local tm = redis.call('TIME')
   now = tm[1] * 1000 + math.floor(tm[2] / 1000)
 end
+local nowstr -- now's digits, formatted at most once
 
--- Read and decide every window. A stored value is read strictly: "<score>
--- <t>" and, in the first window, " <id>..." after it. The score must be a
--- finite number >= 0 and t a whole number of ms >= 0; anything else (a
--- hand-edited key, another program's value) is refused rather than read as
--- a score of zero or NaN. Per window the decision keeps seven values: rate,
--- period, cost, stored score, decayed score, write time and its stored
--- digits; the first two windows (every limit sluice ships has one or two)
--- keep them in locals, further windows in the table st.
-local reqid = ARGV[2]
-local v1 = vals[1]
-local idat -- where the first window's ids begin in v1, if it has any
-local r1, p1, c1, s1, d1, t1, ts1, r2, p2, c2, s2, d2, t2, ts2
-local st = n > 2 and {} or nil
+-- waitms returns the smallest w >= 1 such that score s written at ms at
+-- admits cost c under rate r (half-life p ms) at now+w; the caller knows it
+-- refuses at now. Same steps as ratelimit.waitMs in Go: start from the
+-- estimate T*log2(S/(R-c)), bracket the boundary by galloping (steps 1, 2,
+-- 4, ...) and bisect. For any sane limit that is two probes (admits at w,
+-- refuses at w-1); when R is barely above c, adding c absorbs most of R-c
+-- and the boundary can be minutes from the estimate, but it is still found
+-- exactly, in at most about 2*40 probes (waits are capped at 2^40 ms).
+local function waitms(now, s, at, p, c, r)
+  local function admits(w)
+    local t = now + w
+    local d = s
+    if t > at then
+      local x = (t - at) / p
+      if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
+    end
+    return d + c <= r
+  end
+  local d = p * math.log(s / (r - c)) / LN2
+  if not (d < MAX_WAIT) then d = MAX_WAIT end
+  local w = at + math.ceil(d) - now
+  if w < 1 then w = 1 end
+  if w > MAX_WAIT then w = MAX_WAIT end
+  -- Bracket the boundary: lo refuses (0 is known to), hi admits.
+  local lo, hi
+  local step = 1
+  if admits(w) then
+    hi = w
+    while true do
+      if hi - step <= 0 then
+        lo = 0
+        break
+      end
+      if not admits(hi - step) then
+        lo = hi - step
+        break
+      end
+      hi = hi - step
+      step = step * 2
+    end
+  else
+    lo = w
+    while true do
+      if lo + step >= MAX_WAIT then
+        if not admits(MAX_WAIT) then
+          return MAX_WAIT -- the longest wait reported, as in Go
+        end
+        hi = MAX_WAIT
+        break
+      end
+      if admits(lo + step) then
+        hi = lo + step
+        break
+      end
+      lo = lo + step
+      step = step * 2
+    end
+  end
+  while hi - lo > 1 do
+    local mid = lo + math.floor((hi - lo) / 2)
+    if admits(mid) then hi = mid else lo = mid end
+  end
+  return hi
+end
+
+local reply = {}
+local o = 0 -- entries of reply so far
+-- The values written during this call, by key; they are newer than the
+-- MGET's.
+local wr = {}
 -- The previous window's t digits and value: windows written together share
 -- them, so the second is usually not parsed again.
 local lastts, lastt
-local allowed = true
-for i = 1, n do
-  local v = vals[i]
-  local s, t, ts = 0, 0, false
-  if v then
-    local a = find(v, ' ', 1, true)
-    if not a then
-      return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
-    end
-    local b = find(v, ' ', a + 1, true)
-    ts = sub(v, a + 1, (b or 0) - 1)
-    s = tonumber(sub(v, 1, a - 1))
-    if ts == lastts then
-      t = lastt
-    else
-      t = tonumber(ts)
-      lastts, lastt = ts, t
-    end
-    if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
-      return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[i])
-    end
-    if i == 1 and b and b < #v then
-      idat = b + 1
-      if reqid ~= '' then
-        -- Is reqid one of the space-separated ids? A plain find in v1
-        -- itself, checked at the boundaries (no copies of either).
-        local k, m, l = idat, #reqid, #v
-        local seen = false
-        while true do
-          local p = find(v, reqid, k, true)
-          if not p then
-            break
-          end
-          local q = p + m
-          if (p == idat or byte(v, p - 1) == 32) and (q > l or byte(v, q) == 32) then
-            seen = true
-            break
-          end
-          k = p + 1
-        end
-        if seen then
-          -- A repeat of an admitted request: answer as admitted, charge
-          -- nothing, with every window's stored digits (each read as
-          -- strictly as above).
-          local reply = {1, 0, sub(v, 1, a - 1)}
-          for j = 2, n do
-            local w = vals[j]
-            if not w then
-              return redis.error_reply('ERR sluice ewma: window missing for a seen request at ' .. KEYS[j])
-            end
-            local a = find(w, ' ', 1, true)
-            local b = a and find(w, ' ', a + 1, true)
-            local ss = a and sub(w, 1, a - 1)
-            local s, t = tonumber(ss), a and tonumber(sub(w, a + 1, (b or 0) - 1))
-            if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
-              return redis.error_reply('ERR sluice ewma: malformed value at ' .. KEYS[j])
-            end
-            reply[j + 2] = ss
-          end
-          return reply
-        end
-      end
-    end
+
+-- fail answers the decision at reply[o+1 ...] (n windows) with an error.
+local function fail(n, msg)
+  reply[o + 1], reply[o + 2] = -1, msg
+  for i = 3, n + 2 do
+    reply[o + i] = ''
   end
-  local j = 3 * i
-  local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-  if not (r and p and c and p >= 1 and c > 0 and r - c > 0) then
-    return redis.error_reply('ERR sluice ewma: bad limit for ' .. KEYS[i])
-  end
-  local d = s
-  if now > t then
-    local x = (now - t) / p
-    if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
-  end
-  if i == 1 then
-    r1, p1, c1, s1, d1, t1, ts1 = r, p, c, s, d, t, ts
-  elseif i == 2 then
-    r2, p2, c2, s2, d2, t2, ts2 = r, p, c, s, d, t, ts
-  else
-    local k = 7 * i
-    st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1], st[k] = r, p, c, s, d, t, ts
-  end
-  if not (d + c <= r) then
-    allowed = false
-  end
+  o = o + 2 + n
 end
 
-if not allowed then
-  -- waitms returns the smallest w >= 1 such that score s written at ms at
-  -- admits cost c under rate r (half-life p ms) at now+w; the caller knows it
-  -- refuses at now. Same steps as ratelimit.waitMs in Go: start from the
-  -- estimate T*log2(S/(R-c)), bracket the boundary by galloping (steps 1, 2,
-  -- 4, ...) and bisect. For any sane limit that is two probes (admits at w,
-  -- refuses at w-1); when R is barely above c, adding c absorbs most of R-c
-  -- and the boundary can be minutes from the estimate, but it is still found
-  -- exactly, in at most about 2*40 probes (waits are capped at 2^40 ms).
-  local function waitms(now, s, at, p, c, r)
-    local function admits(w)
-      local t = now + w
-      local d = s
-      if t > at then
-        local x = (t - at) / p
-        if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
-      end
-      return d + c <= r
-    end
-    local d = p * math.log(s / (r - c)) / LN2
-    if not (d < MAX_WAIT) then d = MAX_WAIT end
-    local w = at + math.ceil(d) - now
-    if w < 1 then w = 1 end
-    if w > MAX_WAIT then w = MAX_WAIT end
-    -- Bracket the boundary: lo refuses (0 is known to), hi admits.
-    local lo, hi
-    local step = 1
-    if admits(w) then
-      hi = w
-      while true do
-        if hi - step <= 0 then
-          lo = 0
-          break
-        end
-        if not admits(hi - step) then
-          lo = hi - step
-          break
-        end
-        hi = hi - step
-        step = step * 2
-      end
-    else
-      lo = w
-      while true do
-        if lo + step >= MAX_WAIT then
-          if not admits(MAX_WAIT) then
-            return MAX_WAIT -- the longest wait reported, as in Go
-          end
-          hi = MAX_WAIT
-          break
-        end
-        if admits(lo + step) then
-          hi = lo + step
-          break
-        end
-        lo = lo + step
-        step = step * 2
-      end
-    end
-    while hi - lo > 1 do
-      local mid = lo + math.floor((hi - lo) / 2)
-      if admits(mid) then hi = mid else lo = mid end
-    end
-    return hi
-  end
-
-  local wait = 0
-  local reply = {0, 0}
+-- decide decides one message whose n windows are KEYS[kb+1 .. kb+n] with
+-- the limits after lim[q], and appends its reply.
+local function decide(kb, n, q, reqid)
+  -- Read and decide every window. A stored value is read strictly: "<score>
+  -- <t>" and, in the first window, " <id>..." after it. The score must be a
+  -- finite number >= 0 and t a whole number of ms >= 0; anything else (a
+  -- hand-edited key, another program's value) fails the decision rather than
+  -- being read as a score of zero or NaN. Per window the decision keeps
+  -- seven values: rate, period, cost, stored score, decayed score, write
+  -- time and its stored digits; the first two windows (every limit sluice
+  -- ships has one or two) keep them in locals, further windows in the table
+  -- st.
+  local v1 = wr[KEYS[kb + 1]] or vals[kb + 1]
+  local idat -- where the first window's ids begin in v1, if it has any
+  local r1, p1, c1, s1, d1, t1, ts1, r2, p2, c2, s2, d2, t2, ts2
+  local st = n > 2 and {} or nil
+  local allowed = true
   for i = 1, n do
-    local r, p, c, s, d, t
+    local v = v1
+    if i > 1 then
+      v = wr[KEYS[kb + i]] or vals[kb + i]
+    end
+    local s, t, ts = 0, 0, false
+    if v then
+      local a = find(v, ' ', 1, true)
+      if not a then
+        return fail(n, 'ERR sluice ewma: malformed value at ' .. KEYS[kb + i])
+      end
+      local b = find(v, ' ', a + 1, true)
+      ts = sub(v, a + 1, (b or 0) - 1)
+      s = tonumber(sub(v, 1, a - 1))
+      if ts == lastts then
+        t = lastt
+      else
+        t = tonumber(ts)
+        lastts, lastt = ts, t
+      end
+      if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
+        return fail(n, 'ERR sluice ewma: malformed value at ' .. KEYS[kb + i])
+      end
+      if i == 1 and b and b < #v then
+        idat = b + 1
+        if reqid ~= '' then
+          -- Is reqid one of the space-separated ids? A plain find in v1
+          -- itself, checked at the boundaries (no copies of either).
+          local k, m, l = idat, #reqid, #v
+          local seen = false
+          while true do
+            local p = find(v, reqid, k, true)
+            if not p then
+              break
+            end
+            local e = p + m
+            if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
+              seen = true
+              break
+            end
+            k = p + 1
+          end
+          if seen then
+            -- A repeat of an admitted request: answer as admitted, charge
+            -- nothing, with every window's stored digits (each read as
+            -- strictly as above).
+            reply[o + 1], reply[o + 2], reply[o + 3] = 1, 0, sub(v, 1, a - 1)
+            for j = 2, n do
+              local key = KEYS[kb + j]
+              local w = wr[key] or vals[kb + j]
+              if not w then
+                return fail(n, 'ERR sluice ewma: window missing for a seen request at ' .. key)
+              end
+              local a = find(w, ' ', 1, true)
+              local b = a and find(w, ' ', a + 1, true)
+              local ss = a and sub(w, 1, a - 1)
+              local s, t = tonumber(ss), a and tonumber(sub(w, a + 1, (b or 0) - 1))
+              if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
+                return fail(n, 'ERR sluice ewma: malformed value at ' .. key)
+              end
+              reply[o + j + 2] = ss
+            end
+            o = o + 2 + n
+            return
+          end
+        end
+      end
+    end
+    local j = q + 3 * i
+    local r, p, c = lim[j - 2], lim[j - 1], lim[j]
+    local d = s
+    if now > t then
+      local x = (now - t) / p
+      if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
+    end
     if i == 1 then
-      r, p, c, s, d, t = r1, p1, c1, s1, d1, t1
+      r1, p1, c1, s1, d1, t1, ts1 = r, p, c, s, d, t, ts
     elseif i == 2 then
-      r, p, c, s, d, t = r2, p2, c2, s2, d2, t2
+      r2, p2, c2, s2, d2, t2, ts2 = r, p, c, s, d, t, ts
     else
       local k = 7 * i
-      r, p, c, s, d, t = st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1]
+      st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1], st[k] = r, p, c, s, d, t, ts
     end
     if not (d + c <= r) then
-      local w = waitms(now, s, t, p, c, r)
-      if w > wait then wait = w end
+      allowed = false
     end
-    reply[i + 2] = format('%.17g', d)
   end
-  reply[2] = wait
-  return reply
+
+  if not allowed then
+    local wait = 0
+    for i = 1, n do
+      local r, p, c, s, d, t
+      if i == 1 then
+        r, p, c, s, d, t = r1, p1, c1, s1, d1, t1
+      elseif i == 2 then
+        r, p, c, s, d, t = r2, p2, c2, s2, d2, t2
+      else
+        local k = 7 * i
+        r, p, c, s, d, t = st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1]
+      end
+      if not (d + c <= r) then
+        local w = waitms(now, s, t, p, c, r)
+        if w > wait then wait = w end
+      end
+      reply[o + i + 2] = format('%.17g', d)
+    end
+    reply[o + 1], reply[o + 2] = 0, wait
+    o = o + 2 + n
+    return
+  end
+
+  -- Admitted: write every window.
+  reply[o + 1], reply[o + 2] = 1, 0
+  for i = 1, n do
+    local r, p, c, d, t, ts
+    if i == 1 then
+      r, p, c, d, t, ts = r1, p1, c1, d1, t1, ts1
+    elseif i == 2 then
+      r, p, c, d, t, ts = r2, p2, c2, d2, t2, ts2
+    else
+      local k = 7 * i
+      r, p, c, d, t, ts = st[k - 6], st[k - 5], st[k - 4], st[k - 2], st[k - 1], st[k]
+    end
+    local s = d + c
+    if now > t then
+      t = now
+      if not nowstr then
+        nowstr = format('%d', now)
+      end
+      ts = nowstr
+    end
+    local str = format('%.17g', s)
+    -- TTL: keep the key until its score is negligible, eps = min(c, R-c)/1024
+    -- (forgetting it then gives a client at most 1/1024 of a message), that
+    -- is T*log2(S/eps) ms. Since eps <= R-c this is never shorter than the
+    -- longest wait the key can still report, T*log2(S/(R-c)); since S <= R
+    -- it is at most T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any
+    -- sane limit. +1 covers the rounding. (If t is ahead of now, the score
+    -- starts decaying only at t; the TTL counts from now and would be short
+    -- by t-now, so that is added.) Capped at 2*MAX_WAIT (70 years), twice
+    -- the longest wait ever reported: absurd limits (a ten-year half-life with
+    -- R a hair above c) would otherwise ask for centuries, which overflows
+    -- some Redis-compatible servers' expiry arithmetic. It goes to SET as
+    -- digits: redis.call formats a number argument with %.17g, which costs
+    -- more than %d here. (min and max are written as comparisons: the same
+    -- result, without a call.)
+    local eps = r - c
+    if c < eps then eps = c end
+    eps = eps / 1024
+    local ttl = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
+    if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
+    ttl = ttl + (t - now)
+    local val
+    if i ~= 1 or not idat and reqid == '' then
+      val = str .. ' ' .. ts
+    elseif reqid == '' then
+      val = str .. ' ' .. ts .. sub(v1, idat - 1)
+    elseif not idat then
+      val = str .. ' ' .. ts .. ' ' .. reqid
+    else
+      -- Keep the last IDS request ids, newest first. Ids are of one width
+      -- (16 characters from the Go store), so keeping IDS-1 old ones is one
+      -- string.sub; an id of another width is at worst cut short, and a cut
+      -- id never matches (the seen check looks at the boundaries).
+      val = str .. ' ' .. ts .. ' ' .. reqid .. ' ' .. sub(v1, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
+    end
+    local key = KEYS[kb + i]
+    redis.call('SET', key, val, 'PX', format('%d', ttl))
+    wr[key] = val
+    reply[o + i + 2] = str
+  end
+  o = o + 2 + n
 end
 
--- Admitted: write every window. The reply is sized by its constructor for
--- up to two windows (growing a table reallocates it).
-local reply = n == 1 and {1, 0, false} or {1, 0, false, false}
-local nowstr -- now's digits, formatted at most once
-for i = 1, n do
-  local r, p, c, d, t, ts
-  if i == 1 then
-    r, p, c, d, t, ts = r1, p1, c1, d1, t1, ts1
-  elseif i == 2 then
-    r, p, c, d, t, ts = r2, p2, c2, d2, t2, ts2
-  else
-    local k = 7 * i
-    r, p, c, d, t, ts = st[k - 6], st[k - 5], st[k - 4], st[k - 2], st[k - 1], st[k]
-  end
-  local s = d + c
-  if now > t then
-    t = now
-    if not nowstr then
-      nowstr = format('%d', now)
-    end
-    ts = nowstr
-  end
-  local str = format('%.17g', s)
-  -- TTL: keep the key until its score is negligible, eps = min(c, R-c)/1024
-  -- (forgetting it then gives a client at most 1/1024 of a message), that
-  -- is T*log2(S/eps) ms. Since eps <= R-c this is never shorter than the
-  -- longest wait the key can still report, T*log2(S/(R-c)); since S <= R
-  -- it is at most T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any
-  -- sane limit. +1 covers the rounding. (If t is ahead of now, the score
-  -- starts decaying only at t; the TTL counts from now and would be short
-  -- by t-now, so that is added.) Capped at 2*MAX_WAIT (70 years), twice
-  -- the longest wait ever reported: absurd limits (a ten-year half-life with
-  -- R a hair above c) would otherwise ask for centuries, which overflows
-  -- some Redis-compatible servers' expiry arithmetic. It goes to SET as
-  -- digits: redis.call formats a number argument with %.17g, which costs
-  -- more than %d here. (min and max are written as comparisons: the same
-  -- result, without a call.)
-  local eps = r - c
-  if c < eps then eps = c end
-  eps = eps / 1024
-  local ttl = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
-  if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
-  ttl = ttl + (t - now)
-  local val
-  if i ~= 1 or not idat and reqid == '' then
-    val = str .. ' ' .. ts
-  elseif reqid == '' then
-    val = str .. ' ' .. ts .. sub(v1, idat - 1)
-  elseif not idat then
-    val = str .. ' ' .. ts .. ' ' .. reqid
-  else
-    -- Keep the last IDS request ids, newest first. Ids are of one width (16
-    -- characters from the Go store), so keeping IDS-1 old ones is one
-    -- string.sub; an id of another width is at worst cut short, and a cut
-    -- id never matches (the seen check looks at the boundaries).
-    val = str .. ' ' .. ts .. ' ' .. reqid .. ' ' .. sub(v1, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
-  end
-  redis.call('SET', KEYS[i], val, 'PX', format('%d', ttl))
-  reply[i + 2] = str
+local kb = 0 -- the keys of the decisions so far
+for d = 1, m do
+  local li = dl[d]
+  local n = ln[li]
+  decide(kb, n, lo[li], ARGV[a + 2 * d - 1])
+  kb = kb + n
 end
 return reply

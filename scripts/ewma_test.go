@@ -48,13 +48,87 @@ const now = "1767322800000" // a fixed instant in unix ms
 // one window of rate 2, half-life 1s, cost 1.
 var keys = []string{"t:{c}:message:EVENT:1000"}
 
+// single is the ARGV of a call that decides one message (m = 1, L = 1) at
+// instant at against the windows limits (rate, half-life, cost, ...).
+func single(at, reqid string, limits ...any) []any {
+	args := []any{at, 1, len(limits) / 3}
+	args = append(args, limits...)
+	return append(args, 1, reqid)
+}
+
 func run(t *testing.T, c *redis.Client, reqid string) []any {
 	t.Helper()
-	v, err := ewma.Run(context.Background(), c, keys, now, reqid, 2, 1000, 1).Slice()
+	v, err := ewma.Run(context.Background(), c, keys, single(now, reqid, 2, 1000, 1)...).Slice()
 	if err != nil {
 		t.Fatalf("reqid %q: %v", reqid, err)
 	}
 	return v
+}
+
+// decision is one message of a batch call: its windows' keys, the index
+// (1-based) of its limit list and its request id.
+type decision struct {
+	keys []string
+	list int
+	id   string
+}
+
+// batch decides decs in one call at instant at; lists are the call's limit
+// lists, each (rate, half-life, cost, ...). It returns each decision's
+// reply (2 + n entries each).
+func batch(t *testing.T, c *redis.Client, at string, lists [][]any, decs ...decision) [][]any {
+	t.Helper()
+	var ks []string
+	args := []any{at, len(lists)}
+	for _, l := range lists {
+		args = append(args, len(l)/3)
+		args = append(args, l...)
+	}
+	for _, d := range decs {
+		ks = append(ks, d.keys...)
+		args = append(args, d.list, d.id)
+	}
+	v, err := ewma.Run(context.Background(), c, ks, args...).Slice()
+	if err != nil {
+		t.Fatalf("batch of %d: %v", len(decs), err)
+	}
+	if len(v) != len(ks)+2*len(decs) {
+		t.Fatalf("batch of %d decisions, %d windows: %d entries %v", len(decs), len(ks), len(v), v)
+	}
+	out := make([][]any, len(decs))
+	for i, d := range decs {
+		out[i], v = v[:2+len(d.keys)], v[2+len(d.keys):]
+	}
+	return out
+}
+
+// alone decides each of decs in a call of its own at instant at (what the
+// batch must agree with).
+func alone(t *testing.T, c *redis.Client, at string, lists [][]any, decs ...decision) [][]any {
+	t.Helper()
+	out := make([][]any, len(decs))
+	for i, d := range decs {
+		v, err := ewma.Run(context.Background(), c, d.keys, single(at, d.id, lists[d.list-1]...)...).Slice()
+		if err != nil {
+			t.Fatalf("decision %d alone: %v", i+1, err)
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// values returns the stored value of every key ("" for none).
+func values(t *testing.T, c *redis.Client, ks ...string) []string {
+	t.Helper()
+	out := make([]string, len(ks))
+	for i, k := range ks {
+		v, err := c.Get(context.Background(), k).Result()
+		if err != nil && err != redis.Nil {
+			t.Fatal(err)
+		}
+		out[i] = v
+	}
+	return out
 }
 
 // TestRequestIDChargesOnce: the same request id run twice (what a go-redis
@@ -90,7 +164,7 @@ func TestRequestIDsKept(t *testing.T) {
 		ctx := context.Background()
 		two := []string{"t:{d}:message:EVENT:1000", "t:{d}:message:EVENT:60000"}
 		call := func(id string) []any {
-			v, err := ewma.Run(ctx, c, two, now, id, 100, 1000, 1, 1000, 60000, 1).Slice()
+			v, err := ewma.Run(ctx, c, two, single(now, id, 100, 1000, 1, 1000, 60000, 1)...).Slice()
 			if err != nil {
 				t.Fatalf("%s: %v", id, err)
 			}
@@ -123,7 +197,7 @@ func TestRequestIDWholeMatch(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
 		call := func(id string) []any {
-			v, err := ewma.Run(ctx, c, keys, now, id, 100, 1000, 1).Slice()
+			v, err := ewma.Run(ctx, c, keys, single(now, id, 100, 1000, 1)...).Slice()
 			if err != nil {
 				t.Fatalf("%s: %v", id, err)
 			}
@@ -143,7 +217,7 @@ func TestRequestIDWholeMatch(t *testing.T) {
 }
 
 // TestRefusalWritesNothing: a refused request leaves the windows and the
-// dedup key untouched.
+// kept ids untouched.
 func TestRefusalWritesNothing(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
@@ -168,52 +242,284 @@ func TestRefusalWritesNothing(t *testing.T) {
 	})
 }
 
-func TestBadArgumentsAndValues(t *testing.T) {
+// TestSameKeyInOneCall: messages of one client in one call are decided in
+// order, each seeing what the ones before it wrote, exactly as if each had
+// had a call of its own at the same instant.
+func TestSameKeyInOneCall(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
-		for name, args := range map[string][]any{
-			"missing cost":  {now, "", 2, 1000},
-			"extra window":  {now, "", 2, 1000, 1, 3, 2000, 1},
-			"rate = cost":   {now, "", 1, 1000, 1},
-			"zero period":   {now, "", 2, 0, 1},
-			"not a number":  {now, "", "x", 1000, 1},
-			"negative cost": {now, "", 2, 1000, -1},
-		} {
-			if err := ewma.Run(ctx, c, keys, args...).Err(); err == nil {
-				t.Errorf("%s: no error", name)
+		// Rate 2, cost 1, from rest: admitted, admitted, refused.
+		d := decision{keys, 1, ""}
+		lists := [][]any{{2, 1000, 1}}
+		got := batch(t, c, now, lists, d, d, d)
+		want := [][]any{{int64(1), int64(0), "1"}, {int64(1), int64(0), "2"}, {int64(0), int64(1000), "2"}}
+		for i := range want {
+			if !equal(got[i], want[i]) {
+				t.Errorf("decision %d: %v, want %v", i+1, got[i], want[i])
 			}
 		}
-		if err := ewma.Run(ctx, c, nil, now, "").Err(); err == nil {
-			t.Error("no windows: no error")
+		if v := values(t, c, keys[0]); v[0] != "2 "+now {
+			t.Errorf("stored %q, want 2 at now", v[0])
 		}
-		c.Set(ctx, keys[0], "garbage", 0)
-		if err := ewma.Run(ctx, c, keys, now, "", 2, 1000, 1).Err(); err == nil || !strings.Contains(err.Error(), "malformed") {
-			t.Errorf("malformed stored value: err = %v", err)
+		if r := run(t, c, ""); !equal(r, got[2]) {
+			t.Errorf("a call of its own after the batch: %v, the batch's third %v", r, got[2])
+		}
+
+		// Two windows with a decayed score, a wait that is not round, and
+		// ids: the batch and three calls of their own (on another client
+		// with the same stored values) agree on every reply and value.
+		lists = [][]any{{3.5, 1000, 1, 50, 60000, 1}}
+		at := "1767322799700" // 300 ms before now
+		b := []string{"t:{e}:message:EVENT:1000", "t:{e}:message:EVENT:60000"}
+		s := []string{"t:{f}:message:EVENT:1000", "t:{f}:message:EVENT:60000"}
+		for _, ks := range [][]string{b, s} {
+			c.Set(ctx, ks[0], "1.5 "+at+" old", 0)
+			c.Set(ctx, ks[1], "7.25 "+at, 0)
+		}
+		got = batch(t, c, now, lists, decision{b, 1, "x1"}, decision{b, 1, "x2"}, decision{b, 1, "x3"})
+		sep := alone(t, c, now, lists, decision{s, 1, "x1"}, decision{s, 1, "x2"}, decision{s, 1, "x3"})
+		for i := range got {
+			if !equal(got[i], sep[i]) {
+				t.Errorf("decision %d: batch %v, alone %v", i+1, got[i], sep[i])
+			}
+		}
+		if got[0][0] != int64(1) || got[1][0] != int64(1) || got[2][0] != int64(0) {
+			t.Errorf("want admitted, admitted, refused: %v", got)
+		}
+		if w, _ := got[2][1].(int64); w <= 1 || w%1000 == 0 {
+			t.Errorf("wait %v: the test wants one that is not a whole period", got[2][1])
+		}
+		vb, vs := values(t, c, b...), values(t, c, s...)
+		if !equalStrings(vb, vs) {
+			t.Errorf("stored by the batch %q, by calls of their own %q", vb, vs)
+		}
+		if !strings.HasSuffix(vb[0], " "+now+" x2 x1 old") {
+			t.Errorf("first window %q, want the ids x2 x1 old", vb[0])
 		}
 	})
 }
 
-// TestRedisTIME: a zero instant takes Redis TIME and writes it.
+// TestClientsInOneCall: messages of different clients with different limit
+// lists in one call get the replies and leave the values that one call each
+// at the same instant gives.
+func TestClientsInOneCall(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		lists := [][]any{
+			{2, 1000, 1},
+			{10, 1000, 1, 240, 60000, 1},
+			{5, 1000, 1, 50, 10000, 1, 500, 100000, 2.5},
+		}
+		ks := func(client string, n int) []string {
+			periods := []string{"1000", "60000", "100000"}
+			out := make([]string, n)
+			for i := range out {
+				out[i] = "t:{" + client + "}:message:EVENT:" + periods[i]
+			}
+			return out
+		}
+		seed := func() {
+			c.FlushAll(ctx)
+			c.Set(ctx, "t:{a}:message:EVENT:1000", "1.25 1767322799500 a0", 0)
+			c.Set(ctx, "t:{d}:message:EVENT:1000", "2 "+now, 0) // full: refused
+			c.Set(ctx, "t:{b}:message:EVENT:1000", "9.5 1767322799900", 0)
+			c.Set(ctx, "t:{b}:message:EVENT:60000", "100 1767322700000", 0)
+			c.Set(ctx, "t:{e}:message:EVENT:1000", "3 1767322799000", 0)
+			c.Set(ctx, "t:{e}:message:EVENT:60000", "40 1767322799000", 0)
+			c.Set(ctx, "t:{e}:message:EVENT:100000", "480 1767322799000", 0)
+		}
+		decs := []decision{
+			{ks("a", 1), 1, "a1"},
+			{ks("b", 2), 2, "b1"},
+			{ks("c", 2), 2, ""},
+			{ks("e", 3), 3, "e1"},
+			{ks("a", 1), 1, "a2"},
+			{ks("d", 1), 1, "d1"},
+			{ks("b", 2), 2, "b2"},
+			{ks("e", 3), 3, "e2"},
+			{ks("a", 1), 1, "a3"},
+		}
+		var all []string
+		for _, d := range decs {
+			all = append(all, d.keys...)
+		}
+		seed()
+		got := batch(t, c, now, lists, decs...)
+		vb := values(t, c, all...)
+		seed()
+		sep := alone(t, c, now, lists, decs...)
+		vs := values(t, c, all...)
+		refused := 0
+		for i := range decs {
+			if !equal(got[i], sep[i]) {
+				t.Errorf("decision %d: batch %v, alone %v", i+1, got[i], sep[i])
+			}
+			if got[i][0] == int64(0) {
+				refused++
+			}
+		}
+		if refused == 0 || refused == len(decs) {
+			t.Errorf("%d of %d refused: the test wants both outcomes", refused, len(decs))
+		}
+		if !equalStrings(vb, vs) {
+			t.Errorf("stored by the batch %q, by calls of their own %q", vb, vs)
+		}
+	})
+}
+
+// TestErrorInOneDecision: a malformed stored value, or a window missing for
+// a seen request, fails that decision only (-1, the message, empty scores);
+// it writes nothing, and the other decisions of the call are decided and
+// written.
+func TestErrorInOneDecision(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		lists := [][]any{{10, 1000, 1, 240, 60000, 1}}
+		win := func(client string) []string {
+			return []string{"t:{" + client + "}:message:EVENT:1000", "t:{" + client + "}:message:EVENT:60000"}
+		}
+		for _, bad := range []string{"garbage", "x 1", "1 x", "-1 5", "nan 5", "inf 5", "1 2.5", "1 -5", ""} {
+			c.FlushAll(ctx)
+			c.Set(ctx, win("b")[1], bad, 0)
+			c.Set(ctx, win("s")[0], "3 "+now+" seen", 0) // seen, second window missing
+			got := batch(t, c, now, lists,
+				decision{win("a"), 1, "a"},
+				decision{win("b"), 1, "b"},
+				decision{win("s"), 1, "seen"},
+				decision{win("a"), 1, ""},
+			)
+			want := [][]any{
+				{int64(1), int64(0), "1", "1"},
+				{int64(-1), "ERR sluice ewma: malformed value at " + win("b")[1], "", ""},
+				{int64(-1), "ERR sluice ewma: window missing for a seen request at " + win("s")[1], "", ""},
+				{int64(1), int64(0), "2", "2"},
+			}
+			for i := range want {
+				if !equal(got[i], want[i]) {
+					t.Errorf("stored %q: decision %d: %v, want %v", bad, i+1, got[i], want[i])
+				}
+			}
+			v := values(t, c, append(append(win("a"), win("b")...), win("s")...)...)
+			if wantv := []string{"2 " + now + " a", "2 " + now, "", bad, "3 " + now + " seen", ""}; !equalStrings(v, wantv) {
+				t.Errorf("stored %q: values %q, want %q", bad, v, wantv)
+			}
+		}
+	})
+}
+
+// TestWholeCallErrors: arguments that do not follow the contract fail the
+// whole call with an error reply, and nothing is written.
+func TestWholeCallErrors(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		two := []string{keys[0], "t:{x}:message:EVENT:1000"}
+		for name, tc := range map[string]struct {
+			keys []string
+			args []any
+		}{
+			"no args":             {keys, nil},
+			"only now":            {keys, []any{now}},
+			"L zero":              {keys, []any{now, 0, 1, 2, 1000, 1, 1, ""}},
+			"L negative":          {keys, []any{now, -1, 1, 2, 1000, 1, 1, ""}},
+			"L not a number":      {keys, []any{now, "x", 1, 2, 1000, 1, 1, ""}},
+			"L fractional":        {keys, []any{now, 1.5, 1, 2, 1000, 1, 1, ""}},
+			"L more than lists":   {keys, []any{now, 2, 1, 2, 1000, 1, 1, ""}},
+			"L fewer than lists":  {two, []any{now, 1, 1, 2, 1000, 1, 1, 2, 1000, 1, 1, "", 2, ""}},
+			"n zero":              {keys, []any{now, 1, 0, 1, ""}},
+			"n not a number":      {keys, []any{now, 1, "x", 2, 1000, 1, 1, ""}},
+			"n beyond the args":   {keys, []any{now, 1, 2, 2, 1000, 1, 1, ""}},
+			"missing cost":        {keys, []any{now, 1, 1, 2, 1000, 1, ""}},
+			"rate = cost":         {keys, []any{now, 1, 1, 1, 1000, 1, 1, ""}},
+			"zero period":         {keys, []any{now, 1, 1, 2, 0, 1, 1, ""}},
+			"rate not a number":   {keys, []any{now, 1, 1, "x", 1000, 1, 1, ""}},
+			"negative cost":       {keys, []any{now, 1, 1, 2, 1000, -1, 1, ""}},
+			"bad unused list":     {keys, []any{now, 2, 1, 2, 1000, 1, 1, 1, 1000, 1, 1, ""}},
+			"index 0":             {keys, []any{now, 1, 1, 2, 1000, 1, 0, ""}},
+			"index > L":           {keys, []any{now, 1, 1, 2, 1000, 1, 2, ""}},
+			"index not a number":  {keys, []any{now, 1, 1, 2, 1000, 1, "x", ""}},
+			"index fractional":    {keys, []any{now, 2, 1, 2, 1000, 1, 1, 3, 1000, 1, 1.5, ""}},
+			"odd tail":            {keys, []any{now, 1, 1, 2, 1000, 1, 1, "", 1}},
+			"no decision":         {keys, []any{now, 1, 1, 2, 1000, 1}},
+			"more keys":           {two, []any{now, 1, 1, 2, 1000, 1, 1, ""}},
+			"fewer keys":          {keys, []any{now, 1, 1, 2, 1000, 1, 1, "", 1, ""}},
+			"no keys":             {nil, []any{now, 1, 1, 2, 1000, 1, 1, ""}},
+			"fewer keys, 2 lists": {two, []any{now, 2, 1, 2, 1000, 1, 2, 2, 1000, 1, 3, 60000, 1, 1, "", 2, ""}},
+		} {
+			err := ewma.Run(ctx, c, tc.keys, tc.args...).Err()
+			if err == nil || !strings.HasPrefix(err.Error(), "ERR sluice ewma: ") {
+				t.Errorf("%s: err = %v, want an 'ERR sluice ewma: ' reply", name, err)
+			}
+			if n, _ := c.DBSize(ctx).Result(); n != 0 {
+				t.Errorf("%s: %d keys written", name, n)
+				c.FlushAll(ctx)
+			}
+		}
+	})
+}
+
+// TestRequestIDRepeatedInOneCall: a request id repeated in one call (a
+// message in a batch twice) is charged once; the repeat answers with the
+// stored scores.
+func TestRequestIDRepeatedInOneCall(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		two := []string{"t:{r}:message:EVENT:1000", "t:{r}:message:EVENT:60000"}
+		lists := [][]any{{10, 1000, 1, 240, 60000, 1}}
+		got := batch(t, c, now, lists,
+			decision{two, 1, "r1"}, decision{two, 1, "r1"}, decision{two, 1, "r2"}, decision{two, 1, "r1"}, decision{two, 1, ""})
+		want := [][]any{
+			{int64(1), int64(0), "1", "1"},
+			{int64(1), int64(0), "1", "1"},
+			{int64(1), int64(0), "2", "2"},
+			{int64(1), int64(0), "2", "2"},
+			{int64(1), int64(0), "3", "3"},
+		}
+		for i := range want {
+			if !equal(got[i], want[i]) {
+				t.Errorf("decision %d: %v, want %v", i+1, got[i], want[i])
+			}
+		}
+		if v := values(t, c, two...); !equalStrings(v, []string{"3 " + now + " r2 r1", "3 " + now}) {
+			t.Errorf("stored %q", v)
+		}
+	})
+}
+
+// TestRedisTIME: a zero instant takes Redis TIME and writes it; one instant
+// serves every decision of the call.
 func TestRedisTIME(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
-		if err := ewma.Run(ctx, c, keys, "0", "", 2, 1000, 1).Err(); err != nil {
-			t.Fatal(err)
-		}
-		v, _ := c.Get(ctx, keys[0]).Result()
+		other := []string{"t:{o}:message:EVENT:1000"}
+		batch(t, c, "0", [][]any{{2, 1000, 1}}, decision{keys, 1, ""}, decision{other, 1, ""})
+		v := values(t, c, keys[0], other[0])
 		tm, err := c.Time(ctx).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, atStr, _ := strings.Cut(v, " ")
+		_, atStr, _ := strings.Cut(v[0], " ")
 		at, err := strconv.ParseInt(atStr, 10, 64)
 		if d := tm.UnixMilli() - at; err != nil || d < 0 || d > 5000 {
 			t.Errorf("stored instant %q, Redis TIME %d ms", atStr, tm.UnixMilli())
+		}
+		if v[1] != v[0] {
+			t.Errorf("two decisions of one call stored %q and %q, want one instant", v[0], v[1])
 		}
 	})
 }
 
 func equal(a, b []any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func equalStrings(a, b []string) bool {
 	if len(a) != len(b) {
 		return false
 	}
