@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,7 @@ type callResult struct {
 // (a shorter deadline, a cancellation) is waited on as well.
 type batcher struct {
 	client redis.UniversalClient
+	shared bool // decisions of any keys may share a script call (see exec)
 	max    int
 	queue  chan *call
 	stop   chan struct{}
@@ -55,9 +57,13 @@ type batcher struct {
 	pipelines, calls atomic.Int64
 }
 
-func newBatcher(client redis.UniversalClient, max, workers int) *batcher {
+// newBatcher starts workers sending up to max decisions per round trip to
+// client; shared says whether decisions of different clients may go in one
+// script call (not on a cluster, where their keys are in different slots).
+func newBatcher(client redis.UniversalClient, shared bool, max, workers int) *batcher {
 	b := &batcher{
 		client: client,
+		shared: shared,
 		max:    max,
 		queue:  make(chan *call, max*workers),
 		stop:   make(chan struct{}),
@@ -104,7 +110,7 @@ func (b *batcher) close() {
 func (b *batcher) work() {
 	defer b.wg.Done()
 	batch := make([]*call, 0, b.max)
-	cmds := make([]*redis.Cmd, 0, b.max)
+	var sc scratch
 	for {
 		batch = batch[:0]
 		select {
@@ -113,6 +119,9 @@ func (b *batcher) work() {
 		case <-b.stop:
 			b.drain()
 			return
+		}
+		if len(b.queue) < b.max/2 {
+			runtime.Gosched()
 		}
 	fill:
 		for len(batch) < b.max {
@@ -147,11 +156,8 @@ func (b *batcher) work() {
 		}
 		b.pipelines.Add(1)
 		b.calls.Add(int64(len(batch)))
-		cmds = b.exec(first, batch, cmds[:0])
-		for i, c := range batch {
-			c.res <- callResult{cmds[i].Val(), cmds[i].Err()}
-			batch[i] = nil
-		}
+		b.exec(first, batch, &sc)
+		clear(batch)
 	}
 }
 
@@ -167,40 +173,87 @@ func (b *batcher) drain() {
 	}
 }
 
-// exec runs the batch, bounded by deadline (zero: none), as one pipeline of EVALSHA and, for any that found the
-// script missing (a restarted Redis, SCRIPT FLUSH), a second one of EVAL,
-// which also reloads it.
-func (b *batcher) exec(deadline time.Time, batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
+// maxCallKeys bounds the keys of one script call: the script unpacks them
+// onto Lua's C stack for one MGET.
+const maxCallKeys = 1024
+
+// group is one script call of a batch: the calls batch[start:end].
+type group struct {
+	start, end int
+	args       []any
+	cmd        *redis.Cmd
+	again      bool // sent again as EVAL
+}
+
+// scratch is a worker's reusable slices.
+type scratch struct {
+	reqs   []*request
+	groups []group
+}
+
+// exec decides the batch, bounded by deadline (zero: none), and answers
+// every call. On a client where any keys may share a script call (one
+// Redis, or a sentinel's master), consecutive calls at one instant go in
+// one EVALSHA: Redis parses, dispatches and reads the time once for all of
+// them, and reads every window with one MGET. On a cluster, a call's keys
+// must share a slot, so each decision is its own EVALSHA; either way the
+// EVALSHAs go in one pipeline, and those that find the script missing (a
+// restarted Redis, SCRIPT FLUSH) go again as EVAL, which also reloads it.
+func (b *batcher) exec(deadline time.Time, batch []*call, sc *scratch) {
 	ctx := context.Background()
 	if !deadline.IsZero() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	pipe := b.client.Pipeline()
+	reqs := sc.reqs[:0]
 	for _, c := range batch {
-		cmd := redis.NewCmd(ctx, c.req.args...)
-		cmd.SetFirstKeyPos(3) // a cluster pipeline is split by the first key's node
-		_ = pipe.Process(ctx, cmd)
-		cmds = append(cmds, cmd)
+		reqs = append(reqs, c.req)
 	}
-	_, _ = pipe.Exec(ctx) // errors are per command
-	var again redis.Pipeliner
-	for i, cmd := range cmds {
-		if isNoScript(cmd.Err()) {
-			if again == nil {
-				again = b.client.Pipeline()
-			}
-			cmd := redis.NewCmd(ctx, batch[i].req.eval()...)
-			cmd.SetFirstKeyPos(3)
-			_ = again.Process(ctx, cmd)
-			cmds[i] = cmd
+	groups := sc.groups[:0]
+	for start, keys, i := 0, 0, 0; i < len(reqs); i++ {
+		keys += len(reqs[i].keys)
+		if next := i + 1; next == len(reqs) || !b.shared || reqs[next].now != reqs[start].now || keys+len(reqs[next].keys) > maxCallKeys {
+			args := command(reqs[start:next])
+			groups = append(groups, group{start: start, end: next, args: args, cmd: newCmd(ctx, args)})
+			start, keys = next, 0
 		}
 	}
-	if again != nil {
-		_, _ = again.Exec(ctx)
+	b.process(ctx, groups, false)
+	retry := false
+	for i := range groups {
+		if isNoScript(groups[i].cmd.Err()) {
+			groups[i].cmd = newCmd(ctx, evalArgs(groups[i].args))
+			groups[i].again, retry = true, true
+		}
 	}
-	return cmds
+	if retry {
+		b.process(ctx, groups, true)
+	}
+	for _, g := range groups {
+		split(g.cmd, reqs[g.start:g.end], func(i int, reply any, err error) {
+			batch[g.start+i].res <- callResult{reply, err}
+		})
+	}
+	clear(reqs)
+	clear(groups)
+	sc.reqs, sc.groups = reqs[:0], groups[:0]
+}
+
+// process sends the groups' commands (only the EVAL retries when retry),
+// one directly, several as one pipeline; errors are per command.
+func (b *batcher) process(ctx context.Context, groups []group, retry bool) {
+	if len(groups) == 1 {
+		_ = b.client.Process(ctx, groups[0].cmd)
+		return
+	}
+	pipe := b.client.Pipeline()
+	for _, g := range groups {
+		if !retry || g.again {
+			_ = pipe.Process(ctx, g.cmd)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
 }
 
 func isNoScript(err error) bool {

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -33,120 +34,152 @@ var benchKeys = func() []string {
 }()
 
 // BenchmarkRedis runs, against one redis-server on loopback and at the
-// same concurrency, our two-window decision and redis_rate/v10's one-window
-// GCRA Allow as the peer: each on a plain client and through go-redis's
-// auto-pipeliner, and ours with its own batching (Options.Batch). Metrics:
-// ops/s (the figure to compare); redis-µs/op, the server's own time per script call (INFO commandstats);
-// client-cpu-µs/op and server-cpu-µs/op, the CPU time this process and
-// redis-server spent per call (redis-server runs commands on one thread, so
-// ops/s can never pass 1e6 / server-cpu-µs/op; and on a 2-core machine the
-// two share the cores); admitted-%; calls/pipeline, the mean batch size
-// with Options.Batch.
+// same concurrency (benchParallelism × GOMAXPROCS goroutines), our
+// two-window decision and redis_rate/v10's one-window GCRA Allow as the
+// peer: each on a plain client and through go-redis's auto-pipeliner, and
+// ours with its own batching (Options.Batch). Metrics: ops/s (the figure to
+// compare); redis-µs/op, the server's own time in script calls per decision
+// (INFO commandstats; a batched call decides several); client-cpu-µs/op and
+// server-cpu-µs/op, the CPU time this process and redis-server spent per
+// decision (redis-server runs commands on one thread, so ops/s can never
+// pass 1e6 / server-cpu-µs/op; and on a 2-core machine the two share the
+// cores); admitted-%; calls/pipeline, the mean batch size with
+// Options.Batch.
 func BenchmarkRedis(b *testing.B) {
+	e := newBenchEnv(b)
+	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	oneWindow := twoWindows[:1]
+	b.Run("Decide2Windows", e.decide(twoWindows, Options{}, false, benchParallelism))
+	b.Run("RedisRateAllow1Window", e.rate(false, benchParallelism))
+	b.Run("Decide1Window", e.decide(oneWindow, Options{}, false, benchParallelism))
+	b.Run("Decide2WindowsBatch16x1", e.decide(twoWindows, Options{Batch: 16, BatchWorkers: 1}, false, benchParallelism))
+	b.Run("Decide2WindowsBatch16x2", e.decide(twoWindows, Options{Batch: 16, BatchWorkers: 2}, false, benchParallelism))
+	b.Run("Decide1WindowBatch16x2", e.decide(oneWindow, Options{Batch: 16, BatchWorkers: 2}, false, benchParallelism))
+	b.Run("Decide2WindowsGoRedisAutoPipeline", e.decide(twoWindows, Options{}, true, benchParallelism))
+	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", e.rate(true, benchParallelism))
+}
+
+// BenchmarkRedisConcurrency runs the pair that matters — our two-window
+// decision as the binary runs it (Batch 16, 2 workers) and the peer's
+// one-window Allow — side by side at 4 to 256 goroutines: a relay's load is
+// many connections deciding at once, and where each peer stands depends on
+// how many.
+func BenchmarkRedisConcurrency(b *testing.B) {
+	e := newBenchEnv(b)
+	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	for _, par := range []int{2, 8, 32, 128} {
+		g := "goroutines=" + strconv.Itoa(par*runtime.GOMAXPROCS(0))
+		b.Run("Decide2WindowsBatch16x2/"+g, e.decide(twoWindows, Options{Batch: 16, BatchWorkers: 2}, false, par))
+		b.Run("RedisRateAllow1Window/"+g, e.rate(false, par))
+	}
+}
+
+// benchEnv is one redis-server and an admin client for its statistics.
+type benchEnv struct {
+	srv   *redistest.Server
+	admin *redis.Client
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
 	srv := redistest.Start(b)
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	b.Cleanup(func() { _ = admin.Close() })
-	newClient := func(b *testing.B, ap *redis.AutoPipelineOptions) *redis.Client {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, AutoPipelineOptions: ap})
-		b.Cleanup(func() { _ = c.Close() })
-		return c
-	}
-	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
-	oneWindow := twoWindows[:1]
+	return &benchEnv{srv: srv, admin: admin}
+}
 
-	// parallel runs call from benchParallelism×GOMAXPROCS goroutines over
-	// the benchmark keys and reports the metrics. call reports whether the
-	// request was admitted: admitted-% is reported so that a comparison can
-	// check both peers mostly admit (a refusal writes nothing and costs a
-	// different amount).
-	parallel := func(b *testing.B, s *Store, call func(ctx context.Context, key string) (bool, error)) {
-		ctx := context.Background()
-		var next atomic.Uint64
-		var failed, admitted atomic.Int64
-		if err := admin.ConfigResetStat(ctx).Err(); err != nil {
-			b.Fatal(err)
-		}
-		b.ReportAllocs()
-		b.SetParallelism(benchParallelism)
-		cpu0, srv0 := processCPU(b), serverCPU(b, admin)
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			i := next.Add(7919)
-			var ok int64
-			for pb.Next() {
-				i++
-				if allowed, err := call(ctx, benchKeys[i%benchClients]); err != nil {
-					failed.Add(1)
-				} else if allowed {
-					ok++
-				}
+func (e *benchEnv) client(b *testing.B) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// parallel runs call from par×GOMAXPROCS goroutines over the benchmark
+// keys and reports the metrics. call reports whether the request was
+// admitted: admitted-% is reported so that a comparison can check both
+// peers mostly admit (a refusal writes nothing and costs a different
+// amount).
+func (e *benchEnv) parallel(b *testing.B, par int, s *Store, call func(ctx context.Context, key string) (bool, error)) {
+	ctx := context.Background()
+	var next atomic.Uint64
+	var failed, admitted atomic.Int64
+	if err := e.admin.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetParallelism(par)
+	cpu0, srv0 := processCPU(b), serverCPU(b, e.admin)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := next.Add(7919)
+		var ok int64
+		for pb.Next() {
+			i++
+			if allowed, err := call(ctx, benchKeys[i%benchClients]); err != nil {
+				failed.Add(1)
+			} else if allowed {
+				ok++
 			}
-			admitted.Add(ok)
+		}
+		admitted.Add(ok)
+	})
+	b.StopTimer()
+	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "client-cpu-µs/op")
+	b.ReportMetric(float64((serverCPU(b, e.admin)-srv0).Microseconds())/float64(b.N), "server-cpu-µs/op")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	b.ReportMetric(evalshaMicros(b, e.admin)/float64(b.N), "redis-µs/op")
+	b.ReportMetric(100*float64(admitted.Load())/float64(b.N), "admitted-%")
+	if s != nil && s.batch != nil {
+		b.ReportMetric(float64(s.batch.calls.Load())/float64(max(s.batch.pipelines.Load(), 1)), "calls/pipeline")
+	}
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d of %d calls failed", n, b.N)
+	}
+}
+
+// decide benchmarks our Store deciding limits, at par×GOMAXPROCS goroutines.
+func (e *benchEnv) decide(limits []ratelimit.Limit, opts Options, ap bool, par int) func(b *testing.B) {
+	return func(b *testing.B) {
+		c := e.client(b)
+		opts.Timeout = time.Second
+		s := newStore(b, c, opts)
+		b.Cleanup(func() { _ = s.Close() })
+		if ap {
+			// Not an option of the Store: go-redis's auto-pipeliner does
+			// not bound a call by its deadline (see batch.go). Measured
+			// for comparison only.
+			p, err := c.AutoPipeline()
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.client = p
+		}
+		e.parallel(b, par, s, func(ctx context.Context, key string) (bool, error) {
+			d, err := s.Decide(ctx, key, limits, time.Time{})
+			return d.Allowed, err
 		})
-		b.StopTimer()
-		b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "client-cpu-µs/op")
-		b.ReportMetric(float64((serverCPU(b, admin)-srv0).Microseconds())/float64(b.N), "server-cpu-µs/op")
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-		b.ReportMetric(evalshaMicros(b, admin), "redis-µs/op")
-		b.ReportMetric(100*float64(admitted.Load())/float64(b.N), "admitted-%")
-		if s != nil && s.batch != nil {
-			b.ReportMetric(float64(s.batch.calls.Load())/float64(max(s.batch.pipelines.Load(), 1)), "calls/pipeline")
-		}
+	}
+}
 
-		if n := failed.Load(); n > 0 {
-			b.Fatalf("%d of %d calls failed", n, b.N)
-		}
-	}
-	decide := func(limits []ratelimit.Limit, opts Options, ap bool) func(b *testing.B) {
-		return func(b *testing.B) {
-			c := newClient(b, nil)
-			opts.Timeout = time.Second
-			s := newStore(b, c, opts)
-			b.Cleanup(func() { _ = s.Close() })
-			if ap {
-				// Not an option of the Store: go-redis's auto-pipeliner does
-				// not bound a call by its deadline (see batch.go). Measured
-				// for comparison only.
-				p, err := c.AutoPipeline()
-				if err != nil {
-					b.Fatal(err)
-				}
-				s.client = p
+// rate benchmarks the peer, redis_rate's Allow, at par×GOMAXPROCS goroutines.
+func (e *benchEnv) rate(ap bool, par int) func(b *testing.B) {
+	return func(b *testing.B) {
+		c := e.client(b)
+		var lim *redis_rate.Limiter
+		if ap {
+			p, err := c.AutoPipeline()
+			if err != nil {
+				b.Fatal(err)
 			}
-			parallel(b, s, func(ctx context.Context, key string) (bool, error) {
-				d, err := s.Decide(ctx, key, limits, time.Time{})
-				return d.Allowed, err
-			})
+			lim = redis_rate.NewLimiter(p)
+		} else {
+			lim = redis_rate.NewLimiter(c)
 		}
+		limit := redis_rate.Limit{Rate: 10, Burst: 10, Period: time.Second}
+		e.parallel(b, par, nil, func(ctx context.Context, key string) (bool, error) {
+			r, err := lim.Allow(ctx, key, limit)
+			return err == nil && r.Allowed > 0, err
+		})
 	}
-	rate := func(ap bool) func(b *testing.B) {
-		return func(b *testing.B) {
-			c := newClient(b, nil)
-			var lim *redis_rate.Limiter
-			if ap {
-				p, err := c.AutoPipeline()
-				if err != nil {
-					b.Fatal(err)
-				}
-				lim = redis_rate.NewLimiter(p)
-			} else {
-				lim = redis_rate.NewLimiter(c)
-			}
-			limit := redis_rate.Limit{Rate: 10, Burst: 10, Period: time.Second}
-			parallel(b, nil, func(ctx context.Context, key string) (bool, error) {
-				r, err := lim.Allow(ctx, key, limit)
-				return err == nil && r.Allowed > 0, err
-			})
-		}
-	}
-	b.Run("Decide2Windows", decide(twoWindows, Options{}, false))
-	b.Run("RedisRateAllow1Window", rate(false))
-	b.Run("Decide1Window", decide(oneWindow, Options{}, false))
-	b.Run("Decide2WindowsBatch16x1", decide(twoWindows, Options{Batch: 16, BatchWorkers: 1}, false))
-	b.Run("Decide2WindowsBatch16x2", decide(twoWindows, Options{Batch: 16, BatchWorkers: 2}, false))
-	b.Run("Decide1WindowBatch16x2", decide(oneWindow, Options{Batch: 16, BatchWorkers: 2}, false))
-	b.Run("Decide2WindowsGoRedisAutoPipeline", decide(twoWindows, Options{}, true))
-	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", rate(true))
 }
 
 // processCPU returns the CPU time (user and system) this process has used.
@@ -177,7 +210,7 @@ func serverCPU(b *testing.B, c *redis.Client) time.Duration {
 	return time.Duration(total * float64(time.Second))
 }
 
-// evalshaMicros returns the server's microseconds per EVALSHA since the
+// evalshaMicros returns the server's microseconds in EVALSHA since the
 // last CONFIG RESETSTAT.
 func evalshaMicros(b *testing.B, c *redis.Client) float64 {
 	info, err := c.Info(context.Background(), "commandstats").Result()
@@ -186,7 +219,7 @@ func evalshaMicros(b *testing.B, c *redis.Client) float64 {
 	}
 	for _, line := range strings.Split(info, "\n") {
 		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
-			_, v, _ := strings.Cut(rest, "usec_per_call=")
+			_, v, _ := strings.Cut(rest, "usec=")
 			v, _, _ = strings.Cut(v, ",")
 			f, _ := strconv.ParseFloat(v, 64)
 			return f

@@ -402,7 +402,7 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 		t.Fatal(err)
 	}
 	p.armed.Store(true)
-	if err := ewma.Run(ctx, c, keys, "0", "", 100, 3600000, 1).Err(); err != nil {
+	if err := ewma.Run(ctx, c, keys, "0", 1, 1, 100, 3600000, 1, 1, "").Err(); err != nil {
 		t.Fatalf("raw script: %v", err)
 	}
 	if got := stored(); !near(got, 4) {
@@ -476,7 +476,7 @@ func TestBatchCloseStrandsNoCall(t *testing.T) {
 	s := newStore(t, c, Options{Timeout: slow.Timeout})
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(1e9, time.Second)}
 	for round := range 50 {
-		b := newBatcher(c, 4, 2)
+		b := newBatcher(c, true, 4, 2)
 		var wg sync.WaitGroup
 		done := make(chan struct{})
 		for range 4 {

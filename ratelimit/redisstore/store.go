@@ -41,11 +41,17 @@
 //
 // # Batching
 //
-// With Options.Batch, decisions of concurrent callers share one pipeline:
+// With Options.Batch, decisions of concurrent callers share one round trip:
 // one write and one read per batch instead of per decision, on both sides.
-// Each caller still returns at its own deadline. go-redis's auto-pipeliner
-// would do the same but does not honour a call's context (a decision
-// waited 35 s on a stopped Redis with a 100 ms deadline), so it is not used.
+// On a plain client (one Redis, or a sentinel's master) they also share one
+// script call — the script decides them in order, each atomically, with one
+// MGET of every window, one TIME and each distinct limit list parsed once —
+// since Redis's single command thread, not the network, is what a busy
+// gate runs out of first. On a cluster each decision stays its own call
+// (its keys are in its client's slot), pipelined. Each caller still returns
+// at its own deadline. go-redis's auto-pipeliner would pipeline too but
+// does not honour a call's context (a decision waited 35 s on a stopped
+// Redis with a 100 ms deadline), so it is not used.
 package redisstore
 
 import (
@@ -108,12 +114,12 @@ type Options struct {
 	// It must be safe for concurrent use and fast.
 	Observe func(d time.Duration, err error)
 	// Batch, when positive, sends the decisions of concurrent callers to
-	// Redis together, up to Batch per pipeline, from BatchWorkers
-	// goroutines: one write and one read per batch instead of per decision,
-	// on both sides, which is most of the cost under load (see the package
-	// benchmarks). Each decision still returns at its own deadline. 0 means
-	// every decision is its own round trip. With Batch the Store owns
-	// goroutines: call Close.
+	// Redis together, up to Batch per round trip (and, on a plain client,
+	// per script call: see Batching above), from BatchWorkers goroutines.
+	// Under load this is most of the cost saved, on both sides (see the
+	// package benchmarks). Each decision still returns at its own deadline.
+	// 0 means every decision is its own round trip. With Batch the Store
+	// owns goroutines: call Close.
 	Batch int
 	// BatchWorkers is how many pipelines may be in flight at once; 0 means 2.
 	BatchWorkers int
@@ -210,7 +216,11 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		if workers == 0 {
 			workers = 2
 		}
-		st.batch = newBatcher(client, opts.Batch, workers)
+		// Decisions of different clients share a script call only on a
+		// plain client (one Redis, or a sentinel's master): a cluster's or
+		// a ring's keys live on different nodes and slots.
+		_, shared := client.(*redis.Client)
+		st.batch = newBatcher(client, shared, opts.Batch, workers)
 	}
 	return st, nil
 }
@@ -322,9 +332,22 @@ func isScriptRefusal(err error) bool {
 	if err == nil {
 		return false // before re exists: it escapes, and would cost every call an allocation
 	}
+	var rf refusal
+	if errors.As(err, &rf) {
+		return true
+	}
 	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR sluice ewma: ")
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), refusalPrefix)
 }
+
+// refusalPrefix starts every error the script replies, for a whole call or
+// (as a -1 flag and this message) for one decision of it.
+const refusalPrefix = "ERR sluice ewma: "
+
+// refusal is the script refusing one decision of a call (a -1 flag).
+type refusal string
+
+func (r refusal) Error() string { return string(r) }
 
 // isCrossSlot reports whether Redis Cluster refused the call because the
 // key's windows are in different slots: a key without a non-empty {hash
@@ -347,58 +370,149 @@ var (
 	argNow0    any = "0"
 )
 
-// request is one EVALSHA's arguments, in one allocation when the key has
-// at most inlineWindows windows (two more otherwise): args is the command line
-// ("evalsha", sha, numkeys, keys…, now, request id, limits…), and the keys
-// and the id are strings in strs (all sharing one byte allocation) that
-// args points to, since a *string goes into an interface without
-// allocating and go-redis writes it like a string.
+// request is one decision's part of a script call: the key of each window
+// and the request id, all sharing one byte allocation, and the limit list
+// boxed once per Store (see boxed). A call deciding several requests at one
+// instant is built by command.
 type request struct {
-	args []any
-	strs []string
-	now  int64
+	keys   []string
+	id     string
+	limits *boxedLimits
+	now    int64 // unix ms; 0 means Redis TIME
 
-	argsArr [3 + 3 + 4*inlineWindows]any
-	strsArr [inlineWindows + 1]string
+	keysArr [inlineWindows]string
 }
 
 // inlineWindows is how many windows a request holds without allocating
-// its slices apart: relays configure one to three per type.
+// its key slice apart: relays configure one to three per type.
 const inlineWindows = 3
 
-// eval returns the same command as EVAL with the script's source, for the
-// fallback on NOSCRIPT.
-func (r *request) eval() []any {
-	a := append([]any(nil), r.args...)
+// command returns the EVALSHA deciding reqs, which share one instant, in
+// order (see scripts/ewma.lua): numkeys, every window's key, the instant,
+// each distinct limit list once, then per request the index of its list
+// and its id. Keys and ids go in as *string, which an interface holds
+// without allocating and go-redis writes like a string: the only
+// allocation is the argument slice.
+func command(reqs []*request) []any {
+	var lists [8]*boxedLimits
+	distinct := lists[:0]
+	index := func(b *boxedLimits) int {
+		for i, d := range distinct {
+			if d == b {
+				return i + 1
+			}
+		}
+		distinct = append(distinct, b)
+		return len(distinct)
+	}
+	nkeys, nargs := 0, 0
+	for _, r := range reqs {
+		nkeys += len(r.keys)
+		if index(r.limits) == len(distinct) {
+			nargs += len(r.limits.args) // a list seen for the first time
+		}
+	}
+	args := make([]any, 0, 3+nkeys+2+nargs+2*len(reqs))
+	args = append(args, argEvalSha, argSHA, nkeys)
+	for _, r := range reqs {
+		for i := range r.keys {
+			args = append(args, &r.keys[i])
+		}
+	}
+	if reqs[0].now == 0 {
+		args = append(args, argNow0)
+	} else {
+		args = append(args, &reqs[0].now)
+	}
+	args = append(args, len(distinct))
+	for _, d := range distinct {
+		args = append(args, d.args...)
+	}
+	for _, r := range reqs {
+		args = append(args, index(r.limits), &r.id)
+	}
+	return args
+}
+
+// evalArgs returns the same command as EVAL with the script's source, for
+// the fallback on NOSCRIPT.
+func evalArgs(args []any) []any {
+	a := append([]any(nil), args...)
 	a[0], a[1] = argEval, argSource
 	return a
 }
 
-// run runs req as one EVALSHA, and as EVAL (which caches the script
-// again) if Redis answers NOSCRIPT: after a restart or SCRIPT FLUSH.
-func run(ctx context.Context, c processor, req *request) (any, error) {
-	cmd := redis.NewCmd(ctx, req.args...)
-	cmd.SetFirstKeyPos(3) // the cluster client routes by the first key
-	_ = c.Process(ctx, cmd)
-	if isNoScript(cmd.Err()) {
-		cmd = redis.NewCmd(ctx, req.eval()...)
-		cmd.SetFirstKeyPos(3)
-		_ = c.Process(ctx, cmd)
-	}
-	return cmd.Result()
+// newCmd returns the script call for args; the cluster client routes it
+// by its first key (on a cluster a call carries one decision, whose keys
+// share one {client} slot).
+func newCmd(ctx context.Context, args []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
 }
 
-// request builds KEYS and ARGV for the script (see scripts/ewma.lua). The
-// per-window arguments come boxed from a small cache, since a gate passes
-// the same few limit lists again and again: the hot path allocates little
-// besides what go-redis does.
+// run decides req as one EVALSHA, and as EVAL (which caches the script
+// again) if Redis answers NOSCRIPT: after a restart or SCRIPT FLUSH.
+func run(ctx context.Context, c processor, req *request) (any, error) {
+	reqs := [1]*request{req}
+	args := command(reqs[:])
+	cmd := newCmd(ctx, args)
+	_ = c.Process(ctx, cmd)
+	if isNoScript(cmd.Err()) {
+		cmd = newCmd(ctx, evalArgs(args))
+		_ = c.Process(ctx, cmd)
+	}
+	var reply any
+	var err error
+	split(cmd, reqs[:], func(_ int, r any, e error) { reply, err = r, e })
+	return reply, err
+}
+
+// split hands each request of a call its part of the flat reply (2 + its
+// window count elements), or the call's error. A reply of the wrong shape
+// is an error for every request of the call.
+func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err error)) {
+	reply, err := cmd.Result()
+	if err == nil {
+		arr, ok := reply.([]any)
+		want := 0
+		for _, r := range reqs {
+			want += 2 + len(r.keys)
+		}
+		switch {
+		case !ok:
+			err = badReply("reply is %T, not an array", reply)
+		case len(arr) != want:
+			err = badReply("reply has %d elements, want %d", len(arr), want)
+		default:
+			off := 0
+			for i, r := range reqs {
+				n := 2 + len(r.keys)
+				deliver(i, arr[off:off+n:off+n], nil)
+				off += n
+			}
+			return
+		}
+	}
+	for i := range reqs {
+		deliver(i, nil, err)
+	}
+}
+
+// request builds the keys and the id of one decision (see
+// scripts/ewma.lua). The limit list comes boxed from a small cache, since
+// a gate passes the same few lists again and again: the hot path allocates
+// little besides what go-redis does.
 func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) *request {
 	n := len(limits)
-	r := &request{}
+	r := &request{limits: s.boxed(limits)}
 	if n <= inlineWindows {
-		r.args, r.strs = r.argsArr[:0], r.strsArr[:n+1]
+		r.keys = r.keysArr[:n]
 	} else {
-		r.args, r.strs = make([]any, 0, 6+4*n), make([]string, n+1)
+		r.keys = make([]string, n)
+	}
+	if !now.IsZero() {
+		r.now = now.UnixMilli()
 	}
 	// Every key, then the request id, in one string.
 	var b strings.Builder
@@ -409,30 +523,17 @@ func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) *re
 		b.WriteString(key)
 		b.WriteByte(':')
 		b.Write(strconv.AppendInt(num[:0], int64(l.Period/time.Millisecond), 10))
-		r.strs[i] = b.String() // the prefix of all written so far; cut below
+		r.keys[i] = b.String() // the prefix of all written so far; cut below
 	}
 	s.writeRequestID(&b)
 	all := b.String()
 	start := 0
 	for i := range n {
-		end := len(r.strs[i])
-		r.strs[i] = all[start:end]
+		end := len(r.keys[i])
+		r.keys[i] = all[start:end]
 		start = end
 	}
-	r.strs[n] = all[start:]
-
-	r.args = append(r.args, argEvalSha, argSHA, n)
-	for i := range n {
-		r.args = append(r.args, &r.strs[i])
-	}
-	if now.IsZero() {
-		r.args = append(r.args, argNow0)
-	} else {
-		r.now = now.UnixMilli()
-		r.args = append(r.args, &r.now)
-	}
-	r.args = append(r.args, &r.strs[n])
-	r.args = append(r.args, s.boxed(limits)...)
+	r.id = all[start:]
 	return r
 }
 
@@ -454,15 +555,16 @@ func (s *Store) writeRequestID(b *strings.Builder) {
 }
 
 // boxedLimits is one entry of Store.argCache: a copy of a limit list and
-// its script arguments, already converted to interfaces.
+// its script arguments (the window count, then rate, period in ms and cost
+// per window), already converted to interfaces.
 type boxedLimits struct {
 	limits []ratelimit.Limit
 	args   []any
 }
 
-// boxed returns rate, period in ms and cost per window as script
-// arguments, from the cache when the same list was seen before.
-func (s *Store) boxed(limits []ratelimit.Limit) []any {
+// boxed returns limits as script arguments, from the cache when the same
+// list was seen before.
+func (s *Store) boxed(limits []ratelimit.Limit) *boxedLimits {
 	var h uint64 = 14695981039346656037
 	for _, l := range limits {
 		h = (h ^ math.Float64bits(l.Rate)) * 1099511628211
@@ -471,9 +573,10 @@ func (s *Store) boxed(limits []ratelimit.Limit) []any {
 	}
 	slot := &s.argCache[h%uint64(len(s.argCache))]
 	if e := slot.Load(); e != nil && equalLimits(e.limits, limits) {
-		return e.args
+		return e
 	}
-	e := &boxedLimits{limits: append([]ratelimit.Limit(nil), limits...), args: make([]any, 0, 3*len(limits))}
+	e := &boxedLimits{limits: append([]ratelimit.Limit(nil), limits...), args: make([]any, 0, 1+3*len(limits))}
+	e.args = append(e.args, strconv.Itoa(len(limits)))
 	// Formatted once here: go-redis would format floats on every call, and
 	// shortest-round-trip formatting is a visible share of the client's CPU.
 	// Plain decimals ('f'), never an exponent: Redis's Lua reads both, but
@@ -485,7 +588,7 @@ func (s *Store) boxed(limits []ratelimit.Limit) []any {
 			strconv.FormatFloat(l.EffectiveCost(), 'f', -1, 64))
 	}
 	slot.Store(e)
-	return e.args
+	return e
 }
 
 func equalLimits(a, b []ratelimit.Limit) bool {
@@ -503,11 +606,14 @@ func equalLimits(a, b []ratelimit.Limit) bool {
 // maxWaitMs is the longest wait the script reports (2^40 ms, as in ratelimit).
 const maxWaitMs = 1 << 40
 
-// parseReply reads the script's reply strictly: exactly 2+len(limits)
-// elements — the allowed flag (0 or 1), the wait in milliseconds (0 when
-// allowed, 1…2^40 when refused), then one finite non-negative score per
-// window as a string. Anything else is a protocol disagreement and an error
-// wrapping both ErrBadReply and ErrUnavailable — never a score of zero.
+// parseReply reads one decision's part of the script's reply strictly:
+// exactly 2+len(limits) elements — the allowed flag (0 or 1), the wait in
+// milliseconds (0 when allowed, 1…2^40 when refused), then one finite
+// non-negative score per window as a string. Anything else is a protocol
+// disagreement and an error wrapping both ErrBadReply and ErrUnavailable —
+// never a score of zero. A flag of -1 is the script refusing this decision
+// (a malformed stored value): its message comes second, and the error is
+// also a refusal (isScriptRefusal), since Redis did answer.
 func parseReply(reply any, limits []ratelimit.Limit) (ratelimit.Decision, error) {
 	arr, ok := reply.([]any)
 	if !ok {
@@ -517,6 +623,11 @@ func parseReply(reply any, limits []ratelimit.Limit) (ratelimit.Decision, error)
 		return ratelimit.Decision{}, badReply("reply has %d elements, want %d", len(arr), len(limits)+2)
 	}
 	flag, ok := arr[0].(int64)
+	if ok && flag == -1 {
+		if msg, ok := arr[1].(string); ok && strings.HasPrefix(msg, refusalPrefix) {
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, refusal(msg))
+		}
+	}
 	if !ok || (flag != 0 && flag != 1) {
 		return ratelimit.Decision{}, badReply("allowed flag is %#v", arr[0])
 	}

@@ -3,7 +3,9 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -335,12 +337,15 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	// A seen request id whose other window is corrupt: still an error.
 	c.Del(ctx, DefaultPrefix+key+":1000", DefaultPrefix+key+":60000")
 	ids := []string{DefaultPrefix + key + ":1000", DefaultPrefix + key + ":60000"}
-	if err := ewma.Run(ctx, c, ids, at, "seen", "10", "1000", "1", "100", "60000", "1").Err(); err != nil {
+	seen := []any{at, 1, 2, "10", "1000", "1", "100", "60000", "1", 1, "seen"}
+	if err := ewma.Run(ctx, c, ids, seen...).Err(); err != nil {
 		t.Fatal(err)
 	}
 	c.Set(ctx, ids[1], "garbage", 0)
-	if v, err := ewma.Run(ctx, c, ids, at, "seen", "10", "1000", "1", "100", "60000", "1").Result(); err == nil {
-		t.Errorf("repeat with a corrupt window replied %v", v)
+	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 4 || v[0] != int64(-1) {
+		t.Errorf("repeat with a corrupt window replied %v %v, want a -1 flag", v, err)
+	} else if _, err := parseReply(v, limits); !isScriptRefusal(err) || !errors.Is(err, ratelimit.ErrBadReply) {
+		t.Errorf("repeat with a corrupt window: %v, want a script refusal", err)
 	}
 }
 
@@ -360,32 +365,55 @@ func TestRequestAllocs(t *testing.T) {
 	}
 	r := s.request("{a}:message:EVENT", limits, storetest.T0)
 	want := []string{"evalsha", ewma.Hash(), "3", "sluice:{a}:message:EVENT:1000", "sluice:{a}:message:EVENT:60000",
-		"sluice:{a}:message:EVENT:3600000", itoa(storetest.T0.UnixMilli()), "", "10", "1000", "1", "240", "60000", "1", "1000", "3600000", "1"}
-	if len(r.args) != len(want) {
-		t.Fatalf("%d arguments, want %d", len(r.args), len(want))
+		"sluice:{a}:message:EVENT:3600000", itoa(storetest.T0.UnixMilli()), "1", "3", "10", "1000", "1", "240", "60000", "1", "1000", "3600000", "1", "1", r.id}
+	if got := argStrings(command([]*request{r})); !slices.Equal(got, want) {
+		t.Errorf("command\n got %q\nwant %q", got, want)
 	}
-	for i, a := range r.args {
-		var got string
+	if len(r.id) != idLen {
+		t.Errorf("request id %q is not %d characters", r.id, idLen)
+	}
+	if n := testing.AllocsPerRun(100, func() { command([]*request{r}) }); n > 1 {
+		t.Errorf("command: %v allocations, want at most 1 (the argument slice)", n)
+	}
+}
+
+// TestCommandSharesLists: decisions sharing a call list the windows of each
+// in order, send each distinct limit list once, and point at it by index.
+func TestCommandSharesLists(t *testing.T) {
+	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
+	two := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	one := []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}
+	a := s.request("{a}:message:EVENT", two, time.Time{})
+	b := s.request("{b}:message:REQ", one, time.Time{})
+	c := s.request("{c}:message:EVENT", append([]ratelimit.Limit(nil), two...), time.Time{}) // equal, not the same slice
+	want := []string{"evalsha", ewma.Hash(), "5",
+		"sluice:{a}:message:EVENT:1000", "sluice:{a}:message:EVENT:60000", "sluice:{b}:message:REQ:1000",
+		"sluice:{c}:message:EVENT:1000", "sluice:{c}:message:EVENT:60000",
+		"0", "2", "2", "10", "1000", "1", "240", "60000", "1", "1", "5", "1000", "1",
+		"1", a.id, "2", b.id, "1", c.id}
+	if got := argStrings(command([]*request{a, b, c})); !slices.Equal(got, want) {
+		t.Errorf("command\n got %q\nwant %q", got, want)
+	}
+}
+
+// argStrings renders a command line the way go-redis writes it.
+func argStrings(args []any) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
 		switch v := a.(type) {
 		case string:
-			got = v
+			out[i] = v
 		case *string:
-			got = *v
+			out[i] = *v
 		case int:
-			got = itoa(int64(v))
+			out[i] = itoa(int64(v))
 		case *int64:
-			got = itoa(*v)
-		}
-		if i == 7 {
-			if len(got) != idLen {
-				t.Errorf("request id %q is not %d characters", got, idLen)
-			}
-			continue
-		}
-		if got != want[i] {
-			t.Errorf("argument %d = %q, want %q", i, got, want[i])
+			out[i] = itoa(*v)
+		default:
+			out[i] = fmt.Sprintf("?%T", a)
 		}
 	}
+	return out
 }
 
 // TestRequestIDsStartApart: two stores whose random bases happen to be
@@ -395,8 +423,8 @@ func TestRequestIDsStartApart(t *testing.T) {
 	a, b := newStore(t, c, Options{}), newStore(t, c, Options{})
 	b.idBase = a.idBase
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
-	ida := *a.request("{x}:message:EVENT", limits, time.Time{}).args[5].(*string)
-	idb := *b.request("{x}:message:EVENT", limits, time.Time{}).args[5].(*string)
+	ida := a.request("{x}:message:EVENT", limits, time.Time{}).id
+	idb := b.request("{x}:message:EVENT", limits, time.Time{}).id
 	if ida == idb || len(ida) != idLen {
 		t.Errorf("first ids %q and %q", ida, idb)
 	}

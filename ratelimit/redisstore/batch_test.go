@@ -1,0 +1,162 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/storetest"
+)
+
+// TestBatchOneCallAgreesWithMemory: a batch of decisions of several clients
+// and limit lists, some of one client and type twice or more, is decided in
+// ONE script call, and every decision equals the memory store deciding the
+// same sequence one by one at the same instant — so a later decision of a
+// batch sees an earlier one's write, and each limit list reaches its own
+// windows.
+func TestBatchOneCallAgreesWithMemory(t *testing.T) {
+	t.Run("redis", func(t *testing.T) {
+		_, c := realRedis(t)
+		testBatchOneCall(t, c, true)
+	})
+	t.Run("miniredis", func(t *testing.T) {
+		testBatchOneCall(t, client(t, miniredis.RunT(t).Addr()), false)
+	})
+}
+
+func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
+	ctx := context.Background()
+	s := newStore(t, c, slow)
+	b := &batcher{client: c, shared: true, max: 64} // no workers: exec is called directly
+	want := ratelimit.NewMemoryStore(4096)
+	lists := [][]ratelimit.Limit{
+		{ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(5, time.Minute)},
+		{ratelimit.PerPeriod(2, 500*time.Millisecond)},
+		{ratelimit.PerPeriod(4, time.Second), ratelimit.PerPeriod(6, 10*time.Second), ratelimit.PerPeriod(9, time.Hour)},
+	}
+	r := rand.New(rand.NewPCG(3, 5))
+	if err := ewma.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ConfigResetStat(ctx).Err(); countCalls && err != nil {
+		t.Fatal(err)
+	}
+	var sc scratch
+	at := storetest.T0
+	const rounds = 40
+	refused := 0
+	for round := range rounds {
+		at = at.Add(time.Duration(r.IntN(900)) * time.Millisecond)
+		n := 1 + r.IntN(16)
+		calls := make([]*call, n)
+		keys := make([]string, n)
+		limits := make([][]ratelimit.Limit, n)
+		for i := range calls {
+			// Few clients, so that most batches decide one key several
+			// times; a key keeps one limit list (its client's).
+			client := r.IntN(4)
+			keys[i] = "{c" + strconv.Itoa(client) + "}:message:EVENT"
+			limits[i] = lists[client%len(lists)]
+			calls[i] = &call{req: s.request(keys[i], limits[i], at), res: make(chan callResult, 1)}
+		}
+		b.exec(time.Now().Add(slow.Timeout), calls, &sc)
+		for i, cl := range calls {
+			res := <-cl.res
+			got, err := ratelimit.Decision{}, res.err
+			if err == nil {
+				got, err = parseReply(res.reply, limits[i])
+			}
+			if err != nil {
+				t.Fatalf("round %d decision %d (%s): %v", round, i, keys[i], err)
+			}
+			w, err := want.Decide(ctx, keys[i], limits[i], at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Allowed != w.Allowed || got.Wait != w.Wait || len(got.Scores) != len(w.Scores) {
+				t.Fatalf("round %d decision %d (%s): got %+v, memory %+v", round, i, keys[i], got, w)
+			}
+			for j := range w.Scores {
+				if !storetest.Close(got.Scores[j], w.Scores[j]) {
+					t.Fatalf("round %d decision %d (%s) window %d: score %v, memory %v", round, i, keys[i], j, got.Scores[j], w.Scores[j])
+				}
+			}
+			if !got.Allowed {
+				refused++
+			}
+		}
+	}
+	if refused == 0 || refused > rounds*8 {
+		t.Errorf("%d refusals: the sequence does not exercise both outcomes", refused)
+	}
+	if !countCalls {
+		return
+	}
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stat, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
+	calls, _, _ := strings.Cut(stat, ",")
+	if n, _ := strconv.Atoi(calls); n != rounds || strings.Contains(info, "cmdstat_eval:") {
+		t.Errorf("%s EVALSHA for %d batches (commandstats %q), want one call per batch", calls, rounds, info)
+	}
+}
+
+// TestBatchRefusalStaysWithItsDecision: in one script call, a decision
+// whose stored value is corrupt gets the script's refusal (an error wrapping
+// ErrBadReply that does not count against Redis); the other decisions of
+// the call are decided and written as usual.
+func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    func(t *testing.T) *redis.Client
+	}{
+		{"redis", func(t *testing.T) *redis.Client { _, c := realRedis(t); return c }},
+		{"miniredis", func(t *testing.T) *redis.Client { return client(t, miniredis.RunT(t).Addr()) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.c(t)
+			ctx := context.Background()
+			s := newStore(t, c, slow)
+			b := &batcher{client: c, shared: true, max: 8}
+			limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
+			if err := c.Set(ctx, DefaultPrefix+"{bad}:message:EVENT:1000", "garbage", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			keys := []string{"{ok1}:message:EVENT", "{bad}:message:EVENT", "{ok2}:message:EVENT"}
+			calls := make([]*call, len(keys))
+			for i, k := range keys {
+				calls[i] = &call{req: s.request(k, limits, storetest.T0), res: make(chan callResult, 1)}
+			}
+			b.exec(time.Now().Add(slow.Timeout), calls, &scratch{})
+			for i, cl := range calls {
+				res := <-cl.res
+				d, err := ratelimit.Decision{}, res.err
+				if err == nil {
+					d, err = parseReply(res.reply, limits)
+				}
+				if i == 1 {
+					if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
+						t.Errorf("corrupt key: %+v %v, want a per-key refusal", d, err)
+					}
+					continue
+				}
+				if err != nil || !d.Allowed || len(d.Scores) != 1 || d.Scores[0] != 1 {
+					t.Errorf("%s beside a corrupt key: %+v %v, want admitted with score 1", keys[i], d, err)
+				}
+				if v, err := c.Get(ctx, DefaultPrefix+keys[i]+":1000").Result(); err != nil || !strings.HasPrefix(v, "1 ") {
+					t.Errorf("%s beside a corrupt key stored %q %v", keys[i], v, err)
+				}
+			}
+		})
+	}
+}
