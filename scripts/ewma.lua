@@ -96,55 +96,58 @@ local HUGE = math.huge
 -- lookup).
 local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
 local log, ceil = math.log, math.ceil
+-- Allocation is the other cost per call (a table, a closure, each upvalue
+-- of a closure, each time a table grows): so no closures on the admitted
+-- path (the decisions are one loop, not a function per decision), and the
+-- tables below are sized by their constructors for the usual calls.
 
-local function bad(msg)
-  return redis.error_reply('ERR sluice ewma: ' .. msg)
-end
-
--- Parse and check the whole call before touching anything. The limits go
--- into lim, three numbers per window, list after list; list i starts after
--- lim[lo[i]] and has ln[i] windows.
+-- Parse and check the whole call before touching anything. lim holds every
+-- list: at lim[q+1] its window count n, then three numbers per window (rate,
+-- half-life, cost). lo[l] is the q of list l, and lo[nl+d] that of decision
+-- d's list.
 local nk, na = #KEYS, #ARGV
 local nl = na >= 2 and tonumber(ARGV[2])
 -- Every list takes at least 4 args and a decision 2: this bounds the loop.
 if not (nl and nl >= 1 and nl % 1 == 0 and 2 + 4 * nl + 2 <= na) then
-  return bad('want ARGV[2] = the number L >= 1 of limit lists, then the lists and the decisions')
+  return redis.error_reply('ERR sluice ewma: want ARGV[2] = the number L >= 1 of limit lists, then the lists, then two args per decision')
 end
-local lim, lo, ln = {}, {}, {}
-local a, q = 3, 0 -- the next arg; the windows in lim so far, times 3
-for li = 1, nl do
+local lim = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+local lo = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+local a, q = 3, 0 -- the next arg; the entries of lim so far
+for l = 1, nl do
   local n = a <= na and tonumber(ARGV[a])
   if not (n and n >= 1 and n % 1 == 0 and a + 3 * n <= na) then
-    return bad('bad window count of limit list ' .. li)
+    return redis.error_reply('ERR sluice ewma: bad window count in limit list ' .. l)
   end
-  lo[li], ln[li] = q, n
+  lo[l], lim[q + 1] = q, n
+  q = q + 1
   for j = a + 1, a + 3 * n, 3 do
     local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
     if not (r and p and c and p >= 1 and c > 0 and r - c > 0) then
-      return bad('bad limit in limit list ' .. li)
+      return redis.error_reply('ERR sluice ewma: bad limit in limit list ' .. l)
     end
     lim[q + 1], lim[q + 2], lim[q + 3] = r, p, c
     q = q + 3
   end
   a = a + 1 + 3 * n
 end
--- a is now the first decision's list index.
+-- ARGV[a] is now the first decision's list index.
 local m = (na - a + 1) / 2
 if m < 1 or m % 1 ~= 0 then
-  return bad('want two args per decision (limit list index, request id)')
+  return redis.error_reply('ERR sluice ewma: want two args per decision (limit list index, request id)')
 end
-local dl = {} -- each decision's list
 local sum = 0
 for d = 1, m do
-  local li = tonumber(ARGV[a + 2 * d - 2])
-  if not (li and li >= 1 and li <= nl and li % 1 == 0) then
-    return bad('bad limit list index of decision ' .. d)
+  local l = tonumber(ARGV[a + 2 * d - 2])
+  if not (l and l >= 1 and l <= nl and l % 1 == 0) then
+    return redis.error_reply('ERR sluice ewma: bad limit list index of decision ' .. d)
   end
-  dl[d] = li
-  sum = sum + ln[li]
+  q = lo[l]
+  lo[nl + d] = q
+  sum = sum + lim[q + 1]
 end
 if sum ~= nk then
-  return bad('want one key per window of every decision')
+  return redis.error_reply('ERR sluice ewma: want one key per window of every decision')
 end
 
 local vals = redis.call('MGET', unpack(KEYS))
@@ -162,116 +165,63 @@ if not now or now <= 0 then
 end
 local nowstr -- now's digits, formatted at most once
 
--- waitms returns the smallest w >= 1 such that score s written at ms at
--- admits cost c under rate r (half-life p ms) at now+w; the caller knows it
--- refuses at now. Same steps as ratelimit.waitMs in Go: start from the
--- estimate T*log2(S/(R-c)), bracket the boundary by galloping (steps 1, 2,
--- 4, ...) and bisect. For any sane limit that is two probes (admits at w,
--- refuses at w-1); when R is barely above c, adding c absorbs most of R-c
--- and the boundary can be minutes from the estimate, but it is still found
--- exactly, in at most about 2*40 probes (waits are capped at 2^40 ms).
-local function waitms(now, s, at, p, c, r)
-  local function admits(w)
-    local t = now + w
-    local d = s
-    if t > at then
-      local x = (t - at) / p
-      if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
-    end
-    return d + c <= r
-  end
-  local d = p * math.log(s / (r - c)) / LN2
-  if not (d < MAX_WAIT) then d = MAX_WAIT end
-  local w = at + math.ceil(d) - now
-  if w < 1 then w = 1 end
-  if w > MAX_WAIT then w = MAX_WAIT end
-  -- Bracket the boundary: lo refuses (0 is known to), hi admits.
-  local lo, hi
-  local step = 1
-  if admits(w) then
-    hi = w
-    while true do
-      if hi - step <= 0 then
-        lo = 0
-        break
-      end
-      if not admits(hi - step) then
-        lo = hi - step
-        break
-      end
-      hi = hi - step
-      step = step * 2
-    end
-  else
-    lo = w
-    while true do
-      if lo + step >= MAX_WAIT then
-        if not admits(MAX_WAIT) then
-          return MAX_WAIT -- the longest wait reported, as in Go
-        end
-        hi = MAX_WAIT
-        break
-      end
-      if admits(lo + step) then
-        hi = lo + step
-        break
-      end
-      lo = lo + step
-      step = step * 2
-    end
-  end
-  while hi - lo > 1 do
-    local mid = lo + math.floor((hi - lo) / 2)
-    if admits(mid) then hi = mid else lo = mid end
-  end
-  return hi
-end
+-- waitms(now, s, at, p, c, r) returns the smallest w >= 1 such that score
+-- s written at ms at admits cost c under rate r (half-life p ms) at now+w;
+-- the caller knows it refuses at now. Same steps as ratelimit.waitMs in Go:
+-- start from the estimate T*log2(S/(R-c)), bracket the boundary by
+-- galloping (steps 1, 2, 4, ...) and bisect. For any sane limit that is two
+-- probes (admits at w, refuses at w-1); when R is barely above c, adding c
+-- absorbs most of R-c and the boundary can be minutes from the estimate,
+-- but it is still found exactly, in at most about 2*40 probes (waits are
+-- capped at 2^40 ms). Made on the first refusal of the call.
+local waitms
 
-local reply = {}
-local o = 0 -- entries of reply so far
--- The values written during this call, by key; they are newer than the
--- MGET's.
-local wr = {}
+-- The reply, sized by its constructor for one decision of one or two
+-- windows; o is its entries so far.
+local tot = nk + 2 * m
+local reply = tot == 4 and {false, false, false, false} or tot == 3 and {false, false, false} or {}
+local o = 0
+-- The values written during this call that a later decision may read, by
+-- key (made on the first such write); newer than the MGET's.
+local wr
 -- The previous window's t digits and value: windows written together share
 -- them, so the second is usually not parsed again.
 local lastts, lastt
 
--- fail answers the decision at reply[o+1 ...] (n windows) with an error.
-local function fail(n, msg)
-  reply[o + 1], reply[o + 2] = -1, msg
-  for i = 3, n + 2 do
-    reply[o + i] = ''
-  end
-  o = o + 2 + n
-end
-
--- decide decides one message whose n windows are KEYS[kb+1 .. kb+n] with
--- the limits after lim[q], and appends its reply.
-local function decide(kb, n, q, reqid)
+-- Decide every message, in order. Message d has the n windows
+-- KEYS[kb+1 .. kb+n], the limits after lim[q] and the request id reqid.
+local kb = 0
+for dn = 1, m do
+  local q = lo[nl + dn]
+  local n = lim[q + 1]
+  local reqid = ARGV[a + 2 * dn - 1]
   -- Read and decide every window. A stored value is read strictly: "<score>
   -- <t>" and, in the first window, " <id>..." after it. The score must be a
   -- finite number >= 0 and t a whole number of ms >= 0; anything else (a
-  -- hand-edited key, another program's value) fails the decision rather than
-  -- being read as a score of zero or NaN. Per window the decision keeps
-  -- seven values: rate, period, cost, stored score, decayed score, write
-  -- time and its stored digits; the first two windows (every limit sluice
-  -- ships has one or two) keep them in locals, further windows in the table
-  -- st.
-  local v1 = wr[KEYS[kb + 1]] or vals[kb + 1]
+  -- hand-edited key, another program's value) fails the decision (err)
+  -- rather than being read as a score of zero or NaN. Per window the
+  -- decision keeps seven values: rate, period, cost, stored score, decayed
+  -- score, write time and its stored digits; the first two windows (every
+  -- limit sluice ships has one or two) keep them in locals, further windows
+  -- in the table st.
+  local v1 = wr and wr[KEYS[kb + 1]] or vals[kb + 1]
   local idat -- where the first window's ids begin in v1, if it has any
+  local seen -- the end of v1's score if reqid is one of its ids
+  local err
   local r1, p1, c1, s1, d1, t1, ts1, r2, p2, c2, s2, d2, t2, ts2
   local st = n > 2 and {} or nil
   local allowed = true
   for i = 1, n do
     local v = v1
     if i > 1 then
-      v = wr[KEYS[kb + i]] or vals[kb + i]
+      v = wr and wr[KEYS[kb + i]] or vals[kb + i]
     end
     local s, t, ts = 0, 0, false
     if v then
       local a = find(v, ' ', 1, true)
       if not a then
-        return fail(n, 'ERR sluice ewma: malformed value at ' .. KEYS[kb + i])
+        err = 'ERR sluice ewma: malformed value at ' .. KEYS[kb + i]
+        break
       end
       local b = find(v, ' ', a + 1, true)
       ts = sub(v, a + 1, (b or 0) - 1)
@@ -283,7 +233,8 @@ local function decide(kb, n, q, reqid)
         lastts, lastt = ts, t
       end
       if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
-        return fail(n, 'ERR sluice ewma: malformed value at ' .. KEYS[kb + i])
+        err = 'ERR sluice ewma: malformed value at ' .. KEYS[kb + i]
+        break
       end
       if i == 1 and b and b < #v then
         idat = b + 1
@@ -291,7 +242,6 @@ local function decide(kb, n, q, reqid)
           -- Is reqid one of the space-separated ids? A plain find in v1
           -- itself, checked at the boundaries (no copies of either).
           local k, m, l = idat, #reqid, #v
-          local seen = false
           while true do
             local p = find(v, reqid, k, true)
             if not p then
@@ -299,39 +249,19 @@ local function decide(kb, n, q, reqid)
             end
             local e = p + m
             if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
-              seen = true
+              seen = a
               break
             end
             k = p + 1
           end
           if seen then
-            -- A repeat of an admitted request: answer as admitted, charge
-            -- nothing, with every window's stored digits (each read as
-            -- strictly as above).
-            reply[o + 1], reply[o + 2], reply[o + 3] = 1, 0, sub(v, 1, a - 1)
-            for j = 2, n do
-              local key = KEYS[kb + j]
-              local w = wr[key] or vals[kb + j]
-              if not w then
-                return fail(n, 'ERR sluice ewma: window missing for a seen request at ' .. key)
-              end
-              local a = find(w, ' ', 1, true)
-              local b = a and find(w, ' ', a + 1, true)
-              local ss = a and sub(w, 1, a - 1)
-              local s, t = tonumber(ss), a and tonumber(sub(w, a + 1, (b or 0) - 1))
-              if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
-                return fail(n, 'ERR sluice ewma: malformed value at ' .. key)
-              end
-              reply[o + j + 2] = ss
-            end
-            o = o + 2 + n
-            return
+            break
           end
         end
       end
     end
-    local j = q + 3 * i
-    local r, p, c = lim[j - 2], lim[j - 1], lim[j]
+    local j = q + 3 * i - 1
+    local r, p, c = lim[j], lim[j + 1], lim[j + 2]
     local d = s
     if now > t then
       local x = (now - t) / p
@@ -350,7 +280,97 @@ local function decide(kb, n, q, reqid)
     end
   end
 
-  if not allowed then
+  if seen then
+    -- A repeat of an admitted request: answer as admitted, charge nothing,
+    -- with every window's stored digits (each read as strictly as above).
+    reply[o + 1], reply[o + 2], reply[o + 3] = 1, 0, sub(v1, 1, seen - 1)
+    for j = 2, n do
+      local key = KEYS[kb + j]
+      local w = wr and wr[key] or vals[kb + j]
+      if not w then
+        err = 'ERR sluice ewma: window missing for a seen request at ' .. key
+        break
+      end
+      local a = find(w, ' ', 1, true)
+      local b = a and find(w, ' ', a + 1, true)
+      local ss = a and sub(w, 1, a - 1)
+      local s, t = tonumber(ss), a and tonumber(sub(w, a + 1, (b or 0) - 1))
+      if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
+        err = 'ERR sluice ewma: malformed value at ' .. key
+        break
+      end
+      reply[o + j + 2] = ss
+    end
+  end
+
+  if err then
+    -- This decision fails alone: -1, the message, n empty scores; nothing
+    -- of it was written.
+    reply[o + 1], reply[o + 2] = -1, err
+    for i = 3, n + 2 do
+      reply[o + i] = ''
+    end
+  elseif seen then
+    -- replied above
+  elseif not allowed then
+    if not waitms then
+      waitms = function(now, s, at, p, c, r)
+        local function admits(w)
+          local t = now + w
+          local d = s
+          if t > at then
+            local x = (t - at) / p
+            if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
+          end
+          return d + c <= r
+        end
+        local d = p * math.log(s / (r - c)) / LN2
+        if not (d < MAX_WAIT) then d = MAX_WAIT end
+        local w = at + math.ceil(d) - now
+        if w < 1 then w = 1 end
+        if w > MAX_WAIT then w = MAX_WAIT end
+        -- Bracket the boundary: lo refuses (0 is known to), hi admits.
+        local lo, hi
+        local step = 1
+        if admits(w) then
+          hi = w
+          while true do
+            if hi - step <= 0 then
+              lo = 0
+              break
+            end
+            if not admits(hi - step) then
+              lo = hi - step
+              break
+            end
+            hi = hi - step
+            step = step * 2
+          end
+        else
+          lo = w
+          while true do
+            if lo + step >= MAX_WAIT then
+              if not admits(MAX_WAIT) then
+                return MAX_WAIT -- the longest wait reported, as in Go
+              end
+              hi = MAX_WAIT
+              break
+            end
+            if admits(lo + step) then
+              hi = lo + step
+              break
+            end
+            lo = lo + step
+            step = step * 2
+          end
+        end
+        while hi - lo > 1 do
+          local mid = lo + math.floor((hi - lo) / 2)
+          if admits(mid) then hi = mid else lo = mid end
+        end
+        return hi
+      end
+    end
     local wait = 0
     for i = 1, n do
       local r, p, c, s, d, t
@@ -369,78 +389,76 @@ local function decide(kb, n, q, reqid)
       reply[o + i + 2] = format('%.17g', d)
     end
     reply[o + 1], reply[o + 2] = 0, wait
-    o = o + 2 + n
-    return
-  end
-
-  -- Admitted: write every window.
-  reply[o + 1], reply[o + 2] = 1, 0
-  for i = 1, n do
-    local r, p, c, d, t, ts
-    if i == 1 then
-      r, p, c, d, t, ts = r1, p1, c1, d1, t1, ts1
-    elseif i == 2 then
-      r, p, c, d, t, ts = r2, p2, c2, d2, t2, ts2
-    else
-      local k = 7 * i
-      r, p, c, d, t, ts = st[k - 6], st[k - 5], st[k - 4], st[k - 2], st[k - 1], st[k]
-    end
-    local s = d + c
-    if now > t then
-      t = now
-      if not nowstr then
-        nowstr = format('%d', now)
+  else
+    -- Admitted: write every window.
+    reply[o + 1], reply[o + 2] = 1, 0
+    local later = kb + n < nk -- a later decision may read these windows
+    for i = 1, n do
+      local r, p, c, d, t, ts
+      if i == 1 then
+        r, p, c, d, t, ts = r1, p1, c1, d1, t1, ts1
+      elseif i == 2 then
+        r, p, c, d, t, ts = r2, p2, c2, d2, t2, ts2
+      else
+        local k = 7 * i
+        r, p, c, d, t, ts = st[k - 6], st[k - 5], st[k - 4], st[k - 2], st[k - 1], st[k]
       end
-      ts = nowstr
+      local s = d + c
+      if now > t then
+        t = now
+        if not nowstr then
+          nowstr = format('%d', now)
+        end
+        ts = nowstr
+      end
+      local str = format('%.17g', s)
+      -- TTL: keep the key until its score is negligible, eps = min(c,
+      -- R-c)/1024 (forgetting it then gives a client at most 1/1024 of a
+      -- message), that is T*log2(S/eps) ms. Since eps <= R-c this is never
+      -- shorter than the longest wait the key can still report,
+      -- T*log2(S/(R-c)); since S <= R it is at most
+      -- T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any sane limit.
+      -- +1 covers the rounding. (If t is ahead of now, the score starts
+      -- decaying only at t; the TTL counts from now and would be short by
+      -- t-now, so that is added.) Capped at 2*MAX_WAIT (70 years), twice
+      -- the longest wait ever reported: absurd limits (a ten-year half-life
+      -- with R a hair above c) would otherwise ask for centuries, which
+      -- overflows some Redis-compatible servers' expiry arithmetic. It goes
+      -- to SET as digits: redis.call formats a number argument with %.17g,
+      -- which costs more than %d here. (min and max are written as
+      -- comparisons: the same result, without a call.)
+      local eps = r - c
+      if c < eps then eps = c end
+      eps = eps / 1024
+      local ttl = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
+      if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
+      ttl = ttl + (t - now)
+      local val
+      if i ~= 1 or not idat and reqid == '' then
+        val = str .. ' ' .. ts
+      elseif reqid == '' then
+        val = str .. ' ' .. ts .. sub(v1, idat - 1)
+      elseif not idat then
+        val = str .. ' ' .. ts .. ' ' .. reqid
+      else
+        -- Keep the last IDS request ids, newest first. Ids are of one width
+        -- (16 characters from the Go store), so keeping IDS-1 old ones is
+        -- one string.sub; an id of another width is at worst cut short, and
+        -- a cut id never matches (the seen check looks at the boundaries).
+        val = str .. ' ' .. ts .. ' ' .. reqid .. ' ' .. sub(v1, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
+      end
+      local key = KEYS[kb + i]
+      redis.call('SET', key, val, 'PX', format('%d', ttl))
+      if later then
+        if not wr then
+          wr = {}
+        end
+        wr[key] = val
+      end
+      reply[o + i + 2] = str
     end
-    local str = format('%.17g', s)
-    -- TTL: keep the key until its score is negligible, eps = min(c, R-c)/1024
-    -- (forgetting it then gives a client at most 1/1024 of a message), that
-    -- is T*log2(S/eps) ms. Since eps <= R-c this is never shorter than the
-    -- longest wait the key can still report, T*log2(S/(R-c)); since S <= R
-    -- it is at most T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any
-    -- sane limit. +1 covers the rounding. (If t is ahead of now, the score
-    -- starts decaying only at t; the TTL counts from now and would be short
-    -- by t-now, so that is added.) Capped at 2*MAX_WAIT (70 years), twice
-    -- the longest wait ever reported: absurd limits (a ten-year half-life with
-    -- R a hair above c) would otherwise ask for centuries, which overflows
-    -- some Redis-compatible servers' expiry arithmetic. It goes to SET as
-    -- digits: redis.call formats a number argument with %.17g, which costs
-    -- more than %d here. (min and max are written as comparisons: the same
-    -- result, without a call.)
-    local eps = r - c
-    if c < eps then eps = c end
-    eps = eps / 1024
-    local ttl = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
-    if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
-    ttl = ttl + (t - now)
-    local val
-    if i ~= 1 or not idat and reqid == '' then
-      val = str .. ' ' .. ts
-    elseif reqid == '' then
-      val = str .. ' ' .. ts .. sub(v1, idat - 1)
-    elseif not idat then
-      val = str .. ' ' .. ts .. ' ' .. reqid
-    else
-      -- Keep the last IDS request ids, newest first. Ids are of one width
-      -- (16 characters from the Go store), so keeping IDS-1 old ones is one
-      -- string.sub; an id of another width is at worst cut short, and a cut
-      -- id never matches (the seen check looks at the boundaries).
-      val = str .. ' ' .. ts .. ' ' .. reqid .. ' ' .. sub(v1, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
-    end
-    local key = KEYS[kb + i]
-    redis.call('SET', key, val, 'PX', format('%d', ttl))
-    wr[key] = val
-    reply[o + i + 2] = str
   end
   o = o + 2 + n
-end
-
-local kb = 0 -- the keys of the decisions so far
-for d = 1, m do
-  local li = dl[d]
-  local n = ln[li]
-  decide(kb, n, lo[li], ARGV[a + 2 * d - 1])
   kb = kb + n
 end
 return reply
