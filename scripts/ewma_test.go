@@ -382,16 +382,20 @@ func TestErrorInOneDecision(t *testing.T) {
 			c.FlushAll(ctx)
 			c.Set(ctx, win("b")[1], bad, 0)
 			c.Set(ctx, win("s")[0], "3 "+now+" seen", 0) // seen, second window missing
+			c.Set(ctx, win("u")[0], "3 "+now+" seen", 0) // seen, second window malformed
+			c.Set(ctx, win("u")[1], bad, 0)
 			got := batch(t, c, now, lists,
 				decision{win("a"), 1, "a"},
 				decision{win("b"), 1, "b"},
 				decision{win("s"), 1, "seen"},
+				decision{win("u"), 1, "seen"},
 				decision{win("a"), 1, ""},
 			)
 			want := [][]any{
 				{int64(1), int64(0), "1", "1"},
 				{int64(-1), "ERR sluice ewma: malformed value at " + win("b")[1], "", ""},
 				{int64(-1), "ERR sluice ewma: window missing for a seen request at " + win("s")[1], "", ""},
+				{int64(-1), "ERR sluice ewma: malformed value at " + win("u")[1], "", ""},
 				{int64(1), int64(0), "2", "2"},
 			}
 			for i := range want {
@@ -399,8 +403,8 @@ func TestErrorInOneDecision(t *testing.T) {
 					t.Errorf("stored %q: decision %d: %v, want %v", bad, i+1, got[i], want[i])
 				}
 			}
-			v := values(t, c, append(append(win("a"), win("b")...), win("s")...)...)
-			if wantv := []string{"2 " + now + " a", "2 " + now, "", bad, "3 " + now + " seen", ""}; !equalStrings(v, wantv) {
+			v := values(t, c, append(append(append(win("a"), win("b")...), win("s")...), win("u")...)...)
+			if wantv := []string{"2 " + now + " a", "2 " + now, "", bad, "3 " + now + " seen", "", "3 " + now + " seen", bad}; !equalStrings(v, wantv) {
 				t.Errorf("stored %q: values %q, want %q", bad, v, wantv)
 			}
 		}

@@ -4,9 +4,10 @@ package scripts
 
 import _ "embed"
 
-// EWMA is the source of ewma.lua: the atomic multi-window EWMA decision
-// (read, decay, admit-all-or-nothing, write with a TTL, idempotent by
-// request id). Its header comment documents KEYS, ARGV and the reply.
+// EWMA is the source of ewma.lua: multi-window EWMA decisions (read, decay,
+// admit-all-or-nothing, write with a TTL, idempotent by request id), one or
+// more per call, each atomic and decided in order, of one client or of
+// several. Its header comment documents KEYS, ARGV and the reply.
 //
 //go:embed ewma.lua
 var EWMA string
