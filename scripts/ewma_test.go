@@ -2,6 +2,7 @@ package scripts_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -363,6 +364,77 @@ func TestClientsInOneCall(t *testing.T) {
 		}
 		if !equalStrings(vb, vs) {
 			t.Errorf("stored by the batch %q, by calls of their own %q", vb, vs)
+		}
+	})
+}
+
+// TestBatchEqualsAlone: random batches (clients repeated, ids repeated,
+// decayed and future scores, full budgets, malformed values, one to three
+// windows) give the replies and leave the values that one call per message
+// at the same instant gives.
+func TestBatchEqualsAlone(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(1, 2))
+		lists := [][]any{
+			{2, 1000, 1},
+			{10, 1000, 1, 240, 60000, 1},
+			{5, 1000, 1, 50, 10000, 1, 500, 100000, 2.5},
+			{1.0001, 3600000, 1},
+		}
+		periods := []string{"1000", "60000", "100000"}
+		nowms, _ := strconv.ParseInt(now, 10, 64)
+		for round := 0; round < 100; round++ {
+			var decs []decision
+			seeds := map[string]string{}
+			var all []string
+			for d := 1 + rng.IntN(16); d > 0; d-- {
+				cl := strconv.Itoa(rng.IntN(5))
+				l := 1 + rng.IntN(len(lists))
+				ks := make([]string, len(lists[l-1])/3)
+				for i := range ks {
+					ks[i] = "t:{" + cl + "}:" + strconv.Itoa(l) + ":" + periods[i]
+					if _, ok := seeds[ks[i]]; !ok {
+						seeds[ks[i]] = ""
+						if x := rng.IntN(10); x == 0 {
+							seeds[ks[i]] = "junk"
+						} else if x < 7 {
+							r, _ := lists[l-1][3*i].(int)
+							score := rng.Float64() * float64(max(r, 1)+1)
+							at := nowms - int64(rng.IntN(5000)) + 300
+							seeds[ks[i]] = strconv.FormatFloat(score, 'g', 17, 64) + " " + strconv.FormatInt(at, 10)
+						}
+						all = append(all, ks[i])
+					}
+				}
+				id := ""
+				if rng.IntN(3) > 0 {
+					id = "id" + strconv.Itoa(rng.IntN(6))
+				}
+				decs = append(decs, decision{ks, l, id})
+			}
+			seed := func() {
+				c.FlushAll(ctx)
+				for k, v := range seeds {
+					if v != "" {
+						c.Set(ctx, k, v, 0)
+					}
+				}
+			}
+			seed()
+			got := batch(t, c, now, lists, decs...)
+			vb := values(t, c, all...)
+			seed()
+			sep := alone(t, c, now, lists, decs...)
+			vs := values(t, c, all...)
+			for i := range decs {
+				if !equal(got[i], sep[i]) {
+					t.Errorf("round %d decision %d %v: batch %v, alone %v", round, i+1, decs[i], got[i], sep[i])
+				}
+			}
+			if !equalStrings(vb, vs) {
+				t.Errorf("round %d: stored by the batch %q, by calls of their own %q", round, vb, vs)
+			}
 		}
 	})
 }
