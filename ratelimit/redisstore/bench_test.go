@@ -23,12 +23,12 @@ import (
 const benchParallelism = 8
 
 // benchClients is how many distinct clients the traffic cycles through.
-const benchClients = 10000
+const benchClients = 100000
 
 var benchKeys = func() []string {
 	k := make([]string, benchClients)
 	for i := range k {
-		k[i] = ratelimit.MessageKey("198.51.100."+strconv.Itoa(i), "EVENT")
+		k[i] = ratelimit.MessageKey("10."+strconv.Itoa(i>>16)+"."+strconv.Itoa(i>>8&255)+"."+strconv.Itoa(i&255), "EVENT")
 	}
 	return k
 }()
