@@ -27,10 +27,12 @@ const shutdownTimeout = 10 * time.Second
 // redisPingTimeout bounds the start-up check that Redis answers.
 const redisPingTimeout = 2 * time.Second
 
-// The Redis store's pipelining: up to redisBatch decisions per round trip,
-// redisBatchWorkers round trips in flight.
+// The Redis store's batching: up to redisBatch decisions per round trip
+// (and per script call on a plain Redis or a sentinel's master), up to
+// redisBatchWorkers round trips in flight, the second only when a full
+// batch waits (measured in docs/BENCHMARKS.md).
 const (
-	redisBatch        = 16
+	redisBatch        = 32
 	redisBatchWorkers = 2
 )
 
@@ -69,9 +71,10 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 				m.observeStore(d, err)
 				serrs.observe(err)
 			},
-			// Pipelined decisions: one write and one read per batch instead
-			// of per message, which is most of the cost under load (see
-			// docs/BENCHMARKS.md); each message still keeps its own deadline.
+			// Batched decisions: one write, one read and (except on a
+			// cluster) one script call per batch instead of per message,
+			// which is most of the cost under load (see docs/BENCHMARKS.md);
+			// each message still keeps its own deadline.
 			Batch:        redisBatch,
 			BatchWorkers: redisBatchWorkers,
 		})

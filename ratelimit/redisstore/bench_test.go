@@ -52,15 +52,14 @@ func BenchmarkRedis(b *testing.B) {
 	b.Run("Decide2Windows", e.decide(twoWindows, Options{}, false, benchParallelism))
 	b.Run("RedisRateAllow1Window", e.rate(false, benchParallelism))
 	b.Run("Decide1Window", e.decide(oneWindow, Options{}, false, benchParallelism))
-	b.Run("Decide2WindowsBatch16x1", e.decide(twoWindows, Options{Batch: 16, BatchWorkers: 1}, false, benchParallelism))
-	b.Run("Decide2WindowsBatch16x2", e.decide(twoWindows, Options{Batch: 16, BatchWorkers: 2}, false, benchParallelism))
-	b.Run("Decide1WindowBatch16x2", e.decide(oneWindow, Options{Batch: 16, BatchWorkers: 2}, false, benchParallelism))
+	b.Run("Decide2WindowsBatch32x2", e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, benchParallelism))
+	b.Run("Decide1WindowBatch32x2", e.decide(oneWindow, Options{Batch: 32, BatchWorkers: 2}, false, benchParallelism))
 	b.Run("Decide2WindowsGoRedisAutoPipeline", e.decide(twoWindows, Options{}, true, benchParallelism))
 	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", e.rate(true, benchParallelism))
 }
 
 // BenchmarkRedisConcurrency runs the pair that matters — our two-window
-// decision as the binary runs it (Batch 16, 2 workers) and the peer's
+// decision as the binary runs it (Batch 32, 2 workers) and the peer's
 // one-window Allow — side by side at 4 to 256 goroutines: a relay's load is
 // many connections deciding at once, and where each peer stands depends on
 // how many.
@@ -69,8 +68,9 @@ func BenchmarkRedisConcurrency(b *testing.B) {
 	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
 	for _, par := range []int{2, 8, 32, 128} {
 		g := "goroutines=" + strconv.Itoa(par*runtime.GOMAXPROCS(0))
-		b.Run("Decide2WindowsBatch16x2/"+g, e.decide(twoWindows, Options{Batch: 16, BatchWorkers: 2}, false, par))
+		b.Run("Decide2WindowsBatch32x2/"+g, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, par))
 		b.Run("RedisRateAllow1Window/"+g, e.rate(false, par))
+		b.Run("RedisRateAllow1WindowGoRedisAutoPipeline/"+g, e.rate(true, par))
 	}
 }
 
