@@ -279,7 +279,8 @@ func TestKhatruQuota(t *testing.T) {
 		t.Fatal("OnEventSaved is nil with a quota")
 	}
 	ctx := context.Background()
-	alice, bob := &nostr.Event{PubKey: "a1"}, &nostr.Event{PubKey: "b0"}
+	actors := apartPubkeys(q, f.clock.Now(), 2)
+	alice, bob := &nostr.Event{PubKey: actors[0]}, &nostr.Event{PubKey: actors[1]}
 	for range 2 {
 		if reject, msg := k.RejectEvent(ctx, alice); reject {
 			t.Fatalf("alice refused within quota: %q", msg)
@@ -297,7 +298,7 @@ func TestKhatruQuota(t *testing.T) {
 		t.Fatalf("bob refused by alice's quota: %q", msg)
 	}
 	// Authenticated as bob, alice's events are bob's to answer for.
-	authed = "b0"
+	authed = bob.PubKey
 	if reject, msg := k.RejectEvent(ctx, alice); reject {
 		t.Fatalf("alice's event from bob's session refused: %q", msg)
 	}

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nbd-wtf/go-nostr"
-
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
@@ -23,7 +21,8 @@ func TestE2EQuota(t *testing.T) {
 	}
 	g := newGate(t, Options{Limits: &Limits{}, Quota: q, Now: clk.Now})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
-	skA, skB := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
+	keys := nostrtest.ApartKeys(q, clk.Now(), 2)
+	skA, skB := keys[0], keys[1]
 
 	for i := range 2 {
 		if err := nostrtest.Publish(t, r, nostrtest.Note(t, skA, "a")); err != nil {

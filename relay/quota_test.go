@@ -14,6 +14,18 @@ import (
 
 func pubkeyN(n int) string { return fmt.Sprintf("%064x", 0xabc000+n) }
 
+// apartPubkeys returns the first n of pubkeyN(1), pubkeyN(2), … that fall in
+// different slots of q (see nostrtest.QuotaApart).
+func apartPubkeys(q *ratelimit.Quota, now time.Time, n int) []string {
+	var out []string
+	for i := 1; len(out) < n; i++ {
+		if pk := pubkeyN(i); nostrtest.QuotaApart(q, now, append(out, pk)...) {
+			out = append(out, pk)
+		}
+	}
+	return out
+}
+
 func eventFrame(id int, pubkey string) string {
 	return fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","kind":1,"tags":[],"content":"x"}]`, id, pubkey)
 }
@@ -58,7 +70,8 @@ func TestGateQuota(t *testing.T) {
 			t.Fatalf("%s\n got %s\nwant %s", frame, got, want)
 		}
 	}
-	a, b, cc := pubkeyN(1), pubkeyN(2), pubkeyN(3)
+	actors := apartPubkeys(q, clk.Now(), 4)
+	a, b, cc, d := actors[0], actors[1], actors[2], actors[3]
 	over := "rate-limited: slow down; retry in 60s"
 	step(eventFrame(1, a), okReply(1, true, ""))
 	step(eventFrame(2, a), okReply(2, true, ""))
@@ -70,7 +83,6 @@ func TestGateQuota(t *testing.T) {
 	step(eventFrame(7, cc), okReply(7, true, ""))
 	step(eventFrame(8, cc), okReply(8, false, over))
 	// Events the relay already had add nothing and are not charged.
-	d := pubkeyN(4)
 	for i := 40; i < 43; i++ {
 		step(eventFrame(i, d), okReply(i, true, "duplicate: have it"))
 	}

@@ -174,7 +174,7 @@ func TestQuota(t *testing.T) {
 				t.Fatal(err)
 			}
 			e := start(t, m.hooks, relay.Limits{}, q, nil)
-			nostrtest.QuotaScenario(t, nostrtest.Connect(t, e.ws), e.clock)
+			nostrtest.QuotaScenario(t, nostrtest.Connect(t, e.ws), e.clock, q)
 		})
 	}
 }

@@ -188,14 +188,15 @@ func Do(t testing.TB, req *http.Request) (*http.Response, string) {
 	return resp, string(b)
 }
 
-// QuotaScenario checks, on a connection r to a relay whose only limit is an
-// actor quota of 2 events a minute and whose clock is at T0: a pubkey past
+// QuotaScenario checks, on a connection r to a relay whose only limit is the
+// actor quota q, of 2 events a minute, and whose clock is at T0: a pubkey past
 // its quota is refused until the next window, exactly 60s away (T0 is a
 // minute boundary), while another pubkey on the same connection is not;
 // the next window starts afresh.
-func QuotaScenario(t testing.TB, r *nostr.Relay, clock *Clock) {
+func QuotaScenario(t testing.TB, r *nostr.Relay, clock *Clock, q *ratelimit.Quota) {
 	t.Helper()
-	alice, bob := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
+	keys := ApartKeys(q, clock.Now(), 2)
+	alice, bob := keys[0], keys[1]
 	for i := range 2 {
 		if err := Publish(t, r, Note(t, alice, fmt.Sprint("alice ", i))); err != nil {
 			t.Fatalf("alice %d: %v", i, err)
@@ -231,4 +232,44 @@ func OutageScenario(t testing.TB, r *nostr.Relay, store *OutageStore, unavailabl
 	if got := Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != "EOSE" {
 		t.Fatalf("REQ after the outage: %q", got)
 	}
+}
+
+// probeWindow numbers the windows QuotaApart probes in: increasing, all long
+// before any instant a test uses, so that a probe never counts in a window
+// a later probe or the test itself uses.
+var probeWindow atomic.Int64
+
+// QuotaApart reports whether actors fall in different slots of q. Actors
+// sharing a slot share a budget (by design: the table is fixed-size), so a
+// test that charges two actors apart must pick them apart, or fail once in
+// about a thousand runs. It probes by filling the actors' slots in a window
+// long before now, which any later window overwrites: q is as it was for
+// every instant from there on. Call it before the test charges the actors:
+// a slot already charged in a later window would take the probe's counts.
+func QuotaApart(q *ratelimit.Quota, now time.Time, actors ...string) bool {
+	at := now.Add(-time.Duration(1<<20-probeWindow.Add(1)) * q.Window())
+	for _, a := range actors {
+		if full, _ := q.Exceeded(a, at); full {
+			return false // an earlier actor filled this slot
+		}
+		for q.Add(a, at) {
+		}
+	}
+	return true
+}
+
+// ApartKeys returns n fresh private keys whose pubkeys fall in different
+// slots of q, and apart from the actors in avoid (pubkeys or other actor
+// strings).
+func ApartKeys(q *ratelimit.Quota, now time.Time, n int, avoid ...string) []string {
+	keys := make([]string, 0, n)
+	actors := append([]string(nil), avoid...)
+	for len(keys) < n {
+		sk := nostr.GeneratePrivateKey()
+		pk, _ := nostr.GetPublicKey(sk)
+		if QuotaApart(q, now, append(actors, pk)...) {
+			keys, actors = append(keys, sk), append(actors, pk)
+		}
+	}
+	return keys
 }

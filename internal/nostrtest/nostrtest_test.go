@@ -3,6 +3,7 @@ package nostrtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -36,5 +37,53 @@ func TestOutageStore(t *testing.T) {
 	s.Down.Store(false)
 	if d, err := s.Decide(ctx, "k", limits, T0); err != nil || d.Allowed {
 		t.Fatalf("up again: %+v, %v; want refused (1.5 per hour, one charged)", d, err)
+	}
+}
+
+// TestQuotaApart: actors it calls apart have budgets of their own, actors
+// it does not share one, and probing leaves the quota as it was.
+func TestQuotaApart(t *testing.T) {
+	q, err := ratelimit.NewQuota(1, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actors := make([]string, 120) // ~7 colliding pairs in 1,024 slots
+	for i := range actors {
+		actors[i] = fmt.Sprintf("actor-%d", i)
+	}
+	// Probe every pair first (probes must come before charges: see
+	// QuotaApart), then charge each pair in a fresh window of its own.
+	type pair struct {
+		a, b  string
+		apart bool
+	}
+	var pairs []pair
+	for i := range actors {
+		for j := i + 1; j < len(actors); j++ {
+			pairs = append(pairs, pair{actors[i], actors[j], QuotaApart(q, T0, actors[i], actors[j])})
+		}
+	}
+	at, shared := T0, 0
+	for _, p := range pairs {
+		at = at.Add(time.Minute)
+		if !q.Add(p.a, at) {
+			t.Fatalf("%s refused in a fresh window: probing left a count behind", p.a)
+		}
+		if full, _ := q.Exceeded(p.b, at); full == p.apart {
+			t.Fatalf("%s and %s: apart %v, yet after charging one the other is exceeded: %v", p.a, p.b, p.apart, full)
+		}
+		if !p.apart {
+			shared++
+		}
+	}
+	if shared == 0 {
+		t.Error("no pair of 120 actors shares a slot of 1,024: the test proves nothing")
+	}
+	q2, _ := ratelimit.NewQuota(1, time.Minute)
+	if QuotaApart(q2, T0, actors...) {
+		t.Error("120 actors all apart, though some pairs share a slot")
+	}
+	if keys := ApartKeys(q2, T0, 3); len(keys) != 3 {
+		t.Fatalf("ApartKeys: %d keys", len(keys))
 	}
 }
