@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -142,7 +143,7 @@ func TestRequestIDChargesOnce(t *testing.T) {
 		if len(first) != 3 || first[0] != int64(1) || first[2] != "1" {
 			t.Fatalf("first reply %v, want [1 0 \"1\"]", first)
 		}
-		if !equal(first, again) {
+		if !slices.Equal(first, again) {
 			t.Errorf("repeat of req-1 replied %v, first %v", again, first)
 		}
 		if v, _ := c.Get(context.Background(), keys[0]).Result(); v != "1 "+now+" req-1" {
@@ -180,13 +181,13 @@ func TestRequestIDsKept(t *testing.T) {
 		if v, _ := c.Get(ctx, two[1]).Result(); v != "5 "+now {
 			t.Errorf("second window %q, want score 5 and no ids", v)
 		}
-		if r := call("b"); !equal(r, []any{int64(1), int64(0), "5", "5"}) {
+		if r := call("b"); !slices.Equal(r, []any{int64(1), int64(0), "5", "5"}) {
 			t.Errorf("repeat of b: %v, want [1 0 5 5]", r)
 		}
 		if v, _ := c.Get(ctx, two[0]).Result(); !strings.HasPrefix(v, "5 ") {
 			t.Errorf("repeat of b charged: %q", v)
 		}
-		if r := call("a"); !equal(r, []any{int64(1), int64(0), "6", "6"}) {
+		if r := call("a"); !slices.Equal(r, []any{int64(1), int64(0), "6", "6"}) {
 			t.Errorf("a, pushed out of the list, is charged as new: got %v", r)
 		}
 	})
@@ -255,14 +256,14 @@ func TestSameKeyInOneCall(t *testing.T) {
 		got := batch(t, c, now, lists, d, d, d)
 		want := [][]any{{int64(1), int64(0), "1"}, {int64(1), int64(0), "2"}, {int64(0), int64(1000), "2"}}
 		for i := range want {
-			if !equal(got[i], want[i]) {
+			if !slices.Equal(got[i], want[i]) {
 				t.Errorf("decision %d: %v, want %v", i+1, got[i], want[i])
 			}
 		}
 		if v := values(t, c, keys[0]); v[0] != "2 "+now {
 			t.Errorf("stored %q, want 2 at now", v[0])
 		}
-		if r := run(t, c, ""); !equal(r, got[2]) {
+		if r := run(t, c, ""); !slices.Equal(r, got[2]) {
 			t.Errorf("a call of its own after the batch: %v, the batch's third %v", r, got[2])
 		}
 
@@ -280,7 +281,7 @@ func TestSameKeyInOneCall(t *testing.T) {
 		got = batch(t, c, now, lists, decision{b, 1, "x1"}, decision{b, 1, "x2"}, decision{b, 1, "x3"})
 		sep := alone(t, c, now, lists, decision{s, 1, "x1"}, decision{s, 1, "x2"}, decision{s, 1, "x3"})
 		for i := range got {
-			if !equal(got[i], sep[i]) {
+			if !slices.Equal(got[i], sep[i]) {
 				t.Errorf("decision %d: batch %v, alone %v", i+1, got[i], sep[i])
 			}
 		}
@@ -291,7 +292,7 @@ func TestSameKeyInOneCall(t *testing.T) {
 			t.Errorf("wait %v: the test wants one that is not a whole period", got[2][1])
 		}
 		vb, vs := values(t, c, b...), values(t, c, s...)
-		if !equalStrings(vb, vs) {
+		if !slices.Equal(vb, vs) {
 			t.Errorf("stored by the batch %q, by calls of their own %q", vb, vs)
 		}
 		if !strings.HasSuffix(vb[0], " "+now+" x2 x1 old") {
@@ -352,7 +353,7 @@ func TestClientsInOneCall(t *testing.T) {
 		vs := values(t, c, all...)
 		refused := 0
 		for i := range decs {
-			if !equal(got[i], sep[i]) {
+			if !slices.Equal(got[i], sep[i]) {
 				t.Errorf("decision %d: batch %v, alone %v", i+1, got[i], sep[i])
 			}
 			if got[i][0] == int64(0) {
@@ -362,7 +363,7 @@ func TestClientsInOneCall(t *testing.T) {
 		if refused == 0 || refused == len(decs) {
 			t.Errorf("%d of %d refused: the test wants both outcomes", refused, len(decs))
 		}
-		if !equalStrings(vb, vs) {
+		if !slices.Equal(vb, vs) {
 			t.Errorf("stored by the batch %q, by calls of their own %q", vb, vs)
 		}
 	})
@@ -428,11 +429,11 @@ func TestBatchEqualsAlone(t *testing.T) {
 			sep := alone(t, c, now, lists, decs...)
 			vs := values(t, c, all...)
 			for i := range decs {
-				if !equal(got[i], sep[i]) {
+				if !slices.Equal(got[i], sep[i]) {
 					t.Errorf("round %d decision %d %v: batch %v, alone %v", round, i+1, decs[i], got[i], sep[i])
 				}
 			}
-			if !equalStrings(vb, vs) {
+			if !slices.Equal(vb, vs) {
 				t.Errorf("round %d: stored by the batch %q, by calls of their own %q", round, vb, vs)
 			}
 		}
@@ -471,12 +472,12 @@ func TestErrorInOneDecision(t *testing.T) {
 				{int64(1), int64(0), "2", "2"},
 			}
 			for i := range want {
-				if !equal(got[i], want[i]) {
+				if !slices.Equal(got[i], want[i]) {
 					t.Errorf("stored %q: decision %d: %v, want %v", bad, i+1, got[i], want[i])
 				}
 			}
 			v := values(t, c, append(append(append(win("a"), win("b")...), win("s")...), win("u")...)...)
-			if wantv := []string{"2 " + now + " a", "2 " + now, "", bad, "3 " + now + " seen", "", "3 " + now + " seen", bad}; !equalStrings(v, wantv) {
+			if wantv := []string{"2 " + now + " a", "2 " + now, "", bad, "3 " + now + " seen", "", "3 " + now + " seen", bad}; !slices.Equal(v, wantv) {
 				t.Errorf("stored %q: values %q, want %q", bad, v, wantv)
 			}
 		}
@@ -550,11 +551,11 @@ func TestRequestIDRepeatedInOneCall(t *testing.T) {
 			{int64(1), int64(0), "3", "3"},
 		}
 		for i := range want {
-			if !equal(got[i], want[i]) {
+			if !slices.Equal(got[i], want[i]) {
 				t.Errorf("decision %d: %v, want %v", i+1, got[i], want[i])
 			}
 		}
-		if v := values(t, c, two...); !equalStrings(v, []string{"3 " + now + " r2 r1", "3 " + now}) {
+		if v := values(t, c, two...); !slices.Equal(v, []string{"3 " + now + " r2 r1", "3 " + now}) {
 			t.Errorf("stored %q", v)
 		}
 	})
@@ -581,28 +582,4 @@ func TestRedisTIME(t *testing.T) {
 			t.Errorf("two decisions of one call stored %q and %q, want one instant", v[0], v[1])
 		}
 	})
-}
-
-func equal(a, b []any) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -62,6 +62,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -572,7 +573,7 @@ func (s *Store) boxed(limits []ratelimit.Limit) *boxedLimits {
 		h = (h ^ math.Float64bits(l.Cost)) * 1099511628211
 	}
 	slot := &s.argCache[h%uint64(len(s.argCache))]
-	if e := slot.Load(); e != nil && equalLimits(e.limits, limits) {
+	if e := slot.Load(); e != nil && slices.Equal(e.limits, limits) {
 		return e
 	}
 	e := &boxedLimits{limits: append([]ratelimit.Limit(nil), limits...), args: make([]any, 0, 1+3*len(limits))}
@@ -589,18 +590,6 @@ func (s *Store) boxed(limits []ratelimit.Limit) *boxedLimits {
 	}
 	slot.Store(e)
 	return e
-}
-
-func equalLimits(a, b []ratelimit.Limit) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // maxWaitMs is the longest wait the script reports (2^40 ms, as in ratelimit).
