@@ -80,6 +80,14 @@ const (
 	DefaultTimeout = 100 * time.Millisecond
 )
 
+// The largest Options.Batch and Options.BatchWorkers New accepts. Beyond a
+// few dozen decisions per call nothing is gained (see the package
+// benchmarks), and the queue is allocated up front.
+const (
+	MaxBatch        = 1024
+	MaxBatchWorkers = 64
+)
+
 // Errors returned by New and wrapped (with ratelimit.ErrUnavailable) by Decide.
 var (
 	// ErrBreakerOpen means the breaker is open and Redis was not called.
@@ -212,6 +220,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	switch {
 	case opts.Batch < 0 || opts.BatchWorkers < 0:
 		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must not be negative", ErrConfig, opts.Batch, opts.BatchWorkers)
+	case opts.Batch > MaxBatch || opts.BatchWorkers > MaxBatchWorkers:
+		// The queue holds Batch × BatchWorkers calls, allocated up front.
+		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must be at most %d and %d", ErrConfig, opts.Batch, opts.BatchWorkers, MaxBatch, MaxBatchWorkers)
 	case opts.Batch > 0:
 		workers := opts.BatchWorkers
 		if workers == 0 {

@@ -251,9 +251,19 @@ func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
 	if _, err := New(nil, Options{}); !errors.Is(err, ErrConfig) {
 		t.Errorf("nil client: err = %v, want ErrConfig", err)
 	}
-	if _, err := New(good, Options{Batch: -1}); !errors.Is(err, ErrConfig) {
-		t.Errorf("negative batch: err = %v, want ErrConfig", err)
+	for _, o := range []Options{{Batch: -1}, {Batch: 1, BatchWorkers: -1}, {Batch: MaxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, BatchWorkers: MaxBatchWorkers + 1}} {
+		if s, err := New(good, o); !errors.Is(err, ErrConfig) {
+			if s != nil {
+				_ = s.Close()
+			}
+			t.Errorf("Batch %d, BatchWorkers %d: err = %v, want ErrConfig", o.Batch, o.BatchWorkers, err)
+		}
 	}
+	s, err := New(good, Options{Batch: MaxBatch, BatchWorkers: MaxBatchWorkers})
+	if err != nil {
+		t.Fatalf("the largest batch: %v", err)
+	}
+	_ = s.Close()
 	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, ErrConfig) {
 		t.Errorf("negative cool-down: err = %v, want ErrConfig", err)
 	}
