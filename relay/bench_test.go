@@ -34,8 +34,9 @@ func benchLimits() *Limits {
 }
 
 // benchTargets returns the URLs to benchmark: khatru direct, through a gate
-// on the memory store, and through a gate on Redis (skipped without
-// redis-server unless REQUIRE_REDIS=1).
+// on the memory store, and through a gate on Redis, one round trip per
+// decision and batched (skipped without redis-server unless
+// REQUIRE_REDIS=1).
 func benchTargets(b *testing.B) []struct {
 	name string
 	url  func(b *testing.B) string
@@ -59,6 +60,11 @@ func benchTargets(b *testing.B) []struct {
 		{"gate-redis", func(b *testing.B) string {
 			srv := redistest.Start(b)
 			g := newGate(b, Options{Limiter: redisLimiter(b, srv.URL(), nil), Limits: benchLimits(), Quota: quota(b)})
+			return serve(b, g.Wrap(newKhatru(b)))
+		}},
+		{"gate-redis-batched", func(b *testing.B) string { // as sluice runs it
+			srv := redistest.Start(b)
+			g := newGate(b, Options{Limiter: redisLimiterBatch(b, srv.URL(), nil, 32), Limits: benchLimits(), Quota: quota(b)})
 			return serve(b, g.Wrap(newKhatru(b)))
 		}},
 	}

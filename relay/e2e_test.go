@@ -205,6 +205,13 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 // breaker so that it heals on the first call after a restart.
 func redisLimiter(t testing.TB, url string, clk *nostrtest.Clock) *ratelimit.Limiter {
 	t.Helper()
+	return redisLimiterBatch(t, url, clk, 0)
+}
+
+// redisLimiterBatch is redisLimiter with the store's Options.Batch (and 2
+// workers), as the binary runs it.
+func redisLimiterBatch(t testing.TB, url string, clk *nostrtest.Clock, batch int) *ratelimit.Limiter {
+	t.Helper()
 	client, err := redisstore.NewClient(url)
 	if err != nil {
 		t.Fatal(err)
@@ -212,10 +219,11 @@ func redisLimiter(t testing.TB, url string, clk *nostrtest.Clock) *ratelimit.Lim
 	t.Cleanup(func() { client.Close() })
 	// A generous deadline: these tests assert outcomes, not speed, and CI
 	// runs them on a loaded machine.
-	st, err := redisstore.New(client, redisstore.Options{Timeout: 2 * time.Second, Breaker: redisstore.BreakerOptions{Failures: -1}})
+	st, err := redisstore.New(client, redisstore.Options{Timeout: 2 * time.Second, Breaker: redisstore.BreakerOptions{Failures: -1}, Batch: batch})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = st.Close() })
 	opts := ratelimit.LimiterOptions{}
 	if clk != nil {
 		opts.Now = clk.Now
