@@ -29,6 +29,8 @@ func TestParseReplyHostile(t *testing.T) {
 		"one score too many":  []any{int64(1), int64(0), "1", "1", "1"},
 		"flag 2":              []any{int64(2), int64(0), "1", "1"},
 		"flag -1":             []any{int64(-1), int64(0), "1", "1"},
+		"flag -1, not ours":   []any{int64(-1), "ERR something else", "", ""},
+		"flag -1, no message": []any{int64(-1), nil, "", ""},
 		"flag string":         []any{"1", int64(0), "1", "1"},
 		"flag nil":            []any{nil, int64(0), "1", "1"},
 		"wait string":         []any{int64(0), "5", "1", "1"},
@@ -115,4 +117,73 @@ func TestWrongShapeThroughClient(t *testing.T) {
 			t.Errorf("%s: breaker %v after 2 bad replies, want open", name, st)
 		}
 	}
+}
+
+// TestParseReplyRefusal: a -1 flag with the script's own message is that
+// decision's refusal — an error wrapping ErrBadReply that IsPerKey (Redis
+// answered) — and a -1 with any other message is not.
+func TestParseReplyRefusal(t *testing.T) {
+	d, err := parseReply([]any{int64(-1), "ERR sluice ewma: malformed value at k", "", ""}, twoWindows)
+	if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !isScriptRefusal(err) || !IsPerKey(err) || d.Allowed {
+		t.Errorf("script refusal: %+v, %v", d, err)
+	}
+	if _, err := parseReply([]any{int64(-1), "ERR something else", "", ""}, twoWindows); isScriptRefusal(err) {
+		t.Errorf("a -1 with another message counted as the script's refusal: %v", err)
+	}
+}
+
+// TestSplitHostile: a batched call's reply that is not one flat array of
+// exactly 2 + windows elements per decision is an error for every decision
+// of the call; a well-formed one is cut at the right places.
+func TestSplitHostile(t *testing.T) {
+	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
+	one := []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}
+	reqs := []*request{s.request("{a}:message:EVENT", twoWindows, time.Time{}), s.request("{b}:message:REQ", one, time.Time{})}
+	for name, reply := range map[string]any{
+		"nil":            nil,
+		"string":         "OK",
+		"empty":          []any{},
+		"one decision":   []any{int64(1), int64(0), "1", "1"},
+		"one short":      []any{int64(1), int64(0), "1", "1", int64(1), int64(0)},
+		"one too many":   []any{int64(1), int64(0), "1", "1", int64(1), int64(0), "1", "1"},
+		"nested":         []any{[]any{int64(1), int64(0), "1", "1"}, []any{int64(1), int64(0), "1"}},
+		"redis.Nil":      redis.Nil,
+		"a map of reply": map[any]any{"a": "b"},
+	} {
+		cmd := redis.NewCmd(context.Background())
+		cmd.SetVal(reply)
+		n := 0
+		split(cmd, reqs, func(i int, r any, err error) {
+			n++
+			if !errors.Is(err, ratelimit.ErrBadReply) || r != nil {
+				t.Errorf("%s: decision %d got %v, %v; want ErrBadReply", name, i, r, err)
+			}
+		})
+		if n != len(reqs) {
+			t.Errorf("%s: %d of %d decisions answered", name, n, len(reqs))
+		}
+	}
+	cmd := redis.NewCmd(context.Background())
+	cmd.SetVal([]any{int64(1), int64(0), "1", "2", int64(0), int64(1500), "5.5"})
+	var got []ratelimit.Decision
+	split(cmd, reqs, func(i int, r any, err error) {
+		d, err := ratelimit.Decision{}, err
+		if err == nil {
+			d, err = parseReply(r, reqs[i].limits.limits)
+		}
+		if err != nil {
+			t.Fatalf("decision %d: %v", i, err)
+		}
+		got = append(got, d)
+	})
+	if len(got) != 2 || !got[0].Allowed || got[0].Scores[1] != 2 || got[1].Allowed || got[1].Wait != 1500*time.Millisecond || got[1].Scores[0] != 5.5 {
+		t.Errorf("well-formed reply cut as %+v", got)
+	}
+	cmd = redis.NewCmd(context.Background())
+	cmd.SetErr(context.DeadlineExceeded)
+	split(cmd, reqs, func(i int, _ any, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("call error reached decision %d as %v", i, err)
+		}
+	})
 }
