@@ -34,7 +34,7 @@ type callResult struct {
 // bound a call by its context: against a hung Redis a decision waited for
 // 35 s with a 100 ms deadline. Here every call is bounded by its own
 // deadline without a timer of its own (a timer per call cost the client
-// about a third of its CPU per decision, measured in BenchmarkRedis): calls
+// up to a quarter of its CPU per decision in BenchmarkRedis, noisily): calls
 // are taken from the queue in order; one found past its deadline when taken
 // is failed unsent; a pipeline carries the earliest deadline of its batch,
 // so it never outlives a call in it; and since every call gets the same

@@ -420,9 +420,10 @@ func command(reqs []*request) []any {
 	nkeys, nargs := 0, 0
 	for _, r := range reqs {
 		nkeys += len(r.keys)
-		if index(r.limits) == len(distinct) {
-			nargs += len(r.limits.args) // a list seen for the first time
-		}
+		index(r.limits)
+	}
+	for _, d := range distinct {
+		nargs += len(d.args)
 	}
 	args := make([]any, 0, 3+nkeys+2+nargs+2*len(reqs))
 	args = append(args, argEvalSha, argSHA, nkeys)
