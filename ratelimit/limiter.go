@@ -180,6 +180,32 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now t
 	return d, nil
 }
 
+// Refused reports whether key is in the local table of refused clients at
+// the Limiter's clock, and the wait that is left: what Allow would answer
+// for key without a store call, whatever the limits. A caller with work to
+// do before it can call Allow (reading a whole frame to learn its cost,
+// say) asks this first, so a refused client costs it nothing. A true
+// answer counts as a local refusal in Stats.
+func (l *Limiter) Refused(key string) (time.Duration, bool) {
+	var nowNs int64
+	if l.now != nil {
+		nowNs = l.now().UnixNano()
+	} else {
+		nowNs = time.Now().UnixNano()
+	}
+	h := maphash.String(l.seed, key)
+	fp := h
+	if fp == 0 {
+		fp = 1
+	}
+	until, ok := l.blocked[(h>>32)&l.mask].load(fp)
+	if !ok || nowNs >= until {
+		return 0, false
+	}
+	l.stats[h>>60].localRefusals.Add(1)
+	return time.Duration(until - nowNs), true
+}
+
 // Stats returns the Limiter's counters. They are read one by one, not as a
 // snapshot, and only ever grow.
 func (l *Limiter) Stats() LimiterStats {

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
-
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // admitConn returns a conn with no sockets, enough to drive admit: its
@@ -58,10 +57,10 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	okPrefix := `["OK","` + testID + `",false,"`
 
 	c := admitConn(t, Options{Limits: one(TypeEVENT)})
-	if !c.admit(websocket.TextMessage, event) {
+	if !c.admit(event) {
 		t.Fatal("first EVENT refused")
 	}
-	if c.admit(websocket.TextMessage, event) {
+	if c.admit(event) {
 		t.Fatal("second EVENT admitted past a burst of 1")
 	}
 	if got, want := c.reply(t), okPrefix+"rate-limited: slow down; retry in "; len(got) < len(want) || got[:len(want)] != want {
@@ -69,14 +68,14 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 
 	c = admitConn(t, Options{Limits: one(TypeREQ)})
-	c.admit(websocket.TextMessage, req)
-	c.admit(websocket.TextMessage, req)
+	c.admit(req)
+	c.admit(req)
 	if got, want := c.reply(t), `["CLOSED","sub:1","rate-limited: slow down; retry in `; len(got) < len(want) || got[:len(want)] != want {
 		t.Errorf("rate-limited REQ reply %s, want prefix %s", got, want)
 	}
 
 	c = admitConn(t, Options{Limits: one(TypeEVENT), Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
-	c.admit(websocket.TextMessage, event)
+	c.admit(event)
 	if got, want := c.reply(t), okPrefix+ReasonUnavailable+`"]`; got != want {
 		t.Errorf("unavailable EVENT reply %s, want %s", got, want)
 	}
@@ -88,39 +87,38 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	q.Add("6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", now)
 	c = admitConn(t, Options{Limits: &Limits{}, Quota: q, Now: func() time.Time { return now }})
-	if c.admit(websocket.TextMessage, event) {
+	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
 	if got, want := c.reply(t), okPrefix+"rate-limited: slow down; retry in "; len(got) < len(want) || got[:len(want)] != want {
 		t.Errorf("quota reply %s, want prefix %s", got, want)
 	}
 	twoIDs := []byte(`["EVENT",{"id":"` + testID + `","id":"` + testID + `","pubkey":"6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"}]`)
-	if c.admit(websocket.TextMessage, twoIDs) {
+	if c.admit(twoIDs) {
 		t.Fatal("EVENT with two ids admitted under a quota")
 	}
-	if got, want := c.reply(t), okPrefix+reasonUnattributable+`"]`; got != want {
+	if got, want := c.reply(t), okPrefix+wire.ReasonEvent+`"]`; got != want {
 		t.Errorf("unattributable reply %s, want %s", got, want)
 	}
 }
 
-// TestAdmitRefusalAllocs: refusing a frame costs one allocation, the reply
-// itself, for the longest reply the gate writes (an EVENT's OK with the
-// unattributable reason) and for a blocked client's flood.
+// TestAdmitRefusalAllocs: refusing a frame for a limit costs one
+// allocation, the reply itself, and a blocked client's flood no more.
 func TestAdmitRefusalAllocs(t *testing.T) {
 	var l Limits
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	c := admitConn(t, Options{Limits: &l})
 	event := []byte(`["EVENT",` + goNostrEvent + `]`)
-	c.admit(websocket.TextMessage, event)
+	c.admit(event)
 	allocs := testing.AllocsPerRun(100, func() {
-		c.admit(websocket.TextMessage, event)
+		c.admit(event)
 		<-c.out
 	})
 	if allocs != 1 {
 		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
 	}
-	if fr := Peek(event); len(AppendRefusal(nil, fr, reasonUnattributable)) > cap(replyBuf(fr)) {
-		t.Errorf("replyBuf too small for the unattributable reply")
+	if fr := Peek(event); len(AppendRefusal(nil, fr, ReasonUnavailable)) > cap(replyBuf(fr)) {
+		t.Errorf("replyBuf too small for the unavailable reply")
 	}
 }
 
@@ -130,12 +128,12 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 // used to skip the check).
 func TestReadFrameDropsLargeBuffers(t *testing.T) {
 	small := make([]byte, 0, 4096)
-	buf, err := readFrame(strings.NewReader(`["REQ","s"]`), small)
+	buf, err := readFrame(strings.NewReader(`["REQ","s"]`), small, newControlMeter())
 	if err != nil || string(buf) != `["REQ","s"]` || &buf[:1][0] != &small[:1][0] {
 		t.Fatalf("small buffer not reused: %q %v", buf, err)
 	}
 	big := make([]byte, 0, DefaultReadLimit)
-	buf, err = readFrame(strings.NewReader(`["REQ","s"]`), big)
+	buf, err = readFrame(strings.NewReader(`["REQ","s"]`), big, newControlMeter())
 	if err != nil || string(buf) != `["REQ","s"]` {
 		t.Fatalf("readFrame: %q %v", buf, err)
 	}
@@ -143,10 +141,10 @@ func TestReadFrameDropsLargeBuffers(t *testing.T) {
 		t.Errorf("a %d-byte buffer was kept for a %d-byte frame", cap(buf), len(buf))
 	}
 	frame := strings.Repeat("x", 200<<10)
-	if buf, err = readFrame(strings.NewReader(frame), buf); err != nil || string(buf) != frame {
+	if buf, err = readFrame(strings.NewReader(frame), buf, newControlMeter()); err != nil || string(buf) != frame {
 		t.Fatalf("large frame read wrong: %d bytes, %v", len(buf), err)
 	}
-	if buf, err = readFrame(strings.NewReader("y"), buf); err != nil || string(buf) != "y" || cap(buf) > maxKeptFrameBuf {
+	if buf, err = readFrame(strings.NewReader("y"), buf, newControlMeter()); err != nil || string(buf) != "y" || cap(buf) > maxKeptFrameBuf {
 		t.Fatalf("frame after a large one: %q (cap %d), %v", buf, cap(buf), err)
 	}
 }
@@ -191,7 +189,7 @@ func BenchmarkAdmit(b *testing.B) {
 			c.out = make(chan outFrame, 1)
 			b.ReportAllocs()
 			for b.Loop() {
-				if c.admit(websocket.TextMessage, bm.frame) != bm.admit && bm.admit {
+				if c.admit(bm.frame) != bm.admit && bm.admit {
 					b.Fatal("refused")
 				}
 				select {

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"io"
 	"sync"
@@ -10,6 +9,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // conn is one gated connection: a client WebSocket bridged to an upstream
@@ -46,11 +47,12 @@ type conn struct {
 	keys   *[NumTypes]string // limiter keys per type, built once
 	freeIP bool              // allow-listed client address: nothing charged
 
-	pending pending // forwarded EVENTs awaiting the relay's OK (quota only)
+	host  string        // the host the client asked for, for NIP-42's relay tag
+	meter *controlMeter // what the client's stream owes in control frames
 
-	authMu sync.Mutex
-	authID hex32  // id of the last AUTH event forwarded; guarded by authMu
-	authPK string // its pubkey, until the relay answers; guarded by authMu
+	pending pending // forwarded EVENTs awaiting the relay's OK (quota only)
+	charged charged // EVENTs charged to the quota (relay reader only)
+	auths   auths   // NIP-42 challenges seen and verified AUTHs in flight
 	// authed is what the relay accepted (NIP-42); nil before. Read on
 	// every frame, written once per accepted AUTH.
 	authed atomic.Pointer[authState]
@@ -209,26 +211,30 @@ func relayable(ce *websocket.CloseError) (int, string) {
 }
 
 // watch looks at a relay frame for the OK that answers a forwarded EVENT
-// (charging the quota) or AUTH (learning the authenticated pubkey).
+// (charging the quota) or AUTH (binding the verified pubkey), and for the
+// relay's NIP-42 challenges. It runs on the relay reader only.
 func (c *conn) watch(frame []byte) {
-	id, accepted, duplicate, isOK := relayOK(frame)
+	if lit, ok := wire.ParseAuthChallenge(frame); ok {
+		c.auths.challenge(lit)
+		return
+	}
+	id, accepted, duplicate, isOK := wire.ParseOK(frame)
 	if !isOK {
 		return
 	}
 	if actor, ok := c.pending.take(id); ok {
-		if accepted && !duplicate {
-			c.g.quota.Add(actor, c.g.now())
+		if accepted && !duplicate && c.g.quota != nil {
+			now := c.g.now()
+			if !c.charged.seen(id, now, c.g.quota.Window()) {
+				c.g.quota.Add(actor, now)
+				c.charged.add(id, now)
+			}
 		}
 		return
 	}
-	c.authMu.Lock()
-	if c.authPK != "" && id == c.authID {
-		if accepted {
-			c.authed.Store(&authState{pubkey: c.authPK, free: c.g.allowPubkey(c.authPK)})
-		}
-		c.authPK = ""
+	if pk, ok := c.auths.answered(id); ok && accepted {
+		c.authed.Store(&authState{pubkey: pk, free: c.g.allowPubkey(pk)})
 	}
-	c.authMu.Unlock()
 }
 
 func (c *conn) auth() (pubkey string, free bool) {
@@ -241,7 +247,15 @@ func (c *conn) auth() (pubkey string, free bool) {
 func (c *conn) readClient() {
 	var buf []byte
 	for {
-		typ, r, err := c.client.NextReader()
+		_, r, err := c.client.NextReader()
+		if err == nil {
+			buf, err = readFrame(r, buf, c.meter)
+		}
+		if err != nil && c.meter.flooded.Load() {
+			c.g.log.Info("closing client", "client", c.who, "reason", "too many control frames")
+			c.end(true, true, closeSlowClient, "sluice: too many control frames")
+			return
+		}
 		if err != nil {
 			var ce *websocket.CloseError
 			if errors.As(err, &ce) {
@@ -254,17 +268,13 @@ func (c *conn) readClient() {
 			}
 			return
 		}
-		buf, err = readFrame(r, buf)
-		if err != nil {
-			c.end(false, true, closeGoingAway, "client connection lost")
-			return
-		}
 		c.clientRD.extend(c.client, c.g.pingInterval)
-		if !c.admit(typ, buf) {
+		if !c.admit(buf) {
 			continue
 		}
 		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
-		if err := c.up.WriteMessage(typ, buf); err != nil {
+		// A canonical frame is UTF-8 JSON: it goes as text, however it came.
+		if err := c.up.WriteMessage(websocket.TextMessage, buf); err != nil {
 			c.end(true, false, closeGoingAway, "relay connection lost")
 			return
 		}
@@ -277,8 +287,9 @@ func (c *conn) readClient() {
 const maxKeptFrameBuf = 64 << 10
 
 // readFrame reads a whole message into buf[:0], reusing buf's storage
-// unless it is larger than maxKeptFrameBuf.
-func readFrame(r io.Reader, buf []byte) ([]byte, error) {
+// unless it is larger than maxKeptFrameBuf, and credits its payload to m
+// as it arrives.
+func readFrame(r io.Reader, buf []byte, m *controlMeter) ([]byte, error) {
 	buf = buf[:0]
 	if cap(buf) > maxKeptFrameBuf {
 		buf = nil
@@ -292,7 +303,9 @@ func readFrame(r io.Reader, buf []byte) ([]byte, error) {
 		}
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
+		m.credit(n)
 		if err == io.EOF {
+			m.credit(messageAllowance)
 			return buf, nil
 		}
 		if err != nil {
@@ -303,74 +316,85 @@ func readFrame(r io.Reader, buf []byte) ([]byte, error) {
 
 // admit decides one client frame. It returns true to forward it; on a
 // refusal it has queued the reply for the client.
-func (c *conn) admit(typ int, frame []byte) bool {
-	// The type decides the charge; the id (Peek's Frame.ID) is only wanted
-	// by a refusal, so it is looked for only then (f.at).
-	// Binary frames are peeked too: khatru parses them as text.
-	f := peeked{frame: frame}
-	var shaped bool
-	f.Type, f.rest, shaped = peekType(frame)
+//
+// The order keeps a refused frame cheap and a forwarded one exact: the
+// type comes from Peek's bounded prefix; a client already refused for
+// that type is answered from the limiter's local table before anything
+// else is read; otherwise the whole frame is scanned once (wire.Scan) for
+// its canonical shape and facts, charged (a REQ by its filters), and only
+// then checked against the quota or, for AUTH, verified.
+func (c *conn) admit(frame []byte) bool {
+	p := wire.PeekType(frame)
+	t := p.Type
 	obs := c.g.obs
 	_, freeAuth := c.auth()
 	free := c.freeIP || freeAuth
-	if lims := c.g.limits.Message[f.Type]; len(lims) > 0 && !free {
-		d, err := c.g.limiter.Allow(c.ctx, c.keys[f.Type], lims)
+	charge := !free && len(c.g.limits.Message[t]) > 0
+	if charge {
+		if wait, refused := c.g.limiter.Refused(c.keys[t]); refused {
+			c.refuseRateLimited(p.Frame(), wait)
+			return false
+		}
+	}
+	var facts wire.Facts
+	reason := c.g.tooLarge[t]
+	if len(frame) <= c.g.frameSize[t] {
+		facts, reason = wire.Scan(frame, c.g.maxFilters)
+	}
+	if charge {
+		lims := c.g.limits.Message[t]
+		if t == TypeREQ && reason == "" {
+			lims = c.g.reqLimits[facts.Filters]
+		}
+		d, err := c.g.limiter.Allow(c.ctx, c.keys[t], lims)
 		if err != nil {
-			fr := f.full()
-			c.send(websocket.TextMessage, AppendUnavailable(replyBuf(fr), fr))
-			obs.frame(f.Type, Unavailable)
+			fr := p.Frame()
+			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
+			obs.frame(t, Unavailable)
 			return false
 		}
 		if !d.Allowed {
-			fr := f.full()
-			c.send(websocket.TextMessage, AppendRateLimited(replyBuf(fr), fr, d.Wait))
-			obs.frame(f.Type, RateLimited)
+			c.refuseRateLimited(p.Frame(), d.Wait)
 			return false
 		}
 	}
-	if !shaped {
-		// Charged (to TypeOther) but not forwarded: relays read such frames
-		// differently from the gate and from each other (see peekType), and
-		// khatru with negentropy on panics on some ([1,"X"]).
-		fr := f.full()
-		c.send(websocket.TextMessage, AppendRefusal(replyBuf(fr), fr, reasonNotNostr))
-		obs.frame(f.Type, Invalid)
+	if reason != "" {
+		// Charged (to its type) but not forwarded: the relay could read
+		// it otherwise than the gate did (wire.Scan says how).
+		c.refuse(p.Frame(), reason)
 		return false
 	}
-	switch f.Type {
+	switch t {
 	case TypeEVENT:
 		if c.g.quota != nil && !free {
-			return c.admitEvent(f)
+			return c.admitEvent(p.Frame(), &facts.Event)
 		}
 	case TypeAUTH:
-		if !c.g.watchOK {
-			break
-		}
-		if id, pk, res := eventFields(frame); res == scanOK {
-			c.authMu.Lock()
-			c.authID, c.authPK = id, hexString(&pk)
-			c.authMu.Unlock()
+		if c.g.watchOK {
+			if reason := c.verifyAuth(&facts.Event); reason != "" {
+				c.refuse(p.Frame(), reason)
+				return false
+			}
 		}
 	}
 	if free {
-		obs.frame(f.Type, Allowlisted)
+		obs.frame(t, Allowlisted)
 	} else {
-		obs.frame(f.Type, Admitted)
+		obs.frame(t, Admitted)
 	}
 	return true
 }
 
-// peeked is a client frame as peekType classified it, its id not yet
-// looked for.
-type peeked struct {
-	Type  Type
-	frame []byte
-	rest  int // index of the second element, or -1
+// refuse answers f with an "invalid:" reason of the gate's own.
+func (c *conn) refuse(f Frame, reason string) {
+	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
+	c.g.obs.frame(f.Type, Invalid)
 }
 
-// full returns the Frame that Peek would, id included.
-func (p peeked) full() Frame {
-	return Frame{Type: p.Type, ID: frameID(p.Type, p.frame, p.rest)}
+// refuseRateLimited answers f refused by a limit whose wait is wait.
+func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
+	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
+	c.g.obs.frame(f.Type, RateLimited)
 }
 
 // replyBuf returns an empty buffer large enough for any refusal of f that
@@ -380,18 +404,12 @@ func replyBuf(f Frame) []byte {
 	return make([]byte, 0, 96+len(f.ID))
 }
 
-// admitEvent applies the actor quota to an EVENT the limits admitted.
-func (c *conn) admitEvent(f peeked) bool {
-	id, pk, res := eventFields(f.frame)
-	if res != scanOK {
-		fr := f.full()
-		c.send(websocket.TextMessage, AppendRefusal(replyBuf(fr), fr, reasonUnattributable))
-		c.g.obs.frame(f.Type, Invalid)
-		return false
-	}
+// admitEvent applies the actor quota to a canonical EVENT the limits
+// admitted.
+func (c *conn) admitEvent(f Frame, ev *wire.Event) bool {
 	actor, _ := c.auth()
 	if actor == "" {
-		actor = hexString(&pk)
+		actor = ev.Pubkey.String()
 		if c.g.allowPubkey(actor) {
 			// Not charged: an allow-listed author. Forging its pubkey
 			// gains nothing, since the quota only counts events the
@@ -401,29 +419,11 @@ func (c *conn) admitEvent(f peeked) bool {
 		}
 	}
 	if over, wait := c.g.quota.Exceeded(actor, c.g.now()); over {
-		fr := f.full()
-		c.send(websocket.TextMessage, AppendRateLimited(replyBuf(fr), fr, wait))
+		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 		c.g.obs.frame(f.Type, QuotaExceeded)
 		return false
 	}
-	c.pending.add(id, actor)
+	c.pending.add(ev.ID, actor)
 	c.g.obs.frame(f.Type, Admitted)
 	return true
 }
-
-// reasonUnattributable answers an EVENT whose id or pubkey the gate could
-// not read unambiguously while the quota is on: forwarding it would let
-// the relay's OK go uncharged.
-const reasonUnattributable = "invalid: event must have exactly one id and one pubkey, each 64 hex digits"
-
-// hexString renders a pubkey as the 64 lowercase hex digits the quota and
-// allow-lists key on, in one allocation.
-func hexString(k *hex32) string {
-	var buf [64]byte
-	hex.Encode(buf[:], k[:])
-	return string(buf[:])
-}
-
-// reasonNotNostr answers a frame that is not shaped as a Nostr message: a
-// JSON array whose first element is the label.
-const reasonNotNostr = "invalid: not a Nostr message"

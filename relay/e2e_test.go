@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 )
 
@@ -313,10 +314,15 @@ func TestE2EProxyKhatru(t *testing.T) {
 	if got := query(t, r, nostr.Filter{IDs: []string{ev.ID}}); len(got) != 1 {
 		t.Fatalf("query through the proxy: %v", got)
 	}
-	// The relay read the escaped sub id of an oddly spaced frame, and its
-	// answer comes back as khatru writes it (trailing newline included).
+	// An escaped sub id is not canonical: answered by the gate. A spaced
+	// frame is, and its answer comes back as khatru writes it (trailing
+	// newline included).
 	c := dialRaw(t, url)
-	_ = c.WriteMessage(websocket.TextMessage, []byte(` [ "REQ" ,"s\u0031",{"ids":["`+ev.ID+`"]} ]`))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["REQ","s\u0031",{"ids":["`+ev.ID+`"]}]`))
+	if got := readText(t, c); got != `["CLOSED","s\u0031","`+wire.ReasonSubID+`"]` {
+		t.Fatalf("escaped sub id answered %s", got)
+	}
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["REQ", "s1" , { "ids" : ["`+ev.ID+`"] } ] `))
 	var lines []string
 	for range 2 {
 		lines = append(lines, readText(t, c))

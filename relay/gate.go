@@ -3,9 +3,12 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -36,7 +39,42 @@ const (
 	DefaultPingInterval = 30 * time.Second
 	// DefaultWriteTimeout bounds one write to either side.
 	DefaultWriteTimeout = 10 * time.Second
+	// DefaultMaxFilters is how many filters a forwarded REQ may hold
+	// (NIP-11's max_filters). Clients send one to a few per REQ (go-nostr
+	// and nostr-tools pools send one filter set per subscription); each
+	// filter costs the relay a query and a listener, and each is charged
+	// as one REQ.
+	DefaultMaxFilters = 10
+	// DefaultFilterFrameSize is the largest REQ or COUNT the gate
+	// forwards: 64 KiB holds a filter of ~900 authors, far more than any
+	// client asks for in one REQ, and keeps what a REQ can make the relay
+	// hold small.
+	DefaultFilterFrameSize = 64 << 10
+	// DefaultAuthFrameSize is the largest AUTH the gate forwards; an AUTH
+	// event has two short tags.
+	DefaultAuthFrameSize = 16 << 10
+	// DefaultCloseFrameSize is the largest CLOSE or NEG-CLOSE: a label
+	// and a subscription id.
+	DefaultCloseFrameSize = 1 << 10
 )
+
+// DefaultFrameSize returns the largest frame of type t the gate forwards
+// when Options.FrameSize leaves it 0: DefaultFilterFrameSize for REQ and
+// COUNT, DefaultAuthFrameSize for AUTH, DefaultCloseFrameSize for CLOSE
+// and NEG-CLOSE, and the read limit for EVENT, NEG-OPEN and NEG-MSG
+// (whose events and negentropy messages are as large as clients make
+// them).
+func DefaultFrameSize(t Type, readLimit int64) int {
+	switch t {
+	case TypeREQ, TypeCOUNT:
+		return DefaultFilterFrameSize
+	case TypeAUTH:
+		return DefaultAuthFrameSize
+	case TypeCLOSE, TypeNEGCLOSE:
+		return DefaultCloseFrameSize
+	}
+	return int(readLimit)
+}
 
 // Options configures a Gate. The zero value is usable: default limits
 // over a memory store, the default quota off, no allow-lists.
@@ -84,6 +122,20 @@ type Options struct {
 	// ReadLimit is the largest client frame in bytes; a larger one closes
 	// the connection (1009). 0 means DefaultReadLimit.
 	ReadLimit int64
+	// FrameSize bounds the frames of each type the gate forwards, in
+	// bytes; a larger one is charged and answered "invalid: …", never
+	// forwarded. 0 means DefaultFrameSize for that type.
+	FrameSize [NumTypes]int
+	// MaxFilters bounds the filters of a forwarded REQ. 0 means
+	// DefaultMaxFilters. A REQ of n filters is charged n times the cost of
+	// one, so the bound is lowered to the most filters every REQ window
+	// can admit at once (the largest n with n·cost < rate).
+	MaxFilters int
+	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
+	// event's relay tag must name (host and, when RelayURL has one, path).
+	// "" means the tag's host must be the host the client connected to
+	// (its Host header, or X-Forwarded-Host from a trusted proxy).
+	RelayURL string
 	// WriteBuffer bounds the frames queued for one client (relay frames
 	// and the gate's own replies). When a client reads so slowly that the
 	// queue fills, its connection is closed (1008) rather than holding up
@@ -135,6 +187,11 @@ type Gate struct {
 	quota        *ratelimit.Quota
 	now          func() time.Time
 	readLimit    int64
+	frameSize    [NumTypes]int
+	tooLarge     [NumTypes]string // the refusal of a frame over frameSize
+	maxFilters   int
+	reqLimits    [][]ratelimit.Limit // REQ's windows by filter count
+	relayURL     *url.URL
 	writeBuffer  int
 	pingInterval time.Duration
 	writeTimeout time.Duration
@@ -191,6 +248,21 @@ func New(opts Options) (*Gate, error) {
 	if g.readLimit <= 0 {
 		g.readLimit = DefaultReadLimit
 	}
+	for t := range g.frameSize {
+		g.frameSize[t] = opts.FrameSize[t]
+		if g.frameSize[t] <= 0 {
+			g.frameSize[t] = DefaultFrameSize(Type(t), g.readLimit)
+		}
+		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", Type(t), g.frameSize[t])
+	}
+	g.maxFilters, g.reqLimits = filterCharges(opts.MaxFilters, g.limits.Message[TypeREQ])
+	if opts.RelayURL != "" {
+		u, err := url.Parse(opts.RelayURL)
+		if err != nil || u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss") {
+			return nil, fmt.Errorf("%w: relay URL %q must be a ws:// or wss:// URL with a host", ErrUpstream, opts.RelayURL)
+		}
+		g.relayURL = u
+	}
 	if g.writeBuffer <= 0 {
 		g.writeBuffer = DefaultWriteBuffer
 	}
@@ -207,9 +279,42 @@ func New(opts Options) (*Gate, error) {
 		// Nostr clients are web pages on any origin; a relay is public.
 		CheckOrigin:      func(*http.Request) bool { return true },
 		HandshakeTimeout: 10 * time.Second,
+		// A buffer of its own makes the upgrader read through the
+		// metered connection (control.go), not the server's reader.
+		ReadBufferSize: 4096,
 	}
 	return g, nil
 }
+
+// filterCharges returns how many filters a REQ may hold, from limit (0
+// meaning DefaultMaxFilters) lowered until every window of lims admits
+// that many at once, and REQ's windows for each filter count n (index n):
+// each window's cost times n.
+func filterCharges(limit int, lims []ratelimit.Limit) (int, [][]ratelimit.Limit) {
+	if limit <= 0 {
+		limit = DefaultMaxFilters
+	}
+	for _, l := range lims {
+		// The largest n with n·c < R: a REQ that could never be admitted
+		// would be told a wait that never comes.
+		n := int(math.Ceil(l.Rate/l.EffectiveCost())) - 1
+		limit = min(limit, n)
+	}
+	limit = max(limit, 1) // Validate has checked c < R
+	out := make([][]ratelimit.Limit, limit+1)
+	for n := 1; n <= limit; n++ {
+		out[n] = make([]ratelimit.Limit, len(lims))
+		for i, l := range lims {
+			l.Cost = l.EffectiveCost() * float64(n)
+			out[n][i] = l
+		}
+	}
+	return limit, out
+}
+
+// MaxFilters returns how many filters a REQ the gate forwards may hold
+// (Options.MaxFilters, lowered as it says), for NIP-11's max_filters.
+func (g *Gate) MaxFilters() int { return g.maxFilters }
 
 // Wrap returns a handler that serves h behind the gate in-process: plain
 // HTTP requests (NIP-11, web pages) go to h ungated, WebSocket upgrades
@@ -315,7 +420,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
 		return
 	}
-	clientConn, err := g.upgrader.Upgrade(w, r, nil)
+	meter := newControlMeter()
+	clientConn, err := g.upgrader.Upgrade(meteredWriter{w, meter}, r, nil)
 	if err != nil {
 		_ = upConn.Close()
 		return // the upgrader has answered
@@ -332,6 +438,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		cancel:  cancel,
 		closing: make(chan struct{}),
 		who:     client,
+		host:    requestHost(r, g.fromTrustedProxy(r)),
+		meter:   meter,
 		keys:    keysFor(client),
 		freeIP:  freeIP,
 	}

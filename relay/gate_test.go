@@ -1,9 +1,7 @@
 package relay
 
 import (
-	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,158 +21,13 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 const (
 	idHex = "4376c65d2f232afbe9b882a35baa4f6fe8667c4e684749af565f981833ed6a65"
 	pkHex = "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"
 )
-
-func mustHex32(t *testing.T, s string) hex32 {
-	t.Helper()
-	var h hex32
-	sc := scanner{b: []byte(`"` + s + `"`)}
-	if !sc.hexValue(&h) {
-		t.Fatalf("bad hex %q", s)
-	}
-	return h
-}
-
-func TestEventFields(t *testing.T) {
-	id, pk := mustHex32(t, idHex), mustHex32(t, pkHex)
-	ok := func(frame string) { // must find exactly id and pk
-		t.Helper()
-		gid, gpk, res := eventFields([]byte(frame))
-		if res != scanOK || gid != id || gpk != pk {
-			t.Errorf("eventFields(%s) = %x %x %v, want the id and pubkey", frame, gid, gpk, res)
-		}
-	}
-	bad := func(frame string) {
-		t.Helper()
-		if _, _, res := eventFields([]byte(frame)); res != scanBad {
-			t.Errorf("eventFields(%s) = ok, want scanBad", frame)
-		}
-	}
-	ok(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `","kind":1,"tags":[["p","x"]],"content":"hi","sig":"00"}]`)
-	ok(` [ "EVENT" , { "kind" : 1 , "pubkey" : "` + pkHex + `" , "id" : "` + idHex + `" } ] `)
-	// Tags and content that look like keys are skipped as values.
-	ok(`["EVENT",{"tags":[["pubkey","` + idHex + `"],{"id":"x"}],"content":"\"pubkey\":\"` + idHex + `\"","id":"` + idHex + `","pubkey":"` + pkHex + `"}]`)
-	// Escaped keys and values decode as the relay would decode them.
-	ok(`["EVENT",{"\u0069d":"` + idHex + `","\u0070ubkey":"\u0036` + pkHex[1:] + `"}]`)
-	ok(`["AUTH",{"id":"` + idHex + `","pubkey":"` + pkHex + `","created_at":-1.5e3,"x":null,"y":true}]`)
-	// Two pubkeys: which one a relay keeps is the relay's business; the
-	// gate cannot tell whom to charge.
-	bad(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `","pubkey":"` + idHex + `"}]`)
-	bad(`["EVENT",{"id":"` + idHex + `","\u0070ubkey":"` + pkHex + `","pubkey":"` + pkHex + `"}]`)
-	bad(`["EVENT",{"id":"` + idHex + `","id":"` + idHex + `","pubkey":"` + pkHex + `"}]`)
-	bad(`["EVENT",{"id":"` + idHex + `"}]`)
-	bad(`["EVENT",{"id":"` + idHex[:63] + `","pubkey":"` + pkHex + `"}]`)
-	bad(`["EVENT",{"id":"` + idHex + `x","pubkey":"` + pkHex + `"}]`)
-	bad(`["EVENT",{"id":"` + idHex[:63] + `g","pubkey":"` + pkHex + `"}]`)
-	bad(`["EVENT",{"id":1,"pubkey":"` + pkHex + `"}]`)
-	bad(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `"`) // truncated
-	bad(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex[:10])
-	bad(`["EVENT",{"content":"\`)
-	bad(`["EVENT","sub",{"id":"` + idHex + `","pubkey":"` + pkHex + `"}]`)
-	bad(`["EVENT",{}]`)
-	bad(`{"EVENT":1}`)
-	bad(``)
-}
-
-// FuzzEventFields checks eventFields against encoding/json: on valid JSON
-// they must agree, so the gate never refuses as unattributable an event
-// the relay would read as having one id and one pubkey, and never
-// attributes an event to other values than the relay reads.
-func FuzzEventFields(f *testing.F) {
-	f.Add([]byte(`["EVENT",{"id":"` + idHex + `","pubkey":"` + pkHex + `","tags":[["e","\""]]}]`))
-	f.Add([]byte(`["EVENT",{"\u0069d":"` + idHex + `","pubkey":"` + pkHex + `","pubkey":"` + pkHex + `"}]`))
-	f.Add([]byte(`["OK","` + idHex + `",true,""]`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		id, pk, res := eventFields(b) // must not panic
-		relayOK(b)
-		if !json.Valid(b) {
-			return
-		}
-		wid, wpk, ok := referenceFields(b)
-		if ok != (res == scanOK) || ok && (wid != id || wpk != pk) {
-			t.Fatalf("eventFields(%s) = %x %x %v; encoding/json reads %x %x %v", b, id, pk, res, wid, wpk, ok)
-		}
-	})
-}
-
-// referenceFields is eventFields by encoding/json's tokenizer: the frame
-// is an array whose second element is an object with exactly one "id" and
-// one "pubkey" key, each a string of 64 hex digits.
-func referenceFields(b []byte) (id, pk hex32, ok bool) {
-	var arr []json.RawMessage
-	if json.Unmarshal(b, &arr) != nil || len(arr) < 2 {
-		return id, pk, false
-	}
-	var label string
-	if json.Unmarshal(arr[0], &label) != nil {
-		return id, pk, false
-	}
-	dec := json.NewDecoder(bytes.NewReader(arr[1]))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return id, pk, false
-	}
-	var nid, npk int
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return id, pk, false
-		}
-		key := tok.(string)
-		var raw json.RawMessage
-		if dec.Decode(&raw) != nil {
-			return id, pk, false
-		}
-		var dst *hex32
-		switch key {
-		case "id":
-			nid++
-			dst = &id
-		case "pubkey":
-			npk++
-			dst = &pk
-		default:
-			continue
-		}
-		var s string
-		if json.Unmarshal(raw, &s) != nil || len(s) != 64 {
-			return id, pk, false
-		}
-		v, err := hex.DecodeString(s)
-		if err != nil {
-			return id, pk, false
-		}
-		copy(dst[:], v)
-	}
-	return id, pk, nid == 1 && npk == 1
-}
-
-func TestRelayOK(t *testing.T) {
-	id := mustHex32(t, idHex)
-	for _, tc := range []struct {
-		frame                     string
-		accepted, duplicate, isOK bool
-	}{
-		{`["OK","` + idHex + `",true,""]`, true, false, true},
-		{`["OK","` + idHex + `",true]`, true, false, true},
-		{`["OK","` + idHex + `",false,"blocked: no"]`, false, false, true},
-		{` [ "OK" , "` + idHex + `" , true , "duplicate: have it" ] `, true, true, true},
-		{`["OK","` + idHex + `",true,"duplicates are fine"]`, true, false, true},
-		{`["OK","` + idHex + `",tru`, false, false, false},
-		{`["NOTICE","` + idHex + `",true]`, false, false, false},
-		{`["OK","` + idHex[:62] + `",true,""]`, false, false, false},
-		{`["EVENT","sub",{}]`, false, false, false},
-	} {
-		gid, accepted, duplicate, isOK := relayOK([]byte(tc.frame))
-		if accepted != tc.accepted || duplicate != tc.duplicate || isOK != tc.isOK || (isOK && gid != id) {
-			t.Errorf("relayOK(%s) = %x %v %v %v, want %v %v %v", tc.frame, gid, accepted, duplicate, isOK, tc.accepted, tc.duplicate, tc.isOK)
-		}
-	}
-}
 
 func TestPendingBounded(t *testing.T) {
 	var p pending
@@ -325,7 +178,7 @@ func TestGateRefusalWire(t *testing.T) {
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 
 	frames := []string{
-		`["EVENT",{"id":"` + idHex + `","kind":1}]`,
+		`["EVENT",` + goNostrEvent + `]`,
 		` [ "\u0045VENT" , { "id" : "` + idHex + `" } ]`,
 		`["REQ","a",{}]`,
 		`["REQ","b\"",{}]`,
@@ -414,8 +267,8 @@ func TestGateConnectionLimit(t *testing.T) {
 }
 
 // recorder is an upstream WebSocket endpoint that records what it
-// receives, answers frames beginning ["echo", with the rest, closes on
-// ["bye"], and remembers the forwarding headers it was given. Its commands
+// receives, obeys the commands of recorderCmd (echo, bye, stall, flood),
+// and remembers the forwarding headers it was given. Its commands
 // are shaped as Nostr messages, since the gate forwards nothing else.
 type recorder struct {
 	// answerOK, when set, makes the recorder answer every EVENT and AUTH
@@ -425,6 +278,9 @@ type recorder struct {
 	okReason func(id hex32) string
 	// discard keeps nothing of what arrives (benchmarks).
 	discard bool
+	// challenge, when set, is sent as ["AUTH",challenge] on every
+	// connection (NIP-42), as sluice relay does.
+	challenge string
 
 	mu       sync.Mutex
 	closes   []int // close codes received
@@ -461,6 +317,9 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.Close()
+	if rec.challenge != "" {
+		_ = c.WriteMessage(websocket.TextMessage, []byte(`["AUTH","`+rec.challenge+`"]`))
+	}
 	for {
 		typ, data, err := c.ReadMessage()
 		if err != nil {
@@ -480,19 +339,22 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rec.cond.Broadcast()
 			rec.mu.Unlock()
 		}
+		cmd, arg := recorderCommand(data)
 		switch {
-		case strings.HasPrefix(string(data), `["bye"`): // ["bye"] or ["bye",<last words>
-			if last, ok := strings.CutPrefix(string(data), `["bye",`); ok {
-				_ = c.WriteMessage(websocket.TextMessage, []byte(last))
+		case cmd == "bye": // close 4000, after arg's frame if any
+			if arg != "" {
+				_ = c.WriteMessage(websocket.TextMessage, []byte(arg))
 			}
 			_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(4000, "bye"))
 			return
-		case strings.HasPrefix(string(data), `["echo",`): // ["echo",<payload>
-			_ = c.WriteMessage(typ, data[len(`["echo",`):])
-		case string(data) == `["stall"]`: // stop reading: no pongs, nothing
+		case cmd == "echo": // answer arg
+			_ = c.WriteMessage(websocket.TextMessage, []byte(arg))
+		case cmd == "echo-binary":
+			_ = c.WriteMessage(websocket.BinaryMessage, []byte(arg))
+		case cmd == "stall": // stop reading: no pongs, nothing
 			<-r.Context().Done()
 			return
-		case string(data) == `["flood"]`:
+		case cmd == "flood":
 			big := make([]byte, 64<<10)
 			for {
 				if err := c.WriteMessage(websocket.BinaryMessage, big); err != nil {
@@ -504,7 +366,8 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case rec.answerOK != nil:
-			if id, _, res := eventFields(data); res == scanOK {
+			if f, reason := wire.Scan(data, DefaultMaxFilters); reason == "" && (f.Type == TypeEVENT || f.Type == TypeAUTH) {
+				id := f.Event.ID
 				reason := ""
 				if rec.okReason != nil {
 					reason = rec.okReason(id)
@@ -514,6 +377,31 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// recorderCmd returns the recorder's command of a frame: a REQ whose sub id
+// names the command and whose one filter's search string is its argument,
+// as recorderCmd builds it (the gate forwards only canonical frames).
+func recorderCommand(frame []byte) (cmd, arg string) {
+	var req struct {
+		label, sub string
+		filter     struct{ Search string }
+	}
+	var elems []json.RawMessage
+	if json.Unmarshal(frame, &elems) != nil || len(elems) != 3 {
+		return "", ""
+	}
+	if json.Unmarshal(elems[0], &req.label) != nil || req.label != "REQ" || json.Unmarshal(elems[1], &req.sub) != nil {
+		return "", ""
+	}
+	_ = json.Unmarshal(elems[2], &req.filter)
+	return req.sub, req.filter.Search
+}
+
+// recorderCmd builds the REQ that asks the recorder to do cmd with arg.
+func recorderCmd(cmd, arg string) []byte {
+	b, _ := json.Marshal([]any{"REQ", cmd, map[string]string{"search": arg}})
+	return b
 }
 
 // floodCut is recorded as the close code when a flood's write fails: the
@@ -630,11 +518,12 @@ func TestGateForwardsByteForByte(t *testing.T) {
 				typ  int
 				data string
 			}{
-				{websocket.TextMessage, ` [ "REQ" , "x" , { "kinds" : [ 1 ] } ] ` + "\n"},
-				{websocket.TextMessage, `["EVENT",{"id":"` + idHex + `","content":"\u00e9 é ☃"}]`},
-				{websocket.BinaryMessage, "[\"X\",\x00\x01\xff]"},
-				{websocket.TextMessage, `["echo",["NOTICE","é\u0000"]`},
-				{websocket.BinaryMessage, "[\"echo\",\x00bin"},
+				{websocket.TextMessage, `["REQ", "x" , { "kinds" : [ 1 ] } ] ` + "\n"},
+				{websocket.TextMessage, `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"\u00e9 é ☃ hello`, 1) + `]`},
+				// Binary, but canonical: forwarded as the text it is.
+				{websocket.BinaryMessage, `["CLOSE","x"]`},
+				{websocket.TextMessage, string(recorderCmd("echo", `["NOTICE","é\u0000"]`))},
+				{websocket.TextMessage, string(recorderCmd("echo-binary", "\x00bin"))},
 			}
 			for _, f := range sent {
 				if err := c.WriteMessage(f.typ, []byte(f.data)); err != nil {
@@ -647,7 +536,7 @@ func TestGateForwardsByteForByte(t *testing.T) {
 			hdr, remote := rec.hdr, rec.remote
 			rec.mu.Unlock()
 			for i, f := range sent {
-				if i >= len(got) || got[i] != f.data || types[i] != f.typ {
+				if i >= len(got) || got[i] != f.data || types[i] != websocket.TextMessage {
 					t.Fatalf("relay got %q (types %v), want every frame as sent", got, types)
 				}
 			}
@@ -716,7 +605,7 @@ func TestGateClosePropagates(t *testing.T) {
 
 	// The relay's last words arrive before its close.
 	c = dialRaw(t, url)
-	_ = c.WriteMessage(websocket.TextMessage, []byte(`["bye",["NOTICE","going"]`))
+	_ = c.WriteMessage(websocket.TextMessage, recorderCmd("bye", `["NOTICE","going"]`))
 	if got := readText(t, c); got != `["NOTICE","going"]` {
 		t.Errorf("relay's last frame: %q", got)
 	}
@@ -766,7 +655,7 @@ func leakCheck(t *testing.T, proxy bool) {
 				return
 			}
 			defer c.Close()
-			_ = c.WriteMessage(websocket.TextMessage, []byte(`["echo",hi`))
+			_ = c.WriteMessage(websocket.TextMessage, recorderCmd("echo", "hi"))
 			_, _, _ = c.ReadMessage()
 			switch i % 4 {
 			case 0: // client closes cleanly
@@ -774,7 +663,7 @@ func leakCheck(t *testing.T, proxy bool) {
 			case 1: // client vanishes
 				c.NetConn().Close()
 			case 2, 3: // relay closes
-				_ = c.WriteMessage(websocket.TextMessage, []byte(`["bye"]`))
+				_ = c.WriteMessage(websocket.TextMessage, recorderCmd("bye", ""))
 				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 				for {
 					if _, _, err := c.ReadMessage(); err != nil {
@@ -843,7 +732,7 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 	g := newGate(t, Options{Limits: &Limits{}, WriteBuffer: 4, WriteTimeout: time.Minute})
 	url := serve(t, g.Wrap(rec))
 	slow := dialRaw(t, url)
-	if err := slow.WriteMessage(websocket.TextMessage, []byte(`["flood"]`)); err != nil {
+	if err := slow.WriteMessage(websocket.TextMessage, recorderCmd("flood", "")); err != nil {
 		t.Fatal(err)
 	}
 	// The relay's flood ends when the gate drops the slow client, long
@@ -852,7 +741,7 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 		t.Fatalf("relay side: %d, want its flood cut off", code)
 	}
 	other := dialRaw(t, url)
-	_ = other.WriteMessage(websocket.TextMessage, []byte(`["echo",ok`))
+	_ = other.WriteMessage(websocket.TextMessage, recorderCmd("echo", "ok"))
 	if got := readText(t, other); got != "ok" {
 		t.Fatalf("other client got %q", got)
 	}
@@ -870,12 +759,18 @@ func TestGateOtherBucketAndReadLimit(t *testing.T) {
 	rec := newRecorder()
 	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, ReadLimit: 1024})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
-	event := `["EVENT",{"id":"` + idHex + `"}]`
+	event := `["EVENT",` + goNostrEvent + `]`
 	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["REQ","a",{}]`)) // REQ: free here
 	_ = c.WriteMessage(websocket.BinaryMessage, []byte(event))            // EVENT: the one of its burst
-	_ = c.WriteMessage(websocket.TextMessage, []byte(`["HELLO"]`))        // OTHER 1
-	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["HELLO",1]`))    // OTHER 2
-	_ = c.WriteMessage(websocket.TextMessage, []byte(`[1,"X"]`))          // OTHER 3: refused
+	// Unknown labels are charged to OTHER and answered, never forwarded.
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["HELLO"]`))     // OTHER 1
+	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["HELLO",1]`)) // OTHER 2
+	for range 2 {
+		if got := readText(t, c); got != `["NOTICE","`+wire.ReasonUnknownType+`"]` {
+			t.Errorf("unknown label answered %s", got)
+		}
+	}
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`[1,"X"]`)) // OTHER 3: refused
 	if got := readText(t, c); got != `["NOTICE","rate-limited: slow down; retry in 1s"]` {
 		t.Errorf("third OTHER frame answered %s", got)
 	}
@@ -886,13 +781,13 @@ func TestGateOtherBucketAndReadLimit(t *testing.T) {
 	clk.Advance(time.Second)
 	for _, frame := range []string{`[1,"X"]`, `[0,"EVENT",{}]`, "\x01[\"EVENT\",{}]", "[\"EVENT\"\x01,{}]", `{"EVENT":1}`, `["EVENT" {}]`, `["EVENT`, `[",",1]`, `["NEG-OPENx,y","s",{},"00"]`} {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(frame))
-		if got := readText(t, c); got != `["NOTICE","`+reasonNotNostr+`"]` {
+		if got := readText(t, c); got != `["NOTICE","`+wire.ReasonNotNostr+`"]` {
 			t.Errorf("%q answered %s", frame, got)
 		}
 		clk.Advance(time.Second)
 	}
-	if got := rec.frames(4); len(got) != 4 {
-		t.Errorf("relay got %q, want the first four", got)
+	if got := rec.frames(2); len(got) != 2 {
+		t.Errorf("relay got %q, want the first two", got)
 	}
 	_ = c.WriteMessage(websocket.TextMessage, make([]byte, 2048))
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -903,6 +798,11 @@ func TestGateOtherBucketAndReadLimit(t *testing.T) {
 	}
 	if code := rec.closed(); code == 0 {
 		t.Error("relay side not closed after the client was")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.got) != 2 {
+		t.Errorf("relay got %q, want only the REQ and the first EVENT", rec.got)
 	}
 }
 
@@ -931,7 +831,7 @@ func TestGateStalledRelayDropped(t *testing.T) {
 	rec := newRecorder()
 	g := newGate(t, Options{Limits: &Limits{}, PingInterval: 50 * time.Millisecond})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
-	_ = c.WriteMessage(websocket.TextMessage, []byte(`["stall"]`))
+	_ = c.WriteMessage(websocket.TextMessage, recorderCmd("stall", ""))
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var err error
 	for err == nil {

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"net/textproto"
 	"strings"
+
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // Sentinel errors of identity and allow-list configuration. Test with
@@ -417,33 +419,7 @@ func (al *AllowList) AllowsPubkey(pubkeyHex string) bool {
 }
 
 // decodePubkey decodes exactly 64 hex digits.
-func decodePubkey(s string) (k [32]byte, ok bool) {
-	if len(s) != 64 {
-		return k, false
-	}
-	for i := range k {
-		hi, ok1 := hexNibble(s[2*i])
-		lo, ok2 := hexNibble(s[2*i+1])
-		if !ok1 || !ok2 {
-			return k, false
-		}
-		k[i] = hi<<4 | lo
-	}
-	return k, true
-}
-
-// hexNibble decodes one hex digit.
-func hexNibble(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
-}
+func decodePubkey(s string) ([32]byte, bool) { return wire.DecodeHex32(s) }
 
 // AllowsAddr reports whether Allow lists addr; false for a nil Identity or Allow.
 func (id *Identity) AllowsAddr(addr netip.Addr) bool {

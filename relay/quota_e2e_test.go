@@ -12,7 +12,8 @@ import (
 
 // (issue 5, item 5) With a small quota, one author past it is refused while
 // another author on the same connection is accepted, and the refused author
-// is admitted again in the next window. Charged on khatru's OK true only.
+// is admitted again in the next window. Charged on khatru's OK true only,
+// and once per event however often it is re-sent (issue 10).
 func TestE2EQuota(t *testing.T) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
@@ -24,10 +25,16 @@ func TestE2EQuota(t *testing.T) {
 	keys := nostrtest.ApartKeys(q, clk.Now(), 2)
 	skA, skB := keys[0], keys[1]
 
-	for i := range 2 {
-		if err := nostrtest.Publish(t, r, nostrtest.Note(t, skA, "a")); err != nil {
-			t.Fatalf("A's event %d within quota: %v", i, err)
+	first := nostrtest.Note(t, skA, "a0")
+	// The same event sent again is accepted again by khatru (OK true, no
+	// "duplicate:"), and charged once.
+	for i := range 3 {
+		if err := nostrtest.Publish(t, r, first); err != nil {
+			t.Fatalf("A's event, sent %d times: %v", i+1, err)
 		}
+	}
+	if err := nostrtest.Publish(t, r, nostrtest.Note(t, skA, "a1")); err != nil {
+		t.Fatalf("A's second event within quota: %v", err)
 	}
 	// A tampered event is refused by khatru and not charged to B.
 	bad := nostrtest.Note(t, skB, "b")

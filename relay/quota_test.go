@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 func pubkeyN(n int) string { return fmt.Sprintf("%064x", 0xabc000+n) }
@@ -27,7 +28,7 @@ func apartPubkeys(q *ratelimit.Quota, now time.Time, n int) []string {
 }
 
 func eventFrame(id int, pubkey string) string {
-	return fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","kind":1,"tags":[],"content":"x"}]`, id, pubkey)
+	return fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","created_at":1,"kind":1,"tags":[],"content":"x","sig":"%s"}]`, id, pubkey, testSig)
 }
 
 func okReply(id int, accepted bool, reason string) string {
@@ -95,7 +96,7 @@ func TestGateQuota(t *testing.T) {
 	}
 	// Two pubkeys: the relay might keep either, so the gate forwards neither.
 	dup := fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","pubkey":"%s"}]`, 30, a, b)
-	step(dup, okReply(30, false, reasonUnattributable))
+	step(dup, okReply(30, false, wire.ReasonEvent))
 
 	// The next window starts afresh; the wait told was the remainder.
 	clk.Advance(30 * time.Second)
@@ -112,21 +113,22 @@ func TestGateQuota(t *testing.T) {
 	}
 }
 
-// Once the relay accepts a connection's AUTH, its events are charged to the
-// authenticated pubkey whoever signed them, and an allow-listed
-// authenticated pubkey passes the message limits too.
+// Once the relay accepts a connection's AUTH (verified by the gate), its
+// events are charged to the authenticated pubkey whoever signed them, and
+// an allow-listed authenticated pubkey passes the message limits too.
 func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	trusted := pubkeyN(50)
+	trustedSK, trusted := newKey(t)
 	al, _ := NewAllowList(nil, []string{trusted})
 	var l Limits
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Second)}
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
+	rec.challenge = "chal"
 	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q, Now: clk.Now, Identity: &Identity{Allow: al}})
 	url := serve(t, g.Wrap(rec))
 
@@ -139,20 +141,29 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 			t.Fatalf("%s\n got %s\nwant %s", frame, got, want)
 		}
 	}
-	auth := func(id int, pk string) string {
-		return fmt.Sprintf(`["AUTH",{"id":"%064x","pubkey":"%s","kind":22242}]`, id, pk)
+	dial := func() *websocket.Conn {
+		c := dialRaw(t, url)
+		if got := readText(t, c); got != `["AUTH","chal"]` {
+			t.Fatalf("relay's challenge: %s", got)
+		}
+		return c
+	}
+	auth := func(c *websocket.Conn, sk string) {
+		t.Helper()
+		frame, id := signedAuth(t, sk, "chal", url, clk.Now())
+		step(c, frame, okFor(id, true, ""))
 	}
 
-	c := dialRaw(t, url)
-	x := pubkeyN(7)
-	step(c, auth(100, x), okReply(100, true, ""))
+	c := dial()
+	xSK, _ := newKey(t)
+	auth(c, xSK)
 	step(c, eventFrame(1, pubkeyN(1)), okReply(1, true, ""))
 	step(c, eventFrame(2, pubkeyN(2)), okReply(2, true, ""))
 	step(c, eventFrame(3, pubkeyN(3)), okReply(3, false, "rate-limited: slow down; retry in 60s"))
 
 	// An allow-listed, authenticated connection passes limits and quota.
-	c2 := dialRaw(t, url)
-	step(c2, auth(101, trusted), okReply(101, true, ""))
+	c2 := dial()
+	auth(c2, trustedSK)
 	for i := 10; i < 20; i++ {
 		step(c2, eventFrame(i, pubkeyN(i)), okReply(i, true, ""))
 	}
@@ -160,7 +171,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	// message limit: the fourth event in the burst is refused. (The
 	// client's EVENT budget is shared by its connections: let it rest.)
 	clk.Advance(time.Minute)
-	c3 := dialRaw(t, url)
+	c3 := dial()
 	for i := 30; i < 33; i++ {
 		step(c3, eventFrame(i, trusted), okReply(i, true, ""))
 	}
@@ -171,15 +182,21 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 // has authenticated as it; an AUTH the relay refused buys nothing.
 func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
 	clk := nostrtest.NewClock()
-	trusted := pubkeyN(50)
+	trustedSK, trusted := newKey(t)
 	al, _ := NewAllowList(nil, []string{trusted})
 	var l Limits
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	rec := newRecorder()
-	refusedAuth := hex32{31: 200}
-	rec.answerOK = func(id hex32) bool { return id != refusedAuth }
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Identity: &Identity{Allow: al}})
-	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	rec.challenge = "chal"
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Now: clk.Now, Identity: &Identity{Allow: al}})
+	url := serve(t, g.Wrap(rec))
+	refused, refusedID := signedAuth(t, trustedSK, "chal", url, clk.Now())
+	accepted, acceptedID := signedAuth(t, trustedSK, "chal", url, clk.Now().Add(time.Second))
+	rec.answerOK = func(id hex32) bool { return id != refusedID }
+	c := dialRaw(t, url)
+	if got := readText(t, c); got != `["AUTH","chal"]` {
+		t.Fatalf("relay's challenge: %s", got)
+	}
 	step := func(frame, want string) {
 		t.Helper()
 		_ = c.WriteMessage(websocket.TextMessage, []byte(frame))
@@ -187,10 +204,10 @@ func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
 			t.Fatalf("%s\n got %s\nwant %s", frame, got, want)
 		}
 	}
-	step(fmt.Sprintf(`["AUTH",{"id":"%064x","pubkey":"%s"}]`, 200, trusted), okReply(200, false, ""))
+	step(refused, okFor(refusedID, false, ""))
 	step(eventFrame(1, trusted), okReply(1, true, ""))
 	step(eventFrame(2, trusted), okReply(2, false, "rate-limited: slow down; retry in 1s"))
-	step(fmt.Sprintf(`["AUTH",{"id":"%064x","pubkey":"%s"}]`, 201, trusted), okReply(201, true, ""))
+	step(accepted, okFor(acceptedID, true, ""))
 	for i := 3; i < 8; i++ {
 		step(eventFrame(i, trusted), okReply(i, true, ""))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // TestE2EFramesKhatruReadsDifferently: khatru (go-nostr's default parser)
@@ -35,7 +36,7 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	// Frames that crashed khatru: answered by the gate, the relay lives.
 	for _, crash := range []string{`[1,"X"]`, `[",",1]`} {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(crash))
-		if got := readText(t, c); got != `["NOTICE","`+reasonNotNostr+`"]` {
+		if got := readText(t, c); got != `["NOTICE","`+wire.ReasonNotNostr+`"]` {
 			t.Fatalf("%s answered %s", crash, got)
 		}
 	}
@@ -51,7 +52,7 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	// get an event stored.
 	disguised := append([]byte(`[0,"EVENT",`), frame(e2)[len(`["EVENT",`):]...)
 	_ = c.WriteMessage(websocket.TextMessage, disguised)
-	if got := readText(t, c); got != `["NOTICE","`+reasonNotNostr+`"]` {
+	if got := readText(t, c); got != `["NOTICE","`+wire.ReasonNotNostr+`"]` {
 		t.Errorf("[0,\"EVENT\",{…}] answered %s", got)
 	}
 	_ = c.WriteMessage(websocket.BinaryMessage, frame(e3))

@@ -68,7 +68,23 @@ var clientIPHeaders = []string{
 // relay that checks NIP-42's relay URL against them (khatru does) must
 // see wss://, not the http:// of the last hop.
 func setForwarded(h http.Header, r *http.Request, addr string, trustedPeer bool) {
-	proto, host := "http", r.Host
+	proto, host := requestOrigin(r, trustedPeer)
+	for _, k := range clientIPHeaders {
+		delete(h, k)
+	}
+	if addr != "" {
+		h.Set("X-Forwarded-For", addr)
+		h.Set("X-Real-IP", addr)
+	}
+	h.Set("X-Forwarded-Host", host)
+	h.Set("X-Forwarded-Proto", proto)
+}
+
+// requestOrigin returns the scheme ("http" or "https") and host the client
+// used: r's own, or a trusted proxy's X-Forwarded-Proto and
+// X-Forwarded-Host.
+func requestOrigin(r *http.Request, trustedPeer bool) (proto, host string) {
+	proto, host = "http", r.Host
 	if r.TLS != nil {
 		proto = "https"
 	}
@@ -80,15 +96,13 @@ func setForwarded(h http.Header, r *http.Request, addr string, trustedPeer bool)
 			host = v
 		}
 	}
-	for _, k := range clientIPHeaders {
-		delete(h, k)
-	}
-	if addr != "" {
-		h.Set("X-Forwarded-For", addr)
-		h.Set("X-Real-IP", addr)
-	}
-	h.Set("X-Forwarded-Host", host)
-	h.Set("X-Forwarded-Proto", proto)
+	return proto, host
+}
+
+// requestHost is the host of requestOrigin.
+func requestHost(r *http.Request, trustedPeer bool) string {
+	_, host := requestOrigin(r, trustedPeer)
+	return host
 }
 
 // clientAddrKey carries the client's address to the in-process dialer, so

@@ -1,4 +1,4 @@
-package relay
+package wire
 
 import (
 	"bytes"
@@ -158,6 +158,29 @@ type Frame struct {
 func Peek(frame []byte) Frame {
 	t, rest, _ := peekType(frame)
 	return Frame{Type: t, ID: frameID(t, frame, rest)}
+}
+
+// Peeked is a frame as PeekType classified it, its id not yet looked for.
+type Peeked struct {
+	Type Type
+	// Shaped reports whether the frame is shaped as a Nostr message at
+	// all: an array whose first element is a complete JSON string without
+	// a comma (any label, known or not) followed by ',' or ']'.
+	Shaped bool
+	frame  []byte
+	rest   int // index of the second element, or -1
+}
+
+// PeekType is Peek without the id, which a refusal alone needs: for an
+// EVENT finding it is a scan of most of the event. Frame adds it.
+func PeekType(frame []byte) Peeked {
+	t, rest, shaped := peekType(frame)
+	return Peeked{Type: t, Shaped: shaped, frame: frame, rest: rest}
+}
+
+// Frame returns the Frame that Peek would, id included.
+func (p Peeked) Frame() Frame {
+	return Frame{Type: p.Type, ID: frameID(p.Type, p.frame, p.rest)}
 }
 
 // peekType is Peek without the id: the frame's type and the index of its

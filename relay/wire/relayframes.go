@@ -1,0 +1,72 @@
+package wire
+
+// This file reads the few relay frames the gate acts on. They come from
+// the relay, not the client, but are read as strictly as client frames:
+// a relay frame the gate misreads could bind a pubkey or charge a quota.
+
+// ParseOK reads a relay frame ["OK",<id>,true|false,<reason>] and returns
+// the id, whether the relay accepted the event, and whether the reason
+// says it already had it ("duplicate:", NIP-01). isOK is false for every
+// other frame. It is called on every relay frame, so it gives up on the
+// first byte that does not fit.
+func ParseOK(frame []byte) (id Hex32, accepted, duplicate, isOK bool) {
+	s := scanner{b: frame}
+	if !s.label(`"OK"`) {
+		return id, false, false, false
+	}
+	lit, ok := s.hexLit(64)
+	if !ok || !s.comma() {
+		return id, false, false, false
+	}
+	id, _ = DecodeHex32(lit[1:65])
+	switch {
+	case s.literal("false"):
+		return id, false, false, true
+	case !s.literal("true"):
+		return id, false, false, false
+	}
+	if s.comma() {
+		const dup = `"duplicate:`
+		duplicate = len(s.b)-s.i >= len(dup) && string(s.b[s.i:s.i+len(dup)]) == dup
+	}
+	return id, true, duplicate, true
+}
+
+// ParseAuthChallenge reads a relay frame ["AUTH",<challenge>] (NIP-42)
+// and returns the challenge as its JSON literal, quotes included.
+func ParseAuthChallenge(frame []byte) (challenge []byte, ok bool) {
+	s := scanner{b: frame}
+	if !s.label(`"AUTH"`) {
+		return nil, false
+	}
+	lit, _, ok := s.str()
+	if !ok || !s.end() {
+		return nil, false
+	}
+	return lit, true
+}
+
+// label consumes the start of a relay frame whose label is lit (quotes
+// included): '[', the label and a comma, with whitespace anywhere between
+// (relays write compact JSON, but a relay that does not must not have its
+// OKs ignored).
+func (s *scanner) label(lit string) bool {
+	s.ws()
+	if !s.eat('[') {
+		return false
+	}
+	s.ws()
+	if !s.literal(lit) {
+		return false
+	}
+	return s.comma()
+}
+
+// literal consumes the bytes of lit.
+func (s *scanner) literal(lit string) bool {
+	if len(s.b)-s.i < len(lit) || string(s.b[s.i:s.i+len(lit)]) != lit {
+		return false
+	}
+	s.i += len(lit)
+	return true
+}

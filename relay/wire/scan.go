@@ -1,0 +1,621 @@
+package wire
+
+import (
+	"bytes"
+	"unicode/utf8"
+)
+
+// Facts is what Scan read of a client frame that is in canonical shape:
+// everything the gate charges and checks before it forwards the frame.
+type Facts struct {
+	Type Type
+	// SubID is the subscription id of a REQ, COUNT, CLOSE or NEG-* frame
+	// as its JSON literal, quotes included. A canonical id holds no
+	// escapes, so the bytes between the quotes are the id itself.
+	SubID []byte
+	// Filters is the number of filter objects of a REQ, COUNT or NEG-OPEN.
+	Filters int
+	// Event is the event of an EVENT or AUTH frame.
+	Event Event
+	// Neg is the negentropy payload of a NEG-OPEN or NEG-MSG frame: its hex
+	// digits, without quotes, checked by CheckNegentropy.
+	Neg []byte
+}
+
+// Event is what Scan read of the event inside an EVENT or AUTH frame.
+type Event struct {
+	ID, Pubkey Hex32
+	// IDLit is the id's JSON literal, quotes included, for replies.
+	IDLit     []byte
+	Kind      int
+	CreatedAt int64
+	// Raw is the event object, braces included: what an AUTH's id and
+	// signature are checked against.
+	Raw []byte
+	// Challenge and Relay are the values of an AUTH event's first
+	// "challenge" and "relay" tags as JSON literals, quotes included; nil
+	// when there is none (and always for EVENT). Decode them with Unquote.
+	Challenge, Relay []byte
+}
+
+// KindAuth is the kind of a NIP-42 authentication event.
+const KindAuth = 22242
+
+// Reasons Scan gives for a frame it will not call canonical. Each is a
+// NIP-01 "invalid:" reason, sent to the client as the refusal's reason.
+const (
+	ReasonNotNostr    = "invalid: not a Nostr message"
+	ReasonUnknownType = "invalid: unknown message type"
+	ReasonNotUTF8     = "invalid: frame is not UTF-8"
+	ReasonShape       = "invalid: frame is not in NIP-01's exact shape"
+	ReasonEvent       = "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"
+	ReasonAuthKind    = "invalid: AUTH event must be kind 22242"
+	ReasonEventKind   = "invalid: kind 22242 is sent with AUTH, not EVENT"
+	ReasonSubID       = "invalid: subscription id must be 1 to 64 characters, without escapes or control characters"
+	ReasonFilter      = "invalid: filter must be an object of NIP-01's fields (ids, authors, kinds, #<letter>, since, until, limit, search), each once, in their types"
+	ReasonFilters     = "invalid: too many filters"
+	ReasonCountOne    = "invalid: COUNT takes exactly one filter"
+	ReasonNegentropy  = "invalid: negentropy message is malformed"
+)
+
+// MaxSubIDBytes is the longest subscription id a canonical frame may
+// carry: NIP-01's 64 characters, counted in bytes (a canonical id is
+// written without escapes, and is ASCII in every client we know).
+const MaxSubIDBytes = 64
+
+// prefixes holds the exact start of a canonical frame of every type:
+// `["LABEL",`, the label spelled without escapes and the comma right after
+// its quote. Relays find the label in different ways (go-nostr's parser
+// takes the text between the first two quotes; khatru's negentropy parser
+// the text from byte 2 to the first comma), and all of them agree on this
+// spelling.
+var prefixes = func() (p [NumTypes][]byte) {
+	for t := range p {
+		p[t] = []byte(`["` + typeNames[t] + `",`)
+	}
+	return p
+}()
+
+// Scan reads a whole client frame and reports whether it is canonical: a
+// shape that leaves a relay no other reading than the one Scan made. It
+// returns the frame's facts, and "" or the reason it is not canonical. The
+// shapes are, with "sub" a subscription id of 1 to MaxSubIDBytes bytes
+// without escapes or control characters:
+//
+//	["EVENT",{event}]                   one event, kind ≠ 22242
+//	["AUTH",{event}]                    one event of kind 22242
+//	["REQ","sub",{filter},…]            1 to maxFilters filters
+//	["COUNT","sub",{filter}]            one filter
+//	["CLOSE","sub"]
+//	["NEG-OPEN","sub",{filter},"hex"]   hex checked by CheckNegentropy
+//	["NEG-MSG","sub","hex"]
+//	["NEG-CLOSE","sub"]
+//
+// The frame starts with exactly `["LABEL",`; whitespace may follow each
+// comma and precede the closing bracket. The whole frame is valid UTF-8
+// and strict JSON (RFC 8259): every value is of the type its key calls
+// for, so nothing nests deeper than an event's tag. An event has
+// exactly the keys id, pubkey, created_at, kind, tags, content and sig,
+// each once and spelled without escapes: id and pubkey 64 lowercase hex
+// digits, sig 128, kind an integer 0…65535, created_at a non-negative
+// integer, tags an array of arrays of strings, content a string. A filter
+// has only the keys ids, authors, kinds, since, until, limit, search and
+// "#" followed by one ASCII letter, each at most once, unescaped, and of
+// the type go-nostr reads them as (no nulls). Keys are matched exactly: a
+// decoder that folds case (encoding/json) could otherwise read "ID" as the
+// id. Scan allocates nothing and never panics.
+//
+// Frames that are not arrays led by a label (Peek's "shaped") get
+// ReasonNotNostr; frames whose label is not one of the types above get
+// ReasonUnknownType.
+func Scan(frame []byte, maxFilters int) (f Facts, reason string) {
+	p := PeekType(frame)
+	f.Type = p.Type
+	switch {
+	case !p.Shaped:
+		return f, ReasonNotNostr
+	case p.Type == TypeOther:
+		return f, ReasonUnknownType
+	}
+	if !bytes.HasPrefix(frame, prefixes[f.Type]) {
+		return f, ReasonShape
+	}
+	if !utf8.Valid(frame) {
+		return f, ReasonNotUTF8
+	}
+	s := scanner{b: frame, i: len(prefixes[f.Type])}
+	s.ws()
+	switch f.Type {
+	case TypeEVENT, TypeAUTH:
+		if r := s.event(&f.Event, f.Type == TypeAUTH); r != "" {
+			return f, r
+		}
+		switch {
+		case f.Type == TypeAUTH && f.Event.Kind != KindAuth:
+			return f, ReasonAuthKind
+		case f.Type == TypeEVENT && f.Event.Kind == KindAuth:
+			return f, ReasonEventKind
+		}
+	case TypeREQ, TypeCOUNT:
+		if f.SubID, reason = s.subID(); reason != "" {
+			return f, reason
+		}
+		for {
+			s.ws()
+			if !s.eat(',') {
+				break
+			}
+			s.ws()
+			if r := s.filter(); r != "" {
+				return f, r
+			}
+			f.Filters++
+			if f.Filters > maxFilters {
+				return f, ReasonFilters
+			}
+		}
+		if f.Filters == 0 {
+			return f, ReasonShape
+		}
+		if f.Type == TypeCOUNT && f.Filters != 1 {
+			// go-nostr reads every filter of a COUNT into one (the last
+			// field wins), so a relay on it would count something else.
+			return f, ReasonCountOne
+		}
+	case TypeCLOSE, TypeNEGCLOSE:
+		if f.SubID, reason = s.subID(); reason != "" {
+			return f, reason
+		}
+	case TypeNEGOPEN, TypeNEGMSG:
+		if f.SubID, reason = s.subID(); reason != "" {
+			return f, reason
+		}
+		if f.Type == TypeNEGOPEN {
+			if !s.comma() {
+				return f, ReasonShape
+			}
+			if r := s.filter(); r != "" {
+				return f, r
+			}
+			f.Filters = 1
+		}
+		if !s.comma() {
+			return f, ReasonShape
+		}
+		lit, ok := s.plainStr()
+		if !ok {
+			return f, ReasonNegentropy
+		}
+		f.Neg = lit[1 : len(lit)-1]
+		if !CheckNegentropy(f.Neg) {
+			return f, ReasonNegentropy
+		}
+	}
+	if !s.end() {
+		return f, ReasonShape
+	}
+	return f, ""
+}
+
+// scanner walks strict JSON without building anything. Every method stops
+// at the end of the input; a truncated frame is simply not ok.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) ws() { s.i = skipWS(s.b, s.i) }
+
+func (s *scanner) eat(c byte) bool {
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+// comma consumes whitespace, a comma and whitespace.
+func (s *scanner) comma() bool {
+	s.ws()
+	if !s.eat(',') {
+		return false
+	}
+	s.ws()
+	return true
+}
+
+// end consumes the closing bracket of the frame and trailing whitespace,
+// and reports whether that was all of it.
+func (s *scanner) end() bool {
+	s.ws()
+	if !s.eat(']') {
+		return false
+	}
+	s.ws()
+	return s.i == len(s.b)
+}
+
+// strClass marks the bytes that end the fast part of a string walk.
+var strClass = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+// str consumes a strict JSON string (valid escapes, no raw control
+// characters; UTF-8 is checked once for the whole frame) and returns its
+// literal, quotes included, and whether it holds an escape.
+func (s *scanner) str() (lit []byte, escaped, ok bool) {
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return nil, false, false
+	}
+	start := s.i
+	i := s.i + 1
+	for i < len(s.b) {
+		c := s.b[i]
+		if !strClass[c] {
+			i++
+			continue
+		}
+		switch {
+		case c == '"':
+			s.i = i + 1
+			return s.b[start:s.i], escaped, true
+		case c < 0x20:
+			return nil, false, false
+		}
+		// A backslash: one of JSON's escapes.
+		escaped = true
+		if i+1 >= len(s.b) {
+			return nil, false, false
+		}
+		switch s.b[i+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i += 2
+		case 'u':
+			if _, ok := hex4(s.b, i+2); !ok {
+				return nil, false, false
+			}
+			i += 6
+		default:
+			return nil, false, false
+		}
+	}
+	return nil, false, false
+}
+
+// plainStr consumes a string without escapes and returns its literal.
+func (s *scanner) plainStr() ([]byte, bool) {
+	lit, escaped, ok := s.str()
+	return lit, ok && !escaped
+}
+
+// subID consumes a canonical subscription id.
+func (s *scanner) subID() ([]byte, string) {
+	lit, ok := s.plainStr()
+	if !ok || len(lit) < 3 || len(lit) > MaxSubIDBytes+2 {
+		return nil, ReasonSubID
+	}
+	return lit, ""
+}
+
+// uint consumes a JSON integer of at most maxDigits digits, without sign,
+// fraction, exponent or leading zeros.
+func (s *scanner) uint(maxDigits int) (int64, bool) {
+	start := s.i
+	var v int64
+	for s.i < len(s.b) && '0' <= s.b[s.i] && s.b[s.i] <= '9' {
+		v = v*10 + int64(s.b[s.i]-'0')
+		s.i++
+	}
+	n := s.i - start
+	if n == 0 || n > maxDigits || (n > 1 && s.b[start] == '0') {
+		return 0, false
+	}
+	// A fraction or exponent would make it a number the relay might read
+	// as another integer, or refuse.
+	if s.i < len(s.b) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		return 0, false
+	}
+	return v, true
+}
+
+// array consumes an array whose every element elem consumes. elem is
+// called with the element's index; it must consume exactly the element.
+func (s *scanner) array(elem func(i int) bool) bool {
+	if !s.eat('[') {
+		return false
+	}
+	s.ws()
+	if s.eat(']') {
+		return true
+	}
+	for i := 0; ; i++ {
+		if !elem(i) {
+			return false
+		}
+		s.ws()
+		if s.eat(']') {
+			return true
+		}
+		if !s.eat(',') {
+			return false
+		}
+		s.ws()
+	}
+}
+
+// object consumes an object, calling field for each key (a literal
+// without escapes; an escaped key fails the object) with the scanner at
+// the value, which field must consume.
+func (s *scanner) object(field func(key []byte) bool) bool {
+	if !s.eat('{') {
+		return false
+	}
+	s.ws()
+	if s.eat('}') {
+		return true
+	}
+	for {
+		lit, ok := s.plainStr()
+		if !ok {
+			return false
+		}
+		s.ws()
+		if !s.eat(':') {
+			return false
+		}
+		s.ws()
+		if !field(lit[1 : len(lit)-1]) {
+			return false
+		}
+		s.ws()
+		if s.eat('}') {
+			return true
+		}
+		if !s.eat(',') {
+			return false
+		}
+		s.ws()
+	}
+}
+
+// hexLit consumes a string of exactly n lowercase hex digits and returns
+// its literal.
+func (s *scanner) hexLit(n int) ([]byte, bool) {
+	lit, ok := s.plainStr()
+	if !ok || len(lit) != n+2 || !isLowerHex(lit[1:n+1]) {
+		return nil, false
+	}
+	return lit, true
+}
+
+// The fields of an event, as bits.
+const (
+	evID uint8 = 1 << iota
+	evPubkey
+	evCreatedAt
+	evKind
+	evTags
+	evContent
+	evSig
+	evAll = evID | evPubkey | evCreatedAt | evKind | evTags | evContent | evSig
+)
+
+// event consumes a canonical event object into ev. auth asks for the
+// challenge and relay tags.
+func (s *scanner) event(ev *Event, auth bool) string {
+	start := s.i
+	var seen uint8
+	ok := s.object(func(key []byte) bool {
+		var bit uint8
+		switch string(key) {
+		case "id":
+			bit = evID
+			lit, ok := s.hexLit(64)
+			if !ok {
+				return false
+			}
+			ev.IDLit = lit
+			ev.ID, _ = DecodeHex32(lit[1:65])
+		case "pubkey":
+			bit = evPubkey
+			lit, ok := s.hexLit(64)
+			if !ok {
+				return false
+			}
+			ev.Pubkey, _ = DecodeHex32(lit[1:65])
+		case "sig":
+			bit = evSig
+			if _, ok := s.hexLit(128); !ok {
+				return false
+			}
+		case "kind":
+			bit = evKind
+			k, ok := s.uint(5)
+			if !ok || k > 65535 {
+				return false
+			}
+			ev.Kind = int(k)
+		case "created_at":
+			bit = evCreatedAt
+			t, ok := s.uint(18)
+			if !ok {
+				return false
+			}
+			ev.CreatedAt = t
+		case "content":
+			bit = evContent
+			if _, _, ok := s.str(); !ok {
+				return false
+			}
+		case "tags":
+			bit = evTags
+			if !s.tags(ev, auth) {
+				return false
+			}
+		default:
+			return false
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		return true
+	})
+	if !ok || seen != evAll {
+		return ReasonEvent
+	}
+	ev.Raw = s.b[start:s.i]
+	return ""
+}
+
+// tags consumes an event's tags: an array of arrays of strings. With auth
+// it records the first "challenge" and "relay" tag values in ev.
+func (s *scanner) tags(ev *Event, auth bool) bool {
+	return s.array(func(int) bool {
+		var name []byte
+		return s.array(func(i int) bool {
+			lit, escaped, ok := s.str()
+			if !ok {
+				return false
+			}
+			switch {
+			case !auth:
+			case i == 0 && !escaped:
+				name = lit
+			case i == 1 && string(name) == `"challenge"` && ev.Challenge == nil:
+				ev.Challenge = lit
+			case i == 1 && string(name) == `"relay"` && ev.Relay == nil:
+				ev.Relay = lit
+			}
+			return true
+		})
+	})
+}
+
+// The fields of a filter, as bits; tag filters have a bit per letter.
+const (
+	fIDs uint16 = 1 << iota
+	fAuthors
+	fKinds
+	fSince
+	fUntil
+	fLimit
+	fSearch
+)
+
+// filter consumes one canonical filter object.
+func (s *scanner) filter() string {
+	var seen uint16
+	var tags uint64 // one bit per tag letter
+	strs := func(int) bool { _, _, ok := s.str(); return ok }
+	ok := s.object(func(key []byte) bool {
+		var bit uint16
+		switch string(key) {
+		case "ids":
+			bit = fIDs
+			if !s.array(strs) {
+				return false
+			}
+		case "authors":
+			bit = fAuthors
+			if !s.array(strs) {
+				return false
+			}
+		case "kinds":
+			bit = fKinds
+			if !s.array(func(int) bool { k, ok := s.uint(5); return ok && k <= 65535 }) {
+				return false
+			}
+		case "since", "until":
+			bit = fSince
+			if key[0] == 'u' {
+				bit = fUntil
+			}
+			if _, ok := s.uint(18); !ok {
+				return false
+			}
+		case "limit":
+			bit = fLimit
+			if _, ok := s.uint(9); !ok {
+				return false
+			}
+		case "search":
+			bit = fSearch
+			if _, _, ok := s.str(); !ok {
+				return false
+			}
+		default:
+			if len(key) != 2 || key[0] != '#' || !isLetter(key[1]) {
+				return false
+			}
+			tb := uint64(1) << tagBit(key[1])
+			if tags&tb != 0 || !s.array(strs) {
+				return false
+			}
+			tags |= tb
+			return true
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		return true
+	})
+	if !ok {
+		return ReasonFilter
+	}
+	return ""
+}
+
+func isLetter(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
+
+// tagBit numbers the 52 tag letters.
+func tagBit(c byte) uint {
+	if c >= 'a' {
+		return uint(c - 'a')
+	}
+	return 26 + uint(c-'A')
+}
+
+// Unquote decodes the JSON string literal lit (quotes included, as Facts
+// holds them) into dst and returns the decoded bytes; ok is false when lit
+// is malformed or decodes to more than cap(dst) bytes. Escapes outside
+// ASCII are refused: nothing sluice compares (challenges, relay URLs, ids)
+// needs them.
+func Unquote(dst, lit []byte) ([]byte, bool) {
+	n, ok := unquote(lit, dst[:cap(dst)])
+	if !ok {
+		return nil, false
+	}
+	return dst[:n], true
+}
+
+// unquote decodes the JSON string literal lit into dst and returns the
+// decoded length; ok is false when lit is malformed, decodes to more than
+// len(dst) bytes, or holds a \u escape outside ASCII.
+func unquote(lit, dst []byte) (n int, ok bool) {
+	if len(lit) < 2 || lit[0] != '"' || lit[len(lit)-1] != '"' {
+		return 0, false
+	}
+	lit = lit[1 : len(lit)-1]
+	for i := 0; i < len(lit); i++ {
+		c := lit[i]
+		if c == '\\' {
+			var k int
+			if c, k, ok = unescapeASCII(lit, i); !ok {
+				return 0, false
+			}
+			i += k - 1
+		}
+		if n >= len(dst) {
+			return 0, false
+		}
+		dst[n] = c
+		n++
+	}
+	return n, true
+}
