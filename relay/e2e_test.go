@@ -29,8 +29,8 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/relay/wire"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // newKhatru returns a khatru relay over an in-memory event store.
