@@ -200,3 +200,52 @@ func BenchmarkAdmit(b *testing.B) {
 		})
 	}
 }
+
+// A REQ is charged one REQ per filter, so a many-filter REQ cannot ride on
+// one charge; a REQ with more filters than every REQ window can admit at
+// once is refused outright; and each type has its own frame bound.
+func TestAdmitChargesPerFilter(t *testing.T) {
+	var l Limits
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10.5, time.Hour)}
+	c := admitConn(t, Options{Limits: &l})
+	five := []byte(`["REQ","s",{},{},{},{},{}]`)
+	for i := range 2 {
+		if !c.admit(five) {
+			t.Fatalf("5-filter REQ %d refused within a burst of 10", i)
+		}
+	}
+	if c.admit([]byte(`["REQ","s",{}]`)) {
+		t.Fatal("a REQ admitted after 10 filters were charged")
+	}
+	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
+		t.Errorf("reply %s", got)
+	}
+	if got := c.g.MaxFilters(); got != DefaultMaxFilters {
+		t.Errorf("MaxFilters %d, want %d", got, DefaultMaxFilters)
+	}
+
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}
+	c = admitConn(t, Options{Limits: &l})
+	if got := c.g.MaxFilters(); got != 3 {
+		t.Fatalf("MaxFilters under a burst of 3: %d", got)
+	}
+	if c.admit([]byte(`["REQ","s",{},{},{},{}]`)) {
+		t.Fatal("4-filter REQ admitted under a burst of 3")
+	}
+	if got := c.reply(t); got != `["CLOSED","s","`+wire.ReasonFilters+` (at most 3)"]` {
+		t.Errorf("reply %s", got)
+	}
+
+	c = admitConn(t, Options{Limits: &Limits{}})
+	big := `{"authors":["` + strings.Repeat("a", DefaultFilterFrameSize) + `"]}`
+	if c.admit([]byte(`["REQ","s",` + big + `]`)) {
+		t.Fatal("REQ over its frame bound admitted")
+	}
+	if got := c.reply(t); got != `["CLOSED","s","invalid: REQ frame is larger than 65536 bytes"]` {
+		t.Errorf("reply %s", got)
+	}
+	event := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("a", DefaultFilterFrameSize), 1) + `]`
+	if !c.admit([]byte(event)) {
+		t.Fatalf("EVENT of %d bytes refused: %s", len(event), c.reply(t))
+	}
+}

@@ -340,6 +340,9 @@ func (c *conn) admit(frame []byte) bool {
 	reason := c.g.tooLarge[t]
 	if len(frame) <= c.g.frameSize[t] {
 		facts, reason = wire.Scan(frame, c.g.maxFilters)
+		if reason == wire.ReasonFilters {
+			reason = c.g.tooManyFilters
+		}
 	}
 	if charge {
 		lims := c.g.limits.Message[t]

@@ -16,6 +16,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // Sentinel errors of the gate. Test with errors.Is.
@@ -182,22 +183,23 @@ type Options struct {
 // X-Forwarded-For from anyone, which is safe only while the relay port is
 // reachable solely through the gate).
 type Gate struct {
-	limiter      *ratelimit.Limiter
-	limits       Limits
-	quota        *ratelimit.Quota
-	now          func() time.Time
-	readLimit    int64
-	frameSize    [NumTypes]int
-	tooLarge     [NumTypes]string // the refusal of a frame over frameSize
-	maxFilters   int
-	reqLimits    [][]ratelimit.Limit // REQ's windows by filter count
-	relayURL     *url.URL
-	writeBuffer  int
-	pingInterval time.Duration
-	writeTimeout time.Duration
-	obs          *Observer
-	log          *slog.Logger
-	identity     *Identity
+	limiter        *ratelimit.Limiter
+	limits         Limits
+	quota          *ratelimit.Quota
+	now            func() time.Time
+	readLimit      int64
+	frameSize      [NumTypes]int
+	tooLarge       [NumTypes]string // the refusal of a frame over frameSize
+	maxFilters     int
+	tooManyFilters string              // the refusal of a REQ with more
+	reqLimits      [][]ratelimit.Limit // REQ's windows by filter count
+	relayURL       *url.URL
+	writeBuffer    int
+	pingInterval   time.Duration
+	writeTimeout   time.Duration
+	obs            *Observer
+	log            *slog.Logger
+	identity       *Identity
 	// watchOK: the relay's OKs matter (a quota to charge, or allow-listed
 	// pubkeys a connection may authenticate as), so AUTHs and OKs are read.
 	watchOK  bool
@@ -256,6 +258,7 @@ func New(opts Options) (*Gate, error) {
 		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", Type(t), g.frameSize[t])
 	}
 	g.maxFilters, g.reqLimits = filterCharges(opts.MaxFilters, g.limits.Message[TypeREQ])
+	g.tooManyFilters = fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, g.maxFilters)
 	if opts.RelayURL != "" {
 		u, err := url.Parse(opts.RelayURL)
 		if err != nil || u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss") {

@@ -1,0 +1,134 @@
+package relay
+
+import (
+	"crypto/rand"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// rawFrame is a masked client frame of opcode op with payload p and the
+// FIN bit fin, written by hand: gorilla's client cannot send an empty
+// continuation frame on its own.
+func rawFrame(op byte, fin bool, p []byte) []byte {
+	b0 := op
+	if fin {
+		b0 |= 0x80
+	}
+	if len(p) > 125 {
+		panic("rawFrame: payload too long")
+	}
+	var mask [4]byte
+	_, _ = rand.Read(mask[:])
+	out := append([]byte{b0, 0x80 | byte(len(p))}, mask[:]...)
+	for i, c := range p {
+		out = append(out, c^mask[i%4])
+	}
+	return out
+}
+
+// wantPolicyClose reads from c until it is closed, and fails unless the
+// close is 1008 with reason.
+func wantPolicyClose(t *testing.T, c *websocket.Conn, reason string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		_, _, err := c.ReadMessage()
+		if err == nil {
+			continue
+		}
+		var ce *websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != reason {
+			t.Fatalf("connection ended with %v, want close 1008 %q", err, reason)
+		}
+		return
+	}
+}
+
+// A flood of pings, or of empty continuation frames that never finish a
+// message, asks the gate and the relay for work and is never charged to a
+// limit: past the control bound the gate closes the connection (1008).
+// Without the bound 1.4 M pings cost 4 s of CPU in 5 s.
+func TestGateControlFlood(t *testing.T) {
+	rec := newRecorder()
+	url := serve(t, newGate(t, Options{}).Wrap(rec))
+
+	t.Run("pings", func(t *testing.T) {
+		c := dialRaw(t, url)
+		c.SetPongHandler(func(string) error { return nil })
+		go func() {
+			for range 100_000 {
+				if c.WriteControl(websocket.PingMessage, nil, time.Now().Add(time.Second)) != nil {
+					return
+				}
+			}
+		}()
+		wantPolicyClose(t, c, "sluice: too many control frames")
+	})
+	t.Run("empty continuations", func(t *testing.T) {
+		c := dialRaw(t, url)
+		nc := c.NetConn()
+		go func() {
+			if _, err := nc.Write(rawFrame(websocket.TextMessage, false, []byte(`["REQ",`))); err != nil {
+				return
+			}
+			cont := rawFrame(0, false, nil)
+			for range 100_000 {
+				if _, err := nc.Write(cont); err != nil {
+					return
+				}
+			}
+		}()
+		wantPolicyClose(t, c, "sluice: too many control frames")
+	})
+	t.Run("pongs", func(t *testing.T) {
+		c := dialRaw(t, url)
+		go func() {
+			for range 100_000 {
+				if c.WriteControl(websocket.PongMessage, []byte("0123456789"), time.Now().Add(time.Second)) != nil {
+					return
+				}
+			}
+		}()
+		wantPolicyClose(t, c, "sluice: too many control frames")
+	})
+}
+
+// An honest client is not cut: a ping with every few messages, and
+// messages split into several fragments, all reach the relay.
+func TestGateControlHonest(t *testing.T) {
+	rec := newRecorder()
+	var l Limits // nothing charged: only the control bound applies
+	url := serve(t, newGate(t, Options{Limits: &l}).Wrap(rec))
+	c := dialRaw(t, url)
+	nc := c.NetConn()
+	const n = 300
+	for i := range n {
+		if i%5 == 0 {
+			if err := c.WriteControl(websocket.PingMessage, []byte("keepalive"), time.Now().Add(time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// ["CLOSE","x"] in four fragments.
+		parts := []string{`["CLO`, `SE","`, `x`, `"]`}
+		for j, p := range parts {
+			op := byte(0)
+			if j == 0 {
+				op = websocket.TextMessage
+			}
+			if _, err := nc.Write(rawFrame(op, j == len(parts)-1, []byte(p))); err != nil {
+				t.Fatalf("message %d: %v", i, err)
+			}
+		}
+	}
+	if got := rec.frames(n); len(got) != n {
+		t.Fatalf("relay got %d of %d fragmented messages", len(got), n)
+	}
+	for _, f := range rec.frames(n) {
+		if f != `["CLOSE","x"]` {
+			t.Fatalf("relay got %q", f)
+		}
+	}
+}

@@ -1,0 +1,94 @@
+//go:build !race
+
+package relay
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/relay/wire"
+)
+
+// heapInUse returns the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// A client within the default limits cannot make khatru hold more than 64
+// MiB with large REQs. Before REQs were bounded and charged per filter, 20
+// REQs of 10,000 filters each, charged as 20 REQs, took the relay from 27
+// MB to ~1 GB. Here the client sends such REQs and then the largest REQs
+// the gate forwards (DefaultMaxFilters filters, each of hundreds of
+// authors, up to DefaultFilterFrameSize), as fast as it can, and keeps
+// every subscription open; the heap is measured once every REQ has been
+// answered. The bound is generous, not a timing: it is about gigabytes.
+func TestE2ELargeREQsBoundHeap(t *testing.T) {
+	url := serve(t, newGate(t, Options{}).Wrap(negKhatru(t)))
+	c := dialRaw(t, url)
+	if got := readText(t, c); !strings.HasPrefix(got, `["AUTH",`) {
+		t.Fatalf("first frame %s", got)
+	}
+	before := heapInUse()
+
+	many := `["REQ","many%d",` + strings.TrimSuffix(strings.Repeat(`{},`, 10_000), ",") + `]`
+	var authors strings.Builder
+	for i := range 600 {
+		if i > 0 {
+			authors.WriteByte(',')
+		}
+		fmt.Fprintf(&authors, `"%064x"`, i)
+	}
+	filter := `{"authors":[` + authors.String() + `],"kinds":[1]}`
+	wide := `["REQ","wide%d"` + strings.Repeat(","+filter, 10) + `]`
+	if len(wide) > DefaultFilterFrameSize {
+		// Ten filters of 600 authors are over the frame bound: the largest
+		// forwardable REQ has as many filters as fit.
+		n := (DefaultFilterFrameSize - 32) / (len(filter) + 1)
+		wide = `["REQ","wide%d"` + strings.Repeat(","+filter, n) + `]`
+	}
+	const rounds = 40
+	for i := range rounds {
+		if err := c.WriteMessage(websocket.TextMessage, fmt.Appendf(nil, many, i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.WriteMessage(websocket.TextMessage, fmt.Appendf(nil, wide, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every REQ gets one answer: CLOSED from the gate, or EOSE from khatru.
+	var refusedMany, admittedWide int
+	for range 2 * rounds {
+		got := readText(t, c)
+		switch {
+		case strings.HasPrefix(got, `["CLOSED","many`):
+			if !strings.Contains(got, wire.ReasonFilters) && !strings.Contains(got, "rate-limited:") {
+				t.Errorf("many-filter REQ answered %s", got)
+			}
+			refusedMany++
+		case strings.HasPrefix(got, `["EOSE","wide`):
+			admittedWide++
+		case strings.HasPrefix(got, `["CLOSED","wide`):
+		default:
+			t.Fatalf("unexpected answer %s", got)
+		}
+	}
+	if refusedMany != rounds {
+		t.Errorf("%d of %d REQs of 10,000 filters were refused", refusedMany, rounds)
+	}
+	if admittedWide == 0 {
+		t.Error("no wide REQ within the limits was admitted: the test measures nothing")
+	}
+	after := heapInUse()
+	grew := int64(after) - int64(before)
+	t.Logf("heap %d -> %d MiB (%d wide REQs admitted)", before>>20, after>>20, admittedWide)
+	if grew > 64<<20 {
+		t.Fatalf("the relay's heap grew by %d MiB, want at most 64", grew>>20)
+	}
+}
