@@ -3,11 +3,15 @@
 package relay
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/nbd-wtf/go-nostr"
+
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // (issue 5, item 5) With a small quota, one author past it is refused while
@@ -54,5 +58,42 @@ func TestE2EQuota(t *testing.T) {
 	clk.Advance(time.Minute)
 	if err := nostrtest.Publish(t, r, nostrtest.Note(t, skA, "a, next window")); err != nil {
 		t.Fatalf("A in the next window: %v", err)
+	}
+}
+
+// ["EVENT",<A's event>,<B's event>]: the gate read the first object and
+// charged A, khatru (go-nostr's 3-element form) stored the last, B, whose
+// OK matched nothing pending: 20 of 20 such events were stored after B's
+// quota was spent. Such a frame is not canonical now, and is answered by
+// the gate.
+func TestE2EQuotaTwoEventFrame(t *testing.T) {
+	clk := nostrtest.NewClock()
+	q, err := ratelimit.NewQuota(1, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGate(t, Options{Limits: &Limits{}, Quota: q, Now: clk.Now})
+	url := serve(t, g.Wrap(newKhatru(t)))
+	r := connect(t, url)
+	keys := nostrtest.ApartKeys(q, clk.Now(), 2)
+	skA, skB := keys[0], keys[1]
+	if err := nostrtest.Publish(t, r, nostrtest.Note(t, skB, "b spends its quota")); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, url)
+	var stored []string
+	for i := range 20 {
+		a := nostrtest.Note(t, skA, fmt.Sprint("a ", i))
+		b := nostrtest.Note(t, skB, fmt.Sprint("b past its quota ", i))
+		fa, _ := nostr.EventEnvelope{Event: a}.MarshalJSON()
+		fb, _ := nostr.EventEnvelope{Event: b}.MarshalJSON()
+		frame := append(fa[:len(fa)-1:len(fa)-1], append([]byte{','}, fb[len(`["EVENT",`):]...)...)
+		if got := send(t, c, frame); got != `["OK","`+a.ID+`",false,"`+wire.ReasonShape+`"]` {
+			t.Fatalf("two-event frame answered %s", got)
+		}
+		stored = append(stored, b.ID)
+	}
+	if got := query(t, r, nostr.Filter{IDs: stored}); len(got) != 0 {
+		t.Fatalf("%d of B's events stored past its quota", len(got))
 	}
 }
