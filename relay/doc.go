@@ -17,28 +17,38 @@
 // upgrade the client.
 //
 // Per client frame, text or binary (khatru reads binary frames as text),
-// it learns the message type with Peek: the first JSON string of the
-// frame, decoded as the relay would decode it (whitespace and escapes
-// included), mapped onto a fixed set of types (EVENT, REQ, CLOSE, COUNT,
-// AUTH, NEG-OPEN, NEG-MSG, NEG-CLOSE, and TypeOther for everything else),
-// so a client cannot mint a bucket by inventing labels. The frame is charged to that type's limits
-// (Limits.Message) under the key "{client}:message:TYPE" through a
-// ratelimit.Limiter, which answers a client it has already refused from a
-// local table without a store call. A refused frame is answered by the gate
-// and never reaches the relay; an admitted one is forwarded byte for byte,
-// and every relay frame comes back unchanged. DefaultLimits charges every
-// type but CLOSE and NEG-CLOSE (refusing them would only keep a
-// subscription open), and charges TypeOther: a frame with an unknown label
-// still costs the relay a read. A frame that is not shaped as a Nostr
-// message at all (an array whose first element is a string) is charged to
-// TypeOther too, but answered by the gate instead of forwarded, because
-// relays read such frames differently: khatru takes the first quoted
-// string anywhere in the frame as its label, so [0,"EVENT",{…}] is an
-// EVENT to it, and with negentropy on it panics on [1,"X"].
+// it learns the message type with Peek (package relay/wire): the first
+// JSON string of the frame, decoded as the relay would decode it, mapped
+// onto a fixed set of types (EVENT, REQ, CLOSE, COUNT, AUTH, NEG-OPEN,
+// NEG-MSG, NEG-CLOSE, and TypeOther for everything else), so a client
+// cannot mint a bucket by inventing labels. A client the limiter has
+// already refused for that type is answered from its local table at once.
+// Otherwise the frame is read whole by wire.Scan, charged to its type's
+// limits (Limits.Message) under the key "{client}:message:TYPE" — a REQ
+// once per filter —, and forwarded only when it is canonical: a shape
+// every relay reads as the gate did (see wire.Scan), within its type's
+// frame bound (Options.FrameSize) and, for a REQ, Options.MaxFilters.
+// Anything else — unknown labels included — is charged and answered by
+// the gate with the NIP-01 reply of its type and an "invalid:" reason,
+// never forwarded. A forwarded frame goes byte for byte, as a text frame.
+// DefaultLimits charges every type but CLOSE and NEG-CLOSE (refusing them
+// would only keep a subscription open), and charges TypeOther.
+//
+// NIP-42 is verified by the gate, never inferred: it records the
+// challenges the relay sends on each connection and forwards an AUTH only
+// when its event names one of them, names this relay (Options.RelayURL),
+// is within MaxAuthAge of the gate's clock, and has a valid id and
+// signature; the connection is bound to the pubkey when the relay then
+// answers OK true.
+//
+// Control frames (pings, pongs, the fragments of a message) are bounded
+// per connection: a client whose stream carries more than a small budget
+// of bytes that are not message payload is closed with 1008.
 //
 // With an actor quota (Options.Quota) the gate also caps the events each
 // pubkey may have accepted per window, charging an actor when the relay
-// answers OK true to an EVENT the gate forwarded.
+// answers OK true to an EVENT the gate forwarded, once per event id per
+// connection and window however often it is re-sent.
 //
 // Each connection has one writer per socket, keepalive pings both ways, a
 // read limit, and a bounded queue towards the client: a client that reads

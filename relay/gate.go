@@ -104,11 +104,12 @@ type Options struct {
 	// flight at the moment it crosses it (at most DefaultPending per
 	// connection).
 	//
-	// With a quota the gate reads the id and pubkey of every EVENT (a
-	// bounded scan, no parse) and refuses, with OK false "invalid: …", an
-	// EVENT it cannot attribute to exactly one id and one pubkey (duplicate
-	// keys, a non-hex id): a relay might read such an event differently,
-	// and its OK would then charge nobody.
+	// The id and pubkey are the ones wire.Scan read of a canonical EVENT
+	// (one event, each field once): a relay reads the same, so its OK
+	// charges the author the gate saw. An id the relay accepts again on
+	// the same connection within the window (a re-send, which khatru
+	// answers OK true without "duplicate:") is charged once; the gate
+	// remembers DefaultCharged such ids per connection.
 	Quota *ratelimit.Quota
 	// Now is the clock of the quota. Nil means time.Now.
 	Now func() time.Time
@@ -166,14 +167,14 @@ type Options struct {
 // upgrades the client. Per client frame it charges the frame's type (as
 // Peek reads it, binary frames included, since khatru reads those as
 // text): a refusal is answered by the gate with the reply AppendRefusal
-// describes and never reaches the relay; an admitted frame is forwarded
-// byte for byte with its message type. A frame that is not shaped as a
-// Nostr message (an array whose first element is a string label, without
-// a comma, followed by ',' or ']') is charged to TypeOther and answered with a NOTICE
-// "invalid: not a Nostr message", never forwarded: relays disagree about
-// such frames (khatru reads [0,"EVENT",{…}] as an EVENT, which would skip
-// the EVENT limits and the quota, and with negentropy on panics on
-// [1,"X"] and [",",1]). Relay frames return unchanged.
+// describes and never reaches the relay. An admitted frame is forwarded,
+// byte for byte as a text frame, only when wire.Scan finds it canonical;
+// any other frame (unknown labels, frames not shaped as a Nostr message,
+// extra elements, duplicate or escaped keys, malformed negentropy
+// payloads, frames over their type's bound) is charged and answered with
+// an "invalid:" reason: relays disagree about such frames (khatru reads
+// [0,"EVENT",{…}] as an EVENT, stores B of ["EVENT",A,B], and panics on
+// some negentropy payloads). Relay frames return unchanged.
 //
 // The relay learns the client's address from X-Forwarded-For and
 // X-Real-IP, which the gate sets (replacing the client's own) on the
