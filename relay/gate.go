@@ -25,6 +25,9 @@ var (
 	ErrUpstream = errors.New("relay: bad upstream")
 	// ErrClosed is returned by Shutdown when it is called twice.
 	ErrClosed = errors.New("relay: gate closed")
+	// ErrFrameSize is wrapped by New for an Options.FrameSize that is
+	// negative or larger than the read limit.
+	ErrFrameSize = errors.New("relay: invalid frame size")
 )
 
 // Defaults for the zero values of Options.
@@ -253,7 +256,10 @@ func New(opts Options) (*Gate, error) {
 	}
 	for t := range g.frameSize {
 		g.frameSize[t] = opts.FrameSize[t]
-		if g.frameSize[t] <= 0 {
+		if n := g.frameSize[t]; n < 0 || int64(n) > g.readLimit {
+			return nil, fmt.Errorf("%w: %v: %d bytes, want 0 (the default) to the read limit %d", ErrFrameSize, Type(t), n, g.readLimit)
+		}
+		if g.frameSize[t] == 0 {
 			g.frameSize[t] = DefaultFrameSize(Type(t), g.readLimit)
 		}
 		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", Type(t), g.frameSize[t])
@@ -290,21 +296,25 @@ func New(opts Options) (*Gate, error) {
 	return g, nil
 }
 
-// filterCharges returns how many filters a REQ may hold, from limit (0
-// meaning DefaultMaxFilters) lowered until every window of lims admits
-// that many at once, and REQ's windows for each filter count n (index n):
-// each window's cost times n.
-func filterCharges(limit int, lims []ratelimit.Limit) (int, [][]ratelimit.Limit) {
+// EffectiveMaxFilters returns how many filters a forwarded REQ may hold
+// under the REQ windows req: limit (0 or less meaning DefaultMaxFilters),
+// lowered to the largest n with n·cost < rate in every window (a REQ that
+// no window could ever admit would be told a wait that never comes), and
+// at least 1. It is what Options.MaxFilters becomes in New.
+func EffectiveMaxFilters(limit int, req []ratelimit.Limit) int {
 	if limit <= 0 {
 		limit = DefaultMaxFilters
 	}
-	for _, l := range lims {
-		// The largest n with n·c < R: a REQ that could never be admitted
-		// would be told a wait that never comes.
-		n := int(math.Ceil(l.Rate/l.EffectiveCost())) - 1
-		limit = min(limit, n)
+	for _, l := range req {
+		limit = min(limit, int(math.Ceil(l.Rate/l.EffectiveCost()))-1)
 	}
-	limit = max(limit, 1) // Validate has checked c < R
+	return max(limit, 1) // Validate has checked c < R
+}
+
+// filterCharges returns EffectiveMaxFilters and REQ's windows for each
+// filter count n (index n): each window's cost times n.
+func filterCharges(limit int, lims []ratelimit.Limit) (int, [][]ratelimit.Limit) {
+	limit = EffectiveMaxFilters(limit, lims)
 	out := make([][]ratelimit.Limit, limit+1)
 	for n := 1; n <= limit; n++ {
 		out[n] = make([]ratelimit.Limit, len(lims))

@@ -99,6 +99,23 @@ func TestNewValidatesLimits(t *testing.T) {
 	}
 }
 
+// A frame bound the gate could never apply is refused at construction.
+func TestNewValidatesFrameSize(t *testing.T) {
+	for _, n := range []int{-1, DefaultReadLimit + 1} {
+		var fs [NumTypes]int
+		fs[TypeREQ] = n
+		if _, err := New(Options{FrameSize: fs}); !errors.Is(err, ErrFrameSize) {
+			t.Errorf("FrameSize[REQ] %d: %v, want ErrFrameSize", n, err)
+		}
+	}
+	if got := EffectiveMaxFilters(0, nil); got != DefaultMaxFilters {
+		t.Errorf("EffectiveMaxFilters(0, nil) = %d", got)
+	}
+	if got := EffectiveMaxFilters(50, []ratelimit.Limit{{Rate: 20, Period: time.Second, Cost: 2}}); got != 9 {
+		t.Errorf("EffectiveMaxFilters under rate 20, cost 2 = %d, want 9 (9·2 < 20)", got)
+	}
+}
+
 func TestProxyRejectsBadURL(t *testing.T) {
 	g, err := New(Options{Limits: &Limits{}})
 	if err != nil {

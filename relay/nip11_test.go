@@ -137,6 +137,29 @@ func TestMergeNIP11MaxMessageLength(t *testing.T) {
 	}
 }
 
+// The gate's REQ bounds are merged like max_message_length: the smaller
+// wins, and a field the gate does not set is left as the relay wrote it.
+func TestMergeNIP11REQBounds(t *testing.T) {
+	doc := `{"limitation":{"max_filters":5,"max_subid_length":100,"max_limit":500}}`
+	out, err := MergeNIP11([]byte(doc), NIP11Limitation{MaxFilters: 10, MaxSubidLength: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Limitation map[string]float64 }
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"max_filters": 5, "max_subid_length": 64, "max_limit": 500}
+	for k, v := range want {
+		if got.Limitation[k] != v {
+			t.Errorf("%s = %v, want %v (document %s)", k, got.Limitation[k], v, out)
+		}
+	}
+	if _, ok := got.Limitation["max_message_length"]; ok {
+		t.Errorf("max_message_length written though not set: %s", out)
+	}
+}
+
 func TestMergeNIP11RefusesNonObjects(t *testing.T) {
 	for _, doc := range []string{``, `null`, `[]`, `"x"`, `{"a":`, `{"limitation":[1]}`, `{"limitation":3}`} {
 		_, err := MergeNIP11([]byte(doc), NIP11Limitation{MaxMessageLength: 1})

@@ -14,8 +14,9 @@ import (
 	"github.com/sluice-relay/sluice/relay"
 )
 
-// printCheck writes what cfg means: where budgets live and, for every
-// limit, the burst it admits from rest and the rate it sustains after.
+// printCheck writes what cfg means: where budgets live; for every limit,
+// the burst it admits from rest and the rate it sustains after; what a
+// forwarded frame may hold; and which URL an AUTH must name.
 func printCheck(w io.Writer, cfg *config) {
 	fmt.Fprintln(w, "configuration OK")
 	if cfg.Redis == "" {
@@ -41,12 +42,49 @@ func printCheck(w io.Writer, cfg *config) {
 		}
 	}
 
+	printShape(w, cfg)
+
 	if cfg.QuotaUnlimited {
 		fmt.Fprintln(w, "quota: off (unlimited)")
 	} else {
 		fmt.Fprintf(w, "quota: %d validated events per actor per %s (fixed windows)\n", cfg.QuotaEvents, formatDuration(cfg.QuotaWindow))
 	}
+	if cfg.RelayURL != "" {
+		fmt.Fprintf(w, "NIP-42: an AUTH's relay tag must name %s\n", cfg.RelayURL)
+	} else {
+		fmt.Fprintln(w, "NIP-42: an AUTH's relay tag must name the host the client connected to (set relay_url to name one)")
+	}
 	fmt.Fprintf(w, "a refused client is told the exact wait, rounded up to whole seconds: \"rate-limited: …; retry in Ns\"\n")
+}
+
+// printShape writes the bounds on forwarded frames: filters per REQ (as
+// the gate computes them, which may be below limits.max_filters) and the
+// largest frame of each type.
+func printShape(w io.Writer, cfg *config) {
+	// The gate lowers the bound to what every REQ window admits at once.
+	maxFilters := relay.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])
+	lowered := ""
+	if maxFilters < cfg.MaxFilters {
+		lowered = fmt.Sprintf("; limits.max_filters %d, lowered so that every REQ window admits a REQ of %d at once", cfg.MaxFilters, maxFilters)
+	}
+	fmt.Fprintf(w, "REQ: at most %d filters (NIP-11 max_filters%s), each filter charged as one REQ; COUNT: one filter\n", maxFilters, lowered)
+
+	fmt.Fprintln(w, "largest frame forwarded, in bytes (a larger one is answered \"invalid: …\"):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, t := range typeOrder() {
+		if t == relay.TypeOther {
+			continue // never forwarded
+		}
+		n, note := cfg.FrameSize[t], ""
+		if n == 0 {
+			n = relay.DefaultFrameSize(t, cfg.ReadLimit)
+			if int64(n) == cfg.ReadLimit {
+				note = "\t(read_limit)"
+			}
+		}
+		fmt.Fprintf(tw, "  %s\t%d%s\n", t, n, note)
+	}
+	tw.Flush()
 }
 
 // typeOrder lists the message types as the config file does.

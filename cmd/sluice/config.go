@@ -42,6 +42,13 @@ const (
 	maxRate      = 1e9
 	maxTimeout   = 10 * time.Second
 	maxReadLimit = 64 << 20
+	// maxFilters bounds limits.max_filters: each filter is a query and a
+	// listener at the relay, and clients send one to a few.
+	maxFilters = 1000
+	// minFrameSize is the smallest limits.frame_size: a smaller number
+	// bounds nothing a client sends (an AUTH is hundreds of bytes) and is
+	// most likely a size meant in KiB.
+	minFrameSize = 64
 )
 
 // fileConfig is the YAML file, field for field. Durations are strings,
@@ -52,6 +59,7 @@ type fileConfig struct {
 	MetricsListen string         `yaml:"metrics_listen"`
 	DataDir       string         `yaml:"data_dir"`
 	Upstream      string         `yaml:"upstream"`
+	RelayURL      string         `yaml:"relay_url"`
 	ReadLimit     integer        `yaml:"read_limit"`
 	Log           logConfig      `yaml:"log"`
 	Info          infoConfig     `yaml:"info"`
@@ -89,6 +97,11 @@ type storeConfig struct {
 type limitsConfig struct {
 	Connection []limitConfig            `yaml:"connection"`
 	Message    map[string][]limitConfig `yaml:"message"`
+	MaxFilters integer                  `yaml:"max_filters"`
+	// FrameSize holds only the types the file names; the others keep
+	// relay.DefaultFrameSize, which for EVENT is read_limit whatever
+	// read_limit is set to (a number in the defaults could not say that).
+	FrameSize map[string]integer `yaml:"frame_size"`
 }
 
 type limitConfig struct {
@@ -137,6 +150,7 @@ type config struct {
 	MetricsListen string // "" turns the metrics listener off
 	DataDir       string
 	Upstream      string // "" unless proxy mode
+	RelayURL      string // "": the host the client connected to
 	ReadLimit     int64
 	LogFormat     string // "text" or "json"
 	LogLevel      string // "debug", "info", "warn" or "error"
@@ -147,6 +161,12 @@ type config struct {
 	StoreTimeout time.Duration
 
 	Limits relay.Limits
+	// MaxFilters is limits.max_filters as configured; the gate may lower
+	// it (relay.Options.MaxFilters).
+	MaxFilters int
+	// FrameSize is limits.frame_size by type; 0 means
+	// relay.DefaultFrameSize.
+	FrameSize [relay.NumTypes]int
 
 	QuotaEvents    int
 	QuotaWindow    time.Duration
@@ -178,6 +198,8 @@ func defaultFileConfig() fileConfig {
 		Limits: limitsConfig{
 			Connection: toLimitConfigs(def.Connection),
 			Message:    msg,
+			MaxFilters: relay.DefaultMaxFilters,
+			FrameSize:  map[string]integer{},
 		},
 		Quota:    quotaConfig{Events: 600, Window: "60s"},
 		Identity: identityConfig{IPv6Prefix: 64, TrustedProxies: []string{}, Header: "X-Forwarded-For"},
@@ -405,6 +427,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		MetricsListen:  fc.MetricsListen,
 		DataDir:        fc.DataDir,
 		Upstream:       fc.Upstream,
+		RelayURL:       fc.RelayURL,
 		ReadLimit:      int64(fc.ReadLimit),
 		LogFormat:      fc.Log.Format,
 		LogLevel:       fc.Log.Level,
@@ -429,6 +452,11 @@ func (fc *fileConfig) validate() (*config, error) {
 	if fc.Upstream != "" {
 		if err := checkUpstream(fc.Upstream); err != nil {
 			bad("upstream", "%v", err)
+		}
+	}
+	if fc.RelayURL != "" {
+		if err := checkRelayURL(fc.RelayURL); err != nil {
+			bad("relay_url", "%v", err)
 		}
 	}
 	if fc.ReadLimit < 1024 || fc.ReadLimit > maxReadLimit {
@@ -528,6 +556,36 @@ func (fc *fileConfig) validate() (*config, error) {
 			continue
 		}
 		c.Limits.Message[t], _ = resolveLimits(path, ls, bad)
+	}
+	if n := fc.Limits.MaxFilters; n < 1 || n > maxFilters {
+		bad("limits.max_filters", "must be between 1 and %d, got %d", maxFilters, n)
+	} else {
+		c.MaxFilters = int(n)
+	}
+	labels = labels[:0]
+	for label := range fc.Limits.FrameSize {
+		labels = append(labels, label)
+	}
+	slices.Sort(labels)
+	for _, label := range labels {
+		path := "limits.frame_size." + label
+		t, known := relay.ParseType(label)
+		if !known {
+			bad(path, "unknown message type; known are %s", forwardedTypes())
+			continue
+		}
+		if t == relay.TypeOther {
+			// OTHER frames are answered by the gate, never forwarded: a
+			// size for them would bound nothing.
+			bad(path, "OTHER frames are never forwarded; sizes are for %s", forwardedTypes())
+			continue
+		}
+		n := fc.Limits.FrameSize[label]
+		if n < minFrameSize || n > fc.ReadLimit {
+			bad(path, "must be between %d and read_limit (%d) bytes, got %d", minFrameSize, fc.ReadLimit, n)
+			continue
+		}
+		c.FrameSize[t] = int(n)
 	}
 
 	if fc.Quota.Events < 1 {
@@ -746,6 +804,21 @@ func checkHostPort(s string) error {
 	return nil
 }
 
+// checkRelayURL checks relay_url as the gate will read it (a ws:// or
+// wss:// URL with a host), and refuses what no public relay URL has: an
+// AUTH relay tag is compared by host and path, so credentials, a query or
+// a fragment could only be a mistake.
+func checkRelayURL(s string) error {
+	if err := checkUpstream(s); err != nil {
+		return err
+	}
+	u, _ := url.Parse(s) // checkUpstream parsed it
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return fmt.Errorf("must have no query or fragment, got %q", s)
+	}
+	return nil
+}
+
 func checkUpstream(s string) error {
 	u, err := url.Parse(s)
 	if err != nil {
@@ -772,6 +845,16 @@ func checkRedisURL(s string) error {
 		return err
 	}
 	return client.Close()
+}
+
+// forwardedTypes lists the types limits.frame_size may name: every type
+// but the catch-all, whose frames are never forwarded.
+func forwardedTypes() string {
+	names := make([]string, 0, relay.NumTypes-1)
+	for t := relay.Type(1); t < relay.NumTypes; t++ {
+		names = append(names, t.String())
+	}
+	return strings.Join(names, ", ")
 }
 
 func knownTypes() string {

@@ -86,6 +86,60 @@ func sameLimits(a, b relay.Limits) bool {
 	return true
 }
 
+// TestShapeDefaults: max_filters, frame_size and relay_url default to
+// what the gate does with its zero Options: relay.DefaultMaxFilters,
+// relay.DefaultFrameSize for every type, and the host the client used.
+func TestShapeDefaults(t *testing.T) {
+	fc := defaultFileConfig()
+	cfg, err := fc.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MaxFilters != relay.DefaultMaxFilters {
+		t.Errorf("MaxFilters = %d, want relay.DefaultMaxFilters %d", cfg.MaxFilters, relay.DefaultMaxFilters)
+	}
+	if cfg.FrameSize != ([relay.NumTypes]int{}) {
+		t.Errorf("FrameSize = %v, want all 0 (relay.DefaultFrameSize)", cfg.FrameSize)
+	}
+	if cfg.RelayURL != "" {
+		t.Errorf("RelayURL = %q, want \"\"", cfg.RelayURL)
+	}
+}
+
+// TestShapeFields: max_filters, frame_size and relay_url reach the config
+// as written; a type left out of frame_size keeps its default (0).
+func TestShapeFields(t *testing.T) {
+	cfg, err := parseAndValidate([]byte(`
+relay_url: wss://relay.example.com/nostr
+read_limit: 131072
+limits:
+  max_filters: 25
+  frame_size: {EVENT: 131072, REQ: 4096, AUTH: 2048, NEG-CLOSE: 64}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RelayURL != "wss://relay.example.com/nostr" || cfg.MaxFilters != 25 {
+		t.Errorf("relay_url %q max_filters %d", cfg.RelayURL, cfg.MaxFilters)
+	}
+	var want [relay.NumTypes]int
+	want[relay.TypeEVENT], want[relay.TypeREQ], want[relay.TypeAUTH], want[relay.TypeNEGCLOSE] = 131072, 4096, 2048, 64
+	if cfg.FrameSize != want {
+		t.Errorf("FrameSize = %v, want %v", cfg.FrameSize, want)
+	}
+	// What the gate is built with must build.
+	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.LimiterOptions{BlockedSlots: 4})
+	g, err := relay.New(relay.Options{Limiter: lim, Limits: &cfg.Limits, ReadLimit: cfg.ReadLimit,
+		FrameSize: cfg.FrameSize, MaxFilters: cfg.MaxFilters, RelayURL: cfg.RelayURL})
+	if err != nil {
+		t.Fatalf("relay.New refuses the config: %v", err)
+	}
+	// The default REQ window (20/1s) admits 19 filters at once, not 25.
+	if got := g.MaxFilters(); got != 19 {
+		t.Errorf("gate MaxFilters = %d, want 19 (25 lowered by REQ 20/1s)", got)
+	}
+}
+
 func TestOverlay(t *testing.T) {
 	fc, err := parseConfig([]byte(`
 limits:
@@ -163,6 +217,29 @@ func TestHostileConfigs(t *testing.T) {
 		{"null message", "limits: {message: }", "limits.message: must be a mapping"},
 		{"null connection", "limits: {connection: }", "limits.connection: must be a list of windows; write []"},
 		{"message not a map", "limits: {message: [1]}", "limits.message (line 1): expected a mapping"},
+		{"max filters zero", "limits: {max_filters: 0}", "limits.max_filters: must be between 1 and 1000, got 0"},
+		{"max filters negative", "limits: {max_filters: -3}", "limits.max_filters: must be between 1 and 1000, got -3"},
+		{"max filters too many", "limits: {max_filters: 1001}", "limits.max_filters: must be between 1 and 1000, got 1001"},
+		{"max filters not an integer", "limits: {max_filters: 2.5}", "limits.max_filters (line 1): expected a whole number, got !!float `2.5`"},
+		{"max filters a string", "limits:\n  max_filters: ten\n", "limits.max_filters (line 2): expected a whole number"},
+		{"frame size unknown type", "limits: {frame_size: {EVNT: 1024}}", "limits.frame_size.EVNT: unknown message type; known are EVENT, REQ, CLOSE, COUNT, AUTH, NEG-OPEN, NEG-MSG, NEG-CLOSE"},
+		{"frame size lower-case type", "limits: {frame_size: {req: 1024}}", "limits.frame_size.req: unknown message type"},
+		{"frame size of OTHER", "limits: {frame_size: {OTHER: 1024}}", "limits.frame_size.OTHER: OTHER frames are never forwarded"},
+		{"frame size too small", "limits: {frame_size: {CLOSE: 63}}", "limits.frame_size.CLOSE: must be between 64 and read_limit (524288) bytes, got 63"},
+		{"frame size zero", "limits: {frame_size: {AUTH: 0}}", "limits.frame_size.AUTH: must be between 64 and read_limit"},
+		{"frame size negative", "limits: {frame_size: {REQ: -1}}", "limits.frame_size.REQ: must be between 64"},
+		{"frame size above read limit", "limits: {frame_size: {EVENT: 524289}}", "limits.frame_size.EVENT: must be between 64 and read_limit (524288) bytes, got 524289"},
+		{"frame size above a lowered read limit", "read_limit: 4096\nlimits: {frame_size: {NEG-MSG: 8192}}", "limits.frame_size.NEG-MSG: must be between 64 and read_limit (4096) bytes, got 8192"},
+		{"frame size not an integer", "limits: {frame_size: {EVENT: 1.5}}", "limits.frame_size.EVENT (line 1): expected a whole number"},
+		{"frame size not a map", "limits: {frame_size: [1024]}", "limits.frame_size (line 1): expected a mapping"},
+		{"relay url http", "relay_url: https://relay.example.com", "relay_url: must be a ws:// or wss:// URL, got \"https://relay.example.com\""},
+		{"relay url bare host", "relay_url: relay.example.com", "relay_url: must be a ws:// or wss:// URL"},
+		{"relay url no host", "relay_url: \"wss://\"", "relay_url: has no host"},
+		{"relay url credentials", "relay_url: \"wss://u:p@relay.example.com\"", "relay_url: must not carry credentials"},
+		{"relay url query", "relay_url: \"wss://relay.example.com/?x=1\"", "relay_url: must have no query or fragment"},
+		{"relay url fragment", "relay_url: \"wss://relay.example.com/#x\"", "relay_url: must have no query or fragment"},
+		{"relay url garbage", "relay_url: \"wss://[::1\"", "relay_url: not a URL"},
+		{"relay url not a string", "relay_url: [wss://a]", "relay_url (line 1): expected a string"},
 		{"quota zero", "quota: {events: 0}", "quota.events: must be at least 1"},
 		{"quota zero even when unlimited", "quota: {events: 0, unlimited: true}", "quota.events: must be at least 1"},
 		{"quota too large", "quota: {events: 99999999999}", "quota.events: must be at most 4194303"},
@@ -254,6 +331,13 @@ func TestGoodConfigs(t *testing.T) {
 		"allow: {ips: [203.0.113.0/24, \"2001:db8::/32\"], pubkeys: [" + strings.Repeat("Ab", 32) + "]}",
 		"quota: {events: 1, window: 1s}",
 		"upstream: wss://relay.example/path\n",
+		"relay_url: wss://relay.example.com\n",
+		"relay_url: \"ws://127.0.0.1:7777/nostr/\"\n",
+		"limits: {max_filters: 1}",
+		"limits: {max_filters: 1000}",
+		"limits: {frame_size: {}}",
+		"limits:\n  frame_size:\n", // null keeps the defaults, as {} does
+		"read_limit: 1024\nlimits: {frame_size: {EVENT: 1024, CLOSE: 64}}",
 	} {
 		if _, err := parseAndValidate([]byte(y)); err != nil {
 			t.Errorf("%q refused: %v", y, err)
@@ -274,6 +358,7 @@ func TestPrecedence(t *testing.T) {
 		"SLUICE_DATA_DIR":  "/from/env",
 		"SLUICE_LOG_LEVEL": "debug",
 		"SLUICE_REDIS":     "", // set but empty: ignored
+		"SLUICE_RELAY_URL": "wss://env.example",
 	}
 	load := func(args ...string) *config {
 		t.Helper()
@@ -288,7 +373,8 @@ func TestPrecedence(t *testing.T) {
 		return cfg
 	}
 	cfg := load()
-	if cfg.Listen != "127.0.0.1:2002" || cfg.DataDir != "/from/env" || cfg.Redis != "redis://file:6379" || cfg.LogLevel != "debug" {
+	if cfg.Listen != "127.0.0.1:2002" || cfg.DataDir != "/from/env" || cfg.Redis != "redis://file:6379" || cfg.LogLevel != "debug" ||
+		cfg.RelayURL != "wss://env.example" {
 		t.Errorf("env over file: %+v", cfg)
 	}
 	cfg = load("--listen", "127.0.0.1:3003", "--redis", "")
@@ -368,6 +454,66 @@ func TestCheckPrintsEveryLimit(t *testing.T) {
 	}
 }
 
+// TestCheckPrintsShape: check prints the filter bound (and that each
+// filter is charged as one REQ), the frame size of every forwarded type
+// and which URL an AUTH must name.
+func TestCheckPrintsShape(t *testing.T) {
+	check := func(yaml string) string {
+		t.Helper()
+		cfg, err := parseAndValidate([]byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		printCheck(&out, cfg)
+		return out.String()
+	}
+	s := check("")
+	for _, want := range []string{
+		"REQ: at most 10 filters (NIP-11 max_filters), each filter charged as one REQ; COUNT: one filter\n",
+		"largest frame forwarded, in bytes",
+		"  EVENT      524288  (read_limit)\n",
+		"  REQ        65536\n",
+		"  CLOSE      1024\n",
+		"  COUNT      65536\n",
+		"  AUTH       16384\n",
+		"  NEG-OPEN   524288  (read_limit)\n",
+		"  NEG-MSG    524288  (read_limit)\n",
+		"  NEG-CLOSE  1024\n",
+		"NIP-42: an AUTH's relay tag must name the host the client connected to",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("check output lacks %q:\n%s", want, s)
+		}
+	}
+	_, sizes, _ := strings.Cut(s, "largest frame forwarded")
+	sizes, _, _ = strings.Cut(sizes, "quota:")
+	if strings.Contains(sizes, "OTHER") {
+		t.Errorf("check prints a frame size for OTHER, which is never forwarded:\n%s", s)
+	}
+
+	s = check(`
+relay_url: wss://relay.example.com
+read_limit: 200000
+limits:
+  max_filters: 50
+  message: {REQ: [{rate: 20, period: 1s}, {rate: 8, period: 60s, cost: 2}]}
+  frame_size: {EVENT: 100000, AUTH: 2048}
+`)
+	for _, want := range []string{
+		// 8/60s cost 2 admits 3 filters at once (3·2 < 8), not 50.
+		"REQ: at most 3 filters (NIP-11 max_filters; limits.max_filters 50, lowered so that every REQ window admits a REQ of 3 at once), each filter charged as one REQ",
+		"  EVENT      100000\n",
+		"  AUTH       2048\n",
+		"  NEG-MSG    200000  (read_limit)\n",
+		"NIP-42: an AUTH's relay tag must name wss://relay.example.com\n",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("check output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
 // FuzzParseConfig: no input makes the parser panic or hang, and whatever it
 // accepts is a configuration the gate can run (every window valid).
 func FuzzParseConfig(f *testing.F) {
@@ -379,6 +525,8 @@ func FuzzParseConfig(f *testing.F) {
 		"limits: {message: {EVENT: [{rate: 1, period: 1s}]}}", "quota: {events: 0}",
 		"a: &a [*a]", "limits: {message: {OTHER: [{rate: 2, period: 1ms, cost: 1.999999}]}}",
 		"identity: {trusted_proxies: [\"::ffff:10.0.0.0/104\"]}",
+		"limits: {max_filters: 7, frame_size: {EVENT: 64, REQ: 1024}}", "relay_url: wss://a.example/x",
+		"read_limit: 1024\nlimits: {frame_size: {NEG-OPEN: 1024}}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -411,8 +559,18 @@ func FuzzParseConfig(f *testing.F) {
 		if _, err := ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow); err != nil {
 			t.Fatalf("accepted a quota NewQuota refuses: %v", err)
 		}
-		if _, err := relay.New(relay.Options{Limiter: lim, Limits: &cfg.Limits, Identity: &cfg.Identity, ReadLimit: cfg.ReadLimit}); err != nil {
+		g, err := relay.New(relay.Options{Limiter: lim, Limits: &cfg.Limits, Identity: &cfg.Identity, ReadLimit: cfg.ReadLimit,
+			FrameSize: cfg.FrameSize, MaxFilters: cfg.MaxFilters, RelayURL: cfg.RelayURL})
+		if err != nil {
 			t.Fatalf("accepted a config relay.New refuses: %v", err)
+		}
+		if n := g.MaxFilters(); n < 1 || n > cfg.MaxFilters {
+			t.Fatalf("max_filters %d gave a gate bound of %d", cfg.MaxFilters, n)
+		}
+		for typ, n := range cfg.FrameSize {
+			if n != 0 && (n < minFrameSize || int64(n) > cfg.ReadLimit || relay.Type(typ) == relay.TypeOther) {
+				t.Fatalf("accepted frame_size %d for %v with read_limit %d", n, relay.Type(typ), cfg.ReadLimit)
+			}
 		}
 	})
 }
@@ -431,6 +589,7 @@ func TestBadOverrideNamesItsSource(t *testing.T) {
 		{map[string]string{"SLUICE_REDIS": "nope"}, nil, "(set by SLUICE_REDIS)"},
 		{map[string]string{"SLUICE_LOG_LEVEL": "loud"}, nil, "log.level: must be debug, info, warn or error, got \"loud\" (set by SLUICE_LOG_LEVEL)"},
 		{map[string]string{"SLUICE_METRICS_LISTEN": "::1:9"}, nil, "(set by SLUICE_METRICS_LISTEN)"},
+		{map[string]string{"SLUICE_RELAY_URL": "https://relay.example"}, nil, `relay_url: must be a ws:// or wss:// URL, got "https://relay.example" (set by SLUICE_RELAY_URL)`},
 		{map[string]string{"SLUICE_CONFIG": "/nonexistent/sluice.yaml"}, nil, "config file: open /nonexistent/sluice.yaml"},
 	}
 	for _, tt := range tests {

@@ -356,7 +356,9 @@ func TestE2ERelay(t *testing.T) {
 		t.Fatalf("SIGTERM: exit code %d, want 0 (graceful)\n%s", code, p.logs())
 	}
 	idle.SetReadDeadline(time.Now().Add(30 * time.Second))
-	_, _, err = idle.ReadMessage()
+	for err == nil { // the relay's NIP-42 challenge comes first
+		_, _, err = idle.ReadMessage()
+	}
 	if !websocket.IsCloseError(err, websocket.CloseGoingAway) {
 		t.Errorf("idle client got %v at shutdown, want close 1001 (going away)", err)
 	}
@@ -371,8 +373,11 @@ func TestE2ERelay(t *testing.T) {
 	if doc.Name != "sluice" || doc.Limitation["max_message_length"] != float64(524288) || doc.RateLimits["message"] == nil {
 		t.Errorf("relay NIP-11: name %q limitation %v rate_limits %v", doc.Name, doc.Limitation, doc.RateLimits)
 	}
-	if !slices.Contains(doc.SupportedNIPs, 11) || !slices.Contains(doc.SupportedNIPs, 77) {
-		t.Errorf("relay NIP-11 supported_nips = %v, want 11 and 77 among them", doc.SupportedNIPs)
+	if !slices.Contains(doc.SupportedNIPs, 11) || !slices.Contains(doc.SupportedNIPs, 42) || !slices.Contains(doc.SupportedNIPs, 77) {
+		t.Errorf("relay NIP-11 supported_nips = %v, want 11, 42 and 77 among them", doc.SupportedNIPs)
+	}
+	if doc.Limitation["max_filters"] != float64(10) || doc.Limitation["max_subid_length"] != float64(64) {
+		t.Errorf("relay NIP-11 limitation = %v, want max_filters 10 and max_subid_length 64", doc.Limitation)
 	}
 	resp, err := http.Get("http" + strings.TrimPrefix(p.url(), "ws") + "/")
 	if err != nil {
@@ -718,5 +723,212 @@ func TestE2EQuota(t *testing.T) {
 	}
 	if v := p.metric(t, `sluice_frames_total{outcome="quota_exceeded",type="EVENT"}`); v < 1 {
 		t.Errorf("quota_exceeded EVENT frames = %v, want ≥ 1", v)
+	}
+}
+
+// TestE2EAuthAllowlist: sluice relay sends a NIP-42 challenge as soon as a
+// connection opens, and a pubkey on allow.pubkeys that answers it with a
+// valid AUTH is exempt from an EVENT limit that refuses its address; an
+// AUTH naming another relay exempts nothing.
+func TestE2EAuthAllowlist(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	sk := nostr.GeneratePrivateKey()
+	pk, err := nostr.GetPublicKey(sk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "c.yaml")
+	// A burst of one, which an hour's half-life does not refill during
+	// the test: the second EVENT from the address is refused.
+	conf := fmt.Sprintf("limits: {message: {EVENT: [{rate: 1.5, period: 1h}]}}\nallow: {pubkeys: [%s]}\n", pk)
+	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, "relay", "--config", cfg, "--data-dir", filepath.Join(dir, "data"))
+
+	// Unauthenticated, the address's burst is spent and then refused.
+	anon := dialRaw(t, ctx, p.url())
+	anon.challenge()
+	other := nostr.GeneratePrivateKey()
+	if ok, reason := anon.publish(signed(t, other, "anon 0")); !ok {
+		t.Fatalf("first EVENT refused: %s", reason)
+	}
+	ok, reason := anon.publish(signed(t, other, "anon 1"))
+	if ok || !retryRe.MatchString("msg: "+reason) {
+		t.Fatalf("second unauthenticated EVENT: ok %v %q, want a rate-limited refusal", ok, reason)
+	}
+
+	// A fresh connection from the same address gets its own challenge.
+	c := dialRaw(t, ctx, p.url())
+	ch := c.challenge()
+	if ch == anon.challenge0 {
+		t.Errorf("two connections got the same challenge %q", ch)
+	}
+	// An AUTH for another relay is refused by the gate and exempts nothing.
+	if ok, reason := c.auth(sk, "ws://elsewhere.example", ch); ok || !strings.HasPrefix(reason, "invalid:") {
+		t.Errorf("AUTH naming another relay: ok %v %q, want invalid:", ok, reason)
+	}
+	if ok, reason := c.publish(signed(t, sk, "before auth")); ok || !retryRe.MatchString("msg: "+reason) {
+		t.Errorf("EVENT after a refused AUTH: ok %v %q, want a rate-limited refusal", ok, reason)
+	}
+	// The AUTH NIP-42 asks for: relay = the URL connected to, challenge =
+	// the one received.
+	if ok, reason := c.auth(sk, p.url(), ch); !ok {
+		t.Fatalf("AUTH of the allow-listed pubkey refused: %q", reason)
+	}
+	for i := range 5 {
+		if ok, reason := c.publish(signed(t, sk, fmt.Sprintf("allowed %d", i))); !ok {
+			t.Fatalf("EVENT %d of the authenticated allow-listed pubkey refused: %q", i, reason)
+		}
+	}
+	// The exemption is the connection's, not the address's.
+	if ok, reason := anon.publish(signed(t, other, "anon 2")); ok || !retryRe.MatchString("msg: "+reason) {
+		t.Errorf("unauthenticated EVENT after the other's AUTH: ok %v %q, want a rate-limited refusal", ok, reason)
+	}
+	if n := p.metric(t, `sluice_frames_total{outcome="allowlisted",type="EVENT"}`); n < 5 {
+		t.Errorf("allowlisted EVENT frames = %v, want ≥ 5", n)
+	}
+	if code := p.stop(); code != 0 {
+		t.Errorf("exit code %d\n%s", code, p.logs())
+	}
+}
+
+// rawClient is a WebSocket client that sees every frame, for a NIP-42
+// exchange that go-nostr's Relay would do out of sight.
+type rawClient struct {
+	t          *testing.T
+	c          *websocket.Conn
+	challenge0 string // the challenge received on connecting
+}
+
+func dialRaw(t *testing.T, ctx context.Context, url string) *rawClient {
+	t.Helper()
+	c, _, err := websocket.DefaultDialer.DialContext(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawClient{t: t, c: c}
+}
+
+// read returns the next frame as its JSON elements. The deadline only
+// keeps a broken sluice from hanging the test.
+func (r *rawClient) read() []json.RawMessage {
+	r.t.Helper()
+	r.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, data, err := r.c.ReadMessage()
+	if err != nil {
+		r.t.Fatalf("read: %v", err)
+	}
+	var msg []json.RawMessage
+	if err := json.Unmarshal(data, &msg); err != nil || len(msg) == 0 {
+		r.t.Fatalf("frame %s is not a JSON array", data)
+	}
+	return msg
+}
+
+// challenge reads the first frame of the connection, which must be
+// ["AUTH","<challenge>"], and returns the challenge.
+func (r *rawClient) challenge() string {
+	r.t.Helper()
+	msg := r.read()
+	var label, ch string
+	if len(msg) != 2 || json.Unmarshal(msg[0], &label) != nil || label != "AUTH" ||
+		json.Unmarshal(msg[1], &ch) != nil || ch == "" {
+		r.t.Fatalf("first frame is %s, want [\"AUTH\",\"<challenge>\"]", msg)
+	}
+	r.challenge0 = ch
+	return ch
+}
+
+func (r *rawClient) send(v json.Marshaler) {
+	r.t.Helper()
+	data, err := v.MarshalJSON()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := r.c.WriteMessage(websocket.TextMessage, data); err != nil {
+		r.t.Fatalf("write: %v", err)
+	}
+}
+
+// ok reads frames until the OK for id and returns it.
+func (r *rawClient) ok(id string) (bool, string) {
+	r.t.Helper()
+	for {
+		msg := r.read()
+		var label, got, reason string
+		var accepted bool
+		if json.Unmarshal(msg[0], &label) != nil || label != "OK" {
+			continue
+		}
+		if len(msg) != 4 || json.Unmarshal(msg[1], &got) != nil || json.Unmarshal(msg[2], &accepted) != nil ||
+			json.Unmarshal(msg[3], &reason) != nil {
+			r.t.Fatalf("malformed OK %s", msg)
+		}
+		if got == id {
+			return accepted, reason
+		}
+	}
+}
+
+func (r *rawClient) publish(ev nostr.Event) (bool, string) {
+	r.t.Helper()
+	r.send(nostr.EventEnvelope{Event: ev})
+	return r.ok(ev.ID)
+}
+
+// auth sends a kind-22242 event signed by sk with the given relay and
+// challenge tags, and returns the OK that answers it.
+func (r *rawClient) auth(sk, relayURL, challenge string) (bool, string) {
+	r.t.Helper()
+	ev := nostr.Event{
+		CreatedAt: nostr.Now(),
+		Kind:      nostr.KindClientAuthentication,
+		Tags:      nostr.Tags{{"relay", relayURL}, {"challenge", challenge}},
+	}
+	if err := ev.Sign(sk); err != nil {
+		r.t.Fatal(err)
+	}
+	r.send(nostr.AuthEnvelope{Event: ev})
+	return r.ok(ev.ID)
+}
+
+// TestE2EAuthRelayURL: with relay_url set, an AUTH must name that URL,
+// not the address the client happened to connect to, and both the gate
+// and khatru (its ServiceURL) agree on it: the allow-listed pubkey is
+// bound only by an AUTH naming relay_url.
+func TestE2EAuthRelayURL(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	sk := nostr.GeneratePrivateKey()
+	pk, err := nostr.GetPublicKey(sk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const public = "wss://relay.example.com/nostr"
+	cfg := filepath.Join(dir, "c.yaml")
+	conf := fmt.Sprintf("relay_url: %s\nlimits: {message: {EVENT: [{rate: 1.5, period: 1h}]}}\nallow: {pubkeys: [%s]}\n", public, pk)
+	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, "relay", "--config", cfg, "--data-dir", filepath.Join(dir, "data"))
+
+	c := dialRaw(t, ctx, p.url())
+	ch := c.challenge()
+	if ok, reason := c.auth(sk, p.url(), ch); ok || !strings.HasPrefix(reason, "invalid:") {
+		t.Errorf("AUTH naming the connected address instead of relay_url: ok %v %q, want invalid:", ok, reason)
+	}
+	if ok, reason := c.auth(sk, public, ch); !ok {
+		t.Fatalf("AUTH naming relay_url refused: %q", reason)
+	}
+	for i := range 3 { // past the burst of one
+		if ok, reason := c.publish(signed(t, sk, fmt.Sprintf("allowed %d", i))); !ok {
+			t.Fatalf("EVENT %d of the authenticated allow-listed pubkey refused: %q", i, reason)
+		}
+	}
+	if code := p.stop(); code != 0 {
+		t.Errorf("exit code %d\n%s", code, p.logs())
 	}
 }

@@ -54,7 +54,7 @@ func main() {
 
 // knownEnv is every environment variable sluice reads.
 var knownEnv = []string{"SLUICE_CONFIG", "SLUICE_LISTEN", "SLUICE_METRICS_LISTEN", "SLUICE_DATA_DIR",
-	"SLUICE_UPSTREAM", "SLUICE_REDIS", "SLUICE_LOG_FORMAT", "SLUICE_LOG_LEVEL"}
+	"SLUICE_UPSTREAM", "SLUICE_RELAY_URL", "SLUICE_REDIS", "SLUICE_LOG_FORMAT", "SLUICE_LOG_LEVEL"}
 
 // unknownEnv returns the names of SLUICE_* variables in environ (as
 // os.Environ gives it) that sluice does not read.
@@ -88,7 +88,8 @@ Configuration comes from, lowest to highest precedence:
   1. built-in defaults (sluice.example.yaml spells out every one, with comments)
   2. the YAML file given by --config or SLUICE_CONFIG
   3. environment variables SLUICE_LISTEN, SLUICE_METRICS_LISTEN, SLUICE_DATA_DIR,
-     SLUICE_UPSTREAM, SLUICE_REDIS, SLUICE_LOG_FORMAT, SLUICE_LOG_LEVEL
+     SLUICE_UPSTREAM, SLUICE_RELAY_URL, SLUICE_REDIS, SLUICE_LOG_FORMAT,
+     SLUICE_LOG_LEVEL
   4. flags
 
 Budgets live in this process's memory unless --redis names a Redis server
@@ -132,7 +133,8 @@ func newFlagSet(cmd string, out io.Writer) (*flag.FlagSet, *flagValues) {
 var commandHelp = map[string]string{
 	"relay": `Runs a complete Nostr relay: khatru with events stored on disk under
 --data-dir (badger), the gate in front. Serves NIP-11 with the limits in
-"limitation" and "rate_limits".`,
+"limitation" and "rate_limits", and sends every connection a NIP-42
+challenge (set relay_url, or SLUICE_RELAY_URL, to the public wss:// URL).`,
 	"proxy": `Runs the gate in front of the relay at --upstream. Admitted frames are
 forwarded byte for byte; NIP-11 requests get the upstream's document with
 sluice's limits merged in.`,
@@ -240,6 +242,7 @@ func loadConfig(fs *flag.FlagSet, fv *flagValues, getenv func(string) string) (*
 		{"metrics-listen", "SLUICE_METRICS_LISTEN", "metrics_listen", &fc.MetricsListen, fv.metricsListen},
 		{"data-dir", "SLUICE_DATA_DIR", "data_dir", &fc.DataDir, fv.dataDir},
 		{"upstream", "SLUICE_UPSTREAM", "upstream", &fc.Upstream, fv.upstream},
+		{"", "SLUICE_RELAY_URL", "relay_url", &fc.RelayURL, ""}, // no flag: set once per deployment
 		{"redis", "SLUICE_REDIS", "store.redis", &fc.Store.Redis, fv.redis},
 		{"log-format", "SLUICE_LOG_FORMAT", "log.format", &fc.Log.Format, fv.logFormat},
 		{"log-level", "SLUICE_LOG_LEVEL", "log.level", &fc.Log.Level, fv.logLevel},
@@ -253,7 +256,7 @@ func loadConfig(fs *flag.FlagSet, fv *flagValues, getenv func(string) string) (*
 			*o.field = v
 			fc.from[o.path] = o.env
 		}
-		if set[o.flag] {
+		if o.flag != "" && set[o.flag] {
 			*o.field = o.value
 			fc.from[o.path] = "--" + o.flag
 		}

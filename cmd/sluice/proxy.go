@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // runProxy runs the gate in front of the relay at cfg.Upstream until ctx is
@@ -32,6 +33,13 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		"pubkey":      cfg.Info.Pubkey,
 		"software":    sluiceURL,
 		"version":     buildVersion(),
+		// What the gate bounds whatever the upstream allows. (An
+		// upstream's own document is served without them: MergeNIP11
+		// adds only max_message_length.)
+		"limitation": map[string]int{
+			"max_filters":      gate.MaxFilters(),
+			"max_subid_length": wire.MaxSubIDBytes,
+		},
 	})
 	client := &http.Client{Timeout: relay.DefaultNIP11Timeout}
 	info := &relay.NIP11Handler{

@@ -14,6 +14,7 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip11"
 
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 const sluiceURL = "https://github.com/sluice-relay/sluice"
@@ -60,6 +61,21 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	kr.DeleteEvent = append(kr.DeleteEvent, store.DeleteEvent)
 	kr.ReplaceEvent = append(kr.ReplaceEvent, store.ReplaceEvent)
 	kr.Negentropy = true
+	// NIP-42: khatru sends its challenge only when a hook asks for auth,
+	// which none of sluice's does; without one no client could prove a
+	// pubkey, and allow.pubkeys would exempt nobody. The gate records the
+	// challenge on its way out and verifies the AUTH that answers it.
+	kr.OnConnect = append(kr.OnConnect, khatru.RequestAuth)
+	if cfg.RelayURL != "" {
+		// khatru checks the AUTH relay tag as well, against ServiceURL
+		// (an http(s) URL) rather than its guess from the request, so it
+		// agrees with the gate about which URL names this relay.
+		if kr.ServiceURL, err = relay.NIP11URL(cfg.RelayURL); err != nil {
+			db.Close()
+			parts.close()
+			return fmt.Errorf("%w: relay_url: %v", errConfig, err)
+		}
+	}
 	kr.Info.Name = cfg.Info.Name
 	kr.Info.Description = cfg.Info.Description
 	kr.Info.Contact = cfg.Info.Contact
@@ -67,12 +83,16 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	kr.Info.Icon = cfg.Info.Icon
 	kr.Info.Software = sluiceURL
 	kr.Info.Version = buildVersion()
-	kr.Info.AddSupportedNIPs([]int{9, 45, 77})
+	kr.Info.AddSupportedNIPs([]int{9, 42, 45, 77})
 	kr.Info.Limitation = &nip11.RelayLimitationDocument{
 		MaxMessageLength: int(cfg.ReadLimit),
-		MaxLimit:         db.MaxLimit, // badger caps a query's limit here
+		MaxLimit:         db.MaxLimit,        // badger caps a query's limit here
+		MaxSubidLength:   wire.MaxSubIDBytes, // the gate forwards no longer id
 	}
-	base, err := json.Marshal(kr.Info)
+	base, err := json.Marshal(nip11Document{
+		RelayInformationDocument: kr.Info,
+		Limitation:               relayLimitation{*kr.Info.Limitation, gate.MaxFilters()},
+	})
 	if err != nil {
 		db.Close()
 		parts.close()
@@ -86,6 +106,21 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		func(ctx context.Context) error { return store.close(ctx, db.Close) },
 		func(context.Context) error { return parts.close() },
 	)
+}
+
+// nip11Document is khatru's NIP-11 document with sluice's limitation
+// object in place of go-nostr's, which has no max_filters: the outer
+// field wins over the embedded one in encoding/json.
+type nip11Document struct {
+	*nip11.RelayInformationDocument
+	Limitation relayLimitation `json:"limitation"`
+}
+
+// relayLimitation is NIP-11's limitation object with max_filters, the
+// gate's bound on the filters of a REQ (Gate.MaxFilters).
+type relayLimitation struct {
+	nip11.RelayLimitationDocument
+	MaxFilters int `json:"max_filters"`
 }
 
 // badgerLogger sends badger's chatter to slog: its Info is routine (table

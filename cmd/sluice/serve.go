@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // shutdownTimeout bounds a graceful shutdown: draining connections,
@@ -126,8 +127,8 @@ func (p *limiterParts) close() error {
 }
 
 // newGate builds the metrics, the limiter (newLimiter) and the gate on
-// them with cfg's limits, identity and read limit: the wiring that proxy
-// and relay mode share. On error nothing is left open; otherwise the
+// them with cfg's limits, identity, read limit, frame sizes, filter bound
+// and relay URL: the wiring that proxy and relay mode share. On error nothing is left open; otherwise the
 // caller closes p after the gate has shut down.
 func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Gate, p *limiterParts, m *metrics, err error) {
 	m = newMetrics()
@@ -138,13 +139,16 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Ga
 	limits := cfg.Limits
 	identity := cfg.Identity
 	g, err = relay.New(relay.Options{
-		Limiter:   p.limiter,
-		Limits:    &limits,
-		Quota:     p.quota,
-		Identity:  &identity,
-		ReadLimit: cfg.ReadLimit,
-		Observer:  m.observer(),
-		Logger:    logger,
+		Limiter:    p.limiter,
+		Limits:     &limits,
+		Quota:      p.quota,
+		Identity:   &identity,
+		ReadLimit:  cfg.ReadLimit,
+		FrameSize:  cfg.FrameSize,
+		MaxFilters: cfg.MaxFilters,
+		RelayURL:   cfg.RelayURL,
+		Observer:   m.observer(),
+		Logger:     logger,
 	})
 	if err != nil {
 		p.close()
@@ -156,7 +160,13 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Ga
 // nip11Limitation is what sluice publishes about itself in NIP-11.
 func nip11Limitation(cfg *config, p *limiterParts) relay.NIP11Limitation {
 	limits := cfg.Limits
-	return relay.NIP11Limitation{MaxMessageLength: cfg.ReadLimit, Limits: &limits, Quota: p.quota}
+	return relay.NIP11Limitation{
+		MaxMessageLength: cfg.ReadLimit,
+		MaxFilters:       int64(relay.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])),
+		MaxSubidLength:   wire.MaxSubIDBytes,
+		Limits:           &limits,
+		Quota:            p.quota,
+	}
 }
 
 // front routes a request: NIP-11 to info, WebSocket upgrades to gated,
