@@ -41,9 +41,11 @@ func DefaultLimits() Limits {
 		ratelimit.PerPeriod(10, time.Second),
 		ratelimit.PerPeriod(240, time.Minute),
 	}
-	// REQ opens a subscription and runs a query. Clients open many at
-	// start-up (profiles, notes, reactions), hence a burst of 20.
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
+	// REQ opens a subscription and runs a query per filter, and is charged
+	// once per filter. Clients open many at start-up (profiles, notes,
+	// reactions), each of one to a few filters: hence a burst of 50
+	// filters.
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(50, time.Second)}
 	// COUNT runs the same query as a REQ without returning events.
 	l.Message[TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
 	// AUTH is one signature check; a client needs one per connection.

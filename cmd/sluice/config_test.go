@@ -134,9 +134,9 @@ limits:
 	if err != nil {
 		t.Fatalf("relay.New refuses the config: %v", err)
 	}
-	// The default REQ window (20/1s) admits 19 filters at once, not 25.
-	if got := g.MaxFilters(); got != 19 {
-		t.Errorf("gate MaxFilters = %d, want 19 (25 lowered by REQ 20/1s)", got)
+	// The default REQ window (50/1s) admits the 25 filters at once.
+	if got := g.MaxFilters(); got != 25 {
+		t.Errorf("gate MaxFilters = %d, want 25 (REQ 50/1s admits them)", got)
 	}
 }
 
