@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	badgerdb "github.com/dgraph-io/badger/v4"
+	"github.com/fiatjaf/eventstore/badger"
+	"github.com/fiatjaf/khatru"
+	"github.com/nbd-wtf/go-nostr/nip11"
+)
+
+// Settings of sluice relay that its khatru is given (cmd/sluice/relay.go,
+// cmd/sluice/serve.go, relay.DefaultReadLimit and wire.MaxSubIDBytes),
+// copied rather than imported so that this peer depends on none of the
+// gate's code.
+const (
+	peerReadLimit         = 512 << 10 // relay.DefaultReadLimit
+	peerMaxSubidLength    = 64        // wire.MaxSubIDBytes
+	peerReadHeaderTimeout = 10 * time.Second
+	peerIdleTimeout       = 2 * time.Minute
+	peerMaxHeaderBytes    = 64 << 10
+)
+
+// newPlainKhatru opens a badger event store under dataDir/events and
+// returns khatru on it, set up as sluice relay sets up its khatru, without
+// the gate: the peer sluice relay is measured against.
+//
+// It must mirror runRelay in cmd/sluice/relay.go; change both together.
+// Left out, on purpose: the gate (relay.Gate.Wrap) and sluice's front
+// handler and NIP-11 document (khatru serves its own NIP-11 here), and
+// sluice's guardedStore, which only makes shutdown wait for store calls
+// in flight (a mutex and a counter per call) and changes no result.
+func newPlainKhatru(dataDir string, logger *slog.Logger) (*khatru.Relay, func(), error) {
+	dir := filepath.Join(dataDir, "events")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, nil, fmt.Errorf("data dir: %w", err)
+	}
+	db := &badger.BadgerBackend{
+		Path: dir,
+		BadgerOptionsModifier: func(o badgerdb.Options) badgerdb.Options {
+			return o.WithLogger(badgerLogger{logger.With("component", "badger")})
+		},
+	}
+	if err := db.Init(); err != nil {
+		return nil, nil, fmt.Errorf("opening the event store in %s: %w", dir, err)
+	}
+
+	kr := khatru.NewRelay()
+	kr.Log = slog.NewLogLogger(logger.With("component", "khatru").Handler(), slog.LevelWarn)
+	kr.MaxMessageSize = peerReadLimit
+	kr.StoreEvent = append(kr.StoreEvent, db.SaveEvent)
+	kr.QueryEvents = append(kr.QueryEvents, db.QueryEvents)
+	kr.CountEvents = append(kr.CountEvents, db.CountEvents)
+	kr.DeleteEvent = append(kr.DeleteEvent, db.DeleteEvent)
+	kr.ReplaceEvent = append(kr.ReplaceEvent, db.ReplaceEvent)
+	kr.Negentropy = true
+	// sluice relay sends every connection a NIP-42 challenge; so does this.
+	kr.OnConnect = append(kr.OnConnect, khatru.RequestAuth)
+	kr.Info.Name = "plain khatru (sluice-load)"
+	kr.Info.Description = "khatru as sluice relay runs it, without the gate."
+	kr.Info.AddSupportedNIPs([]int{9, 42, 45, 77})
+	kr.Info.Limitation = &nip11.RelayLimitationDocument{
+		MaxMessageLength: peerReadLimit,
+		MaxLimit:         db.MaxLimit,
+		MaxSubidLength:   peerMaxSubidLength,
+	}
+	return kr, db.Close, nil
+}
+
+// runKhatru serves plain khatru on listen until ctx is done.
+func runKhatru(ctx context.Context, listen, dataDir string, logger *slog.Logger) error {
+	kr, closeDB, err := newPlainKhatru(dataDir, logger)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		closeDB()
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           kr,
+		ReadHeaderTimeout: peerReadHeaderTimeout,
+		IdleTimeout:       peerIdleTimeout,
+		MaxHeaderBytes:    peerMaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	logger.Info("plain khatru", "addr", ln.Addr().String(), "data", filepath.Join(dataDir, "events"))
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	// Shutdown does not wait for hijacked (WebSocket) connections, nor
+	// does khatru for its message goroutines: give those a moment before
+	// badger closes under them.
+	_ = srv.Shutdown(sctx)
+	time.Sleep(200 * time.Millisecond)
+	closeDB()
+	if runErr != nil && !errors.Is(runErr, http.ErrServerClosed) {
+		return runErr
+	}
+	return nil
+}
+
+// badgerLogger sends badger's chatter to slog, as cmd/sluice does.
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) Errorf(f string, a ...any)   { b.l.Error(fmt.Sprintf(f, a...)) }
+func (b badgerLogger) Warningf(f string, a ...any) { b.l.Warn(fmt.Sprintf(f, a...)) }
+func (b badgerLogger) Infof(f string, a ...any)    { b.l.Debug(fmt.Sprintf(f, a...)) }
+func (b badgerLogger) Debugf(f string, a ...any)   { b.l.Debug(fmt.Sprintf(f, a...)) }

@@ -1,0 +1,350 @@
+// Command sluice-load puts a Nostr relay under load and reports what it
+// measured: N WebSocket connections publishing pre-signed events, opening
+// REQs, or just connecting, against any ws:// URL. It also serves plain
+// khatru, set up as sluice relay sets up its own, as the peer to compare
+// sluice relay against.
+//
+//	sluice-load publish -url ws://127.0.0.1:7777 -conns N -events M [-inflight K] [-duration D] [-xff] [-size BYTES] [-kind K] [-keys K]
+//	sluice-load req     -url ws://127.0.0.1:7777 -conns N -reqs M [-filters F] [-filter JSON] [-inflight K] [-xff]
+//	sluice-load connect -url ws://127.0.0.1:7777 -conns N [-hold D] [-churn K] [-xff]
+//	sluice-load khatru  -listen 127.0.0.1:7778 -data DIR
+//
+// Every load mode also takes -timeout (for a dial, and for a reply; default
+// 10s), -parallel (dials in flight while setting up; default 64) and -json
+// (the report as one JSON object on stdout).
+//
+// publish signs every event before the clock starts (one key per
+// connection, or a pool of -keys keys shared round-robin), opens every
+// connection, then starts the clock: each connection sends its share of
+// the events, the next one as soon as an OK frees a slot (one in flight,
+// or -inflight K), and measures each event from its write to its OK. The
+// rate is OK true per second of wall time. -duration stops the sending
+// early; what was sent is still awaited.
+//
+// req sends REQs with distinct subscription ids, each of -filters copies
+// of -filter, measures each from its write to its EOSE, and closes it.
+//
+// connect opens -conns connections (the rate is upgrades per second and
+// the latency is dial→upgrade), holds them for -hold, and closes them;
+// with -churn K, -conns workers open and close K connections in all.
+//
+// -xff sends each connection (in connect -churn, each worker) its own
+// X-Forwarded-For, 10.0.0.1, 10.0.0.2, …: a gate that trusts the tool's
+// address (sluice: identity.trusted_proxies: ["127.0.0.1/32"]) sees that
+// many clients.
+//
+// Replies are counted by the NIP-01 prefix of their reason: "" for OK true
+// (publish) or EOSE (req), "rate-limited:", "error:", "invalid:",
+// "duplicate:", …; failed upgrades by HTTP status. A run that sets up no
+// connection at all exits 1; bad flags exit 2.
+//
+// Example:
+//
+//	$ sluice-load publish -url ws://127.0.0.1:7777 -conns 64 -events 20000 -xff
+//	sluice-load publish ws://127.0.0.1:7777
+//	  params       events=20000 inflight=1 keys=64 kind=1 size=64 xff=true
+//	  connections  64 of 64 set up
+//	  events sent  20000
+//	  OKs          20000 (OK true 1360)
+//	  elapsed      1.912s
+//	  rate         711 events/s (OK true per second of wall time)
+//	  latency      p50 2.95ms  p90 6.10ms  p99 11.73ms  max 30.02ms  (20000 samples)
+//	  replies by prefix
+//	    ""                       1360
+//	    "rate-limited:"          18640
+//	  connection failures
+//	    (none)
+//
+// (The numbers are illustrative: sluice's default EVENT limit admits a
+// burst of 10 per client and then about 6.6 a second.)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// errUsage marks a usage error (exit 2).
+var errUsage = errors.New("usage")
+
+// common are the flags every load mode takes.
+type common struct {
+	url      string
+	conns    int
+	xff      bool
+	timeout  time.Duration
+	parallel int
+	duration time.Duration
+	json     bool
+}
+
+const usageText = `Usage:
+  sluice-load publish -url ws://HOST:PORT -conns N -events M [-inflight K] [-duration D] [-xff] [-size BYTES] [-kind K] [-keys K]
+  sluice-load req     -url ws://HOST:PORT -conns N -reqs M [-filters F] [-filter JSON] [-inflight K] [-duration D] [-xff]
+  sluice-load connect -url ws://HOST:PORT -conns N [-hold D] [-churn K] [-xff]
+  sluice-load khatru  -listen HOST:PORT -data DIR
+
+Every load mode also takes -timeout D, -parallel N and -json.
+Run "sluice-load MODE -h" for a mode's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs one command and returns its exit code: 0, 1 for a failure, 2
+// for a usage error.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return 2
+	}
+	mode, args := args[0], args[1:]
+	var (
+		rep    *report
+		err    error
+		asJSON bool
+	)
+	switch mode {
+	case "publish":
+		var o *publishOpts
+		if o, err = parsePublish(args, stderr); err == nil {
+			asJSON = o.json
+			rep, err = runPublish(ctx, o)
+		}
+	case "req":
+		var o *reqOpts
+		if o, err = parseReq(args, stderr); err == nil {
+			asJSON = o.json
+			rep, err = runReq(ctx, o)
+		}
+	case "connect":
+		var o *connectOpts
+		if o, err = parseConnect(args, stderr); err == nil {
+			asJSON = o.json
+			rep, err = runConnect(ctx, o)
+		}
+	case "khatru":
+		fs := flag.NewFlagSet("khatru", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		listen := fs.String("listen", "127.0.0.1:7778", "`host:port` to serve plain khatru on")
+		data := fs.String("data", "", "`directory` of the badger event store (events under DIR/events; required)")
+		if err = parseFlags(fs, args); err == nil && *data == "" {
+			err = usagef("khatru: -data is required")
+		}
+		if err == nil {
+			logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			err = runKhatru(ctx, *listen, *data, logger)
+		}
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usageText)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "sluice-load: unknown mode %q\n\n%s", mode, usageText)
+		return 2
+	}
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		if msg := err.Error(); msg != errUsage.Error() {
+			fmt.Fprintf(stderr, "sluice-load: %s\n", trimUsage(msg))
+		}
+		return 2
+	case err != nil:
+		fmt.Fprintf(stderr, "sluice-load %s: %v\n", mode, err)
+		return 1
+	}
+	if rep == nil {
+		return 0 // khatru, stopped
+	}
+	if asJSON {
+		if err := rep.writeJSON(stdout); err != nil {
+			fmt.Fprintf(stderr, "sluice-load: %v\n", err)
+			return 1
+		}
+	} else {
+		rep.writeText(stdout)
+	}
+	if rep.Connected == 0 {
+		fmt.Fprintf(stderr, "sluice-load %s: could not connect to %s: %s\n", mode, rep.URL, failureSummary(rep.ConnFailures))
+		return 1
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintf(stderr, "sluice-load %s: interrupted; the report covers what ran\n", mode)
+		return 1
+	}
+	return 0
+}
+
+func failureSummary(m map[string]int) string {
+	best, n := "no attempt", 0
+	for _, k := range sortedKeys(m) {
+		if m[k] > n {
+			best, n = k, m[k]
+		}
+	}
+	if _, err := fmt.Sscanf(best, "%d", new(int)); err == nil {
+		return "upgrade refused with HTTP " + best
+	}
+	return best
+}
+
+func usagef(f string, a ...any) error {
+	return fmt.Errorf("%w: "+f, append([]any{errUsage}, a...)...)
+}
+
+func trimUsage(msg string) string {
+	p := errUsage.Error() + ": "
+	if len(msg) > len(p) && msg[:len(p)] == p {
+		return msg[len(p):]
+	}
+	return msg
+}
+
+// parseFlags parses args into fs; a flag error (already printed by the
+// flag package) is a usage error, as are arguments left over.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+func commonFlags(fs *flag.FlagSet, c *common) {
+	fs.StringVar(&c.url, "url", "", "relay `URL`, ws:// or wss:// (required)")
+	fs.IntVar(&c.conns, "conns", 8, "number of connections (connect -churn: workers)")
+	fs.BoolVar(&c.xff, "xff", false, "give each connection its own X-Forwarded-For (10.0.0.1, 10.0.0.2, …)")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "the longest wait for a dial or a reply")
+	fs.IntVar(&c.parallel, "parallel", 64, "dials in flight at once while connecting")
+	fs.BoolVar(&c.json, "json", false, "print the report as one JSON object")
+}
+
+func checkCommon(mode string, c *common) error {
+	if c.url == "" {
+		return usagef("%s: -url is required", mode)
+	}
+	u, err := url.Parse(c.url)
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+		return usagef("%s: -url must be a ws:// or wss:// URL, got %q", mode, c.url)
+	}
+	if c.conns < 1 {
+		return usagef("%s: -conns must be at least 1, got %d", mode, c.conns)
+	}
+	if c.timeout <= 0 {
+		return usagef("%s: -timeout must be positive, got %v", mode, c.timeout)
+	}
+	if c.parallel < 1 {
+		return usagef("%s: -parallel must be at least 1, got %d", mode, c.parallel)
+	}
+	if c.duration < 0 {
+		return usagef("%s: -duration must not be negative, got %v", mode, c.duration)
+	}
+	return nil
+}
+
+func parsePublish(args []string, stderr io.Writer) (*publishOpts, error) {
+	o := &publishOpts{}
+	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	commonFlags(fs, &o.common)
+	fs.IntVar(&o.events, "events", 1000, "events to publish, shared among the connections")
+	fs.DurationVar(&o.duration, "duration", 0, "stop sending after this long (0: when every event is sent)")
+	fs.IntVar(&o.size, "size", 64, "content size of each event in `bytes`")
+	fs.IntVar(&o.kind, "kind", 1, "event kind")
+	fs.IntVar(&o.inflight, "inflight", 1, "events in flight per connection")
+	fs.IntVar(&o.keys, "keys", 0, "signing keys shared round-robin by the connections (0: one per connection)")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if err := checkCommon("publish", &o.common); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.events < 1:
+		return nil, usagef("publish: -events must be at least 1, got %d", o.events)
+	case o.size < 0 || o.size > 64<<20:
+		return nil, usagef("publish: -size must be between 0 and %d, got %d", 64<<20, o.size)
+	case o.kind < 0 || o.kind > 65535:
+		return nil, usagef("publish: -kind must be between 0 and 65535, got %d", o.kind)
+	case o.inflight < 1:
+		return nil, usagef("publish: -inflight must be at least 1, got %d", o.inflight)
+	case o.keys < 0:
+		return nil, usagef("publish: -keys must not be negative, got %d", o.keys)
+	}
+	return o, nil
+}
+
+func parseReq(args []string, stderr io.Writer) (*reqOpts, error) {
+	o := &reqOpts{}
+	fs := flag.NewFlagSet("req", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	commonFlags(fs, &o.common)
+	fs.IntVar(&o.reqs, "reqs", 1000, "REQs to send, shared among the connections")
+	fs.DurationVar(&o.duration, "duration", 0, "stop sending after this long (0: when every REQ is sent)")
+	fs.IntVar(&o.filters, "filters", 1, "filters per REQ")
+	filter := fs.String("filter", `{"kinds":[1],"limit":10}`, "each filter, a JSON object")
+	fs.IntVar(&o.inflight, "inflight", 1, "REQs open at once per connection")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if err := checkCommon("req", &o.common); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.reqs < 1:
+		return nil, usagef("req: -reqs must be at least 1, got %d", o.reqs)
+	case o.filters < 1:
+		return nil, usagef("req: -filters must be at least 1, got %d", o.filters)
+	case o.inflight < 1:
+		return nil, usagef("req: -inflight must be at least 1, got %d", o.inflight)
+	}
+	f, err := parseFilter(*filter)
+	if err != nil {
+		return nil, usagef("req: %v", err)
+	}
+	o.filter = f
+	return o, nil
+}
+
+func parseConnect(args []string, stderr io.Writer) (*connectOpts, error) {
+	o := &connectOpts{}
+	fs := flag.NewFlagSet("connect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	commonFlags(fs, &o.common)
+	fs.DurationVar(&o.hold, "hold", 0, "keep the connections open this long before closing them")
+	fs.IntVar(&o.churn, "churn", 0, "open and close this many connections in all, over -conns workers (0: open -conns and hold)")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if err := checkCommon("connect", &o.common); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.hold < 0:
+		return nil, usagef("connect: -hold must not be negative, got %v", o.hold)
+	case o.churn < 0:
+		return nil, usagef("connect: -churn must not be negative, got %d", o.churn)
+	case o.churn > 0 && o.hold > 0:
+		return nil, usagef("connect: -hold and -churn do not go together")
+	}
+	return o, nil
+}
