@@ -16,6 +16,14 @@ const (
 // shifts it in.
 const maxVarintBytes = 9
 
+// negMaxFinite is the largest finite bound timestamp CheckNegentropy
+// accepts. go-nostr's server writes a bound it read back as a delta from
+// the last one it wrote, plus one, and its varint encoder (EncodeVarInt)
+// has room for 8 bytes, 56 bits: a delta of 2^56-1 or more, or a negative
+// one, runs off the start of its buffer. Bounds no later than this, never
+// decreasing, keep every delta it writes below that.
+const negMaxFinite = 1<<56 - 2
+
 // CheckNegentropy reports whether msg, the hex payload of a NEG-OPEN or
 // NEG-MSG, is a complete, well-formed negentropy message: lowercase hex of
 // even length whose bytes are the version byte (NegentropyVersion)
@@ -24,13 +32,22 @@ const maxVarintBytes = 9
 // skip, a fingerprint (16 bytes), or an id list (a count varint and that
 // many 32-byte ids). Every varint is at most maxVarintBytes long, and
 // every length and count fits in what is left of the message, so a reader
-// that trusts them cannot be sent past its end.
+// that trusts them cannot be sent past its end. The bound timestamps
+// (deltas, each the varint minus one; 0 is the infinite bound) must add up
+// to at most negMaxFinite (2^56-2), and the infinite bound, which ends the
+// whole range, may only be the last: so the timestamps a reader sums never
+// wrap around, never decrease, and fit the varints it writes back.
 //
 // go-nostr's reader (nip77/negentropy, which khatru runs) does not check
 // them: a varint longer than 9 bytes overflows its int and a negative or
-// huge length slices out of range, a panic in a goroutine nothing
-// recovers, which ends the whole relay process. CheckNegentropy walks the
-// hex in place and allocates nothing.
+// huge length slices out of range ("6100ffffffffffffffffff7f": a length
+// of -1), and a bound it writes back as a delta of 2^56-1 or more, or a
+// negative one (timestamps that wrap past the infinite bound), runs its
+// varint encoder off the start of its buffer ("6100000002000001000200":
+// an infinite bound, then one more; "61818080808080808000000200": a
+// bound at 2^56-1). Each is a panic in a goroutine nothing recovers,
+// which ends the whole relay process. CheckNegentropy walks the hex in
+// place and allocates nothing.
 func CheckNegentropy(msg []byte) bool {
 	if len(msg) < 2 || len(msg)%2 != 0 || !isLowerHex(msg) {
 		return false
@@ -39,9 +56,19 @@ func CheckNegentropy(msg []byte) bool {
 	if v, ok := r.byte(); !ok || v != NegentropyVersion {
 		return false
 	}
+	var ts uint64 // the finite bound timestamps so far, summed
+	infinite := false
 	for r.left() > 0 {
-		if _, ok := r.varint(); !ok { // the bound's timestamp
+		d, ok := r.varint() // the bound's timestamp, as a delta plus one
+		switch {
+		case !ok || infinite:
 			return false
+		case d == 0:
+			infinite = true
+		case d-1 > negMaxFinite-ts:
+			return false
+		default:
+			ts += d - 1
 		}
 		n, ok := r.varint()
 		if !ok || n > 32 || !r.skip(n) { // the bound's id prefix

@@ -97,8 +97,8 @@ var prefixes = func() (p [NumTypes][]byte) {
 // for, so nothing nests deeper than an event's tag. An event has
 // exactly the keys id, pubkey, created_at, kind, tags, content and sig,
 // each once and spelled without escapes: id and pubkey 64 lowercase hex
-// digits, sig 128, kind an integer 0…65535, created_at a non-negative
-// integer, tags an array of arrays of strings, content a string. A filter
+// digits, sig 128, kind an integer 0…65535, created_at an integer 0…2^56-2
+// (maxCreatedAt), tags an array of arrays of strings, content a string. A filter
 // has only the keys ids, authors, kinds, since, until, limit, search and
 // "#" followed by one ASCII letter, each at most once, unescaped, and of
 // the type go-nostr reads them as (no nulls). Keys are matched exactly: a
@@ -392,6 +392,13 @@ func (s *scanner) hexLit(n int) ([]byte, bool) {
 	return lit, true
 }
 
+// maxCreatedAt is the latest created_at Scan accepts, 2^56-2: the latest
+// timestamp go-nostr's negentropy can write back (see negMaxFinite). A
+// go-nostr relay whose store kept a later event would panic, and end,
+// answering an honest NEG-OPEN whose range splits at it. No clock is
+// anywhere near it (it is two billion years away).
+const maxCreatedAt = negMaxFinite
+
 // The fields of an event, as bits.
 const (
 	evID uint8 = 1 << iota
@@ -441,8 +448,8 @@ func (s *scanner) event(ev *Event, auth bool) string {
 			ev.Kind = int(k)
 		case "created_at":
 			bit = evCreatedAt
-			t, ok := s.uint(18)
-			if !ok {
+			t, ok := s.uint(17)
+			if !ok || t > maxCreatedAt {
 				return false
 			}
 			ev.CreatedAt = t
@@ -473,10 +480,12 @@ func (s *scanner) event(ev *Event, auth bool) string {
 }
 
 // tags consumes an event's tags: an array of arrays of strings. With auth
-// it records the first "challenge" and "relay" tag values in ev.
+// it records the first "challenge" and "relay" tag values in ev, the tag
+// names compared decoded: a relay reads ["\u0072elay",…] as a relay tag,
+// so the first relay tag is the first whatever its spelling.
 func (s *scanner) tags(ev *Event, auth bool) bool {
 	return s.array(func(int) bool {
-		var name []byte
+		var name authTag
 		return s.array(func(i int) bool {
 			lit, escaped, ok := s.str()
 			if !ok {
@@ -484,16 +493,46 @@ func (s *scanner) tags(ev *Event, auth bool) bool {
 			}
 			switch {
 			case !auth:
-			case i == 0 && !escaped:
-				name = lit
-			case i == 1 && string(name) == `"challenge"` && ev.Challenge == nil:
+			case i == 0:
+				name = authTagName(lit, escaped)
+			case i == 1 && name == authTagChallenge && ev.Challenge == nil:
 				ev.Challenge = lit
-			case i == 1 && string(name) == `"relay"` && ev.Relay == nil:
+			case i == 1 && name == authTagRelay && ev.Relay == nil:
 				ev.Relay = lit
 			}
 			return true
 		})
 	})
+}
+
+// authTag names the tags of an AUTH event that Scan records.
+type authTag uint8
+
+const (
+	authTagOther authTag = iota
+	authTagChallenge
+	authTagRelay
+)
+
+// authTagName reads the tag name literal lit, decoding its escapes when
+// it has any.
+func authTagName(lit []byte, escaped bool) authTag {
+	name := lit[1 : len(lit)-1]
+	var buf [len("challenge")]byte
+	if escaped {
+		n, ok := unquote(lit, buf[:])
+		if !ok {
+			return authTagOther // longer than either name, or not ASCII
+		}
+		name = buf[:n]
+	}
+	switch string(name) {
+	case "challenge":
+		return authTagChallenge
+	case "relay":
+		return authTagRelay
+	}
+	return authTagOther
 }
 
 // The fields of a filter, as bits; tag filters have a bit per letter.

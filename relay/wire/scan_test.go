@@ -1,0 +1,563 @@
+package wire
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/nbd-wtf/go-nostr"
+)
+
+// scanMaxFilters is the filter bound the Scan tests run with.
+const scanMaxFilters = 10
+
+const (
+	scanPub = "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"
+	scanSig = "908a15e46fb4d8675bab026fc230a0e3542bfade63da02d542fb78b2a8513fcd0092619a2c8c1221e581946e0191f2af505dfdf8657a414dbca329186f009262"
+)
+
+// The fields of a canonical event, each as it appears in the object.
+const (
+	fKind    = `"kind":1`
+	fID      = `"id":"` + testID + `"`
+	fPubkey  = `"pubkey":"` + scanPub + `"`
+	fCreated = `"created_at":1673347337`
+	fTags    = `"tags":[["e","` + testID2 + `"],["p","` + scanPub + `"],[],["t","caf\u00e9","\"\\/\b\f\n\r\t"]]`
+	fContent = `"content":"hello \"id\":\"x\" world \ud83d\ude00 ünïcødé"`
+	fSig     = `"sig":"` + scanSig + `"`
+)
+
+// obj joins fields into an object.
+func obj(fields ...string) string { return "{" + strings.Join(fields, ",") + "}" }
+
+// evWith is the canonical event with the field named key replaced by
+// repl (a whole `"key":value` or anything else), or dropped when repl is
+// "".
+func evWith(key, repl string) string {
+	var fs []string
+	for _, f := range []string{fKind, fID, fPubkey, fCreated, fTags, fContent, fSig} {
+		if strings.HasPrefix(f, `"`+key+`":`) {
+			if repl != "" {
+				fs = append(fs, repl)
+			}
+			continue
+		}
+		fs = append(fs, f)
+	}
+	return obj(fs...)
+}
+
+// Canonical events in the orders clients write them.
+var (
+	// scanGoNostr is go-nostr's order (easyjson: kind first, id early).
+	scanGoNostr = obj(fKind, fID, fPubkey, fCreated, fTags, fContent, fSig)
+	// scanNostrTools is nostr-tools' finalizeEvent order: the template,
+	// then pubkey, id and sig.
+	scanNostrTools = obj(fKind, fCreated, fTags, fContent, fPubkey, fID, fSig)
+	// scanIDLast has the id after everything, sig included.
+	scanIDLast = obj(fKind, fCreated, fTags, fContent, fPubkey, fSig, fID)
+	// scanPython is json.dumps' default spelling: ", " and ": ".
+	scanPython = `{"id": "` + testID + `", "pubkey": "` + scanPub + `", "created_at": 1673347337, "kind": 1, "tags": [["e", "` + testID2 + `"]], "content": "hi", "sig": "` + scanSig + `"}`
+)
+
+// scanFilter uses every field of a filter.
+const scanFilter = `{"ids":["` + testID + `"],"authors":["` + scanPub + `"],"kinds":[0,1,7,65535],"#e":["` + testID2 + `"],"#p":["` + scanPub + `"],"#T":[],"since":1673347337,"until":1673350000,"limit":20,"search":"nostr \"quoted\" caf\u00e9"}`
+
+// scanAuth builds an AUTH event of kind 22242 with tags.
+func scanAuth(kind, tags string) string {
+	return obj(`"kind":`+kind, fID, fPubkey, `"created_at":1700000000`, `"tags":`+tags, `"content":""`, fSig)
+}
+
+const scanAuthTags = `[["relay","wss://relay.example.com/"],["challenge","chal-\"123\""]]`
+
+// negOpenMsg is a whole negentropy message: version, the infinite bound,
+// and an id list of one id.
+const negOpenMsg = "6100000201" + testID
+
+func repeatJoin(s string, n int, sep string) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = s
+	}
+	return strings.Join(parts, sep)
+}
+
+// scanWant is what a canonical frame's Facts must hold. Zero strings mean
+// nil, zero numbers 0.
+type scanWant struct {
+	typ              Type
+	sub              string // literal, quotes included
+	filters          int
+	id, pubkey       string // hex
+	kind             int
+	createdAt        int64
+	neg              string
+	challenge, relay string // literals
+}
+
+// scanCanonical are frames Scan must call canonical, with their facts.
+var scanCanonical = []struct {
+	name  string
+	frame string
+	want  scanWant
+}{
+	{"event go-nostr order", `["EVENT",` + scanGoNostr + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
+	{"event nostr-tools order", `["EVENT",` + scanNostrTools + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
+	{"event id last", `["EVENT",` + scanIDLast + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
+	{"event python spelling", `["EVENT", ` + scanPython + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
+	{"event whitespace everywhere allowed", "[\"EVENT\",\r\n\t { \"kind\" :\t0 ,\n" + fID + " , " + fPubkey + ",\"created_at\": 0,\"tags\" : [ [ \"a\" , \"b\" ] , [ ] ] ,\"content\":\"\"," + fSig + "\n}\n]\r\n", scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub}},
+	{"event kind 65535, empty tags", `["EVENT",` + obj(`"kind":65535`, fID, fPubkey, fCreated, `"tags":[]`, fContent, fSig) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 65535, createdAt: 1673347337}},
+	{"event created_at 2^56-2", `["EVENT",` + evWith("created_at", `"created_at":72057594037927934`) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1<<56 - 2}},
+	{"event created_at 0", `["EVENT",` + evWith("created_at", `"created_at":0`) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1}},
+	{"req one filter", `["REQ","sub:1",` + scanFilter + `]`, scanWant{typ: TypeREQ, sub: `"sub:1"`, filters: 1}},
+	{"req empty filter", `["REQ","s",{}]`, scanWant{typ: TypeREQ, sub: `"s"`, filters: 1}},
+	{"req maxFilters filters", `["REQ","many",` + repeatJoin(scanFilter, scanMaxFilters, ",") + `]`, scanWant{typ: TypeREQ, sub: `"many"`, filters: scanMaxFilters}},
+	{"req python spelling", `["REQ", "sub", {"kinds": [1], "limit": 10}, {"#e": ["` + testID2 + `"]}]`, scanWant{typ: TypeREQ, sub: `"sub"`, filters: 2}},
+	{"req whitespace", "[\"REQ\", \"s\" ,\n{ } , {\"limit\":0}\t]\n", scanWant{typ: TypeREQ, sub: `"s"`, filters: 2}},
+	{"req sub id of 64 bytes", `["REQ","` + strings.Repeat("x", 64) + `",{}]`, scanWant{typ: TypeREQ, sub: `"` + strings.Repeat("x", 64) + `"`, filters: 1}},
+	{"req sub id utf-8", `["REQ","süß🙂",{}]`, scanWant{typ: TypeREQ, sub: `"süß🙂"`, filters: 1}},
+	{"count one filter", `["COUNT","c1",{"kinds":[3],"#p":["` + scanPub + `"]}]`, scanWant{typ: TypeCOUNT, sub: `"c1"`, filters: 1}},
+	{"close", `["CLOSE","sub:1"]`, scanWant{typ: TypeCLOSE, sub: `"sub:1"`}},
+	{"neg-open", `["NEG-OPEN","neg1",{"kinds":[1]},"` + negOpenMsg + `"]`, scanWant{typ: TypeNEGOPEN, sub: `"neg1"`, filters: 1, neg: negOpenMsg}},
+	{"neg-open empty set", `["NEG-OPEN","neg1",{},"6100000200"]`, scanWant{typ: TypeNEGOPEN, sub: `"neg1"`, filters: 1, neg: "6100000200"}},
+	{"neg-msg", `["NEG-MSG","neg1","61000001` + strings.Repeat("ab", 16) + `"]`, scanWant{typ: TypeNEGMSG, sub: `"neg1"`, neg: "61000001" + strings.Repeat("ab", 16)}},
+	{"neg-msg version only", `["NEG-MSG","neg1","61"]`, scanWant{typ: TypeNEGMSG, sub: `"neg1"`, neg: "61"}},
+	{"neg-close", `["NEG-CLOSE","neg1"]`, scanWant{typ: TypeNEGCLOSE, sub: `"neg1"`}},
+	{"auth", `["AUTH",` + scanAuth("22242", scanAuthTags) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: KindAuth, createdAt: 1700000000, challenge: `"chal-\"123\""`, relay: `"wss://relay.example.com/"`}},
+	{"auth first tags count", `["AUTH",` + scanAuth("22242", `[["challenge"],["relay","wss://a.example"],["challenge","one"],["relay","wss://b.example"],["challenge","two"]]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: KindAuth, createdAt: 1700000000, challenge: `"one"`, relay: `"wss://a.example"`}},
+	{"auth escaped tag names", `["AUTH",` + scanAuth("22242", `[["\u0072elay","wss://first.example"],["relay","wss://second.example"],["ch\u0061llenge","c1"],["challenge","c2"],["\u00e9","x"]]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: KindAuth, createdAt: 1700000000, challenge: `"c1"`, relay: `"wss://first.example"`}},
+	{"auth without tags", `["AUTH",` + scanAuth("22242", `[]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: KindAuth, createdAt: 1700000000}},
+}
+
+// scanHostile are frames Scan must refuse, with the reason.
+var scanHostile = []struct {
+	name, frame, reason string
+}{
+	// EVENT's envelope.
+	{"event three elements (go-nostr reads the last object)", `["EVENT",` + scanGoNostr + `,` + evWith("kind", `"kind":7`) + `]`, ReasonShape},
+	{"event with sub id", `["EVENT","sub",` + scanGoNostr + `]`, ReasonEvent},
+	{"event alone", `["EVENT"]`, ReasonShape},
+	{"event not an object", `["EVENT",[` + scanGoNostr + `]]`, ReasonEvent},
+	{"event null", `["EVENT",null]`, ReasonEvent},
+	{"event trailing comma", `["EVENT",` + scanGoNostr + `,]`, ReasonShape},
+	{"event trailing bracket", `["EVENT",` + scanGoNostr + `]]`, ReasonShape},
+	{"event trailing garbage", `["EVENT",` + scanGoNostr + `] x`, ReasonShape},
+	{"event trailing NUL", `["EVENT",` + scanGoNostr + "]\x00", ReasonShape},
+	{"event trailing second frame", `["EVENT",` + scanGoNostr + `]["REQ","s",{}]`, ReasonShape},
+	{"event truncated after object", `["EVENT",` + scanGoNostr, ReasonShape},
+	{"event truncated in object", `["EVENT",` + scanGoNostr[:100], ReasonEvent},
+	{"event truncated in string", `["EVENT",{"content":"abc`, ReasonEvent},
+	{"event truncated after label", `["EVENT",`, ReasonEvent},
+	{"event space before comma", `["EVENT" ,` + scanGoNostr + `]`, ReasonShape},
+	{"event whitespace before label", `[ "EVENT",` + scanGoNostr + `]`, ReasonShape},
+	{"event whitespace before frame", ` ["EVENT",` + scanGoNostr + `]`, ReasonShape},
+	{"event escaped label", `["\u0045VENT",` + scanGoNostr + `]`, ReasonShape},
+	{"solidus-escaped label", `["NEG\/OPEN","s",{},"61"]`, ReasonUnknownType},
+	{"event kind 22242", `["EVENT",` + scanAuth("22242", scanAuthTags) + `]`, ReasonEventKind},
+
+	// The event's fields.
+	{"duplicate id", `["EVENT",` + evWith("id", fID+`,"id":"`+testID2+`"`) + `]`, ReasonEvent},
+	{"duplicate kind", `["EVENT",` + evWith("kind", `"kind":1,"kind":7`) + `]`, ReasonEvent},
+	{"duplicate tags", `["EVENT",` + evWith("tags", fTags+`,"tags":[]`) + `]`, ReasonEvent},
+	{"escaped key id", `["EVENT",` + evWith("id", `"\u0069d":"`+testID+`"`) + `]`, ReasonEvent},
+	{"escaped key kind after kind", `["EVENT",` + evWith("kind", `"kind":1,"\u006bind":7`) + `]`, ReasonEvent},
+	{"case-folded key ID", `["EVENT",` + evWith("id", `"ID":"`+testID+`"`) + `]`, ReasonEvent},
+	{"case-folded key Pubkey", `["EVENT",` + evWith("pubkey", `"Pubkey":"`+scanPub+`"`) + `]`, ReasonEvent},
+	{"case-folded duplicate KIND", `["EVENT",` + evWith("kind", `"kind":1,"KIND":7`) + `]`, ReasonEvent},
+	{"unknown field", `["EVENT",` + evWith("sig", fSig+`,"relays":[]`) + `]`, ReasonEvent},
+	{"unknown field ots", `["EVENT",` + evWith("sig", fSig+`,"ots":"x"`) + `]`, ReasonEvent},
+	{"missing id", `["EVENT",` + evWith("id", "") + `]`, ReasonEvent},
+	{"missing pubkey", `["EVENT",` + evWith("pubkey", "") + `]`, ReasonEvent},
+	{"missing created_at", `["EVENT",` + evWith("created_at", "") + `]`, ReasonEvent},
+	{"missing kind", `["EVENT",` + evWith("kind", "") + `]`, ReasonEvent},
+	{"missing tags", `["EVENT",` + evWith("tags", "") + `]`, ReasonEvent},
+	{"missing content", `["EVENT",` + evWith("content", "") + `]`, ReasonEvent},
+	{"missing sig", `["EVENT",` + evWith("sig", "") + `]`, ReasonEvent},
+	{"empty event", `["EVENT",{}]`, ReasonEvent},
+	{"uppercase hex id", `["EVENT",` + evWith("id", `"id":"`+strings.ToUpper(testID)+`"`) + `]`, ReasonEvent},
+	{"uppercase hex pubkey", `["EVENT",` + evWith("pubkey", `"pubkey":"`+strings.ToUpper(scanPub)+`"`) + `]`, ReasonEvent},
+	{"uppercase hex sig", `["EVENT",` + evWith("sig", `"sig":"`+strings.ToUpper(scanSig)+`"`) + `]`, ReasonEvent},
+	{"escaped hex id", `["EVENT",` + evWith("id", `"id":"\u0034`+testID[1:]+`"`) + `]`, ReasonEvent},
+	{"short id", `["EVENT",` + evWith("id", `"id":"`+testID[:63]+`"`) + `]`, ReasonEvent},
+	{"long pubkey", `["EVENT",` + evWith("pubkey", `"pubkey":"`+scanPub+`0"`) + `]`, ReasonEvent},
+	{"sig of 126 digits", `["EVENT",` + evWith("sig", `"sig":"`+scanSig[:126]+`"`) + `]`, ReasonEvent},
+	{"sig of 130 digits", `["EVENT",` + evWith("sig", `"sig":"`+scanSig+`00"`) + `]`, ReasonEvent},
+	{"sig of 64 digits", `["EVENT",` + evWith("sig", `"sig":"`+testID+`"`) + `]`, ReasonEvent},
+	{"id a number", `["EVENT",` + evWith("id", `"id":1`) + `]`, ReasonEvent},
+	{"kind 1.0", `["EVENT",` + evWith("kind", `"kind":1.0`) + `]`, ReasonEvent},
+	{"kind 1e3", `["EVENT",` + evWith("kind", `"kind":1e3`) + `]`, ReasonEvent},
+	{"kind 1E3", `["EVENT",` + evWith("kind", `"kind":1E3`) + `]`, ReasonEvent},
+	{"kind -1", `["EVENT",` + evWith("kind", `"kind":-1`) + `]`, ReasonEvent},
+	{"kind -0", `["EVENT",` + evWith("kind", `"kind":-0`) + `]`, ReasonEvent},
+	{"kind 65536", `["EVENT",` + evWith("kind", `"kind":65536`) + `]`, ReasonEvent},
+	{"kind 100000", `["EVENT",` + evWith("kind", `"kind":100000`) + `]`, ReasonEvent},
+	{"kind 01", `["EVENT",` + evWith("kind", `"kind":01`) + `]`, ReasonEvent},
+	{"kind 00", `["EVENT",` + evWith("kind", `"kind":00`) + `]`, ReasonEvent},
+	{"kind a string", `["EVENT",` + evWith("kind", `"kind":"1"`) + `]`, ReasonEvent},
+	{"kind true", `["EVENT",` + evWith("kind", `"kind":true`) + `]`, ReasonEvent},
+	{"kind +1", `["EVENT",` + evWith("kind", `"kind":+1`) + `]`, ReasonEvent},
+	{"kind hex", `["EVENT",` + evWith("kind", `"kind":0x1`) + `]`, ReasonEvent},
+	{"created_at float", `["EVENT",` + evWith("created_at", `"created_at":1673347337.5`) + `]`, ReasonEvent},
+	{"created_at 1.0", `["EVENT",` + evWith("created_at", `"created_at":1673347337.0`) + `]`, ReasonEvent},
+	{"created_at exponent", `["EVENT",` + evWith("created_at", `"created_at":1.673347337e9`) + `]`, ReasonEvent},
+	{"created_at negative", `["EVENT",` + evWith("created_at", `"created_at":-1`) + `]`, ReasonEvent},
+	{"created_at 2^56-1 (go-nostr's negentropy cannot write it)", `["EVENT",` + evWith("created_at", `"created_at":72057594037927935`) + `]`, ReasonEvent},
+	{"created_at 18 digits", `["EVENT",` + evWith("created_at", `"created_at":100000000000000000`) + `]`, ReasonEvent},
+	{"created_at 19 digits", `["EVENT",` + evWith("created_at", `"created_at":9223372036854775807`) + `]`, ReasonEvent},
+	{"created_at a string", `["EVENT",` + evWith("created_at", `"created_at":"1673347337"`) + `]`, ReasonEvent},
+	{"tags with a number", `["EVENT",` + evWith("tags", `"tags":[["e",1]]`) + `]`, ReasonEvent},
+	{"tags with null", `["EVENT",` + evWith("tags", `"tags":[["e",null]]`) + `]`, ReasonEvent},
+	{"tags with null tag", `["EVENT",` + evWith("tags", `"tags":[null]`) + `]`, ReasonEvent},
+	{"tags with an object", `["EVENT",` + evWith("tags", `"tags":[["e"],{"id":"`+testID2+`"}]`) + `]`, ReasonEvent},
+	{"tags with a nested array", `["EVENT",` + evWith("tags", `"tags":[["e",["x"]]]`) + `]`, ReasonEvent},
+	{"tags of strings", `["EVENT",` + evWith("tags", `"tags":["e","x"]`) + `]`, ReasonEvent},
+	{"tags as object", `["EVENT",` + evWith("tags", `"tags":{"e":"x"}`) + `]`, ReasonEvent},
+	{"tags a string", `["EVENT",` + evWith("tags", `"tags":"[]"`) + `]`, ReasonEvent},
+	{"tags trailing comma", `["EVENT",` + evWith("tags", `"tags":[["e","x"],]`) + `]`, ReasonEvent},
+	{"content a number", `["EVENT",` + evWith("content", `"content":1`) + `]`, ReasonEvent},
+	{"content an object", `["EVENT",` + evWith("content", `"content":{"a":"b"}`) + `]`, ReasonEvent},
+	{"content with raw newline", `["EVENT",` + evWith("content", "\"content\":\"a\nb\"") + `]`, ReasonEvent},
+	{"content with raw tab", `["EVENT",` + evWith("content", "\"content\":\"a\tb\"") + `]`, ReasonEvent},
+	{"content with bad escape", `["EVENT",` + evWith("content", `"content":"a\x41"`) + `]`, ReasonEvent},
+	{"content with short \\u", `["EVENT",` + evWith("content", `"content":"a\u12"`) + `]`, ReasonEvent},
+	{"content with single quotes", `["EVENT",` + evWith("content", `"content":'a'`) + `]`, ReasonEvent},
+	{"null id", `["EVENT",` + evWith("id", `"id":null`) + `]`, ReasonEvent},
+	{"null content", `["EVENT",` + evWith("content", `"content":null`) + `]`, ReasonEvent},
+	{"null tags", `["EVENT",` + evWith("tags", `"tags":null`) + `]`, ReasonEvent},
+	{"null kind", `["EVENT",` + evWith("kind", `"kind":null`) + `]`, ReasonEvent},
+	{"null sig", `["EVENT",` + evWith("sig", `"sig":null`) + `]`, ReasonEvent},
+	{"missing colon", `["EVENT",` + evWith("kind", `"kind" 1`) + `]`, ReasonEvent},
+	{"object trailing comma", `["EVENT",` + strings.TrimSuffix(scanGoNostr, "}") + `,}]`, ReasonEvent},
+	{"unquoted key", `["EVENT",` + evWith("kind", `kind:1`) + `]`, ReasonEvent},
+	{"invalid utf-8 in content", `["EVENT",` + evWith("content", "\"content\":\"a\xffb\"") + `]`, ReasonNotUTF8},
+	{"overlong utf-8 in content", `["EVENT",` + evWith("content", "\"content\":\"\xc0\xaf\"") + `]`, ReasonNotUTF8},
+	{"utf-8 surrogate in tags", `["EVENT",` + evWith("tags", "\"tags\":[[\"\xed\xa0\x80\"]]") + `]`, ReasonNotUTF8},
+
+	// REQ and COUNT.
+	{"req no filters", `["REQ","sub"]`, ReasonShape},
+	{"req empty filter slot", `["REQ","sub",]`, ReasonFilter},
+	{"req maxFilters+1", `["REQ","many",` + repeatJoin(`{}`, scanMaxFilters+1, ",") + `]`, ReasonFilters},
+	{"req 1000 filters", `["REQ","many",` + repeatJoin(`{"kinds":[1]}`, 1000, ",") + `]`, ReasonFilters},
+	{"req filter unknown key count", `["REQ","s",{"count":1}]`, ReasonFilter},
+	{"req filter unknown key", `["REQ","s",{"kinds":[1],"relay":"x"}]`, ReasonFilter},
+	{"req filter case-folded key", `["REQ","s",{"Kinds":[1]}]`, ReasonFilter},
+	{"req filter escaped key", `["REQ","s",{"\u006binds":[1]}]`, ReasonFilter},
+	{"req filter key #ab", `["REQ","s",{"#ab":["x"]}]`, ReasonFilter},
+	{"req filter key #", `["REQ","s",{"#":["x"]}]`, ReasonFilter},
+	{"req filter key #1", `["REQ","s",{"#1":["x"]}]`, ReasonFilter},
+	{"req filter key #é", `["REQ","s",{"#é":["x"]}]`, ReasonFilter},
+	{"req filter key &e", `["REQ","s",{"&e":["x"]}]`, ReasonFilter},
+	{"req filter duplicate #e", `["REQ","s",{"#e":["` + testID + `"],"#e":["` + testID2 + `"]}]`, ReasonFilter},
+	{"req filter duplicate kinds", `["REQ","s",{"kinds":[1],"kinds":[7]}]`, ReasonFilter},
+	{"req filter duplicate limit", `["REQ","s",{"limit":1,"limit":500}]`, ReasonFilter},
+	{"req filter duplicate since", `["REQ","s",{"since":1,"since":2}]`, ReasonFilter},
+	{"req filter kinds strings", `["REQ","s",{"kinds":["1"]}]`, ReasonFilter},
+	{"req filter kinds negative", `["REQ","s",{"kinds":[-1]}]`, ReasonFilter},
+	{"req filter kinds 65536", `["REQ","s",{"kinds":[65536]}]`, ReasonFilter},
+	{"req filter kinds float", `["REQ","s",{"kinds":[1.0]}]`, ReasonFilter},
+	{"req filter kinds null", `["REQ","s",{"kinds":null}]`, ReasonFilter},
+	{"req filter kinds a number", `["REQ","s",{"kinds":1}]`, ReasonFilter},
+	{"req filter limit 1.5", `["REQ","s",{"limit":1.5}]`, ReasonFilter},
+	{"req filter limit negative", `["REQ","s",{"limit":-1}]`, ReasonFilter},
+	{"req filter limit 10 digits", `["REQ","s",{"limit":1000000000}]`, ReasonFilter},
+	{"req filter limit null", `["REQ","s",{"limit":null}]`, ReasonFilter},
+	{"req filter limit a string", `["REQ","s",{"limit":"10"}]`, ReasonFilter},
+	{"req filter since a string", `["REQ","s",{"since":"1"}]`, ReasonFilter},
+	{"req filter until exponent", `["REQ","s",{"until":1e9}]`, ReasonFilter},
+	{"req filter ids a string", `["REQ","s",{"ids":"` + testID + `"}]`, ReasonFilter},
+	{"req filter ids numbers", `["REQ","s",{"ids":[1]}]`, ReasonFilter},
+	{"req filter authors null", `["REQ","s",{"authors":[null]}]`, ReasonFilter},
+	{"req filter tag values numbers", `["REQ","s",{"#e":[1]}]`, ReasonFilter},
+	{"req filter tag null", `["REQ","s",{"#e":null}]`, ReasonFilter},
+	{"req filter search a number", `["REQ","s",{"search":1}]`, ReasonFilter},
+	{"req filter an array", `["REQ","s",[]]`, ReasonFilter},
+	{"req filter a string", `["REQ","s","{}"]`, ReasonFilter},
+	{"req filter null", `["REQ","s",null]`, ReasonFilter},
+	{"req second filter bad", `["REQ","s",{},{"count":1}]`, ReasonFilter},
+	{"req truncated in filter", `["REQ","s",{"kinds":[1`, ReasonFilter},
+	{"req truncated after filter", `["REQ","s",{"kinds":[1]}`, ReasonShape},
+	{"req truncated in sub id", `["REQ","su`, ReasonSubID},
+	{"req sub id empty", `["REQ","",{}]`, ReasonSubID},
+	{"req sub id 65 bytes", `["REQ","` + strings.Repeat("x", 65) + `",{}]`, ReasonSubID},
+	{"req sub id 65 bytes of utf-8", `["REQ","` + strings.Repeat("x", 63) + `é",{}]`, ReasonSubID},
+	{"req sub id escaped quote", `["REQ","a\"b",{}]`, ReasonSubID},
+	{"req sub id escaped letter", `["REQ","\u0061",{}]`, ReasonSubID},
+	{"req sub id escaped solidus", `["REQ","a\/b",{}]`, ReasonSubID},
+	{"req sub id control char", "[\"REQ\",\"a\x01b\",{}]", ReasonSubID},
+	{"req sub id tab", "[\"REQ\",\"a\tb\",{}]", ReasonSubID},
+	{"req sub id a number", `["REQ",1,{}]`, ReasonSubID},
+	{"req sub id null", `["REQ",null,{}]`, ReasonSubID},
+	{"req sub id invalid utf-8", "[\"REQ\",\"a\xffb\",{}]", ReasonNotUTF8},
+	{"count two filters", `["COUNT","c",{"kinds":[1]},{"kinds":[7]}]`, ReasonCountOne},
+	{"count no filter", `["COUNT","c"]`, ReasonShape},
+	{"count as a reply", `["COUNT","c",{"count":5}]`, ReasonFilter},
+	{"count sub id escaped", `["COUNT","\u0063",{}]`, ReasonSubID},
+
+	// CLOSE and NEG-*.
+	{"close alone", `["CLOSE"]`, ReasonShape},
+	{"close two ids", `["CLOSE","a","b"]`, ReasonShape},
+	{"close sub id a number", `["CLOSE",1]`, ReasonSubID},
+	{"close truncated", `["CLOSE","s"`, ReasonShape},
+	{"close sub id escaped", `["CLOSE","\u0073"]`, ReasonSubID},
+	{"neg-open no filter", `["NEG-OPEN","s","6100000200"]`, ReasonFilter},
+	{"neg-open no message", `["NEG-OPEN","s",{}]`, ReasonShape},
+	{"neg-open bad message", `["NEG-OPEN","s",{},"6200000200"]`, ReasonNegentropy},
+	{"neg-open uppercase message", `["NEG-OPEN","s",{},"6100000201` + strings.ToUpper(testID) + `"]`, ReasonNegentropy},
+	{"neg-open escaped message", `["NEG-OPEN","s",{},"\u0036100000200"]`, ReasonNegentropy},
+	{"neg-open message a number", `["NEG-OPEN","s",{},6100000200]`, ReasonNegentropy},
+	{"neg-open empty message", `["NEG-OPEN","s",{},""]`, ReasonNegentropy},
+	{"neg-open panicking message", `["NEG-OPEN","s",{},"` + negPanicReadBound + `"]`, ReasonNegentropy},
+	{"neg-open wrapping message", `["NEG-OPEN","s",{},"` + negPanicWrap + `"]`, ReasonNegentropy},
+	{"neg-open two filters", `["NEG-OPEN","s",{},{},"6100000200"]`, ReasonNegentropy},
+	{"neg-open extra element", `["NEG-OPEN","s",{},"6100000200","x"]`, ReasonShape},
+	{"neg-open bad filter", `["NEG-OPEN","s",{"count":1},"6100000200"]`, ReasonFilter},
+	{"neg-msg no message", `["NEG-MSG","s"]`, ReasonShape},
+	{"neg-msg odd message", `["NEG-MSG","s","610"]`, ReasonNegentropy},
+	{"neg-msg extra element", `["NEG-MSG","s","61",1]`, ReasonShape},
+	{"neg-close extra element", `["NEG-CLOSE","s","x"]`, ReasonShape},
+	{"neg-close sub id 65 bytes", `["NEG-CLOSE","` + strings.Repeat("n", 65) + `"]`, ReasonSubID},
+
+	// AUTH.
+	{"auth kind 1", `["AUTH",` + scanAuth("1", scanAuthTags) + `]`, ReasonAuthKind},
+	{"auth kind 22243", `["AUTH",` + scanAuth("22243", scanAuthTags) + `]`, ReasonAuthKind},
+	{"auth a challenge string", `["AUTH","challenge"]`, ReasonEvent},
+	{"auth two events", `["AUTH",` + scanAuth("22242", scanAuthTags) + `,` + scanAuth("22242", scanAuthTags) + `]`, ReasonShape},
+	{"auth bad tags", `["AUTH",` + scanAuth("22242", `[["challenge",1]]`) + `]`, ReasonEvent},
+
+	// Not Nostr, or not a known type.
+	{"unknown label", `["FOO",1]`, ReasonUnknownType},
+	{"relay label NOTICE", `["NOTICE","x"]`, ReasonUnknownType},
+	{"relay label OK", `["OK","` + testID + `",true,""]`, ReasonUnknownType},
+	{"lower-case label", `["event",` + scanGoNostr + `]`, ReasonUnknownType},
+	{"NEG-ERR", `["NEG-ERR","s","x"]`, ReasonUnknownType},
+	{"label OTHER", `["OTHER"]`, ReasonUnknownType},
+	{"number first", `[1,"X"]`, ReasonNotNostr},
+	{"number before label", `[0,"EVENT",` + scanGoNostr + `]`, ReasonNotNostr},
+	{"comma label", `[",",1]`, ReasonNotNostr},
+	{"object", `{"EVENT":1}`, ReasonNotNostr},
+	{"empty array", `[]`, ReasonNotNostr},
+	{"empty frame", ``, ReasonNotNostr},
+	{"bom", "\xef\xbb\xbf[\"EVENT\"," + scanGoNostr + "]", ReasonNotNostr},
+	{"truncated label", `["EVE`, ReasonNotNostr},
+	{"label only", `["EVENT"`, ReasonNotNostr},
+	{"invalid utf-8 label", "[\"EV\xffT\",{}]", ReasonUnknownType},
+}
+
+func TestScanCanonical(t *testing.T) {
+	for _, tc := range scanCanonical {
+		t.Run(tc.name, func(t *testing.T) {
+			frame := []byte(tc.frame)
+			orig := bytes.Clone(frame)
+			f, reason := Scan(frame, scanMaxFilters)
+			if reason != "" {
+				t.Fatalf("Scan(%s) = %q, want canonical", frame, reason)
+			}
+			if !bytes.Equal(frame, orig) {
+				t.Fatal("Scan modified its input")
+			}
+			checkFacts(t, frame, f, tc.want)
+		})
+	}
+}
+
+// checkFacts compares f with want and checks that every slice of f is a
+// piece of the frame.
+func checkFacts(t *testing.T, frame []byte, f Facts, want scanWant) {
+	t.Helper()
+	ev := f.Event
+	lits := []struct {
+		name string
+		got  []byte
+		want string
+	}{
+		{"SubID", f.SubID, want.sub},
+		{"Neg", f.Neg, want.neg},
+		{"Challenge", ev.Challenge, want.challenge},
+		{"Relay", ev.Relay, want.relay},
+	}
+	if f.Type != want.typ {
+		t.Errorf("Type = %v, want %v", f.Type, want.typ)
+	}
+	for _, l := range lits {
+		switch {
+		case l.want == "" && l.got != nil:
+			t.Errorf("%s = %q, want nil", l.name, l.got)
+		case string(l.got) != l.want:
+			t.Errorf("%s = %q, want %q", l.name, l.got, l.want)
+		case l.got != nil && !isSubSlice(frame, l.got):
+			t.Errorf("%s %q is not a piece of the frame", l.name, l.got)
+		}
+	}
+	if f.Filters != want.filters {
+		t.Errorf("Filters = %d, want %d", f.Filters, want.filters)
+	}
+	if ev.Kind != want.kind || ev.CreatedAt != want.createdAt {
+		t.Errorf("Kind, CreatedAt = %d, %d; want %d, %d", ev.Kind, ev.CreatedAt, want.kind, want.createdAt)
+	}
+	if want.id == "" {
+		if ev.IDLit != nil || ev.Raw != nil || ev.ID != (Hex32{}) || ev.Pubkey != (Hex32{}) {
+			t.Errorf("Event = %+v, want none", ev)
+		}
+		return
+	}
+	if ev.ID.String() != want.id || ev.Pubkey.String() != want.pubkey {
+		t.Errorf("ID, Pubkey = %s, %s; want %s, %s", ev.ID, ev.Pubkey, want.id, want.pubkey)
+	}
+	if string(ev.IDLit) != `"`+want.id+`"` || !isSubSlice(frame, ev.IDLit) {
+		t.Errorf("IDLit = %q, want the id's literal in the frame", ev.IDLit)
+	}
+	if len(ev.Raw) < 2 || ev.Raw[0] != '{' || ev.Raw[len(ev.Raw)-1] != '}' || !isSubSlice(frame, ev.Raw) {
+		t.Errorf("Raw = %.40q…, want the event object in the frame", ev.Raw)
+	}
+	// Raw is the second element exactly: what follows is whitespace and
+	// the closing bracket.
+	end := bytes.Index(frame, ev.Raw) + len(ev.Raw)
+	if rest := bytes.TrimSpace(frame[end:]); string(rest) != "]" {
+		t.Errorf("after Raw: %q, want ]", rest)
+	}
+}
+
+// TestScanGoNostrFrames: frames go-nostr itself writes are canonical.
+func TestScanGoNostrFrames(t *testing.T) {
+	ev := nostr.Event{
+		ID: testID, PubKey: scanPub, CreatedAt: 1673347337, Kind: 1,
+		Tags:    nostr.Tags{{"e", testID2, "wss://relay.example.com", "reply"}, {"p", scanPub}, {"t", "ü\"\\\n<&>"}},
+		Content: "hello \u2028 \"world\" <b>&</b> \x01 \U0001F600",
+		Sig:     scanSig,
+	}
+	since := nostr.Timestamp(1673347337)
+	filters := nostr.Filters{
+		{Kinds: []int{1, 6}, Authors: []string{scanPub}, Limit: 10, Since: &since},
+		{IDs: []string{testID}, Tags: nostr.TagMap{"e": {testID2}, "p": {scanPub}}, Search: "x"},
+		{LimitZero: true, Kinds: []int{0}},
+	}
+	auth := ev
+	auth.Kind, auth.Tags = KindAuth, nostr.Tags{{"relay", "wss://relay.example.com"}, {"challenge", "ch"}}
+	for _, tc := range []struct {
+		env  interface{ MarshalJSON() ([]byte, error) }
+		typ  Type
+		want int // filters
+	}{
+		{nostr.EventEnvelope{Event: ev}, TypeEVENT, 0},
+		{nostr.ReqEnvelope{SubscriptionID: "sub", Filters: filters}, TypeREQ, 3},
+		{nostr.CountEnvelope{SubscriptionID: "sub", Filter: filters[1]}, TypeCOUNT, 1},
+		{nostr.CloseEnvelope("sub"), TypeCLOSE, 0},
+		{nostr.AuthEnvelope{Event: auth}, TypeAUTH, 0},
+	} {
+		frame, err := tc.env.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, reason := Scan(frame, scanMaxFilters)
+		if reason != "" || f.Type != tc.typ || f.Filters != tc.want {
+			t.Errorf("Scan(%s) = %v %d %q, want %v %d canonical", frame, f.Type, f.Filters, reason, tc.typ, tc.want)
+		}
+		if tc.typ == TypeEVENT || tc.typ == TypeAUTH {
+			if f.Event.ID.String() != testID || f.Event.Pubkey.String() != scanPub || f.Event.CreatedAt != 1673347337 {
+				t.Errorf("Scan(%s) event %+v", frame, f.Event)
+			}
+		}
+		if tc.typ == TypeAUTH && (string(f.Event.Challenge) != `"ch"` || string(f.Event.Relay) != `"wss://relay.example.com"`) {
+			t.Errorf("Scan(%s): challenge %s, relay %s", frame, f.Event.Challenge, f.Event.Relay)
+		}
+	}
+}
+
+func TestScanHostile(t *testing.T) {
+	for _, tc := range scanHostile {
+		t.Run(tc.name, func(t *testing.T) {
+			frame := []byte(tc.frame)
+			f, reason := Scan(frame, scanMaxFilters)
+			if reason != tc.reason {
+				t.Errorf("Scan(%.300q) = %q, want %q", frame, reason, tc.reason)
+			}
+			// The type is Peek's whatever the shape: it decides the bucket.
+			if want := PeekType(frame).Type; f.Type != want {
+				t.Errorf("Type = %v, Peek says %v", f.Type, want)
+			}
+		})
+	}
+}
+
+// TestScanMaxFilters: the bound is the caller's.
+func TestScanMaxFilters(t *testing.T) {
+	frame := []byte(`["REQ","s",{},{},{}]`)
+	for max, want := range []string{ReasonFilters, ReasonFilters, ReasonFilters, "", ""} {
+		if _, reason := Scan(frame, max); reason != want {
+			t.Errorf("Scan with maxFilters %d = %q, want %q", max, reason, want)
+		}
+	}
+	if _, reason := Scan([]byte(`["NEG-OPEN","s",{},"61"]`), 0); reason != "" {
+		t.Errorf("NEG-OPEN with maxFilters 0 = %q: its one filter is not bounded by it", reason)
+	}
+}
+
+// TestUnquote: the AUTH literals decode as a relay would read them.
+func TestUnquote(t *testing.T) {
+	for _, tc := range []struct {
+		lit, want string
+		ok        bool
+	}{
+		{`"abc"`, "abc", true},
+		{`""`, "", true},
+		{`"a\"b\\c\/d\n\t"`, "a\"b\\c/d\n\t", true},
+		{`"\u0041\u007f"`, "A\x7f", true},
+		{`"\u00e9"`, "", false},
+		{`"\ud83d\ude00"`, "", false},
+		{`"abc`, "", false},
+		{`abc"`, "", false},
+		{`"`, "", false},
+		{`"\x"`, "", false},
+		{`"` + strings.Repeat("x", 17) + `"`, "", false},
+	} {
+		got, ok := Unquote(make([]byte, 0, 16), []byte(tc.lit))
+		if ok != tc.ok || string(got) != tc.want {
+			t.Errorf("Unquote(%s) = %q %v, want %q %v", tc.lit, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestScanAllocs(t *testing.T) {
+	frames := map[string][]byte{
+		"EVENT":    []byte(`["EVENT",` + scanNostrTools + `]`),
+		"AUTH":     []byte(`["AUTH",` + scanAuth("22242", `[["\u0072elay","wss://r.example"],["challenge","c"]]`) + `]`),
+		"REQ":      []byte(`["REQ","many",` + repeatJoin(scanFilter, scanMaxFilters, ",") + `]`),
+		"NEG-OPEN": []byte(`["NEG-OPEN","neg1",{"kinds":[1]},"` + negOpenMsg + `"]`),
+		"hostile":  []byte(`["EVENT",` + evWith("kind", `"kind":1,"kind":7`) + `]`),
+	}
+	for name, frame := range frames {
+		var sink Facts
+		n := testing.AllocsPerRun(100, func() { sink, _ = Scan(frame, scanMaxFilters) })
+		if n != 0 {
+			t.Errorf("Scan of %s allocates %v times", name, n)
+		}
+		_ = sink
+	}
+}
+
+func BenchmarkScan(b *testing.B) {
+	content := func(n int) string {
+		return evWith("content", `"content":"`+strings.Repeat(`lorem ipsum \"dolor\" sit `, n/26+1)[:n]+`"`)
+	}
+	for _, bm := range []struct{ name, frame string }{
+		{"EVENT-1KiB", `["EVENT",` + content(1<<10) + `]`},
+		{"EVENT-64KiB", `["EVENT",` + content(64<<10) + `]`},
+		{"REQ-10-filters", `["REQ","many",` + repeatJoin(scanFilter, 10, ",") + `]`},
+		{"NEG-OPEN", `["NEG-OPEN","neg1",{"kinds":[1]},"` + negOpenMsg + `"]`},
+		{"hostile-1000-filters", `["REQ","many",` + repeatJoin(`{}`, 1000, ",") + `]`},
+	} {
+		frame := []byte(bm.frame)
+		if _, reason := Scan(frame, scanMaxFilters); reason != "" && !strings.HasPrefix(bm.name, "hostile") {
+			b.Fatalf("%s: %s", bm.name, reason)
+		}
+		b.Run(bm.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(frame)))
+			var f Facts
+			for b.Loop() {
+				f, _ = Scan(frame, scanMaxFilters)
+			}
+			_ = f
+		})
+	}
+}
