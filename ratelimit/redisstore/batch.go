@@ -9,208 +9,369 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/ratelimit"
 )
 
 // ErrClosed is wrapped (with ratelimit.ErrUnavailable) by Decide after Close.
 var ErrClosed = errors.New("redisstore: store closed")
 
-// call is one decision waiting for a batch.
+// ErrOverloaded is wrapped (with ratelimit.ErrUnavailable) by Decide for a
+// decision whose deadline passed while it waited in the store's own queue,
+// never sent: the gate was too busy (or too starved of CPU) to ask Redis in
+// time. It says nothing about Redis, and the breaker does not count it.
+var ErrOverloaded = errors.New("redisstore: decision expired in the gate's queue, never sent")
+
+// call is one decision of a batched Store.
 type call struct {
 	req      *request
-	deadline time.Time       // the store's Timeout from the call's start; zero: none
-	res      chan callResult // capacity 1: a worker never blocks on a caller who left
+	asked    time.Time       // when Decide was called
+	deadline time.Time       // its own whole deadline, from asked; zero: none
+	probe    bool            // the breaker's half-open probe
+	res      chan callResult // capacity 1: a leader never blocks on a caller who left
+	state    callState       // under batcher.mu
+	sent     atomic.Bool     // went out in a batch (its round trip reports a probe)
+	directed bool            // went straight out (direct reported it)
 }
+
+type callState uint8
+
+const (
+	queued    callState = iota
+	taken               // in a leader's batch: its result will come on res
+	leading             // handed a lead token on res: it sends a batch
+	abandoned           // its caller left while it was queued
+)
 
 type callResult struct {
-	reply any
-	err   error
+	d    ratelimit.Decision
+	err  error
+	lead bool // not a result: the receiver leads the next round trip
 }
 
-// batcher sends the decisions of concurrent callers to Redis together, as
-// one pipeline of EVALSHAs, so that a busy gate pays one write and one read
-// system call per batch instead of per decision, on both sides.
+// batcher groups the decisions of concurrent callers into shared round
+// trips without goroutines of its own.
 //
-// go-redis has an auto-pipeliner that does the same, but in v9.23 it does not
-// bound a call by its context: against a hung Redis a decision waited for
-// 35 s with a 100 ms deadline. Here every call is bounded by its own
-// deadline without a timer of its own (a timer per call cost the client
-// up to a quarter of its CPU per decision in BenchmarkRedis, noisily): calls
-// are taken from the queue in order; one found past its deadline when taken
-// is failed unsent; a pipeline carries the earliest deadline of its batch,
-// so it never outlives a call in it; and since every call gets the same
-// Timeout from its start, the calls queued ahead of a call (even while it
-// waits for room in a full queue) have deadlines no later than its own, so
-// no pipeline a worker is busy with outlives it either. A call is therefore
-// answered by its deadline, up to scheduling delays. The caller's own ctx
-// (a shorter deadline, a cancellation) is waited on as well.
+// A decision goes straight out from its caller's goroutine, alone, as long
+// as nothing is queued and fewer than flight round trips are in flight:
+// at low concurrency there is nothing to batch, and a hand-off would only
+// add latency. Past that it queues, and each round trip that completes
+// hands its slot to the oldest queued caller, which takes up to max queued
+// decisions (the queue built up during the round trip) and sends them as
+// one pipeline — on a plain client as one script call. So at high
+// concurrency decisions go in full batches, flight at a time.
+//
+// Each decision keeps its own whole deadline, from the moment it was asked
+// (the store's Timeout, or the caller's context if shorter), and waiting
+// never spends it: a queued decision waits for a round trip to free up at
+// most patience (a twentieth of the Timeout), after which another round
+// trip is started for it beyond flight (up to hardFlight); a batch is cut
+// where its decisions' deadlines spread by more than patience, and its
+// pipeline carries the latest of them, so no decision is cut short by a
+// neighbour's earlier deadline and none is answered later than its own by
+// more than patience. A decision found past its deadline when taken is
+// failed unsent, with ErrOverloaded: our queue, not Redis, was slow.
 type batcher struct {
-	client redis.UniversalClient
-	shared bool // decisions of any keys may share a script call (see exec)
-	max    int
-	queue  chan *call
-	stop   chan struct{}
-	spill  chan struct{} // a full batch is queued (capacity 1)
-	once   sync.Once
-	wg     sync.WaitGroup
+	client     redis.UniversalClient
+	shared     bool // decisions of any keys may share a script call (see exec)
+	max        int
+	flight     int
+	hardFlight int
+	patience   time.Duration
+	trip       func(probe, ok bool) // the breaker, once per round trip that reached for Redis
+	stop       chan struct{}
+	timer      *time.Timer
 
-	// pipelines and calls count what the workers sent, for the benchmarks'
-	// mean batch size.
-	pipelines, calls atomic.Int64
+	mu       sync.Mutex
+	q        []*call // q[head:] are queued (some abandoned)
+	head     int
+	live     int // queued, not abandoned
+	inflight int
+	armed    bool // timer set
+	closed   bool
+
+	scratch sync.Pool
+
+	// pipelines and calls count the batched round trips and the decisions
+	// they carried, for the benchmarks' mean batch size; direct counts the
+	// decisions that went straight out; expired those failed unsent.
+	pipelines, calls, direct, expired atomic.Int64
 }
 
-// newBatcher starts workers sending up to max decisions per round trip to
-// client; shared says whether decisions of different clients may go in one
-// script call (not on a cluster, where their keys are in different slots).
-func newBatcher(client redis.UniversalClient, shared bool, max, workers int) *batcher {
+// hardFlightPerFlight bounds the round trips started past flight for
+// decisions that waited out their patience (Redis slow, not busy).
+const hardFlightPerFlight = 16
+
+func newBatcher(client redis.UniversalClient, shared bool, max, flight int, patience time.Duration, trip func(probe, ok bool)) *batcher {
+	if patience <= 0 {
+		patience = time.Millisecond
+	}
 	b := &batcher{
-		client: client,
-		shared: shared,
-		max:    max,
-		queue:  make(chan *call, max*workers),
-		stop:   make(chan struct{}),
-		spill:  make(chan struct{}, 1),
+		client:     client,
+		shared:     shared,
+		max:        max,
+		flight:     flight,
+		hardFlight: flight * hardFlightPerFlight,
+		patience:   patience,
+		trip:       trip,
+		stop:       make(chan struct{}),
 	}
-	b.wg.Add(workers)
-	for i := range workers {
-		go b.work(i == 0)
+	if b.trip == nil {
+		b.trip = func(bool, bool) {}
 	}
+	b.timer = time.AfterFunc(time.Hour, b.sweep)
+	b.timer.Stop()
 	return b
 }
 
-// do queues one script call and waits for its reply, for ctx, or (through
-// the workers) for deadline; a zero deadline means none of the store's own.
-func (b *batcher) do(ctx context.Context, deadline time.Time, req *request) (any, error) {
-	c := &call{req: req, deadline: deadline, res: make(chan callResult, 1)}
-	select {
-	case b.queue <- c:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-b.stop:
-		return nil, ErrClosed
+// do decides req: straight out when nothing waits, else in a batch.
+// direct runs req alone from this goroutine.
+func (b *batcher) do(ctx context.Context, c *call, direct func() (ratelimit.Decision, error)) (ratelimit.Decision, error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return ratelimit.Decision{}, ErrClosed
 	}
-	if len(b.queue) >= b.max {
-		select {
-		case b.spill <- struct{}{}:
-		default:
-		}
+	if b.live == 0 && b.inflight < b.flight {
+		b.inflight++
+		b.mu.Unlock()
+		b.direct.Add(1)
+		c.directed = true
+		d, err := direct()
+		b.finish()
+		return d, err
 	}
-	select {
-	case r := <-c.res:
-		return r.reply, r.err
-	case <-ctx.Done():
-		// The worker still delivers into the buffered channel; nobody reads
-		// it, and it is garbage once the batch is done.
-		return nil, ctx.Err()
-	case <-b.stop:
-		// The send above may have won its race with Close after the
-		// workers had drained the queue and gone: nobody would answer.
-		// (A call a worker is running is answered ErrClosed too; the
-		// store is shutting down.)
-		return nil, ErrClosed
+	c.res = make(chan callResult, 1)
+	b.q = append(b.q, c)
+	b.live++
+	switch {
+	case b.inflight < b.flight || (b.live >= b.max && b.inflight < b.hardFlight):
+		// A slot is free (its holder is handing it over), or a full batch
+		// waits: start a round trip now.
+		b.startLocked()
+	case !b.armed:
+		b.armed = true
+		b.timer.Reset(b.patience)
 	}
-}
-
-func (b *batcher) close() {
-	b.once.Do(func() { close(b.stop) })
-	b.wg.Wait()
-}
-
-// work is a worker's loop. The first worker sends whatever is queued as
-// soon as its previous pipeline returns: while one pipeline is in flight
-// the next batch gathers, so a moderate load goes in few, full script calls
-// (Redis's thread pays per call and per read; a second pipeline of half a
-// batch at 16 callers cost more than it overlapped, measured in
-// BenchmarkRedisConcurrency). The others send only when a full batch is
-// waiting (do signals spill), adding pipelines in flight under a load the
-// first cannot keep up with.
-func (b *batcher) work(first bool) {
-	defer b.wg.Done()
-	batch := make([]*call, 0, b.max)
-	var sc scratch
+	b.mu.Unlock()
 	for {
-		batch = batch[:0]
-		if first {
-			select {
-			case c := <-b.queue:
-				batch = append(batch, c)
-			case <-b.stop:
-				b.drain()
-				return
+		select {
+		case r := <-c.res:
+			if !r.lead {
+				return r.d, r.err
 			}
-			if len(b.queue) < b.max/2 {
-				runtime.Gosched() // let the callers about to queue join
-			}
-		} else {
-			select {
-			case <-b.spill:
-			case <-b.stop:
-				b.drain()
-				return
-			}
-			if len(b.queue) < b.max {
-				continue
-			}
+			b.lead(c)
+			// lead delivered this call's own result on res.
+		case <-ctx.Done():
+			b.abandon(c)
+			return ratelimit.Decision{}, ctx.Err()
+		case <-b.stop:
+			// A call that was queued when Close ran gets ErrClosed there;
+			// one taken or leading is answered as the store shuts down.
+			return ratelimit.Decision{}, ErrClosed
 		}
-		for len(batch) < b.max {
-			c, ok := b.poll()
-			if !ok {
-				break
-			}
-			batch = append(batch, c)
-		}
-		if len(batch) > 0 {
-			b.send(batch, &sc)
-		}
-		clear(batch)
 	}
 }
 
-// poll takes a queued call, if there is one.
-func (b *batcher) poll() (*call, bool) {
-	select {
-	case c := <-b.queue:
-		return c, true
-	default:
-		return nil, false
+// startLocked hands a lead token to the oldest queued call, taking a
+// round trip slot for it. b.mu is held.
+func (b *batcher) startLocked() {
+	c := b.popLocked()
+	if c == nil {
+		return
 	}
+	b.inflight++
+	c.state = leading
+	c.res <- callResult{lead: true}
+}
+
+// popLocked removes and returns the oldest live queued call, or nil.
+func (b *batcher) popLocked() *call {
+	for b.head < len(b.q) {
+		c := b.q[b.head]
+		b.q[b.head] = nil
+		b.head++
+		if c.state == abandoned {
+			continue
+		}
+		b.live--
+		if b.head == len(b.q) {
+			b.q, b.head = b.q[:0], 0
+		}
+		return c
+	}
+	b.q, b.head = b.q[:0], 0
+	return nil
+}
+
+// peekLocked returns the oldest live queued call without removing it.
+func (b *batcher) peekLocked() *call {
+	for i := b.head; i < len(b.q); i++ {
+		if c := b.q[i]; c.state != abandoned {
+			return c
+		}
+	}
+	return nil
+}
+
+// finish hands a finished round trip's slot to the oldest queued call, or
+// frees it. A slot beyond flight is freed unless the oldest call has
+// already waited out its patience.
+func (b *batcher) finish() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.live > 0 && !b.closed {
+		if b.inflight <= b.flight || time.Since(b.peekLocked().asked) >= b.patience {
+			b.inflight--
+			b.startLocked()
+			return
+		}
+	}
+	b.inflight--
+}
+
+// sweep runs patience after a call was queued with every slot busy: if
+// calls still wait, one more round trip is started for them (Redis is
+// slow, not busy: the queue must not eat their deadlines), and calls past
+// their deadline are failed if no round trip can be started.
+func (b *batcher) sweep() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.armed = false
+	if b.closed || b.live == 0 {
+		return
+	}
+	if b.inflight < b.hardFlight {
+		b.startLocked()
+	} else {
+		now := time.Now()
+		for i := b.head; i < len(b.q); i++ {
+			if c := b.q[i]; c.state == queued && !c.deadline.IsZero() && !now.Before(c.deadline) {
+				c.state = abandoned
+				b.live--
+				b.expired.Add(1)
+				c.res <- callResult{err: ErrOverloaded}
+			}
+		}
+	}
+	if b.live > 0 {
+		b.armed = true
+		b.timer.Reset(b.patience)
+	}
+}
+
+// abandon withdraws a call whose caller left. A lead token it was handed
+// is passed on, so the slot is not lost.
+func (b *batcher) abandon(c *call) {
+	b.mu.Lock()
+	switch c.state {
+	case queued:
+		c.state = abandoned
+		b.live--
+		b.mu.Unlock()
+		return
+	case leading:
+		b.mu.Unlock()
+		if r := <-c.res; !r.lead {
+			return // cannot happen: a leading call's res holds only the token
+		}
+		b.finish()
+		return
+	}
+	b.mu.Unlock()
+}
+
+// batchScratch is a leader's reusable slices.
+type batchScratch struct {
+	batch  []*call
+	reqs   []*request
+	groups []group
+}
+
+// lead sends first and the calls queued behind it (up to max, cut where
+// deadlines spread by more than patience) as one round trip, answers
+// them, and hands the slot on.
+func (b *batcher) lead(first *call) {
+	sc, _ := b.scratch.Get().(*batchScratch)
+	if sc == nil {
+		sc = &batchScratch{batch: make([]*call, 0, b.max)}
+	}
+	batch := append(sc.batch[:0], first)
+	b.mu.Lock()
+	if b.live < b.max/2 {
+		// Let the callers about to queue join: a round trip costs Redis's
+		// thread per call, so a fuller one is cheaper per decision.
+		b.mu.Unlock()
+		runtime.Gosched()
+		b.mu.Lock()
+	}
+	first.state = taken
+	for len(batch) < b.max {
+		c := b.peekLocked()
+		if c == nil || (!first.deadline.IsZero() && c.deadline.Sub(first.deadline) > b.patience) {
+			break
+		}
+		b.popLocked()
+		c.state = taken
+		batch = append(batch, c)
+	}
+	b.mu.Unlock()
+	b.send(batch, sc)
+	clear(batch)
+	sc.batch = batch[:0]
+	b.scratch.Put(sc)
+	b.finish()
 }
 
 // send fails the calls already past their deadline, unsent, and executes
-// the rest with the earliest of their deadlines.
-func (b *batcher) send(batch []*call, sc *scratch) {
-	var first time.Time
+// the rest with the latest of their deadlines.
+func (b *batcher) send(batch []*call, sc *batchScratch) {
+	var last time.Time
+	none := false // a call without a deadline: the pipeline has none either
+	probe := false
 	now := time.Now()
 	live := batch[:0]
 	for _, c := range batch {
-		if !c.deadline.IsZero() {
+		if c.deadline.IsZero() {
+			none = true
+		} else {
 			if !now.Before(c.deadline) {
-				c.res <- callResult{nil, context.DeadlineExceeded}
+				b.expired.Add(1)
+				c.res <- callResult{err: ErrOverloaded}
 				continue
 			}
-			if first.IsZero() || c.deadline.Before(first) {
-				first = c.deadline
+			if c.deadline.After(last) {
+				last = c.deadline
 			}
 		}
+		probe = probe || c.probe
+		c.sent.Store(true)
 		live = append(live, c)
 	}
 	if len(live) == 0 {
 		return
 	}
+	if none {
+		last = time.Time{}
+	}
 	b.pipelines.Add(1)
 	b.calls.Add(int64(len(live)))
-	b.exec(first, live, sc)
+	b.trip(probe, b.exec(last, live, sc))
 }
 
-// drain fails the calls still queued when the store closes.
-func (b *batcher) drain() {
-	for {
-		select {
-		case c := <-b.queue:
-			c.res <- callResult{nil, ErrClosed}
-		default:
-			return
-		}
+func (b *batcher) close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
 	}
+	b.closed = true
+	b.timer.Stop()
+	for c := b.popLocked(); c != nil; c = b.popLocked() {
+		c.res <- callResult{err: ErrClosed}
+	}
+	close(b.stop)
+	b.mu.Unlock()
 }
 
 // maxCallKeys bounds the keys of one script call: the script unpacks them
@@ -225,21 +386,16 @@ type group struct {
 	again      bool // sent again as EVAL
 }
 
-// scratch is a worker's reusable slices.
-type scratch struct {
-	reqs   []*request
-	groups []group
-}
-
-// exec decides the batch, bounded by deadline (zero: none), and answers
-// every call. On a client where any keys may share a script call (one
+// exec decides the batch, bounded by deadline (zero: none), answers every
+// call, and reports whether Redis answered (the breaker's outcome for the
+// round trip). On a client where any keys may share a script call (one
 // Redis, or a sentinel's master), consecutive calls at one instant go in
 // one EVALSHA: Redis parses, dispatches and reads the time once for all of
 // them, and reads every window with one MGET. On a cluster, a call's keys
 // must share a slot, so each decision is its own EVALSHA; either way the
 // EVALSHAs go in one pipeline, and those that find the script missing (a
 // restarted Redis, SCRIPT FLUSH) go again as EVAL, which also reloads it.
-func (b *batcher) exec(deadline time.Time, batch []*call, sc *scratch) {
+func (b *batcher) exec(deadline time.Time, batch []*call, sc *batchScratch) bool {
 	ctx := context.Background()
 	if !deadline.IsZero() {
 		var cancel context.CancelFunc
@@ -270,14 +426,37 @@ func (b *batcher) exec(deadline time.Time, batch []*call, sc *scratch) {
 	if retry {
 		b.process(ctx, groups, true)
 	}
+	ok := true
 	for _, g := range groups {
 		split(g.cmd, reqs[g.start:g.end], func(i int, reply any, err error) {
-			batch[g.start+i].res <- callResult{reply, err}
+			r := reqs[g.start+i]
+			d, err := decision(reply, err, r.limits.limits)
+			if !answered(err) {
+				ok = false
+			}
+			batch[g.start+i].res <- callResult{d: d, err: err}
 		})
 	}
 	clear(reqs)
 	clear(groups)
 	sc.reqs, sc.groups = reqs[:0], groups[:0]
+	return ok
+}
+
+// answered reports whether a call's error (nil: none) means Redis answered
+// as the script would: a success, the script refusing a value, or Cluster
+// refusing a key's slots. Anything else — a timeout, a refused or reset
+// connection, a reply that is not the script's — counts against Redis.
+func answered(err error) bool {
+	return err == nil || isScriptRefusal(err) || isCrossSlot(err)
+}
+
+// decision reads one decision's reply (or the call's error).
+func decision(reply any, err error, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+	if err != nil {
+		return ratelimit.Decision{}, err
+	}
+	return parseReply(reply, limits)
 }
 
 // process sends the groups' commands (only the EVAL retries when retry),

@@ -49,7 +49,7 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 	if err := c.ConfigResetStat(ctx).Err(); countCalls && err != nil {
 		t.Fatal(err)
 	}
-	var sc scratch
+	var sc batchScratch
 	at := storetest.T0
 	const rounds = 40
 	refused := 0
@@ -70,10 +70,7 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 		b.exec(time.Now().Add(slow.Timeout), calls, &sc)
 		for i, cl := range calls {
 			res := <-cl.res
-			got, err := ratelimit.Decision{}, res.err
-			if err == nil {
-				got, err = parseReply(res.reply, limits[i])
-			}
+			got, err := res.d, res.err
 			if err != nil {
 				t.Fatalf("round %d decision %d (%s): %v", round, i, keys[i], err)
 			}
@@ -137,13 +134,10 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 			for i, k := range keys {
 				calls[i] = &call{req: s.request(k, limits, storetest.T0), res: make(chan callResult, 1)}
 			}
-			b.exec(time.Now().Add(slow.Timeout), calls, &scratch{})
+			b.exec(time.Now().Add(slow.Timeout), calls, &batchScratch{})
 			for i, cl := range calls {
 				res := <-cl.res
-				d, err := ratelimit.Decision{}, res.err
-				if err == nil {
-					d, err = parseReply(res.reply, limits)
-				}
+				d, err := res.d, res.err
 				if i == 1 {
 					if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
 						t.Errorf("corrupt key: %+v %v, want a per-key refusal", d, err)

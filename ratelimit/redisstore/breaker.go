@@ -2,28 +2,45 @@ package redisstore
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // Breaker defaults applied for zero BreakerOptions fields.
 const (
-	DefaultBreakerFailures = 5
-	DefaultBreakerCoolDown = time.Second
+	DefaultBreakerFailures    = 5
+	DefaultBreakerFailureRate = 0.5
+	DefaultBreakerWindow      = time.Second
+	DefaultBreakerCoolDown    = time.Second
 )
 
 // BreakerOptions configures the circuit breaker. The zero value means the
-// defaults: open after DefaultBreakerFailures consecutive failures, for
+// defaults: open when, within the last DefaultBreakerWindow, at least
+// DefaultBreakerFailures round trips to Redis failed and they were at least
+// DefaultBreakerFailureRate of the round trips; stay open for
 // DefaultBreakerCoolDown.
+//
+// The breaker measures Redis, so it counts round trips, not decisions: a
+// batch of 32 decisions that timed out is one failure, not 32, and a
+// decision that expired in the store's own queue (ErrOverloaded) is not a
+// round trip at all.
 type BreakerOptions struct {
-	// Failures is how many consecutive failed calls open the breaker; 0
-	// means DefaultBreakerFailures, a negative value disables the breaker
-	// (every decision then reaches for Redis).
+	// Failures is how many failed round trips within Window (at least
+	// FailureRate of them) open the breaker; 0 means DefaultBreakerFailures,
+	// a negative value disables the breaker (every decision then reaches
+	// for Redis).
 	Failures int
+	// FailureRate is the share of a window's round trips that must have
+	// failed, in (0, 1]; 0 means DefaultBreakerFailureRate.
+	FailureRate float64
+	// Window is how far back the breaker looks; 0 means
+	// DefaultBreakerWindow.
+	Window time.Duration
 	// CoolDown is how long the breaker stays open before it lets one probe
 	// through; 0 means DefaultBreakerCoolDown. An outage then costs at most
 	// about one dial attempt per CoolDown (times the client's retries), plus
-	// the Failures calls that opened it.
+	// the failed round trips that opened it.
 	CoolDown time.Duration
 
 	// now is the breaker's clock; nil means time.Now. Tests set it.
@@ -56,26 +73,51 @@ func (s BreakerState) String() string {
 	return fmt.Sprintf("BreakerState(%d)", int(s))
 }
 
-// breaker is lock-free: the closed path, taken by every decision while Redis
-// is healthy, costs one atomic load before the call and at most two after.
+// outcome is what one round trip says about Redis.
+type outcome uint8
+
+const (
+	outcomeOK      outcome = iota // Redis answered
+	outcomeFailed                 // Redis did not answer (in time, or as the script)
+	outcomeIgnored                // the caller gave up: says nothing
+)
+
+// breakerBuckets is how many slices a window is counted in.
+const breakerBuckets = 10
+
+// breaker: allow, on every decision, is one atomic load while closed;
+// record, once per round trip, takes a mutex held for a few counter
+// updates.
 type breaker struct {
 	threshold int64 // ≤ 0: disabled
+	rate      float64
+	slice     int64 // ns per bucket
 	coolDown  time.Duration
 	now       func() time.Time
 
-	fails     atomic.Int64
+	mu      sync.Mutex
+	buckets [breakerBuckets]struct{ epoch, ok, failed int64 }
+
 	openUntil atomic.Int64 // UnixNano; 0 means closed
 	probing   atomic.Bool  // a half-open probe is in flight
 }
 
 func newBreaker(o BreakerOptions) (*breaker, error) {
-	if o.CoolDown < 0 {
-		return nil, fmt.Errorf("%w: breaker cool-down %v is negative", ErrConfig, o.CoolDown)
+	if o.CoolDown < 0 || o.Window < 0 || o.FailureRate < 0 || o.FailureRate > 1 {
+		return nil, fmt.Errorf("%w: breaker cool-down %v, window %v and failure rate %v must not be negative (and the rate at most 1)", ErrConfig, o.CoolDown, o.Window, o.FailureRate)
 	}
-	b := &breaker{threshold: int64(o.Failures), coolDown: o.CoolDown, now: o.now}
+	b := &breaker{threshold: int64(o.Failures), rate: o.FailureRate, coolDown: o.CoolDown, now: o.now}
 	if b.threshold == 0 {
 		b.threshold = DefaultBreakerFailures
 	}
+	if b.rate == 0 {
+		b.rate = DefaultBreakerFailureRate
+	}
+	window := o.Window
+	if window == 0 {
+		window = DefaultBreakerWindow
+	}
+	b.slice = max(int64(window)/breakerBuckets, 1)
 	if b.coolDown == 0 {
 		b.coolDown = DefaultBreakerCoolDown
 	}
@@ -101,34 +143,54 @@ func (b *breaker) allow() (probe, ok bool) {
 	return false, false
 }
 
-// done records a call's outcome. A call abandoned by its caller counts for
-// nothing, but a probe must still hand back the probe slot.
-func (b *breaker) done(probe, success, callerGaveUp bool) {
+// record counts one round trip's outcome. A probe's outcome decides alone:
+// success closes the breaker (with a fresh window), failure opens it for
+// another cool-down; an ignored probe hands its slot back.
+func (b *breaker) record(probe bool, o outcome) {
 	if b.threshold <= 0 {
 		return
 	}
-	switch {
-	case success:
-		// Loads first: on the healthy path nothing is written, so decisions
-		// on many cores do not bounce one cache line between them.
-		if b.fails.Load() != 0 {
-			b.fails.Store(0)
-		}
-		if b.openUntil.Load() != 0 {
+	if probe {
+		switch o {
+		case outcomeOK:
+			b.mu.Lock()
+			b.buckets = [breakerBuckets]struct{ epoch, ok, failed int64 }{}
+			b.mu.Unlock()
 			b.openUntil.Store(0)
+		case outcomeFailed:
+			b.openUntil.Store(b.now().Add(b.coolDown).UnixNano())
 		}
-	case callerGaveUp:
-	case probe:
-		b.openUntil.Store(b.now().Add(b.coolDown).UnixNano())
-	default:
-		if b.fails.Add(1) >= b.threshold {
-			// Only the call that crosses the threshold while closed opens it;
-			// stragglers failing after it do not push the cool-down out.
-			b.openUntil.CompareAndSwap(0, b.now().Add(b.coolDown).UnixNano())
+		b.probing.Store(false)
+		return
+	}
+	if o == outcomeIgnored {
+		return
+	}
+	now := b.now().UnixNano()
+	epoch := now / b.slice
+	b.mu.Lock()
+	bk := &b.buckets[epoch%breakerBuckets]
+	if bk.epoch != epoch {
+		bk.epoch, bk.ok, bk.failed = epoch, 0, 0
+	}
+	if o == outcomeOK {
+		bk.ok++
+		b.mu.Unlock()
+		return
+	}
+	bk.failed++
+	var ok, failed int64
+	for i := range b.buckets {
+		if e := b.buckets[i].epoch; e > epoch-breakerBuckets && e <= epoch {
+			ok += b.buckets[i].ok
+			failed += b.buckets[i].failed
 		}
 	}
-	if probe {
-		b.probing.Store(false)
+	b.mu.Unlock()
+	if failed >= b.threshold && float64(failed) >= b.rate*float64(ok+failed) {
+		// Only a call that finds it closed opens it; stragglers failing
+		// after it do not push the cool-down out.
+		b.openUntil.CompareAndSwap(0, time.Unix(0, now).Add(b.coolDown).UnixNano())
 	}
 }
 

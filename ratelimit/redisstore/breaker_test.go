@@ -26,29 +26,31 @@ func mustBreaker(t *testing.T, o BreakerOptions) *breaker {
 	return b
 }
 
-func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
+// trip records one non-probe round trip, checking the breaker let it through.
+func trip(t *testing.T, b *breaker, o outcome) {
+	t.Helper()
+	probe, ok := b.allow()
+	if !ok || probe {
+		t.Fatalf("closed breaker: allow %v probe %v", ok, probe)
+	}
+	b.record(false, o)
+}
+
+func TestBreakerOpensOnFailureRate(t *testing.T) {
 	clk := newFakeClock()
 	b := mustBreaker(t, BreakerOptions{Failures: 3, CoolDown: time.Second, now: clk.now})
-	fail := func() {
-		t.Helper()
-		probe, ok := b.allow()
-		if !ok {
-			t.Fatal("refused while closed")
-		}
-		b.done(probe, false, false)
-	}
-	fail()
-	fail()
-	// A success in between resets the count: failures must be consecutive.
-	b.done(false, true, false)
-	fail()
-	fail()
+	// 2 failures in 3: the rate is over half, but fewer than 3 failures.
+	trip(t, b, outcomeFailed)
+	trip(t, b, outcomeOK)
+	trip(t, b, outcomeFailed)
 	if b.state() != BreakerClosed {
-		t.Fatalf("state %v after 2 consecutive failures, want closed", b.state())
+		t.Fatalf("state %v after 2 failures, want closed", b.state())
 	}
-	fail()
+	// Not consecutive, and still opens: 3 failures of 5 round trips.
+	trip(t, b, outcomeOK)
+	trip(t, b, outcomeFailed)
 	if b.state() != BreakerOpen {
-		t.Fatalf("state %v after 3, want open", b.state())
+		t.Fatalf("state %v after 3 failures of 5, want open", b.state())
 	}
 	for range 1000 {
 		if _, ok := b.allow(); ok {
@@ -65,10 +67,50 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 	}
 }
 
+// TestBreakerRateBelowHalfStaysClosed: a few failed round trips among many
+// answered ones (one stalled batch, a reset connection) are not an outage.
+func TestBreakerRateBelowHalfStaysClosed(t *testing.T) {
+	clk := newFakeClock()
+	b := mustBreaker(t, BreakerOptions{now: clk.now})
+	for range 20 {
+		for range 2 {
+			trip(t, b, outcomeOK)
+			clk.add(10 * time.Millisecond)
+		}
+		trip(t, b, outcomeFailed)
+	}
+	if b.state() != BreakerClosed {
+		t.Fatalf("state %v with a third of round trips failing, want closed", b.state())
+	}
+}
+
+// TestBreakerWindowForgets: failures older than the window do not add up
+// with new ones.
+func TestBreakerWindowForgets(t *testing.T) {
+	clk := newFakeClock()
+	b := mustBreaker(t, BreakerOptions{Failures: 5, Window: time.Second, now: clk.now})
+	for range 10 {
+		for range 4 {
+			trip(t, b, outcomeFailed)
+		}
+		clk.add(1100 * time.Millisecond)
+	}
+	if b.state() != BreakerClosed {
+		t.Fatalf("state %v: 4 failures a window never reach 5, want closed", b.state())
+	}
+	trip(t, b, outcomeFailed)
+	for range 4 {
+		trip(t, b, outcomeFailed)
+	}
+	if b.state() != BreakerOpen {
+		t.Fatalf("state %v after 5 failures in a window, want open", b.state())
+	}
+}
+
 func TestBreakerHalfOpenLetsOneProbe(t *testing.T) {
 	clk := newFakeClock()
 	b := mustBreaker(t, BreakerOptions{Failures: 1, CoolDown: time.Second, now: clk.now})
-	b.done(false, false, false)
+	b.record(false, outcomeFailed)
 	clk.add(time.Second)
 
 	var probes atomic.Int64
@@ -93,7 +135,7 @@ func TestBreakerHalfOpenLetsOneProbe(t *testing.T) {
 	}
 
 	// The probe fails: open for another cool-down.
-	b.done(true, false, false)
+	b.record(true, outcomeFailed)
 	if b.state() != BreakerOpen {
 		t.Fatalf("state %v after a failed probe, want open", b.state())
 	}
@@ -102,8 +144,8 @@ func TestBreakerHalfOpenLetsOneProbe(t *testing.T) {
 	if !ok || !probe {
 		t.Fatal("no probe after the second cool-down")
 	}
-	// The probe succeeds: closed, and calls flow.
-	b.done(true, true, false)
+	// The probe succeeds: closed, with a fresh window, and calls flow.
+	b.record(true, outcomeOK)
 	if b.state() != BreakerClosed {
 		t.Fatalf("state %v after a good probe, want closed", b.state())
 	}
@@ -118,20 +160,20 @@ func TestBreakerCallerGaveUp(t *testing.T) {
 	clk := newFakeClock()
 	b := mustBreaker(t, BreakerOptions{Failures: 2, CoolDown: time.Second, now: clk.now})
 	for range 10 {
-		b.done(false, false, true)
+		b.record(false, outcomeIgnored)
 	}
 	if b.state() != BreakerClosed {
 		t.Fatal("callers giving up opened the breaker")
 	}
-	b.done(false, false, false)
-	b.done(false, false, false)
+	b.record(false, outcomeFailed)
+	b.record(false, outcomeFailed)
 	clk.add(time.Second)
 	probe, ok := b.allow()
 	if !ok || !probe {
 		t.Fatal("no probe")
 	}
 	// The probe's caller gives up: the slot is handed back, still half-open.
-	b.done(true, false, true)
+	b.record(true, outcomeIgnored)
 	if probe, ok := b.allow(); !ok || !probe {
 		t.Fatal("probe slot not handed back after the caller gave up")
 	}
@@ -140,7 +182,7 @@ func TestBreakerCallerGaveUp(t *testing.T) {
 func TestBreakerDisabled(t *testing.T) {
 	b := mustBreaker(t, BreakerOptions{Failures: -1})
 	for range 100 {
-		b.done(false, false, false)
+		b.record(false, outcomeFailed)
 	}
 	if _, ok := b.allow(); !ok || b.state() != BreakerClosed {
 		t.Fatal("disabled breaker opened")

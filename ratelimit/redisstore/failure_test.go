@@ -476,7 +476,7 @@ func TestBatchCloseStrandsNoCall(t *testing.T) {
 	s := newStore(t, c, Options{Timeout: slow.Timeout})
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(1e9, time.Second)}
 	for round := range 50 {
-		b := newBatcher(c, true, 4, 2)
+		b := newBatcher(c, true, 4, 2, time.Millisecond, nil)
 		var wg sync.WaitGroup
 		done := make(chan struct{})
 		for range 4 {
@@ -484,7 +484,12 @@ func TestBatchCloseStrandsNoCall(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					_, err := b.do(context.Background(), time.Now().Add(slow.Timeout), s.request("{close}:message:EVENT", limits, storetest.T0))
+					req := s.request("{close}:message:EVENT", limits, storetest.T0)
+					cl := &call{req: req, asked: time.Now(), deadline: time.Now().Add(slow.Timeout)}
+					_, err := b.do(context.Background(), cl, func() (ratelimit.Decision, error) {
+						reply, err := run(context.Background(), c, req)
+						return decision(reply, err, limits)
+					})
 					if errors.Is(err, ErrClosed) {
 						return
 					}

@@ -26,32 +26,40 @@
 //
 // # Breaker
 //
-// After Breaker.Failures consecutive failures the store stops calling Redis
-// for Breaker.CoolDown and fails every decision at once. A failure is Redis
-// not answering in time (the store's Timeout or the caller's own deadline)
-// or answering something that is not the script's reply; a caller
-// cancelling, or Redis refusing one key (a corrupt stored value, CROSSSLOT
-// for a key without a hash tag), is not, so one client cannot open the
-// breaker for all. After the cool-down one probe is let through, and its
-// outcome closes or re-opens the breaker. An outage
-// therefore costs a bounded number of dials per second however many
-// messages arrive, and the store heals by itself when Redis returns
-// (including an emptied script cache: EVALSHA falls back to EVAL on
-// NOSCRIPT).
+// The breaker measures Redis: it counts round trips (a batch is one), not
+// decisions, and opens when, within the last Breaker.Window, at least
+// Breaker.Failures of them failed and they were at least
+// Breaker.FailureRate of all; then the store stops calling Redis for
+// Breaker.CoolDown and fails every decision at once. A failure is Redis not
+// answering in time (the decision's deadline) or answering something that
+// is not the script's reply; a caller cancelling, Redis refusing one key
+// (a corrupt stored value, CROSSSLOT for a key without a hash tag), or a
+// decision that expired in the store's own queue before it was sent
+// (ErrOverloaded: the gate's overload, counted apart in Stats) is not, so
+// neither one client nor a CPU-starved gate can open the breaker for all.
+// After the cool-down one probe is let through, and its outcome closes or
+// re-opens the breaker. An outage therefore costs a bounded number of dials
+// per second however many messages arrive, and the store heals by itself
+// when Redis returns (including an emptied script cache: EVALSHA falls back
+// to EVAL on NOSCRIPT).
 //
 // # Batching
 //
-// With Options.Batch, decisions of concurrent callers share one round trip:
+// With Options.Batch, a decision goes straight out from its caller, alone,
+// while nothing is queued and fewer than Options.BatchWorkers round trips
+// are in flight; past that, decisions queue and go in shared round trips:
 // one write and one read per batch instead of per decision, on both sides.
-// On a plain client (one Redis, or a sentinel's master) they also share one
+// On a plain client (one Redis, or a sentinel's master) a batch is also one
 // script call — the script decides them in order, each atomically, with one
 // MGET of every window, one TIME and each distinct limit list parsed once —
 // since Redis's single command thread, not the network, is what a busy
 // gate runs out of first. On a cluster each decision stays its own call
-// (its keys are in its client's slot), pipelined. Each caller still returns
-// at its own deadline. go-redis's auto-pipeliner would pipeline too but
-// does not honour a call's context (a decision waited 35 s on a stopped
-// Redis with a 100 ms deadline), so it is not used.
+// (its keys are in its client's slot), pipelined. Each decision keeps its
+// own whole deadline from the moment it was asked: a queued decision waits
+// for a free round trip at most a twentieth of the Timeout before another
+// is started for it (see batcher). go-redis's auto-pipeliner would
+// pipeline too but does not honour a call's context (a decision waited
+// 35 s on a stopped Redis with a 100 ms deadline), so it is not used.
 package redisstore
 
 import (
@@ -127,10 +135,13 @@ type Options struct {
 	// per script call: see Batching above), from BatchWorkers goroutines.
 	// Under load this is most of the cost saved, on both sides (see the
 	// package benchmarks). Each decision still returns at its own deadline.
-	// 0 means every decision is its own round trip. With Batch the Store
-	// owns goroutines: call Close.
+	// 0 means every decision is its own round trip. Call Close when done.
 	Batch int
-	// BatchWorkers is how many pipelines may be in flight at once; 0 means 2.
+	// BatchWorkers is how many round trips may be in flight before
+	// decisions queue for a shared one; 0 means 2. Decisions that waited a
+	// twentieth of the Timeout start more (up to 16 × BatchWorkers), so a
+	// slow Redis does not eat their deadlines in the queue. With Batch the
+	// Store owns no goroutines; Close fails what is queued.
 	BatchWorkers int
 }
 
@@ -144,6 +155,11 @@ type Store struct {
 	timeout time.Duration
 	observe func(time.Duration, error)
 	br      *breaker
+
+	// trips counts the round trips that reached for Redis, tripFailures
+	// those Redis did not answer (see Stats).
+	trips, tripFailures atomic.Uint64
+	overloaded          atomic.Uint64 // expired before a direct call was sent
 
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
@@ -232,7 +248,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		// plain client (one Redis, or a sentinel's master): a cluster's or
 		// a ring's keys live on different nodes and slots.
 		_, shared := client.(*redis.Client)
-		st.batch = newBatcher(client, shared, opts.Batch, workers)
+		st.batch = newBatcher(client, shared, opts.Batch, workers, timeout/20, st.batchTrip)
 	}
 	return st, nil
 }
@@ -246,6 +262,41 @@ func (s *Store) Close() error {
 		s.batch.close()
 	}
 	return nil
+}
+
+// batchTrip is the batcher's report of one round trip.
+func (s *Store) batchTrip(probe, ok bool) {
+	s.trips.Add(1)
+	if ok {
+		s.br.record(probe, outcomeOK)
+		return
+	}
+	s.tripFailures.Add(1)
+	s.br.record(probe, outcomeFailed)
+}
+
+// Stats are a Store's counters since New, for metrics and an outage log.
+type Stats struct {
+	// RoundTrips is how many calls reached for Redis (a batch is one), and
+	// RoundTripFailures how many of them Redis did not answer in time or
+	// answered with something other than the script's reply: what the
+	// breaker measures.
+	RoundTrips, RoundTripFailures uint64
+	// Overloaded is how many decisions expired in the store's own queue,
+	// never sent (ErrOverloaded): the gate's overload, not Redis's.
+	Overloaded uint64
+	// Direct is how many decisions went straight out, not queued.
+	Direct uint64
+}
+
+// Stats returns the store's counters now.
+func (s *Store) Stats() Stats {
+	st := Stats{RoundTrips: s.trips.Load(), RoundTripFailures: s.tripFailures.Load(), Overloaded: s.overloaded.Load()}
+	if s.batch != nil {
+		st.Overloaded += uint64(s.batch.expired.Load())
+		st.Direct = uint64(s.batch.direct.Load())
+	}
+	return st
 }
 
 // BreakerState reports the breaker's state now, for metrics.
@@ -274,55 +325,77 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 		return ratelimit.Decision{}, errBreakerOpen
 	}
 
-	req := s.request(key, limits, now)
 	start := time.Now()
-	var reply any
+	var deadline time.Time
+	if s.timeout > 0 {
+		deadline = start.Add(s.timeout)
+	}
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
+	req := s.request(key, limits, now)
+	var d ratelimit.Decision
 	var err error
 	if s.batch != nil {
-		// No timer per call: the batcher bounds the call by this deadline
-		// (see batcher), and the caller's own ctx still applies.
-		var deadline time.Time
-		if s.timeout > 0 {
-			deadline = start.Add(s.timeout)
+		c := &call{req: req, asked: start, deadline: deadline, probe: probe}
+		d, err = s.batch.do(ctx, c, func() (ratelimit.Decision, error) { return s.direct(ctx, deadline, probe, req, limits) })
+		if probe && !c.sent.Load() && !c.directed {
+			s.br.record(true, outcomeIgnored) // never sent: hand the probe slot back
 		}
-		reply, err = s.batch.do(ctx, deadline, req)
 	} else {
-		callCtx, cancel := ctx, context.CancelFunc(nil)
-		if s.timeout > 0 {
-			callCtx, cancel = context.WithTimeout(ctx, s.timeout)
-		}
-		reply, err = run(callCtx, s.client, req)
-		if cancel != nil {
-			cancel()
-		}
-	}
-	var d ratelimit.Decision
-	if err == nil {
-		d, err = parseReply(reply, limits)
+		d, err = s.direct(ctx, deadline, probe, req, limits)
 	}
 	if s.observe != nil {
 		s.observe(time.Since(start), err)
 	}
-	// A caller that gave up (client gone, shutdown: its context cancelled)
-	// says nothing about Redis. A caller whose own deadline passed does:
-	// Redis did not answer within it, and were that not counted, callers
-	// with deadlines shorter than Timeout would keep the breaker closed on
-	// a hung Redis forever.
-	callerGaveUp := err != nil && errors.Is(ctx.Err(), context.Canceled)
-	// Neither does Redis refusing one key (a corrupt stored value, windows
-	// in different cluster slots): Redis answered, and one client's key
-	// must not open the breaker for every client.
 	refusedValue := isScriptRefusal(err)
-	s.br.done(probe, err == nil || refusedValue || isCrossSlot(err), callerGaveUp)
 	switch {
 	case err == nil:
 		return d, nil
+	case errors.Is(err, ErrOverloaded), errors.Is(err, ErrClosed):
+		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 	case errors.Is(err, ratelimit.ErrBadReply):
 		return ratelimit.Decision{}, err
 	case refusedValue:
 		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, err)
 	}
 	return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+}
+
+// direct decides req alone, bounded by deadline and ctx, and reports the
+// round trip to the breaker. A caller that gave up (client gone, shutdown:
+// its context cancelled) says nothing about Redis. A caller whose own
+// deadline passed does: Redis did not answer within it, and were that not
+// counted, callers with deadlines shorter than Timeout would keep the
+// breaker closed on a hung Redis forever.
+func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req *request, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		// Expired before it was sent (the caller's deadline was already
+		// past, or this goroutine waited for a CPU): our overload.
+		s.overloaded.Add(1)
+		s.br.record(probe, outcomeIgnored)
+		return ratelimit.Decision{}, ErrOverloaded
+	}
+	callCtx, cancel := ctx, context.CancelFunc(nil)
+	if !deadline.IsZero() {
+		callCtx, cancel = context.WithDeadline(ctx, deadline)
+	}
+	reply, err := run(callCtx, s.client, req)
+	if cancel != nil {
+		cancel()
+	}
+	d, err := decision(reply, err, limits)
+	s.trips.Add(1)
+	switch {
+	case answered(err):
+		s.br.record(probe, outcomeOK)
+	case errors.Is(ctx.Err(), context.Canceled):
+		s.br.record(probe, outcomeIgnored)
+	default:
+		s.tripFailures.Add(1)
+		s.br.record(probe, outcomeFailed)
+	}
+	return d, err
 }
 
 // IsPerKey reports whether err, returned by Decide, is Redis answering about

@@ -1,0 +1,198 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/internal/faultproxy"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// slowLoad runs perG decisions from each of g goroutines through a store
+// built like the binary's (default Timeout and breaker, Batch 32 × 2) on a
+// client behind p, and returns how many Redis answered, how many were
+// refused as unavailable, and the slowest decision (for the log: tests
+// assert no timings beyond the hang guard).
+func slowLoad(t *testing.T, p *faultproxy.Proxy, g, perG int) (answered, unavailable int64, slowest time.Duration) {
+	t.Helper()
+	c := client(t, p.Addr())
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(1e6, time.Second), ratelimit.PerPeriod(1e7, time.Minute)}
+	// Warm up, as a gate that was running before Redis slowed down: the
+	// script cached and the pool's connections open (a new connection
+	// costs a HELLO round trip of its own), with no deadline to miss.
+	warm := newStore(t, c, slow)
+	var wwg sync.WaitGroup
+	for i := range g {
+		wwg.Add(1)
+		go func() {
+			defer wwg.Done()
+			if _, err := warm.Decide(context.Background(), "{warm-"+strconv.Itoa(i)+"}:message:EVENT", limits, time.Time{}); err != nil {
+				t.Errorf("warm-up: %v", err)
+			}
+		}()
+	}
+	wwg.Wait()
+	s := newStore(t, c, Options{Batch: 32, BatchWorkers: 2})
+	t.Cleanup(func() { _ = s.Close() })
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var ok, unav, other atomic.Int64
+	for i := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := "{slow-" + strconv.Itoa(i) + "}:message:EVENT"
+			for range perG {
+				start := time.Now()
+				_, err := s.Decide(context.Background(), key, limits, time.Time{})
+				el := time.Since(start)
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, ratelimit.ErrUnavailable):
+					unav.Add(1)
+				default:
+					other.Add(1)
+				}
+				mu.Lock()
+				slowest = max(slowest, el)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if other.Load() != 0 {
+		t.Errorf("%d errors not wrapping ErrUnavailable", other.Load())
+	}
+	if slowest > hangGuard {
+		t.Errorf("a decision took %v (hang guard %v)", slowest, hangGuard)
+	}
+	return ok.Load(), unav.Load(), slowest
+}
+
+// TestSlowRedisIsNotAnOutage: Redis replies delayed by half and four fifths
+// of the 100 ms deadline, under concurrent load through the binary's
+// batching: at least 99% of decisions are answered by Redis. Before each
+// decision kept its own deadline, a call waited a round trip behind the
+// pipeline in flight and then went out with what was left of its budget;
+// one failed batch then opened the breaker for everyone (a sweep measured
+// 0% answered at 50 ms).
+func TestSlowRedisIsNotAnOutage(t *testing.T) {
+	srv, _ := realRedis(t)
+	for _, lat := range []time.Duration{50 * time.Millisecond, 80 * time.Millisecond} {
+		t.Run(lat.String(), func(t *testing.T) {
+			p := faultproxy.Start(t, srv.Addr())
+			p.SetLatency(lat)
+			const g, perG = 32, 25
+			ok, unav, slowest := slowLoad(t, p, g, perG)
+			t.Logf("replies +%v: %d of %d answered, %d unavailable, slowest %v", lat, ok, g*perG, unav, slowest)
+			if ok*100 < 99*g*perG {
+				t.Errorf("replies +%v: %d of %d answered by Redis (%d unavailable), want ≥ 99%%", lat, ok, g*perG, unav)
+			}
+		})
+	}
+}
+
+// TestTooSlowRedisFailsClosed: replies delayed past the deadline (150 ms
+// against 100 ms) are every one an honest "unavailable", each bounded.
+func TestTooSlowRedisFailsClosed(t *testing.T) {
+	srv, _ := realRedis(t)
+	p := faultproxy.Start(t, srv.Addr())
+	p.SetLatency(150 * time.Millisecond)
+	const g, perG = 32, 10
+	ok, unav, slowest := slowLoad(t, p, g, perG)
+	t.Logf("replies +150ms: %d answered, %d of %d unavailable, slowest %v", ok, unav, g*perG, slowest)
+	if unav != g*perG {
+		t.Errorf("replies +150ms: %d of %d unavailable, want all", unav, g*perG)
+	}
+}
+
+// TestOwnQueueExpiryIsNotRedisFailing: decisions whose deadline passed
+// before they could be sent (a CPU-starved gate; here a caller's deadline
+// already past) are refused as unavailable with ErrOverloaded, counted as
+// our overload, and never open the breaker for everyone else.
+func TestOwnQueueExpiryIsNotRedisFailing(t *testing.T) {
+	_, c := realRedis(t)
+	for _, batch := range []bool{false, true} {
+		s := newStore(t, c, Options{Batch: batchSize(batch)})
+		t.Cleanup(func() { _ = s.Close() })
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+		for range 100 {
+			_, err := s.Decide(ctx, "{late}:message:EVENT", twoWindows, time.Time{})
+			if !errors.Is(err, ErrOverloaded) || !errors.Is(err, ratelimit.ErrUnavailable) {
+				t.Fatalf("batch %v: expired unsent: %v, want ErrOverloaded", batch, err)
+			}
+		}
+		cancel()
+		if st := s.BreakerState(); st != BreakerClosed {
+			t.Errorf("batch %v: breaker %v after 100 decisions that expired in our own hands", batch, st)
+		}
+		if st := s.Stats(); st.Overloaded != 100 || st.RoundTripFailures != 0 {
+			t.Errorf("batch %v: stats %+v, want 100 overloaded, 0 failed round trips", batch, st)
+		}
+		if _, err := s.Decide(context.Background(), "{late}:message:EVENT", twoWindows, time.Time{}); err != nil {
+			t.Errorf("batch %v: a decision in time after them: %v", batch, err)
+		}
+	}
+}
+
+// TestOneFailedBatchDoesNotTrip: a whole batch of decisions lost at once
+// (its reply dropped with its connection, go-redis retries off) is one
+// failed round trip, not 32 failures: the breaker stays closed and the
+// next decisions are answered.
+func TestOneFailedBatchDoesNotTrip(t *testing.T) {
+	srv, admin := realRedis(t)
+	p := faultproxy.Start(t, srv.Addr())
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, c, Options{Batch: 32, BatchWorkers: 1, Timeout: slow.Timeout})
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := s.Decide(context.Background(), "{batch-warm}:message:EVENT", twoWindows, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	// The slot is held by a decision whose reply is slow, so the next 40
+	// queue behind it and go out in one batch, whose reply is dropped.
+	p.SetLatency(300 * time.Millisecond)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = s.Decide(context.Background(), "{batch-hold}:message:EVENT", twoWindows, time.Time{})
+	}()
+	// Once Redis has decided the holder's call, its reply is on its way
+	// through the proxy (due in 300 ms), and the next reply is the batch's.
+	for admin.Exists(context.Background(), DefaultPrefix+"{batch-hold}:message:EVENT:1000").Val() == 0 {
+		runtime.Gosched()
+	}
+	p.SetLatency(0)
+	p.DropReplies(1)
+	var failed atomic.Int64
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.Decide(context.Background(), "{batch-"+strconv.Itoa(i)+"}:message:EVENT", twoWindows, time.Time{}); err != nil {
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d of 40 decisions lost with one dropped reply; stats %+v", failed.Load(), s.Stats())
+	if failed.Load() < 5 {
+		t.Fatalf("%d decisions failed: the dropped reply did not hit a batch", failed.Load())
+	}
+	if st := s.BreakerState(); st != BreakerClosed {
+		t.Errorf("breaker %v after one failed batch of %d decisions", st, failed.Load())
+	}
+	if _, err := s.Decide(context.Background(), "{batch-after}:message:EVENT", twoWindows, time.Time{}); err != nil {
+		t.Errorf("after one failed batch: %v", err)
+	}
+}
