@@ -19,19 +19,30 @@ func admitConn(t testing.TB, opts Options) *conn {
 	g := newGate(t, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return &conn{g: g, out: make(chan outFrame, 16), ctx: ctx, cancel: cancel, closing: make(chan struct{}), keys: keysFor("203.0.113.7")}
+	return &conn{g: g, out: newOutQueue(DefaultQueueBytes), ctx: ctx, cancel: cancel, closing: make(chan struct{}), keys: keysFor("203.0.113.7")}
 }
 
-// reply takes the one reply admit queued.
+// pop takes the oldest queued frame, for tests.
+func (q *outQueue) pop() (outFrame, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.frames) == 0 {
+		return outFrame{}, false
+	}
+	f := q.frames[0]
+	q.frames = append(q.frames[:0], q.frames[1:]...)
+	q.bytes -= len(f.data)
+	return f, true
+}
+
+// reply takes the oldest reply admit queued.
 func (c *conn) reply(t testing.TB) string {
 	t.Helper()
-	select {
-	case f := <-c.out:
-		return string(f.data)
-	default:
+	f, ok := c.out.pop()
+	if !ok {
 		t.Fatal("no reply queued")
-		return ""
 	}
+	return string(f.data)
 }
 
 // downStore fails every decision, as a Redis outage does.
@@ -112,7 +123,7 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 	c.admit(event)
 	allocs := testing.AllocsPerRun(100, func() {
 		c.admit(event)
-		<-c.out
+		c.out.pop()
 	})
 	if allocs != 1 {
 		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
@@ -186,16 +197,12 @@ func BenchmarkAdmit(b *testing.B) {
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			c := admitConn(b, bm.opts)
-			c.out = make(chan outFrame, 1)
 			b.ReportAllocs()
 			for b.Loop() {
 				if c.admit(bm.frame) != bm.admit && bm.admit {
 					b.Fatal("refused")
 				}
-				select {
-				case <-c.out:
-				default:
-				}
+				c.out.pop()
 			}
 		})
 	}

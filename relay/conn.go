@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -31,7 +33,8 @@ type conn struct {
 	g      *Gate
 	client *websocket.Conn
 	up     *websocket.Conn
-	out    chan outFrame
+	out    *outQueue
+	wire   *meteredConn    // the client's socket, for coalescing writes
 	ctx    context.Context // cancelled when the connection ends
 	cancel context.CancelFunc
 
@@ -49,6 +52,13 @@ type conn struct {
 
 	host  string        // the host the client asked for, for NIP-42's relay tag
 	meter *controlMeter // what the client's stream owes in control frames
+
+	subs subTable // subscriptions open at the relay
+	// Owned by the client reader: a CLOSE to send the relay after a
+	// refusal, and the wait of a client cut for knocking.
+	closeUp []byte
+	knocks  knockMeter
+	knocked time.Duration
 
 	pending pending // forwarded EVENTs awaiting the relay's OK (quota only)
 	charged charged // EVENTs charged to the quota (relay reader only)
@@ -127,14 +137,18 @@ func (c *conn) run() {
 	c.wg.Wait()
 }
 
-// send queues a frame for the client. It never blocks: when the queue is
-// full the client is not reading, and it is disconnected.
+// send queues a frame for the client. It never blocks: when the queue's
+// bytes would pass their bound the client is not reading, and it is
+// disconnected.
 func (c *conn) send(typ int, data []byte) {
 	select {
-	case c.out <- outFrame{typ, data}:
 	case <-c.closing:
+		return
 	default:
-		c.g.log.Info("closing slow client", "client", c.who, "queued", cap(c.out))
+	}
+	if !c.out.push(outFrame{typ, data}) {
+		c.g.log.Info("closing slow client", "client", c.who, "queued_bytes", c.out.queued())
+		c.g.obs.cut(CutSlowReader)
 		c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 	}
 }
@@ -143,19 +157,16 @@ func (c *conn) writeClient() {
 	defer c.wg.Done()
 	ping := time.NewTicker(c.g.pingInterval)
 	defer ping.Stop()
+	var spare []outFrame
 	for {
 		select {
-		case f := <-c.out:
-			_ = c.client.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
-			if f.typ == websocket.CloseMessage { // the relay closed: pass it on, end
-				_ = c.client.WriteMessage(f.typ, f.data)
-				c.end(false, false, 0, "")
+		case <-c.out.ready:
+			frames := c.out.take(spare)
+			if !c.writeFrames(frames) {
 				return
 			}
-			if err := c.client.WriteMessage(f.typ, f.data); err != nil {
-				c.end(false, true, closeGoingAway, "client connection lost")
-				return
-			}
+			clear(frames) // drop the payloads; keep the slice
+			spare = frames
 		case <-ping.C:
 			deadline := time.Now().Add(c.g.writeTimeout)
 			if err := c.client.WriteControl(websocket.PingMessage, nil, deadline); err != nil {
@@ -177,6 +188,32 @@ func (c *conn) writeClient() {
 	}
 }
 
+// writeFrames writes a batch of queued frames to the client, coalesced
+// into as few socket writes as fit the coalescing buffer, and reports
+// whether the connection goes on. The write deadline covers the batch: a
+// client is cut when its socket stays blocked that long.
+func (c *conn) writeFrames(frames []outFrame) bool {
+	_ = c.client.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
+	c.wire.coalesce(true)
+	for _, f := range frames {
+		if f.typ == websocket.CloseMessage { // the relay closed: pass it on, end
+			_ = c.client.WriteMessage(f.typ, f.data)
+			_ = c.wire.coalesce(false)
+			c.end(false, false, 0, "")
+			return false
+		}
+		if err := c.client.WriteMessage(f.typ, f.data); err != nil {
+			c.end(false, true, closeGoingAway, "client connection lost")
+			return false
+		}
+	}
+	if err := c.wire.coalesce(false); err != nil {
+		c.end(false, true, closeGoingAway, "client connection lost")
+		return false
+	}
+	return true
+}
+
 func (c *conn) readUpstream() {
 	defer c.wg.Done()
 	for {
@@ -193,7 +230,7 @@ func (c *conn) readUpstream() {
 			return
 		}
 		c.upRD.extend(c.up, c.g.pingInterval)
-		if typ == websocket.TextMessage && c.g.watchOK {
+		if typ == websocket.TextMessage {
 			c.watch(data)
 		}
 		c.send(typ, data)
@@ -214,6 +251,16 @@ func relayable(ce *websocket.CloseError) (int, string) {
 // (charging the quota) or AUTH (binding the verified pubkey), and for the
 // relay's NIP-42 challenges. It runs on the relay reader only.
 func (c *conn) watch(frame []byte) {
+	if lit, ok := wire.ParseClosed(frame); ok {
+		var buf [wire.MaxSubIDBytes]byte
+		if id, ok := subID(&buf, lit); ok {
+			c.subs.remove(id)
+		}
+		return
+	}
+	if !c.g.watchOK {
+		return
+	}
 	if lit, ok := wire.ParseAuthChallenge(frame); ok {
 		c.auths.challenge(lit)
 		return
@@ -253,6 +300,7 @@ func (c *conn) readClient() {
 		}
 		if err != nil && c.meter.flooded.Load() {
 			c.g.log.Info("closing client", "client", c.who, "reason", "too many control frames")
+			c.g.obs.cut(CutControlFlood)
 			c.end(true, true, closeSlowClient, "sluice: too many control frames")
 			return
 		}
@@ -270,7 +318,18 @@ func (c *conn) readClient() {
 		}
 		c.clientRD.extend(c.client, c.g.pingInterval)
 		if !c.admit(buf) {
-			continue
+			if c.knocked > 0 {
+				c.g.log.Info("closing client", "client", c.who, "reason", "too many refused frames")
+				c.g.obs.cut(CutKnocking)
+				c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(ratelimit.RetrySeconds(c.knocked), 10)+"s")
+				return
+			}
+			if c.closeUp == nil {
+				continue
+			}
+			// The client was told its subscription is closed: so is the
+			// relay, or it would go on streaming to it.
+			buf, c.closeUp = c.closeUp, nil
 		}
 		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
 		// A canonical frame is UTF-8 JSON: it goes as text, however it came.
@@ -333,6 +392,9 @@ func (c *conn) admit(frame []byte) bool {
 	if charge {
 		if wait, refused := c.g.limiter.Refused(c.keys[t]); refused {
 			c.refuseRateLimited(p.Frame(), wait)
+			if !c.knocks.allow(time.Now()) {
+				c.knocked = wait
+			}
 			return false
 		}
 	}
@@ -354,6 +416,7 @@ func (c *conn) admit(frame []byte) bool {
 			fr := p.Frame()
 			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
 			obs.frame(t, Unavailable)
+			c.dropSub(fr)
 			return false
 		}
 		if !d.Allowed {
@@ -368,6 +431,16 @@ func (c *conn) admit(frame []byte) bool {
 		return false
 	}
 	switch t {
+	case TypeREQ:
+		id := facts.SubID[1 : len(facts.SubID)-1]
+		if !c.subs.has(id) && c.subs.len() >= c.g.maxSubs {
+			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), p.Frame(), c.g.tooManySubs))
+			obs.frame(t, OverCap)
+			return false
+		}
+		c.subs.add(id)
+	case TypeCLOSE:
+		c.subs.remove(facts.SubID[1 : len(facts.SubID)-1])
 	case TypeEVENT:
 		if c.g.quota != nil && !free {
 			return c.admitEvent(p.Frame(), &facts.Event)
@@ -388,16 +461,61 @@ func (c *conn) admit(frame []byte) bool {
 	return true
 }
 
+// A client refused from the limiter's local table costs the gate a peek
+// and a reply, but a client that keeps knocking learns nothing new: its
+// wait stays what it was told. Past knockBurst such refusals, repaid at
+// knockRate a second, the connection is closed (1008) with the wait.
+const (
+	knockBurst = 100
+	knockRate  = 10
+)
+
+// knockMeter is a token bucket of local refusals, used by the client
+// reader only. The zero value is full.
+type knockMeter struct {
+	spent float64
+	last  time.Time // monotonic
+}
+
+// allow takes one knock at now and reports whether the client is still
+// within the bound.
+func (k *knockMeter) allow(now time.Time) bool {
+	if !k.last.IsZero() {
+		k.spent = max(0, k.spent-now.Sub(k.last).Seconds()*knockRate)
+	}
+	k.last = now
+	k.spent++
+	return k.spent <= knockBurst
+}
+
 // refuse answers f with an "invalid:" reason of the gate's own.
 func (c *conn) refuse(f Frame, reason string) {
 	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
 	c.g.obs.frame(f.Type, Invalid)
+	c.dropSub(f)
 }
 
 // refuseRateLimited answers f refused by a limit whose wait is wait.
 func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 	c.g.obs.frame(f.Type, RateLimited)
+	c.dropSub(f)
+}
+
+// dropSub is called for every refused frame: when it is a REQ whose id
+// names a subscription open at the relay, the client has just been told
+// (CLOSED) that it is closed, so the gate closes it at the relay too
+// (readClient sends the CLOSE).
+func (c *conn) dropSub(f Frame) {
+	if f.Type != TypeREQ || f.ID == nil {
+		return
+	}
+	var buf [wire.MaxSubIDBytes]byte
+	id, ok := subID(&buf, f.ID)
+	if !ok || !c.subs.remove(id) {
+		return
+	}
+	c.closeUp = append(append(append(c.closeUp[:0], `["CLOSE","`...), id...), `"]`...)
 }
 
 // replyBuf returns an empty buffer large enough for any refusal of f that

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -66,12 +67,13 @@ func (m *controlMeter) credit(n int) {
 	m.tokens = min(controlBurst, m.tokens+int64(n))
 }
 
-// meteredWriter hands gorilla's upgrader a connection whose reads the
-// meter sees. The upgrader must have a ReadBufferSize of its own, or it
+// meteredWriter hands gorilla's upgrader the client's connection wrapped
+// in mc, whose reads the meter sees and whose writes the client's writer
+// coalesces. The upgrader must have a ReadBufferSize of its own, or it
 // would read through the server's buffered reader instead.
 type meteredWriter struct {
 	http.ResponseWriter
-	m *controlMeter
+	mc *meteredConn
 }
 
 // Hijack implements http.Hijacker.
@@ -84,20 +86,83 @@ func (w meteredWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return meteredConn{Conn: c, m: w.m}, brw, nil
+	w.mc.Conn = c
+	return w.mc, brw, nil
 }
 
-// meteredConn charges every byte read to its meter.
+// maxCoalesce is the most a client's writer gathers before a socket write.
+const maxCoalesce = 64 << 10
+
+// meteredConn is a client's socket. Every byte read is charged to the
+// meter; writes made while the client's writer is coalescing (a batch of
+// queued frames) are gathered and written at once, so a batch costs a
+// socket write or two rather than one per frame.
 type meteredConn struct {
 	net.Conn
 	m *controlMeter
+
+	wmu      sync.Mutex
+	wbuf     []byte
+	batching bool
 }
 
 // Read implements net.Conn.
-func (c meteredConn) Read(p []byte) (int, error) {
+func (c *meteredConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 && !c.m.spend(n) {
 		return n, errControlFlood
 	}
 	return n, err
+}
+
+// Write implements net.Conn.
+func (c *meteredConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.batching && len(c.wbuf)+len(p) <= maxCoalesce {
+		c.wbuf = append(c.wbuf, p...)
+		return len(p), nil
+	}
+	if err := c.flushLocked(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
+}
+
+// coalesce starts gathering writes (on) or writes what was gathered and
+// stops (off), returning the write's error.
+func (c *meteredConn) coalesce(on bool) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.batching = on
+	if on {
+		return nil
+	}
+	return c.flushLocked()
+}
+
+func (c *meteredConn) flushLocked() error {
+	if len(c.wbuf) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(c.wbuf)
+	if cap(c.wbuf) > maxCoalesce {
+		c.wbuf = nil
+	} else {
+		c.wbuf = c.wbuf[:0]
+	}
+	return err
+}
+
+// Close implements net.Conn: what was gathered (a close frame, say) is
+// written first, as far as the write deadline lets it, unless a write is
+// under way: a writer blocked on a client that does not read must not
+// hold up the close, which is what ends its write.
+func (c *meteredConn) Close() error {
+	if c.wmu.TryLock() {
+		_ = c.flushLocked()
+		c.batching = false
+		c.wmu.Unlock()
+	}
+	return c.Conn.Close()
 }

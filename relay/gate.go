@@ -35,9 +35,6 @@ const (
 	// DefaultReadLimit is the largest client frame the gate reads: 512 KiB,
 	// a little above khatru's own 512,000-byte limit.
 	DefaultReadLimit = 512 << 10
-	// DefaultWriteBuffer is how many frames may wait for a slow client
-	// before the gate closes its connection.
-	DefaultWriteBuffer = 256
 	// DefaultPingInterval is how often the gate pings each client; a
 	// client that answers nothing for two intervals is disconnected.
 	DefaultPingInterval = 30 * time.Second
@@ -136,16 +133,30 @@ type Options struct {
 	// one, so the bound is lowered to the most filters every REQ window
 	// can admit at once (the largest n with n·cost < rate).
 	MaxFilters int
+	// MaxSubscriptions caps the subscriptions one connection holds open
+	// at the relay (opened by a forwarded REQ, closed by a CLOSE or the
+	// relay's CLOSED); a REQ for a new subscription past it is answered
+	// CLOSED "blocked: …" and not forwarded. 0 means
+	// DefaultMaxSubscriptions.
+	MaxSubscriptions int
+	// MaxConnections caps the connections one client (its key, as
+	// Identity makes it) holds open at once through this gate; an upgrade
+	// past it is refused with HTTP 429 and no Retry-After (a cap has no
+	// wait to tell: a connection closing frees a place). The count is this
+	// process's own. 0 means DefaultMaxConnections; negative, no cap.
+	// Allow-listed addresses are not counted.
+	MaxConnections int
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).
 	// "" means the tag's host must be the host the client connected to
 	// (its Host header, or X-Forwarded-Host from a trusted proxy).
 	RelayURL string
-	// WriteBuffer bounds the frames queued for one client (relay frames
-	// and the gate's own replies). When a client reads so slowly that the
-	// queue fills, its connection is closed (1008) rather than holding up
-	// the relay. 0 means DefaultWriteBuffer.
-	WriteBuffer int
+	// QueueBytes bounds the bytes queued for one client (relay frames and
+	// the gate's own replies). When a client reads so slowly that the
+	// queue would pass it, its connection is closed (1008) rather than
+	// holding up the relay; so is a client whose socket stays blocked for
+	// WriteTimeout. 0 means DefaultQueueBytes.
+	QueueBytes int
 	// PingInterval is the keepalive period towards clients and relays; a
 	// side that sends nothing, not even a pong, for two intervals is
 	// closed. 0 means DefaultPingInterval.
@@ -195,10 +206,15 @@ type Gate struct {
 	frameSize      [NumTypes]int
 	tooLarge       [NumTypes]string // the refusal of a frame over frameSize
 	maxFilters     int
-	tooManyFilters string              // the refusal of a REQ with more
+	tooManyFilters string // the refusal of a REQ with more
+	maxSubs        int
+	tooManySubs    string // the refusal of a REQ past maxSubs
+	maxConns       int    // per client; 0: no cap
+	connsMu        sync.Mutex
+	connsOpen      map[string]int      // open connections per client key
 	reqLimits      [][]ratelimit.Limit // REQ's windows by filter count
 	relayURL       *url.URL
-	writeBuffer    int
+	queueBytes     int
 	pingInterval   time.Duration
 	writeTimeout   time.Duration
 	obs            *Observer
@@ -225,7 +241,7 @@ func New(opts Options) (*Gate, error) {
 		quota:        opts.Quota,
 		now:          opts.Now,
 		readLimit:    opts.ReadLimit,
-		writeBuffer:  opts.WriteBuffer,
+		queueBytes:   opts.QueueBytes,
 		pingInterval: opts.PingInterval,
 		writeTimeout: opts.WriteTimeout,
 		obs:          opts.Observer,
@@ -266,6 +282,18 @@ func New(opts Options) (*Gate, error) {
 	}
 	g.maxFilters, g.reqLimits = filterCharges(opts.MaxFilters, g.limits.Message[TypeREQ])
 	g.tooManyFilters = fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, g.maxFilters)
+	g.maxSubs = opts.MaxSubscriptions
+	if g.maxSubs <= 0 {
+		g.maxSubs = DefaultMaxSubscriptions
+	}
+	g.tooManySubs = fmt.Sprintf("blocked: too many open subscriptions (at most %d); close one first", g.maxSubs)
+	switch g.maxConns = opts.MaxConnections; {
+	case g.maxConns == 0:
+		g.maxConns = DefaultMaxConnections
+	case g.maxConns < 0:
+		g.maxConns = 0
+	}
+	g.connsOpen = make(map[string]int)
 	if opts.RelayURL != "" {
 		u, err := url.Parse(opts.RelayURL)
 		if err != nil || u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss") {
@@ -273,8 +301,8 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.relayURL = u
 	}
-	if g.writeBuffer <= 0 {
-		g.writeBuffer = DefaultWriteBuffer
+	if g.queueBytes <= 0 {
+		g.queueBytes = DefaultQueueBytes
 	}
 	if g.pingInterval <= 0 {
 		g.pingInterval = DefaultPingInterval
@@ -325,6 +353,37 @@ func filterCharges(limit int, lims []ratelimit.Limit) (int, [][]ratelimit.Limit)
 	}
 	return limit, out
 }
+
+// holdConn counts one more open connection for client, unless it holds
+// the most it may already.
+func (g *Gate) holdConn(client string) bool {
+	if g.maxConns == 0 {
+		return true
+	}
+	g.connsMu.Lock()
+	defer g.connsMu.Unlock()
+	if g.connsOpen[client] >= g.maxConns {
+		return false
+	}
+	g.connsOpen[client]++
+	return true
+}
+
+// releaseConn counts one connection of client closed.
+func (g *Gate) releaseConn(client string) {
+	if g.maxConns == 0 {
+		return
+	}
+	g.connsMu.Lock()
+	defer g.connsMu.Unlock()
+	if g.connsOpen[client]--; g.connsOpen[client] <= 0 {
+		delete(g.connsOpen, client)
+	}
+}
+
+// MaxSubscriptions returns the cap on the subscriptions one connection
+// holds open (Options.MaxSubscriptions), for NIP-11's max_subscriptions.
+func (g *Gate) MaxSubscriptions() int { return g.maxSubs }
 
 // MaxFilters returns how many filters a REQ the gate forwards may hold
 // (Options.MaxFilters, lowered as it says), for NIP-11's max_filters.
@@ -411,6 +470,14 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 			return
 		}
 	}
+	if !freeIP && !g.holdConn(client) {
+		g.obs.connection(OverCap)
+		http.Error(w, fmt.Sprintf("blocked: too many open connections from your address (at most %d)", g.maxConns), http.StatusTooManyRequests)
+		return
+	}
+	if !freeIP {
+		defer g.releaseConn(client)
+	}
 	if freeIP {
 		g.obs.connection(Allowlisted)
 	} else {
@@ -434,8 +501,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
 		return
 	}
-	meter := newControlMeter()
-	clientConn, err := g.upgrader.Upgrade(meteredWriter{w, meter}, r, nil)
+	mc := &meteredConn{m: newControlMeter()}
+	clientConn, err := g.upgrader.Upgrade(meteredWriter{w, mc}, r, nil)
 	if err != nil {
 		_ = upConn.Close()
 		return // the upgrader has answered
@@ -447,13 +514,14 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		g:       g,
 		client:  clientConn,
 		up:      upConn,
-		out:     make(chan outFrame, g.writeBuffer),
+		out:     newOutQueue(g.queueBytes),
 		ctx:     ctx,
 		cancel:  cancel,
 		closing: make(chan struct{}),
 		who:     client,
 		host:    requestHost(r, g.fromTrustedProxy(r)),
-		meter:   meter,
+		meter:   mc.m,
+		wire:    mc,
 		keys:    keysFor(client),
 		freeIP:  freeIP,
 	}

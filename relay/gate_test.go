@@ -746,7 +746,7 @@ func TestGateShutdown(t *testing.T) {
 // relay, and other clients are unaffected.
 func TestGateSlowClientDisconnected(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}, WriteBuffer: 4, WriteTimeout: time.Minute})
+	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: time.Minute})
 	url := serve(t, g.Wrap(rec))
 	slow := dialRaw(t, url)
 	if err := slow.WriteMessage(websocket.TextMessage, recorderCmd("flood", "")); err != nil {

@@ -69,11 +69,13 @@ type NIP11Limitation struct {
 	// smaller one (the smaller of the two is what a client can send). 0
 	// leaves the field as it is.
 	MaxMessageLength int64
-	// MaxFilters and MaxSubidLength are the gate's bounds on a forwarded
-	// REQ (Gate.MaxFilters, wire.MaxSubIDBytes), written to
-	// limitation.max_filters and limitation.max_subid_length the same way:
-	// the smaller of the document's and these; 0 leaves a field as it is.
-	MaxFilters, MaxSubidLength int64
+	// MaxFilters, MaxSubidLength and MaxSubscriptions are the gate's
+	// bounds on a forwarded REQ and on the subscriptions a connection
+	// holds (Gate.MaxFilters, wire.MaxSubIDBytes, Gate.MaxSubscriptions),
+	// written to limitation.max_filters, max_subid_length and
+	// max_subscriptions the same way: the smaller of the document's and
+	// these; 0 leaves a field as it is.
+	MaxFilters, MaxSubidLength, MaxSubscriptions int64
 	// Limits, when not nil, are published as the top-level "rate_limits"
 	// object (not part of NIP-11: clients that do not know it ignore it).
 	Limits *Limits
@@ -119,14 +121,14 @@ func nip11Windows(ls []ratelimit.Limit) []nip11Window {
 
 // MergeNIP11 returns doc, a JSON object, with lim merged in. Every field of
 // doc other than limitation.max_message_length, max_filters,
-// max_subid_length and rate_limits is kept byte for byte, including fields
+// max_subid_length, max_subscriptions and rate_limits is kept byte for byte, including fields
 // this package does not know.
 func MergeNIP11(doc []byte, lim NIP11Limitation) ([]byte, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(doc, &top); err != nil || top == nil {
 		return nil, fmt.Errorf("%w: not a JSON object", ErrNIP11)
 	}
-	if lim.MaxMessageLength > 0 || lim.MaxFilters > 0 || lim.MaxSubidLength > 0 {
+	if lim.MaxMessageLength > 0 || lim.MaxFilters > 0 || lim.MaxSubidLength > 0 || lim.MaxSubscriptions > 0 {
 		var limitation map[string]json.RawMessage
 		if raw, ok := top["limitation"]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 			if err := json.Unmarshal(raw, &limitation); err != nil || limitation == nil {
@@ -140,7 +142,7 @@ func MergeNIP11(doc []byte, lim NIP11Limitation) ([]byte, error) {
 		for _, f := range []struct {
 			key  string
 			ours int64
-		}{{"max_message_length", lim.MaxMessageLength}, {"max_filters", lim.MaxFilters}, {"max_subid_length", lim.MaxSubidLength}} {
+		}{{"max_message_length", lim.MaxMessageLength}, {"max_filters", lim.MaxFilters}, {"max_subid_length", lim.MaxSubidLength}, {"max_subscriptions", lim.MaxSubscriptions}} {
 			if f.ours <= 0 {
 				continue
 			}

@@ -16,16 +16,45 @@ const (
 	// Allowlisted: forwarded without being charged (allow-listed IP or
 	// authenticated pubkey).
 	Allowlisted
-	// Invalid: a frame refused as malformed, after it was charged: one
-	// not shaped as a Nostr message (see Gate), or, with a quota, an
-	// EVENT the gate could not attribute to one actor (duplicate "id" or
-	// "pubkey" fields), refused so that it cannot slip past the quota.
+	// Invalid: a frame refused, after it was charged, because the gate
+	// does not forward it: not canonical (wire.Scan), over its type's
+	// frame bound, or an AUTH the gate could not verify.
 	Invalid
+	// OverCap: refused by a cap on what a client holds open at once: an
+	// upgrade past Options.MaxConnections for its client, or a REQ past
+	// Options.MaxSubscriptions on its connection.
+	OverCap
 	// NumOutcomes is the number of outcomes, for arrays indexed by Outcome.
 	NumOutcomes
 )
 
-var outcomeNames = [NumOutcomes]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid"}
+var outcomeNames = [NumOutcomes]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid", "over_cap"}
+
+// CutReason is why the gate closed a client's connection on its own
+// account.
+type CutReason uint8
+
+// The reasons the gate reports to Observer.Cut.
+const (
+	// CutSlowReader: the client's queue passed Options.QueueBytes.
+	CutSlowReader CutReason = iota
+	// CutControlFlood: too many control frames (pings, pongs, fragments).
+	CutControlFlood
+	// CutKnocking: too many frames refused from the local table.
+	CutKnocking
+	// NumCutReasons is the number of reasons, for arrays.
+	NumCutReasons
+)
+
+var cutNames = [NumCutReasons]string{"slow_reader", "control_flood", "knocking"}
+
+// String returns a lower-case label fit for a metric ("slow_reader").
+func (r CutReason) String() string {
+	if r < NumCutReasons {
+		return cutNames[r]
+	}
+	return "unknown"
+}
 
 // String returns a lower-case label fit for a metric ("rate_limited").
 func (o Outcome) String() string {
@@ -47,6 +76,9 @@ type Observer struct {
 	// Open is called with +1 when a gated connection opens and -1 when it
 	// closes, so a gauge of open connections can be kept.
 	Open func(delta int)
+	// Cut is called when the gate closes a client's connection on its own
+	// account (1008), with the reason.
+	Cut func(r CutReason)
 }
 
 // The nil-safe calls the gate makes.
@@ -54,6 +86,12 @@ type Observer struct {
 func (o *Observer) frame(t Type, out Outcome) {
 	if o != nil && o.Frame != nil {
 		o.Frame(t, out)
+	}
+}
+
+func (o *Observer) cut(r CutReason) {
+	if o != nil && o.Cut != nil {
+		o.Cut(r)
 	}
 }
 

@@ -43,6 +43,7 @@ func printCheck(w io.Writer, cfg *config) {
 	}
 
 	printShape(w, cfg)
+	fmt.Fprintf(w, "open at once: at most %d subscriptions per connection (NIP-11 max_subscriptions), %d connections per client in this process\n", cfg.Subscriptions, cfg.MaxConnections)
 
 	if cfg.QuotaUnlimited {
 		fmt.Fprintln(w, "quota: off (unlimited)")

@@ -45,6 +45,10 @@ const (
 	// maxFilters bounds limits.max_filters: each filter is a query and a
 	// listener at the relay, and clients send one to a few.
 	maxFilters = 1000
+	// maxSubscriptions and maxConnections bound limits.subscriptions and
+	// limits.max_connections: past them a cap caps nothing.
+	maxSubscriptions = 10000
+	maxConnections   = 1000000
 	// minFrameSize is the smallest limits.frame_size: a smaller number
 	// bounds nothing a client sends (an AUTH is hundreds of bytes) and is
 	// most likely a size meant in KiB.
@@ -98,6 +102,10 @@ type limitsConfig struct {
 	Connection []limitConfig            `yaml:"connection"`
 	Message    map[string][]limitConfig `yaml:"message"`
 	MaxFilters integer                  `yaml:"max_filters"`
+	// Subscriptions caps the subscriptions one connection holds open;
+	// MaxConnections the connections one client holds open at once.
+	Subscriptions  integer `yaml:"subscriptions"`
+	MaxConnections integer `yaml:"max_connections"`
 	// FrameSize holds only the types the file names; the others keep
 	// relay.DefaultFrameSize, which for EVENT is read_limit whatever
 	// read_limit is set to (a number in the defaults could not say that).
@@ -164,6 +172,10 @@ type config struct {
 	// MaxFilters is limits.max_filters as configured; the gate may lower
 	// it (relay.Options.MaxFilters).
 	MaxFilters int
+	// Subscriptions and MaxConnections are limits.subscriptions and
+	// limits.max_connections (relay.Options.MaxSubscriptions,
+	// MaxConnections).
+	Subscriptions, MaxConnections int
 	// FrameSize is limits.frame_size by type; 0 means
 	// relay.DefaultFrameSize.
 	FrameSize [relay.NumTypes]int
@@ -196,10 +208,12 @@ func defaultFileConfig() fileConfig {
 		},
 		Store: storeConfig{Prefix: "sluice:", Timeout: "100ms"},
 		Limits: limitsConfig{
-			Connection: toLimitConfigs(def.Connection),
-			Message:    msg,
-			MaxFilters: relay.DefaultMaxFilters,
-			FrameSize:  map[string]integer{},
+			Connection:     toLimitConfigs(def.Connection),
+			Message:        msg,
+			MaxFilters:     relay.DefaultMaxFilters,
+			Subscriptions:  relay.DefaultMaxSubscriptions,
+			MaxConnections: relay.DefaultMaxConnections,
+			FrameSize:      map[string]integer{},
 		},
 		Quota:    quotaConfig{Events: 600, Window: "60s"},
 		Identity: identityConfig{IPv6Prefix: 64, TrustedProxies: []string{}, Header: "X-Forwarded-For"},
@@ -561,6 +575,16 @@ func (fc *fileConfig) validate() (*config, error) {
 		bad("limits.max_filters", "must be between 1 and %d, got %d", maxFilters, n)
 	} else {
 		c.MaxFilters = int(n)
+	}
+	if n := fc.Limits.Subscriptions; n < 1 || n > maxSubscriptions {
+		bad("limits.subscriptions", "must be between 1 and %d, got %d", maxSubscriptions, n)
+	} else {
+		c.Subscriptions = int(n)
+	}
+	if n := fc.Limits.MaxConnections; n < 1 || n > maxConnections {
+		bad("limits.max_connections", "must be between 1 and %d, got %d", maxConnections, n)
+	} else {
+		c.MaxConnections = int(n)
 	}
 	labels = labels[:0]
 	for label := range fc.Limits.FrameSize {

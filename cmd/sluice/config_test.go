@@ -104,6 +104,34 @@ func TestShapeDefaults(t *testing.T) {
 	if cfg.RelayURL != "" {
 		t.Errorf("RelayURL = %q, want \"\"", cfg.RelayURL)
 	}
+	if cfg.Subscriptions != relay.DefaultMaxSubscriptions || cfg.MaxConnections != relay.DefaultMaxConnections {
+		t.Errorf("Subscriptions %d MaxConnections %d, want the relay defaults", cfg.Subscriptions, cfg.MaxConnections)
+	}
+}
+
+// TestCapFields: limits.subscriptions and limits.max_connections reach the
+// config, and out-of-range values are refused with the field named.
+func TestCapFields(t *testing.T) {
+	cfg, err := parseAndValidate([]byte("limits: {subscriptions: 7, max_connections: 3}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Subscriptions != 7 || cfg.MaxConnections != 3 {
+		t.Errorf("Subscriptions %d MaxConnections %d", cfg.Subscriptions, cfg.MaxConnections)
+	}
+	for yaml, want := range map[string]string{
+		"limits: {subscriptions: 0}":     "limits.subscriptions: must be between 1 and 10000, got 0",
+		"limits: {subscriptions: 10001}": "limits.subscriptions: must be between 1 and 10000, got 10001",
+		"limits: {max_connections: 0}":   "limits.max_connections: must be between 1 and 1000000, got 0",
+		"limits: {max_connections: -1}":  "limits.max_connections: must be between 1 and 1000000, got -1",
+		"limits: {max_connections: 1.5}": "limits.max_connections (line 1): expected a whole number",
+		"limits: {subscriptions: many}":  "limits.subscriptions (line 1): expected a whole number",
+	} {
+		_, err := parseAndValidate([]byte(yaml))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", yaml, err, want)
+		}
+	}
 }
 
 // TestShapeFields: max_filters, frame_size and relay_url reach the config
@@ -480,6 +508,7 @@ func TestCheckPrintsShape(t *testing.T) {
 		"  NEG-OPEN   524288  (read_limit)\n",
 		"  NEG-MSG    524288  (read_limit)\n",
 		"  NEG-CLOSE  1024\n",
+		"open at once: at most 50 subscriptions per connection (NIP-11 max_subscriptions), 64 connections per client in this process\n",
 		"NIP-42: an AUTH's relay tag must name the host the client connected to",
 	} {
 		if !strings.Contains(s, want) {

@@ -22,6 +22,7 @@ type metrics struct {
 
 	frames      [relay.NumTypes][relay.NumOutcomes]prometheus.Counter
 	connections [relay.NumOutcomes]prometheus.Counter
+	cuts        [relay.NumCutReasons]prometheus.Counter
 	open        prometheus.Gauge
 	storeOK     prometheus.Observer
 	storeErr    prometheus.Observer
@@ -44,12 +45,19 @@ func newMetrics() *metrics {
 
 	frames := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_frames_total",
-		Help: "Client frames by message type and what the gate did with them: admitted, rate_limited, unavailable (store could not decide; refused), quota_exceeded, allowlisted, invalid.",
+		Help: "Client frames by message type and what the gate did with them: admitted, rate_limited, unavailable (store could not decide; refused), quota_exceeded, allowlisted, invalid (not forwarded: not canonical, too large, an AUTH that failed verification), over_cap (a REQ past limits.subscriptions).",
 	}, []string{"type", "outcome"})
 	conns := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_connections_total",
-		Help: "WebSocket upgrade attempts by outcome (rate_limited is HTTP 429, unavailable is HTTP 503).",
+		Help: "WebSocket upgrade attempts by outcome (rate_limited and over_cap are HTTP 429, unavailable is HTTP 503).",
 	}, []string{"outcome"})
+	cuts := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_disconnects_total",
+		Help: "Client connections the gate closed on its own account (1008), by reason: slow_reader (its queue passed its bound), control_flood (too many pings, pongs or fragments), knocking (too many frames refused from the local table).",
+	}, []string{"reason"})
+	for r := relay.CutReason(0); r < relay.NumCutReasons; r++ {
+		m.cuts[r] = cuts.WithLabelValues(r.String())
+	}
 	for t := relay.Type(0); t < relay.NumTypes; t++ {
 		for o := relay.Outcome(0); o < relay.NumOutcomes; o++ {
 			m.frames[t][o] = frames.WithLabelValues(t.String(), o.String())
@@ -70,7 +78,7 @@ func newMetrics() *metrics {
 	}, []string{"result"})
 	m.storeOK = latency.WithLabelValues("ok")
 	m.storeErr = latency.WithLabelValues("error")
-	m.reg.MustRegister(buildInfo, frames, conns, m.open, latency)
+	m.reg.MustRegister(buildInfo, frames, conns, cuts, m.open, latency)
 	return m
 }
 
@@ -118,6 +126,11 @@ func (m *metrics) observer() *relay.Observer {
 			}
 		},
 		Open: func(delta int) { m.open.Add(float64(delta)) },
+		Cut: func(r relay.CutReason) {
+			if r < relay.NumCutReasons {
+				m.cuts[r].Inc()
+			}
+		},
 	}
 }
 

@@ -33,12 +33,12 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		"pubkey":      cfg.Info.Pubkey,
 		"software":    sluiceURL,
 		"version":     buildVersion(),
-		// What the gate bounds whatever the upstream allows. (An
-		// upstream's own document is served without them: MergeNIP11
-		// adds only max_message_length.)
+		// What the gate bounds whatever the upstream allows (an
+		// upstream's own document gets them from MergeNIP11).
 		"limitation": map[string]int{
-			"max_filters":      gate.MaxFilters(),
-			"max_subid_length": wire.MaxSubIDBytes,
+			"max_filters":       gate.MaxFilters(),
+			"max_subid_length":  wire.MaxSubIDBytes,
+			"max_subscriptions": gate.MaxSubscriptions(),
 		},
 	})
 	client := &http.Client{Timeout: relay.DefaultNIP11Timeout}

@@ -88,6 +88,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		MaxMessageLength: int(cfg.ReadLimit),
 		MaxLimit:         db.MaxLimit,        // badger caps a query's limit here
 		MaxSubidLength:   wire.MaxSubIDBytes, // the gate forwards no longer id
+		MaxSubscriptions: gate.MaxSubscriptions(),
 	}
 	base, err := json.Marshal(nip11Document{
 		RelayInformationDocument: kr.Info,

@@ -147,8 +147,11 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Ga
 		FrameSize:  cfg.FrameSize,
 		MaxFilters: cfg.MaxFilters,
 		RelayURL:   cfg.RelayURL,
-		Observer:   m.observer(),
-		Logger:     logger,
+
+		MaxSubscriptions: cfg.Subscriptions,
+		MaxConnections:   cfg.MaxConnections,
+		Observer:         m.observer(),
+		Logger:           logger,
 	})
 	if err != nil {
 		p.close()
@@ -164,6 +167,7 @@ func nip11Limitation(cfg *config, p *limiterParts) relay.NIP11Limitation {
 		MaxMessageLength: cfg.ReadLimit,
 		MaxFilters:       int64(relay.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])),
 		MaxSubidLength:   wire.MaxSubIDBytes,
+		MaxSubscriptions: int64(cfg.Subscriptions),
 		Limits:           &limits,
 		Quota:            p.quota,
 	}

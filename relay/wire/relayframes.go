@@ -70,3 +70,17 @@ func (s *scanner) literal(lit string) bool {
 	s.i += len(lit)
 	return true
 }
+
+// ParseClosed reads a relay frame ["CLOSED",<sub id>,<reason>] and returns
+// the subscription id as its JSON literal, quotes included.
+func ParseClosed(frame []byte) (sub []byte, ok bool) {
+	s := scanner{b: frame}
+	if !s.label(`"CLOSED"`) {
+		return nil, false
+	}
+	lit, _, ok := s.str()
+	if !ok {
+		return nil, false
+	}
+	return lit, true
+}

@@ -1,0 +1,180 @@
+package relay
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/internal/nostrtest"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// The subscriptions a connection holds open are capped: a REQ for a new
+// one past the cap is answered CLOSED "blocked: …" and not forwarded; a
+// REQ reusing an open id is not a new one; a CLOSE, or the relay's CLOSED,
+// frees a place.
+func TestGateSubscriptionCap(t *testing.T) {
+	rec := newRecorder()
+	g := newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: 3})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	send := func(frame string) { _ = c.WriteMessage(websocket.TextMessage, []byte(frame)) }
+	for _, id := range []string{"a", "b", "c", "a"} {
+		send(`["REQ","` + id + `",{}]`)
+	}
+	send(`["REQ","d",{}]`)
+	if got := readText(t, c); got != `["CLOSED","d","blocked: too many open subscriptions (at most 3); close one first"]` {
+		t.Fatalf("fourth subscription answered %s", got)
+	}
+	send(`["CLOSE","b"]`)
+	send(`["REQ","d",{}]`) // b's place: a, c, d
+	send(`["CLOSE","a"]`)  // c, d
+	// The relay closes c itself: its place is free too. (The echo
+	// command is a REQ of its own, "echo", which takes a place.)
+	_ = c.WriteMessage(websocket.TextMessage, recorderCmd("echo", `["CLOSED","c","error: gone"]`))
+	if got := readText(t, c); got != `["CLOSED","c","error: gone"]` {
+		t.Fatalf("relay's CLOSED came back as %s", got)
+	}
+	send(`["CLOSE","echo"]`) // d
+	send(`["REQ","e",{}]`)   // d, e
+	send(`["REQ","f",{}]`)   // d, e, f
+	send(`["REQ","g",{}]`)
+	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","g","blocked: `) {
+		t.Fatalf("REQ past the cap after the frees answered %s", got)
+	}
+	want := []string{`["REQ","a",{}]`, `["REQ","b",{}]`, `["REQ","c",{}]`, `["REQ","a",{}]`, `["CLOSE","b"]`, `["REQ","d",{}]`, `["CLOSE","a"]`}
+	got := rec.frames(len(want) + 4)
+	for i, w := range want {
+		if got[i] != w {
+			t.Fatalf("relay got %q, want it to start %q", got, want)
+		}
+	}
+	if tail := strings.Join(got[len(want)+1:], " "); tail != `["CLOSE","echo"] ["REQ","e",{}] ["REQ","f",{}]` {
+		t.Fatalf("relay got %q", got)
+	}
+}
+
+// When the gate refuses a REQ whose id names an open subscription (here a
+// limit, then an invalid frame), the client is told CLOSED, and the relay
+// gets a CLOSE for it, so it stops streaming what the client dropped.
+func TestGateRefusedREQClosesAtRelay(t *testing.T) {
+	clk := nostrtest.NewClock()
+	var l Limits
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Hour)}
+	rec := newRecorder()
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	send := func(frame string) { _ = c.WriteMessage(websocket.TextMessage, []byte(frame)) }
+	send(`["REQ","s",{"kinds":[1]}]`)
+	send(`["REQ","t",{"kinds":[1]}]`)
+	send(`["REQ","s",{"kinds":[7]}]`) // over the budget
+	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
+		t.Fatalf("third REQ answered %s", got)
+	}
+	send(`["REQ","t",{"kinds":"x"}]`) // invalid
+	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","t","`) {
+		t.Fatalf("invalid REQ answered %s", got)
+	}
+	send(`["REQ","u",{}]`) // no such subscription: nothing to close
+	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","u","rate-limited: `) {
+		t.Fatalf("REQ u answered %s", got)
+	}
+	want := []string{`["REQ","s",{"kinds":[1]}]`, `["REQ","t",{"kinds":[1]}]`, `["CLOSE","s"]`, `["CLOSE","t"]`}
+	got := rec.frames(len(want))
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("relay got %q, want %q", got, want)
+	}
+}
+
+// The connections one client holds open at once are capped; an upgrade
+// past the cap gets 429 without Retry-After; closing one frees a place;
+// an allow-listed address is not counted.
+func TestGateConnectionCap(t *testing.T) {
+	closed := make(chan struct{}, 8)
+	obs := &Observer{Open: func(d int) {
+		if d < 0 {
+			closed <- struct{}{}
+		}
+	}}
+	g := newGate(t, Options{Limits: &Limits{}, MaxConnections: 2, Observer: obs})
+	url := serve(t, g.Wrap(newRecorder()))
+	c1 := dialRaw(t, url)
+	dialRaw(t, url)
+	_, resp, err := websocket.DefaultDialer.Dial(url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "" {
+		t.Fatalf("third connection: %v %v, want 429 without Retry-After", resp, err)
+	}
+	c1.Close()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the gate did not see the first connection close")
+	}
+	dialRaw(t, url)
+
+	al, _ := NewAllowList([]string{"127.0.0.1"}, nil)
+	g = newGate(t, Options{Limits: &Limits{}, MaxConnections: 1, Identity: &Identity{Allow: al}})
+	url = serve(t, g.Wrap(newRecorder()))
+	for range 3 {
+		dialRaw(t, url)
+	}
+}
+
+// A client that keeps sending frames it is refused from the local table is
+// closed with 1008 and its wait; a client that knocks now and then is not.
+func TestGateKnockingClientClosed(t *testing.T) {
+	clk := nostrtest.NewClock()
+	var l Limits
+	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	var refused, cuts atomic.Int64
+	obs := &Observer{
+		Frame: func(_ Type, o Outcome) {
+			if o == RateLimited {
+				refused.Add(1)
+			}
+		},
+		Cut: func(r CutReason) {
+			if r == CutKnocking {
+				cuts.Add(1)
+			}
+		},
+	}
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Observer: obs})
+	url := serve(t, g.Wrap(newRecorder()))
+	event := []byte(`["EVENT",` + goNostrEvent + `]`)
+
+	c := dialRaw(t, url)
+	go func() {
+		for range 10 * knockBurst {
+			if c.WriteMessage(websocket.TextMessage, event) != nil {
+				return
+			}
+		}
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	replies := 0
+	for {
+		_, _, err := c.ReadMessage()
+		if err == nil {
+			replies++
+			continue
+		}
+		var ce *websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != "sluice: too many refused frames; retry in 3600s" {
+			t.Fatalf("after %d replies: %v, want 1008 with the wait", replies, err)
+		}
+		break
+	}
+	// Queued replies are dropped with the connection; the gate's count
+	// says how many refusals came first.
+	if n := refused.Load(); n < knockBurst || n >= 10*knockBurst {
+		t.Errorf("closed after %d refusals, want about %d", n, knockBurst)
+	}
+	if cuts.Load() != 1 {
+		t.Errorf("%d knocking cuts counted, want 1", cuts.Load())
+	}
+}

@@ -1,0 +1,143 @@
+//go:build !race
+
+package relay
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/sluice-relay/sluice/internal/nostrtest"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// A REQ refused while its id names an open subscription is answered
+// CLOSED, and the relay is told to CLOSE it: no EVENT for that id arrives
+// afterwards. (khatru kept streaming the old subscription, which the
+// client had dropped.)
+func TestE2EZombieSubscription(t *testing.T) {
+	clk := nostrtest.NewClock()
+	var l Limits
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &l}).Wrap(newKhatru(t)))
+	c := dialRaw(t, url)
+	send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)) // EOSE
+	if got := send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
+		t.Fatalf("second REQ s answered %s", got)
+	}
+	ev := nostrtest.Note(t, nostr.GeneratePrivateKey(), "after the CLOSED")
+	if err := nostrtest.Publish(t, connect(t, url), ev); err != nil {
+		t.Fatal(err)
+	}
+	// khatru writes an event to its listeners before it answers OK, so
+	// anything for s is already on its way; the COUNT's answer comes after.
+	if err := c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","sync",{"ids":["`+ev.ID+`"]}]`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		got := readText(t, c)
+		if strings.HasPrefix(got, `["EVENT","s",`) {
+			t.Fatalf("the relay streamed %s to a subscription the client was told is closed", got)
+		}
+		if strings.HasPrefix(got, `["COUNT","sync",`) {
+			break
+		}
+	}
+}
+
+// burnCPU keeps n goroutines busy until the test ends, so the gate's
+// writer competes for the CPU as on a loaded machine.
+func burnCPU(t *testing.T, n int) {
+	var stop atomic.Bool
+	t.Cleanup(func() { stop.Store(true) })
+	for range n {
+		go func() {
+			x := 1.0
+			for !stop.Load() {
+				for range 1000 {
+					x = x*1.0000001 + 1e-9
+				}
+				runtime.Gosched()
+			}
+			_ = x
+		}()
+	}
+}
+
+// Honest clients that read are not cut as slow, on one busy CPU: one
+// reading the answer to a REQ of 1,000 stored 3 KB events, and one
+// pipelining 1,000 REQs before it reads any answer. (With a queue of 256
+// frames, the gate cut the first in 7 of 23 tries and the second every
+// time: its own writer fell behind, not the client.) A client that never
+// reads is still cut (TestGateSlowClientDisconnected).
+func TestE2EHonestReadersNotCut(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	kr := newKhatru(t)
+	direct := connect(t, serve(t, kr))
+	sk := nostr.GeneratePrivateKey()
+	big := strings.Repeat("x", 3000)
+	for i := range 1000 {
+		// Two kinds of 500: the store answers at most 500 per filter.
+		ev := nostr.Event{Kind: 1 + 29*(i%2), CreatedAt: nostr.Now(), Tags: nostr.Tags{}, Content: fmt.Sprint(i, big)}
+		if err := ev.Sign(sk); err != nil {
+			t.Fatal(err)
+		}
+		if err := nostrtest.Publish(t, direct, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	burnCPU(t, 2)
+	for _, mode := range []string{"relay", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			honestReaders(t, hostileTarget(t, mode, kr, Options{Limits: &Limits{}, MaxSubscriptions: 2000}))
+		})
+	}
+}
+
+// honestReaders runs the two readers of TestE2EHonestReadersNotCut
+// against the gate at url.
+func honestReaders(t *testing.T, url string) {
+	for try := range 5 {
+		c := dialRaw(t, url)
+		if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1],"limit":500},{"kinds":[30],"limit":500}]`)); err != nil {
+			t.Fatal(err)
+		}
+		events := 0
+		for {
+			got := readText(t, c)
+			if strings.HasPrefix(got, `["EOSE",`) {
+				break
+			}
+			events++
+		}
+		if events != 1000 {
+			t.Fatalf("try %d: %d events before EOSE, want 1000", try, events)
+		}
+		c.Close()
+	}
+
+	c := dialRaw(t, url)
+	for i := range 1000 {
+		if err := c.WriteMessage(websocket.TextMessage, fmt.Appendf(nil, `["REQ","p%d",{"kinds":[1],"limit":2}]`, i)); err != nil {
+			t.Fatalf("REQ %d: %v", i, err)
+		}
+	}
+	eose := 0
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for eose < 1000 && ctx.Err() == nil {
+		if strings.HasPrefix(readText(t, c), `["EOSE",`) {
+			eose++
+		}
+	}
+	if eose != 1000 {
+		t.Fatalf("%d of 1000 pipelined REQs answered", eose)
+	}
+}

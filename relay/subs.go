@@ -1,0 +1,76 @@
+package relay
+
+import (
+	"sync"
+
+	"github.com/sluice-relay/sluice/relay/wire"
+)
+
+// DefaultMaxSubscriptions caps the subscriptions one connection holds open
+// at the relay (NIP-11's max_subscriptions). Clients keep one open per
+// feed, thread or profile they show, and close them as the view changes:
+// tens at most on one relay. 50 leaves them room and keeps what one
+// connection makes a relay hold (a listener and its filters per
+// subscription) small.
+const DefaultMaxSubscriptions = 50
+
+// DefaultMaxConnections caps the connections one client (an IPv4 address,
+// an IPv6 prefix) holds open at once, in one gate process. A household or
+// office behind one NAT runs a few clients with a connection to this relay
+// each; 64 leaves a large NAT room while 5,000 idle sockets from one
+// address (322 MB on the relay side) are out of reach.
+const DefaultMaxConnections = 64
+
+// subTable is the set of subscriptions a connection has open at the relay:
+// opened by a forwarded REQ, closed by a forwarded CLOSE or by the relay's
+// CLOSED. Ids are canonical (wire.Scan: no escapes), so the bytes between
+// a literal's quotes are the id. Safe for concurrent use (the client
+// reader opens and closes, the relay reader closes).
+type subTable struct {
+	mu   sync.Mutex
+	open map[string]struct{}
+}
+
+// has reports whether id (decoded) is open.
+func (s *subTable) has(id []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.open[string(id)]
+	return ok
+}
+
+// len returns the number of open subscriptions.
+func (s *subTable) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.open)
+}
+
+// add opens id.
+func (s *subTable) add(id []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open == nil {
+		s.open = make(map[string]struct{})
+	}
+	if _, ok := s.open[string(id)]; !ok {
+		s.open[string(id)] = struct{}{}
+	}
+}
+
+// remove closes id and reports whether it was open.
+func (s *subTable) remove(id []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.open[string(id)]
+	delete(s.open, string(id))
+	return ok
+}
+
+// subID returns the decoded id of a subscription id literal (Peek's or
+// Scan's); ok is false when it does not decode (an escape outside ASCII),
+// and then names no subscription the gate opened.
+func subID(buf *[wire.MaxSubIDBytes]byte, lit []byte) ([]byte, bool) {
+	id, ok := wire.Unquote(buf[:0], lit)
+	return id, ok && len(id) > 0
+}
