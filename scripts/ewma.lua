@@ -25,6 +25,12 @@
 -- ARGV[1]     now in unix milliseconds; "0" (or anything not a positive
 --             number) means Redis TIME, so every gate instance shares one
 --             clock. One instant for the whole call: TIME runs at most once.
+--             It may be followed by a space and a cutoff in unix ms: if
+--             Redis TIME is past the cutoff, the call decides and writes
+--             nothing and replies 'ERR sluice late: ...' (the gate has
+--             given up on it, or will before the reply is back, and has
+--             refused its messages as unavailable: they must not be
+--             charged).
 -- ARGV[2]     L >= 1, the number of limit lists that follow.
 -- then        L limit lists, each: n >= 1, then per window: rate R,
 --             half-life T in ms (>= 1), cost c (> 0, < R).
@@ -150,10 +156,17 @@ if sum ~= nk then
   return redis.error_reply('ERR sluice ewma: want one key per window of every decision')
 end
 
-local vals = redis.call('MGET', unpack(KEYS))
-
-local now = tonumber(ARGV[1])
-if not now or now <= 0 then
+local nowarg, cutoff = ARGV[1], nil
+do
+  local sp = find(nowarg, ' ', 1, true)
+  if sp then
+    cutoff = tonumber(sub(nowarg, sp + 1))
+    nowarg = sub(nowarg, 1, sp - 1)
+  end
+end
+local now = tonumber(nowarg)
+local clock -- Redis TIME in ms, read at most once
+if cutoff or not now or now <= 0 then
   -- Redis < 5 needs effect replication before a write that follows TIME;
   -- Redis >= 7 (which has REDIS_VERSION) always replicates effects, so the
   -- call is skipped there.
@@ -161,7 +174,16 @@ if not now or now <= 0 then
     redis.replicate_commands()
   end
   local tm = redis.call('TIME')
-  now = tm[1] * 1000 + math.floor(tm[2] / 1000)
+  clock = tm[1] * 1000 + math.floor(tm[2] / 1000)
+  if cutoff and clock > cutoff then
+    return redis.error_reply('ERR sluice late: past the cutoff, nothing decided')
+  end
+end
+
+local vals = redis.call('MGET', unpack(KEYS))
+
+if not now or now <= 0 then
+  now = clock
 end
 local nowstr -- now's digits, formatted at most once
 

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -580,6 +581,30 @@ func TestRedisTIME(t *testing.T) {
 		}
 		if v[1] != v[0] {
 			t.Errorf("two decisions of one call stored %q and %q, want one instant", v[0], v[1])
+		}
+	})
+}
+
+// TestCutoff: an instant after ARGV[1]'s now is the cutoff by Redis TIME:
+// a call that runs past it decides and writes nothing and replies the
+// "late" error, so a message the gate already refused as unavailable is
+// not charged; a call before it is decided as usual.
+func TestCutoff(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		c.Del(ctx, keys...)
+		past := strconv.FormatInt(time.Now().Add(-time.Hour).UnixMilli(), 10)
+		err := ewma.Run(ctx, c, keys, single(now+" "+past, "", 2, 1000, 1)...).Err()
+		if err == nil || !strings.HasPrefix(err.Error(), "ERR sluice late") {
+			t.Fatalf("past the cutoff: %v, want the late error", err)
+		}
+		if n := c.Exists(ctx, keys...).Val(); n != 0 {
+			t.Fatalf("past the cutoff, %d keys written", n)
+		}
+		future := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+		v, err := ewma.Run(ctx, c, keys, single("0 "+future, "", 2, 1000, 1)...).Slice()
+		if err != nil || len(v) != 3 || v[0] != int64(1) {
+			t.Fatalf("before the cutoff: %v %v, want admitted", v, err)
 		}
 	})
 }

@@ -78,6 +78,7 @@ type batcher struct {
 	flight     int
 	hardFlight int
 	patience   time.Duration
+	margin     time.Duration        // see Store.margin
 	trip       func(probe, ok bool) // the breaker, once per round trip that reached for Redis
 	stop       chan struct{}
 	timer      *time.Timer
@@ -326,7 +327,7 @@ func (b *batcher) lead(first *call) {
 // send fails the calls already past their deadline, unsent, and executes
 // the rest with the latest of their deadlines.
 func (b *batcher) send(batch []*call, sc *batchScratch) {
-	var last time.Time
+	var first, last time.Time
 	none := false // a call without a deadline: the pipeline has none either
 	probe := false
 	now := time.Now()
@@ -343,6 +344,9 @@ func (b *batcher) send(batch []*call, sc *batchScratch) {
 			if c.deadline.After(last) {
 				last = c.deadline
 			}
+			if first.IsZero() || c.deadline.Before(first) {
+				first = c.deadline
+			}
 		}
 		probe = probe || c.probe
 		c.sent.Store(true)
@@ -356,7 +360,7 @@ func (b *batcher) send(batch []*call, sc *batchScratch) {
 	}
 	b.pipelines.Add(1)
 	b.calls.Add(int64(len(live)))
-	b.trip(probe, b.exec(last, live, sc))
+	b.trip(probe, b.exec(last, cutoff(first, b.margin), live, sc))
 }
 
 func (b *batcher) close() {
@@ -386,7 +390,10 @@ type group struct {
 	again      bool // sent again as EVAL
 }
 
-// exec decides the batch, bounded by deadline (zero: none), answers every
+// exec decides the batch, bounded by deadline (zero: none) and, in the
+// script, by the cutoff cut (unix ms, the earliest decision's deadline less
+// the margin; 0: none), past which nothing is written: a decision refused
+// as unavailable is not charged. It answers every
 // call, and reports whether Redis answered (the breaker's outcome for the
 // round trip). On a client where any keys may share a script call (one
 // Redis, or a sentinel's master), consecutive calls at one instant go in
@@ -395,7 +402,7 @@ type group struct {
 // must share a slot, so each decision is its own EVALSHA; either way the
 // EVALSHAs go in one pipeline, and those that find the script missing (a
 // restarted Redis, SCRIPT FLUSH) go again as EVAL, which also reloads it.
-func (b *batcher) exec(deadline time.Time, batch []*call, sc *batchScratch) bool {
+func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchScratch) bool {
 	ctx := context.Background()
 	if !deadline.IsZero() {
 		var cancel context.CancelFunc
@@ -410,7 +417,7 @@ func (b *batcher) exec(deadline time.Time, batch []*call, sc *batchScratch) bool
 	for start, keys, i := 0, 0, 0; i < len(reqs); i++ {
 		keys += len(reqs[i].keys)
 		if next := i + 1; next == len(reqs) || !b.shared || reqs[next].now != reqs[start].now || keys+len(reqs[next].keys) > maxCallKeys {
-			args := command(reqs[start:next])
+			args := commandBy(reqs[start:next], cut)
 			groups = append(groups, group{start: start, end: next, args: args, cmd: newCmd(ctx, args)})
 			start, keys = next, 0
 		}

@@ -67,7 +67,7 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 			limits[i] = lists[client%len(lists)]
 			calls[i] = &call{req: s.request(keys[i], limits[i], at), res: make(chan callResult, 1)}
 		}
-		b.exec(time.Now().Add(slow.Timeout), calls, &sc)
+		b.exec(time.Now().Add(slow.Timeout), 0, calls, &sc)
 		for i, cl := range calls {
 			res := <-cl.res
 			got, err := res.d, res.err
@@ -134,7 +134,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 			for i, k := range keys {
 				calls[i] = &call{req: s.request(k, limits, storetest.T0), res: make(chan callResult, 1)}
 			}
-			b.exec(time.Now().Add(slow.Timeout), calls, &batchScratch{})
+			b.exec(time.Now().Add(slow.Timeout), 0, calls, &batchScratch{})
 			for i, cl := range calls {
 				res := <-cl.res
 				d, err := res.d, res.err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -195,4 +196,76 @@ func TestOneFailedBatchDoesNotTrip(t *testing.T) {
 	if _, err := s.Decide(context.Background(), "{batch-after}:message:EVENT", twoWindows, time.Time{}); err != nil {
 		t.Errorf("after one failed batch: %v", err)
 	}
+}
+
+// TestLateScriptChargesNothing: requests delayed past the deadline (150 ms
+// against 100 ms) reach Redis after the gate has refused them as
+// unavailable; the script is told the instant past which it must not
+// write, so none of them is charged. Without the cutoff every one was.
+func TestLateScriptChargesNothing(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run("batch="+strconv.FormatBool(batch), func(t *testing.T) {
+			srv, admin := realRedis(t)
+			p := faultproxy.Start(t, srv.Addr())
+			c := client(t, p.Addr())
+			s := newStore(t, c, Options{Batch: batchSize(batch), Breaker: BreakerOptions{Failures: -1}})
+			t.Cleanup(func() { _ = s.Close() })
+			ctx := context.Background()
+			if err := ewma.Load(ctx, admin).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// Open the connections first: with requests delayed, a new
+			// connection's HELLO would time out before any script is sent.
+			warm := newStore(t, c, slow)
+			var wwg sync.WaitGroup
+			for i := range 20 {
+				wwg.Add(1)
+				go func() {
+					defer wwg.Done()
+					if _, err := warm.Decide(ctx, "{warm-"+strconv.Itoa(i)+"}:message:EVENT", twoWindows, time.Time{}); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			wwg.Wait()
+			before := evalshaCalls(t, admin)
+			p.SetRequestLatency(150 * time.Millisecond)
+			var wg sync.WaitGroup
+			for i := range 20 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if _, err := s.Decide(ctx, "{late-"+strconv.Itoa(i)+"}:message:EVENT", twoWindows, time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) {
+						t.Errorf("a decision delayed past its deadline: %v, want unavailable", err)
+					}
+				}()
+			}
+			wg.Wait()
+			// Wait (polling the server, not making time pass) until Redis
+			// has run every call the store sent, then look for charges.
+			want := before + int(s.Stats().RoundTrips)
+			for start := time.Now(); evalshaCalls(t, admin) < want; time.Sleep(5 * time.Millisecond) {
+				if time.Since(start) > hangGuard {
+					t.Fatalf("Redis ran %d script calls, want %d", evalshaCalls(t, admin), want)
+				}
+			}
+			keys, err := admin.Keys(ctx, DefaultPrefix+"{late-[0-9]*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d round trips for 20 decisions, %d keys written", s.Stats().RoundTrips, len(keys))
+			if len(keys) > 0 {
+				t.Fatalf("refused as unavailable, yet charged: %v", keys)
+			}
+		})
+	}
+}
+
+// evalshaCalls returns how many EVALSHA calls Redis has run (failed ones
+// included).
+func evalshaCalls(t *testing.T, c *redis.Client) int {
+	info := c.Info(context.Background(), "commandstats").Val()
+	_, stat, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
+	n, _ := strconv.Atoi(strings.SplitN(stat, ",", 2)[0])
+	return n
 }

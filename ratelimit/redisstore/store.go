@@ -24,6 +24,18 @@
 // keeps 4 ids per key: it fails only if more than 4 other requests of the
 // same client and type are admitted between an attempt and its retry.)
 //
+// # Refused as unavailable, not charged
+//
+// Each script call carries a cutoff: its earliest decision's deadline less
+// a tenth of the Timeout (the reply still has to come back). A call that
+// Redis runs past the cutoff by its own TIME decides and writes nothing
+// (a queue inside Redis, a stalled server, a slow request path). What the
+// cutoff cannot cover: a reply delayed on its way back by more than that
+// margin after the script ran in time (the decision is then refused as
+// unavailable and was charged), and clock skew between the gate and Redis
+// beyond the margin (a gate clock ahead of Redis's widens that window by
+// the skew; one behind refuses late calls a little early instead).
+//
 // # Breaker
 //
 // The breaker measures Redis: it counts round trips (a batch is one), not
@@ -153,6 +165,7 @@ type Store struct {
 	closed  atomic.Bool
 	prefix  string
 	timeout time.Duration
+	margin  time.Duration // before a deadline, the script writes nothing
 	observe func(time.Duration, error)
 	br      *breaker
 
@@ -225,6 +238,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		client:  client,
 		prefix:  prefix,
 		timeout: timeout,
+		margin:  max(timeout/10, 0),
 		observe: opts.Observe,
 		br:      br,
 		idBase:  hex.EncodeToString(seed[:3]),
@@ -249,6 +263,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		// a ring's keys live on different nodes and slots.
 		_, shared := client.(*redis.Client)
 		st.batch = newBatcher(client, shared, opts.Batch, workers, timeout/20, st.batchTrip)
+		st.batch.margin = st.margin
 	}
 	return st, nil
 }
@@ -380,7 +395,7 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req 
 	if !deadline.IsZero() {
 		callCtx, cancel = context.WithDeadline(ctx, deadline)
 	}
-	reply, err := run(callCtx, s.client, req)
+	reply, err := runBy(callCtx, s.client, req, cutoff(deadline, s.margin))
 	if cancel != nil {
 		cancel()
 	}
@@ -396,6 +411,22 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req 
 		s.br.record(probe, outcomeFailed)
 	}
 	return d, err
+}
+
+// cutoff is the instant (unix ms) past which the script must not write for
+// a call whose first decision has deadline: margin before it, since the
+// reply still has to come back. Zero (none) without a deadline.
+func cutoff(deadline time.Time, margin time.Duration) int64 {
+	if deadline.IsZero() {
+		return 0
+	}
+	return deadline.Add(-margin).UnixMilli()
+}
+
+// isLate reports whether the script refused a call as past its cutoff.
+func isLate(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR sluice late")
 }
 
 // IsPerKey reports whether err, returned by Decide, is Redis answering about
@@ -478,7 +509,12 @@ const inlineWindows = 3
 // and its id. Keys and ids go in as *string, which an interface holds
 // without allocating and go-redis writes like a string: the only
 // allocation is the argument slice.
-func command(reqs []*request) []any {
+func command(reqs []*request) []any { return commandBy(reqs, 0) }
+
+// commandBy is command with a cutoff (unix ms; 0: none) past which, by
+// Redis TIME, the script must decide and write nothing (see
+// scripts/ewma.lua, ARGV[1]).
+func commandBy(reqs []*request, cutoff int64) []any {
 	var lists [8]*boxedLimits
 	distinct := lists[:0]
 	index := func(b *boxedLimits) int {
@@ -505,9 +541,12 @@ func command(reqs []*request) []any {
 			args = append(args, &r.keys[i])
 		}
 	}
-	if reqs[0].now == 0 {
+	switch {
+	case cutoff > 0:
+		args = append(args, strconv.FormatInt(reqs[0].now, 10)+" "+strconv.FormatInt(cutoff, 10))
+	case reqs[0].now == 0:
 		args = append(args, argNow0)
-	} else {
+	default:
 		args = append(args, &reqs[0].now)
 	}
 	args = append(args, len(distinct))
@@ -540,8 +579,13 @@ func newCmd(ctx context.Context, args []any) *redis.Cmd {
 // run decides req as one EVALSHA, and as EVAL (which caches the script
 // again) if Redis answers NOSCRIPT: after a restart or SCRIPT FLUSH.
 func run(ctx context.Context, c processor, req *request) (any, error) {
+	return runBy(ctx, c, req, 0)
+}
+
+// runBy is run with a cutoff for the script (see commandBy).
+func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, error) {
 	reqs := [1]*request{req}
-	args := command(reqs[:])
+	args := commandBy(reqs[:], cutoff)
 	cmd := newCmd(ctx, args)
 	_ = c.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
