@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -206,7 +207,7 @@ func (l *pipeListener) Addr() net.Addr { return pipeAddr("sluice-in-process") }
 // server's end reports the client's address (from ctx) as its remote
 // address, so the handler's r.RemoteAddr is the real client.
 func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	c1, c2 := net.Pipe()
+	c1, c2 := newPipe()
 	var server net.Conn = c2
 	if a, ok := ctx.Value(clientAddrKey{}).(string); ok && a != "" {
 		server = addrConn{Conn: c2, remote: pipeAddr(net.JoinHostPort(a, "0"))}
@@ -223,6 +224,65 @@ func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) 
 		return nil, err
 	}
 	return nil, net.ErrClosed
+}
+
+// newPipe returns the two ends of a net.Pipe whose deadlines are released
+// when either end closes. net.Pipe keeps a deadline as a time.AfterFunc
+// timer that Close does not stop, and the timer's closure holds the pipe:
+// every closed in-process connection stayed reachable until its read
+// deadline (two ping intervals) would have passed, ~1.5 KB a connection,
+// and 200,000 short-lived clients took sluice relay to ~900 MiB. Clearing
+// a deadline stops its timer; it must be done on both ends before either
+// closes (net.Pipe refuses to set a deadline once the other end is closed).
+func newPipe() (net.Conn, net.Conn) {
+	a, b := net.Pipe()
+	pp := &pipePair{ends: [2]net.Conn{a, b}}
+	return pipeEnd{a, pp}, pipeEnd{b, pp}
+}
+
+// pipePair guards the deadlines of both ends of one pipe.
+type pipePair struct {
+	mu     sync.Mutex
+	ends   [2]net.Conn
+	closed bool // an end has closed: no more deadlines
+}
+
+// pipeEnd is one end of a pipe from newPipe.
+type pipeEnd struct {
+	net.Conn
+	pair *pipePair
+}
+
+func (p pipeEnd) deadline(set func(time.Time) error, t time.Time) error {
+	p.pair.mu.Lock()
+	defer p.pair.mu.Unlock()
+	if p.pair.closed {
+		return io.ErrClosedPipe
+	}
+	return set(t)
+}
+
+// SetDeadline implements net.Conn.
+func (p pipeEnd) SetDeadline(t time.Time) error { return p.deadline(p.Conn.SetDeadline, t) }
+
+// SetReadDeadline implements net.Conn.
+func (p pipeEnd) SetReadDeadline(t time.Time) error { return p.deadline(p.Conn.SetReadDeadline, t) }
+
+// SetWriteDeadline implements net.Conn.
+func (p pipeEnd) SetWriteDeadline(t time.Time) error { return p.deadline(p.Conn.SetWriteDeadline, t) }
+
+// Close implements net.Conn: the first Close of either end clears both
+// ends' deadlines.
+func (p pipeEnd) Close() error {
+	p.pair.mu.Lock()
+	if !p.pair.closed {
+		p.pair.closed = true
+		for _, e := range p.pair.ends {
+			_ = e.SetDeadline(time.Time{})
+		}
+	}
+	p.pair.mu.Unlock()
+	return p.Conn.Close()
 }
 
 type pipeAddr string
