@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/faultproxy"
+	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -268,4 +269,33 @@ func evalshaCalls(t *testing.T, c *redis.Client) int {
 	_, stat, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
 	n, _ := strconv.Atoi(strings.SplitN(stat, ",", 2)[0])
 	return n
+}
+
+// TestHealsAsSoonAsRedis: after an outage long enough for go-redis's pool
+// to count PoolSize failed dials — after which its own dial breaker
+// refuses every dial until a background probe, once a second, succeeds —
+// the first decision after Redis is back is answered. A client from
+// NewClient hands dial failures to the caller, not to the pool's count.
+func TestHealsAsSoonAsRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL() + "?pool_size=2&max_retries=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, c, Options{Breaker: BreakerOptions{Failures: -1}})
+	ctx := context.Background()
+	if _, err := s.Decide(ctx, "{heal}:message:EVENT", twoWindows, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	for range 10 { // more failed dials than the pool's size
+		if _, err := s.Decide(ctx, "{heal}:message:EVENT", twoWindows, time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Fatalf("Redis dead: %v", err)
+		}
+	}
+	srv.Restart()
+	if _, err := s.Decide(ctx, "{heal}:message:EVENT", twoWindows, time.Time{}); err != nil {
+		t.Fatalf("the first decision after Redis answers again: %v", err)
+	}
 }

@@ -1,12 +1,15 @@
 package redisstore
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -54,12 +57,63 @@ type clientOptions struct {
 func (o clientOptions) client() redis.UniversalClient {
 	switch {
 	case o.failover != nil:
+		o.failover.Dialer = healingDialer(o.failover.DialTimeout, o.failover.TLSConfig)
+		o.failover.DialerRetries = 1
 		return redis.NewFailoverClient(o.failover)
 	case o.cluster != nil:
+		o.cluster.Dialer = healingDialer(o.cluster.DialTimeout, o.cluster.TLSConfig)
+		o.cluster.DialerRetries = 1
 		return redis.NewClusterClient(o.cluster)
 	}
+	if o.standalone.Network != "unix" {
+		o.standalone.Dialer = healingDialer(o.standalone.DialTimeout, o.standalone.TLSConfig)
+	}
+	o.standalone.DialerRetries = 1
 	return redis.NewClient(o.standalone)
 }
+
+// healingDialer dials like go-redis's own dialer (TCP, keep-alive, TLS
+// when configured), but a failed dial comes back to the pool as a
+// connection whose first read or write fails with the dial's error. The
+// caller sees the same error; the pool does not count a dial failure.
+// go-redis's pool, after PoolSize failed dials, refuses every new dial
+// until a background probe (one a second) succeeds: after an outage,
+// decisions were held back for up to a second after Redis answered again.
+// The Store's breaker already bounds how often an outage dials, so the
+// pool's second breaker only delayed healing.
+func healingDialer(timeout time.Duration, tlsConf *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if timeout == 0 {
+		timeout = 5 * time.Second // go-redis's default DialTimeout
+	}
+	nd := &net.Dialer{Timeout: timeout, KeepAlive: 5 * time.Minute}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		var err error
+		if tlsConf != nil {
+			td := &tls.Dialer{NetDialer: nd, Config: tlsConf}
+			c, err = td.DialContext(ctx, network, addr)
+		} else {
+			c, err = nd.DialContext(ctx, network, addr)
+		}
+		if err != nil {
+			return failedConn{err}, nil
+		}
+		return c, nil
+	}
+}
+
+// failedConn is a dial that failed, as a connection: every read and write
+// returns the dial's error.
+type failedConn struct{ err error }
+
+func (f failedConn) Read([]byte) (int, error)         { return 0, f.err }
+func (f failedConn) Write([]byte) (int, error)        { return 0, f.err }
+func (f failedConn) Close() error                     { return nil }
+func (f failedConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (f failedConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (f failedConn) SetDeadline(time.Time) error      { return nil }
+func (f failedConn) SetReadDeadline(time.Time) error  { return nil }
+func (f failedConn) SetWriteDeadline(time.Time) error { return nil }
 
 func parseURL(rawURL string) (clientOptions, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
