@@ -4,6 +4,7 @@ package relay
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -198,6 +199,58 @@ func BenchmarkRoundTrip(b *testing.B) {
 				roundTrip(b, c, frames[i%len(frames)], oks[i%len(frames)])
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "frames/s")
+		})
+	}
+}
+
+// BenchmarkIdleConnection opens b.N idle connections to khatru, directly
+// and through the gate (Wrap and Proxy), and reports what each costs the
+// process: heap and goroutine stacks (B/conn) and goroutines
+// (goroutines/conn), measured after a GC with every connection open. The
+// gate's own cost is a mode's figure minus direct's.
+//
+//	go test ./relay/ -run '^$' -bench IdleConnection -benchtime 2000x -count 1
+func BenchmarkIdleConnection(b *testing.B) {
+	for _, mode := range []string{"direct", "relay", "proxy"} {
+		b.Run(mode, func(b *testing.B) {
+			kr := newKhatru(b)
+			var url string
+			switch mode {
+			case "direct":
+				url = serve(b, kr)
+			case "relay":
+				url = serve(b, newGate(b, Options{Limits: &Limits{}, MaxConnections: -1}).Wrap(kr))
+			case "proxy":
+				h, err := newGate(b, Options{Limits: &Limits{}, MaxConnections: -1}).Proxy(serve(b, kr))
+				if err != nil {
+					b.Fatal(err)
+				}
+				url = serve(b, h)
+			}
+			conns := make([]*websocket.Conn, 0, b.N)
+			defer func() {
+				for _, c := range conns {
+					c.Close()
+				}
+			}()
+			before := heapInUse()
+			g0 := runtime.NumGoroutine()
+			for range b.N {
+				c, _, err := websocket.DefaultDialer.Dial(url, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				// One round trip, so the relay side is set up too.
+				_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","c",{"kinds":[1]}]`))
+				if _, _, err := c.ReadMessage(); err != nil {
+					b.Fatal(err)
+				}
+				conns = append(conns, c)
+			}
+			b.StopTimer()
+			after := heapInUse()
+			b.ReportMetric(float64(int64(after)-int64(before))/float64(b.N), "B/conn")
+			b.ReportMetric(float64(runtime.NumGoroutine()-g0)/float64(b.N), "goroutines/conn")
 		})
 	}
 }

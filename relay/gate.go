@@ -319,7 +319,8 @@ func New(opts Options) (*Gate, error) {
 		HandshakeTimeout: 10 * time.Second,
 		// A buffer of its own makes the upgrader read through the
 		// metered connection (control.go), not the server's reader.
-		ReadBufferSize: 4096,
+		ReadBufferSize:  4096,
+		WriteBufferPool: writeBuffers,
 	}
 	return g, nil
 }

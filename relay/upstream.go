@@ -39,6 +39,15 @@ func (u *upstream) dial(ctx context.Context, r *http.Request, addr string, trust
 	return u.dialer.DialContext(ctx, u.target(r), h)
 }
 
+// writeBuffers lends gorilla a write buffer for the length of one message
+// write, on both sides: an idle connection holds none (8 KiB less each).
+var writeBuffers = &sync.Pool{}
+
+// upReadBuffer is the read buffer of a relay connection: relay frames are
+// read whole into their own slices, so a small buffer costs a few more
+// reads of a large frame and saves memory on every idle connection.
+const upReadBuffer = 1024
+
 // hopHeader reports the client headers not copied to the upstream
 // handshake: hop-by-hop headers and the WebSocket handshake (the gate
 // makes its own, without compression, so frames pass byte for byte).
@@ -127,6 +136,8 @@ func newURLUpstream(raw string) (*upstream, *url.URL, error) {
 		dialer: &websocket.Dialer{
 			Proxy:            http.ProxyFromEnvironment,
 			HandshakeTimeout: 10 * time.Second,
+			WriteBufferPool:  writeBuffers,
+			ReadBufferSize:   upReadBuffer,
 		},
 		target: func(r *http.Request) string {
 			t := base
@@ -312,6 +323,8 @@ func inProcess(h http.Handler) (up *upstream, stop func()) {
 		dialer: &websocket.Dialer{
 			NetDialContext:   l.dial,
 			HandshakeTimeout: 10 * time.Second,
+			WriteBufferPool:  writeBuffers,
+			ReadBufferSize:   upReadBuffer,
 		},
 		target: func(r *http.Request) string {
 			u := url.URL{Scheme: "ws", Host: r.Host, Path: r.URL.Path, RawQuery: r.URL.RawQuery}
