@@ -8,6 +8,7 @@
 #   make fuzz     every fuzz target for FUZZTIME each (default 20s)
 #   make lint     gofmt, go vet (and staticcheck when installed)
 #   make build    bin/sluice
+#   make load     bin/sluice-load, the load tool (docs/BENCHMARKS.md)
 
 GO        ?= go
 BIN       ?= bin/sluice
@@ -28,10 +29,13 @@ EXAMPLE_MODULES := $(sort $(dir $(wildcard examples/*/go.mod examples/*/*/go.mod
 # so they are never left out.
 NORACE_PKGS := $(sort $(patsubst %/,./%,$(dir $(shell grep -rl --include='*_test.go' --exclude-dir=examples '^//go:build !race' . 2>/dev/null | sed 's|^\./||'))))
 
-.PHONY: run test bench fuzz lint build clean
+.PHONY: run test bench fuzz lint build load clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sluice
+
+load:
+	$(GO) build -trimpath -o bin/sluice-load ./cmd/sluice-load
 
 run: build
 	./$(BIN) relay --listen 127.0.0.1:7777 --data-dir ./data
