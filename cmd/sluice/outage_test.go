@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 )
 
 // redisReply stands in for a go-redis error reply (redis.Error).
@@ -69,5 +70,51 @@ func TestOutageLogPerKey(t *testing.T) {
 	o.step(ctx)
 	if !strings.Contains(buf.String(), "answers again") {
 		t.Fatalf("recovery not logged:\n%s", buf.String())
+	}
+}
+
+// TestOutageLogTrustsDecisions: while decisions keep failing the log does
+// not say "answers again", even though a ping answers (a Redis too slow
+// for every decision still answers a ping given two seconds); it does once
+// round trips succeed with none failing. Decisions that expired in
+// sluice's own queue are logged as its overload, not as an outage.
+func TestOutageLogTrustsDecisions(t *testing.T) {
+	var buf bytes.Buffer
+	errs := new(storeErrors)
+	var trips, failures uint64
+	o := &outageLog{
+		errs:    errs,
+		ping:    func(context.Context) error { return nil },
+		trips:   func() (uint64, uint64) { return trips, failures },
+		breaker: func() string { return "closed" },
+		logger:  slog.New(slog.NewTextHandler(&buf, nil)),
+	}
+	ctx := context.Background()
+
+	errs.observe(fmt.Errorf("decide: %w", redisstore.ErrOverloaded))
+	o.step(ctx)
+	if out := buf.String(); strings.Contains(out, "store unavailable") || !strings.Contains(out, "overloaded") || !strings.Contains(out, "expired=1") {
+		t.Fatalf("own-queue expiry not logged as overload:\n%s", out)
+	}
+	buf.Reset()
+
+	errs.observe(context.DeadlineExceeded)
+	trips, failures = 10, 10
+	o.step(ctx)
+	if !strings.Contains(buf.String(), "store unavailable") {
+		t.Fatalf("outage not logged:\n%s", buf.String())
+	}
+	buf.Reset()
+	// The ping answers, but decisions fail: still an outage.
+	errs.observe(context.DeadlineExceeded)
+	trips, failures = 20, 20
+	o.step(ctx)
+	if strings.Contains(buf.String(), "answers again") {
+		t.Fatalf("logged recovery while decisions fail:\n%s", buf.String())
+	}
+	trips = 30 // ten answered, none failed
+	o.step(ctx)
+	if !strings.Contains(buf.String(), "answers again") {
+		t.Fatalf("recovery not logged when round trips succeed:\n%s", buf.String())
 	}
 }

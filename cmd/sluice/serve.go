@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -89,11 +90,20 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
 		m.watch(p.limiter, st.BreakerState)
 		ol := &outageLog{
-			errs:    serrs,
-			ping:    func(ctx context.Context) error { return client.Ping(ctx).Err() },
+			errs: serrs,
+			ping: func(ctx context.Context) error { return client.Ping(ctx).Err() },
+			trips: func() (uint64, uint64) {
+				s := st.Stats()
+				return s.RoundTrips, s.RoundTripFailures
+			},
+			timeout: cfg.StoreTimeout,
 			breaker: func() string { return st.BreakerState().String() },
 			logger:  logger,
 		}
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_store_overloaded_total",
+			Help: "Decisions that expired in the Redis store's own queue, never sent: sluice's overload, not Redis's (refused as unavailable).",
+		}, func() float64 { return float64(st.Stats().Overloaded) }))
 		go ol.run(ctx)
 
 		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
@@ -299,8 +309,9 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 // storeErrors sorts the Redis store's failed calls (redisstore's Observe)
 // into outages and errors about one key. Safe for concurrent use.
 type storeErrors struct {
-	outage atomic.Uint64 // Redis did not answer: timeout, refused, reset…
-	perKey atomic.Uint64 // Redis answered, about one key: corrupt value, CROSSSLOT, malformed reply
+	outage   atomic.Uint64 // Redis did not answer: timeout, refused, reset…
+	perKey   atomic.Uint64 // Redis answered, about one key: corrupt value, CROSSSLOT, malformed reply
+	overload atomic.Uint64 // expired in sluice's own queue, never sent
 }
 
 // observe counts err (nil: nothing). A canceled context is the caller
@@ -308,6 +319,8 @@ type storeErrors struct {
 func (s *storeErrors) observe(err error) {
 	switch {
 	case err == nil, errors.Is(err, context.Canceled):
+	case errors.Is(err, redisstore.ErrOverloaded):
+		s.overload.Add(1)
 	case redisstore.IsPerKey(err):
 		s.perKey.Add(1)
 	default:
@@ -316,18 +329,26 @@ func (s *storeErrors) observe(err error) {
 }
 
 // outageLog logs when the store starts failing and when Redis answers
-// again (ping, once a tick while failing), and, separately at Warn, calls
-// refused for one key: an operator reading the log sees an outage begin
-// and end, not a line per refused message, and a corrupt key is not
-// reported as Redis being down.
+// again, and, separately at Warn, calls refused for one key and decisions
+// that expired in sluice's own queue: an operator reading the log sees an
+// outage begin and end, not a line per refused message, and neither a
+// corrupt key nor sluice's own overload is reported as Redis being down.
+//
+// Redis answers again when decisions say so: round trips since the last
+// tick, none of them failed. With no traffic to tell, a ping with the
+// store's own timeout decides (a ping allowed two seconds once said
+// "answers again" of a Redis too slow for every decision).
 type outageLog struct {
 	errs    *storeErrors
 	ping    func(context.Context) error
+	trips   func() (roundTrips, failures uint64) // nil: ping only
+	timeout time.Duration                        // the ping's; 0 means redisPingTimeout
 	breaker func() string
 	logger  *slog.Logger
 
-	lastOutage, lastPerKey uint64
-	failing                bool
+	lastOutage, lastPerKey, lastOverload uint64
+	lastTrips, lastFailures              uint64
+	failing                              bool
 }
 
 // run calls step once a second until ctx is done.
@@ -351,6 +372,17 @@ func (o *outageLog) step(ctx context.Context) {
 			"refused_calls", n-o.lastPerKey)
 		o.lastPerKey = n
 	}
+	if n := o.errs.overload.Load(); n != o.lastOverload {
+		o.logger.Warn("sluice is overloaded: decisions expired in its own queue before reaching Redis and were refused with \"error: rate limiter unavailable\" (not a Redis failure)",
+			"expired", n-o.lastOverload)
+		o.lastOverload = n
+	}
+	var trips, failures uint64
+	if o.trips != nil {
+		trips, failures = o.trips()
+	}
+	newTrips, newFailures := trips-o.lastTrips, failures-o.lastFailures
+	o.lastTrips, o.lastFailures = trips, failures
 	n := o.errs.outage.Load()
 	newErrs := n - o.lastOutage
 	o.lastOutage = n
@@ -362,11 +394,23 @@ func (o *outageLog) step(ctx context.Context) {
 		}
 		return
 	}
-	pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)
-	err := o.ping(pctx)
-	cancel()
-	if err == nil {
-		o.failing = false
-		o.logger.Info("rate limiter store answers again")
+	switch {
+	case newErrs > 0 || newFailures > 0:
+		return // decisions still fail
+	case newTrips > 0:
+		// Decisions reached Redis and every one was answered.
+	default:
+		timeout := o.timeout
+		if timeout <= 0 {
+			timeout = redisPingTimeout
+		}
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		err := o.ping(pctx)
+		cancel()
+		if err != nil {
+			return
+		}
 	}
+	o.failing = false
+	o.logger.Info("rate limiter store answers again")
 }
