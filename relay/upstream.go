@@ -160,11 +160,16 @@ func (g *Gate) httpProxy(u *url.URL) http.Handler {
 	} else {
 		target.Scheme = "http"
 	}
-	return &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
-		pr.SetURL(&target)
-		_, addr, _ := g.client(pr.In)
-		setForwarded(pr.Out.Header, pr.In, addr, g.fromTrustedProxy(pr.In))
-	}}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(&target)
+			_, addr, _ := g.client(pr.In)
+			setForwarded(pr.Out.Header, pr.In, addr, g.fromTrustedProxy(pr.In))
+		},
+		// Streamed responses (server-sent events, long polls) reach the
+		// client as the relay writes them.
+		FlushInterval: -1,
+	}
 }
 
 func singleJoin(a, b string) string {

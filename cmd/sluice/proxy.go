@@ -11,6 +11,21 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
+// proxyFront routes a request in proxy mode: NIP-11 to info, which merges
+// sluice's limits into the upstream's document; everything else to gated,
+// which gates WebSocket upgrades and passes every other request to the
+// upstream unchanged (methods, paths, bodies, NIP-86 management calls,
+// streamed responses), with the client-address headers set as on upgrades.
+func proxyFront(info, gated http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if relay.IsNIP11Request(r) {
+			info.ServeHTTP(w, r)
+			return
+		}
+		gated.ServeHTTP(w, r)
+	})
+}
+
 // runProxy runs the gate in front of the relay at cfg.Upstream until ctx is
 // done. NIP-11 requests get the upstream's own document with sluice's
 // limits merged in; if the upstream cannot be asked, a document built from
@@ -53,7 +68,7 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		},
 	}
 
-	handler := front(info, gated, "This is a Nostr relay behind sluice, a rate-limit gate.\nConnect to it with a Nostr client over WebSocket at this address.\n")
+	handler := proxyFront(info, gated)
 	logger.Info("sluice proxy", "version", buildVersion(), "store", parts.store, "upstream", cfg.Upstream)
 	return serve(ctx, cfg, logger, handler, m, gate, func(context.Context) error { return parts.close() })
 }
