@@ -32,5 +32,11 @@ ENV SLUICE_LISTEN=0.0.0.0:7777 \
 VOLUME /data
 EXPOSE 7777 9777
 USER nonroot:nonroot
+# The image has no shell or curl: the health check is sluice itself, asking
+# /readyz on SLUICE_METRICS_LISTEN (exit 0 ready, 1 not). It reads the same
+# SLUICE_* variables as the server; if you move the metrics listener with a
+# flag or turn it off, override this (or pass --url).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["/usr/local/bin/sluice", "health"]
 ENTRYPOINT ["/usr/local/bin/sluice"]
 CMD ["relay"]

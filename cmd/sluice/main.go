@@ -75,6 +75,7 @@ Usage:
   sluice relay [flags]     run a complete relay (khatru + on-disk events) behind the gate
   sluice proxy [flags]     run the gate in front of another relay (--upstream ws://host:port)
   sluice check [flags]     validate the configuration and print what every limit allows
+  sluice health [--url U]  ask a running sluice whether it is ready; exit 0 or 1
   sluice version           print the version
   sluice help [command]    print this help, or a command's flags
 
@@ -97,7 +98,8 @@ Budgets live in this process's memory unless --redis names a Redis server
 sluice pointing at it shares them.
 
 Metrics for Prometheus are served on --metrics-listen (127.0.0.1:9777 by
-default) at /metrics. SIGINT or SIGTERM shuts down gracefully.
+default) at /metrics, with /healthz (the process serves) and /readyz (the
+store decides and, for proxy, the upstream accepts a WebSocket). SIGINT or SIGTERM shuts down gracefully.
 `
 
 // flagValues holds the flags every subcommand shares.
@@ -154,6 +156,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch cmd {
 	case "-h", "-help", "--help", "help":
 		if len(rest) > 0 {
+			if rest[0] == "health" {
+				return runHealth([]string{"-help"}, getenv, stdout, stdout)
+			}
 			if _, ok := commandHelp[rest[0]]; ok {
 				fs, _ := newFlagSet(rest[0], stdout)
 				fs.Usage()
@@ -165,6 +170,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "version", "-version", "--version":
 		fmt.Fprintln(stdout, "sluice", buildVersion())
 		return exitOK
+	case "health":
+		return runHealth(rest, getenv, stdout, stderr)
 	case "relay", "proxy", "check":
 	default:
 		fmt.Fprintf(stderr, "sluice: unknown command %q\n\n%s", cmd, usageText)

@@ -143,17 +143,18 @@ func (m *metrics) observeStore(d time.Duration, err error) {
 	m.storeOK.Observe(d.Seconds())
 }
 
-// handler serves /metrics.
-func (m *metrics) handler() http.Handler {
+// handler serves /metrics, and /healthz and /readyz asking checks.
+func (m *metrics) handler(checks ...readyCheck) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	healthHandlers(mux, checks)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("sluice metrics: see /metrics\n"))
+		_, _ = w.Write([]byte("sluice: /metrics (Prometheus), /healthz (serving), /readyz (ready to decide)\n"))
 	})
 	return mux
 }

@@ -70,5 +70,6 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 
 	handler := proxyFront(info, gated)
 	logger.Info("sluice proxy", "version", buildVersion(), "store", parts.store, "upstream", cfg.Upstream)
-	return serve(ctx, cfg, logger, handler, m, gate, func(context.Context) error { return parts.close() })
+	checks := []readyCheck{parts.ready, upstreamCheck(cfg.Upstream)}
+	return serve(ctx, cfg, logger, handler, m, gate, checks, func(context.Context) error { return parts.close() })
 }

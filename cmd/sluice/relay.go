@@ -103,7 +103,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 
 	handler := front(info, gate.Wrap(kr), "This is a Nostr relay ("+sluiceURL+").\nConnect to it with a Nostr client over WebSocket at this address.\n")
 	logger.Info("sluice relay", "version", buildVersion(), "store", parts.store, "data", dir)
-	return serve(ctx, cfg, logger, handler, m, gate,
+	return serve(ctx, cfg, logger, handler, m, gate, []readyCheck{parts.ready},
 		func(ctx context.Context) error { return store.close(ctx, db.Close) },
 		func(context.Context) error { return parts.close() },
 	)

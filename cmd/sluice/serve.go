@@ -45,6 +45,7 @@ type limiterParts struct {
 	redis   redis.UniversalClient
 	rstore  *redisstore.Store // nil with the memory store
 	store   string            // "memory" or the redacted Redis URL, for logs
+	ready   readyCheck        // /readyz's question to the store
 }
 
 // newLimiter builds the store (memory, or Redis when cfg.Redis is set), the
@@ -54,7 +55,9 @@ type limiterParts struct {
 func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logger) (*limiterParts, error) {
 	p := &limiterParts{store: "memory"}
 	if cfg.Redis == "" {
-		p.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+		mem := ratelimit.NewMemoryStore(0)
+		p.limiter = ratelimit.NewLimiter(mem, ratelimit.LimiterOptions{})
+		p.ready = storeCheck(mem, nil)
 		m.watch(p.limiter, nil)
 	} else {
 		// go-redis logs pool failures on its own; route them through slog
@@ -88,6 +91,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		p.rstore = st
 		p.store = redisstore.RedactURL(cfg.Redis)
 		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
+		p.ready = storeCheck(st, st.BreakerState)
 		m.watch(p.limiter, st.BreakerState)
 		ol := &outageLog{
 			errs: serrs,
@@ -218,11 +222,11 @@ func headerHasToken(h http.Header, name, token string) bool {
 	return false
 }
 
-// serve runs handler on cfg.Listen and the metrics on cfg.MetricsListen
-// until ctx is done, then shuts down in order: stop accepting, drain the
+// serve runs handler on cfg.Listen and the metrics, /healthz and /readyz
+// (asking checks) on cfg.MetricsListen until ctx is done, then shuts down in order: stop accepting, drain the
 // gate, then close (the event store, Redis) — all within shutdownTimeout,
 // which each closer is given.
-func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.Handler, m *metrics, gate *relay.Gate, closers ...func(context.Context) error) error {
+func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.Handler, m *metrics, gate *relay.Gate, checks []readyCheck, closers ...func(context.Context) error) error {
 	closeAll := func() {
 		for _, c := range closers {
 			_ = c(context.Background()) // at start-up no call is in flight
@@ -255,7 +259,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.H
 
 	var msrv *http.Server
 	if mln != nil {
-		msrv = &http.Server{Handler: m.handler(), ReadHeaderTimeout: 10 * time.Second}
+		msrv = &http.Server{Handler: m.handler(checks...), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- msrv.Serve(mln) }()
 		logger.Info("metrics", "addr", mln.Addr().String(), "path", "/metrics")
 	}
