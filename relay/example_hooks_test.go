@@ -41,7 +41,7 @@ func frozen() time.Time { return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) }
 func ExampleHooks_Khatru() {
 	limits := relay.DefaultLimits()
 	limits.Message[relay.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3, 10*time.Second)}
-	limits.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}
+	limits.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
 	hooks, err := relay.NewHooks(relay.HookOptions{
 		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Now: frozen}),
 		Limits:  &limits,
@@ -69,7 +69,8 @@ func ExampleHooks_Khatru() {
 		reject, msg := rl.RejectEvent[0](conn, &nostr.Event{})
 		fmt.Printf("EVENT %d: %s\n", i, verdict(reject, msg))
 	}
-	// … and one per REQ, under which RejectFilter runs once per filter.
+	// … and one per REQ, under which RejectFilter runs once per filter:
+	// each filter is charged as one REQ, as a Gate charges.
 	for i := 1; i <= 3; i++ {
 		req, closeReq := context.WithCancel(conn)
 		for f := 1; f <= 3; f++ {
@@ -92,7 +93,8 @@ func ExampleHooks_Khatru() {
 	// REQ 2 filter 1: passed
 	// REQ 2 filter 2: passed
 	// REQ 2 filter 3: passed
-	// REQ 3 filter 1: refused, rate-limited: slow down; retry in 10s
+	// REQ 3 filter 1: passed
+	// REQ 3 filter 2: refused, rate-limited: slow down; retry in 3s
 }
 
 // relyClient stands in for rely.Client; with rely, write
@@ -103,7 +105,7 @@ func (c relyClient) ip() string { return c.addr }
 
 func ExampleRely() {
 	limits := relay.DefaultLimits()
-	limits.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}
+	limits.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
 	hooks, err := relay.NewHooks(relay.HookOptions{
 		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Now: frozen}),
 		Limits:  &limits,
@@ -119,11 +121,11 @@ func ExampleRely() {
 
 	c := relyClient{addr: "2001:db8::1"}
 	for i := 1; i <= 3; i++ {
-		err := r.Req(c, nostr.Filters{{}, {}, {}}) // rely passes all filters at once
+		err := r.Req(c, nostr.Filters{{}, {}, {}}) // rely passes all filters at once; each costs one REQ
 		fmt.Printf("REQ %d: %v (rate-limited: %v)\n", i, err, errors.Is(err, relay.ErrRateLimited))
 	}
 	// Output:
 	// REQ 1: <nil> (rate-limited: false)
 	// REQ 2: <nil> (rate-limited: false)
-	// REQ 3: rate-limited: slow down; retry in 10s (rate-limited: true)
+	// REQ 3: rate-limited: slow down; retry in 6s (rate-limited: true)
 }

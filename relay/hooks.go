@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip11"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // ErrRateLimited is wrapped by a Refusal for a message or connection that a
@@ -61,6 +63,11 @@ type HookOptions struct {
 	Identity *Identity
 	// Observer receives every decision, as from a Gate. Nil means none.
 	Observer *Observer
+	// MaxFilters bounds the filters of a REQ, as Options.MaxFilters does
+	// for a Gate (0 means DefaultMaxFilters, lowered by
+	// EffectiveMaxFilters); a REQ with more is refused "invalid: too many
+	// filters". Each filter is charged as one REQ, as a Gate charges.
+	MaxFilters int
 }
 
 // Hooks charges the messages a relay framework has already parsed to the
@@ -111,13 +118,20 @@ type Hooks struct {
 	identity *Identity
 	obs      *Observer
 
-	// reqs holds the cancellation scope (ctx.Done()) of every REQ already
-	// charged whose context is still live; khatru calls RejectFilter once
-	// per filter, all with the REQ's own context. Entries leave when the
-	// context ends (CLOSE, a refused filter, disconnect), so it holds at
-	// most one small entry per open subscription, beside the listener per
-	// filter that khatru itself keeps.
-	reqs sync.Map // <-chan struct{} → struct{}
+	// maxFilters, tooManyFilters and reqLimits are the Gate's per-filter
+	// charge of a REQ (filterCharges).
+	maxFilters     int
+	tooManyFilters string
+	reqLimits      [][]ratelimit.Limit
+
+	// reqs holds the cancellation scope (ctx.Done()) of every REQ whose
+	// context is still live, with how many of its filters were charged;
+	// khatru calls RejectFilter once per filter, all with the REQ's own
+	// context. Entries leave when the context ends (CLOSE, a refused
+	// filter, disconnect), so it holds at most one small entry per open
+	// subscription, beside the listener per filter that khatru itself
+	// keeps.
+	reqs sync.Map // <-chan struct{} → *atomic.Int32
 	// conns holds the scope of every live khatru connection (OnConnect),
 	// so that RejectFilter can tell a NEG-OPEN, which khatru filters under
 	// the connection's own context, from a REQ.
@@ -137,6 +151,8 @@ func NewHooks(opts HookOptions) (*Hooks, error) {
 	if err := h.limits.Validate(); err != nil {
 		return nil, err
 	}
+	h.maxFilters, h.reqLimits = filterCharges(opts.MaxFilters, h.limits.Message[TypeREQ])
+	h.tooManyFilters = fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, h.maxFilters)
 	if h.lim == nil {
 		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
 	}
@@ -197,7 +213,11 @@ func (h *Hooks) charge(ctx context.Context, addr, authed string, t Type) verdict
 
 // decide charges one message of type t to client key.
 func (h *Hooks) decide(ctx context.Context, key string, t Type) verdict {
-	limits := h.limits.Message[t]
+	return h.decideWith(ctx, key, t, h.limits.Message[t])
+}
+
+// decideWith charges one message of type t to client key against limits.
+func (h *Hooks) decideWith(ctx context.Context, key string, t Type, limits []ratelimit.Limit) verdict {
 	if len(limits) == 0 {
 		h.frame(t, Admitted)
 		return verdict{}
@@ -360,11 +380,11 @@ type KhatruHooks struct {
 	OnConnect func(ctx context.Context)
 	// RejectEvent checks the actor quota and charges the EVENT windows.
 	RejectEvent func(ctx context.Context, event *nostr.Event) (reject bool, msg string)
-	// RejectFilter charges a REQ once, however many filters it has: khatru
-	// calls it once per filter, every time under the REQ's own context,
-	// and only the first call of a context is charged. Filters with
-	// "limit": 0 skip khatru's RejectFilter altogether, so a REQ made only
-	// of them is not charged. A call under a connection's context is a
+	// RejectFilter charges each filter of a REQ as one REQ, as a Gate
+	// does: khatru calls it once per filter, every time under the REQ's
+	// own context, and refuses a filter past HookOptions.MaxFilters.
+	// Filters with "limit": 0 skip khatru's RejectFilter altogether, so
+	// they are not charged. A call under a connection's context is a
 	// NEG-OPEN and charged as one.
 	RejectFilter func(ctx context.Context, filter nostr.Filter) (reject bool, msg string)
 	// RejectCountFilter charges a COUNT; khatru calls it once per COUNT.
@@ -474,29 +494,52 @@ func (h *Hooks) summary() string {
 	return fmt.Sprintf("Rate limits per client (IPv4 address or IPv6 /%d), as rate per half-life: %s.", prefix, strings.Join(parts, "; "))
 }
 
-// filter charges one khatru RejectFilter call: the first call of a REQ's
-// context as a REQ, further calls of it free, a call under a connection's
-// context (khatru's NEG-OPEN) as a NEG-OPEN.
+// filter charges one khatru RejectFilter call: a call under a connection's
+// context (khatru's NEG-OPEN) as a NEG-OPEN, any other as one filter of a
+// REQ, so a REQ of n filters costs n REQs, as through a Gate. A REQ's
+// filter past maxFilters is refused; khatru then cancels the REQ, whose
+// earlier filters stay charged.
 func (h *Hooks) filter(ctx context.Context, addr, authed string) verdict {
 	scope := ctx.Done()
 	if scope == nil {
 		// A context that can never end cannot be told apart from the next
-		// REQ's, nor forgotten: charge every call rather than none.
+		// REQ's, nor forgotten: charge every call, uncounted.
 		return h.charge(ctx, addr, authed, TypeREQ)
 	}
 	if _, ok := h.conns.Load(scope); ok {
 		return h.charge(ctx, addr, authed, TypeNEGOPEN)
 	}
-	if _, ok := h.reqs.Load(scope); ok {
-		return verdict{} // this REQ was charged at its first filter
+	n, loaded := h.reqs.LoadOrStore(scope, new(atomic.Int32))
+	if !loaded {
+		context.AfterFunc(ctx, func() { h.reqs.Delete(scope) })
 	}
-	v := h.charge(ctx, addr, authed, TypeREQ)
-	if !v.refuse {
-		// A refused REQ is not remembered: khatru stops at the first
-		// refused filter and cancels the REQ's context.
-		h.track(&h.reqs, ctx)
+	if n.(*atomic.Int32).Add(1) > int32(h.maxFilters) {
+		h.frame(TypeREQ, Invalid)
+		return verdict{refuse: true, reason: h.tooManyFilters}
 	}
-	return v
+	return h.charge(ctx, addr, authed, TypeREQ)
+}
+
+// req charges a REQ of n filters at once (rely passes them in one call):
+// n times a REQ's cost, or refused when n passes maxFilters.
+func (h *Hooks) req(ctx context.Context, addr string, n int) verdict {
+	if addr == "" {
+		return verdict{}
+	}
+	if n > h.maxFilters {
+		h.frame(TypeREQ, Invalid)
+		return verdict{refuse: true, reason: h.tooManyFilters}
+	}
+	key, ok := h.who(addr, "")
+	if !ok {
+		h.frame(TypeREQ, Allowlisted)
+		return verdict{}
+	}
+	lims := h.limits.Message[TypeREQ]
+	if n >= 1 && len(lims) > 0 {
+		lims = h.reqLimits[n]
+	}
+	return h.decideWith(ctx, key, TypeREQ, lims)
 }
 
 // track remembers ctx's scope in m until ctx ends.
@@ -522,7 +565,9 @@ type RelyHooks[C, S any] struct {
 	// signature itself only of an event whose author is allow-listed,
 	// before exempting it.
 	Event func(C, *nostr.Event) error
-	// Req charges a REQ once; rely passes all its filters in one call.
+	// Req charges a REQ as many REQs as it has filters, as a Gate does,
+	// and refuses one with more than HookOptions.MaxFilters; rely passes
+	// all its filters in one call.
 	Req func(C, nostr.Filters) error
 	// Count charges a COUNT.
 	Count func(C, nostr.Filters) error
@@ -558,8 +603,8 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 		Event: func(c C, evt *nostr.Event) error {
 			return h.event(context.Background(), ip(c), "", evt, false).refusal()
 		},
-		Req: func(c C, _ nostr.Filters) error {
-			return h.charge(context.Background(), ip(c), "", TypeREQ).refusal()
+		Req: func(c C, filters nostr.Filters) error {
+			return h.req(context.Background(), ip(c), len(filters)).refusal()
 		},
 		Count: func(c C, _ nostr.Filters) error {
 			return h.charge(context.Background(), ip(c), "", TypeCOUNT).refusal()

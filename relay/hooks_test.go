@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // hookFixture is a Hooks over a memory store that can fail and a clock
@@ -70,13 +71,11 @@ func reqCtx(conn context.Context, id string) (context.Context, context.CancelFun
 	return context.WithValue(ctx, subKey{}, id), cancel
 }
 
-// TestKhatruRejectFilterChargesOncePerREQ drives RejectFilter as khatru
-// does, once per filter under the REQ's context: a REQ of three filters
-// costs one message, so a budget of two admits two such REQs and refuses the
-// third at its first filter. Charging per filter would refuse the first
-// REQ's third filter.
-func TestKhatruRejectFilterChargesOncePerREQ(t *testing.T) {
-	f := newHookFixture(t, limitsOf(TypeREQ, 2, 10*time.Second), nil)
+// TestKhatruRejectFilterChargesPerFilter: khatru calls RejectFilter once
+// per filter, and each filter is charged as one REQ, as a Gate charges; a
+// filter past the most one REQ may hold is refused.
+func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
+	f := newHookFixture(t, limitsOf(TypeREQ, 6.5, 10*time.Second), nil)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
 	conn, closeConn := context.WithCancel(context.Background())
 	defer closeConn()
@@ -94,12 +93,25 @@ func TestKhatruRejectFilterChargesOncePerREQ(t *testing.T) {
 	ctx, cancel := reqCtx(conn, "sub2")
 	defer cancel()
 	reject, msg := k.RejectFilter(ctx, nostr.Filter{})
-	// 2 charged, R=2, c=1: wait = 10s·log2(2/1) = 10s.
-	if want := "rate-limited: slow down; retry in 10s"; !reject || msg != want {
+	// 6 charged, R=6.5, c=1: wait = 10s·log2(6/5.5) = 1.3s.
+	if want := "rate-limited: slow down; retry in 2s"; !reject || msg != want {
 		t.Fatalf("third REQ: got (%v, %q), want (true, %q)", reject, msg, want)
 	}
-	if got := f.obs[TypeREQ][Admitted].Load(); got != 2 {
-		t.Errorf("observer saw %d admitted REQs, want 2 (one per REQ, not per filter)", got)
+	if got := f.obs[TypeREQ][Admitted].Load(); got != 6 {
+		t.Errorf("observer saw %d admitted REQ filters, want 6 (one per filter)", got)
+	}
+
+	g := newHookFixture(t, limitsOf(TypeREQ, 100, 10*time.Second), nil)
+	k = g.h.Khatru(KhatruAccess{IP: ipOf})
+	ctx, cancel = reqCtx(context.Background(), "many")
+	defer cancel()
+	for j := range DefaultMaxFilters {
+		if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
+			t.Fatalf("filter %d refused: %q", j, msg)
+		}
+	}
+	if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); !reject || msg != wire.ReasonFilters+" (at most 10)" {
+		t.Fatalf("filter past the bound: (%v, %q)", reject, msg)
 	}
 }
 
@@ -356,7 +368,8 @@ type relyClient struct{ ip string }
 func TestRelyHooks(t *testing.T) {
 	var l Limits
 	l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	// Each filter costs one REQ: a burst of 4.5 admits one REQ of three.
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(4.5, time.Second)}
 	l.Message[TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	f := newHookFixture(t, l, nil)
@@ -372,9 +385,12 @@ func TestRelyHooks(t *testing.T) {
 	if !errors.As(err, &ref) || !errors.Is(err, ErrRateLimited) {
 		t.Fatalf("second REQ: %v, want a rate-limited Refusal", err)
 	}
-	// 1 charged, R=1.5: wait = 1s·log2(1/0.5) = 1s.
+	// 3 charged, R=4.5, c=3: wait = 1s·log2(3/1.5) = 1s.
 	if ref.Wait != time.Second || err.Error() != "rate-limited: slow down; retry in 1s" {
 		t.Errorf("second REQ: wait %v, reason %q", ref.Wait, err.Error())
+	}
+	if err := rh.Req(c, make(nostr.Filters, 5)); err == nil || err.Error() != wire.ReasonFilters+" (at most 4)" {
+		t.Errorf("REQ of 5 filters under a burst of 4.5: %v", err)
 	}
 	if err := rh.Count(c, three); err != nil {
 		t.Fatalf("COUNT has a budget of its own: %v", err)
@@ -443,7 +459,7 @@ func countMap(m interface{ Range(func(k, v any) bool) }) int {
 
 // TestKhatruHooksConcurrent runs REQs of three filters from many
 // goroutines, as khatru runs each message on a goroutine of its own: each
-// REQ is charged exactly once, and every ended REQ is forgotten.
+// filter is charged exactly once, and every ended REQ is forgotten.
 func TestKhatruHooksConcurrent(t *testing.T) {
 	const workers, reqs = 8, 200
 	f := newHookFixture(t, limitsOf(TypeREQ, 1e9, time.Second), nil)
@@ -469,8 +485,8 @@ func TestKhatruHooksConcurrent(t *testing.T) {
 	for range workers {
 		<-done
 	}
-	if got := f.obs[TypeREQ][Admitted].Load(); got != workers*reqs {
-		t.Errorf("%d REQs charged, want %d", got, workers*reqs)
+	if got := f.obs[TypeREQ][Admitted].Load(); got != 3*workers*reqs {
+		t.Errorf("%d REQ filters charged, want %d", got, 3*workers*reqs)
 	}
 	for deadline := time.Now().Add(5 * time.Second); countMap(&f.h.reqs) > 0; {
 		if time.Now().After(deadline) {

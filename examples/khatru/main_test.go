@@ -105,12 +105,13 @@ func TestEventFlood(t *testing.T) {
 	}
 }
 
-// TestREQChargedOnce: a REQ of three filters costs one message; khatru's
-// RejectFilter runs once per filter, the hooks must not charge each.
-func TestREQChargedOnce(t *testing.T) {
+// TestREQChargedPerFilter: a REQ of three filters costs three REQs, through
+// the gate and with the hooks alike (khatru's RejectFilter runs once per
+// filter): each filter is a query and a listener on the relay.
+func TestREQChargedPerFilter(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			e := start(t, m.hooks, limitsOf(relay.TypeREQ, 2, 10*time.Second), nil)
+			e := start(t, m.hooks, limitsOf(relay.TypeREQ, 7, 10*time.Second), nil)
 			r := nostrtest.Connect(t, e.ws)
 			three := nostr.Filters{{Kinds: []int{1}}, {Kinds: []int{2}}, {Kinds: []int{3}}}
 			for i := range 2 {
@@ -118,8 +119,14 @@ func TestREQChargedOnce(t *testing.T) {
 					t.Fatalf("REQ %d: %q, want EOSE", i, got)
 				}
 			}
-			// 2 charged, R=2: 10s·log2(2/1) = 10s.
-			if got, want := nostrtest.Subscribe(t, r, three), "rate-limited: slow down; retry in 10s"; got != want {
+			// 6 charged, R=7: the gate refuses the REQ's 3 (10s·log2(6/4)
+			// = 5.8s); the hooks admit its first filter (7 ≤ 7) and refuse
+			// the second (10s·log2(7/6) = 2.2s).
+			want := "rate-limited: slow down; retry in 6s"
+			if m.hooks {
+				want = "rate-limited: slow down; retry in 3s"
+			}
+			if got := nostrtest.Subscribe(t, r, three); got != want {
 				t.Fatalf("REQ 3: %q, want CLOSED %q", got, want)
 			}
 		})

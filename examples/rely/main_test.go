@@ -83,7 +83,8 @@ func TestEventFlood(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			l := limitsOf(relay.TypeEVENT, 3, 10*time.Second)
-			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}
+			// Each filter costs one REQ, through the gate and with the hooks.
+			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
 			e := start(t, m.hooks, l, nil, nil)
 			r := nostrtest.Connect(t, e.ws)
 			sk := nostr.GeneratePrivateKey()
@@ -101,8 +102,8 @@ func TestEventFlood(t *testing.T) {
 					t.Fatalf("REQ %d after the flood: %q, want EOSE", i, got)
 				}
 			}
-			// 2 charged, R=2: 10s·log2(2/1) = 10s.
-			if got, want := nostrtest.Subscribe(t, r, three), "rate-limited: slow down; retry in 10s"; got != want {
+			// 6 charged, R=7, a REQ of 3: 10s·log2(6/4) = 5.85s, rounded up.
+			if got, want := nostrtest.Subscribe(t, r, three), "rate-limited: slow down; retry in 6s"; got != want {
 				t.Fatalf("REQ 3: %q, want CLOSED %q", got, want)
 			}
 
