@@ -1,7 +1,9 @@
 # sluice: multi-stage build. The event store (badger) is pure Go, so the
 # binary is static (CGO_ENABLED=0) and the runtime image has no libc.
 #
-#   docker build -t sluice .
+#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) -t sluice .
+#   (or `make image`; without VERSION the binary reports "dev": the build
+#   context has no .git to ask)
 #   docker run -p 7777:7777 -v sluice-data:/data sluice            # sluice relay
 #   docker run -p 7777:7777 sluice proxy --upstream ws://relay:8080
 
@@ -18,7 +20,14 @@ ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/sluice ./cmd/sluice \
  && mkdir -p /out/data
 
+# distroless publishes no version tags, only moving ones such as nonroot;
+# for a reproducible image pin it by digest (…:nonroot@sha256:…).
 FROM gcr.io/distroless/static-debian12:nonroot
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="sluice" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="MIT" \
+      org.opencontainers.image.source="https://github.com/sluice-relay/sluice"
 COPY --from=build /out/sluice /usr/local/bin/sluice
 # Owned by the image's nonroot user, so a fresh named volume is writable.
 COPY --from=build --chown=65532:65532 /out/data /data

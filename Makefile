@@ -9,6 +9,8 @@
 #   make lint     gofmt, go vet (and staticcheck when installed)
 #   make build    bin/sluice
 #   make load     bin/sluice-load, the load tool (docs/BENCHMARKS.md)
+#   make image    the Docker image sluice:$(VERSION), the version stamped in
+#   make compose  docker compose up --build with SLUICE_VERSION=$(VERSION)
 
 GO        ?= go
 BIN       ?= bin/sluice
@@ -29,13 +31,20 @@ EXAMPLE_MODULES := $(sort $(dir $(wildcard examples/*/go.mod examples/*/*/go.mod
 # so they are never left out.
 NORACE_PKGS := $(sort $(patsubst %/,./%,$(dir $(shell grep -rl --include='*_test.go' --exclude-dir=examples '^//go:build !race' . 2>/dev/null | sed 's|^\./||'))))
 
-.PHONY: run test bench fuzz lint build load clean
+.PHONY: run test bench fuzz lint build load image compose clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sluice
 
 load:
 	$(GO) build -trimpath -o bin/sluice-load ./cmd/sluice-load
+
+# The build context has no .git, so the version is passed in.
+image:
+	docker build --build-arg VERSION=$(VERSION) -t sluice:$(VERSION) .
+
+compose:
+	SLUICE_VERSION=$(VERSION) docker compose up --build
 
 run: build
 	./$(BIN) relay --listen 127.0.0.1:7777 --data-dir ./data
