@@ -292,11 +292,11 @@ func (c *conn) auth() (pubkey string, free bool) {
 }
 
 func (c *conn) readClient() {
-	var buf []byte
 	for {
 		_, r, err := c.client.NextReader()
+		var buf []byte
 		if err == nil {
-			buf, err = readFrame(r, buf, c.meter)
+			buf, err = readFrame(r, getFrameBuf(), c.meter)
 		}
 		if err != nil && c.meter.flooded.Load() {
 			c.g.log.Info("closing client", "client", c.who, "reason", "too many control frames")
@@ -318,6 +318,7 @@ func (c *conn) readClient() {
 		}
 		c.clientRD.extend(c.client, c.g.pingInterval)
 		if !c.admit(buf) {
+			putFrameBuf(buf)
 			if c.knocked > 0 {
 				c.g.log.Info("closing client", "client", c.who, "reason", "too many refused frames")
 				c.g.obs.cut(CutKnocking)
@@ -333,17 +334,37 @@ func (c *conn) readClient() {
 		}
 		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
 		// A canonical frame is UTF-8 JSON: it goes as text, however it came.
-		if err := c.up.WriteMessage(websocket.TextMessage, buf); err != nil {
+		err = c.up.WriteMessage(websocket.TextMessage, buf)
+		putFrameBuf(buf)
+		if err != nil {
 			c.end(true, false, closeGoingAway, "relay connection lost")
 			return
 		}
 	}
 }
 
-// maxKeptFrameBuf is the largest read buffer a connection keeps between
-// frames: one large frame must not pin its buffer for the connection's
-// life, whether it was forwarded or refused.
+// maxKeptFrameBuf is the largest read buffer kept for another frame: one
+// large frame must not pin its buffer, whether it was forwarded or refused.
 const maxKeptFrameBuf = 64 << 10
+
+// frameBufs lends the client readers their frame buffers for the length of
+// one frame: a connection waiting for its next frame holds none.
+var frameBufs sync.Pool
+
+func getFrameBuf() []byte {
+	if b, ok := frameBufs.Get().(*[]byte); ok {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, 4096)
+}
+
+func putFrameBuf(b []byte) {
+	if cap(b) == 0 || cap(b) > maxKeptFrameBuf {
+		return
+	}
+	b = b[:0]
+	frameBufs.Put(&b)
+}
 
 // readFrame reads a whole message into buf[:0], reusing buf's storage
 // unless it is larger than maxKeptFrameBuf, and credits its payload to m

@@ -319,7 +319,9 @@ func New(opts Options) (*Gate, error) {
 		HandshakeTimeout: 10 * time.Second,
 		// A buffer of its own makes the upgrader read through the
 		// metered connection (control.go), not the server's reader.
-		ReadBufferSize:  4096,
+		// 1 KiB: frame headers and small frames; a large frame's payload
+		// is read straight into the frame buffer past it.
+		ReadBufferSize:  1024,
 		WriteBufferPool: writeBuffers,
 	}
 	return g, nil
@@ -455,7 +457,14 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		http.Error(w, "sluice: shutting down", http.StatusServiceUnavailable)
 		return
 	}
-	defer g.track(-1)
+	// Until the connection is handed to a goroutine of its own, its
+	// cleanups are this handler's.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			g.track(-1)
+		}
+	}()
 
 	if len(g.limits.Connection) > 0 && !freeIP {
 		d, err := g.limiter.Allow(r.Context(), ratelimit.ConnectionKey(client), g.limits.Connection)
@@ -477,7 +486,11 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		return
 	}
 	if !freeIP {
-		defer g.releaseConn(client)
+		defer func() {
+			if !handedOff {
+				g.releaseConn(client)
+			}
+		}()
 	}
 	if freeIP {
 		g.obs.connection(Allowlisted)
@@ -530,10 +543,21 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		c.end(true, true, closeGoingAway, "sluice: shutting down")
 		return
 	}
-	g.obs.open(1)
-	c.run()
-	g.obs.open(-1)
-	g.remove(c)
+	// The connection runs on a goroutine of its own and the handler
+	// returns: the HTTP server's per-request state (its connection, the
+	// request, its buffers) and the handler's stack, deep from the two
+	// handshakes, are not held for the connection's life.
+	handedOff = true
+	go func() {
+		defer g.track(-1)
+		if !freeIP {
+			defer g.releaseConn(client)
+		}
+		g.obs.open(1)
+		c.run()
+		g.obs.open(-1)
+		g.remove(c)
+	}()
 }
 
 // handshakeOK reports whether r has what the upgrader requires of a
