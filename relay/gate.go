@@ -41,10 +41,11 @@ const (
 	// DefaultWriteTimeout bounds one write to either side.
 	DefaultWriteTimeout = 10 * time.Second
 	// DefaultMaxFilters is how many filters a forwarded REQ may hold
-	// (NIP-11's max_filters). Clients send one to a few per REQ (go-nostr
-	// and nostr-tools pools send one filter set per subscription); each
-	// filter costs the relay a query and a listener, and each is charged
-	// as one REQ.
+	// (NIP-11's max_filters; NIP-11's own example document gives 100,
+	// khatru has no bound). Clients send one to a few per REQ; each filter
+	// costs the relay a query and a listener, and each is charged as one
+	// REQ, so 10 is a fifth of the default REQ burst in one REQ, and 100
+	// would not fit it at all.
 	DefaultMaxFilters = 10
 	// DefaultFilterFrameSize is the largest REQ or COUNT the gate
 	// forwards: 64 KiB holds a filter of ~900 authors, far more than any

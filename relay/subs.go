@@ -7,9 +7,10 @@ import (
 )
 
 // DefaultMaxSubscriptions caps the subscriptions one connection holds open
-// at the relay (NIP-11's max_subscriptions). Clients keep one open per
-// feed, thread or profile they show, and close them as the view changes:
-// tens at most on one relay. 50 leaves them room and keeps what one
+// at the relay (NIP-11's max_subscriptions; NIP-11's example document and
+// nostr.land's, quoted there, give 20). Clients keep one open per feed,
+// thread or profile they show, and close them as the view changes: tens at
+// most on one relay. 50 leaves them room over 20 and keeps what one
 // connection makes a relay hold (a listener and its filters per
 // subscription) small.
 const DefaultMaxSubscriptions = 50
