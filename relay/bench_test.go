@@ -213,20 +213,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 func BenchmarkIdleConnection(b *testing.B) {
 	for _, mode := range []string{"direct", "relay", "proxy"} {
 		b.Run(mode, func(b *testing.B) {
-			kr := newKhatru(b)
-			var url string
-			switch mode {
-			case "direct":
-				url = serve(b, kr)
-			case "relay":
-				url = serve(b, newGate(b, Options{Limits: &Limits{}, MaxConnections: -1}).Wrap(kr))
-			case "proxy":
-				h, err := newGate(b, Options{Limits: &Limits{}, MaxConnections: -1}).Proxy(serve(b, kr))
-				if err != nil {
-					b.Fatal(err)
-				}
-				url = serve(b, h)
-			}
+			url := modeURL(b, mode)
 			conns := make([]*websocket.Conn, 0, b.N)
 			defer func() {
 				for _, c := range conns {
@@ -253,4 +240,50 @@ func BenchmarkIdleConnection(b *testing.B) {
 			b.ReportMetric(float64(runtime.NumGoroutine()-g0)/float64(b.N), "goroutines/conn")
 		})
 	}
+}
+
+// BenchmarkChurn opens a connection, makes one round trip and closes it
+// cleanly, b.N times, to khatru directly and through the gate (Wrap and
+// Proxy): the cost of a short-lived client.
+//
+//	go test ./relay/ -run '^$' -bench Churn -benchtime 3000x -count 3
+func BenchmarkChurn(b *testing.B) {
+	for _, mode := range []string{"direct", "relay", "proxy"} {
+		b.Run(mode, func(b *testing.B) {
+			url := modeURL(b, mode)
+			b.ReportAllocs()
+			for b.Loop() {
+				c, _, err := websocket.DefaultDialer.Dial(url, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","c",{"kinds":[1]}]`))
+				if _, _, err := c.ReadMessage(); err != nil {
+					b.Fatal(err)
+				}
+				_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+				_, _, _ = c.ReadMessage()
+				c.Close()
+			}
+		})
+	}
+}
+
+// modeURL serves a fresh khatru directly ("direct") or behind a gate that
+// charges nothing and caps nothing ("relay": Wrap, "proxy": Proxy), and
+// returns the URL a client dials.
+func modeURL(b *testing.B, mode string) string {
+	kr := newKhatru(b)
+	opts := Options{Limits: &Limits{}, MaxConnections: -1}
+	switch mode {
+	case "relay":
+		return serve(b, newGate(b, opts).Wrap(kr))
+	case "proxy":
+		h, err := newGate(b, opts).Proxy(serve(b, kr))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return serve(b, h)
+	}
+	return serve(b, kr)
 }
