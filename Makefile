@@ -46,8 +46,12 @@ image:
 compose:
 	SLUICE_VERSION=$(VERSION) docker compose up --build
 
+# No --listen or --data-dir here: their defaults are 127.0.0.1:7777 and
+# ./data, and a flag would outrank SLUICE_LISTEN and SLUICE_DATA_DIR.
+# RUNFLAGS adds flags: make run RUNFLAGS='--redis redis://127.0.0.1:6379/0'.
+RUNFLAGS ?=
 run: build
-	./$(BIN) relay --listen 127.0.0.1:7777 --data-dir ./data
+	./$(BIN) relay $(RUNFLAGS)
 
 # Every part runs even when an earlier one fails, so one run reports all
 # failures; the target fails if any part did.

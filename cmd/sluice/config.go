@@ -121,7 +121,7 @@ type limitConfig struct {
 type quotaConfig struct {
 	Events    integer `yaml:"events"`
 	Window    string  `yaml:"window"`
-	Unlimited bool    `yaml:"unlimited"`
+	Unlimited boolean `yaml:"unlimited"`
 }
 
 type identityConfig struct {
@@ -150,6 +150,32 @@ func (i *integer) UnmarshalYAML(n *yaml.Node) error {
 	}
 	// Shaped like yaml.v3's own errors, so locate names the field.
 	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s `%s` into int", n.Line, n.ShortTag(), n.Value)}}
+}
+
+// boolean is true or false in the file, and nothing else. yaml.v3 reads
+// YAML 1.1's yes/no/on/off (in any case) into a bool field, so
+// `unlimited: yes` turned the quota off while `unlimited: "true"` was
+// refused; this type refuses both.
+type boolean bool
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (b *boolean) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode && n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+		switch n.Value {
+		case "true":
+			*b = true
+			return nil
+		case "false":
+			*b = false
+			return nil
+		}
+	}
+	// Shaped like yaml.v3's own errors, so locate names the field.
+	tag := n.ShortTag()
+	if n.Kind == yaml.ScalarNode && tag == "!!bool" {
+		tag = "!!str" // yes, on, True: not true or false
+	}
+	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s `%s` into bool", n.Line, tag, n.Value)}}
 }
 
 // config is a validated configuration: what the subcommands run on.
@@ -449,7 +475,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		Redis:          fc.Store.Redis,
 		Prefix:         fc.Store.Prefix,
 		QuotaEvents:    int(fc.Quota.Events),
-		QuotaUnlimited: fc.Quota.Unlimited,
+		QuotaUnlimited: bool(fc.Quota.Unlimited),
 	}
 
 	if err := checkHostPort(fc.Listen); err != nil {
@@ -458,6 +484,9 @@ func (fc *fileConfig) validate() (*config, error) {
 	if fc.MetricsListen != "" {
 		if err := checkHostPort(fc.MetricsListen); err != nil {
 			bad("metrics_listen", "%v (write \"\" to turn metrics off)", err)
+		} else if sameListener(fc.Listen, fc.MetricsListen) {
+			// Both are bound at start-up; the second would fail.
+			bad("metrics_listen", "%q would bind the port of listen %q: give metrics a port of its own (or \"\" to turn metrics off)", fc.MetricsListen, fc.Listen)
 		}
 	}
 	if fc.DataDir == "" {
@@ -826,6 +855,35 @@ func checkHostPort(s string) error {
 		return fmt.Errorf("bad port in %q", s)
 	}
 	return nil
+}
+
+// sameListener reports whether listeners on a and b (valid host:port)
+// would claim one port: the same port, not 0 (any free port), on the same
+// host, or where one is every interface: "" and "::" (every address, IPv4
+// too), 0.0.0.0 (every IPv4 address). Two names of one address (localhost
+// and 127.0.0.1) are not resolved here; binding reports those.
+func sameListener(a, b string) bool {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil {
+		return false
+	}
+	na, _ := strconv.Atoi(pa)
+	nb, _ := strconv.Atoi(pb)
+	if na == 0 || na != nb {
+		return false
+	}
+	if ha == "" || hb == "" || strings.EqualFold(ha, hb) {
+		return true
+	}
+	ipa, ipb := net.ParseIP(ha), net.ParseIP(hb)
+	covers := func(x, y net.IP) bool { // x is every address of y's family
+		if x == nil || !x.IsUnspecified() {
+			return false
+		}
+		return x.To4() == nil || (y != nil && y.To4() != nil)
+	}
+	return covers(ipa, ipb) || covers(ipb, ipa) || (ipa != nil && ipb != nil && ipa.Equal(ipb))
 }
 
 // checkRelayURL checks relay_url as the gate will read it (a ws:// or

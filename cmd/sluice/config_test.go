@@ -219,6 +219,18 @@ func TestHostileConfigs(t *testing.T) {
 		{"read_limit not an integer", "read_limit: 1.5\n", "read_limit (line 1): expected a whole number, got !!float `1.5`"},
 		{"quota events not an integer", "quota: {events: 600.5}", "quota.events (line 1): expected a whole number"},
 		{"ipv6 prefix a string", "identity:\n  ipv6_prefix: \"64\"\n", "identity.ipv6_prefix (line 2): expected a whole number"},
+		// Booleans are true or false: yaml.v3 alone reads YAML 1.1's yes,
+		// on, True into a bool, and "yes" turned the quota off.
+		{"boolean yes", "quota:\n  unlimited: yes\n", "quota.unlimited (line 2): expected true or false, got !!str `yes`"},
+		{"boolean on", "quota: {unlimited: on}", "quota.unlimited (line 1): expected true or false, got !!str `on`"},
+		{"boolean True", "quota: {unlimited: True}", "quota.unlimited (line 1): expected true or false, got !!str `True`"},
+		{"boolean quoted", "quota: {unlimited: \"true\"}", "quota.unlimited (line 1): expected true or false, got !!str `true`"},
+		{"boolean a number", "quota: {unlimited: 1}", "quota.unlimited (line 1): expected true or false, got !!int `1`"},
+		// Both are bound at start-up: the second bind would fail.
+		{"metrics on the listen port", "listen: 127.0.0.1:7777\nmetrics_listen: 127.0.0.1:7777\n", "metrics_listen: \"127.0.0.1:7777\" would bind the port of listen"},
+		{"metrics on every interface of the listen port", "listen: 127.0.0.1:7777\nmetrics_listen: 0.0.0.0:7777\n", "metrics_listen: \"0.0.0.0:7777\" would bind the port of listen"},
+		{"listen on every interface of the metrics port", "listen: \":9777\"\n", "metrics_listen: \"127.0.0.1:9777\" would bind the port of listen"},
+		{"ipv6 wildcard covers ipv4", "listen: \"[::]:7777\"\nmetrics_listen: 127.0.0.1:7777\n", "would bind the port of listen"},
 		{"rate equal to cost", "limits: {message: {EVENT: [{rate: 1, period: 1s}]}}", "limits.message.EVENT[0].rate: must be greater than cost 1"},
 		{"second window bad", "limits: {message: {EVENT: [{rate: 10, period: 1s}, {rate: 1, period: 60s}]}}", "limits.message.EVENT[1].rate: must be greater than cost 1"},
 		{"rate below cost", "limits: {connection: [{rate: 3, period: 1s, cost: 5}]}", "limits.connection[0].rate: must be greater than cost 5"},
@@ -366,10 +378,39 @@ func TestGoodConfigs(t *testing.T) {
 		"limits: {frame_size: {}}",
 		"limits:\n  frame_size:\n", // null keeps the defaults, as {} does
 		"read_limit: 1024\nlimits: {frame_size: {EVENT: 1024, CLOSE: 64}}",
+		"quota: {unlimited: false}",
+		// Ports of their own, or any free port, do not collide.
+		"listen: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\n",
+		"listen: 127.0.0.1:7777\nmetrics_listen: 127.0.0.2:7777\n",
+		"listen: 0.0.0.0:7777\nmetrics_listen: \"[::1]:7777\"\n",
+		"listen: 127.0.0.1:7777\nmetrics_listen: \"\"\n",
 	} {
 		if _, err := parseAndValidate([]byte(y)); err != nil {
 			t.Errorf("%q refused: %v", y, err)
 		}
+	}
+}
+
+// TestQuotaUnlimited: only true turns the quota off.
+func TestQuotaUnlimited(t *testing.T) {
+	for y, want := range map[string]bool{"quota: {unlimited: true}": true, "quota: {unlimited: false}": false, "": false} {
+		cfg, err := parseAndValidate([]byte(y))
+		if err != nil {
+			t.Fatalf("%q: %v", y, err)
+		}
+		if cfg.QuotaUnlimited != want {
+			t.Errorf("%q: QuotaUnlimited %v, want %v", y, cfg.QuotaUnlimited, want)
+		}
+	}
+}
+
+// TestListenCollisionFromFlag: a collision made by a flag names the flag,
+// and check refuses it (it used to pass check and fail at start).
+func TestListenCollisionFromFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"check", "--metrics-listen", "127.0.0.1:7777"}, func(string) string { return "" }, &out, &errb)
+	if code != exitUsage || !strings.Contains(errb.String(), "would bind the port of listen") || !strings.Contains(errb.String(), "set by --metrics-listen") {
+		t.Errorf("check with metrics on the listen port: exit %d\n%s", code, errb.String())
 	}
 }
 
@@ -437,6 +478,8 @@ func TestRunExitCodes(t *testing.T) {
 		{nil, exitUsage, "", "Usage:"},
 		{[]string{"help"}, exitOK, "sluice relay", ""},
 		{[]string{"help", "proxy"}, exitOK, "-upstream", ""},
+		{[]string{"help", "health"}, exitOK, "-url", ""},
+		{[]string{"help", "nonesuch"}, exitUsage, "", `unknown command "nonesuch"`},
 		{[]string{"relay", "--help"}, exitOK, "", "-data-dir"},
 		{[]string{"version"}, exitOK, "sluice ", ""},
 	}

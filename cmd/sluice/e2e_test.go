@@ -664,6 +664,12 @@ func TestE2ERedisOutage(t *testing.T) {
 	if code := p.stop(); code != 0 {
 		t.Errorf("exit code %d\n%s", code, p.logs())
 	}
+	// One outage, one line each (recovery was once logged twice).
+	for _, line := range []string{"rate limiter store unavailable", "rate limiter store answers again"} {
+		if n := strings.Count(p.logs(), line); n != 1 {
+			t.Errorf("%q logged %d times, want once:\n%s", line, n, p.logs())
+		}
+	}
 }
 
 // upgrade attempts a WebSocket upgrade and returns the HTTP status and

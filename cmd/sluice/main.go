@@ -164,6 +164,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 				fs.Usage()
 				return exitOK
 			}
+			if rest[0] != "version" {
+				fmt.Fprintf(stderr, "sluice help: unknown command %q\n\n%s", rest[0], usageText)
+				return exitUsage
+			}
 		}
 		fmt.Fprint(stdout, usageText)
 		return exitOK
@@ -285,6 +289,15 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated already
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "json" {
+		// slog's JSON handler writes a time.Duration as integer
+		// nanoseconds ("timeout":10000000000); write it as the text
+		// handler and the config file do ("10s").
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))

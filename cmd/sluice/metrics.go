@@ -24,9 +24,15 @@ type metrics struct {
 	connections [relay.NumOutcomes]prometheus.Counter
 	cuts        [relay.NumCutReasons]prometheus.Counter
 	open        prometheus.Gauge
+	latency     *prometheus.HistogramVec // registered by watch with the Redis store only
 	storeOK     prometheus.Observer
 	storeErr    prometheus.Observer
 }
+
+// connectionOutcomes are the outcomes an upgrade can have; the others
+// (quota_exceeded, invalid) are a frame's, and are not exported as series
+// of sluice_connections_total that could never move.
+var connectionOutcomes = []relay.Outcome{relay.Admitted, relay.RateLimited, relay.Unavailable, relay.Allowlisted, relay.OverCap}
 
 // newMetrics registers the gate's and the store's collectors; watch adds
 // the limiter's once it exists (the store it wraps needs observeStore first).
@@ -49,7 +55,7 @@ func newMetrics() *metrics {
 	}, []string{"type", "outcome"})
 	conns := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_connections_total",
-		Help: "WebSocket upgrade attempts by outcome (rate_limited and over_cap are HTTP 429, unavailable is HTTP 503).",
+		Help: "WebSocket upgrade attempts by outcome: admitted, allowlisted, rate_limited and over_cap (HTTP 429), unavailable (HTTP 503).",
 	}, []string{"outcome"})
 	cuts := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_disconnects_total",
@@ -63,29 +69,32 @@ func newMetrics() *metrics {
 			m.frames[t][o] = frames.WithLabelValues(t.String(), o.String())
 		}
 	}
-	for o := relay.Outcome(0); o < relay.NumOutcomes; o++ {
+	for _, o := range connectionOutcomes {
 		m.connections[o] = conns.WithLabelValues(o.String())
 	}
 	m.open = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sluice_open_connections",
 		Help: "Gated WebSocket connections open now.",
 	})
-	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "sluice_store_latency_seconds",
 		Help: "Duration of Redis store calls (memory-store decisions are not observed), by result: ok or error.",
 		// From 100µs (a local Redis) to the default 100ms deadline and past it.
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 	}, []string{"result"})
-	m.storeOK = latency.WithLabelValues("ok")
-	m.storeErr = latency.WithLabelValues("error")
-	m.reg.MustRegister(buildInfo, frames, conns, cuts, m.open, latency)
+	m.storeOK = m.latency.WithLabelValues("ok")
+	m.storeErr = m.latency.WithLabelValues("error")
+	m.reg.MustRegister(buildInfo, frames, conns, cuts, m.open)
 	return m
 }
 
 // watch registers the limiter's counters and, when breaker is not nil
-// (the Redis store), the breaker gauge.
+// (the Redis store), the breaker gauge and the store latency histogram
+// (the memory store is not observed: with it they would be a series that
+// never moves, read as a Redis that is never called).
 func (m *metrics) watch(limiter *ratelimit.Limiter, breaker func() redisstore.BreakerState) {
 	if breaker != nil {
+		m.reg.MustRegister(m.latency)
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_breaker_open",
 			Help: "1 while the Redis store's breaker is open or half-open (decisions fail closed without calling Redis), else 0.",
@@ -121,7 +130,7 @@ func (m *metrics) observer() *relay.Observer {
 			}
 		},
 		Connection: func(o relay.Outcome) {
-			if o < relay.NumOutcomes {
+			if o < relay.NumOutcomes && m.connections[o] != nil {
 				m.connections[o].Inc()
 			}
 		},

@@ -62,3 +62,49 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("half-open breaker not reported as open")
 	}
 }
+
+// TestConnectionOutcomes: sluice_connections_total has a series for each
+// outcome an upgrade can have, and none for a frame's (quota_exceeded,
+// invalid), which could never move.
+func TestConnectionOutcomes(t *testing.T) {
+	m := newMetrics()
+	o := m.observer()
+	o.Connection(relay.Invalid) // not an upgrade's: ignored, no panic
+	o.Connection(relay.OverCap)
+	body := scrape(t, m)
+	for _, out := range []string{"admitted", "rate_limited", "unavailable", "allowlisted"} {
+		if !strings.Contains(body, `sluice_connections_total{outcome="`+out+`"} 0`) {
+			t.Errorf("no sluice_connections_total{outcome=%q}", out)
+		}
+	}
+	if !strings.Contains(body, `sluice_connections_total{outcome="over_cap"} 1`) {
+		t.Error("over_cap not counted")
+	}
+	for _, out := range []string{"quota_exceeded", "invalid"} {
+		if strings.Contains(body, `sluice_connections_total{outcome="`+out+`"}`) {
+			t.Errorf("sluice_connections_total has outcome %q, which no upgrade can have", out)
+		}
+	}
+}
+
+// TestMemoryStoreMetrics: with the memory store there is no Redis latency
+// histogram and no breaker gauge; with the Redis store there are.
+func TestMemoryStoreMetrics(t *testing.T) {
+	mem := newMetrics()
+	mem.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), nil)
+	body := scrape(t, mem)
+	for _, name := range []string{"sluice_store_latency_seconds", "sluice_breaker_open"} {
+		if strings.Contains(body, name) {
+			t.Errorf("memory store exports %s", name)
+		}
+	}
+	red := newMetrics()
+	red.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), func() redisstore.BreakerState { return redisstore.BreakerClosed })
+	red.observeStore(time.Millisecond, nil)
+	body = scrape(t, red)
+	for _, name := range []string{"sluice_store_latency_seconds_count", "sluice_breaker_open"} {
+		if !strings.Contains(body, name) {
+			t.Errorf("Redis store does not export %s", name)
+		}
+	}
+}

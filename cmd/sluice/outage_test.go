@@ -118,3 +118,45 @@ func TestOutageLogTrustsDecisions(t *testing.T) {
 		t.Fatalf("recovery not logged when round trips succeed:\n%s", buf.String())
 	}
 }
+
+// TestOutageLogOnce: one outage is one "unavailable" line and one "answers
+// again" line, even while the breaker refuses without round trips and a
+// ping answers (before a1c28de a ping alone said "answers again", and the
+// next refused decision began a second outage: two of each per outage).
+func TestOutageLogOnce(t *testing.T) {
+	var buf bytes.Buffer
+	errs := new(storeErrors)
+	var trips, failures uint64
+	o := &outageLog{
+		errs:    errs,
+		ping:    func(context.Context) error { return nil }, // Redis answers pings throughout
+		trips:   func() (uint64, uint64) { return trips, failures },
+		breaker: func() string { return "open" },
+		logger:  slog.New(slog.NewTextHandler(&buf, nil)),
+	}
+	ctx := context.Background()
+	fail := func(n int) {
+		for range n {
+			errs.observe(context.DeadlineExceeded)
+		}
+	}
+	fail(5) // round trips time out; the breaker opens
+	trips, failures = 5, 5
+	o.step(ctx)
+	for range 3 { // the breaker refuses without calling Redis
+		fail(10)
+		o.step(ctx)
+	}
+	trips, failures = 6, 5 // its probe succeeds
+	o.step(ctx)
+	trips = 40 // decisions flow again
+	o.step(ctx)
+	o.step(ctx) // idle: the ping answers, nothing to say
+	out := buf.String()
+	if n := strings.Count(out, "store unavailable"); n != 1 {
+		t.Errorf("%d \"unavailable\" lines, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(out, "answers again"); n != 1 {
+		t.Errorf("%d \"answers again\" lines, want 1:\n%s", n, out)
+	}
+}
