@@ -11,3 +11,11 @@ import _ "embed"
 //
 //go:embed ewma.lua
 var EWMA string
+
+// EWMA1 is the source of ewma1.lua: the lean call of EWMA for one decision
+// sent alone, without a request id (for a client that never resends a
+// command). Same decisions, stored values and reply as EWMA deciding one
+// message with request id "".
+//
+//go:embed ewma1.lua
+var EWMA1 string

@@ -142,6 +142,33 @@ func (b *batcher) do(ctx context.Context, c *call, direct func() (ratelimit.Deci
 		b.finish()
 		return d, err
 	}
+	return b.queue(ctx, c)
+}
+
+// tryDirect takes a round trip slot for a decision to go straight out from
+// its caller, if nothing is queued and one is free; the caller runs it and
+// calls finish. It allocates nothing (do allocates the call and its
+// channel).
+func (b *batcher) tryDirect() bool {
+	b.mu.Lock()
+	ok := !b.closed && b.live == 0 && b.inflight < b.flight
+	if ok {
+		b.inflight++
+	}
+	b.mu.Unlock()
+	if ok {
+		b.direct.Add(1)
+	}
+	return ok
+}
+
+// queue queues c for a shared round trip and waits for its result.
+func (b *batcher) queue(ctx context.Context, c *call) (ratelimit.Decision, error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return ratelimit.Decision{}, ErrClosed
+	}
 	c.res = make(chan callResult, 1)
 	b.q = append(b.q, c)
 	b.live++

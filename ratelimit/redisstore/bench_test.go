@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -18,9 +19,9 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
-// benchParallelism × GOMAXPROCS goroutines decide at once, in every
-// sub-benchmark alike.
-const benchParallelism = 8
+// benchGoroutines decide at once in BenchmarkRedis, in every sub-benchmark
+// alike (8 × GOMAXPROCS, as RunParallel with SetParallelism(8) would).
+var benchGoroutines = 8 * runtime.GOMAXPROCS(0)
 
 // benchClients is how many distinct clients the traffic cycles through.
 const benchClients = 100000
@@ -34,7 +35,7 @@ var benchKeys = func() []string {
 }()
 
 // BenchmarkRedis runs, against one redis-server on loopback and at the
-// same concurrency (benchParallelism × GOMAXPROCS goroutines), our
+// same concurrency (benchGoroutines), our
 // two-window decision and redis_rate/v10's one-window GCRA Allow as the
 // peer: each on a plain client and through go-redis's auto-pipeliner, and
 // ours with its own batching (Options.Batch). Metrics: ops/s (the figure to
@@ -49,28 +50,29 @@ func BenchmarkRedis(b *testing.B) {
 	e := newBenchEnv(b)
 	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
 	oneWindow := twoWindows[:1]
-	b.Run("Decide2Windows", e.decide(twoWindows, Options{}, false, benchParallelism))
-	b.Run("RedisRateAllow1Window", e.rate(false, benchParallelism))
-	b.Run("Decide1Window", e.decide(oneWindow, Options{}, false, benchParallelism))
-	b.Run("Decide2WindowsBatch32x2", e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, benchParallelism))
-	b.Run("Decide1WindowBatch32x2", e.decide(oneWindow, Options{Batch: 32, BatchWorkers: 2}, false, benchParallelism))
-	b.Run("Decide2WindowsGoRedisAutoPipeline", e.decide(twoWindows, Options{}, true, benchParallelism))
-	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", e.rate(true, benchParallelism))
+	b.Run("Decide2Windows", e.decide(twoWindows, Options{}, false, benchGoroutines))
+	b.Run("RedisRateAllow1Window", e.rate(false, benchGoroutines))
+	b.Run("Decide1Window", e.decide(oneWindow, Options{}, false, benchGoroutines))
+	b.Run("Decide2WindowsBatch32x2", e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, benchGoroutines))
+	b.Run("Decide1WindowBatch32x2", e.decide(oneWindow, Options{Batch: 32, BatchWorkers: 2}, false, benchGoroutines))
+	b.Run("Decide2WindowsGoRedisAutoPipeline", e.decide(twoWindows, Options{}, true, benchGoroutines))
+	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", e.rate(true, benchGoroutines))
 }
 
 // BenchmarkRedisConcurrency runs the pair that matters — our two-window
 // decision as the binary runs it (Batch 32, 2 workers) and the peer's
-// one-window Allow — side by side at 4 to 256 goroutines: a relay's load is
+// one-window Allow — side by side at 1 to 256 goroutines: a relay's load is
 // many connections deciding at once, and where each peer stands depends on
 // how many.
 func BenchmarkRedisConcurrency(b *testing.B) {
 	e := newBenchEnv(b)
 	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
-	for _, par := range []int{2, 8, 32, 128} {
-		g := "goroutines=" + strconv.Itoa(par*runtime.GOMAXPROCS(0))
-		b.Run("Decide2WindowsBatch32x2/"+g, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, par))
-		b.Run("RedisRateAllow1Window/"+g, e.rate(false, par))
-		b.Run("RedisRateAllow1WindowGoRedisAutoPipeline/"+g, e.rate(true, par))
+	for _, g := range []int{1, 4, 16, 64, 256} {
+		name := "goroutines=" + strconv.Itoa(g)
+		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
+		b.Run("Decide2WindowsBatch32x4/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 4}, false, g))
+		b.Run("RedisRateAllow1Window/"+name, e.rate(false, g))
+		b.Run("RedisRateAllow1WindowGoRedisAutoPipeline/"+name, e.rate(true, g))
 	}
 }
 
@@ -87,41 +89,54 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	return &benchEnv{srv: srv, admin: admin}
 }
 
+// client is a client as sluice builds one (NewClient: retries off), for
+// both peers alike.
 func (e *benchEnv) client(b *testing.B) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), ContextTimeoutEnabled: true})
+	u, err := NewClient(e.srv.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := u.(*redis.Client)
 	b.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
-// parallel runs call from par×GOMAXPROCS goroutines over the benchmark
-// keys and reports the metrics. call reports whether the request was
+// parallel runs call from g goroutines (exactly: RunParallel cannot run
+// fewer than GOMAXPROCS) over the benchmark keys and reports the metrics. call reports whether the request was
 // admitted: admitted-% is reported so that a comparison can check both
 // peers mostly admit (a refusal writes nothing and costs a different
 // amount).
-func (e *benchEnv) parallel(b *testing.B, par int, s *Store, call func(ctx context.Context, key string) (bool, error)) {
+func (e *benchEnv) parallel(b *testing.B, g int, s *Store, call func(ctx context.Context, key string) (bool, error)) {
 	ctx := context.Background()
 	var next atomic.Uint64
 	var failed, admitted atomic.Int64
 	if err := e.admin.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	var wg sync.WaitGroup
 	b.ReportAllocs()
-	b.SetParallelism(par)
 	cpu0, srv0 := processCPU(b), serverCPU(b, e.admin)
 	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		i := next.Add(7919)
-		var ok int64
-		for pb.Next() {
-			i++
-			if allowed, err := call(ctx, benchKeys[i%benchClients]); err != nil {
-				failed.Add(1)
-			} else if allowed {
-				ok++
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			i := next.Add(7919)
+			var ok int64
+			for left.Add(-1) >= 0 {
+				i++
+				if allowed, err := call(ctx, benchKeys[i%benchClients]); err != nil {
+					failed.Add(1)
+				} else if allowed {
+					ok++
+				}
 			}
-		}
-		admitted.Add(ok)
-	})
+			admitted.Add(ok)
+		}()
+	}
+	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "client-cpu-µs/op")
 	b.ReportMetric(float64((serverCPU(b, e.admin)-srv0).Microseconds())/float64(b.N), "server-cpu-µs/op")
@@ -136,8 +151,8 @@ func (e *benchEnv) parallel(b *testing.B, par int, s *Store, call func(ctx conte
 	}
 }
 
-// decide benchmarks our Store deciding limits, at par×GOMAXPROCS goroutines.
-func (e *benchEnv) decide(limits []ratelimit.Limit, opts Options, ap bool, par int) func(b *testing.B) {
+// decide benchmarks our Store deciding limits, at g goroutines.
+func (e *benchEnv) decide(limits []ratelimit.Limit, opts Options, ap bool, g int) func(b *testing.B) {
 	return func(b *testing.B) {
 		c := e.client(b)
 		opts.Timeout = time.Second
@@ -153,15 +168,15 @@ func (e *benchEnv) decide(limits []ratelimit.Limit, opts Options, ap bool, par i
 			}
 			s.client = p
 		}
-		e.parallel(b, par, s, func(ctx context.Context, key string) (bool, error) {
+		e.parallel(b, g, s, func(ctx context.Context, key string) (bool, error) {
 			d, err := s.Decide(ctx, key, limits, time.Time{})
 			return d.Allowed, err
 		})
 	}
 }
 
-// rate benchmarks the peer, redis_rate's Allow, at par×GOMAXPROCS goroutines.
-func (e *benchEnv) rate(ap bool, par int) func(b *testing.B) {
+// rate benchmarks the peer, redis_rate's Allow, at g goroutines.
+func (e *benchEnv) rate(ap bool, g int) func(b *testing.B) {
 	return func(b *testing.B) {
 		c := e.client(b)
 		var lim *redis_rate.Limiter
@@ -175,7 +190,7 @@ func (e *benchEnv) rate(ap bool, par int) func(b *testing.B) {
 			lim = redis_rate.NewLimiter(c)
 		}
 		limit := redis_rate.Limit{Rate: 10, Burst: 10, Period: time.Second}
-		e.parallel(b, par, nil, func(ctx context.Context, key string) (bool, error) {
+		e.parallel(b, g, nil, func(ctx context.Context, key string) (bool, error) {
 			r, err := lim.Allow(ctx, key, limit)
 			return err == nil && r.Allowed > 0, err
 		})

@@ -410,6 +410,67 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	}
 }
 
+// TestLostReplyNoRetryChargesOnce: on a client as NewClient builds it
+// (go-redis retries off) the store sends no request id (and a decision
+// alone as the lean script), so the guard is not there — and not needed: a
+// lost reply fails its decision as unavailable and is never resent, so the
+// client is charged once for it (an unavailable refusal that was charged:
+// see the package doc), never twice.
+func TestLostReplyNoRetryChargesOnce(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testLostReplyNoRetry(t, false) })
+	t.Run("batch", func(t *testing.T) { testLostReplyNoRetry(t, true) })
+}
+
+func testLostReplyNoRetry(t *testing.T, batch bool) {
+	srv, direct := realRedis(t)
+	p := startLossyProxy(t, srv.Addr())
+	u, err := NewClient("redis://" + p.ln.Addr().String() + "/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = u.Close() })
+	s := newStore(t, u, Options{Timeout: slow.Timeout, Batch: batchSize(batch)})
+	if !s.lean {
+		t.Fatal("a NewClient client: the store is not lean")
+	}
+	ctx := context.Background()
+	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}
+	key := "{lostlean}:message:EVENT"
+	stored := func() string {
+		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000").Result()
+		return v
+	}
+	score := func() float64 {
+		v, _, _ := strings.Cut(stored(), " ")
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Fatalf("stored %q: %v", v, err)
+		}
+		return f
+	}
+	near := func(x, want float64) bool { return x > want-1e-3 && x <= want }
+	if d, err := s.Decide(ctx, key, limits, time.Time{}); err != nil || !d.Allowed {
+		t.Fatalf("warm-up: %+v %v", d, err)
+	}
+	if v := stored(); strings.Count(v, " ") != 1 {
+		t.Fatalf("stored %q: want no request id", v)
+	}
+	p.armed.Store(true)
+	if _, err := s.Decide(ctx, key, limits, time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) {
+		t.Fatalf("decision whose reply was lost: %v, want unavailable (not resent)", err)
+	}
+	if p.lost.Load() != 1 {
+		t.Fatalf("proxy lost %d replies, want 1", p.lost.Load())
+	}
+	if got := score(); !near(got, 2) {
+		t.Errorf("after a lost reply: score %v, want 2 (charged once, never resent)", got)
+	}
+	d, err := s.Decide(ctx, key, limits, time.Time{})
+	if err != nil || !d.Allowed || !near(d.Scores[0], 3) {
+		t.Fatalf("next decision: %+v %v, want admitted at score 3", d, err)
+	}
+}
+
 // batchSize is the Options.Batch of the batched variant of a test.
 func batchSize(on bool) int {
 	if on {

@@ -24,6 +24,14 @@
 // keeps 4 ids per key: it fails only if more than 4 other requests of the
 // same client and type are admitted between an attempt and its retry.)
 //
+// A *redis.Client built with retries off (MaxRetries -1, as NewClient
+// builds one unless its URL sets max_retries) never resends a command: a
+// lost reply fails its decision as unavailable (charged once, as any reply
+// lost after the script ran), and there is no retry to guard. On such a
+// client the store sends no request id, and a decision that goes out alone
+// is the lean single-decision script (scripts.EWMA1: one key list, no batch
+// loop, no ids; the same decisions and stored values).
+//
 // # Refused as unavailable, not charged
 //
 // Each script call carries a cutoff: its earliest decision's deadline less
@@ -125,6 +133,10 @@ var (
 // ewma is shared by every Store: the SHA is a property of the source.
 var ewma = redis.NewScript(scripts.EWMA)
 
+// ewma1 is the lean call for one decision sent alone on a client that
+// never retries (see Store.lean).
+var ewma1 = redis.NewScript(scripts.EWMA1)
+
 // Options configures a Store. The zero value is usable.
 type Options struct {
 	// Prefix is prepended to every key; "" means DefaultPrefix. It must not
@@ -173,6 +185,11 @@ type Store struct {
 	// those Redis did not answer (see Stats).
 	trips, tripFailures atomic.Uint64
 	overloaded          atomic.Uint64 // expired before a direct call was sent
+
+	// lean: the client never resends a command (a *redis.Client with
+	// go-redis retries off), so decisions carry no request id, and one sent
+	// alone is the lean single-decision script (scripts.EWMA1).
+	lean bool
 
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
@@ -242,6 +259,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		observe: opts.Observe,
 		br:      br,
 		idBase:  hex.EncodeToString(seed[:3]),
+	}
+	if c, ok := client.(*redis.Client); ok && c.Options().MaxRetries == 0 {
+		st.lean = true
 	}
 	// The counter starts at a random point too: two gates (or one restarted)
 	// whose 24-bit bases collide would otherwise count 1, 2, 3… in step, and
@@ -351,13 +371,17 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	req := s.request(key, limits, now)
 	var d ratelimit.Decision
 	var err error
-	if s.batch != nil {
+	switch {
+	case s.batch != nil && s.batch.tryDirect():
+		d, err = s.direct(ctx, deadline, probe, req, limits)
+		s.batch.finish()
+	case s.batch != nil:
 		c := &call{req: req, asked: start, deadline: deadline, probe: probe}
-		d, err = s.batch.do(ctx, c, func() (ratelimit.Decision, error) { return s.direct(ctx, deadline, probe, req, limits) })
-		if probe && !c.sent.Load() && !c.directed {
+		d, err = s.batch.queue(ctx, c)
+		if probe && !c.sent.Load() {
 			s.br.record(true, outcomeIgnored) // never sent: hand the probe slot back
 		}
-	} else {
+	default:
 		d, err = s.direct(ctx, deadline, probe, req, limits)
 	}
 	if s.observe != nil {
@@ -395,7 +419,13 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req 
 	if !deadline.IsZero() {
 		callCtx, cancel = context.WithDeadline(ctx, deadline)
 	}
-	reply, err := runBy(callCtx, s.client, req, cutoff(deadline, s.margin))
+	var reply any
+	var err error
+	if s.lean {
+		reply, err = runLean(callCtx, s.client, req, cutoff(deadline, s.margin))
+	} else {
+		reply, err = runBy(callCtx, s.client, req, cutoff(deadline, s.margin))
+	}
 	if cancel != nil {
 		cancel()
 	}
@@ -484,6 +514,8 @@ var (
 	argSHA     any = ewma.Hash()
 	argSource  any = scripts.EWMA
 	argNow0    any = "0"
+	argSHA1    any = ewma1.Hash()
+	argSource1 any = scripts.EWMA1
 )
 
 // request is one decision's part of a script call: the key of each window
@@ -495,6 +527,7 @@ type request struct {
 	id     string
 	limits *boxedLimits
 	now    int64 // unix ms; 0 means Redis TIME
+	cut    int64 // the lean call's cutoff, unix ms (see runLean)
 
 	keysArr [inlineWindows]string
 }
@@ -598,6 +631,36 @@ func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, e
 	return reply, err
 }
 
+// runLean decides req alone with the lean script (scripts/ewma1.lua): no
+// request id, no limit list index; EVAL on NOSCRIPT as runBy.
+func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any, error) {
+	req.cut = cutoff
+	args := make([]any, 0, 5+len(req.keys)+len(req.limits.args))
+	args = append(args, argEvalSha, argSHA1, len(req.keys))
+	for i := range req.keys {
+		args = append(args, &req.keys[i])
+	}
+	if req.now == 0 {
+		args = append(args, argNow0)
+	} else {
+		args = append(args, &req.now)
+	}
+	args = append(args, &req.cut)
+	args = append(args, req.limits.args[1:]...)
+	cmd := newCmd(ctx, args)
+	_ = c.Process(ctx, cmd)
+	if isNoScript(cmd.Err()) {
+		args[0], args[1] = argEval, argSource1
+		cmd = newCmd(ctx, args)
+		_ = c.Process(ctx, cmd)
+	}
+	reply, err := cmd.Result()
+	if err != nil {
+		return nil, err
+	}
+	return reply, nil
+}
+
 // split hands each request of a call its part of the flat reply (2 + its
 // window count elements), or the call's error. A reply of the wrong shape
 // is an error for every request of the call.
@@ -655,7 +718,9 @@ func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) *re
 		b.Write(strconv.AppendInt(num[:0], int64(l.Period/time.Millisecond), 10))
 		r.keys[i] = b.String() // the prefix of all written so far; cut below
 	}
-	s.writeRequestID(&b)
+	if !s.lean {
+		s.writeRequestID(&b) // none when the client never resends: "" is none
+	}
 	all := b.String()
 	start := 0
 	for i := range n {

@@ -1,0 +1,130 @@
+package scripts_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/scripts"
+)
+
+var ewma1 = redis.NewScript(scripts.EWMA1)
+
+func TestEmbedIsTheFile1(t *testing.T) {
+	if !strings.Contains(scripts.EWMA1, "ewma1.lua") {
+		t.Fatal("scripts.EWMA1 is not ewma1.lua")
+	}
+}
+
+// lean is the ARGV of ewma1.lua deciding one message at instant at with
+// cutoff cut against limits (rate, half-life, cost, ...).
+func lean(at, cut string, limits ...any) []any {
+	return append([]any{at, cut}, limits...)
+}
+
+// TestLeanEqualsBatch: over random stored values (decayed, fresh, ahead of
+// now, junk, carrying another gate's request ids) and limit lists of one to
+// three windows, ewma1.lua replies and stores exactly what ewma.lua does
+// for one decision with request id "".
+func TestLeanEqualsBatch(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(3, 4))
+		lists := [][]any{
+			{2, 1000, 1},
+			{10, 1000, 1, 240, 60000, 1},
+			{5, 1000, 1, 50, 10000, 1, 500, 100000, 2.5},
+			{1.0001, 3600000, 1},
+		}
+		periods := []string{"1000", "60000", "100000"}
+		nowms, _ := strconv.ParseInt(now, 10, 64)
+		for round := 0; round < 300; round++ {
+			l := lists[rng.IntN(len(lists))]
+			ks := make([]string, len(l)/3)
+			seeds := make([]string, len(ks))
+			for i := range ks {
+				ks[i] = "t:{c}:" + periods[i]
+				switch x := rng.IntN(12); {
+				case x == 0:
+					seeds[i] = "junk"
+				case x < 8:
+					r, _ := l[3*i].(int)
+					score := rng.Float64() * float64(max(r, 1)+1)
+					at := nowms - int64(rng.IntN(5000)) + 300
+					seeds[i] = strconv.FormatFloat(score, 'g', 17, 64) + " " + strconv.FormatInt(at, 10)
+					if i == 0 && x < 3 {
+						seeds[i] += " aaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbb"
+					}
+				}
+			}
+			seed := func() {
+				c.FlushAll(ctx)
+				for i, v := range seeds {
+					if v != "" {
+						c.Set(ctx, ks[i], v, 0)
+					}
+				}
+			}
+			seed()
+			want, err := ewma.Run(ctx, c, ks, single(now, "", l...)...).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			vw := values(t, c, ks...)
+			tw := ttls(c, ks)
+			seed()
+			got, err := ewma1.Run(ctx, c, ks, lean(now, "0", l...)...).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			vg := values(t, c, ks...)
+			if !slices.Equal(got, want) || !slices.Equal(vg, vw) {
+				t.Fatalf("round %d %q: lean %v stored %q; batch %v stored %q", round, seeds, got, vg, want, vw)
+			}
+			for i, tg := range ttls(c, ks) {
+				if d := tg - tw[i]; (tg < 0) != (tw[i] < 0) || d > time.Second || d < -time.Second {
+					t.Fatalf("round %d: TTL of %s %v, the batch script's %v", round, ks[i], tg, tw[i])
+				}
+			}
+		}
+	})
+}
+
+// TestLeanCutoff: past its cutoff ewma1.lua writes nothing and says so;
+// before it, it decides by Redis TIME.
+func TestLeanCutoff(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		c.Del(ctx, keys...)
+		past := strconv.FormatInt(time.Now().Add(-time.Hour).UnixMilli(), 10)
+		err := ewma1.Run(ctx, c, keys, lean(now, past, 2, 1000, 1)...).Err()
+		if err == nil || !strings.HasPrefix(err.Error(), "ERR sluice late") {
+			t.Fatalf("past the cutoff: %v, want the late error", err)
+		}
+		if n := c.Exists(ctx, keys...).Val(); n != 0 {
+			t.Fatalf("past the cutoff, %d keys written", n)
+		}
+		future := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+		v, err := ewma1.Run(ctx, c, keys, lean("0", future, 2, 1000, 1)...).Slice()
+		if err != nil || len(v) != 3 || v[0] != int64(1) {
+			t.Fatalf("before the cutoff: %v %v, want admitted", v, err)
+		}
+		if err := ewma1.Run(ctx, c, keys, "0", "0", 2, 1000).Err(); err == nil || !strings.HasPrefix(err.Error(), "ERR sluice ewma:") {
+			t.Fatalf("a missing cost: %v, want a refusal", err)
+		}
+	})
+}
+
+func ttls(c *redis.Client, ks []string) []time.Duration {
+	out := make([]time.Duration, len(ks))
+	for i, k := range ks {
+		out[i] = c.PTTL(context.Background(), k).Val()
+	}
+	return out
+}
