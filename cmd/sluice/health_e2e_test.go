@@ -4,6 +4,8 @@ package main
 
 import (
 	"errors"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -37,6 +39,15 @@ func TestE2EHealth(t *testing.T) {
 	relay.mu.Unlock()
 	if code, out := healthExit(t, "--metrics-listen", maddr); code != 0 || !strings.Contains(out, `"name":"store","ok":true`) {
 		t.Errorf("health of a running relay: exit %d\n%s", code, out)
+	}
+	resp, err := http.Get("http://" + maddr + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), `id="ready">ready<`) {
+		t.Errorf("/status of a running relay: %d\n%s", resp.StatusCode, page)
 	}
 
 	proxy := startSluice(t, "proxy", "--upstream", "ws://"+deadAddr(t))

@@ -53,7 +53,7 @@ func deadAddr(t *testing.T) string {
 }
 
 func TestReadyMemoryStore(t *testing.T) {
-	h := newMetrics().handler(storeCheck(ratelimit.NewMemoryStore(16), nil))
+	h := newMetrics().handler(nil, storeCheck(ratelimit.NewMemoryStore(16), nil))
 	for _, path := range []string{"/healthz", "/readyz"} {
 		code, body := getHealth(t, h, path)
 		if code != http.StatusOK || !body.OK {
@@ -70,7 +70,7 @@ func TestReadyMemoryStore(t *testing.T) {
 }
 
 func TestReadyFailingStore(t *testing.T) {
-	h := newMetrics().handler(storeCheck(failingStore{errors.New("ratelimit: store unavailable: boom")}, nil))
+	h := newMetrics().handler(nil, storeCheck(failingStore{errors.New("ratelimit: store unavailable: boom")}, nil))
 	code, body := getHealth(t, h, "/readyz")
 	if code != http.StatusServiceUnavailable || body.OK || len(body.Checks) != 1 {
 		t.Fatalf("/readyz with a failing store: %d %+v, want 503 not ok", code, body)
@@ -97,7 +97,7 @@ func TestReadyRedisDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	h := newMetrics().handler(storeCheck(st, st.BreakerState))
+	h := newMetrics().handler(nil, storeCheck(st, st.BreakerState))
 	code, body := getHealth(t, h, "/readyz")
 	if code != http.StatusServiceUnavailable || body.OK {
 		t.Fatalf("/readyz with Redis down: %d %+v, want 503", code, body)
@@ -118,12 +118,12 @@ func TestReadyUpstream(t *testing.T) {
 	defer up.Close()
 	mem := storeCheck(ratelimit.NewMemoryStore(16), nil)
 
-	h := newMetrics().handler(mem, upstreamCheck("ws"+strings.TrimPrefix(up.URL, "http")))
+	h := newMetrics().handler(nil, mem, upstreamCheck("ws"+strings.TrimPrefix(up.URL, "http")))
 	if code, body := getHealth(t, h, "/readyz"); code != http.StatusOK || !body.OK || len(body.Checks) != 2 {
 		t.Errorf("/readyz with a live upstream: %d %+v, want 200 and two checks", code, body)
 	}
 
-	dead := newMetrics().handler(mem, upstreamCheck("ws://"+deadAddr(t)))
+	dead := newMetrics().handler(nil, mem, upstreamCheck("ws://"+deadAddr(t)))
 	code, body := getHealth(t, dead, "/readyz")
 	if code != http.StatusServiceUnavailable || body.OK {
 		t.Fatalf("/readyz with a dead upstream: %d %+v, want 503", code, body)
@@ -138,7 +138,7 @@ func TestReadyUpstream(t *testing.T) {
 	// An HTTP server that is not a WebSocket endpoint is not a relay.
 	plain := httptest.NewServer(http.NotFoundHandler())
 	defer plain.Close()
-	h = newMetrics().handler(upstreamCheck("ws" + strings.TrimPrefix(plain.URL, "http")))
+	h = newMetrics().handler(nil, upstreamCheck("ws"+strings.TrimPrefix(plain.URL, "http")))
 	if code, body := getHealth(t, h, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body.Checks[0].Error, "HTTP 404") {
 		t.Errorf("/readyz with a plain HTTP upstream: %d %+v, want 503 and HTTP 404", code, body)
 	}
@@ -147,9 +147,9 @@ func TestReadyUpstream(t *testing.T) {
 // TestHealthCommand runs "sluice health" against real servers: ready, not
 // ready, nothing listening, and the address taken from the configuration.
 func TestHealthCommand(t *testing.T) {
-	ready := httptest.NewServer(newMetrics().handler(storeCheck(ratelimit.NewMemoryStore(16), nil)))
+	ready := httptest.NewServer(newMetrics().handler(nil, storeCheck(ratelimit.NewMemoryStore(16), nil)))
 	defer ready.Close()
-	down := httptest.NewServer(newMetrics().handler(storeCheck(failingStore{errors.New("boom")}, nil)))
+	down := httptest.NewServer(newMetrics().handler(nil, storeCheck(failingStore{errors.New("boom")}, nil)))
 	defer down.Close()
 	env := func(vars map[string]string) func(string) string {
 		return func(k string) string { return vars[k] }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,11 @@ type metrics struct {
 	cuts        [relay.NumCutReasons]prometheus.Counter
 	open        prometheus.Gauge
 	latency     *prometheus.HistogramVec // registered by watch with the Redis store only
+
+	// The same counts as plain atomics, for the status page (reading a
+	// Prometheus counter back means writing it out as a protobuf).
+	frameCounts [relay.NumTypes][relay.NumOutcomes]atomic.Uint64
+	openCount   atomic.Int64
 	storeOK     prometheus.Observer
 	storeErr    prometheus.Observer
 }
@@ -127,6 +133,7 @@ func (m *metrics) observer() *relay.Observer {
 		Frame: func(t relay.Type, o relay.Outcome) {
 			if t < relay.NumTypes && o < relay.NumOutcomes {
 				m.frames[t][o].Inc()
+				m.frameCounts[t][o].Add(1)
 			}
 		},
 		Connection: func(o relay.Outcome) {
@@ -134,7 +141,10 @@ func (m *metrics) observer() *relay.Observer {
 				m.connections[o].Inc()
 			}
 		},
-		Open: func(delta int) { m.open.Add(float64(delta)) },
+		Open: func(delta int) {
+			m.open.Add(float64(delta))
+			m.openCount.Add(int64(delta))
+		},
 		Cut: func(r relay.CutReason) {
 			if r < relay.NumCutReasons {
 				m.cuts[r].Inc()
@@ -152,18 +162,22 @@ func (m *metrics) observeStore(d time.Duration, err error) {
 	m.storeOK.Observe(d.Seconds())
 }
 
-// handler serves /metrics, and /healthz and /readyz asking checks.
-func (m *metrics) handler(checks ...readyCheck) http.Handler {
+// handler serves /metrics, /healthz and /readyz asking checks, and, when
+// status is not nil, the status page.
+func (m *metrics) handler(status *statusPage, checks ...readyCheck) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	healthHandlers(mux, checks)
+	if status != nil {
+		mux.Handle("/status", status)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("sluice: /metrics (Prometheus), /healthz (serving), /readyz (ready to decide)\n"))
+		_, _ = w.Write([]byte("sluice: /status (status page), /metrics (Prometheus), /healthz (serving), /readyz (ready to decide)\n"))
 	})
 	return mux
 }

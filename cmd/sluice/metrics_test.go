@@ -16,7 +16,7 @@ import (
 func scrape(t *testing.T, m *metrics) string {
 	t.Helper()
 	w := httptest.NewRecorder()
-	m.handler().ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	m.handler(nil).ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(w.Result().Body)
 	return string(body)
 }

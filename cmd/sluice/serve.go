@@ -222,8 +222,8 @@ func headerHasToken(h http.Header, name, token string) bool {
 	return false
 }
 
-// serve runs handler on cfg.Listen and the metrics, /healthz and /readyz
-// (asking checks) on cfg.MetricsListen until ctx is done, then shuts down in order: stop accepting, drain the
+// serve runs handler on cfg.Listen and the metrics, /healthz, /readyz
+// (asking checks) and /status on cfg.MetricsListen until ctx is done, then shuts down in order: stop accepting, drain the
 // gate, then close (the event store, Redis) — all within shutdownTimeout,
 // which each closer is given.
 func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.Handler, m *metrics, gate *relay.Gate, checks []readyCheck, closers ...func(context.Context) error) error {
@@ -259,7 +259,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.H
 
 	var msrv *http.Server
 	if mln != nil {
-		msrv = &http.Server{Handler: m.handler(checks...), ReadHeaderTimeout: 10 * time.Second}
+		status := newStatusPage(m, checks, nil)
+		go status.run(ctx)
+		msrv = &http.Server{Handler: m.handler(status, checks...), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- msrv.Serve(mln) }()
 		logger.Info("metrics", "addr", mln.Addr().String(), "path", "/metrics")
 	}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay"
+)
+
+var statusT0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+// statusFixture is a status page over metrics fed a known traffic, at
+// fixed instants: 2 minutes of samples, then the page read 5 s later.
+func statusFixture(t *testing.T, checks ...readyCheck) (*metrics, *statusPage, *time.Time) {
+	t.Helper()
+	m := newMetrics()
+	now := statusT0
+	s := newStatusPage(m, checks, func() time.Time { return now })
+	o := m.observer()
+	o.Open(1)
+	o.Open(1)
+	o.Open(1)
+	for i := 1; i <= 12; i++ {
+		for range 10 * i {
+			o.Frame(relay.TypeEVENT, relay.Admitted)
+		}
+		for range i {
+			o.Frame(relay.TypeREQ, relay.Admitted)
+		}
+		if i > 8 {
+			for range 5 {
+				o.Frame(relay.TypeEVENT, relay.RateLimited)
+			}
+		}
+		now = statusT0.Add(time.Duration(i) * statusInterval)
+		s.sample(now)
+	}
+	o.Frame(relay.TypeCOUNT, relay.Unavailable)
+	now = now.Add(5 * time.Second)
+	return m, s, &now
+}
+
+func getStatus(t *testing.T, h http.Handler) string {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/status", nil))
+	if w.Code != http.StatusOK || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/html") {
+		t.Fatalf("/status: %d %s", w.Code, w.Header().Get("Content-Type"))
+	}
+	body, _ := io.ReadAll(w.Result().Body)
+	return string(body)
+}
+
+func TestStatusPage(t *testing.T) {
+	m, s, _ := statusFixture(t, storeCheck(ratelimit.NewMemoryStore(16), nil))
+	body := getStatus(t, m.handler(s))
+	for _, want := range []string{
+		`id="ready">ready<`,
+		`<div class="detail">memory</div>`,
+		"<div class=\"label\">open connections</div>\n<div class=\"value\">3</div>",
+		"Frames, last 2m5s",
+		// 10+20+…+120 = 780 admitted EVENTs, 4×5 rate-limited.
+		`<tr data-type="EVENT"><td>EVENT</td><td>780</td><td>20</td>`,
+		`<tr data-type="REQ"><td>REQ</td><td>78</td>`,
+		`<tr data-type="COUNT"><td>COUNT</td><td class="zero">0</td><td class="zero">0</td><td>1</td>`,
+		`<td id="total">879</td>`,
+		"<title>132 admitted, 5 refused</title>", // the busiest interval
+		"<title>0 admitted, 1 refused</title>",   // the live one
+		"tallest 137",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/status lacks %q", want)
+		}
+	}
+	// Self-contained: nothing is fetched from anywhere.
+	for _, ext := range []string{"<script", "<link", "src=", "url(", "http://", "https://"} {
+		if strings.Contains(body, ext) {
+			t.Errorf("/status contains %q: the page must load nothing", ext)
+		}
+	}
+}
+
+func TestStatusPageNotReady(t *testing.T) {
+	m, s, _ := statusFixture(t, storeCheck(failingStore{errors.New("ratelimit: store unavailable: breaker open")}, nil),
+		upstreamCheck("ws://"+deadAddr(t)))
+	body := getStatus(t, m.handler(s))
+	for _, want := range []string{`id="ready">not ready<`, `id="check-store"`, "breaker open", `id="check-upstream"`, "refused"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/status lacks %q", want)
+		}
+	}
+}
+
+// TestStatusWindow: the page keeps statusSamples samples, so its counts
+// cover the last five minutes, not the whole life of the process.
+func TestStatusWindow(t *testing.T) {
+	m := newMetrics()
+	now := statusT0
+	s := newStatusPage(m, nil, func() time.Time { return now })
+	o := m.observer()
+	for range 1000 {
+		o.Frame(relay.TypeEVENT, relay.Admitted) // before the window
+	}
+	for i := 1; i <= 2*statusSamples; i++ {
+		now = statusT0.Add(time.Duration(i) * statusInterval)
+		s.sample(now)
+		o.Frame(relay.TypeEVENT, relay.Admitted)
+	}
+	body := getStatus(t, m.handler(s))
+	if !strings.Contains(body, "Frames, last 5m0s") || !strings.Contains(body, `<td id="total">31</td>`) {
+		t.Errorf("window not bounded to %d samples:\n%s", statusSamples, body)
+	}
+}
+
+// newLoopbackServer serves h on a loopback port until the test ends and
+// returns its http:// URL.
+func newLoopbackServer(t *testing.T, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
