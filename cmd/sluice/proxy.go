@@ -41,21 +41,7 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return fmt.Errorf("%w: upstream: %v", errConfig, err)
 	}
 
-	fallback, _ := json.Marshal(map[string]any{
-		"name":        cfg.Info.Name,
-		"description": cfg.Info.Description,
-		"contact":     cfg.Info.Contact,
-		"pubkey":      cfg.Info.Pubkey,
-		"software":    sluiceURL,
-		"version":     buildVersion(),
-		// What the gate bounds whatever the upstream allows (an
-		// upstream's own document gets them from MergeNIP11).
-		"limitation": map[string]int{
-			"max_filters":       gate.MaxFilters(),
-			"max_subid_length":  wire.MaxSubIDBytes,
-			"max_subscriptions": gate.MaxSubscriptions(),
-		},
-	})
+	fallback := proxyFallbackNIP11(cfg, gate.MaxFilters(), gate.MaxSubscriptions())
 	client := &http.Client{Timeout: relay.DefaultNIP11Timeout}
 	info := &relay.NIP11Handler{
 		Fetch: func(ctx context.Context) ([]byte, error) {
@@ -72,4 +58,30 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	logger.Info("sluice proxy", "version", buildVersion(), "store", parts.store, "upstream", cfg.Upstream)
 	checks := []readyCheck{parts.ready, upstreamCheck(cfg.Upstream)}
 	return serve(ctx, cfg, logger, handler, m, gate, checks, func(context.Context) error { return parts.close() })
+}
+
+// proxyFallbackNIP11 is the document sluice proxy serves when the upstream
+// has none to give: the info section and the gate's bounds.
+func proxyFallbackNIP11(cfg *config, maxFilters, maxSubs int) []byte {
+	// The fallback says only what sluice knows: no supported_nips (those
+	// are the upstream's), no empty fields.
+	doc := map[string]any{
+		"software": sluiceURL,
+		"version":  buildVersion(),
+		// What the gate bounds whatever the upstream allows (an
+		// upstream's own document gets them from MergeNIP11).
+		"limitation": map[string]int{
+			"max_filters":       maxFilters,
+			"max_subid_length":  wire.MaxSubIDBytes,
+			"max_subscriptions": maxSubs,
+		},
+	}
+	for k, v := range map[string]string{"name": cfg.Info.Name, "description": cfg.Info.Description,
+		"contact": cfg.Info.Contact, "pubkey": cfg.Info.Pubkey, "icon": cfg.Info.Icon} {
+		if v != "" {
+			doc[k] = v
+		}
+	}
+	fallback, _ := json.Marshal(doc) // a map of strings and ints
+	return fallback
 }

@@ -11,7 +11,6 @@ import (
 	badgerdb "github.com/dgraph-io/badger/v4"
 	"github.com/fiatjaf/eventstore/badger"
 	"github.com/fiatjaf/khatru"
-	"github.com/nbd-wtf/go-nostr/nip11"
 
 	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/wire"
@@ -83,17 +82,8 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	kr.Info.Icon = cfg.Info.Icon
 	kr.Info.Software = sluiceURL
 	kr.Info.Version = buildVersion()
-	kr.Info.AddSupportedNIPs([]int{9, 42, 45, 77})
-	kr.Info.Limitation = &nip11.RelayLimitationDocument{
-		MaxMessageLength: int(cfg.ReadLimit),
-		MaxLimit:         db.MaxLimit,        // badger caps a query's limit here
-		MaxSubidLength:   wire.MaxSubIDBytes, // the gate forwards no longer id
-		MaxSubscriptions: gate.MaxSubscriptions(),
-	}
-	base, err := json.Marshal(nip11Document{
-		RelayInformationDocument: kr.Info,
-		Limitation:               relayLimitation{*kr.Info.Limitation, gate.MaxFilters()},
-	})
+	kr.Info.SupportedNIPs = relaySupportedNIPs
+	base, err := relayNIP11(cfg, gate.MaxFilters(), gate.MaxSubscriptions(), db.MaxLimit)
 	if err != nil {
 		db.Close()
 		parts.close()
@@ -109,19 +99,73 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	)
 }
 
-// nip11Document is khatru's NIP-11 document with sluice's limitation
-// object in place of go-nostr's, which has no max_filters: the outer
-// field wins over the embedded one in encoding/json.
-type nip11Document struct {
-	*nip11.RelayInformationDocument
-	Limitation relayLimitation `json:"limitation"`
+// relaySupportedNIPs are the NIPs sluice relay serves end to end: khatru
+// with the gate in front and the hooks sluice sets. Not NIP-86 (khatru
+// lists it by default): sluice relay configures no management API and its
+// front answers a POST 405.
+var relaySupportedNIPs = []any{
+	1,  // the protocol
+	9,  // deletion: khatru with DeleteEvent set
+	11, // this document
+	40, // expiration: khatru's expiration manager
+	42, // AUTH: the challenge on connect, verified by the gate and khatru
+	45, // COUNT: CountEvents set
+	70, // protected events: khatru refuses them from anyone but their authenticated author
+	77, // negentropy: khatru's, the gate checks every message
 }
 
-// relayLimitation is NIP-11's limitation object with max_filters, the
-// gate's bound on the filters of a REQ (Gate.MaxFilters).
+// nip11Document is sluice relay's NIP-11 document. Unlike go-nostr's type
+// it leaves out what is empty (a "" pubkey or icon says nothing true) and
+// created_at_lower_limit/upper_limit, which neither khatru as sluice runs
+// it nor the gate enforce: go-nostr writes them as 0, a zero-second window.
+type nip11Document struct {
+	Name          string          `json:"name,omitempty"`
+	Description   string          `json:"description,omitempty"`
+	Pubkey        string          `json:"pubkey,omitempty"`
+	Contact       string          `json:"contact,omitempty"`
+	Icon          string          `json:"icon,omitempty"`
+	SupportedNIPs []any           `json:"supported_nips"`
+	Software      string          `json:"software"`
+	Version       string          `json:"version"`
+	Limitation    relayLimitation `json:"limitation"`
+}
+
+// relayLimitation holds the limitation fields that come from the running
+// policy. auth_required, payment_required and restricted_writes are
+// false and said so: sluice relay takes events from anyone within the
+// limits (limits are not conditions on who may write).
 type relayLimitation struct {
-	nip11.RelayLimitationDocument
-	MaxFilters int `json:"max_filters"`
+	MaxMessageLength int64 `json:"max_message_length"`
+	MaxSubscriptions int   `json:"max_subscriptions"`
+	MaxFilters       int   `json:"max_filters"`
+	MaxLimit         int   `json:"max_limit"`
+	MaxSubidLength   int   `json:"max_subid_length"`
+	AuthRequired     bool  `json:"auth_required"`
+	PaymentRequired  bool  `json:"payment_required"`
+	RestrictedWrites bool  `json:"restricted_writes"`
+}
+
+// relayNIP11 builds sluice relay's document: the info section, and the
+// bounds the gate and the event store enforce (maxFilters and maxSubs as
+// the gate computed them, maxLimit the event store's cap on a query).
+func relayNIP11(cfg *config, maxFilters, maxSubs, maxLimit int) ([]byte, error) {
+	return json.Marshal(nip11Document{
+		Name:          cfg.Info.Name,
+		Description:   cfg.Info.Description,
+		Pubkey:        cfg.Info.Pubkey,
+		Contact:       cfg.Info.Contact,
+		Icon:          cfg.Info.Icon,
+		SupportedNIPs: relaySupportedNIPs,
+		Software:      sluiceURL,
+		Version:       buildVersion(),
+		Limitation: relayLimitation{
+			MaxMessageLength: cfg.ReadLimit,
+			MaxSubscriptions: maxSubs,
+			MaxFilters:       maxFilters,
+			MaxLimit:         maxLimit,
+			MaxSubidLength:   wire.MaxSubIDBytes, // the gate forwards no longer id
+		},
+	})
 }
 
 // badgerLogger sends badger's chatter to slog: its Info is routine (table
