@@ -71,6 +71,7 @@ func BenchmarkRedisConcurrency(b *testing.B) {
 		name := "goroutines=" + strconv.Itoa(g)
 		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
 		b.Run("Decide2WindowsBatch32x4/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 4}, false, g))
+		b.Run("Decide2WindowsBatch32x2NoRetries/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g, "?max_retries=-1"))
 		b.Run("RedisRateAllow1Window/"+name, e.rate(false, g))
 		b.Run("RedisRateAllow1WindowGoRedisAutoPipeline/"+name, e.rate(true, g))
 	}
@@ -89,10 +90,10 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	return &benchEnv{srv: srv, admin: admin}
 }
 
-// client is a client as sluice builds one (NewClient: retries off), for
-// both peers alike.
-func (e *benchEnv) client(b *testing.B) *redis.Client {
-	u, err := NewClient(e.srv.URL())
+// client is a client as sluice builds one (NewClient), for both peers
+// alike; query is added to the URL ("?max_retries=-1": the lean store).
+func (e *benchEnv) client(b *testing.B, query ...string) *redis.Client {
+	u, err := NewClient(e.srv.URL() + strings.Join(query, ""))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -152,9 +153,9 @@ func (e *benchEnv) parallel(b *testing.B, g int, s *Store, call func(ctx context
 }
 
 // decide benchmarks our Store deciding limits, at g goroutines.
-func (e *benchEnv) decide(limits []ratelimit.Limit, opts Options, ap bool, g int) func(b *testing.B) {
+func (e *benchEnv) decide(limits []ratelimit.Limit, opts Options, ap bool, g int, query ...string) func(b *testing.B) {
 	return func(b *testing.B) {
-		c := e.client(b)
+		c := e.client(b, query...)
 		opts.Timeout = time.Second
 		s := newStore(b, c, opts)
 		b.Cleanup(func() { _ = s.Close() })

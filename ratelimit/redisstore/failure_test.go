@@ -410,8 +410,8 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	}
 }
 
-// TestLostReplyNoRetryChargesOnce: on a client as NewClient builds it
-// (go-redis retries off) the store sends no request id (and a decision
+// TestLostReplyNoRetryChargesOnce: on a client with go-redis retries off
+// (max_retries=-1) the store sends no request id (and a decision
 // alone as the lean script), so the guard is not there — and not needed: a
 // lost reply fails its decision as unavailable and is never resent, so the
 // client is charged once for it (an unavailable refusal that was charged:
@@ -424,14 +424,14 @@ func TestLostReplyNoRetryChargesOnce(t *testing.T) {
 func testLostReplyNoRetry(t *testing.T, batch bool) {
 	srv, direct := realRedis(t)
 	p := startLossyProxy(t, srv.Addr())
-	u, err := NewClient("redis://" + p.ln.Addr().String() + "/0")
+	u, err := NewClient("redis://" + p.ln.Addr().String() + "/0?max_retries=-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = u.Close() })
 	s := newStore(t, u, Options{Timeout: slow.Timeout, Batch: batchSize(batch)})
 	if !s.lean {
-		t.Fatal("a NewClient client: the store is not lean")
+		t.Fatal("a client without retries: the store is not lean")
 	}
 	ctx := context.Background()
 	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}

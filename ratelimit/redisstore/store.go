@@ -24,8 +24,8 @@
 // keeps 4 ids per key: it fails only if more than 4 other requests of the
 // same client and type are admitted between an attempt and its retry.)
 //
-// A *redis.Client built with retries off (MaxRetries -1, as NewClient
-// builds one unless its URL sets max_retries) never resends a command: a
+// A *redis.Client built with retries off (MaxRetries -1; max_retries=-1
+// in NewClient's URL) never resends a command: a
 // lost reply fails its decision as unavailable (charged once, as any reply
 // lost after the script ran), and there is no retry to guard. On such a
 // client the store sends no request id, and a decision that goes out alone

@@ -32,16 +32,14 @@ var ErrURL = errors.New("redisstore: invalid redis URL")
 // authenticate to the sentinels themselves.
 //
 // Every client is built with ContextTimeoutEnabled, so the Store's per-call
-// deadline bounds socket reads and writes. A standalone or sentinel client
-// is built with go-redis retries off unless the URL sets max_retries: it
-// never resends a command, so a reply lost after the script ran cannot
-// charge twice, and the Store sends each decision without a request id and,
-// when it goes alone, as the lean single-decision script (see New). A stale
-// pooled connection after a Redis restart is found closed when taken from
-// the pool; one that dies under a call fails that decision as unavailable.
-// With max_retries set (and on a cluster, where go-redis follows
-// redirects), retries are go-redis's and the script's request ids keep a
-// retried call from charging twice.
+// deadline bounds socket reads and writes. Retries (max_retries) are left to
+// go-redis: the Store's script is idempotent, so a retried call never
+// charges twice, and a retry carries a decision past a connection that died
+// under it (under connection resets, measured: 100 % answered with
+// retries, 89-98 % without). max_retries=-1 turns them off: the Store then
+// sends no request id and a decision alone as the lean script (see New),
+// about 1.4 µs less Redis CPU per call; a lost reply or a reset then fails
+// its decision as unavailable.
 //
 // The error, wrapping ErrURL, names what is wrong; the password is never
 // part of it. The caller owns the client and closes it.
@@ -63,9 +61,6 @@ type clientOptions struct {
 func (o clientOptions) client() redis.UniversalClient {
 	switch {
 	case o.failover != nil:
-		if o.failover.MaxRetries == 0 {
-			o.failover.MaxRetries = -1
-		}
 		o.failover.Dialer = healingDialer(o.failover.DialTimeout, o.failover.TLSConfig)
 		o.failover.DialerRetries = 1
 		return redis.NewFailoverClient(o.failover)
@@ -78,9 +73,6 @@ func (o clientOptions) client() redis.UniversalClient {
 		o.standalone.Dialer = healingDialer(o.standalone.DialTimeout, o.standalone.TLSConfig)
 	}
 	o.standalone.DialerRetries = 1
-	if o.standalone.MaxRetries == 0 {
-		o.standalone.MaxRetries = -1
-	}
 	return redis.NewClient(o.standalone)
 }
 
