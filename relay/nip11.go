@@ -121,8 +121,9 @@ func nip11Windows(ls []ratelimit.Limit) []nip11Window {
 
 // MergeNIP11 returns doc, a JSON object, with lim merged in. Every field of
 // doc other than limitation.max_message_length, max_filters,
-// max_subid_length, max_subscriptions and rate_limits is kept byte for byte, including fields
-// this package does not know.
+// max_subid_length, max_subscriptions and rate_limits is kept byte for
+// byte, including fields this package does not know, except empty string
+// fields and zero created_at limits, which are dropped (dropEmpty).
 func MergeNIP11(doc []byte, lim NIP11Limitation) ([]byte, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(doc, &top); err != nil || top == nil {
@@ -155,6 +156,7 @@ func MergeNIP11(doc []byte, lim NIP11Limitation) ([]byte, error) {
 		}
 		top["limitation"], _ = json.Marshal(limitation)
 	}
+	dropEmpty(top)
 	if lim.Limits != nil {
 		rl := nip11RateLimits{
 			Note:       "per client (IP address or IPv6 prefix); EWMA windows: burst from rest, then sustained_per_second; a refusal says how long to wait",
@@ -170,6 +172,37 @@ func MergeNIP11(doc []byte, lim NIP11Limitation) ([]byte, error) {
 		top["rate_limits"], _ = json.Marshal(rl)
 	}
 	return json.Marshal(top)
+}
+
+// dropEmpty removes from a NIP-11 document what says nothing true: string
+// fields that are "" (a pubkey, contact, icon or banner the relay left
+// empty), and limitation.created_at_lower_limit / upper_limit of 0 (by
+// NIP-11 a zero-second window, which no relay enforces; khatru writes them
+// so). NIP-11 lets any field be omitted.
+func dropEmpty(top map[string]json.RawMessage) {
+	for k, v := range top {
+		if bytes.Equal(bytes.TrimSpace(v), []byte(`""`)) {
+			delete(top, k)
+		}
+	}
+	raw, ok := top["limitation"]
+	if !ok {
+		return
+	}
+	var limitation map[string]json.RawMessage
+	if json.Unmarshal(raw, &limitation) != nil || limitation == nil {
+		return
+	}
+	changed := false
+	for _, k := range []string{"created_at_lower_limit", "created_at_upper_limit"} {
+		if v, ok := limitation[k]; ok && bytes.Equal(bytes.TrimSpace(v), []byte("0")) {
+			delete(limitation, k)
+			changed = true
+		}
+	}
+	if changed {
+		top["limitation"], _ = json.Marshal(limitation)
+	}
 }
 
 // NIP11URL returns the http:// or https:// URL a NIP-11 document of the

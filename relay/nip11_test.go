@@ -160,6 +160,32 @@ func TestMergeNIP11REQBounds(t *testing.T) {
 	}
 }
 
+// A khatru document's empty fields and zero created_at limits say nothing
+// true: they are dropped; everything else stays.
+func TestMergeNIP11DropsEmpty(t *testing.T) {
+	doc := `{"name":"r","pubkey":"","contact":"","icon":"","banner":"","software":"x","limitation":{"created_at_lower_limit":0,"created_at_upper_limit":0,"max_limit":500,"auth_required":false}}`
+	out, err := MergeNIP11([]byte(doc), NIP11Limitation{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"pubkey", "contact", "icon", "banner"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("empty %s kept: %s", k, out)
+		}
+	}
+	lim, _ := got["limitation"].(map[string]any)
+	if _, ok := lim["created_at_lower_limit"]; ok {
+		t.Errorf("zero created_at_lower_limit kept: %s", out)
+	}
+	if got["name"] != "r" || got["software"] != "x" || lim["max_limit"] != float64(500) || lim["auth_required"] != false {
+		t.Errorf("other fields changed: %s", out)
+	}
+}
+
 func TestMergeNIP11RefusesNonObjects(t *testing.T) {
 	for _, doc := range []string{``, `null`, `[]`, `"x"`, `{"a":`, `{"limitation":[1]}`, `{"limitation":3}`} {
 		_, err := MergeNIP11([]byte(doc), NIP11Limitation{MaxMessageLength: 1})
