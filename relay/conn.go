@@ -441,6 +441,10 @@ func (c *conn) admit(frame []byte) bool {
 			return false
 		}
 		if !d.Allowed {
+			// The store refused: the first refusal of this wait (the
+			// rest are answered from the local table above), so one log
+			// line per client and wait.
+			c.g.log.Info("rate-limited", "client", c.who, "type", t.String(), "wait", d.Wait.Round(time.Millisecond).String())
 			c.refuseRateLimited(p.Frame(), d.Wait)
 			return false
 		}
@@ -457,6 +461,7 @@ func (c *conn) admit(frame []byte) bool {
 		if !c.subs.has(id) && c.subs.len() >= c.g.maxSubs {
 			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), p.Frame(), c.g.tooManySubs))
 			obs.frame(t, OverCap)
+			obs.refusal(c.who, t, OverCap)
 			return false
 		}
 		c.subs.add(id)
@@ -513,6 +518,7 @@ func (k *knockMeter) allow(now time.Time) bool {
 func (c *conn) refuse(f Frame, reason string) {
 	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
 	c.g.obs.frame(f.Type, Invalid)
+	c.g.obs.refusal(c.who, f.Type, Invalid)
 	c.dropSub(f)
 }
 
@@ -520,6 +526,7 @@ func (c *conn) refuse(f Frame, reason string) {
 func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 	c.g.obs.frame(f.Type, RateLimited)
+	c.g.obs.refusal(c.who, f.Type, RateLimited)
 	c.dropSub(f)
 }
 
@@ -563,6 +570,7 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event) bool {
 	if over, wait := c.g.quota.Exceeded(actor, c.g.now()); over {
 		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 		c.g.obs.frame(f.Type, QuotaExceeded)
+		c.g.obs.refusal(c.who, f.Type, QuotaExceeded)
 		return false
 	}
 	c.pending.add(ev.ID, actor)

@@ -476,6 +476,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}
 		if !d.Allowed {
 			g.obs.connection(RateLimited)
+			g.obs.refusal(client, NumTypes, RateLimited)
 			w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(d.Wait), 10))
 			http.Error(w, RateLimitedReason(d.Wait), http.StatusTooManyRequests)
 			return
@@ -483,6 +484,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	}
 	if !freeIP && !g.holdConn(client) {
 		g.obs.connection(OverCap)
+		g.obs.refusal(client, NumTypes, OverCap)
 		http.Error(w, fmt.Sprintf("blocked: too many open connections from your address (at most %d)", g.maxConns), http.StatusTooManyRequests)
 		return
 	}

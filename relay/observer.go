@@ -79,6 +79,11 @@ type Observer struct {
 	// Cut is called when the gate closes a client's connection on its own
 	// account (1008), with the reason.
 	Cut func(r CutReason)
+	// Refusal is called for every frame or upgrade the gate refuses for
+	// what the client did (RateLimited, QuotaExceeded, Invalid, OverCap;
+	// not Unavailable, which is the store's doing), with the client's key;
+	// t is NumTypes for a refused upgrade. Feed an Offenders view with it.
+	Refusal func(client string, t Type, o Outcome)
 }
 
 // The nil-safe calls the gate makes.
@@ -86,6 +91,12 @@ type Observer struct {
 func (o *Observer) frame(t Type, out Outcome) {
 	if o != nil && o.Frame != nil {
 		o.Frame(t, out)
+	}
+}
+
+func (o *Observer) refusal(client string, t Type, out Outcome) {
+	if o != nil && o.Refusal != nil {
+		o.Refusal(client, t, out)
 	}
 }
 

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -24,8 +26,11 @@ type metrics struct {
 	frames      [relay.NumTypes][relay.NumOutcomes]prometheus.Counter
 	connections [relay.NumOutcomes]prometheus.Counter
 	cuts        [relay.NumCutReasons]prometheus.Counter
-	open        prometheus.Gauge
-	latency     *prometheus.HistogramVec // registered by watch with the Redis store only
+	// offenders are the clients refused most over the last minutes,
+	// served at /top and on the status page.
+	offenders *relay.Offenders
+	open      prometheus.Gauge
+	latency   *prometheus.HistogramVec // registered by watch with the Redis store only
 
 	// The same counts as plain atomics, for the status page (reading a
 	// Prometheus counter back means writing it out as a protobuf).
@@ -43,7 +48,7 @@ var connectionOutcomes = []relay.Outcome{relay.Admitted, relay.RateLimited, rela
 // newMetrics registers the gate's and the store's collectors; watch adds
 // the limiter's once it exists (the store it wraps needs observeStore first).
 func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
+	m := &metrics{reg: prometheus.NewRegistry(), offenders: relay.NewOffenders(0, 0, nil)}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -150,7 +155,27 @@ func (m *metrics) observer() *relay.Observer {
 				m.cuts[r].Inc()
 			}
 		},
+		Refusal: func(client string, _ relay.Type, _ relay.Outcome) { m.offenders.Add(client) },
 	}
+}
+
+// serveTop writes the clients refused most over the last minutes as JSON:
+// {"half_life_seconds": 60, "clients": [{"client": …, "refusals": …,
+// "overestimate": …}, …]}, most refused first; ?n= caps the list.
+func (m *metrics) serveTop(w http.ResponseWriter, r *http.Request) {
+	n := 0
+	if v := r.URL.Query().Get("n"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 0 {
+			http.Error(w, "n must be a whole number", http.StatusBadRequest)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(struct {
+		HalfLife float64          `json:"half_life_seconds"`
+		Clients  []relay.Offender `json:"clients"`
+	}{relay.DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n)})
 }
 
 // observeStore is redisstore.Options.Observe.
@@ -171,13 +196,14 @@ func (m *metrics) handler(status *statusPage, checks ...readyCheck) http.Handler
 	if status != nil {
 		mux.Handle("/status", status)
 	}
+	mux.HandleFunc("/top", m.serveTop)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("sluice: /status (status page), /metrics (Prometheus), /healthz (serving), /readyz (ready to decide)\n"))
+		_, _ = w.Write([]byte("sluice: /status (status page), /metrics (Prometheus), /top (the clients refused most), /healthz (serving), /readyz (ready to decide)\n"))
 	})
 	return mux
 }

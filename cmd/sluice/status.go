@@ -109,6 +109,10 @@ type statusView struct {
 	ChartMax  uint64
 	Refresh   int
 	IntervalS int
+	// Offenders are the clients refused most, their counts fading by half
+	// every HalfLife.
+	Offenders []relay.Offender
+	HalfLife  string
 }
 
 type statusRow struct {
@@ -193,6 +197,8 @@ func (s *statusPage) view(ctx context.Context) statusView {
 		bars = append(bars, b)
 		v.ChartMax = max(v.ChartMax, b.admitted+b.refused)
 	}
+	v.Offenders = s.m.offenders.Top(10)
+	v.HalfLife = relay.DefaultOffendersHalfLife.String()
 	v.BarWidth = 600 / (statusSamples + 1) // and the live interval
 	for i, b := range bars {
 		x := 600 - (len(bars)-i)*v.BarWidth
@@ -292,6 +298,14 @@ svg .axis { stroke: #d0d7de; }
 <tfoot><tr><td>all</td>{{range .Totals}}<td>{{.}}</td>{{end}}<td id="total">{{.Total}}</td></tr></tfoot>
 </table>
 <p class="meta">Counts since the oldest sample kept ({{.Window}} ago); Prometheus has the whole history at /metrics.</p>
+<h2>Refused most</h2>
+{{if .Offenders}}<table id="offenders">
+<thead><tr><th>client</th><th>refusals</th><th>at most over</th></tr></thead>
+<tbody>
+{{range .Offenders}}<tr><td>{{.Client}}</td><td>{{printf "%.1f" .Refusals}}</td><td>{{printf "%.1f" .Overestimate}}</td></tr>
+{{end}}</tbody>
+</table>{{else}}<p class="meta" id="offenders">No client has been refused lately.</p>{{end}}
+<p class="meta">Refusals fade by half every {{.HalfLife}}; a fixed-size view (the 64 clients refused most), also as JSON at /top.</p>
 </body>
 </html>
 `))

@@ -126,3 +126,32 @@ func newLoopbackServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+// The clients refused most are on the status page and at /top, from the
+// gate's Observer.Refusal, most refused first.
+func TestTopOffenders(t *testing.T) {
+	m, s, _ := statusFixture(t, storeCheck(ratelimit.NewMemoryStore(16), nil))
+	o := m.observer()
+	for range 30 {
+		o.Refusal("198.51.100.7", relay.TypeEVENT, relay.RateLimited)
+	}
+	for range 3 {
+		o.Refusal("2001:db8:1::/64", relay.TypeREQ, relay.Invalid)
+	}
+	body := getStatus(t, m.handler(s))
+	for _, want := range []string{`<table id="offenders">`, "<tr><td>198.51.100.7</td><td>30.0</td>", "<tr><td>2001:db8:1::/64</td><td>3.0</td>"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/status lacks %q", want)
+		}
+	}
+	w := httptest.NewRecorder()
+	m.handler(s).ServeHTTP(w, httptest.NewRequest("GET", "/top?n=1", nil))
+	if got := w.Body.String(); w.Code != 200 || got != `{"half_life_seconds":60,"clients":[{"client":"198.51.100.7","refusals":30,"overestimate":0}]}`+"\n" {
+		t.Errorf("/top?n=1: %d %s", w.Code, got)
+	}
+	w = httptest.NewRecorder()
+	m.handler(s).ServeHTTP(w, httptest.NewRequest("GET", "/top?n=x", nil))
+	if w.Code != http.StatusBadRequest {
+		t.Errorf("/top?n=x: %d", w.Code)
+	}
+}
