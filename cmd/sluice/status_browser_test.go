@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay"
 )
 
 var updateScreenshot = flag.Bool("update-screenshot", false, "write docs/status.png from the browser test")
@@ -63,6 +64,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Skip("starts a browser; skipped with -short")
 	}
 	m, s, _ := statusFixture(t, storeCheck(ratelimit.NewMemoryStore(16), nil))
+	for range 20 {
+		m.observer().Refusal("198.51.100.7", relay.TypeEVENT, relay.RateLimited)
+	}
 	srv := newLoopbackServer(t, m.handler(s))
 	url := srv + "/status"
 
@@ -72,6 +76,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		`id="ready">ready</span>`,
 		`<tr data-type="EVENT"><td>EVENT</td><td>780</td><td>20</td>`,
 		`<td id="total">879</td>`,
+		`<tr><td>198.51.100.7</td><td>20.0</td>`,
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the browser's DOM lacks %q", want)
