@@ -223,16 +223,7 @@ func BenchmarkIdleConnection(b *testing.B) {
 			before := heapInUse()
 			g0 := runtime.NumGoroutine()
 			for range b.N {
-				c, _, err := websocket.DefaultDialer.Dial(url, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				// One round trip, so the relay side is set up too.
-				_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","c",{"kinds":[1]}]`))
-				if _, _, err := c.ReadMessage(); err != nil {
-					b.Fatal(err)
-				}
-				conns = append(conns, c)
+				conns = append(conns, dialOnce(b, url))
 			}
 			b.StopTimer()
 			after := heapInUse()
@@ -253,20 +244,27 @@ func BenchmarkChurn(b *testing.B) {
 			url := modeURL(b, mode)
 			b.ReportAllocs()
 			for b.Loop() {
-				c, _, err := websocket.DefaultDialer.Dial(url, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","c",{"kinds":[1]}]`))
-				if _, _, err := c.ReadMessage(); err != nil {
-					b.Fatal(err)
-				}
+				c := dialOnce(b, url)
 				_ = c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 				_, _, _ = c.ReadMessage()
 				c.Close()
 			}
 		})
 	}
+}
+
+// dialOnce connects to url and makes one round trip (a COUNT), so the
+// relay's side of the connection is set up too.
+func dialOnce(b *testing.B, url string) *websocket.Conn {
+	c, _, err := websocket.DefaultDialer.Dial(url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","c",{"kinds":[1]}]`))
+	if _, _, err := c.ReadMessage(); err != nil {
+		b.Fatal(err)
+	}
+	return c
 }
 
 // modeURL serves a fresh khatru directly ("direct") or behind a gate that
