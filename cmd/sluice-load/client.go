@@ -181,10 +181,11 @@ func (t *tally) into(dst map[string]int) {
 }
 
 // dialAll opens n connections with up to par dials at once and returns
-// them indexed by connection (nil where the dial failed), recording
-// failures in fails.
-func dialAll(ctx context.Context, d *dialer, n, par int, fails *tally) []*websocket.Conn {
+// them indexed by connection (nil where the dial failed) with how long
+// each dial took, recording failures in fails.
+func dialAll(ctx context.Context, d *dialer, n, par int, fails *tally) ([]*websocket.Conn, []time.Duration) {
 	conns := make([]*websocket.Conn, n)
+	lats := make([]time.Duration, n)
 	sem := make(chan struct{}, max(1, par))
 	var wg sync.WaitGroup
 	for i := range n {
@@ -192,14 +193,16 @@ func dialAll(ctx context.Context, d *dialer, n, par int, fails *tally) []*websoc
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
+			t := time.Now()
 			c, status, err := d.dial(ctx, i)
 			if err != nil {
 				fails.add(statusKey(status, err), 1)
 				return
 			}
+			lats[i] = time.Since(t)
 			conns[i] = c
 		}()
 	}
 	wg.Wait()
-	return conns
+	return conns, lats
 }

@@ -70,27 +70,8 @@ func runConnect(ctx context.Context, o *connectOpts) (*report, error) {
 		if o.hold > 0 {
 			rep.Params["hold"] = o.hold.String()
 		}
-		conns := make([]*websocket.Conn, o.conns)
-		lats := make([]time.Duration, o.conns)
-		sem := make(chan struct{}, max(1, o.parallel))
-		var wg sync.WaitGroup
 		start := time.Now()
-		for i := range o.conns {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				t := time.Now()
-				c, status, err := d.dial(ctx, i)
-				if err != nil {
-					fails.add(statusKey(status, err), 1)
-					return
-				}
-				lats[i] = time.Since(t)
-				conns[i] = c
-			}()
-		}
-		wg.Wait()
+		conns, lats := dialAll(ctx, d, o.conns, o.parallel, &fails)
 		elapsed = time.Since(start)
 		rep.Sent = o.conns
 		for i, c := range conns {
@@ -121,31 +102,22 @@ func runConnect(ctx context.Context, o *connectOpts) (*report, error) {
 func hold(ctx context.Context, conns []*websocket.Conn, d time.Duration, errs *tally) {
 	hctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	var wg sync.WaitGroup
-	for _, c := range conns {
-		if c == nil {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			stop := context.AfterFunc(hctx, func() {
-				_ = c.SetReadDeadline(time.Now()) // unblocks the read below
-			})
-			defer stop()
-			for {
-				_ = c.SetReadDeadline(time.Time{})
-				if hctx.Err() != nil {
-					return
-				}
-				if _, _, err := c.NextReader(); err != nil {
-					if hctx.Err() == nil {
-						errs.add("closed during hold: "+errKey(err), 1)
-					}
-					return
-				}
+	eachConn(conns, func(_ int, c *websocket.Conn) {
+		stop := context.AfterFunc(hctx, func() {
+			_ = c.SetReadDeadline(time.Now()) // unblocks the read below
+		})
+		defer stop()
+		for {
+			_ = c.SetReadDeadline(time.Time{})
+			if hctx.Err() != nil {
+				return
 			}
-		}()
-	}
-	wg.Wait()
+			if _, _, err := c.NextReader(); err != nil {
+				if hctx.Err() == nil {
+					errs.add("closed during hold: "+errKey(err), 1)
+				}
+				return
+			}
+		}
+	})
 }

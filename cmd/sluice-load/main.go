@@ -261,21 +261,29 @@ func checkCommon(mode string, c *common) error {
 	return nil
 }
 
+// parseMode parses the flags of load mode mode: the common ones into c
+// and the mode's own, which flags declares; then it checks the common ones.
+func parseMode(mode string, args []string, stderr io.Writer, c *common, flags func(fs *flag.FlagSet)) error {
+	fs := flag.NewFlagSet(mode, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	commonFlags(fs, c)
+	flags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	return checkCommon(mode, c)
+}
+
 func parsePublish(args []string, stderr io.Writer) (*publishOpts, error) {
 	o := &publishOpts{}
-	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	commonFlags(fs, &o.common)
-	fs.IntVar(&o.events, "events", 1000, "events to publish, shared among the connections")
-	fs.DurationVar(&o.duration, "duration", 0, "stop sending after this long (0: when every event is sent)")
-	fs.IntVar(&o.size, "size", 64, "content size of each event in `bytes`")
-	fs.IntVar(&o.kind, "kind", 1, "event kind")
-	fs.IntVar(&o.inflight, "inflight", 1, "events in flight per connection")
-	fs.IntVar(&o.keys, "keys", 0, "signing keys shared round-robin by the connections (0: one per connection)")
-	if err := parseFlags(fs, args); err != nil {
-		return nil, err
-	}
-	if err := checkCommon("publish", &o.common); err != nil {
+	if err := parseMode("publish", args, stderr, &o.common, func(fs *flag.FlagSet) {
+		fs.IntVar(&o.events, "events", 1000, "events to publish, shared among the connections")
+		fs.DurationVar(&o.duration, "duration", 0, "stop sending after this long (0: when every event is sent)")
+		fs.IntVar(&o.size, "size", 64, "content size of each event in `bytes`")
+		fs.IntVar(&o.kind, "kind", 1, "event kind")
+		fs.IntVar(&o.inflight, "inflight", 1, "events in flight per connection")
+		fs.IntVar(&o.keys, "keys", 0, "signing keys shared round-robin by the connections (0: one per connection)")
+	}); err != nil {
 		return nil, err
 	}
 	switch {
@@ -295,18 +303,14 @@ func parsePublish(args []string, stderr io.Writer) (*publishOpts, error) {
 
 func parseReq(args []string, stderr io.Writer) (*reqOpts, error) {
 	o := &reqOpts{}
-	fs := flag.NewFlagSet("req", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	commonFlags(fs, &o.common)
-	fs.IntVar(&o.reqs, "reqs", 1000, "REQs to send, shared among the connections")
-	fs.DurationVar(&o.duration, "duration", 0, "stop sending after this long (0: when every REQ is sent)")
-	fs.IntVar(&o.filters, "filters", 1, "filters per REQ")
-	filter := fs.String("filter", `{"kinds":[1],"limit":10}`, "each filter, a JSON object")
-	fs.IntVar(&o.inflight, "inflight", 1, "REQs open at once per connection")
-	if err := parseFlags(fs, args); err != nil {
-		return nil, err
-	}
-	if err := checkCommon("req", &o.common); err != nil {
+	var filter *string
+	if err := parseMode("req", args, stderr, &o.common, func(fs *flag.FlagSet) {
+		fs.IntVar(&o.reqs, "reqs", 1000, "REQs to send, shared among the connections")
+		fs.DurationVar(&o.duration, "duration", 0, "stop sending after this long (0: when every REQ is sent)")
+		fs.IntVar(&o.filters, "filters", 1, "filters per REQ")
+		filter = fs.String("filter", `{"kinds":[1],"limit":10}`, "each filter, a JSON object")
+		fs.IntVar(&o.inflight, "inflight", 1, "REQs open at once per connection")
+	}); err != nil {
 		return nil, err
 	}
 	switch {
@@ -327,15 +331,10 @@ func parseReq(args []string, stderr io.Writer) (*reqOpts, error) {
 
 func parseConnect(args []string, stderr io.Writer) (*connectOpts, error) {
 	o := &connectOpts{}
-	fs := flag.NewFlagSet("connect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	commonFlags(fs, &o.common)
-	fs.DurationVar(&o.hold, "hold", 0, "keep the connections open this long before closing them")
-	fs.IntVar(&o.churn, "churn", 0, "open and close this many connections in all, over -conns workers (0: open -conns and hold)")
-	if err := parseFlags(fs, args); err != nil {
-		return nil, err
-	}
-	if err := checkCommon("connect", &o.common); err != nil {
+	if err := parseMode("connect", args, stderr, &o.common, func(fs *flag.FlagSet) {
+		fs.DurationVar(&o.hold, "hold", 0, "keep the connections open this long before closing them")
+		fs.IntVar(&o.churn, "churn", 0, "open and close this many connections in all, over -conns workers (0: open -conns and hold)")
+	}); err != nil {
 		return nil, err
 	}
 	switch {

@@ -539,8 +539,16 @@ func TestCheckPrintsShape(t *testing.T) {
 		printCheck(&out, cfg)
 		return out.String()
 	}
+	printed := func(s string, wants ...string) {
+		t.Helper()
+		for _, want := range wants {
+			if !strings.Contains(s, want) {
+				t.Errorf("check output lacks %q:\n%s", want, s)
+			}
+		}
+	}
 	s := check("")
-	for _, want := range []string{
+	printed(s,
 		"REQ: at most 10 filters (NIP-11 max_filters), each filter charged as one REQ; COUNT: one filter\n",
 		"largest frame forwarded, in bytes",
 		"  EVENT      524288  (read_limit)\n",
@@ -553,11 +561,7 @@ func TestCheckPrintsShape(t *testing.T) {
 		"  NEG-CLOSE  1024\n",
 		"open at once: at most 50 subscriptions per connection (NIP-11 max_subscriptions), 64 connections per client in this process\n",
 		"NIP-42: an AUTH's relay tag must name the host the client connected to",
-	} {
-		if !strings.Contains(s, want) {
-			t.Errorf("check output lacks %q:\n%s", want, s)
-		}
-	}
+	)
 	_, sizes, _ := strings.Cut(s, "largest frame forwarded")
 	sizes, _, _ = strings.Cut(sizes, "quota:")
 	if strings.Contains(sizes, "OTHER") {
@@ -572,18 +576,14 @@ limits:
   message: {REQ: [{rate: 20, period: 1s}, {rate: 8, period: 60s, cost: 2}]}
   frame_size: {EVENT: 100000, AUTH: 2048}
 `)
-	for _, want := range []string{
+	printed(s,
 		// 8/60s cost 2 admits 3 filters at once (3·2 < 8), not 50.
 		"REQ: at most 3 filters (NIP-11 max_filters; limits.max_filters 50, lowered so that every REQ window admits a REQ of 3 at once), each filter charged as one REQ",
 		"  EVENT      100000\n",
 		"  AUTH       2048\n",
 		"  NEG-MSG    200000  (read_limit)\n",
 		"NIP-42: an AUTH's relay tag must name wss://relay.example.com\n",
-	} {
-		if !strings.Contains(s, want) {
-			t.Errorf("check output lacks %q:\n%s", want, s)
-		}
-	}
+	)
 }
 
 // FuzzParseConfig: no input makes the parser panic or hang, and whatever it

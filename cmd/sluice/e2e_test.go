@@ -289,6 +289,17 @@ func signed(t *testing.T, sk, content string) nostr.Event {
 	return ev
 }
 
+// newKey is a fresh secret key and its public key.
+func newKey(t *testing.T) (sk, pk string) {
+	t.Helper()
+	sk = nostr.GeneratePrivateKey()
+	pk, err := nostr.GetPublicKey(sk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sk, pk
+}
+
 func publishAndRead(t *testing.T, ctx context.Context, url string, ev nostr.Event) {
 	t.Helper()
 	r := connect(t, ctx, url)
@@ -739,11 +750,7 @@ func TestE2EQuota(t *testing.T) {
 func TestE2EAuthAllowlist(t *testing.T) {
 	ctx := testCtx(t)
 	dir := t.TempDir()
-	sk := nostr.GeneratePrivateKey()
-	pk, err := nostr.GetPublicKey(sk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sk, pk := newKey(t)
 	cfg := filepath.Join(dir, "c.yaml")
 	// A burst of one, which an hour's half-life does not refill during
 	// the test: the second EVENT from the address is refused.
@@ -908,11 +915,7 @@ func (r *rawClient) auth(sk, relayURL, challenge string) (bool, string) {
 func TestE2EAuthRelayURL(t *testing.T) {
 	ctx := testCtx(t)
 	dir := t.TempDir()
-	sk := nostr.GeneratePrivateKey()
-	pk, err := nostr.GetPublicKey(sk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sk, pk := newKey(t)
 	const public = "wss://relay.example.com/nostr"
 	cfg := filepath.Join(dir, "c.yaml")
 	conf := fmt.Sprintf("relay_url: %s\nlimits: {message: {EVENT: [{rate: 1.5, period: 1h}]}}\nallow: {pubkeys: [%s]}\n", public, pk)

@@ -73,22 +73,29 @@ func TestOutageLogPerKey(t *testing.T) {
 	}
 }
 
+// pingingLog is an outageLog whose ping always answers, whose breaker is
+// in state breaker, and whose round trips and failed ones so far are
+// *trips and *failures; it logs into buf.
+func pingingLog(breaker string, trips, failures *uint64) (o *outageLog, errs *storeErrors, buf *bytes.Buffer) {
+	errs, buf = new(storeErrors), new(bytes.Buffer)
+	o = &outageLog{
+		errs:    errs,
+		ping:    func(context.Context) error { return nil },
+		trips:   func() (uint64, uint64) { return *trips, *failures },
+		breaker: func() string { return breaker },
+		logger:  slog.New(slog.NewTextHandler(buf, nil)),
+	}
+	return o, errs, buf
+}
+
 // TestOutageLogTrustsDecisions: while decisions keep failing the log does
 // not say "answers again", even though a ping answers (a Redis too slow
 // for every decision still answers a ping given two seconds); it does once
 // round trips succeed with none failing. Decisions that expired in
 // sluice's own queue are logged as its overload, not as an outage.
 func TestOutageLogTrustsDecisions(t *testing.T) {
-	var buf bytes.Buffer
-	errs := new(storeErrors)
 	var trips, failures uint64
-	o := &outageLog{
-		errs:    errs,
-		ping:    func(context.Context) error { return nil },
-		trips:   func() (uint64, uint64) { return trips, failures },
-		breaker: func() string { return "closed" },
-		logger:  slog.New(slog.NewTextHandler(&buf, nil)),
-	}
+	o, errs, buf := pingingLog("closed", &trips, &failures)
 	ctx := context.Background()
 
 	errs.observe(fmt.Errorf("decide: %w", redisstore.ErrOverloaded))
@@ -124,16 +131,8 @@ func TestOutageLogTrustsDecisions(t *testing.T) {
 // ping answers (before a1c28de a ping alone said "answers again", and the
 // next refused decision began a second outage: two of each per outage).
 func TestOutageLogOnce(t *testing.T) {
-	var buf bytes.Buffer
-	errs := new(storeErrors)
 	var trips, failures uint64
-	o := &outageLog{
-		errs:    errs,
-		ping:    func(context.Context) error { return nil }, // Redis answers pings throughout
-		trips:   func() (uint64, uint64) { return trips, failures },
-		breaker: func() string { return "open" },
-		logger:  slog.New(slog.NewTextHandler(&buf, nil)),
-	}
+	o, errs, buf := pingingLog("open", &trips, &failures)
 	ctx := context.Background()
 	fail := func(n int) {
 		for range n {
