@@ -142,29 +142,33 @@ func (b *batcher) do(ctx context.Context, c *call, direct func() (ratelimit.Deci
 		b.finish()
 		return d, err
 	}
-	return b.queue(ctx, c)
+	return b.queueLocked(ctx, c)
 }
 
 // tryDirect takes a round trip slot for a decision to go straight out from
-// its caller, if nothing is queued and one is free; the caller runs it and
-// calls finish. It allocates nothing (do allocates the call and its
-// channel).
+// its caller, if nothing is queued and one is free: the caller runs it and
+// calls finish. Otherwise it returns with b.mu still held, for queueLocked:
+// one lock per decision either way, and nothing allocated on the direct
+// path (do allocates the call and its channel).
 func (b *batcher) tryDirect() bool {
 	b.mu.Lock()
-	ok := !b.closed && b.live == 0 && b.inflight < b.flight
-	if ok {
+	if !b.closed && b.live == 0 && b.inflight < b.flight {
 		b.inflight++
-	}
-	b.mu.Unlock()
-	if ok {
+		b.mu.Unlock()
 		b.direct.Add(1)
+		return true
 	}
-	return ok
+	return false
 }
 
 // queue queues c for a shared round trip and waits for its result.
 func (b *batcher) queue(ctx context.Context, c *call) (ratelimit.Decision, error) {
 	b.mu.Lock()
+	return b.queueLocked(ctx, c)
+}
+
+// queueLocked is queue with b.mu held (it unlocks it).
+func (b *batcher) queueLocked(ctx context.Context, c *call) (ratelimit.Decision, error) {
 	if b.closed {
 		b.mu.Unlock()
 		return ratelimit.Decision{}, ErrClosed

@@ -377,7 +377,7 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 		s.batch.finish()
 	case s.batch != nil:
 		c := &call{req: req, asked: start, deadline: deadline, probe: probe}
-		d, err = s.batch.queue(ctx, c)
+		d, err = s.batch.queueLocked(ctx, c) // tryDirect left b.mu held
 		if probe && !c.sent.Load() {
 			s.br.record(true, outcomeIgnored) // never sent: hand the probe slot back
 		}
