@@ -10,19 +10,43 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"regexp"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+	"github.com/goccy/go-yaml/token"
 	"github.com/nbd-wtf/go-nostr/nip19"
-	"gopkg.in/yaml.v3"
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
+
+// The file is read with github.com/goccy/go-yaml, chosen over
+// go.yaml.in/yaml/v3 (the maintained fork of gopkg.in/yaml.v3) by trying
+// both on the configs TestHostileConfigs refuses. Neither names the field
+// of an error in its message, but goccy's parser gives every node its
+// YAML path (node.GetPath(): "$.limits.message.EVENT[0].rate") and every
+// error its token (line and column), so an error is placed by the node it
+// belongs to; yaml/v3's errors are only strings with a line number in them
+// ("line 7: cannot unmarshal !!str `ten` into float64"), which had to be
+// matched back to the tree with regular expressions. goccy also refuses
+// duplicate keys in its parser, unknown fields with Strict, and YAML 1.1's
+// yes/on as booleans. What it does not do, and is done here: whole numbers
+// (it truncates 1.5 into an int, as yaml/v3 does), numbers (it reads "10"
+// into a float64, and a plain 1e9 as a string), true/false only (it takes True and TRUE), a null where a
+// list of windows belongs (it keeps the default), a map overlaid on the
+// default one (it replaces the map), a second document (both libraries
+// decode the first and stop), and a byte order mark (goccy reads it as part
+// of the first key). It reports the first error of a file, not all of them.
+// A string field given an unquoted number gets YAML's reading of it
+// (name: 1.10 is "1.1"): quote such strings.
 
 // errConfig is wrapped by every configuration error, so main can tell a bad
 // config (exit 2, message names the field) from a failure to run.
@@ -77,6 +101,9 @@ type fileConfig struct {
 	// file ("SLUICE_LISTEN", "--listen"), keyed by the field's path, so
 	// an error about it names what the operator actually set.
 	from map[string]string `yaml:"-"`
+	// at is where the file sets a field ("line 3, column 5"), keyed by
+	// the field's path, so an error about its value says where to look.
+	at map[string]string `yaml:"-"`
 }
 
 type logConfig struct {
@@ -113,9 +140,9 @@ type limitsConfig struct {
 }
 
 type limitConfig struct {
-	Rate   *float64 `yaml:"rate"`
-	Period string   `yaml:"period"`
-	Cost   *float64 `yaml:"cost"`
+	Rate   *number `yaml:"rate"`
+	Period string  `yaml:"period"`
+	Cost   *number `yaml:"cost"`
 }
 
 type quotaConfig struct {
@@ -135,33 +162,77 @@ type allowConfig struct {
 	Pubkeys []string `yaml:"pubkeys"`
 }
 
-// integer is a whole number in the file. yaml.v3 would truncate 1.5 into
-// an int field without a word; this type refuses it instead.
+// integer is a whole number in the file. goccy/go-yaml would truncate 1.5
+// into an int field without a word; this type refuses it instead.
 type integer int64
 
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (i *integer) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!int" {
-		var v int64
-		if err := n.Decode(&v); err == nil {
+// UnmarshalYAML implements yaml.NodeUnmarshaler.
+func (i *integer) UnmarshalYAML(n ast.Node) error {
+	if in, ok := n.(*ast.IntegerNode); ok {
+		switch v := in.Value.(type) {
+		case int64:
 			*i = integer(v)
 			return nil
+		case uint64:
+			if v <= math.MaxInt64 {
+				*i = integer(v)
+				return nil
+			}
 		}
 	}
-	// Shaped like yaml.v3's own errors, so locate names the field.
-	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s `%s` into int", n.Line, n.ShortTag(), n.Value)}}
+	return typeError(n, "a whole number")
 }
 
-// boolean is true or false in the file, and nothing else. yaml.v3 reads
-// YAML 1.1's yes/no/on/off (in any case) into a bool field, so
-// `unlimited: yes` turned the quota off while `unlimited: "true"` was
-// refused; this type refuses both.
+// number is a number in the file: an integer, a float, .inf or .nan.
+// goccy/go-yaml would read the string "10" into a float64; this type
+// refuses it, as it refuses any other string.
+type number float64
+
+// UnmarshalYAML implements yaml.NodeUnmarshaler.
+func (f *number) UnmarshalYAML(n ast.Node) error {
+	switch n := n.(type) {
+	case *ast.IntegerNode:
+		switch v := n.Value.(type) {
+		case int64:
+			*f = number(v)
+			return nil
+		case uint64:
+			*f = number(v)
+			return nil
+		}
+	case *ast.FloatNode:
+		*f = number(n.Value)
+		return nil
+	case *ast.InfinityNode:
+		*f = number(n.Value)
+		return nil
+	case *ast.NanNode:
+		*f = number(math.NaN())
+		return nil
+	case *ast.StringNode:
+		// goccy/go-yaml reads a plain 1e9 (a float in YAML 1.2) as a
+		// string; a quoted number stays a string.
+		if tk := n.GetToken(); tk.Type == token.StringType {
+			if v, err := strconv.ParseFloat(tk.Value, 64); err == nil {
+				*f = number(v)
+				return nil
+			}
+		}
+	}
+	return typeError(n, "a number")
+}
+
+// boolean is true or false in the file, and nothing else. YAML 1.2 also
+// reads True and TRUE as booleans (goccy/go-yaml does) and YAML 1.1 yes,
+// on and their kin (gopkg.in/yaml.v3 did: `unlimited: yes` turned the
+// quota off while `unlimited: "true"` was refused); this type refuses
+// them all, and quoted strings.
 type boolean bool
 
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (b *boolean) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind == yaml.ScalarNode && n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
-		switch n.Value {
+// UnmarshalYAML implements yaml.NodeUnmarshaler.
+func (b *boolean) UnmarshalYAML(n ast.Node) error {
+	if _, ok := n.(*ast.BoolNode); ok {
+		switch n.GetToken().Value {
 		case "true":
 			*b = true
 			return nil
@@ -170,12 +241,18 @@ func (b *boolean) UnmarshalYAML(n *yaml.Node) error {
 			return nil
 		}
 	}
-	// Shaped like yaml.v3's own errors, so locate names the field.
-	tag := n.ShortTag()
-	if n.Kind == yaml.ScalarNode && tag == "!!bool" {
-		tag = "!!str" // yes, on, True: not true or false
+	return typeError(n, "true or false")
+}
+
+// typeError says that the value at n is not what its field holds, naming
+// the field by its path and position as every parse error does:
+// "read_limit (line 1, column 13): expected a whole number, got !!float `1.5`".
+func typeError(n ast.Node, want string) error {
+	name := fieldPath(n.GetPath())
+	if name == "" {
+		name = "the file"
 	}
-	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s `%s` into bool", n.Line, tag, n.Value)}}
+	return fmt.Errorf("%s (%s): expected %s, got %s", name, position(n.GetToken()), want, describe(n))
 }
 
 // config is a validated configuration: what the subcommands run on.
@@ -250,9 +327,9 @@ func defaultFileConfig() fileConfig {
 func toLimitConfigs(ls []ratelimit.Limit) []limitConfig {
 	out := make([]limitConfig, len(ls))
 	for i, l := range ls {
-		rate := l.Rate
+		rate := number(l.Rate)
 		out[i] = limitConfig{Rate: &rate, Period: formatDuration(l.Period)}
-		if c := l.EffectiveCost(); c != 1 {
+		if c := number(l.EffectiveCost()); c != 1 {
 			out[i].Cost = &c
 		}
 	}
@@ -273,35 +350,75 @@ func formatDuration(d time.Duration) string {
 
 // parseConfig decodes a YAML config over the defaults: every field left out
 // keeps its default; a message type listed replaces that type's default
-// windows, and [] makes it free. Unknown fields, a second document and
-// values of the wrong type are refused, naming the field.
+// windows, and [] makes it free. Unknown fields, duplicate keys, a second
+// document and values of the wrong type are refused, naming the field and
+// where the file has it.
 func parseConfig(data []byte) (fileConfig, error) {
 	return parseConfigOver(defaultFileConfig(), data)
 }
+
+// byteOrderMark may start a YAML stream; goccy/go-yaml would read it as
+// part of the first key.
+var byteOrderMark = []byte("\ufeff")
 
 // parseConfigOver decodes data over fc.
 func parseConfigOver(fc fileConfig, data []byte) (fileConfig, error) {
 	if len(data) > maxConfigSize {
 		return fc, fmt.Errorf("%w: file is larger than %d bytes", errConfig, maxConfigSize)
 	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		msg := cleanYAMLError(err)
-		if strings.Contains(msg, "cannot start any token") && bytes.Contains(data, []byte("\t")) {
-			msg += " (YAML does not allow tabs for indentation)"
-		}
-		return fc, fmt.Errorf("%w: %s", errConfig, msg)
+	data = bytes.TrimPrefix(data, byteOrderMark)
+	file, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		return fc, fmt.Errorf("%w: %s", errConfig, describeError(err, nil, data))
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-		return fc, fmt.Errorf("%w: %s", errConfig, locate(&doc, err))
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+	if len(file.Docs) > 1 {
 		return fc, fmt.Errorf("%w: the file holds more than one YAML document", errConfig)
 	}
+	if len(file.Docs) == 0 || file.Docs[0].Body == nil {
+		return fc, nil // empty, or only comments: the defaults
+	}
+	body := file.Docs[0].Body
+	fields := indexFields(body)
+	// goccy/go-yaml keeps a field's default when the file gives it null.
+	// For these two, whose defaults are limits, a null is more likely a
+	// list or mapping left unfinished than a wish for the defaults, and
+	// reading it as either could surprise: refuse it and say what to
+	// write. (A null message type decodes as nil, which validate refuses.)
+	for _, f := range []struct{ path, msg string }{
+		{"limits.connection", "must be a list of windows; write [] for no connection limit"},
+		{"limits.message", "must be a mapping of message types to windows; leave it out to keep the defaults"},
+	} {
+		if mv, ok := fields[f.path].(*ast.MappingValueNode); ok && mv.Value.Type() == ast.NullType {
+			return fc, fmt.Errorf("%w: %s (%s): %s", errConfig, f.path, position(mv.Key.GetToken()), f.msg)
+		}
+	}
+	// goccy/go-yaml replaces a map it decodes; the file's message types
+	// and frame sizes are laid over the ones before instead.
+	message, frameSize := fc.Limits.Message, fc.Limits.FrameSize
+	if err := yaml.NodeToValue(body, &fc, yaml.Strict()); err != nil {
+		return fc, fmt.Errorf("%w: %s", errConfig, describeError(err, body, data))
+	}
+	fc.Limits.Message = overlay(message, fc.Limits.Message)
+	fc.Limits.FrameSize = overlay(frameSize, fc.Limits.FrameSize)
+	fc.at = make(map[string]string, len(fields))
+	for path, n := range fields {
+		fc.at[path] = position(fieldToken(n))
+	}
 	return fc, nil
+}
+
+// overlay returns over with every key of under that over lacks (nil stays
+// nil, for validate to refuse).
+func overlay[V any](under, over map[string]V) map[string]V {
+	if over == nil {
+		return nil
+	}
+	for k, v := range under {
+		if _, ok := over[k]; !ok {
+			over[k] = v
+		}
+	}
+	return over
 }
 
 // loadConfigFile reads path (at most maxConfigSize bytes) and parses it.
@@ -322,145 +439,214 @@ func loadConfigFile(path string) (fileConfig, error) {
 	return fc, nil
 }
 
-func cleanYAMLError(err error) string {
-	return strings.TrimPrefix(err.Error(), "yaml: ")
-}
-
-var (
-	reUnknownField = regexp.MustCompile(`^line (\d+): field (\S+) not found in type`)
-	reCannot       = regexp.MustCompile("^line (\\d+): cannot unmarshal (\\S+)(?: `(.*)`)? into (.+)$")
-)
-
-// locate rewrites yaml.v3's "line 7: cannot unmarshal !!str `ten` into
-// float64" into "limits.message.EVENT[0].rate (line 7): expected a number,
-// got !!str `ten`", finding the field by its line in the document tree.
-func locate(doc *yaml.Node, err error) string {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return cleanYAMLError(err)
-	}
-	var entries []entry
-	walk(doc, "", &entries)
-	msgs := make([]string, 0, len(te.Errors))
-	for _, e := range te.Errors {
-		if m := reUnknownField.FindStringSubmatch(e); m != nil {
-			line, _ := strconv.Atoi(m[1])
-			p := findEntry(entries, line, func(en entry) bool { return en.key == m[2] })
-			msgs = append(msgs, fmt.Sprintf("%s (line %d): unknown field", p, line))
-			continue
+// indexFields maps the path of every field and list item in the document
+// ("limits.message.EVENT[0]") to its node: a *ast.MappingValueNode for a
+// field, the item's node for a list item. The first node of a path wins;
+// the paths are the parser's own (node.GetPath()).
+func indexFields(body ast.Node) map[string]ast.Node {
+	out := map[string]ast.Node{}
+	ast.Walk(visitor(func(n ast.Node) {
+		switch n.Type() {
+		case ast.MappingKeyType, ast.CommentType, ast.CommentGroupType:
+			return
 		}
-		if m := reCannot.FindStringSubmatch(e); m != nil {
-			line, _ := strconv.Atoi(m[1])
-			val := m[3]
-			p := findEntry(entries, line, func(en entry) bool {
-				if en.value == nil {
-					return false
-				}
-				if val == "" { // a collection: match its kind
-					return (m[2] == "!!seq" && en.value.Kind == yaml.SequenceNode) ||
-						(m[2] == "!!map" && en.value.Kind == yaml.MappingNode)
-				}
-				if v, ok := strings.CutSuffix(val, "..."); ok {
-					return strings.HasPrefix(en.value.Value, v)
-				}
-				return en.value.Value == val
-			})
-			got := m[2]
-			if val != "" {
-				got += " `" + val + "`"
+		if p := fieldPath(n.GetPath()); p != "" {
+			if _, ok := out[p]; !ok {
+				out[p] = n
 			}
-			msgs = append(msgs, fmt.Sprintf("%s (line %d): expected %s, got %s", p, line, describeType(m[4]), got))
-			continue
 		}
-		msgs = append(msgs, e)
-	}
-	return strings.Join(msgs, "; ")
+	}), body)
+	return out
 }
 
-func describeType(goType string) string {
+// visitor adapts a func to ast.Visitor, visiting every node.
+type visitor func(ast.Node)
+
+func (v visitor) Visit(n ast.Node) ast.Visitor {
+	v(n)
+	return v
+}
+
+// fieldToken is where a field starts: its key, or the item itself.
+func fieldToken(n ast.Node) *token.Token {
+	if mv, ok := n.(*ast.MappingValueNode); ok && mv.Key != nil {
+		return mv.Key.GetToken()
+	}
+	return n.GetToken()
+}
+
+// nodeOf returns the first node under root (depth first) whose token is
+// tk: the node an error from the decoder is about. A mapping shares its
+// token with its first field, and comes first.
+func nodeOf(root ast.Node, tk *token.Token) ast.Node {
+	var found ast.Node
+	ast.Walk(visitor(func(n ast.Node) {
+		if found == nil && n.GetToken() == tk {
+			found = n
+		}
+	}), root)
+	return found
+}
+
+// fieldPath turns the parser's path ("$.limits.message.EVENT[0]") into the
+// one messages use ("limits.message.EVENT[0]"); the root is "".
+func fieldPath(p string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(p, "$"), ".")
+}
+
+func position(tk *token.Token) string {
+	if tk == nil || tk.Position == nil {
+		return "unknown position"
+	}
+	return fmt.Sprintf("line %d, column %d", tk.Position.Line, tk.Position.Column)
+}
+
+// describeError words an error of the parser or the decoder from its type
+// and its token, never from its message: "store.redis_url (line 2, column
+// 3): unknown field", "listen (line 1, column 9): expected a string, got
+// !!seq". A syntax error (duplicate keys among them) keeps the parser's
+// words, with the position and, when the line is indented with a tab, why.
+// Errors of this file's own types are worded already.
+func describeError(err error, body ast.Node, data []byte) string {
+	var ye yaml.Error
+	if !errors.As(err, &ye) || ye.GetToken() == nil {
+		return err.Error()
+	}
+	tk := ye.GetToken()
+	var n ast.Node
+	if body != nil {
+		n = nodeOf(body, tk)
+	}
+	var (
+		unknown   *yaml.UnknownFieldError
+		mistyped  *yaml.TypeError
+		misshapen *yaml.UnexpectedNodeTypeError
+	)
 	switch {
-	case strings.HasPrefix(goType, "float"):
-		return "a number"
-	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"):
-		return "a whole number"
-	case goType == "string":
+	case n != nil && errors.As(err, &unknown):
+		return fmt.Sprintf("%s (%s): unknown field", fieldPath(n.GetPath()), position(tk))
+	case n != nil && errors.As(err, &mistyped):
+		return typeError(n, describeType(mistyped.DstType)).Error()
+	case n != nil && errors.As(err, &misshapen):
+		want := "a mapping"
+		if misshapen.Expected == ast.SequenceType {
+			want = "a list"
+		}
+		return typeError(n, want).Error()
+	}
+	msg := fmt.Sprintf("%s: %s", position(tk), ye.GetMessage())
+	if tk.Position != nil && indentedWithTab(data, tk.Position.Line) {
+		msg += " (YAML does not allow tabs for indentation)"
+	}
+	return msg
+}
+
+// indentedWithTab reports whether line (from 1) of data has a tab in its
+// indentation.
+func indentedWithTab(data []byte, line int) bool {
+	for ; line > 1; line-- {
+		var ok bool
+		if _, data, ok = bytes.Cut(data, []byte("\n")); !ok {
+			return false
+		}
+	}
+	l, _, _ := bytes.Cut(data, []byte("\n"))
+	return bytes.IndexByte(l[:len(l)-len(bytes.TrimLeft(l, " \t"))], '\t') >= 0
+}
+
+// describeType says what a Go field holds, in the file's terms.
+func describeType(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
 		return "a string"
-	case goType == "bool":
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
 		return "true or false"
-	case strings.HasPrefix(goType, "[]"):
+	case reflect.Slice, reflect.Array:
 		return "a list"
-	case strings.HasPrefix(goType, "map"), strings.HasPrefix(goType, "main."):
-		return "a mapping"
 	}
-	return goType
+	return "a mapping"
 }
 
-// entry is one key of a mapping or one item of a sequence in the document,
-// with the dotted path a message names it by.
-type entry struct {
-	line  int
-	path  string
-	key   string
-	value *yaml.Node
+// describe renders a value as YAML tags it: "!!str `ten`", "!!seq".
+func describe(n ast.Node) string {
+	var tag string
+	switch n := n.(type) {
+	case *ast.MappingNode, *ast.MappingValueNode:
+		return "!!map"
+	case *ast.SequenceNode:
+		return "!!seq"
+	case *ast.AnchorNode:
+		return describe(n.Value)
+	case *ast.AliasNode:
+		return "an alias"
+	case *ast.TagNode:
+		tag = n.Start.Value
+		if n.Value != nil {
+			return fmt.Sprintf("%s `%s`", tag, clip(n.Value.GetToken().Value))
+		}
+		return tag
+	case *ast.StringNode, *ast.LiteralNode:
+		tag = "!!str"
+	case *ast.IntegerNode:
+		tag = "!!int"
+	case *ast.FloatNode, *ast.InfinityNode, *ast.NanNode:
+		tag = "!!float"
+	case *ast.BoolNode:
+		tag = "!!bool"
+	case *ast.NullNode:
+		tag = "!!null"
+	default:
+		return n.Type().String()
+	}
+	return fmt.Sprintf("%s `%s`", tag, clip(n.GetToken().Value))
 }
 
-func walk(n *yaml.Node, path string, out *[]entry) {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			walk(c, path, out)
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
-			*out = append(*out, entry{line: k.Line, path: p, key: k.Value, value: v})
-			walk(v, p, out)
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := fmt.Sprintf("%s[%d]", path, i)
-			*out = append(*out, entry{line: c.Line, path: p, value: c})
-			walk(c, p, out)
-		}
+// clip shortens a value quoted in an error.
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
 	}
-	// Aliases are not followed: yaml.v3 bounds their expansion itself, and
-	// a path through an alias would name the anchor's place anyway.
+	return s
 }
 
-func findEntry(entries []entry, line int, match func(entry) bool) string {
-	first := ""
-	for _, en := range entries {
-		if en.line != line {
-			continue
-		}
-		if match(en) {
-			return en.path
-		}
-		if first == "" {
-			first = en.path
-		}
-	}
-	if first == "" {
-		return fmt.Sprintf("line %d", line)
-	}
-	return first
-}
+// maxErrors bounds the problems validate lists: a file of a hundred
+// thousand bad windows gets the first ones and a count, not a megabyte.
+const maxErrors = 20
 
-// validate checks every value and resolves the file into a config. The
-// error names the field by its path, as in
-// "limits.message.EVENT[1].rate: must be greater than cost 1".
+// validate checks every value and resolves the file into a config. Where
+// the library has a check (ratelimit.Limit.Validate, ValidateLimits,
+// NewQuota; relay.New, Identity.Validate, NewAllowList; redisstore's URL
+// parsing and New), validate calls it and prefixes its error with the
+// field's path and position, as in "limits.message.EVENT[1] (line 3,
+// column 7): ratelimit: invalid limit: rate 1 must be greater than cost 1";
+// the checks written here are the binary's own: what the file's shape
+// means (a null, an unknown type, a cost of 0), and bounds the library
+// leaves to its caller (see the constants above), each said where it is
+// made.
 func (fc *fileConfig) validate() (*config, error) {
 	var errs []error
+	more := 0
 	bad := func(path, format string, args ...any) {
+		if len(errs) == maxErrors {
+			more++
+			return
+		}
 		msg := fmt.Sprintf(format, args...)
+		where := path
 		if src := fc.from[path]; src != "" {
 			msg += " (set by " + src + ")"
+		} else if at := fc.at[path]; at != "" {
+			where += " (" + at + ")"
 		}
-		errs = append(errs, fmt.Errorf("%w: %s: %s", errConfig, path, msg))
+		errs = append(errs, fmt.Errorf("%w: %s: %s", errConfig, where, msg))
 	}
 	c := &config{
 		Listen:         fc.Listen,
@@ -493,16 +679,26 @@ func (fc *fileConfig) validate() (*config, error) {
 		bad("data_dir", "must not be empty")
 	}
 	if fc.Upstream != "" {
-		if err := checkUpstream(fc.Upstream); err != nil {
+		// The gate's own check (a ws:// or wss:// URL with a host), then
+		// the binary's: a URL in a config file must not hold a password.
+		if _, err := probeGate().Proxy(fc.Upstream); err != nil {
 			bad("upstream", "%v", err)
+		} else if u, _ := url.Parse(fc.Upstream); u.User != nil {
+			bad("upstream", "must not carry credentials")
 		}
 	}
 	if fc.RelayURL != "" {
-		if err := checkRelayURL(fc.RelayURL); err != nil {
+		if _, err := newProbeGate(relay.Options{RelayURL: fc.RelayURL}); err != nil {
+			bad("relay_url", "%v", err)
+		} else if err := checkRelayURL(fc.RelayURL); err != nil {
 			bad("relay_url", "%v", err)
 		}
 	}
-	if fc.ReadLimit < 1024 || fc.ReadLimit > maxReadLimit {
+	// The gate takes any read limit; below 1 KiB nothing but the smallest
+	// frames would pass, above 64 MiB one client could hold that much of
+	// the process per frame.
+	readLimitOK := fc.ReadLimit >= 1024 && fc.ReadLimit <= maxReadLimit
+	if !readLimitOK {
 		bad("read_limit", "must be between 1024 and %d bytes, got %d", maxReadLimit, fc.ReadLimit)
 	}
 	switch fc.Log.Format {
@@ -518,10 +714,13 @@ func (fc *fileConfig) validate() (*config, error) {
 	if fc.Info.Pubkey != "" {
 		if pk, err := parsePubkey(fc.Info.Pubkey); err != nil {
 			bad("info.pubkey", "%v", err)
+		} else if _, ok := wire.DecodeHex32(pk); !ok {
+			bad("info.pubkey", "must be 64 hex digits or an npub, got %q", fc.Info.Pubkey)
 		} else {
-			c.Info.Pubkey = pk
+			c.Info.Pubkey = strings.ToLower(pk)
 		}
 	}
+	// NIP-11 sets no bounds; these keep the document a page.
 	for _, f := range []struct {
 		path, v string
 		max     int
@@ -541,19 +740,22 @@ func (fc *fileConfig) validate() (*config, error) {
 			bad("store.redis", "%v", err)
 		}
 	}
-	if fc.Store.Prefix == "" {
+	switch {
+	case fc.Store.Prefix == "":
 		// The Redis store reads "" as its default prefix; say so rather
 		// than let "no prefix" quietly mean "sluice:".
 		bad("store.prefix", "must not be empty (the default is \"sluice:\")")
-	}
-	if strings.ContainsAny(fc.Store.Prefix, "{}") {
-		// Braces would end the key's hash tag early and scatter one
-		// client's windows over cluster slots.
-		bad("store.prefix", "must not contain { or }")
-	}
-	if len(fc.Store.Prefix) > 64 {
+	case len(fc.Store.Prefix) > 64:
+		// The store takes any length; a key prefix longer than this is a
+		// value pasted into the wrong field.
 		bad("store.prefix", "must be at most 64 bytes")
+	default:
+		if err := checkPrefix(fc.Store.Prefix); err != nil {
+			bad("store.prefix", "%v", err)
+		}
 	}
+	// The store takes any timeout (negative: none of its own); a decision
+	// that may take longer than 10 s holds a client's frame that long.
 	if d, err := parseDuration(fc.Store.Timeout); err != nil {
 		bad("store.timeout", "%v", err)
 	} else if d < time.Millisecond || d > maxTimeout {
@@ -563,17 +765,15 @@ func (fc *fileConfig) validate() (*config, error) {
 	}
 
 	// A null where a list or mapping belongs would otherwise read as "no
-	// limits at all": refuse it and say how to write what was meant.
+	// limits at all" (parseConfigOver refuses it in a file; this guards
+	// every other way in).
 	if fc.Limits.Connection == nil {
 		bad("limits.connection", "must be a list of windows; write [] for no connection limit")
 	}
 	if fc.Limits.Message == nil {
 		bad("limits.message", "must be a mapping of message types to windows; leave it out to keep the defaults")
 	}
-	var ok bool
-	if c.Limits.Connection, ok = resolveLimits("limits.connection", fc.Limits.Connection, bad); !ok {
-		c.Limits.Connection = nil
-	}
+	c.Limits.Connection = resolveLimits("limits.connection", fc.Limits.Connection, bad)
 	labels := make([]string, 0, len(fc.Limits.Message))
 	for label := range fc.Limits.Message {
 		labels = append(labels, label)
@@ -593,13 +793,16 @@ func (fc *fileConfig) validate() (*config, error) {
 		}
 		// The catch-all bucket is never free (DESIGN.md): otherwise a client
 		// could send anything the gate cannot classify without limit, and the
-		// relay would still have to read and reject every frame.
+		// relay would still have to read and reject every frame. The library
+		// lets a caller make it free; sluice does not.
 		if t == relay.TypeOther && len(ls) == 0 {
 			bad(path, "must have at least one window: the catch-all bucket is never free")
 			continue
 		}
-		c.Limits.Message[t], _ = resolveLimits(path, ls, bad)
+		c.Limits.Message[t] = resolveLimits(path, ls, bad)
 	}
+	// The gate takes any positive number for these three; the bounds are
+	// where a cap stops capping anything.
 	if n := fc.Limits.MaxFilters; n < 1 || n > maxFilters {
 		bad("limits.max_filters", "must be between 1 and %d, got %d", maxFilters, n)
 	} else {
@@ -634,104 +837,121 @@ func (fc *fileConfig) validate() (*config, error) {
 			continue
 		}
 		n := fc.Limits.FrameSize[label]
-		if n < minFrameSize || n > fc.ReadLimit {
-			bad(path, "must be between %d and read_limit (%d) bytes, got %d", minFrameSize, fc.ReadLimit, n)
+		if n < minFrameSize {
+			// The gate reads 0 as its default; in the file a size is a
+			// size, and below minFrameSize it bounds nothing.
+			bad(path, "must be at least %d bytes, got %d", minFrameSize, n)
+			continue
+		}
+		if !readLimitOK {
+			continue // read_limit is reported; the gate would be asked about the wrong bound
+		}
+		var sizes [relay.NumTypes]int
+		sizes[t] = int(min(n, math.MaxInt))
+		if _, err := newProbeGate(relay.Options{ReadLimit: int64(fc.ReadLimit), FrameSize: sizes}); err != nil {
+			bad(path, "%v", err)
 			continue
 		}
 		c.FrameSize[t] = int(n)
 	}
 
-	if fc.Quota.Events < 1 {
-		bad("quota.events", "must be at least 1, got %d (set quota.unlimited: true to turn the quota off)", fc.Quota.Events)
-	} else if fc.Quota.Events > ratelimit.MaxQuotaEvents {
-		bad("quota.events", "must be at most %d, got %d (set quota.unlimited: true to turn the quota off)", ratelimit.MaxQuotaEvents, fc.Quota.Events)
-	}
+	// The quota's window is fixed: the library takes any positive one; a
+	// window of less than a second counts nothing a person does, and one
+	// of more than a day keeps a pubkey's count for days.
+	window := time.Minute // to ask NewQuota about events while the window is wrong
 	if d, err := parseDuration(fc.Quota.Window); err != nil {
 		bad("quota.window", "%v", err)
 	} else if d < time.Second || d > maxPeriod {
 		bad("quota.window", "must be between 1s and %v, got %v", maxPeriod, d)
 	} else {
-		c.QuotaWindow = d
+		c.QuotaWindow, window = d, d
+	}
+	// Checked even when unlimited: 0 there is a mistake in the making.
+	if _, err := ratelimit.NewQuota(int(max(min(fc.Quota.Events, math.MaxInt), math.MinInt)), window); err != nil {
+		bad("quota.events", "%v; quota.unlimited: true turns the quota off", err)
 	}
 
-	if p := fc.Identity.IPv6Prefix; p < 16 || p > 128 {
-		// Below /16 every IPv6 client of a continent would share one budget.
-		bad("identity.ipv6_prefix", "must be between 16 and 128, got %d", p)
+	// The library takes 1…128 (0: its default); below /16 every IPv6
+	// client of a continent would share one budget.
+	if p := fc.Identity.IPv6Prefix; p < 16 {
+		bad("identity.ipv6_prefix", "must be at least 16, got %d", p)
+	} else if err := (&relay.Identity{IPv6Prefix: int(min(p, math.MaxInt))}).Validate(); err != nil {
+		bad("identity.ipv6_prefix", "%v", err)
 	}
 	c.Identity.IPv6Prefix = int(fc.Identity.IPv6Prefix)
-	c.Identity.TrustedProxies = resolvePrefixes("identity.trusted_proxies", fc.Identity.TrustedProxies, bad)
+	for i, s := range fc.Identity.TrustedProxies {
+		path := fmt.Sprintf("identity.trusted_proxies[%d]", i)
+		p, err := parsePrefix(s)
+		if err == nil {
+			err = (&relay.Identity{TrustedProxies: []netip.Prefix{p}}).Validate()
+		}
+		if err != nil {
+			bad(path, "%v", err)
+			continue
+		}
+		c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, p)
+	}
 	c.Identity.Header = fc.Identity.Header
 	if c.Identity.Header == "" {
+		// The library reads "" as X-Forwarded-For; in the file it is
+		// more likely a value forgotten.
 		bad("identity.header", "must not be empty (X-Forwarded-For, X-Real-IP or another forwarding header)")
 	} else if err := (&relay.Identity{Header: c.Identity.Header}).Validate(); err != nil {
 		bad("identity.header", "%v", err)
 	}
 
-	resolvePrefixes("allow.ips", fc.Allow.IPs, bad)
-	var pubkeys []string
+	// npubs are the binary's to read (NIP-19); the allow-list judges the
+	// hex and the addresses, and its error names the entry (ips[0]).
+	pubkeys := make([]string, len(fc.Allow.Pubkeys))
+	npubsOK := true
 	for i, s := range fc.Allow.Pubkeys {
 		pk, err := parsePubkey(s)
 		if err != nil {
 			bad(fmt.Sprintf("allow.pubkeys[%d]", i), "%v", err)
-			continue
+			npubsOK = false
 		}
-		pubkeys = append(pubkeys, pk)
+		pubkeys[i] = pk
+	}
+	if npubsOK && (len(fc.Allow.IPs) > 0 || len(pubkeys) > 0) {
+		if al, err := relay.NewAllowList(fc.Allow.IPs, pubkeys); err != nil {
+			bad("allow", "%v", err)
+		} else {
+			c.Identity.Allow = al
+		}
 	}
 
+	if more > 0 {
+		errs = append(errs, fmt.Errorf("%w: and %d more", errConfig, more))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
-	}
-	// A second line of defence: the library's own checks, which the
-	// per-field checks above should leave nothing to find.
-	if err := c.Limits.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: limits: %v", errConfig, err)
-	}
-	if err := c.Identity.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: identity: %v", errConfig, err)
-	}
-	if len(fc.Allow.IPs) > 0 || len(pubkeys) > 0 {
-		al, err := relay.NewAllowList(fc.Allow.IPs, pubkeys)
-		if err != nil {
-			return nil, fmt.Errorf("%w: allow: %v", errConfig, err)
-		}
-		c.Identity.Allow = al
 	}
 	return c, nil
 }
 
-func resolveLimits(path string, ls []limitConfig, bad func(string, string, ...any)) ([]ratelimit.Limit, bool) {
-	if len(ls) > maxWindows {
-		bad(path, "at most %d windows, got %d", maxWindows, len(ls))
-		return nil, false
-	}
+// resolveLimits reads the windows at path into ratelimit.Limits. A window
+// the file cannot mean (a field missing, a period that is not a duration,
+// a cost of 0, which ratelimit.Limit reads as 1) is refused here; the
+// library's Limit.Validate judges each window, and ValidateLimits the list
+// (how many, and no period twice), its error naming the first window at
+// which the list goes wrong; then the binary's own bounds (maxPeriod,
+// maxRate, an interval of at least a microsecond).
+func resolveLimits(path string, ls []limitConfig, bad func(string, string, ...any)) []ratelimit.Limit {
 	out := make([]ratelimit.Limit, 0, len(ls))
 	ok := true
-	periods := make(map[time.Duration]bool, len(ls))
 	for i, lc := range ls {
 		p := fmt.Sprintf("%s[%d]", path, i)
 		fine := true
-		cost := 1.0
-		if lc.Cost != nil {
-			cost = *lc.Cost
-			if math.IsNaN(cost) || math.IsInf(cost, 0) || cost <= 0 {
-				bad(p+".cost", "must be a number greater than 0, got %v", cost)
-				fine = false
-			}
-		}
-		var rate float64
-		switch {
-		case lc.Rate == nil:
+		if lc.Rate == nil {
 			bad(p+".rate", "is required")
 			fine = false
-		case math.IsNaN(*lc.Rate) || math.IsInf(*lc.Rate, 0) || *lc.Rate > maxRate:
-			bad(p+".rate", "must be a finite number at most %g, got %v", float64(maxRate), *lc.Rate)
-			fine = false
-		case fine && *lc.Rate <= cost:
-			// R ≤ c can never admit a message, and its wait is undefined.
-			bad(p+".rate", "must be greater than cost %v, got %v", cost, *lc.Rate)
-			fine = false
-		default:
-			rate = *lc.Rate
+		}
+		cost := 1.0
+		if lc.Cost != nil {
+			if cost = float64(*lc.Cost); cost == 0 {
+				bad(p+".cost", "must be greater than 0 (leave it out for the default, 1)")
+				fine = false
+			}
 		}
 		var period time.Duration
 		if lc.Period == "" {
@@ -740,62 +960,87 @@ func resolveLimits(path string, ls []limitConfig, bad func(string, string, ...an
 		} else if d, err := parseDuration(lc.Period); err != nil {
 			bad(p+".period", "%v", err)
 			fine = false
-		} else if d < time.Millisecond || d > maxPeriod || d%time.Millisecond != 0 {
-			bad(p+".period", "must be a whole number of milliseconds between 1ms and %v, got %v", maxPeriod, d)
-			fine = false
-		} else if periods[d] {
-			// Two windows of one period share one store key.
-			bad(p+".period", "%v appears twice", d)
-			fine = false
 		} else {
-			periods[d] = true
 			period = d
 		}
 		if !fine {
 			ok = false
 			continue
 		}
-		l := ratelimit.Limit{Rate: rate, Period: period, Cost: cost}
-		if rate/cost > maxRate {
-			bad(p, "rate/cost is %g; a burst can be at most %g messages", rate/cost, float64(maxRate))
-			ok = false
-			continue
-		}
-		if l.Interval() < time.Microsecond {
-			// Beyond this the math still works, but nothing real sends
-			// that fast, and float rounding makes the interval 0.
-			bad(p, "%s allows more than a million messages a second; lower rate or raise period", limitString(l))
+		l := ratelimit.Limit{Rate: float64(*lc.Rate), Period: period, Cost: cost}
+		if err := l.Validate(); err != nil {
+			bad(p, "%v", err)
 			ok = false
 			continue
 		}
 		out = append(out, l)
 	}
-	return out, ok
-}
-
-func resolvePrefixes(path string, ss []string, bad func(string, string, ...any)) []netip.Prefix {
-	var out []netip.Prefix
-	for i, s := range ss {
-		p, err := parsePrefix(s)
-		if err != nil {
-			bad(fmt.Sprintf("%s[%d]", path, i), "%v", err)
+	if !ok {
+		return nil
+	}
+	if err := ratelimit.ValidateLimits(out); err != nil {
+		// Find the window at which the list first fails: the one past
+		// ratelimit.MaxWindows, or the second of one period.
+		for n := 1; n <= len(out); n++ {
+			if err := ratelimit.ValidateLimits(out[:n]); err != nil {
+				bad(fmt.Sprintf("%s[%d]", path, n-1), "%v", err)
+				break
+			}
+		}
+		return nil
+	}
+	for i, l := range out {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		switch {
+		case l.Period > maxPeriod:
+			bad(p+".period", "must be at most %v, got %v", maxPeriod, l.Period)
+		case l.Rate > maxRate:
+			bad(p+".rate", "must be at most %g, got %v", float64(maxRate), l.Rate)
+		case l.Rate/l.Cost > maxRate:
+			bad(p, "rate/cost is %g; a burst can be at most %g messages", l.Rate/l.Cost, float64(maxRate))
+		case l.Interval() < time.Microsecond:
+			// Beyond this the math still works, but nothing real sends
+			// that fast, and float rounding makes the interval 0.
+			bad(p, "%s allows more than a million messages a second; lower rate or raise period", limitString(l))
+		default:
 			continue
 		}
-		out = append(out, p)
+		out = nil
 	}
 	return out
 }
 
+// probeLimiter backs the gates validate builds only to ask relay.New (and
+// Gate.Proxy) about a value; they are never served.
+var probeLimiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.LimiterOptions{BlockedSlots: 4})
+
+// newProbeGate returns relay.New's verdict on opts, with no limits (those
+// are judged window by window) and the probe limiter.
+func newProbeGate(opts relay.Options) (*relay.Gate, error) {
+	opts.Limiter = probeLimiter
+	opts.Limits = &relay.Limits{}
+	return relay.New(opts)
+}
+
+// probeGate is a gate of the zero options, to ask Gate.Proxy about an
+// upstream URL.
+func probeGate() *relay.Gate {
+	g, err := newProbeGate(relay.Options{})
+	if err != nil {
+		panic(err) // the zero options are valid
+	}
+	return g
+}
+
 // parsePrefix reads a CIDR ("10.0.0.0/8", "2001:db8::/32") or a single
-// address (taken as /32 or /128).
+// address (taken as /32 or /128) of identity.trusted_proxies; the library
+// takes netip.Prefix values there and judges them (Identity.Validate),
+// not strings. A prefix with host bits set is refused as a typo.
 func parsePrefix(s string) (netip.Prefix, error) {
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			return netip.Prefix{}, fmt.Errorf("not a CIDR: %q", s)
-		}
-		if p.Addr().Zone() != "" {
-			return netip.Prefix{}, fmt.Errorf("zones are not allowed: %q", s)
 		}
 		if p.Masked() != p {
 			return netip.Prefix{}, fmt.Errorf("%q has host bits set (did you mean %v?)", s, p.Masked())
@@ -804,31 +1049,26 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil || a.Zone() != "" {
+		// A zone would be dropped by netip.PrefixFrom and match every
+		// interface's address.
 		return netip.Prefix{}, fmt.Errorf("not an IP address or CIDR: %q", s)
 	}
 	a = a.Unmap()
 	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
-// parsePubkey accepts 64 hex digits or an npub and returns lower-case hex.
+// parsePubkey turns an npub into hex and returns anything else as it is,
+// for the library to judge as hex.
 func parsePubkey(s string) (string, error) {
-	if strings.HasPrefix(s, "npub1") {
-		prefix, v, err := nip19.Decode(s)
-		if err != nil || prefix != "npub" {
-			return "", fmt.Errorf("not a valid npub: %q", s)
-		}
-		pk, _ := v.(string)
-		return pk, nil
+	if !strings.HasPrefix(s, "npub1") {
+		return s, nil
 	}
-	if len(s) != 64 {
-		return "", fmt.Errorf("must be 64 hex digits or an npub, got %q", s)
+	prefix, v, err := nip19.Decode(s)
+	if err != nil || prefix != "npub" {
+		return "", fmt.Errorf("not a valid npub: %q", s)
 	}
-	for _, r := range s {
-		if !strings.ContainsRune("0123456789abcdefABCDEF", r) {
-			return "", fmt.Errorf("must be 64 hex digits or an npub, got %q", s)
-		}
-	}
-	return strings.ToLower(s), nil
+	pk, _ := v.(string)
+	return pk, nil
 }
 
 func parseDuration(s string) (time.Duration, error) {
@@ -886,34 +1126,19 @@ func sameListener(a, b string) bool {
 	return covers(ipa, ipb) || covers(ipb, ipa) || (ipa != nil && ipb != nil && ipa.Equal(ipb))
 }
 
-// checkRelayURL checks relay_url as the gate will read it (a ws:// or
-// wss:// URL with a host), and refuses what no public relay URL has: an
-// AUTH relay tag is compared by host and path, so credentials, a query or
-// a fragment could only be a mistake.
+// checkRelayURL refuses, in a relay_url the gate accepts (a ws:// or
+// wss:// URL with a host), what no public relay URL has: an AUTH relay tag
+// is compared by host and path, so credentials, a query or a fragment
+// could only be a mistake. The gate takes them; the binary does not.
 func checkRelayURL(s string) error {
-	if err := checkUpstream(s); err != nil {
-		return err
-	}
-	u, _ := url.Parse(s) // checkUpstream parsed it
-	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
-		return fmt.Errorf("must have no query or fragment, got %q", s)
-	}
-	return nil
-}
-
-func checkUpstream(s string) error {
 	u, err := url.Parse(s)
-	if err != nil {
+	switch {
+	case err != nil:
 		return fmt.Errorf("not a URL: %q", s)
-	}
-	if u.Scheme != "ws" && u.Scheme != "wss" {
-		return fmt.Errorf("must be a ws:// or wss:// URL, got %q", s)
-	}
-	if u.Host == "" {
-		return fmt.Errorf("has no host: %q", s)
-	}
-	if u.User != nil {
+	case u.User != nil:
 		return errors.New("must not carry credentials")
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return fmt.Errorf("must have no query or fragment, got %q", s)
 	}
 	return nil
 }
@@ -927,6 +1152,24 @@ func checkRedisURL(s string) error {
 		return err
 	}
 	return client.Close()
+}
+
+// checkPrefix asks redisstore.New whether it takes prefix (it refuses
+// braces, which would end a key's cluster hash tag early), on a client
+// that is never used: go-redis dials on a client's first command, not when
+// it is made. The prefix is checked with the memory store too, so that
+// moving to Redis does not turn up an error of the old file.
+func checkPrefix(prefix string) error {
+	client, err := redisstore.NewClient("redis://127.0.0.1:6379")
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	st, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+	if err != nil {
+		return err
+	}
+	return st.Close()
 }
 
 // forwardedTypes lists the types limits.frame_size may name: every type

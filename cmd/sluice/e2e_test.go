@@ -535,7 +535,7 @@ func TestE2ECheck(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
 		t.Errorf("check of a bad config: %v, want exit %d", err, exitUsage)
 	}
-	if !strings.Contains(string(out), "limits.message.EVENT[1].rate: must be greater than cost 1") {
+	if !strings.Contains(string(out), "limits.message.EVENT[1] (line 3, column 37): ratelimit: invalid limit: rate 1 must be greater than cost 1") {
 		t.Errorf("check output does not name the field:\n%s", out)
 	}
 
