@@ -70,6 +70,9 @@ test:
 			(cd $$m && $(GO) test $(TESTFLAGS) ./...) || status=1; \
 		fi; \
 	done; \
+	if ! command -v redis-server >/dev/null 2>&1 && [ -z "$$REQUIRE_REDIS" ]; then \
+		echo "make test: NOTE redis-server is not installed: the tests of the Redis store, Sentinel, Cluster and the shared-Redis end-to-end tests were SKIPPED (install redis-server, or set REQUIRE_REDIS=1 to make that a failure)"; \
+	fi; \
 	exit $$status
 
 bench:
