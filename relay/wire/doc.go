@@ -1,6 +1,9 @@
 // Package wire is sluice's reading of Nostr client frames, as bytes: the
 // one bounded scanner every check of the gate asks, and the replies the
 // gate writes. It does no I/O and allocates nothing on the per-frame path.
+// Besides the standard library it imports only package ratelimit (itself
+// standard-library only), for the one rule that rounds a wait up to the
+// seconds a refusal states.
 //
 // # Two readings, one scanner
 //
