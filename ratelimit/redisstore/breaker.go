@@ -12,14 +12,15 @@ const (
 	DefaultBreakerFailures    = 5
 	DefaultBreakerFailureRate = 0.5
 	DefaultBreakerWindow      = time.Second
-	DefaultBreakerCoolDown    = time.Second
+	DefaultBreakerCoolDown    = 100 * time.Millisecond
 )
 
 // BreakerOptions configures the circuit breaker. The zero value means the
 // defaults: open when, within the last DefaultBreakerWindow, at least
 // DefaultBreakerFailures round trips to Redis failed and they were at least
-// DefaultBreakerFailureRate of the round trips; stay open for
-// DefaultBreakerCoolDown.
+// DefaultBreakerFailureRate of the round trips; probe after a tenth of
+// DefaultBreakerCoolDown, then after twice as long at each failed probe, up
+// to DefaultBreakerCoolDown.
 //
 // The breaker measures Redis, so it counts round trips, not decisions: a
 // batch of 32 decisions that timed out is one failure, not 32, and a
@@ -37,10 +38,14 @@ type BreakerOptions struct {
 	// Window is how far back the breaker looks; 0 means
 	// DefaultBreakerWindow.
 	Window time.Duration
-	// CoolDown is how long the breaker stays open before it lets one probe
-	// through; 0 means DefaultBreakerCoolDown. An outage then costs at most
-	// about one dial attempt per CoolDown (times the client's retries), plus
-	// the failed round trips that opened it.
+	// CoolDown is the longest the breaker stays open before it lets one
+	// probe through; 0 means DefaultBreakerCoolDown. The first probe comes
+	// after a tenth of it, so that decisions resume within about that of
+	// Redis answering again; each failed probe doubles the wait, up to
+	// CoolDown, and a good one starts it over. An outage then costs a few
+	// dial attempts in its first second and about one per CoolDown after
+	// (times the client's retries), plus the failed round trips that
+	// opened it.
 	CoolDown time.Duration
 
 	// now is the breaker's clock; nil means time.Now. Tests set it.
@@ -100,6 +105,12 @@ type breaker struct {
 
 	openUntil atomic.Int64 // UnixNano; 0 means closed
 	probing   atomic.Bool  // a half-open probe is in flight
+	wait      atomic.Int64 // the cool-down after the next failed probe, ns
+}
+
+// firstCoolDown is the wait before the first probe of an outage.
+func (b *breaker) firstCoolDown() time.Duration {
+	return max(b.coolDown/10, time.Millisecond)
 }
 
 func newBreaker(o BreakerOptions) (*breaker, error) {
@@ -158,7 +169,9 @@ func (b *breaker) record(probe bool, o outcome) {
 			b.mu.Unlock()
 			b.openUntil.Store(0)
 		case outcomeFailed:
-			b.openUntil.Store(b.now().Add(b.coolDown).UnixNano())
+			wait := time.Duration(b.wait.Load())
+			b.wait.Store(int64(min(2*wait, b.coolDown)))
+			b.openUntil.Store(b.now().Add(wait).UnixNano())
 		}
 		b.probing.Store(false)
 		return
@@ -190,7 +203,10 @@ func (b *breaker) record(probe bool, o outcome) {
 	if failed >= b.threshold && float64(failed) >= b.rate*float64(ok+failed) {
 		// Only a call that finds it closed opens it; stragglers failing
 		// after it do not push the cool-down out.
-		b.openUntil.CompareAndSwap(0, time.Unix(0, now).Add(b.coolDown).UnixNano())
+		first := b.firstCoolDown()
+		if b.openUntil.CompareAndSwap(0, time.Unix(0, now).Add(first).UnixNano()) {
+			b.wait.Store(int64(min(2*first, b.coolDown)))
+		}
 	}
 }
 

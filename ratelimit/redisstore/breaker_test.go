@@ -57,13 +57,47 @@ func TestBreakerOpensOnFailureRate(t *testing.T) {
 			t.Fatal("open breaker let a call through")
 		}
 	}
-	clk.add(999 * time.Millisecond)
+	// The first probe comes after a tenth of the cool-down.
+	clk.add(99 * time.Millisecond)
 	if _, ok := b.allow(); ok || b.state() != BreakerOpen {
-		t.Fatal("let a call through before the cool-down ended")
+		t.Fatal("let a call through before the first cool-down ended")
 	}
 	clk.add(time.Millisecond)
 	if b.state() != BreakerHalfOpen {
-		t.Fatalf("state %v after the cool-down, want half-open", b.state())
+		t.Fatalf("state %v after the first cool-down, want half-open", b.state())
+	}
+}
+
+// TestBreakerProbesBackOff: the first probe of an outage comes after a
+// tenth of CoolDown, so decisions resume within that of Redis answering;
+// each failed probe doubles the wait up to CoolDown; a good probe starts
+// it over.
+func TestBreakerProbesBackOff(t *testing.T) {
+	clk := newFakeClock()
+	b := mustBreaker(t, BreakerOptions{Failures: 1, CoolDown: time.Second, now: clk.now})
+	b.record(false, outcomeFailed)
+	for _, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+		want *= time.Millisecond
+		clk.add(want - time.Millisecond)
+		if _, ok := b.allow(); ok {
+			t.Fatalf("probe before %v", want)
+		}
+		clk.add(time.Millisecond)
+		probe, ok := b.allow()
+		if !ok || !probe {
+			t.Fatalf("no probe after %v", want)
+		}
+		b.record(true, outcomeFailed)
+	}
+	clk.add(time.Second)
+	if probe, ok := b.allow(); !ok || !probe {
+		t.Fatal("no probe after the longest cool-down")
+	}
+	b.record(true, outcomeOK)
+	b.record(false, outcomeFailed) // a new outage
+	clk.add(100 * time.Millisecond)
+	if probe, ok := b.allow(); !ok || !probe {
+		t.Fatal("a new outage does not start the backoff over")
 	}
 }
 

@@ -49,8 +49,9 @@
 // The breaker measures Redis: it counts round trips (a batch is one), not
 // decisions, and opens when, within the last Breaker.Window, at least
 // Breaker.Failures of them failed and they were at least
-// Breaker.FailureRate of all; then the store stops calling Redis for
-// Breaker.CoolDown and fails every decision at once. A failure is Redis not
+// Breaker.FailureRate of all; then the store stops calling Redis for a
+// tenth of Breaker.CoolDown, doubling at each failed probe up to
+// Breaker.CoolDown (100 ms by default), and fails every decision at once. A failure is Redis not
 // answering in time (the decision's deadline) or answering something that
 // is not the script's reply; a caller cancelling, Redis refusing one key
 // (a corrupt stored value, CROSSSLOT for a key without a hash tag), or a
