@@ -457,14 +457,12 @@ func (c *conn) admit(frame []byte) bool {
 	}
 	switch t {
 	case TypeREQ:
-		id := facts.SubID[1 : len(facts.SubID)-1]
-		if !c.subs.has(id) && c.subs.len() >= c.g.maxSubs {
+		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs) {
 			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), p.Frame(), c.g.tooManySubs))
 			obs.frame(t, OverCap)
 			obs.refusal(c.who, t, OverCap)
 			return false
 		}
-		c.subs.add(id)
 	case TypeCLOSE:
 		c.subs.remove(facts.SubID[1 : len(facts.SubID)-1])
 	case TypeEVENT:

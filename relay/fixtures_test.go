@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nbd-wtf/go-nostr"
+
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // Canonical event fixtures for the gate's tests (wire's tests have their
@@ -41,7 +43,7 @@ func signedAuth(t testing.TB, sk, challenge, relayURL string, at time.Time) (str
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, ok := decodePubkey(ev.ID)
+	id, ok := wire.DecodeHex32(ev.ID)
 	if !ok {
 		t.Fatalf("bad id %q", ev.ID)
 	}

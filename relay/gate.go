@@ -526,6 +526,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	}
 	clientConn.SetReadLimit(g.readLimit)
 
+	_, host := requestOrigin(r, g.fromTrustedProxy(r))
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
 		g:       g,
@@ -536,7 +537,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		cancel:  cancel,
 		closing: make(chan struct{}),
 		who:     client,
-		host:    requestHost(r, g.fromTrustedProxy(r)),
+		host:    host,
 		meter:   mc.m,
 		wire:    mc,
 		keys:    keysFor(client),

@@ -200,6 +200,11 @@ func (h *Hooks) who(addr, authed string) (key string, charge bool) {
 // call from inside the relay (khatru's AddEvent has no connection), not a
 // client's, and passes uncharged.
 func (h *Hooks) charge(ctx context.Context, addr, authed string, t Type) verdict {
+	return h.chargeWith(ctx, addr, authed, t, h.limits.Message[t])
+}
+
+// chargeWith is charge against limits instead of t's own.
+func (h *Hooks) chargeWith(ctx context.Context, addr, authed string, t Type, limits []ratelimit.Limit) verdict {
 	if addr == "" {
 		return verdict{}
 	}
@@ -208,7 +213,7 @@ func (h *Hooks) charge(ctx context.Context, addr, authed string, t Type) verdict
 		h.frame(t, Allowlisted)
 		return verdict{}
 	}
-	return h.decide(ctx, key, t)
+	return h.decideWith(ctx, key, t, limits)
 }
 
 // decide charges one message of type t to client key.
@@ -530,16 +535,11 @@ func (h *Hooks) req(ctx context.Context, addr string, n int) verdict {
 		h.frame(TypeREQ, Invalid)
 		return verdict{refuse: true, reason: h.tooManyFilters}
 	}
-	key, ok := h.who(addr, "")
-	if !ok {
-		h.frame(TypeREQ, Allowlisted)
-		return verdict{}
-	}
 	lims := h.limits.Message[TypeREQ]
 	if n >= 1 && len(lims) > 0 {
 		lims = h.reqLimits[n]
 	}
-	return h.decideWith(ctx, key, TypeREQ, lims)
+	return h.chargeWith(ctx, addr, "", TypeREQ, lims)
 }
 
 // track remembers ctx's scope in m until ctx ends.

@@ -370,7 +370,7 @@ func NewAllowList(ips []string, pubkeys []string) (*AllowList, error) {
 		al.IPs = append(al.IPs, p)
 	}
 	for i, s := range pubkeys {
-		k, ok := decodePubkey(s)
+		k, ok := wire.DecodeHex32(s)
 		if !ok {
 			return nil, fmt.Errorf("%w: pubkeys[%d] %q is not 64 hex digits", ErrAllowList, i, s)
 		}
@@ -402,7 +402,7 @@ func (al *AllowList) AllowsPubkey(pubkeyHex string) bool {
 	if al == nil {
 		return false
 	}
-	k, ok := decodePubkey(pubkeyHex)
+	k, ok := wire.DecodeHex32(pubkeyHex)
 	if !ok {
 		return false
 	}
@@ -411,15 +411,12 @@ func (al *AllowList) AllowsPubkey(pubkeyHex string) bool {
 		return ok
 	}
 	for _, p := range al.Pubkeys {
-		if q, ok := decodePubkey(p); ok && q == k {
+		if q, ok := wire.DecodeHex32(p); ok && q == k {
 			return true
 		}
 	}
 	return false
 }
-
-// decodePubkey decodes exactly 64 hex digits.
-func decodePubkey(s string) ([32]byte, bool) { return wire.DecodeHex32(s) }
 
 // AllowsAddr reports whether Allow lists addr; false for a nil Identity or Allow.
 func (id *Identity) AllowsAddr(addr netip.Addr) bool {

@@ -7,10 +7,10 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// This file holds what the gate needs for the actor quota: a bounded
-// per-connection table of forwarded event ids awaiting the relay's OK, and
-// one of the ids already charged, so that a re-sent event the relay
-// accepts again is not charged twice.
+// This file holds what the gate needs for the actor quota: bounded
+// per-connection tables of forwarded event ids awaiting the relay's OK, and
+// of the ids already charged, so that a re-sent event the relay accepts
+// again is not charged twice.
 
 // hex32 is an event id or a pubkey, decoded from its 64 hex digits.
 type hex32 = wire.Hex32
@@ -22,102 +22,88 @@ type hex32 = wire.Hex32
 // answer in milliseconds) and bounds the table at ~25 KiB per connection.
 const DefaultPending = 256
 
-// pending is a bounded table of forwarded event ids and the actor each
-// one will be charged to. The client reader adds, the relay reader takes;
-// it is safe for concurrent use.
-type pending struct {
+// idTable is a bounded table of event ids and a value each, holding the
+// DefaultPending ids added last: adding past that evicts the oldest. Its
+// ring is allocated by the first add (most connections only read, and
+// 8 KiB each would add up). It is safe for concurrent use.
+type idTable[V any] struct {
 	mu   sync.Mutex
-	byID map[hex32]pendingEntry
-	// ring is allocated by the first add: most connections only read,
-	// and 8 KiB each would add up.
+	byID map[hex32]idEntry[V]
 	ring *[DefaultPending]hex32
 	next int // the ring slot written next, and evicted first
 	full bool
 }
 
-type pendingEntry struct {
-	actor string
-	slot  int // the ring slot that holds this id, so eviction spares a re-added id
+type idEntry[V any] struct {
+	v    V
+	slot int // the ring slot that holds this id, so eviction spares a re-added id
 }
 
-// add remembers id → actor, evicting the oldest entry when full.
-func (p *pending) add(id hex32, actor string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.byID == nil {
-		p.byID = make(map[hex32]pendingEntry, 16)
-		p.ring = new([DefaultPending]hex32)
+// add remembers id → v, evicting the oldest entry when full.
+func (t *idTable[V]) add(id hex32, v V) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.byID == nil {
+		t.byID = make(map[hex32]idEntry[V], 16)
+		t.ring = new([DefaultPending]hex32)
 	}
-	if p.full {
-		old := p.ring[p.next]
-		if e, ok := p.byID[old]; ok && e.slot == p.next {
-			delete(p.byID, old)
+	if t.full {
+		old := t.ring[t.next]
+		if e, ok := t.byID[old]; ok && e.slot == t.next {
+			delete(t.byID, old)
 		}
 	}
-	p.ring[p.next] = id
-	p.byID[id] = pendingEntry{actor: actor, slot: p.next}
-	p.next++
-	if p.next == len(p.ring) {
-		p.next, p.full = 0, true
+	t.ring[t.next] = id
+	t.byID[id] = idEntry[V]{v: v, slot: t.next}
+	t.next++
+	if t.next == len(t.ring) {
+		t.next, t.full = 0, true
 	}
 }
 
-// take returns and forgets the actor for id.
-func (p *pending) take(id hex32) (string, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	e, ok := p.byID[id]
+// get returns the value for id.
+func (t *idTable[V]) get(id hex32) (V, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.byID[id]
+	return e.v, ok
+}
+
+// take returns and forgets the value for id.
+func (t *idTable[V]) take(id hex32) (V, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.byID[id]
 	if ok {
-		delete(p.byID, id)
+		delete(t.byID, id)
 	}
-	return e.actor, ok
+	return e.v, ok
 }
 
-// len returns the number of ids awaiting an answer.
-func (p *pending) len() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.byID)
+// len returns the number of ids held.
+func (t *idTable[V]) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.byID)
 }
 
-// DefaultCharged is how many charged event ids per connection the gate
-// remembers, so that the relay accepting the same event again (khatru
-// answers a re-sent event OK true, without "duplicate:") within the quota
-// window costs its actor nothing more. A client re-sending more distinct
-// events than this in one window is charged again for the oldest.
-const DefaultCharged = 256
+// pending holds the forwarded EVENTs awaiting the relay's OK and the actor
+// each will be charged to: the client reader adds, the relay reader takes.
+type pending = idTable[string]
 
-// charged is a ring of the event ids charged to the quota on one
-// connection and when. It is used by the relay reader only.
-type charged struct {
-	ring *[DefaultCharged]chargedEntry // allocated by the first charge
-	next int
-}
-
-type chargedEntry struct {
-	id hex32
-	at time.Time
-}
+// charged holds the event ids charged to the quota on one connection and
+// when, so that the relay accepting the same event again (khatru answers a
+// re-sent event OK true, without "duplicate:") within the quota window
+// costs its actor nothing more. It keeps the DefaultPending ids charged
+// last: a client re-sending more distinct events than that in one window
+// is charged again for the oldest.
+type charged struct{ at idTable[time.Time] }
 
 // seen reports whether id was charged less than window before now.
 func (c *charged) seen(id hex32, now time.Time, window time.Duration) bool {
-	if c.ring == nil {
-		return false
-	}
-	for i := range c.ring {
-		e := &c.ring[i]
-		if e.id == id && !e.at.IsZero() && now.Sub(e.at) < window {
-			return true
-		}
-	}
-	return false
+	at, ok := c.at.get(id)
+	return ok && now.Sub(at) < window
 }
 
-// add records id as charged at now, evicting the oldest entry.
-func (c *charged) add(id hex32, now time.Time) {
-	if c.ring == nil {
-		c.ring = new([DefaultCharged]chargedEntry)
-	}
-	c.ring[c.next] = chargedEntry{id: id, at: now}
-	c.next = (c.next + 1) % DefaultCharged
-}
+// add records id as charged at now.
+func (c *charged) add(id hex32, now time.Time) { c.at.add(id, now) }

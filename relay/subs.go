@@ -28,43 +28,35 @@ const DefaultMaxConnections = 64
 // a literal's quotes are the id. Safe for concurrent use (the client
 // reader opens and closes, the relay reader closes).
 type subTable struct {
-	mu   sync.Mutex
-	open map[string]struct{}
+	mu  sync.Mutex
+	ids map[string]struct{}
 }
 
-// has reports whether id (decoded) is open.
-func (s *subTable) has(id []byte) bool {
+// open opens id unless it is not open yet and limit are: a REQ reusing an
+// open id replaces that subscription and takes no new place. It reports
+// whether id is open now.
+func (s *subTable) open(id []byte, limit int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.open[string(id)]
-	return ok
-}
-
-// len returns the number of open subscriptions.
-func (s *subTable) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.open)
-}
-
-// add opens id.
-func (s *subTable) add(id []byte) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.open == nil {
-		s.open = make(map[string]struct{})
+	if _, ok := s.ids[string(id)]; ok {
+		return true
 	}
-	if _, ok := s.open[string(id)]; !ok {
-		s.open[string(id)] = struct{}{}
+	if len(s.ids) >= limit {
+		return false
 	}
+	if s.ids == nil {
+		s.ids = make(map[string]struct{})
+	}
+	s.ids[string(id)] = struct{}{}
+	return true
 }
 
 // remove closes id and reports whether it was open.
 func (s *subTable) remove(id []byte) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.open[string(id)]
-	delete(s.open, string(id))
+	_, ok := s.ids[string(id)]
+	delete(s.ids, string(id))
 	return ok
 }
 

@@ -109,12 +109,6 @@ func requestOrigin(r *http.Request, trustedPeer bool) (proto, host string) {
 	return proto, host
 }
 
-// requestHost is the host of requestOrigin.
-func requestHost(r *http.Request, trustedPeer bool) string {
-	_, host := requestOrigin(r, trustedPeer)
-	return host
-}
-
 // clientAddrKey carries the client's address to the in-process dialer, so
 // that the relay's request has it as RemoteAddr.
 type clientAddrKey struct{}
