@@ -19,12 +19,12 @@ var benchKeys = func() []string {
 	return keys
 }()
 
-var benchLimits = map[string][]ratelimit.Limit{
+var benchLimits = map[string]*ratelimit.Windows{
 	// Generous: the common case, every message admitted.
-	"windows=1": {ratelimit.PerPeriod(1e9, time.Second)},
-	"windows=2": {ratelimit.PerPeriod(1e9, time.Second), ratelimit.PerPeriod(1e10, time.Minute)},
+	"windows=1": ratelimit.MustWindows(ratelimit.PerPeriod(1e9, time.Second)),
+	"windows=2": ratelimit.MustWindows(ratelimit.PerPeriod(1e9, time.Second), ratelimit.PerPeriod(1e10, time.Minute)),
 	// Tight: most messages refused, so the wait is computed.
-	"windows=2/refusing": {ratelimit.PerPeriod(2, time.Second), ratelimit.PerPeriod(4, time.Minute)},
+	"windows=2/refusing": ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second), ratelimit.PerPeriod(4, time.Minute)),
 }
 
 // goroutineSeq hands each RunParallel goroutine its own starting point.
@@ -38,44 +38,26 @@ func reportCPU(b *testing.B, start time.Duration) {
 	}
 }
 
-// BenchmarkMemoryStoreDecide measures one decision through DecideInto with
-// the caller's score buffer (the zero-allocation form), and through the
-// Store interface's Decide, which allocates Decision.Scores.
+// BenchmarkMemoryStoreDecide measures one decision through the Store
+// interface: no allocation, admitted or refused.
 func BenchmarkMemoryStoreDecide(b *testing.B) {
 	for _, name := range []string{"windows=1", "windows=2", "windows=2/refusing"} {
 		limits := benchLimits[name]
 		b.Run(name, func(b *testing.B) {
-			m := ratelimit.NewMemoryStore(0)
+			var s ratelimit.Store = ratelimit.NewMemoryStore(0)
 			ctx := context.Background()
 			b.ReportAllocs()
 			cpu := processCPU()
 			b.RunParallel(func(pb *testing.PB) {
 				i := int(goroutineSeq.Add(1)) * 997
-				buf := make([]float64, 0, ratelimit.MaxWindows)
 				for pb.Next() {
 					i++
-					at := t0.Add(time.Duration(i) * time.Microsecond)
-					m.DecideInto(ctx, benchKeys[i&4095], limits, at, buf)
+					s.Decide(ctx, benchKeys[i&4095], limits, t0.Add(time.Duration(i)*time.Microsecond))
 				}
 			})
 			reportCPU(b, cpu)
 		})
 	}
-	b.Run("windows=2/Decide", func(b *testing.B) {
-		var s ratelimit.Store = ratelimit.NewMemoryStore(0)
-		limits := benchLimits["windows=2"]
-		ctx := context.Background()
-		b.ReportAllocs()
-		cpu := processCPU()
-		b.RunParallel(func(pb *testing.PB) {
-			i := int(goroutineSeq.Add(1)) * 997
-			for pb.Next() {
-				i++
-				s.Decide(ctx, benchKeys[i&4095], limits, t0.Add(time.Duration(i)*time.Microsecond))
-			}
-		})
-		reportCPU(b, cpu)
-	})
 }
 
 // BenchmarkLimiterAllow is the gate's hot path over the memory store:
@@ -101,7 +83,7 @@ func BenchmarkLimiterAllow(b *testing.B) {
 func BenchmarkLimiterBlockedFlood(b *testing.B) {
 	store := &countingStore{inner: ratelimit.NewMemoryStore(0)}
 	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Hour))
 	ctx := context.Background()
 	flooders := benchKeys[:64]
 	for _, k := range flooders {

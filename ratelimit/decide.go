@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"fmt"
 	"math"
 	"time"
 )
@@ -30,19 +29,8 @@ func decayAt(s float64, at, now int64, periodMs float64) float64 {
 	return s * math.Exp2(-x)
 }
 
-// checkLimit reports whether l can be decided at all. It is the cheap part of
-// Validate, run per decision so that an unvalidated limit fails closed instead
-// of producing NaN waits.
-func checkLimit(l Limit) (periodMs, cost float64, err error) {
-	periodMs = float64(l.Period) / float64(time.Millisecond)
-	cost = l.cost()
-	if !(periodMs >= 1) || !(cost > 0) || !(l.Rate-cost > 0) || math.IsInf(l.Rate, 1) {
-		return 0, 0, fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrInvalidLimit, l)
-	}
-	return periodMs, cost, nil
-}
-
-// decide is the whole decision for one key, pure and allocation-free. Per
+// decide is the whole decision for one key against prepared windows (valid
+// by construction: NewWindows checked them), pure and allocation-free. Per
 // window i it is given the stored score[i] and the unix millisecond at[i] it
 // was written; now is the instant of the decision in unix milliseconds.
 //
@@ -59,28 +47,25 @@ func checkLimit(l Limit) (periodMs, cost float64, err error) {
 // further when float error is large, see waitMs), so float error in Log2 or
 // Exp2 can never make an obedient client be refused, and a client coming
 // back 1 ms sooner is always refused.
-func decide(limits []Limit, score []float64, at []int64, now int64, out []float64) (bool, time.Duration, error) {
+func decide(ws *Windows, score []float64, at []int64, now int64, out []float64) (bool, time.Duration) {
 	allowed := true
 	var wait int64
-	for i, l := range limits {
-		periodMs, cost, err := checkLimit(l)
-		if err != nil {
-			return false, 0, err
-		}
+	for i := range ws.win {
+		l := &ws.win[i]
 		s, w := score[i], at[i]
-		d := decayAt(s, w, now, periodMs)
+		d := decayAt(s, w, now, l.periodMs)
 		score[i] = d
-		if d+cost <= l.Rate {
+		if d+l.cost <= l.rate {
 			continue
 		}
 		allowed = false
-		if wi := waitMs(s, w, now, periodMs, cost, l.Rate); wi > wait {
+		if wi := waitMs(s, w, now, l.periodMs, l.cost, l.rate); wi > wait {
 			wait = wi
 		}
 	}
 	if allowed {
-		for i, l := range limits {
-			score[i] += l.cost()
+		for i := range ws.win {
+			score[i] += ws.win[i].cost
 			if now > at[i] {
 				at[i] = now
 			}
@@ -88,9 +73,9 @@ func decide(limits []Limit, score []float64, at []int64, now int64, out []float6
 		wait = 0
 	}
 	if out != nil {
-		copy(out, score[:len(limits)])
+		copy(out, score[:len(ws.win)])
 	}
-	return allowed, time.Duration(wait) * time.Millisecond, nil
+	return allowed, time.Duration(wait) * time.Millisecond
 }
 
 // waitMs returns the smallest w ≥ 1 (milliseconds) such that score s written

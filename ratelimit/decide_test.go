@@ -81,21 +81,21 @@ func TestDecayAt(t *testing.T) {
 // TestDecideIsPure: a refusal leaves the state it was given untouched apart
 // from reporting decayed scores, and an admission writes decayed+c at now.
 func TestDecideIsPure(t *testing.T) {
-	limits := []Limit{PerPeriod(2, time.Second), PerPeriod(10, time.Minute)}
+	limits := MustWindows(PerPeriod(2, time.Second), PerPeriod(10, time.Minute))
 	score := []float64{2, 1}
 	at := []int64{1000, 1000}
 	out := make([]float64, 2)
-	ok, wait, err := decide(limits, score, at, 1000, out)
-	if err != nil || ok || wait != time.Second {
-		t.Fatalf("decide = %v %v %v, want refused for 1s", ok, wait, err)
+	ok, wait := decide(limits, score, at, 1000, out)
+	if ok || wait != time.Second {
+		t.Fatalf("decide = %v %v, want refused for 1s", ok, wait)
 	}
 	if at[0] != 1000 || at[1] != 1000 || out[0] != 2 || out[1] != 1 {
 		t.Fatalf("refusal changed state: at %v out %v", at, out)
 	}
 	score = []float64{2, 1}
-	ok, wait, err = decide(limits, score, at, 2000, out)
-	if err != nil || !ok || wait != 0 {
-		t.Fatalf("decide a second later = %v %v %v, want admitted", ok, wait, err)
+	ok, wait = decide(limits, score, at, 2000, out)
+	if !ok || wait != 0 {
+		t.Fatalf("decide a second later = %v %v, want admitted", ok, wait)
 	}
 	if at[0] != 2000 || at[1] != 2000 || score[0] != 2 || out[1] != score[1] || math.Abs(score[1]-(1*math.Exp2(-1.0/60)+1)) > 1e-15 {
 		t.Fatalf("admission wrote score %v at %v (out %v)", score, at, out)
@@ -111,24 +111,21 @@ func FuzzDecide(f *testing.F) {
 	f.Add(0.3, 0.1, uint32(1), 1e9, uint32(1), []byte{0, 0, 0, 255, 255})
 	f.Add(1.5, 1.0, uint32(86_400_000), 2.5, uint32(7), []byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, r1, c1 float64, p1 uint32, r2 float64, p2 uint32, gaps []byte) {
-		limits := []Limit{{Rate: r1, Period: time.Duration(p1) * time.Millisecond, Cost: c1}}
+		list := []Limit{{Rate: r1, Period: time.Duration(p1) * time.Millisecond, Cost: c1}}
 		if p2 != p1 {
-			limits = append(limits, Limit{Rate: r2, Period: time.Duration(p2) * time.Millisecond, Cost: c1})
+			list = append(list, Limit{Rate: r2, Period: time.Duration(p2) * time.Millisecond, Cost: c1})
 		}
-		if ValidateLimits(limits) != nil {
+		limits, err := NewWindows(list...)
+		if err != nil {
 			return
 		}
-		n := len(limits)
+		n := len(list)
 		score, at := make([]float64, n), make([]int64, n)
 		work, workAt := make([]float64, n), make([]int64, n)
 		try := func(now int64) (bool, time.Duration) {
 			copy(work, score)
 			copy(workAt, at)
-			ok, wait, err := decide(limits, work, workAt, now, nil)
-			if err != nil {
-				t.Fatalf("valid limits %v: %v", limits, err)
-			}
-			return ok, wait
+			return decide(limits, work, workAt, now, nil)
 		}
 		now := int64(1_700_000_000_000)
 		for _, g := range gaps {
@@ -149,15 +146,35 @@ func FuzzDecide(f *testing.F) {
 				}
 				continue
 			}
-			ok, _, _ = decide(limits, score, at, now, nil)
+			ok, _ = decide(limits, score, at, now, nil)
 			if !ok {
 				t.Fatal("decide is not deterministic")
 			}
 			for i, s := range score {
-				if !(s >= 0 && s <= limits[i].Rate) {
+				if !(s >= 0 && s <= list[i].Rate) {
 					t.Fatalf("%v: wrote score %v", limits, s)
 				}
 			}
 		}
 	})
+}
+
+// TestWaitMs: the wait of a refused message from its decayed score, for a
+// 3/1s limit: T·log2(decayed/(R−c)) rounded up, never 0, and not the
+// off-by-one T·log2(decayed/R).
+func TestWaitMs(t *testing.T) {
+	for _, tt := range []struct {
+		decayed float64
+		want    int64
+	}{
+		{3, 585},         // 1s·log2(3/2) = 584.96ms, rounded up; log2(3/3) would say 0
+		{4, 1000},        // exactly one half-life
+		{2.0000001, 1},   // a hair over: the smallest wait is 1ms, never 0
+		{2.9990, 585},    // 584.48ms rounded up
+		{1e300, 995_579}, // 1s·log2(1e300/2) = 995.5784s: far over, still exact
+	} {
+		if got := waitMs(tt.decayed, 0, 0, 1000, 1, 3); got != tt.want {
+			t.Errorf("waitMs(%v) = %d ms, want %d", tt.decayed, got, tt.want)
+		}
+	}
 }

@@ -9,13 +9,14 @@ import (
 )
 
 func ExampleLimiter_Allow() {
-	// Tests and examples pass the clock; a server leaves Now nil.
+	// Tests and examples pass the clock; a server leaves Clock nil.
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{
-		Now: func() time.Time { return now },
+		Clock: func() time.Time { return now },
 	})
-	events := []ratelimit.Limit{ratelimit.PerPeriod(3, time.Second)}
-	if err := ratelimit.ValidateLimits(events); err != nil { // once, at start-up
+	// Prepared once, at start-up: validated, and ready for every decision.
+	events, err := ratelimit.NewWindows(ratelimit.PerPeriod(3, time.Second))
+	if err != nil {
 		panic(err)
 	}
 	key := ratelimit.MessageKey("203.0.113.7", "EVENT")

@@ -160,34 +160,6 @@ func (l Limit) String() string {
 	return s
 }
 
-// Decay returns score s written at written, as seen at now, under half-life period.
-// An instant before written is treated as written (clocks never run backwards
-// for a score).
-func Decay(s float64, written, now time.Time, period time.Duration) float64 {
-	dt := now.Sub(written)
-	if dt <= 0 {
-		return s
-	}
-	return s * math.Exp2(-float64(dt)/float64(period))
-}
-
-// Wait returns how long a refused message of limit l must wait, given the
-// current decayed score: T·log2(decayed/(R−c)) rounded up to whole
-// milliseconds and checked against the admission test (see the package doc),
-// or 0 when decayed+c ≤ R already. A limit that Validate refuses gets 0 from
-// a score it would admit and the longest representable wait otherwise.
-func (l Limit) Wait(decayed float64) time.Duration {
-	c := l.cost()
-	if decayed+c <= l.Rate {
-		return 0
-	}
-	periodMs, _, err := checkLimit(l)
-	if err != nil {
-		return time.Duration(maxWaitMs) * time.Millisecond
-	}
-	return time.Duration(waitMs(decayed, 0, 0, periodMs, c, l.Rate)) * time.Millisecond
-}
-
 // ValidateLimits checks the limits of one key at configuration time, so that
 // deciding them need not: every limit valid, at most MaxWindows of them, and
 // no two with the same period (they would share one store key). An empty

@@ -118,50 +118,6 @@ func TestLimitString(t *testing.T) {
 	}
 }
 
-func TestLimitWait(t *testing.T) {
-	l := ratelimit.PerPeriod(3, time.Second)
-	tests := []struct {
-		decayed float64
-		want    time.Duration
-	}{
-		{0, 0},
-		{2, 0},                           // 2+1 ≤ 3: admitted now
-		{3, 585 * time.Millisecond},      // 1s·log2(3/2) = 584.96ms, rounded up
-		{4, time.Second},                 // exactly one half-life
-		{2.0000001, time.Millisecond},    // a hair over: the smallest wait is 1ms, never 0
-		{2.9990, 585 * time.Millisecond}, // 584.48ms rounded up
-	}
-	for _, tt := range tests {
-		if got := l.Wait(tt.decayed); got != tt.want {
-			t.Errorf("Wait(%v) = %v, want %v", tt.decayed, got, tt.want)
-		}
-	}
-	// Not T·log2(decayed/R): that is off by one message.
-	if got, wrong := l.Wait(3), time.Duration(0); got == wrong {
-		t.Errorf("Wait(3) = 0: the off-by-one formula")
-	}
-}
-
-func TestDecay(t *testing.T) {
-	t0 := time.Unix(1_700_000_000, 0)
-	tests := []struct {
-		s    float64
-		at   time.Duration
-		want float64
-	}{
-		{8, 0, 8},
-		{8, time.Second, 4},
-		{8, 3 * time.Second, 1},
-		{8, -time.Second, 8}, // before it was written: no decay
-		{8, 2000 * time.Second, 0},
-	}
-	for _, tt := range tests {
-		if got := ratelimit.Decay(tt.s, t0, t0.Add(tt.at), time.Second); got != tt.want {
-			t.Errorf("Decay(%v, +%v) = %v, want %v", tt.s, tt.at, got, tt.want)
-		}
-	}
-}
-
 func TestRetrySeconds(t *testing.T) {
 	tests := []struct {
 		wait time.Duration

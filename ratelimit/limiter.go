@@ -40,8 +40,7 @@ const statStripes = 16
 // A Limiter is safe for concurrent use. Create one with NewLimiter.
 type Limiter struct {
 	store   Store
-	mem     *MemoryStore // store, when it is one: its allocation-free path
-	now     func() time.Time
+	clock   Clock
 	seed    maphash.Seed
 	blocked []blockedBucket
 	mask    uint64 // bucket index mask
@@ -50,9 +49,12 @@ type Limiter struct {
 
 // LimiterOptions configures a Limiter. The zero value is usable.
 type LimiterOptions struct {
-	// Now is the clock; nil means time.Now, and then the store's own clock
-	// decides (Redis TIME) while the local table uses time.Now.
-	Now func() time.Time
+	// Clock is the one clock of everything built on this Limiter (a Gate,
+	// Hooks read it through Now). Nil means the real, monotonic Clock, and
+	// then the store's own clock decides (Redis TIME; the memory store
+	// reads the same real Clock); a non-nil Clock's instants are passed to
+	// the store, which is how tests run step tables.
+	Clock Clock
 	// BlockedSlots sizes the local refused-until table (rounded up to a
 	// power of two, at least 4); 0 or less means DefaultBlockedSlots.
 	BlockedSlots int
@@ -78,7 +80,7 @@ type LimiterStats struct {
 type blockedBucket struct {
 	seq   [blockedWays]atomic.Uint64
 	fp    [blockedWays]atomic.Uint64 // fingerprint of the key; 0 means empty
-	until [blockedWays]atomic.Int64  // unix nanoseconds
+	until [blockedWays]atomic.Int64  // unix nanoseconds of the Limiter's clock
 	_     [128 - 3*8*blockedWays]byte
 }
 
@@ -88,10 +90,10 @@ type statStripe struct {
 }
 
 // NewLimiter returns a Limiter over store. A nil store means a new
-// MemoryStore of DefaultMemorySlots using opts.Now as its clock.
+// MemoryStore of DefaultMemorySlots.
 func NewLimiter(store Store, opts LimiterOptions) *Limiter {
 	if store == nil {
-		store = &MemoryStore{Now: opts.Now}
+		store = NewMemoryStore(0)
 	}
 	n := opts.BlockedSlots
 	if n <= 0 {
@@ -103,41 +105,38 @@ func NewLimiter(store Store, opts LimiterOptions) *Limiter {
 	n = max(1<<bits.Len(uint(n-1)), blockedWays)
 	l := &Limiter{
 		store:   store,
-		now:     opts.Now,
+		clock:   opts.Clock,
 		seed:    maphash.MakeSeed(),
 		blocked: make([]blockedBucket, n/blockedWays),
 		mask:    uint64(n/blockedWays - 1),
 	}
-	l.mem, _ = store.(*MemoryStore)
 	return l
 }
 
-// Allow decides one message for key against limits at the Limiter's clock.
-// A refusal is a Decision; err != nil (wrapping ErrUnavailable) only when the
-// store failed, and then the Decision refuses with no wait: the caller must
-// fail closed and must not call it a rate limit.
-//
-// limits are not validated here, so that Allow stays cheap: check them once
-// with ValidateLimits. An empty list admits without a store call. A Decision
-// answered from the local table has no Scores; one from a MemoryStore has no
-// Scores either (they would cost an allocation per call).
-func (l *Limiter) Allow(ctx context.Context, key string, limits []Limit) (Decision, error) {
-	return l.AllowAt(ctx, key, limits, time.Time{})
+// Now returns the current instant of the Limiter's clock (see
+// LimiterOptions.Clock).
+func (l *Limiter) Now() time.Time { return l.clock.Now() }
+
+// Allow decides one message for key against windows at the Limiter's
+// clock. A refusal is a Decision; err != nil (wrapping ErrUnavailable) only
+// when the store failed, and then the Decision refuses with no wait: the
+// caller must fail closed and must not call it a rate limit. No windows
+// (nil or empty) admits without a store call.
+func (l *Limiter) Allow(ctx context.Context, key string, windows *Windows) (Decision, error) {
+	return l.AllowAt(ctx, key, windows, time.Time{})
 }
 
 // AllowAt is Allow at the instant now, for tests and for callers with their
-// own clock; the zero now means the Limiter's clock (see LimiterOptions.Now).
-func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now time.Time) (Decision, error) {
-	if len(limits) == 0 {
+// own clock; the zero now means the Limiter's clock.
+func (l *Limiter) AllowAt(ctx context.Context, key string, windows *Windows, now time.Time) (Decision, error) {
+	if windows.Len() == 0 {
 		return Decision{Allowed: true}, nil
 	}
 	storeNow := now // zero: the store's own clock decides
 	if now.IsZero() {
-		if l.now != nil {
-			now = l.now()
+		now = l.clock.Now()
+		if l.clock != nil {
 			storeNow = now
-		} else {
-			now = time.Now()
 		}
 	}
 	nowNs := now.UnixNano()
@@ -155,18 +154,7 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now t
 	}
 
 	st.storeCalls.Add(1)
-	var (
-		d   Decision
-		err error
-	)
-	if l.mem != nil {
-		if storeNow.IsZero() && l.mem.Now == nil {
-			storeNow = now // the same clock; spare the store reading it again
-		}
-		d, err = l.mem.decide(key, limits, storeNow, nil)
-	} else {
-		d, err = l.store.Decide(ctx, key, limits, storeNow)
-	}
+	d, err := l.store.Decide(ctx, key, windows, storeNow)
 	if err != nil {
 		st.storeErrors.Add(1)
 		if !errors.Is(err, ErrUnavailable) {
@@ -187,12 +175,7 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, limits []Limit, now t
 // say) asks this first, so a refused client costs it nothing. A true
 // answer counts as a local refusal in Stats.
 func (l *Limiter) Refused(key string) (time.Duration, bool) {
-	var nowNs int64
-	if l.now != nil {
-		nowNs = l.now().UnixNano()
-	} else {
-		nowNs = time.Now().UnixNano()
-	}
+	nowNs := l.clock.Now().UnixNano()
 	h := maphash.String(l.seed, key)
 	fp := h
 	if fp == 0 {

@@ -21,7 +21,7 @@ type countingStore struct {
 	err      error
 }
 
-func (s *countingStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+func (s *countingStore) Decide(ctx context.Context, key string, limits *ratelimit.Windows, now time.Time) (ratelimit.Decision, error) {
 	s.calls.Add(1)
 	if now.IsZero() {
 		s.zeroNows.Add(1)
@@ -44,7 +44,7 @@ type perKeyStore struct {
 	stores map[string]*ratelimit.MemoryStore
 }
 
-func (s *perKeyStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+func (s *perKeyStore) Decide(ctx context.Context, key string, limits *ratelimit.Windows, now time.Time) (ratelimit.Decision, error) {
 	s.mu.Lock()
 	m := s.stores[key]
 	if m == nil {
@@ -101,7 +101,7 @@ func TestLimiterLocalBlockExpires(t *testing.T) {
 	store := newCounting()
 	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
 	ctx := context.Background()
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second))
 	lim.AllowAt(ctx, "k", limits, t0)
 	lim.AllowAt(ctx, "k", limits, t0)
 	if d, _ := lim.AllowAt(ctx, "k", limits, t0); d.Allowed || d.Wait != time.Second {
@@ -239,17 +239,17 @@ func TestLimiterClock(t *testing.T) {
 	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
 	lim.Allow(context.Background(), "k", per3s)
 	if store.zeroNows.Load() != 1 {
-		t.Fatal("nil Now: the store was not left to its own clock")
+		t.Fatal("nil Clock: the store was not left to its own clock")
 	}
 	// With a clock, it is used for both the store and the local table.
 	now := t0
 	store = newCounting()
-	lim = ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Now: func() time.Time { return now }})
+	lim = ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: func() time.Time { return now }})
 	for range 4 {
 		lim.Allow(context.Background(), "k", per3s)
 	}
 	if store.zeroNows.Load() != 0 {
-		t.Fatal("Now set: the store got the zero instant")
+		t.Fatal("Clock set: the store got the zero instant")
 	}
 	now = t1
 	if d, _ := lim.Allow(context.Background(), "k", per3s); d.Allowed || d.Wait != 485*time.Millisecond {
@@ -261,13 +261,13 @@ func TestLimiterClock(t *testing.T) {
 	}
 }
 
-// TestLimiterMemoryFastPath: a Limiter over a MemoryStore decides like the
-// store does through its interface, and allocates nothing.
-func TestLimiterMemoryFastPath(t *testing.T) {
+// TestLimiterOverMemory: a Limiter over a MemoryStore decides as the store
+// does, and allocates nothing.
+func TestLimiterOverMemory(t *testing.T) {
 	for _, tt := range stepTables {
 		t.Run(tt.name, func(t *testing.T) {
 			// A fresh Limiter per step, so that its local table does not
-			// answer: the store alone decides, through the fast path.
+			// answer: the store alone decides.
 			m := ratelimit.NewMemoryStore(0)
 			for i, st := range tt.steps {
 				d, err := ratelimit.NewLimiter(m, ratelimit.LimiterOptions{}).AllowAt(context.Background(), "k", tt.limits, st.at)
@@ -277,7 +277,7 @@ func TestLimiterMemoryFastPath(t *testing.T) {
 			}
 		})
 	}
-	lim := ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Now: func() time.Time { return t0 }})
+	lim := ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return t0 }})
 	key := ratelimit.MessageKey("192.0.2.9", "EVENT")
 	if allocs := testing.AllocsPerRun(1000, func() { lim.Allow(context.Background(), key, twoWindows) }); allocs != 0 {
 		t.Errorf("Allow over a MemoryStore allocates %v per call, want 0", allocs)
@@ -289,7 +289,7 @@ func TestLimiterMemoryFastPath(t *testing.T) {
 // never exceed what the store allows.
 func TestLimiterConcurrent(t *testing.T) {
 	lim := ratelimit.NewLimiter(&perKeyStore{}, ratelimit.LimiterOptions{BlockedSlots: 4})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(5, time.Hour)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Hour))
 	var admitted [16]atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -342,10 +342,11 @@ func TestLimiterWaitIsExactAtAnyInstant(t *testing.T) {
 		return rng % n
 	}
 	for run := range 200 {
-		limits := []ratelimit.Limit{ratelimit.PerPeriod(float64(2+next(20))+float64(next(100))/100, time.Duration(1+next(5000))*time.Millisecond)}
+		list := []ratelimit.Limit{ratelimit.PerPeriod(float64(2+next(20))+float64(next(100))/100, time.Duration(1+next(5000))*time.Millisecond)}
 		if next(2) == 0 {
-			limits = append(limits, ratelimit.PerPeriod(float64(5+next(50)), time.Duration(5001+next(60000))*time.Millisecond))
+			list = append(list, ratelimit.PerPeriod(float64(5+next(50)), time.Duration(5001+next(60000))*time.Millisecond))
 		}
+		limits := ratelimit.MustWindows(list...)
 		store := &perKeyStore{}
 		a := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
 		b := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"hash/maphash"
 	"math/bits"
-	"slices"
 	"sync"
 	"time"
 )
@@ -29,13 +28,13 @@ const memShardSlots = 256
 //
 // Instants are truncated to whole unix milliseconds (see the package doc).
 //
+// A decision at the zero instant uses the real Clock (see Clock); a Limiter
+// passes its own clock's instant.
+//
 // Create one with NewMemoryStore; the zero value is also usable and sizes
 // itself to DefaultMemorySlots on first use. A MemoryStore is safe for
-// concurrent use; set Now before first use and not after.
+// concurrent use.
 type MemoryStore struct {
-	// Now is the clock used when Decide gets the zero instant; nil means time.Now.
-	Now func() time.Time
-
 	once       sync.Once
 	seed       maphash.Seed
 	slots      []memSlot  // len fixed at construction
@@ -66,12 +65,6 @@ func NewMemoryStore(slots int) *MemoryStore {
 	return m
 }
 
-// Slots returns the number of window slots in the table. It never changes.
-func (m *MemoryStore) Slots() int {
-	m.once.Do(m.init)
-	return len(m.slots)
-}
-
 func (m *MemoryStore) init() {
 	n := m.size
 	if n <= 0 {
@@ -95,65 +88,44 @@ func (m *MemoryStore) init() {
 	m.slotBits = uint(total - shardBits)
 }
 
-// Decide implements Store. It never fails for limits that Validate accepts;
-// an invalid limit is refused with an error wrapping ErrUnavailable and
-// ErrInvalidLimit. ctx is not consulted: the decision does not block.
-//
-// Decision.Scores is a new slice; use DecideInto to supply the buffer and
-// allocate nothing.
-func (m *MemoryStore) Decide(ctx context.Context, key string, limits []Limit, now time.Time) (Decision, error) {
-	return m.DecideInto(ctx, key, limits, now, nil)
+// Decide implements Store. It never fails: the windows were validated when
+// they were prepared. ctx is not consulted: the decision does not block.
+func (m *MemoryStore) Decide(_ context.Context, key string, ws *Windows, now time.Time) (Decision, error) {
+	return m.decide(key, ws, now, nil), nil
 }
 
-// DecideInto is Decide with the scores appended to dst: Decision.Scores is
-// append(dst, score...). With cap(dst)-len(dst) ≥ len(limits) it allocates
-// nothing, which is what a hot path wants.
-func (m *MemoryStore) DecideInto(ctx context.Context, key string, limits []Limit, now time.Time, dst []float64) (Decision, error) {
-	start := len(dst)
-	dst = slices.Grow(dst, len(limits))[:start+len(limits)]
-	d, err := m.decide(key, limits, now, dst[start:])
-	if err != nil {
-		return d, err
-	}
-	d.Scores = dst
-	return d, nil
-}
-
-// decide is the decision without the scores' slice; out may be nil. The
-// Limiter calls it directly so that its hot path allocates nothing.
-func (m *MemoryStore) decide(key string, limits []Limit, now time.Time, out []float64) (Decision, error) {
+// decide is Decide with each window's score after the decision copied to
+// out when out is not nil: the conformance suite reads them, the hot path
+// does not.
+func (m *MemoryStore) decide(key string, ws *Windows, now time.Time, out []float64) Decision {
 	m.once.Do(m.init)
 	if now.IsZero() {
-		if m.Now != nil {
-			now = m.Now()
-		} else {
-			now = time.Now()
-		}
+		now = Clock(nil).Now()
 	}
-	n := len(limits)
+	n := ws.Len()
+	if n == 0 {
+		return Decision{Allowed: true}
+	}
 	var (
 		idxBuf   [MaxWindows]uint64
 		scoreBuf [MaxWindows]float64
 		atBuf    [MaxWindows]int64
 	)
 	idx, score, at := idxBuf[:], scoreBuf[:], atBuf[:]
-	if n > MaxWindows { // refused by ValidateLimits; still decided correctly
-		idx, score, at = make([]uint64, n), make([]float64, n), make([]int64, n)
-	}
 
 	h := maphash.String(m.seed, key)
 	shard := h >> m.shardShift
 	base := shard << m.slotBits
 	mask := uint64(1)<<m.slotBits - 1
-	for i, l := range limits {
-		p := uint64(l.Period / time.Millisecond)
+	for i := range n {
+		p := ws.win[i].period
 		j := mix64(h^p*0x9e3779b97f4a7c15) & mask
 		// Two windows of one key with different periods must not share
 		// a slot, or one would overwrite the other: probe past it. Equal
 		// periods share, as they share one key in Redis.
 		if n <= 1<<m.slotBits {
 			for k := 0; k < i; k++ {
-				if idx[k] == base+j && limits[k].Period/time.Millisecond != l.Period/time.Millisecond {
+				if idx[k] == base+j && ws.win[k].period != p {
 					j = (j + 1) & mask
 					k = -1
 				}
@@ -168,18 +140,15 @@ func (m *MemoryStore) decide(key string, limits []Limit, now time.Time, out []fl
 		s := &m.slots[idx[i]]
 		score[i], at[i] = s.score, s.at
 	}
-	allowed, wait, err := decide(limits, score[:n], at[:n], now.UnixMilli(), out)
-	if allowed && err == nil {
+	allowed, wait := decide(ws, score[:n], at[:n], now.UnixMilli(), out)
+	if allowed {
 		for i := range n {
 			s := &m.slots[idx[i]]
 			s.score, s.at = score[i], at[i]
 		}
 	}
 	sh.mu.Unlock()
-	if err != nil {
-		return Decision{}, err
-	}
-	return Decision{Allowed: allowed, Wait: wait}, nil
+	return Decision{Allowed: allowed, Wait: wait}
 }
 
 // mix64 is the splitmix64 finaliser: it spreads a keyed hash and a period

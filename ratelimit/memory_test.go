@@ -2,7 +2,6 @@ package ratelimit_test
 
 import (
 	"context"
-	"errors"
 	"math"
 	"math/rand"
 	"runtime"
@@ -40,10 +39,10 @@ type step struct {
 }
 
 // runSteps sends every step for key through s and checks each decision.
-func runSteps(t *testing.T, s ratelimit.Store, key string, limits []ratelimit.Limit, steps []step) {
+func runSteps(t *testing.T, s *ratelimit.MemoryStore, key string, limits *ratelimit.Windows, steps []step) {
 	t.Helper()
 	for i, st := range steps {
-		d, err := s.Decide(context.Background(), key, limits, st.at)
+		d, scores, err := ratelimit.DecideScores(s, context.Background(), key, limits, st.at)
 		if err != nil {
 			t.Fatalf("step %d (t0+%v): %v", i, st.at.Sub(t0), err)
 		}
@@ -54,13 +53,13 @@ func runSteps(t *testing.T, s ratelimit.Store, key string, limits []ratelimit.Li
 		if st.scores == nil {
 			continue
 		}
-		if len(d.Scores) != len(st.scores) {
-			t.Errorf("step %d: scores %v, want %v", i, d.Scores, st.scores)
+		if len(scores) != len(st.scores) {
+			t.Errorf("step %d: scores %v, want %v", i, scores, st.scores)
 			continue
 		}
 		for j := range st.scores {
-			if !closeTo(d.Scores[j], st.scores[j]) {
-				t.Errorf("step %d: score[%d] = %v, want %v", i, j, d.Scores[j], st.scores[j])
+			if !closeTo(scores[j], st.scores[j]) {
+				t.Errorf("step %d: score[%d] = %v, want %v", i, j, scores[j], st.scores[j])
 			}
 		}
 	}
@@ -71,16 +70,16 @@ func closeTo(a, b float64) bool {
 }
 
 var (
-	per3s = []ratelimit.Limit{ratelimit.PerPeriod(3, time.Second)}
+	per3s = ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second))
 	// Two windows: 2 per 1 s half-life and 4 per 60 s half-life.
-	twoWindows = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second), ratelimit.PerPeriod(4, time.Minute)}
+	twoWindows = ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second), ratelimit.PerPeriod(4, time.Minute))
 )
 
 // The expected waits and scores were computed independently of this package
 // (with Python's math module) from DESIGN.md's formulas.
 var stepTables = []struct {
 	name   string
-	limits []ratelimit.Limit
+	limits *ratelimit.Windows
 	steps  []step
 }{
 	{"burst then true backoff", per3s, []step{
@@ -96,14 +95,14 @@ var stepTables = []struct {
 		{t3, false, 585 * time.Millisecond, nil},
 		{t9, true, 0, []float64{1}}, // a day later the score is gone
 	}},
-	{"exact half-life", []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}, []step{
+	{"exact half-life", ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second)), []step{
 		{t0, true, 0, nil},
 		{t0, true, 0, nil},
 		{t0, false, time.Second, []float64{2}}, // log2(2/1) = 1 exactly
 		{t4, false, time.Millisecond, nil},
 		{t5, true, 0, []float64{2}}, // 2·2^-1 + 1
 	}},
-	{"cost 2", []ratelimit.Limit{{Rate: 5, Period: time.Second, Cost: 2}}, []step{
+	{"cost 2", ratelimit.MustWindows(ratelimit.Limit{Rate: 5, Period: time.Second, Cost: 2}), []step{
 		{t0, true, 0, []float64{2}},
 		{t0, true, 0, []float64{4}},
 		// 4+2 > 5: 1s·log2(4/3) = 415.04ms → 416ms.
@@ -135,7 +134,7 @@ var stepTables = []struct {
 		{t0, false, 1585 * time.Millisecond, []float64{3}},
 		{t5.Add(585 * time.Millisecond), true, 0, nil},
 	}},
-	{"hour half-life: burst, minute, hour", []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}, append(
+	{"hour half-life: burst, minute, hour", ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour)), append(
 		burstSteps(t0, 100),
 		step{t0, false, 52199 * time.Millisecond, []float64{100}}, // 1h·log2(100/99) = 52.1985s
 		step{t7, true, 0, []float64{99.85140203528961}},
@@ -190,29 +189,29 @@ func TestMemoryStoreKeysAreSeparate(t *testing.T) {
 	if d, _ := m.Decide(ctx, "a", per3s, t0); d.Allowed {
 		t.Fatal("a: fourth message admitted")
 	}
-	if d, _ := m.Decide(ctx, "b", per3s, t0); !d.Allowed || d.Scores[0] != 1 {
+	if d, scores, _ := ratelimit.DecideScores(m, ctx, "b", per3s, t0); !d.Allowed || scores[0] != 1 {
 		t.Fatalf("b = %+v, want a fresh budget", d)
 	}
 }
 
-func TestMemoryStoreClock(t *testing.T) {
-	now := t0
-	var m ratelimit.MemoryStore // the zero value is usable
-	m.Now = func() time.Time { return now }
+// TestMemoryStoreZeroValue: the zero MemoryStore sizes itself on first use
+// and decides at the real clock when given the zero instant.
+func TestMemoryStoreZeroValue(t *testing.T) {
+	var m ratelimit.MemoryStore
 	ctx := context.Background()
 	for range 3 {
-		m.Decide(ctx, "k", per3s, time.Time{})
+		if d, _ := m.Decide(ctx, "k", per3s, time.Time{}); !d.Allowed {
+			t.Fatalf("burst refused: %+v", d)
+		}
 	}
+	// Within the same second at the real clock the fourth is refused for
+	// at most 585 ms (less if the clock moved between the calls).
 	d, _ := m.Decide(ctx, "k", per3s, time.Time{})
-	if d.Allowed || d.Wait != 585*time.Millisecond {
-		t.Fatalf("at the injected t0: %+v, want refused for 585ms", d)
+	if d.Allowed || d.Wait <= 0 || d.Wait > 585*time.Millisecond {
+		t.Fatalf("fourth message at the real clock: %+v, want refused for at most 585ms", d)
 	}
-	now = t3
-	if d, _ := m.Decide(ctx, "k", per3s, time.Time{}); !d.Allowed {
-		t.Fatalf("at the injected t0+585ms: %+v, want admitted", d)
-	}
-	if m.Slots() != ratelimit.DefaultMemorySlots {
-		t.Errorf("zero value has %d slots, want %d", m.Slots(), ratelimit.DefaultMemorySlots)
+	if got := ratelimit.SlotsOf(&m); got != ratelimit.DefaultMemorySlots {
+		t.Errorf("zero value has %d slots, want %d", got, ratelimit.DefaultMemorySlots)
 	}
 }
 
@@ -221,49 +220,28 @@ func TestMemoryStoreSizes(t *testing.T) {
 		{0, ratelimit.DefaultMemorySlots}, {-1, ratelimit.DefaultMemorySlots},
 		{1, 1}, {3, 4}, {1000, 1024}, {1 << 20, 1 << 20},
 	} {
-		if got := ratelimit.NewMemoryStore(tt.ask).Slots(); got != tt.want {
-			t.Errorf("NewMemoryStore(%d).Slots() = %d, want %d", tt.ask, got, tt.want)
+		if got := ratelimit.SlotsOf(ratelimit.NewMemoryStore(tt.ask)); got != tt.want {
+			t.Errorf("NewMemoryStore(%d) has %d slots, want %d", tt.ask, got, tt.want)
 		}
 	}
 }
 
-func TestMemoryStoreInvalidLimitFailsClosed(t *testing.T) {
+// TestMemoryStoreDecideAllocatesNothing: a decision over one to three
+// windows, admitted or refused, allocates nothing.
+func TestMemoryStoreDecideAllocatesNothing(t *testing.T) {
 	m := ratelimit.NewMemoryStore(0)
-	for _, l := range []ratelimit.Limit{
-		ratelimit.PerPeriod(1, time.Second), // rate = cost: the wait would divide by zero
-		ratelimit.PerPeriod(10, 0),
-		ratelimit.PerPeriod(math.NaN(), time.Second),
-		ratelimit.PerPeriod(math.Inf(1), time.Second),
-	} {
-		d, err := m.Decide(context.Background(), "k", []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), l}, t0)
-		if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ratelimit.ErrInvalidLimit) || d.Allowed {
-			t.Errorf("%v: %+v, %v; want refused with ErrUnavailable and ErrInvalidLimit", l, d, err)
-		}
-	}
-}
-
-func TestMemoryStoreDecideInto(t *testing.T) {
-	m := ratelimit.NewMemoryStore(0)
-	buf := make([]float64, 1, 8)
-	buf[0] = -1
-	d, err := m.DecideInto(context.Background(), "k", twoWindows, t0, buf)
-	if err != nil || len(d.Scores) != 3 || d.Scores[0] != -1 || d.Scores[1] != 1 || d.Scores[2] != 1 {
-		t.Fatalf("DecideInto = %+v, %v; want scores appended after [-1]", d, err)
-	}
-	if &d.Scores[0] != &buf[0] {
-		t.Error("DecideInto did not use the buffer's capacity")
-	}
 	three := []ratelimit.Limit{
 		ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute), ratelimit.PerPeriod(1000, time.Hour),
 	}
 	for n := 1; n <= 3; n++ {
+		ws := ratelimit.MustWindows(three[:n]...)
 		i := 0
 		allocs := testing.AllocsPerRun(100, func() {
 			i++ // admitted and refused both
-			m.DecideInto(context.Background(), "k", three[:n], t9.Add(time.Duration(i)*time.Millisecond), buf[:0])
+			m.Decide(context.Background(), "k", ws, t9.Add(time.Duration(i)*time.Millisecond))
 		})
 		if allocs != 0 {
-			t.Errorf("DecideInto with %d windows allocates %v per call, want 0", n, allocs)
+			t.Errorf("Decide with %d windows allocates %v per call, want 0", n, allocs)
 		}
 	}
 }
@@ -276,7 +254,8 @@ func TestMemoryStoreHonestWait(t *testing.T) {
 	ctx := context.Background()
 	refusals := 0
 	for trial := range 300 {
-		limits := randomLimits(rng)
+		list := randomLimits(rng)
+		limits := ratelimit.MustWindows(list...)
 		m := ratelimit.NewMemoryStore(0)
 		key := "trial-" + strconv.Itoa(trial)
 		now := t0.Add(time.Duration(rng.Int63n(int64(time.Hour))))
@@ -286,7 +265,7 @@ func TestMemoryStoreHonestWait(t *testing.T) {
 				t.Fatal(err)
 			}
 			if d.Allowed {
-				now = now.Add(time.Duration(rng.ExpFloat64() * float64(limits[0].Interval()) / 3))
+				now = now.Add(time.Duration(rng.ExpFloat64() * float64(list[0].Interval()) / 3))
 				continue
 			}
 			refusals++
@@ -336,7 +315,7 @@ func TestMemoryStoreBurstMatchesLimit(t *testing.T) {
 		m := ratelimit.NewMemoryStore(0)
 		n := 0
 		for {
-			d, _ := m.Decide(context.Background(), "k", []ratelimit.Limit{l}, t0)
+			d, _ := m.Decide(context.Background(), "k", ratelimit.MustWindows(l), t0)
 			if !d.Allowed {
 				break
 			}
@@ -355,10 +334,8 @@ func TestMemoryStoreMillionKeys(t *testing.T) {
 		t.Skip("a million decisions")
 	}
 	m := ratelimit.NewMemoryStore(0)
-	slots := m.Slots()
 	ctx := context.Background()
 	buf := make([]byte, 0, 64)
-	scores := make([]float64, 0, ratelimit.MaxWindows)
 	i := 0
 	decideNext := func() {
 		// The key is built in a reused buffer so that the test, not the
@@ -366,7 +343,7 @@ func TestMemoryStoreMillionKeys(t *testing.T) {
 		buf = strconv.AppendInt(append(buf[:0], "{2001:db8:"...), int64(i), 16)
 		buf = append(buf, "::/64}:message:EVENT"...)
 		key := unsafe.String(&buf[0], len(buf))
-		m.DecideInto(ctx, key, twoWindows, t0, scores[:0])
+		m.Decide(ctx, key, twoWindows, t0)
 		i++
 	}
 	decideNext() // warm up lazily built state
@@ -386,9 +363,6 @@ func TestMemoryStoreMillionKeys(t *testing.T) {
 	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 256<<10 {
 		t.Errorf("a million keys grew the heap by %d bytes", grew)
 	}
-	if m.Slots() != slots {
-		t.Errorf("slots %d → %d", slots, m.Slots())
-	}
 	if i < 1_000_000 {
 		t.Fatalf("only %d keys", i)
 	}
@@ -400,7 +374,7 @@ func TestMemoryStoreMillionKeys(t *testing.T) {
 // without its lock would admit extra messages under -race or otherwise.
 func TestMemoryStoreAtomicWindows(t *testing.T) {
 	m := ratelimit.NewMemoryStore(0)
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), ratelimit.PerPeriod(50, 10*time.Hour)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour), ratelimit.PerPeriod(50, 10*time.Hour))
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for range 8 {

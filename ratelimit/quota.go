@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-// DefaultQuotaSlots is the number of slots in a Quota's table. A power of
-// two, so that a hash picks a slot with a mask.
-const DefaultQuotaSlots = 1024
+// QuotaSlots is the number of slots in every Quota's table; it is not
+// configurable. A power of two, so that a hash picks a slot with a mask.
+const QuotaSlots = 1024
 
 // MaxQuotaEvents is the largest events-per-window a Quota accepts: the count
 // shares one 64-bit word with the window number.
@@ -38,7 +38,7 @@ const (
 // a fresh pubkey per event would pass any per-actor budget, and a table keyed
 // by actor would grow with every name. So the table does not grow: actors are
 // hashed, with a per-process random seed that a client cannot aim with, into
-// DefaultQuotaSlots fixed slots, and actors that land in one slot share its
+// QuotaSlots fixed slots, and actors that land in one slot share its
 // budget. The bound is therefore slots × Events accepted events per window
 // however many names an attacker rotates through (1,024 × 600 = 614,400 a
 // minute with the defaults), and no actor ever allocates memory. What the
@@ -59,10 +59,10 @@ type Quota struct {
 	window    int64 // nanoseconds
 	unlimited bool
 	seed      maphash.Seed
-	slots     [DefaultQuotaSlots]atomic.Uint64
+	slots     [QuotaSlots]atomic.Uint64
 }
 
-// NewQuota returns a quota of events per window over DefaultQuotaSlots slots.
+// NewQuota returns a quota of events per window over QuotaSlots slots.
 // events ≤ 0, events > MaxQuotaEvents or window ≤ 0 is an error wrapping
 // ErrInvalidQuota; use Unlimited for no quota.
 func NewQuota(events int, window time.Duration) (*Quota, error) {
@@ -164,5 +164,5 @@ func (q *Quota) windowOf(now time.Time) (int64, int64) {
 }
 
 func (q *Quota) slot(actor string) *atomic.Uint64 {
-	return &q.slots[maphash.String(q.seed, actor)&(DefaultQuotaSlots-1)]
+	return &q.slots[maphash.String(q.seed, actor)&(QuotaSlots-1)]
 }

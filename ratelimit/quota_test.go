@@ -134,7 +134,7 @@ func TestQuotaRotatingActorsAreBounded(t *testing.T) {
 			admitted++
 		}
 	}
-	bound := ratelimit.DefaultQuotaSlots * limit
+	bound := ratelimit.QuotaSlots * limit
 	if admitted > bound || admitted <= bound/2 {
 		t.Fatalf("200,000 rotating actors admitted %d times, want in (%d, %d]", admitted, bound/2, bound)
 	}

@@ -16,22 +16,19 @@ type Decision struct {
 	// least 1 ms. Zero when Allowed. A Limiter's local refusal reports the
 	// part of the store's wait that remains.
 	Wait time.Duration
-	// Scores holds, per window in the order given, the score after the
-	// decision (written when Allowed; decayed but unwritten when refused).
-	// It is nil when the decision did not come from a store call with
-	// scores: a Limiter's local refusal, or a Limiter over a MemoryStore.
-	Scores []float64
 }
 
 // Store decides all windows of one key in one atomic step. Key is the
 // client-and-type part of the key, such as "{203.0.113.7}:message:EVENT";
-// the store appends ":<period_ms>" per window and may prepend a prefix.
+// the store appends each window's Suffix (":<period_ms>") and may prepend a
+// prefix. The windows were validated when they were prepared (NewWindows),
+// so a store does not check them again; no windows admits without a call.
 //
 // now is the instant of the decision; the zero time means the store's own
 // clock (Redis TIME for the Redis store). An error means the store could not
 // decide and wraps ErrUnavailable.
 type Store interface {
-	Decide(ctx context.Context, key string, limits []Limit, now time.Time) (Decision, error)
+	Decide(ctx context.Context, key string, windows *Windows, now time.Time) (Decision, error)
 }
 
 // MessageKey returns the Store key for messages of type typ from client:

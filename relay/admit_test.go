@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -48,7 +49,7 @@ func (c *conn) reply(t testing.TB) string {
 // downStore fails every decision, as a Redis outage does.
 type downStore struct{ calls atomic.Int64 }
 
-func (s *downStore) Decide(context.Context, string, []ratelimit.Limit, time.Time) (ratelimit.Decision, error) {
+func (s *downStore) Decide(context.Context, string, *ratelimit.Windows, time.Time) (ratelimit.Decision, error) {
 	s.calls.Add(1)
 	return ratelimit.Decision{}, fmt.Errorf("test: %w", ratelimit.ErrUnavailable)
 }
@@ -97,7 +98,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	q.Add("6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", now)
-	c = admitConn(t, Options{Limits: &Limits{}, Quota: q, Now: func() time.Time { return now }})
+	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &Limits{}, Quota: q})
 	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
@@ -254,5 +255,21 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	event := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("a", DefaultFilterFrameSize), 1) + `]`
 	if !c.admit([]byte(event)) {
 		t.Fatalf("EVENT of %d bytes refused: %s", len(event), c.reply(t))
+	}
+}
+
+// Refusals reach Observer.Refusal with the client's key; the store's own
+// failures do not.
+func TestObserverRefusal(t *testing.T) {
+	o := policy.NewOffenders(4, time.Minute, nil)
+	var l Limits
+	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	c := admitConn(t, Options{Limits: &l, Observer: &Observer{Refusal: func(client string, _ Type, _ Outcome) { o.Add(client) }}})
+	for range 5 {
+		c.admit([]byte(`["REQ","s",{}]`))
+	}
+	c.admit([]byte(`["HELLO"]`)) // OTHER is free here: refused as invalid
+	if top := o.Top(0); len(top) != 1 || top[0].Client != "203.0.113.7" || top[0].Refusals != 5 {
+		t.Fatalf("offenders %+v, want 203.0.113.7 with 4 rate-limited REQs and 1 invalid frame", top)
 	}
 }

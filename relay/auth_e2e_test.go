@@ -61,7 +61,7 @@ func TestE2EAuthVerified(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			clk := nostrtest.NewClock()
 			clk.Set(time.Now()) // khatru checks created_at against its own clock
-			opts := Options{Limiter: memLimiter(clk), Limits: &l, Now: clk.Now, Identity: &Identity{Allow: al}}
+			opts := Options{Limiter: memLimiter(clk), Limits: &l, Identity: &Identity{Allow: al}}
 			url := hostileTarget(t, mode, negKhatru(t), opts)
 
 			// The spoof.

@@ -148,7 +148,7 @@ func (c *conn) send(typ int, data []byte) {
 	}
 	if !c.out.push(outFrame{typ, data}) {
 		c.g.log.Info("closing slow client", "client", c.who, "queued_bytes", c.out.queued())
-		c.g.obs.cut(CutSlowReader)
+		c.g.obs.ReportCut(CutSlowReader)
 		c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 	}
 }
@@ -300,7 +300,7 @@ func (c *conn) readClient() {
 		}
 		if err != nil && c.meter.flooded.Load() {
 			c.g.log.Info("closing client", "client", c.who, "reason", "too many control frames")
-			c.g.obs.cut(CutControlFlood)
+			c.g.obs.ReportCut(CutControlFlood)
 			c.end(true, true, closeSlowClient, "sluice: too many control frames")
 			return
 		}
@@ -321,7 +321,7 @@ func (c *conn) readClient() {
 			putFrameBuf(buf)
 			if c.knocked > 0 {
 				c.g.log.Info("closing client", "client", c.who, "reason", "too many refused frames")
-				c.g.obs.cut(CutKnocking)
+				c.g.obs.ReportCut(CutKnocking)
 				c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(ratelimit.RetrySeconds(c.knocked), 10)+"s")
 				return
 			}
@@ -409,7 +409,7 @@ func (c *conn) admit(frame []byte) bool {
 	obs := c.g.obs
 	_, freeAuth := c.auth()
 	free := c.freeIP || freeAuth
-	charge := !free && len(c.g.limits.Message[t]) > 0
+	charge := !free && !c.g.policy.Free(t)
 	if charge {
 		if wait, refused := c.g.limiter.Refused(c.keys[t]); refused {
 			c.refuseRateLimited(p.Frame(), wait)
@@ -428,15 +428,15 @@ func (c *conn) admit(frame []byte) bool {
 		}
 	}
 	if charge {
-		lims := c.g.limits.Message[t]
+		lims := c.g.policy.Message(t)
 		if t == TypeREQ && reason == "" {
-			lims = c.g.reqLimits[facts.Filters]
+			lims = c.g.policy.REQ(facts.Filters)
 		}
 		d, err := c.g.limiter.Allow(c.ctx, c.keys[t], lims)
 		if err != nil {
 			fr := p.Frame()
 			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
-			obs.frame(t, Unavailable)
+			obs.ReportFrame(t, Unavailable)
 			c.dropSub(fr)
 			return false
 		}
@@ -459,8 +459,8 @@ func (c *conn) admit(frame []byte) bool {
 	case TypeREQ:
 		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs) {
 			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), p.Frame(), c.g.tooManySubs))
-			obs.frame(t, OverCap)
-			obs.refusal(c.who, t, OverCap)
+			obs.ReportFrame(t, OverCap)
+			obs.ReportRefusal(c.who, t, OverCap)
 			return false
 		}
 	case TypeCLOSE:
@@ -478,9 +478,9 @@ func (c *conn) admit(frame []byte) bool {
 		}
 	}
 	if free {
-		obs.frame(t, Allowlisted)
+		obs.ReportFrame(t, Allowlisted)
 	} else {
-		obs.frame(t, Admitted)
+		obs.ReportFrame(t, Admitted)
 	}
 	return true
 }
@@ -515,16 +515,16 @@ func (k *knockMeter) allow(now time.Time) bool {
 // refuse answers f with an "invalid:" reason of the gate's own.
 func (c *conn) refuse(f Frame, reason string) {
 	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
-	c.g.obs.frame(f.Type, Invalid)
-	c.g.obs.refusal(c.who, f.Type, Invalid)
+	c.g.obs.ReportFrame(f.Type, Invalid)
+	c.g.obs.ReportRefusal(c.who, f.Type, Invalid)
 	c.dropSub(f)
 }
 
 // refuseRateLimited answers f refused by a limit whose wait is wait.
 func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
-	c.g.obs.frame(f.Type, RateLimited)
-	c.g.obs.refusal(c.who, f.Type, RateLimited)
+	c.g.obs.ReportFrame(f.Type, RateLimited)
+	c.g.obs.ReportRefusal(c.who, f.Type, RateLimited)
 	c.dropSub(f)
 }
 
@@ -561,17 +561,17 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event) bool {
 			// Not charged: an allow-listed author. Forging its pubkey
 			// gains nothing, since the quota only counts events the
 			// relay validated.
-			c.g.obs.frame(f.Type, Allowlisted)
+			c.g.obs.ReportFrame(f.Type, Allowlisted)
 			return true
 		}
 	}
 	if over, wait := c.g.quota.Exceeded(actor, c.g.now()); over {
 		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
-		c.g.obs.frame(f.Type, QuotaExceeded)
-		c.g.obs.refusal(c.who, f.Type, QuotaExceeded)
+		c.g.obs.ReportFrame(f.Type, QuotaExceeded)
+		c.g.obs.ReportRefusal(c.who, f.Type, QuotaExceeded)
 		return false
 	}
 	c.pending.add(ev.ID, actor)
-	c.g.obs.frame(f.Type, Admitted)
+	c.g.obs.ReportFrame(f.Type, Admitted)
 	return true
 }

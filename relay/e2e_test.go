@@ -186,7 +186,7 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 	clk := nostrtest.NewClock()
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	g := newGate(t, Options{
-		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Now: clk.Now}),
+		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
 		Limits:  tightLimits(),
 	})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
@@ -227,7 +227,7 @@ func redisLimiterBatch(t testing.TB, url string, clk *nostrtest.Clock, batch int
 	t.Cleanup(func() { _ = st.Close() })
 	opts := ratelimit.LimiterOptions{}
 	if clk != nil {
-		opts.Now = clk.Now
+		opts.Clock = clk.Now
 	}
 	return ratelimit.NewLimiter(st, opts)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -46,7 +46,7 @@ const (
 	// costs the relay a query and a listener, and each is charged as one
 	// REQ, so 10 is a fifth of the default REQ burst in one REQ, and 100
 	// would not fit it at all.
-	DefaultMaxFilters = 10
+	DefaultMaxFilters = policy.DefaultMaxFilters
 	// DefaultFilterFrameSize is the largest REQ or COUNT the gate
 	// forwards: 64 KiB holds a filter of ~900 authors, far more than any
 	// client asks for in one REQ, and keeps what a REQ can make the relay
@@ -81,8 +81,10 @@ func DefaultFrameSize(t Type, readLimit int64) int {
 // Options configures a Gate. The zero value is usable: default limits
 // over a memory store, the default quota off, no allow-lists.
 type Options struct {
-	// Limiter decides every charge. Nil means a Limiter over a fresh
-	// ratelimit.MemoryStore of the default size (one process only).
+	// Limiter decides every charge, and its clock is the gate's (the
+	// quota's windows, the offenders' view). Nil means a Limiter over a
+	// fresh ratelimit.MemoryStore of the default size (one process only)
+	// on the real clock.
 	Limiter *ratelimit.Limiter
 	// Limits are the windows charged per connection and per message type.
 	// Nil means DefaultLimits(); a non-nil Limits is used as it is, so
@@ -112,8 +114,6 @@ type Options struct {
 	// answers OK true without "duplicate:") is charged once; the gate
 	// remembers DefaultCharged such ids per connection.
 	Quota *ratelimit.Quota
-	// Now is the clock of the quota. Nil means time.Now.
-	Now func() time.Time
 	// Identity turns a request into its client (the budget's key and the
 	// address the relay is told) and holds the allow-lists: an
 	// allow-listed address is charged nothing; an allow-listed pubkey is
@@ -200,7 +200,7 @@ type Options struct {
 // reachable solely through the gate).
 type Gate struct {
 	limiter        *ratelimit.Limiter
-	limits         Limits
+	policy         *policy.Policy
 	quota          *ratelimit.Quota
 	now            func() time.Time
 	readLimit      int64
@@ -212,8 +212,7 @@ type Gate struct {
 	tooManySubs    string // the refusal of a REQ past maxSubs
 	maxConns       int    // per client; 0: no cap
 	connsMu        sync.Mutex
-	connsOpen      map[string]int      // open connections per client key
-	reqLimits      [][]ratelimit.Limit // REQ's windows by filter count
+	connsOpen      map[string]int // open connections per client key
 	relayURL       *url.URL
 	queueBytes     int
 	pingInterval   time.Duration
@@ -240,7 +239,6 @@ func New(opts Options) (*Gate, error) {
 	g := &Gate{
 		limiter:      opts.Limiter,
 		quota:        opts.Quota,
-		now:          opts.Now,
 		readLimit:    opts.ReadLimit,
 		queueBytes:   opts.QueueBytes,
 		pingInterval: opts.PingInterval,
@@ -250,12 +248,12 @@ func New(opts Options) (*Gate, error) {
 		identity:     opts.Identity,
 		conns:        make(map[*conn]struct{}),
 	}
-	if opts.Limits == nil {
-		g.limits = DefaultLimits()
-	} else {
-		g.limits = *opts.Limits
+	limits := DefaultLimits()
+	if opts.Limits != nil {
+		limits = *opts.Limits
 	}
-	if err := g.limits.Validate(); err != nil {
+	var err error
+	if g.policy, err = policy.Compile(limits, opts.MaxFilters); err != nil {
 		return nil, err
 	}
 	if err := g.identity.Validate(); err != nil {
@@ -265,9 +263,7 @@ func New(opts Options) (*Gate, error) {
 	if g.limiter == nil {
 		g.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
 	}
-	if g.now == nil {
-		g.now = time.Now
-	}
+	g.now = g.limiter.Now
 	if g.readLimit <= 0 {
 		g.readLimit = DefaultReadLimit
 	}
@@ -281,7 +277,7 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", Type(t), g.frameSize[t])
 	}
-	g.maxFilters, g.reqLimits = filterCharges(opts.MaxFilters, g.limits.Message[TypeREQ])
+	g.maxFilters = g.policy.MaxFilters()
 	g.tooManyFilters = fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, g.maxFilters)
 	g.maxSubs = opts.MaxSubscriptions
 	if g.maxSubs <= 0 {
@@ -326,36 +322,6 @@ func New(opts Options) (*Gate, error) {
 		WriteBufferPool: writeBuffers,
 	}
 	return g, nil
-}
-
-// EffectiveMaxFilters returns how many filters a forwarded REQ may hold
-// under the REQ windows req: limit (0 or less meaning DefaultMaxFilters),
-// lowered to the largest n with n·cost < rate in every window (a REQ that
-// no window could ever admit would be told a wait that never comes), and
-// at least 1. It is what Options.MaxFilters becomes in New.
-func EffectiveMaxFilters(limit int, req []ratelimit.Limit) int {
-	if limit <= 0 {
-		limit = DefaultMaxFilters
-	}
-	for _, l := range req {
-		limit = min(limit, int(math.Ceil(l.Rate/l.EffectiveCost()))-1)
-	}
-	return max(limit, 1) // Validate has checked c < R
-}
-
-// filterCharges returns EffectiveMaxFilters and REQ's windows for each
-// filter count n (index n): each window's cost times n.
-func filterCharges(limit int, lims []ratelimit.Limit) (int, [][]ratelimit.Limit) {
-	limit = EffectiveMaxFilters(limit, lims)
-	out := make([][]ratelimit.Limit, limit+1)
-	for n := 1; n <= limit; n++ {
-		out[n] = make([]ratelimit.Limit, len(lims))
-		for i, l := range lims {
-			l.Cost = l.EffectiveCost() * float64(n)
-			out[n][i] = l
-		}
-	}
-	return limit, out
 }
 
 // holdConn counts one more open connection for client, unless it holds
@@ -412,7 +378,7 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 	}
 	g.mu.Unlock()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !websocket.IsWebSocketUpgrade(r) {
+		if !wire.IsUpgrade(r.Header) {
 			_, addr, _ := g.client(r)
 			r = r.Clone(r.Context())
 			setForwarded(r.Header, r, addr, g.fromTrustedProxy(r))
@@ -440,7 +406,7 @@ func (g *Gate) Proxy(upstream string) (http.Handler, error) {
 	}
 	plain := g.httpProxy(u)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !websocket.IsWebSocketUpgrade(r) {
+		if !wire.IsUpgrade(r.Header) {
 			plain.ServeHTTP(w, r)
 			return
 		}
@@ -467,24 +433,24 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}
 	}()
 
-	if len(g.limits.Connection) > 0 && !freeIP {
-		d, err := g.limiter.Allow(r.Context(), ratelimit.ConnectionKey(client), g.limits.Connection)
+	if conn := g.policy.Connection(); conn.Len() > 0 && !freeIP {
+		d, err := g.limiter.Allow(r.Context(), ratelimit.ConnectionKey(client), conn)
 		if err != nil {
-			g.obs.connection(Unavailable)
+			g.obs.ReportConnection(Unavailable)
 			http.Error(w, ReasonUnavailable, http.StatusServiceUnavailable)
 			return
 		}
 		if !d.Allowed {
-			g.obs.connection(RateLimited)
-			g.obs.refusal(client, NumTypes, RateLimited)
+			g.obs.ReportConnection(RateLimited)
+			g.obs.ReportRefusal(client, NumTypes, RateLimited)
 			w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(d.Wait), 10))
 			http.Error(w, RateLimitedReason(d.Wait), http.StatusTooManyRequests)
 			return
 		}
 	}
 	if !freeIP && !g.holdConn(client) {
-		g.obs.connection(OverCap)
-		g.obs.refusal(client, NumTypes, OverCap)
+		g.obs.ReportConnection(OverCap)
+		g.obs.ReportRefusal(client, NumTypes, OverCap)
 		http.Error(w, fmt.Sprintf("blocked: too many open connections from your address (at most %d)", g.maxConns), http.StatusTooManyRequests)
 		return
 	}
@@ -496,9 +462,9 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}()
 	}
 	if freeIP {
-		g.obs.connection(Allowlisted)
+		g.obs.ReportConnection(Allowlisted)
 	} else {
-		g.obs.connection(Admitted)
+		g.obs.ReportConnection(Admitted)
 	}
 
 	if !handshakeOK(r) {
@@ -557,9 +523,9 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		if !freeIP {
 			defer g.releaseConn(client)
 		}
-		g.obs.open(1)
+		g.obs.ReportOpen(1)
 		c.run()
-		g.obs.open(-1)
+		g.obs.ReportOpen(-1)
 		g.remove(c)
 	}()
 }
@@ -687,8 +653,7 @@ func (g *Gate) client(r *http.Request) (client, addr string, free bool) {
 // fromTrustedProxy reports whether r's TCP peer is one of the identity's
 // trusted proxies.
 func (g *Gate) fromTrustedProxy(r *http.Request) bool {
-	peer, ok := parseHost(r.RemoteAddr)
-	return ok && g.identity.trusted(peer)
+	return g.identity.FromTrustedProxy(r)
 }
 
 func (g *Gate) allowPubkey(pk string) bool { return g.identity.AllowsPubkey(pk) }

@@ -87,9 +87,6 @@ func TestNewValidatesLimits(t *testing.T) {
 	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
 		t.Fatalf("New with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
 	}
-	if _, err := NewHooks(HookOptions{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) {
-		t.Fatalf("NewHooks with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
-	}
 	d := DefaultLimits()
 	if err := d.Validate(); err != nil {
 		t.Fatalf("DefaultLimits invalid: %v", err)
@@ -107,12 +104,6 @@ func TestNewValidatesFrameSize(t *testing.T) {
 		if _, err := New(Options{FrameSize: fs}); !errors.Is(err, ErrFrameSize) {
 			t.Errorf("FrameSize[REQ] %d: %v, want ErrFrameSize", n, err)
 		}
-	}
-	if got := EffectiveMaxFilters(0, nil); got != DefaultMaxFilters {
-		t.Errorf("EffectiveMaxFilters(0, nil) = %d", got)
-	}
-	if got := EffectiveMaxFilters(50, []ratelimit.Limit{{Rate: 20, Period: time.Second, Cost: 2}}); got != 9 {
-		t.Errorf("EffectiveMaxFilters under rate 20, cost 2 = %d, want 9 (9·2 < 20)", got)
 	}
 }
 
@@ -169,7 +160,7 @@ func newGate(t testing.TB, opts Options) *Gate {
 
 // memLimiter returns a limiter over a memory store on clock c.
 func memLimiter(c *nostrtest.Clock) *ratelimit.Limiter {
-	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Now: c.Now})
+	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: c.Now})
 }
 
 // The refusal on the wire: the OK carries the event id exactly as sent,
@@ -248,7 +239,7 @@ func TestGateConnectionLimit(t *testing.T) {
 	var outcomes [NumOutcomes]atomic.Int64
 	obs := &Observer{Connection: func(o Outcome) { outcomes[o].Add(1) }}
 	g := newGate(t, Options{
-		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Now: clk.Now}),
+		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
 		Limits:   &l,
 		Observer: obs,
 	})

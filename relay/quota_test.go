@@ -13,19 +13,9 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-func pubkeyN(n int) string { return fmt.Sprintf("%064x", 0xabc000+n) }
+func pubkeyN(n int) string { return nostrtest.PubkeyN(n) }
 
-// apartPubkeys returns the first n of pubkeyN(1), pubkeyN(2), … that fall in
-// different slots of q (see nostrtest.QuotaApart).
-func apartPubkeys(q *ratelimit.Quota, now time.Time, n int) []string {
-	var out []string
-	for i := 1; len(out) < n; i++ {
-		if pk := pubkeyN(i); nostrtest.QuotaApart(q, now, append(out, pk)...) {
-			out = append(out, pk)
-		}
-	}
-	return out
-}
+var apartPubkeys = nostrtest.ApartPubkeys
 
 func eventFrame(id int, pubkey string) string {
 	return fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","created_at":1,"kind":1,"tags":[],"content":"x","sig":"%s"}]`, id, pubkey, testSig)
@@ -59,7 +49,7 @@ func TestGateQuota(t *testing.T) {
 		}
 		return ""
 	}
-	g := newGate(t, Options{Limits: &Limits{}, Quota: q, Now: clk.Now, Identity: &Identity{Allow: al}})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q, Identity: &Identity{Allow: al}})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 
 	step := func(frame, want string) {
@@ -129,7 +119,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	rec.challenge = "chal"
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q, Now: clk.Now, Identity: &Identity{Allow: al}})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q, Identity: &Identity{Allow: al}})
 	url := serve(t, g.Wrap(rec))
 
 	step := func(c *websocket.Conn, frame, want string) {
@@ -188,7 +178,7 @@ func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	rec := newRecorder()
 	rec.challenge = "chal"
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Now: clk.Now, Identity: &Identity{Allow: al}})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Identity: &Identity{Allow: al}})
 	url := serve(t, g.Wrap(rec))
 	refused, refusedID := signedAuth(t, trustedSK, "chal", url, clk.Now())
 	accepted, acceptedID := signedAuth(t, trustedSK, "chal", url, clk.Now().Add(time.Second))

@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // printCheck writes what cfg means: where budgets live; for every limit,
@@ -63,7 +64,7 @@ func printCheck(w io.Writer, cfg *config) {
 // largest frame of each type.
 func printShape(w io.Writer, cfg *config) {
 	// The gate lowers the bound to what every REQ window admits at once.
-	maxFilters := relay.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])
+	maxFilters := policy.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])
 	lowered := ""
 	if maxFilters < cfg.MaxFilters {
 		lowered = fmt.Sprintf("; limits.max_filters %d, lowered so that every REQ window admits a REQ of %d at once", cfg.MaxFilters, maxFilters)

@@ -21,7 +21,7 @@ import (
 // failingStore is a store that cannot decide.
 type failingStore struct{ err error }
 
-func (f failingStore) Decide(context.Context, string, []ratelimit.Limit, time.Time) (ratelimit.Decision, error) {
+func (f failingStore) Decide(context.Context, string, *ratelimit.Windows, time.Time) (ratelimit.Decision, error) {
 	return ratelimit.Decision{}, f.err
 }
 

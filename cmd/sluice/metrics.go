@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // metrics holds sluice's Prometheus collectors on a registry of its own
@@ -28,7 +29,7 @@ type metrics struct {
 	cuts        [relay.NumCutReasons]prometheus.Counter
 	// offenders are the clients refused most over the last minutes,
 	// served at /top and on the status page.
-	offenders *relay.Offenders
+	offenders *policy.Offenders
 	open      prometheus.Gauge
 	latency   *prometheus.HistogramVec // registered by watch with the Redis store only
 
@@ -48,7 +49,7 @@ var connectionOutcomes = []relay.Outcome{relay.Admitted, relay.RateLimited, rela
 // newMetrics registers the gate's and the store's collectors; watch adds
 // the limiter's once it exists (the store it wraps needs observeStore first).
 func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), offenders: relay.NewOffenders(0, 0, nil)}
+	m := &metrics{reg: prometheus.NewRegistry(), offenders: policy.NewOffenders(0, 0, nil)}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -173,9 +174,9 @@ func (m *metrics) serveTop(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {
-		HalfLife float64          `json:"half_life_seconds"`
-		Clients  []relay.Offender `json:"clients"`
-	}{relay.DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n)})
+		HalfLife float64           `json:"half_life_seconds"`
+		Clients  []policy.Offender `json:"clients"`
+	}{policy.DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n)})
 }
 
 // observeStore is redisstore.Options.Observe.

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -18,7 +18,7 @@ import (
 // streamed responses), with the client-address headers set as on upgrades.
 func proxyFront(info, gated http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if relay.IsNIP11Request(r) {
+		if nip11.IsRequest(r) {
 			info.ServeHTTP(w, r)
 			return
 		}
@@ -42,10 +42,10 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	}
 
 	fallback := proxyFallbackNIP11(cfg, gate.MaxFilters(), gate.MaxSubscriptions())
-	client := &http.Client{Timeout: relay.DefaultNIP11Timeout}
-	info := &relay.NIP11Handler{
+	client := &http.Client{Timeout: nip11.DefaultTimeout}
+	info := &nip11.Handler{
 		Fetch: func(ctx context.Context) ([]byte, error) {
-			return relay.FetchNIP11(ctx, client, cfg.Upstream)
+			return nip11.Fetch(ctx, client, cfg.Upstream)
 		},
 		Limitation: nip11Limitation(cfg, parts),
 		Fallback:   fallback,

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/nip11"
 )
 
 // In proxy mode every plain HTTP request reaches the upstream unchanged —
@@ -21,7 +22,7 @@ func TestProxyPassesHTTPThrough(t *testing.T) {
 	type seen struct{ method, path, ctype, body, xff string }
 	got := make(chan seen, 4)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if relay.IsNIP11Request(r) {
+		if nip11.IsRequest(r) {
 			w.Header().Set("Content-Type", "application/nostr+json")
 			_, _ = io.WriteString(w, `{"name":"upstream"}`)
 			return
@@ -43,9 +44,9 @@ func TestProxyPassesHTTPThrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info := &relay.NIP11Handler{
-		Fetch:      func(ctx context.Context) ([]byte, error) { return relay.FetchNIP11(ctx, http.DefaultClient, upstream) },
-		Limitation: relay.NIP11Limitation{MaxMessageLength: 1000},
+	info := &nip11.Handler{
+		Fetch:      func(ctx context.Context) ([]byte, error) { return nip11.Fetch(ctx, http.DefaultClient, upstream) },
+		Limitation: nip11.Limitation{MaxMessageLength: 1000},
 		Fallback:   []byte(`{}`),
 	}
 	srv := httptest.NewServer(proxyFront(info, gated))

@@ -12,7 +12,7 @@ import (
 	"github.com/fiatjaf/eventstore/badger"
 	"github.com/fiatjaf/khatru"
 
-	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -69,7 +69,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		// khatru checks the AUTH relay tag as well, against ServiceURL
 		// (an http(s) URL) rather than its guess from the request, so it
 		// agrees with the gate about which URL names this relay.
-		if kr.ServiceURL, err = relay.NIP11URL(cfg.RelayURL); err != nil {
+		if kr.ServiceURL, err = nip11.URL(cfg.RelayURL); err != nil {
 			db.Close()
 			parts.close()
 			return fmt.Errorf("%w: relay_url: %v", errConfig, err)
@@ -89,7 +89,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		parts.close()
 		return err
 	}
-	info := &relay.NIP11Handler{Fallback: base, Limitation: nip11Limitation(cfg, parts)}
+	info := &nip11.Handler{Fallback: base, Limitation: nip11Limitation(cfg, parts)}
 
 	handler := front(info, gate.Wrap(kr), "This is a Nostr relay ("+sluiceURL+").\nConnect to it with a Nostr client over WebSocket at this address.\n")
 	logger.Info("sluice relay", "version", buildVersion(), "store", parts.store, "data", dir)

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -121,7 +121,7 @@ func served(t *testing.T, cfg *config, doc []byte) []byte {
 		t.Fatal(err)
 	}
 	defer p.close()
-	h := &relay.NIP11Handler{Fallback: doc, Limitation: nip11Limitation(cfg, p)}
+	h := &nip11.Handler{Fallback: doc, Limitation: nip11Limitation(cfg, p)}
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("Accept", "application/nostr+json")

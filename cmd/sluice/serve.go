@@ -18,6 +18,8 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -175,11 +177,11 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Ga
 }
 
 // nip11Limitation is what sluice publishes about itself in NIP-11.
-func nip11Limitation(cfg *config, p *limiterParts) relay.NIP11Limitation {
+func nip11Limitation(cfg *config, p *limiterParts) nip11.Limitation {
 	limits := cfg.Limits
-	return relay.NIP11Limitation{
+	return nip11.Limitation{
 		MaxMessageLength: cfg.ReadLimit,
-		MaxFilters:       int64(relay.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])),
+		MaxFilters:       int64(policy.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])),
 		MaxSubidLength:   wire.MaxSubIDBytes,
 		MaxSubscriptions: int64(cfg.Subscriptions),
 		Limits:           &limits,
@@ -192,7 +194,7 @@ func nip11Limitation(cfg *config, p *limiterParts) relay.NIP11Limitation {
 func front(info, gated http.Handler, page string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
-		case relay.IsNIP11Request(r):
+		case nip11.IsRequest(r):
 			info.ServeHTTP(w, r)
 		case r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "":
 			info.ServeHTTP(w, r) // CORS preflight for NIP-11

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // The status page keeps a sample of the frame counters every
@@ -111,7 +112,7 @@ type statusView struct {
 	IntervalS int
 	// Offenders are the clients refused most, their counts fading by half
 	// every HalfLife.
-	Offenders []relay.Offender
+	Offenders []policy.Offender
 	HalfLife  string
 }
 
@@ -198,7 +199,7 @@ func (s *statusPage) view(ctx context.Context) statusView {
 		v.ChartMax = max(v.ChartMax, b.admitted+b.refused)
 	}
 	v.Offenders = s.m.offenders.Top(10)
-	v.HalfLife = relay.DefaultOffendersHalfLife.String()
+	v.HalfLife = policy.DefaultOffendersHalfLife.String()
 	v.BarWidth = 600 / (statusSamples + 1) // and the live interval
 	for i, b := range bars {
 		x := 600 - (len(bars)-i)*v.BarWidth

@@ -5,16 +5,16 @@ import (
 
 	"github.com/fiatjaf/khatru"
 
-	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/hooks"
 )
 
 // withHooks puts sluice's limits into rl's own hook slots.
-func withHooks(rl *khatru.Relay, opts relay.HookOptions) error {
-	h, err := relay.NewHooks(opts)
+func withHooks(rl *khatru.Relay, opts hooks.Options) error {
+	h, err := hooks.New(opts)
 	if err != nil {
 		return err
 	}
-	k := h.Khatru(relay.KhatruAccess{
+	k := h.Khatru(hooks.KhatruAccess{
 		// The TCP peer: this program serves clients directly. Behind a
 		// proxy that overwrites X-Forwarded-For, khatru.GetIP would do.
 		IP:     peerAddr,

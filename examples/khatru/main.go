@@ -8,7 +8,7 @@
 // with 429 and Retry-After, and limits every message type; the hooks need no
 // wrapper but see only what khatru has parsed (see relay.Hooks). Both keep
 // their budgets in process memory; share them across instances with a Redis
-// store in relay.Options.Limiter / relay.HookOptions.Limiter.
+// store in relay.Options.Limiter / hooks.Options.Limiter.
 //
 // This program is its own Go module so that sluice's library does not
 // depend on khatru through it.
@@ -30,6 +30,7 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/hooks"
 )
 
 func main() {
@@ -65,16 +66,15 @@ func main() {
 }
 
 // build returns a khatru relay with sluice's limits: behind a gate, or with
-// hooks (then the gate is nil). Of opts, hooks use the fields HookOptions
-// shares with Options.
-func build(hooks bool, opts relay.Options) (http.Handler, *relay.Gate, error) {
+// hooks (then the gate is nil). Of opts, hooks use the fields hooks.Options
+// shares with relay.Options.
+func build(useHooks bool, opts relay.Options) (http.Handler, *relay.Gate, error) {
 	rl := newKhatru()
-	if hooks {
-		err := withHooks(rl, relay.HookOptions{
+	if useHooks {
+		err := withHooks(rl, hooks.Options{
 			Limiter:  opts.Limiter,
 			Limits:   opts.Limits,
 			Quota:    opts.Quota,
-			Now:      opts.Now,
 			Identity: opts.Identity,
 			Observer: opts.Observer,
 		})

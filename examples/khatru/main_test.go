@@ -45,11 +45,11 @@ var modes = []struct {
 }{{"wrap", false}, {"hooks", true}}
 
 // start serves a fresh khatru relay with limits and quota, gated or hooked.
-func start(t *testing.T, hooks bool, limits relay.Limits, quota *ratelimit.Quota) *env {
+func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Quota) *env {
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1024)}, clock: nostrtest.NewClock()}
-	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Now: e.clock.Now})
-	e.http, e.ws = serve(t, hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota, Now: e.clock.Now})
+	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
+	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota})
 	return e
 }
 

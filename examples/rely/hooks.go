@@ -5,19 +5,19 @@ import (
 
 	"github.com/pippellia-btc/rely"
 
-	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/hooks"
 )
 
 // withHooks puts sluice's limits into r's Reject hooks and wraps its
 // On.Event so that saved events count against the actor quota. The hooks are
 // prepended: rely runs its Reject hooks in order, and a refused event should
 // cost no signature check.
-func withHooks(r *rely.Relay, opts relay.HookOptions) (http.Handler, error) {
-	h, err := relay.NewHooks(opts)
+func withHooks(r *rely.Relay, opts hooks.Options) (http.Handler, error) {
+	h, err := hooks.New(opts)
 	if err != nil {
 		return nil, err
 	}
-	rh := relay.Rely[rely.Client, rely.Stats](h, func(c rely.Client) string { return c.IP().String() }, nil)
+	rh := hooks.Rely[rely.Client, rely.Stats](h, func(c rely.Client) string { return c.IP().String() }, nil)
 	r.Reject.Connection.Prepend(rh.Connection)
 	r.Reject.Event.Prepend(rh.Event)
 	r.Reject.Req.Prepend(rh.Req)

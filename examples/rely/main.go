@@ -8,7 +8,7 @@
 // with 429 and Retry-After, and limits every message type; the hooks need no
 // wrapper but see only what rely has parsed (see relay.Hooks). Both keep
 // their budgets in process memory; share them across instances with a Redis
-// store in relay.Options.Limiter / relay.HookOptions.Limiter.
+// store in relay.Options.Limiter / hooks.Options.Limiter.
 //
 // This program is its own Go module so that sluice's library does not
 // depend on rely through it. rely v1.2.2 asks for go-nostr v0.51.8; here it
@@ -33,6 +33,7 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/hooks"
 )
 
 func main() {
@@ -71,15 +72,15 @@ func main() {
 
 // build returns a rely relay with sluice's limits, behind a gate or with
 // hooks (then the gate is nil), and the relay itself, which the caller must
-// Start. Of opts, hooks use the fields HookOptions shares with Options.
-func build(hooks bool, opts relay.Options) (http.Handler, *rely.Relay, *relay.Gate, error) {
+// Start. Of opts, hooks use the fields hooks.Options shares with
+// relay.Options.
+func build(useHooks bool, opts relay.Options) (http.Handler, *rely.Relay, *relay.Gate, error) {
 	r := newRely()
-	if hooks {
-		h, err := withHooks(r, relay.HookOptions{
+	if useHooks {
+		h, err := withHooks(r, hooks.Options{
 			Limiter:  opts.Limiter,
 			Limits:   opts.Limits,
 			Quota:    opts.Quota,
-			Now:      opts.Now,
 			Identity: opts.Identity,
 			Observer: opts.Observer,
 		})

@@ -42,11 +42,11 @@ var modes = []struct {
 
 // start serves a fresh rely relay with limits and quota, gated or hooked.
 // setup, if not nil, runs on the relay before it starts.
-func start(t *testing.T, hooks bool, limits relay.Limits, quota *ratelimit.Quota, setup func(*rely.Relay)) *env {
+func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Quota, setup func(*rely.Relay)) *env {
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1024)}, clock: nostrtest.NewClock()}
-	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Now: e.clock.Now})
-	h, r, gate, err := build(hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota, Now: e.clock.Now})
+	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
+	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func NewClock() *Clock {
 	return c
 }
 
-// Now returns the clock's instant; pass it as LimiterOptions.Now.
+// Now returns the clock's instant; pass it as LimiterOptions.Clock.
 func (c *Clock) Now() time.Time { return *c.t.Load() }
 
 // Set moves the clock to t.
@@ -62,7 +62,7 @@ type OutageStore struct {
 }
 
 // Decide is Store.Decide, or ErrUnavailable while Down.
-func (s *OutageStore) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
+func (s *OutageStore) Decide(ctx context.Context, key string, limits *ratelimit.Windows, now time.Time) (ratelimit.Decision, error) {
 	if s.Down.Load() {
 		return ratelimit.Decision{}, fmt.Errorf("test outage: %w", ratelimit.ErrUnavailable)
 	}
@@ -256,6 +256,22 @@ func QuotaApart(q *ratelimit.Quota, now time.Time, actors ...string) bool {
 		}
 	}
 	return true
+}
+
+// PubkeyN is the n-th of a series of made-up pubkeys (64 hex digits), for
+// tests that need actors but no signatures.
+func PubkeyN(n int) string { return fmt.Sprintf("%064x", 0xabc000+n) }
+
+// ApartPubkeys returns the first n of PubkeyN(1), PubkeyN(2), … that fall
+// in different slots of q (see QuotaApart).
+func ApartPubkeys(q *ratelimit.Quota, now time.Time, n int) []string {
+	var out []string
+	for i := 1; len(out) < n; i++ {
+		if pk := PubkeyN(i); QuotaApart(q, now, append(out, pk)...) {
+			out = append(out, pk)
+		}
+	}
+	return out
 }
 
 // ApartKeys returns n fresh private keys whose pubkeys fall in different

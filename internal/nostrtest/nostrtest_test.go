@@ -25,7 +25,7 @@ func TestClock(t *testing.T) {
 // the memory store beneath decides, with the budget it had.
 func TestOutageStore(t *testing.T) {
 	s := &OutageStore{Store: ratelimit.NewMemoryStore(16)}
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1.5, time.Hour))
 	ctx := context.Background()
 	if d, err := s.Decide(ctx, "k", limits, T0); err != nil || !d.Allowed {
 		t.Fatalf("first: %+v, %v; want allowed", d, err)

@@ -468,7 +468,7 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 	for _, g := range groups {
 		split(g.cmd, reqs[g.start:g.end], func(i int, reply any, err error) {
 			r := reqs[g.start+i]
-			d, err := decision(reply, err, r.limits.limits)
+			d, err := decision(reply, err, r)
 			if !answered(err) {
 				ok = false
 			}
@@ -489,12 +489,12 @@ func answered(err error) bool {
 	return err == nil || isScriptRefusal(err) || isCrossSlot(err)
 }
 
-// decision reads one decision's reply (or the call's error).
-func decision(reply any, err error, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+// decision reads the reply of request r (or its call's error).
+func decision(reply any, err error, r *request) (ratelimit.Decision, error) {
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	return parseReply(reply, limits)
+	return parseReply(reply, r.windows.Len(), r.scores)
 }
 
 // process sends the groups' commands (only the EVAL retries when retry),

@@ -36,11 +36,11 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 	ctx := context.Background()
 	s := newStore(t, c, slow)
 	b := &batcher{client: c, shared: true, max: 64} // no workers: exec is called directly
-	want := ratelimit.NewMemoryStore(4096)
-	lists := [][]ratelimit.Limit{
-		{ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(5, time.Minute)},
-		{ratelimit.PerPeriod(2, 500*time.Millisecond)},
-		{ratelimit.PerPeriod(4, time.Second), ratelimit.PerPeriod(6, 10*time.Second), ratelimit.PerPeriod(9, time.Hour)},
+	want := memory()
+	lists := []*ratelimit.Windows{
+		ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(5, time.Minute)),
+		ratelimit.MustWindows(ratelimit.PerPeriod(2, 500*time.Millisecond)),
+		ratelimit.MustWindows(ratelimit.PerPeriod(4, time.Second), ratelimit.PerPeriod(6, 10*time.Second), ratelimit.PerPeriod(9, time.Hour)),
 	}
 	r := rand.New(rand.NewPCG(3, 5))
 	if err := ewma.Load(ctx, c).Err(); err != nil {
@@ -58,7 +58,7 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 		n := 1 + r.IntN(16)
 		calls := make([]*call, n)
 		keys := make([]string, n)
-		limits := make([][]ratelimit.Limit, n)
+		limits := make([]*ratelimit.Windows, n)
 		for i := range calls {
 			// Few clients, so that most batches decide one key several
 			// times; a key keeps one limit list (its client's).
@@ -66,6 +66,7 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 			keys[i] = "{c" + strconv.Itoa(client) + "}:message:EVENT"
 			limits[i] = lists[client%len(lists)]
 			calls[i] = &call{req: s.request(keys[i], limits[i], at), res: make(chan callResult, 1)}
+			calls[i].req.scores = make([]float64, limits[i].Len())
 		}
 		b.exec(time.Now().Add(slow.Timeout), 0, calls, &sc)
 		for i, cl := range calls {
@@ -74,16 +75,17 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 			if err != nil {
 				t.Fatalf("round %d decision %d (%s): %v", round, i, keys[i], err)
 			}
-			w, err := want.Decide(ctx, keys[i], limits[i], at)
+			gs := cl.req.scores
+			w, ws, err := want(ctx, keys[i], limits[i], at)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Allowed != w.Allowed || got.Wait != w.Wait || len(got.Scores) != len(w.Scores) {
-				t.Fatalf("round %d decision %d (%s): got %+v, memory %+v", round, i, keys[i], got, w)
+			if got.Allowed != w.Allowed || got.Wait != w.Wait || len(gs) != len(ws) {
+				t.Fatalf("round %d decision %d (%s): got %+v %v, memory %+v %v", round, i, keys[i], got, gs, w, ws)
 			}
-			for j := range w.Scores {
-				if !storetest.Close(got.Scores[j], w.Scores[j]) {
-					t.Fatalf("round %d decision %d (%s) window %d: score %v, memory %v", round, i, keys[i], j, got.Scores[j], w.Scores[j])
+			for j := range ws {
+				if !storetest.Close(gs[j], ws[j]) {
+					t.Fatalf("round %d decision %d (%s) window %d: score %v, memory %v", round, i, keys[i], j, gs[j], ws[j])
 				}
 			}
 			if !got.Allowed {
@@ -125,7 +127,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 			ctx := context.Background()
 			s := newStore(t, c, slow)
 			b := &batcher{client: c, shared: true, max: 8}
-			limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
+			limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second))
 			if err := c.Set(ctx, DefaultPrefix+"{bad}:message:EVENT:1000", "garbage", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -133,6 +135,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 			calls := make([]*call, len(keys))
 			for i, k := range keys {
 				calls[i] = &call{req: s.request(k, limits, storetest.T0), res: make(chan callResult, 1)}
+				calls[i].req.scores = make([]float64, limits.Len())
 			}
 			b.exec(time.Now().Add(slow.Timeout), 0, calls, &batchScratch{})
 			for i, cl := range calls {
@@ -144,8 +147,8 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 					}
 					continue
 				}
-				if err != nil || !d.Allowed || len(d.Scores) != 1 || d.Scores[0] != 1 {
-					t.Errorf("%s beside a corrupt key: %+v %v, want admitted with score 1", keys[i], d, err)
+				if sc := cl.req.scores; err != nil || !d.Allowed || sc[0] != 1 {
+					t.Errorf("%s beside a corrupt key: %+v %v %v, want admitted with score 1", keys[i], d, sc, err)
 				}
 				if v, err := c.Get(ctx, DefaultPrefix+keys[i]+":1000").Result(); err != nil || !strings.HasPrefix(v, "1 ") {
 					t.Errorf("%s beside a corrupt key stored %q %v", keys[i], v, err)

@@ -48,8 +48,8 @@ var benchKeys = func() []string {
 // Options.Batch.
 func BenchmarkRedis(b *testing.B) {
 	e := newBenchEnv(b)
-	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
-	oneWindow := twoWindows[:1]
+	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	oneWindow := ratelimit.MustWindows(twoWindows.Limit(0))
 	b.Run("Decide2Windows", e.decide(twoWindows, Options{}, false, benchGoroutines))
 	b.Run("RedisRateAllow1Window", e.rate(false, benchGoroutines))
 	b.Run("Decide1Window", e.decide(oneWindow, Options{}, false, benchGoroutines))
@@ -66,7 +66,7 @@ func BenchmarkRedis(b *testing.B) {
 // how many.
 func BenchmarkRedisConcurrency(b *testing.B) {
 	e := newBenchEnv(b)
-	twoWindows := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
 		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
@@ -153,7 +153,7 @@ func (e *benchEnv) parallel(b *testing.B, g int, s *Store, call func(ctx context
 }
 
 // decide benchmarks our Store deciding limits, at g goroutines.
-func (e *benchEnv) decide(limits []ratelimit.Limit, opts Options, ap bool, g int, query ...string) func(b *testing.B) {
+func (e *benchEnv) decide(limits *ratelimit.Windows, opts Options, ap bool, g int, query ...string) func(b *testing.B) {
 	return func(b *testing.B) {
 		c := e.client(b, query...)
 		opts.Timeout = time.Second
@@ -250,7 +250,7 @@ func BenchmarkDecideBreakerOpen(b *testing.B) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = c.Close() })
 	s := newStore(b, c, Options{Breaker: BreakerOptions{Failures: 1, CoolDown: time.Hour}})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	ctx := context.Background()
 	if _, err := s.Decide(ctx, benchKeys[0], limits, time.Time{}); err == nil {
 		b.Fatal("decided against a closed port")

@@ -77,14 +77,14 @@ func TestConformanceCluster(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	cc := c.(*redis.ClusterClient)
 	s := newStore(t, cc, slow)
-	storetest.Run(t, func(t *testing.T) ratelimit.Store { return s })
-	storetest.Agree(t, memory, s, 11, 40)
+	storetest.Run(t, func(t *testing.T) storetest.Scorer { return scorer(s) })
+	storetest.Agree(t, memory, scorer(s), 11, 40)
 	t.Run("batch", func(t *testing.T) {
 		// A cluster pipeline is split by node; every decision must still
 		// find its own reply.
 		bs := newStore(t, cc, Options{Timeout: slow.Timeout, Batch: 16})
 		defer bs.Close()
-		storetest.Run(t, func(t *testing.T) ratelimit.Store { return bs })
+		storetest.Run(t, func(t *testing.T) storetest.Scorer { return scorer(bs) })
 	})
 
 	ctx := context.Background()
@@ -108,7 +108,7 @@ func TestConformanceCluster(t *testing.T) {
 	if s1 == s2 {
 		t.Fatalf("control keys share slot %d; pick others", s1)
 	}
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
 	if _, err := s.Decide(ctx, "notag:message:EVENT", limits, storetest.T0); !errors.Is(err, ratelimit.ErrUnavailable) || !strings.Contains(err.Error(), "CROSSSLOT") {
 		t.Errorf("untagged multi-window key on a cluster: err = %v, want CROSSSLOT", err)
 	}

@@ -31,7 +31,7 @@ func ExampleStore_Decide() {
 	}
 	defer store.Close()
 
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(100, time.Minute)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(100, time.Minute))
 	key := ratelimit.MessageKey("203.0.113.7", "EVENT")
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 4 {

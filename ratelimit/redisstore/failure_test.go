@@ -63,7 +63,7 @@ func settleGoroutines(t *testing.T, base int) {
 }
 
 // decideTimed runs one decision and fails the test if it hangs.
-func decideTimed(t *testing.T, s ratelimit.Store, key string, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+func decideTimed(t *testing.T, s ratelimit.Store, key string, limits *ratelimit.Windows) (ratelimit.Decision, error) {
 	t.Helper()
 	start := time.Now()
 	d, err := s.Decide(context.Background(), key, limits, time.Time{})
@@ -98,7 +98,7 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 		},
 	})
 	lim := ratelimit.NewLimiter(s, ratelimit.LimiterOptions{})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(1000, time.Second), ratelimit.PerPeriod(100000, time.Minute)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1000, time.Second), ratelimit.PerPeriod(100000, time.Minute))
 
 	// Healthy traffic from several goroutines, then the kill lands mid-run.
 	var wg sync.WaitGroup
@@ -221,7 +221,7 @@ func testHungRedis(t *testing.T, batch bool) {
 		t.Fatalf("no process_id in INFO server")
 	}
 	s := newStore(t, c, Options{Batch: batchSize(batch), Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: -1}})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Second))
 	if _, err := decideTimed(t, s, "{hang}:message:EVENT", limits); err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	c := client(t, p.ln.Addr().String()) // go-redis defaults: MaxRetries 3
 	s := newStore(t, c, Options{Timeout: slow.Timeout, Batch: batchSize(batch)})
 	ctx := context.Background()
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 	key := "{lost}:message:EVENT"
 	// stored is the score in Redis; with an hour's half-life the few ms the
 	// test takes decay it by less than 1e-5.
@@ -383,15 +383,15 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 		t.Fatalf("warm-up: %+v %v", d, err)
 	}
 	p.armed.Store(true)
-	d, err := s.Decide(ctx, key, limits, time.Time{})
+	d, scores, err := scorer(s)(ctx, key, limits, time.Time{})
 	if err != nil || !d.Allowed {
 		t.Fatalf("decision whose first reply was lost: %+v %v", d, err)
 	}
 	if p.lost.Load() != 1 {
 		t.Fatalf("proxy lost %d replies, want 1", p.lost.Load())
 	}
-	if got := stored(); !near(got, 2) || !near(d.Scores[0], 2) {
-		t.Errorf("after 2 decisions (one retried): stored score %v, reply %v; want 2 (charged once)", got, d.Scores)
+	if got := stored(); !near(got, 2) || !near(scores[0], 2) {
+		t.Errorf("after 2 decisions (one retried): stored score %v, reply %v; want 2 (charged once)", got, scores)
 	}
 
 	// The hazard, shown: the same lost reply without a request id.
@@ -434,7 +434,7 @@ func testLostReplyNoRetry(t *testing.T, batch bool) {
 		t.Fatal("a client without retries: the store is not lean")
 	}
 	ctx := context.Background()
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 	key := "{lostlean}:message:EVENT"
 	stored := func() string {
 		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000").Result()
@@ -465,9 +465,9 @@ func testLostReplyNoRetry(t *testing.T, batch bool) {
 	if got := score(); !near(got, 2) {
 		t.Errorf("after a lost reply: score %v, want 2 (charged once, never resent)", got)
 	}
-	d, err := s.Decide(ctx, key, limits, time.Time{})
-	if err != nil || !d.Allowed || !near(d.Scores[0], 3) {
-		t.Fatalf("next decision: %+v %v, want admitted at score 3", d, err)
+	d, scores, err := scorer(s)(ctx, key, limits, time.Time{})
+	if err != nil || !d.Allowed || !near(scores[0], 3) {
+		t.Fatalf("next decision: %+v %v %v, want admitted at score 3", d, scores, err)
 	}
 }
 
@@ -535,7 +535,7 @@ func TestBatchCloseStrandsNoCall(t *testing.T) {
 	m := miniredis.RunT(t)
 	c := client(t, m.Addr())
 	s := newStore(t, c, Options{Timeout: slow.Timeout})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(1e9, time.Second)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
 	for round := range 50 {
 		b := newBatcher(c, true, 4, 2, time.Millisecond, nil)
 		var wg sync.WaitGroup
@@ -549,7 +549,7 @@ func TestBatchCloseStrandsNoCall(t *testing.T) {
 					cl := &call{req: req, asked: time.Now(), deadline: time.Now().Add(slow.Timeout)}
 					_, err := b.do(context.Background(), cl, func() (ratelimit.Decision, error) {
 						reply, err := run(context.Background(), c, req)
-						return decision(reply, err, limits)
+						return decision(reply, err, req)
 					})
 					if errors.Is(err, ErrClosed) {
 						return

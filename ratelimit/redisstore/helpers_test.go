@@ -1,11 +1,98 @@
 package redisstore
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 func itoa(n int64) string                      { return strconv.FormatInt(n, 10) }
 func log2(x float64) float64                   { return math.Log2(x) }
 func fmtSscan(s string, v ...any) (int, error) { return fmt.Sscan(s, v...) }
+
+// scorer is s as the conformance suite reads a store: its decisions, with
+// each window's score after the decision as the script replied it.
+func scorer(s *Store) storetest.Scorer {
+	return func(ctx context.Context, key string, ws *ratelimit.Windows, now time.Time) (ratelimit.Decision, []float64, error) {
+		scores := make([]float64, ws.Len())
+		d, err := s.decide(ctx, key, ws, now, scores)
+		if err != nil {
+			return d, nil, err
+		}
+		return d, scores, nil
+	}
+}
+
+// memory is the reference for Agree and the batch test: a fresh memory
+// store, large enough (2^20 slots) that the few keys of a test never share
+// a slot. Its scores are unreachable outside package ratelimit, so they are
+// followed here from its decisions: per window, the stored score decayed by
+// 2^(-Δt/T) (nothing for time that has not passed), plus the cost when the
+// message was admitted, written at the later of now and the last write.
+// Each decision is checked against that model — admitted exactly when every
+// window's decayed score plus cost is within its rate — and a disagreement
+// is an error, so the scores compared are those the memory store holds.
+func memory() storetest.Scorer {
+	m := ratelimit.NewMemoryStore(1 << 20)
+	type window struct {
+		score float64
+		at    int64
+	}
+	var mu sync.Mutex
+	keys := map[string][]window{}
+	return func(ctx context.Context, key string, ws *ratelimit.Windows, now time.Time) (ratelimit.Decision, []float64, error) {
+		if now.IsZero() {
+			return ratelimit.Decision{}, nil, fmt.Errorf("memory reference: the zero instant is not modelled")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		d, err := m.Decide(ctx, key, ws, now)
+		if err != nil {
+			return d, nil, err
+		}
+		n := ws.Len()
+		st := keys[key]
+		if len(st) != n {
+			if st != nil {
+				return d, nil, fmt.Errorf("memory reference: key %s decided against %d windows, then %d", key, len(st), n)
+			}
+			st = make([]window, n)
+			keys[key] = st
+		}
+		t := now.UnixMilli()
+		scores := make([]float64, n)
+		admits := true
+		for i := range n {
+			l := ws.Limit(i)
+			s := st[i].score
+			if dt := t - st[i].at; dt > 0 {
+				if x := float64(dt) / float64(l.Period/time.Millisecond); x > 1100 {
+					s = 0
+				} else {
+					s *= math.Exp2(-x)
+				}
+			}
+			scores[i] = s
+			if s+l.EffectiveCost() > l.Rate {
+				admits = false
+			}
+		}
+		if admits != d.Allowed {
+			return d, nil, fmt.Errorf("memory reference: %s against %v at %v: store says allowed=%v, model %v", key, ws, now, d.Allowed, admits)
+		}
+		if d.Allowed {
+			for i := range n {
+				scores[i] += ws.Limit(i).EffectiveCost()
+				st[i].score = scores[i]
+				st[i].at = max(st[i].at, t)
+			}
+		}
+		return d, scores, nil
+	}
+}

@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
-var twoWindows = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+var twoWindows = ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 
 // TestParseReplyHostile: every reply that is not exactly {0|1, wait, score,
 // score} is an error wrapping ErrBadReply and ErrUnavailable — never a
@@ -52,27 +52,42 @@ func TestParseReplyHostile(t *testing.T) {
 		"score nested":        []any{int64(1), int64(0), []any{"1"}, "1"},
 		"redis error element": []any{int64(1), int64(0), redis.Nil, "1"},
 	} {
-		d, err := parseReply(reply, twoWindows)
+		scores := []float64{-1, -1}
+		d, err := parseReply(reply, twoWindows.Len(), scores)
 		if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
 			t.Errorf("%s: %+v, err = %v; want ErrBadReply and ErrUnavailable", name, d, err)
 		}
-		if d.Scores != nil || d.Allowed {
+		if d != (ratelimit.Decision{}) {
 			t.Errorf("%s: a decision came back with the error: %+v", name, d)
+		}
+		for i, f := range scores {
+			if f == 0 {
+				t.Errorf("%s: score %d read as zero: %v", name, i, scores)
+			}
+		}
+		if d, err := parseReply(reply, twoWindows.Len(), nil); err == nil || d != (ratelimit.Decision{}) {
+			t.Errorf("%s without scores: %+v, %v", name, d, err)
 		}
 	}
 }
 
 func TestParseReplyGood(t *testing.T) {
-	d, err := parseReply([]any{int64(0), int64(1234), "10", "7.5000000000000009"}, twoWindows)
+	scores := make([]float64, twoWindows.Len())
+	d, err := parseReply([]any{int64(0), int64(1234), "10", "7.5000000000000009"}, twoWindows.Len(), scores)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Allowed || d.Wait != 1234*time.Millisecond || d.Scores[0] != 10 || d.Scores[1] != 7.5000000000000009 {
-		t.Errorf("got %+v", d)
+	if d.Allowed || d.Wait != 1234*time.Millisecond || scores[0] != 10 || scores[1] != 7.5000000000000009 {
+		t.Errorf("got %+v %v", d, scores)
 	}
-	d, err = parseReply([]any{int64(1), int64(0), "0", "1e-300"}, twoWindows)
-	if err != nil || !d.Allowed || d.Wait != 0 || d.Scores[1] != 1e-300 {
-		t.Errorf("got %+v %v", d, err)
+	d, err = parseReply([]any{int64(1), int64(0), "0", "1e-300"}, twoWindows.Len(), scores)
+	if err != nil || !d.Allowed || d.Wait != 0 || scores[0] != 0 || scores[1] != 1e-300 {
+		t.Errorf("got %+v %v %v", d, scores, err)
+	}
+	// Without a scores slice the decision is the same.
+	d, err = parseReply([]any{int64(0), int64(1234), "10", "7.5000000000000009"}, twoWindows.Len(), nil)
+	if err != nil || d.Allowed || d.Wait != 1234*time.Millisecond {
+		t.Errorf("without scores: got %+v %v", d, err)
 	}
 }
 
@@ -123,11 +138,11 @@ func TestWrongShapeThroughClient(t *testing.T) {
 // decision's refusal — an error wrapping ErrBadReply that IsPerKey (Redis
 // answered) — and a -1 with any other message is not.
 func TestParseReplyRefusal(t *testing.T) {
-	d, err := parseReply([]any{int64(-1), "ERR sluice ewma: malformed value at k", "", ""}, twoWindows)
+	d, err := parseReply([]any{int64(-1), "ERR sluice ewma: malformed value at k", "", ""}, twoWindows.Len(), nil)
 	if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !isScriptRefusal(err) || !IsPerKey(err) || d.Allowed {
 		t.Errorf("script refusal: %+v, %v", d, err)
 	}
-	if _, err := parseReply([]any{int64(-1), "ERR something else", "", ""}, twoWindows); isScriptRefusal(err) {
+	if _, err := parseReply([]any{int64(-1), "ERR something else", "", ""}, twoWindows.Len(), nil); isScriptRefusal(err) {
 		t.Errorf("a -1 with another message counted as the script's refusal: %v", err)
 	}
 }
@@ -137,7 +152,7 @@ func TestParseReplyRefusal(t *testing.T) {
 // of the call; a well-formed one is cut at the right places.
 func TestSplitHostile(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	one := []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}
+	one := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Second))
 	reqs := []*request{s.request("{a}:message:EVENT", twoWindows, time.Time{}), s.request("{b}:message:REQ", one, time.Time{})}
 	for name, reply := range map[string]any{
 		"nil":            nil,
@@ -166,18 +181,18 @@ func TestSplitHostile(t *testing.T) {
 	cmd := redis.NewCmd(context.Background())
 	cmd.SetVal([]any{int64(1), int64(0), "1", "2", int64(0), int64(1500), "5.5"})
 	var got []ratelimit.Decision
+	for _, r := range reqs {
+		r.scores = make([]float64, r.windows.Len())
+	}
 	split(cmd, reqs, func(i int, r any, err error) {
-		d, err := ratelimit.Decision{}, err
-		if err == nil {
-			d, err = parseReply(r, reqs[i].limits.limits)
-		}
+		d, err := decision(r, err, reqs[i])
 		if err != nil {
 			t.Fatalf("decision %d: %v", i, err)
 		}
 		got = append(got, d)
 	})
-	if len(got) != 2 || !got[0].Allowed || got[0].Scores[1] != 2 || got[1].Allowed || got[1].Wait != 1500*time.Millisecond || got[1].Scores[0] != 5.5 {
-		t.Errorf("well-formed reply cut as %+v", got)
+	if len(got) != 2 || !got[0].Allowed || reqs[0].scores[0] != 1 || reqs[0].scores[1] != 2 || got[1].Allowed || got[1].Wait != 1500*time.Millisecond || reqs[1].scores[0] != 5.5 {
+		t.Errorf("well-formed reply cut as %+v, scores %v %v", got, reqs[0].scores, reqs[1].scores)
 	}
 	cmd = redis.NewCmd(context.Background())
 	cmd.SetErr(context.DeadlineExceeded)

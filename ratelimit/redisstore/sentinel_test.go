@@ -80,7 +80,7 @@ func TestConformanceSentinel(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	s := newStore(t, c, slow)
-	storetest.Run(t, func(t *testing.T) ratelimit.Store { return s })
+	storetest.Run(t, func(t *testing.T) storetest.Scorer { return scorer(s) })
 
 	// The decisions landed on the master.
 	direct := client(t, master.Addr())
@@ -120,7 +120,7 @@ func TestSentinelFailover(t *testing.T) {
 	// A generous deadline: the first call also discovers the master through
 	// the sentinel and loads the script, and CI runs this under -race.
 	s := newStore(t, c, Options{Timeout: 2 * time.Second, Breaker: BreakerOptions{CoolDown: 100 * time.Millisecond}})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(1000, time.Second)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1000, time.Second))
 	if _, err := s.Decide(context.Background(), "{fo}:message:EVENT", limits, time.Time{}); err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -194,8 +193,6 @@ type Store struct {
 
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
-
-	argCache [64]atomic.Pointer[boxedLimits]
 }
 
 var _ ratelimit.Store = (*Store)(nil)
@@ -341,17 +338,18 @@ func (s *Store) BreakerState() BreakerState { return s.br.state() }
 // Decide implements ratelimit.Store: it runs the EWMA script over every
 // window of key in one round trip. A zero now means Redis TIME; otherwise
 // now is used at millisecond resolution (an instant at or before the Unix
-// epoch also means Redis TIME). No limits means allowed without a call. A
-// limit that Limit.Validate refuses is an error wrapping
-// ratelimit.ErrInvalidLimit. An error always wraps ratelimit.ErrUnavailable.
-func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit, now time.Time) (ratelimit.Decision, error) {
-	if len(limits) == 0 {
+// epoch also means Redis TIME). No windows means allowed without a call.
+// An error always wraps ratelimit.ErrUnavailable.
+func (s *Store) Decide(ctx context.Context, key string, windows *ratelimit.Windows, now time.Time) (ratelimit.Decision, error) {
+	return s.decide(ctx, key, windows, now, nil)
+}
+
+// decide is Decide with each window's score after the decision written to
+// scores when it is not nil (len windows.Len()): the conformance suite
+// reads them, the hot path does not.
+func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windows, now time.Time, scores []float64) (ratelimit.Decision, error) {
+	if windows.Len() == 0 {
 		return ratelimit.Decision{Allowed: true}, nil
-	}
-	for _, l := range limits {
-		if err := l.Validate(); err != nil {
-			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
-		}
 	}
 	if s.closed.Load() {
 		return ratelimit.Decision{}, errClosed
@@ -369,12 +367,13 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}
-	req := s.request(key, limits, now)
+	req := s.request(key, windows, now)
+	req.scores = scores
 	var d ratelimit.Decision
 	var err error
 	switch {
 	case s.batch != nil && s.batch.tryDirect():
-		d, err = s.direct(ctx, deadline, probe, req, limits)
+		d, err = s.direct(ctx, deadline, probe, req)
 		s.batch.finish()
 	case s.batch != nil:
 		c := &call{req: req, asked: start, deadline: deadline, probe: probe}
@@ -383,7 +382,7 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 			s.br.record(true, outcomeIgnored) // never sent: hand the probe slot back
 		}
 	default:
-		d, err = s.direct(ctx, deadline, probe, req, limits)
+		d, err = s.direct(ctx, deadline, probe, req)
 	}
 	if s.observe != nil {
 		s.observe(time.Since(start), err)
@@ -408,7 +407,7 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 // deadline passed does: Redis did not answer within it, and were that not
 // counted, callers with deadlines shorter than Timeout would keep the
 // breaker closed on a hung Redis forever.
-func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req *request, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req *request) (ratelimit.Decision, error) {
 	if !deadline.IsZero() && !time.Now().Before(deadline) {
 		// Expired before it was sent (the caller's deadline was already
 		// past, or this goroutine waited for a CPU): our overload.
@@ -430,7 +429,7 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req 
 	if cancel != nil {
 		cancel()
 	}
-	d, err := decision(reply, err, limits)
+	d, err := decision(reply, err, req)
 	s.trips.Add(1)
 	switch {
 	case answered(err):
@@ -520,15 +519,16 @@ var (
 )
 
 // request is one decision's part of a script call: the key of each window
-// and the request id, all sharing one byte allocation, and the limit list
-// boxed once per Store (see boxed). A call deciding several requests at one
-// instant is built by command.
+// and the request id, all sharing one byte allocation, and the prepared
+// windows, whose script arguments are ready to send. A call deciding
+// several requests at one instant is built by command.
 type request struct {
-	keys   []string
-	id     string
-	limits *boxedLimits
-	now    int64 // unix ms; 0 means Redis TIME
-	cut    int64 // the lean call's cutoff, unix ms (see runLean)
+	keys    []string
+	id      string
+	windows *ratelimit.Windows
+	now     int64     // unix ms; 0 means Redis TIME
+	cut     int64     // the lean call's cutoff, unix ms (see runLean)
+	scores  []float64 // when not nil, receives the scores (see decide)
 
 	keysArr [inlineWindows]string
 }
@@ -539,7 +539,7 @@ const inlineWindows = 3
 
 // command returns the EVALSHA deciding reqs, which share one instant, in
 // order (see scripts/ewma.lua): numkeys, every window's key, the instant,
-// each distinct limit list once, then per request the index of its list
+// each distinct set of windows once, then per request the index of its set
 // and its id. Keys and ids go in as *string, which an interface holds
 // without allocating and go-redis writes like a string: the only
 // allocation is the argument slice.
@@ -549,9 +549,9 @@ func command(reqs []*request) []any { return commandBy(reqs, 0) }
 // Redis TIME, the script must decide and write nothing (see
 // scripts/ewma.lua, ARGV[1]).
 func commandBy(reqs []*request, cutoff int64) []any {
-	var lists [8]*boxedLimits
+	var lists [8]*ratelimit.Windows
 	distinct := lists[:0]
-	index := func(b *boxedLimits) int {
+	index := func(b *ratelimit.Windows) int {
 		for i, d := range distinct {
 			if d == b {
 				return i + 1
@@ -563,10 +563,10 @@ func commandBy(reqs []*request, cutoff int64) []any {
 	nkeys, nargs := 0, 0
 	for _, r := range reqs {
 		nkeys += len(r.keys)
-		index(r.limits)
+		index(r.windows)
 	}
 	for _, d := range distinct {
-		nargs += len(d.args)
+		nargs += len(d.ScriptArgs())
 	}
 	args := make([]any, 0, 3+nkeys+2+nargs+2*len(reqs))
 	args = append(args, argEvalSha, argSHA, nkeys)
@@ -585,10 +585,10 @@ func commandBy(reqs []*request, cutoff int64) []any {
 	}
 	args = append(args, len(distinct))
 	for _, d := range distinct {
-		args = append(args, d.args...)
+		args = append(args, d.ScriptArgs()...)
 	}
 	for _, r := range reqs {
-		args = append(args, index(r.limits), &r.id)
+		args = append(args, index(r.windows), &r.id)
 	}
 	return args
 }
@@ -636,7 +636,8 @@ func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, e
 // request id, no limit list index; EVAL on NOSCRIPT as runBy.
 func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any, error) {
 	req.cut = cutoff
-	args := make([]any, 0, 5+len(req.keys)+len(req.limits.args))
+	wargs := req.windows.ScriptArgs()
+	args := make([]any, 0, 5+len(req.keys)+len(wargs))
 	args = append(args, argEvalSha, argSHA1, len(req.keys))
 	for i := range req.keys {
 		args = append(args, &req.keys[i])
@@ -647,7 +648,7 @@ func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any,
 		args = append(args, &req.now)
 	}
 	args = append(args, &req.cut)
-	args = append(args, req.limits.args[1:]...)
+	args = append(args, wargs[1:]...)
 	cmd := newCmd(ctx, args)
 	_ = c.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
@@ -694,12 +695,11 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 }
 
 // request builds the keys and the id of one decision (see
-// scripts/ewma.lua). The limit list comes boxed from a small cache, since
-// a gate passes the same few lists again and again: the hot path allocates
-// little besides what go-redis does.
-func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) *request {
-	n := len(limits)
-	r := &request{limits: s.boxed(limits)}
+// scripts/ewma.lua): one allocation for the request and one for its
+// strings; the windows bring their script arguments ready to send.
+func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *request {
+	n := windows.Len()
+	r := &request{windows: windows}
 	if n <= inlineWindows {
 		r.keys = r.keysArr[:n]
 	} else {
@@ -710,13 +710,15 @@ func (s *Store) request(key string, limits []ratelimit.Limit, now time.Time) *re
 	}
 	// Every key, then the request id, in one string.
 	var b strings.Builder
-	b.Grow(n*(len(s.prefix)+len(key)+15) + idLen) // ":" and up to 14 digits of ms
-	var num [20]byte
-	for i, l := range limits {
+	size := idLen
+	for i := range n {
+		size += len(s.prefix) + len(key) + len(windows.Suffix(i))
+	}
+	b.Grow(size)
+	for i := range n {
 		b.WriteString(s.prefix)
 		b.WriteString(key)
-		b.WriteByte(':')
-		b.Write(strconv.AppendInt(num[:0], int64(l.Period/time.Millisecond), 10))
+		b.WriteString(windows.Suffix(i))
 		r.keys[i] = b.String() // the prefix of all written so far; cut below
 	}
 	if !s.lean {
@@ -750,61 +752,25 @@ func (s *Store) writeRequestID(b *strings.Builder) {
 	b.Write(id[:])
 }
 
-// boxedLimits is one entry of Store.argCache: a copy of a limit list and
-// its script arguments (the window count, then rate, period in ms and cost
-// per window), already converted to interfaces.
-type boxedLimits struct {
-	limits []ratelimit.Limit
-	args   []any
-}
-
-// boxed returns limits as script arguments, from the cache when the same
-// list was seen before.
-func (s *Store) boxed(limits []ratelimit.Limit) *boxedLimits {
-	var h uint64 = 14695981039346656037
-	for _, l := range limits {
-		h = (h ^ math.Float64bits(l.Rate)) * 1099511628211
-		h = (h ^ uint64(l.Period)) * 1099511628211
-		h = (h ^ math.Float64bits(l.Cost)) * 1099511628211
-	}
-	slot := &s.argCache[h%uint64(len(s.argCache))]
-	if e := slot.Load(); e != nil && slices.Equal(e.limits, limits) {
-		return e
-	}
-	e := &boxedLimits{limits: append([]ratelimit.Limit(nil), limits...), args: make([]any, 0, 1+3*len(limits))}
-	e.args = append(e.args, strconv.Itoa(len(limits)))
-	// Formatted once here: go-redis would format floats on every call, and
-	// shortest-round-trip formatting is a visible share of the client's CPU.
-	// Plain decimals ('f'), never an exponent: Redis's Lua reads both, but
-	// miniredis's Lua reads "1e+09" as nil, and the tests run on both.
-	for _, l := range limits {
-		e.args = append(e.args,
-			strconv.FormatFloat(l.Rate, 'f', -1, 64),
-			strconv.FormatInt(int64(l.Period/time.Millisecond), 10),
-			strconv.FormatFloat(l.EffectiveCost(), 'f', -1, 64))
-	}
-	slot.Store(e)
-	return e
-}
-
 // maxWaitMs is the longest wait the script reports (2^40 ms, as in ratelimit).
 const maxWaitMs = 1 << 40
 
 // parseReply reads one decision's part of the script's reply strictly:
-// exactly 2+len(limits) elements — the allowed flag (0 or 1), the wait in
+// exactly 2+n elements (n windows) — the allowed flag (0 or 1), the wait in
 // milliseconds (0 when allowed, 1…2^40 when refused), then one finite
 // non-negative score per window as a string. Anything else is a protocol
 // disagreement and an error wrapping both ErrBadReply and ErrUnavailable —
 // never a score of zero. A flag of -1 is the script refusing this decision
 // (a malformed stored value): its message comes second, and the error is
-// also a refusal (isScriptRefusal), since Redis did answer.
-func parseReply(reply any, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+// also a refusal (isScriptRefusal), since Redis did answer. Every score is
+// checked; they are written to scores when it is not nil.
+func parseReply(reply any, n int, scores []float64) (ratelimit.Decision, error) {
 	arr, ok := reply.([]any)
 	if !ok {
 		return ratelimit.Decision{}, badReply("reply is %T, not an array", reply)
 	}
-	if len(arr) != len(limits)+2 {
-		return ratelimit.Decision{}, badReply("reply has %d elements, want %d", len(arr), len(limits)+2)
+	if len(arr) != n+2 {
+		return ratelimit.Decision{}, badReply("reply has %d elements, want %d", len(arr), n+2)
 	}
 	flag, ok := arr[0].(int64)
 	if ok && flag == -1 {
@@ -827,7 +793,6 @@ func parseReply(reply any, limits []ratelimit.Limit) (ratelimit.Decision, error)
 	d := ratelimit.Decision{
 		Allowed: flag == 1,
 		Wait:    time.Duration(wait) * time.Millisecond,
-		Scores:  make([]float64, len(limits)),
 	}
 	for i, e := range arr[2:] {
 		str, ok := e.(string)
@@ -838,7 +803,9 @@ func parseReply(reply any, limits []ratelimit.Limit) (ratelimit.Decision, error)
 		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
 			return ratelimit.Decision{}, badReply("score %d is %q", i, str)
 		}
-		d.Scores[i] = f
+		if scores != nil {
+			scores[i] = f
+		}
 	}
 	return d, nil
 }

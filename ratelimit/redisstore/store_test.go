@@ -48,36 +48,33 @@ func realRedis(tb testing.TB) (*redistest.Server, *redis.Client) {
 // and -race is slow, so a call must not fail for being late.
 var slow = Options{Timeout: 10 * time.Second}
 
-// memory is the reference store for Agree: small, since each round uses one key.
-func memory() ratelimit.Store { return ratelimit.NewMemoryStore(256) }
-
 func TestConformanceMiniredis(t *testing.T) {
 	m := miniredis.RunT(t)
 	c := client(t, m.Addr())
-	storetest.Run(t, func(t *testing.T) ratelimit.Store { return newStore(t, c, slow) })
+	storetest.Run(t, func(t *testing.T) storetest.Scorer { return scorer(newStore(t, c, slow)) })
 }
 
 func TestConformanceRedis(t *testing.T) {
 	_, c := realRedis(t)
-	storetest.Run(t, func(t *testing.T) ratelimit.Store { return newStore(t, c, slow) })
+	storetest.Run(t, func(t *testing.T) storetest.Scorer { return scorer(newStore(t, c, slow)) })
 }
 
 func TestConformanceRedisBatch(t *testing.T) {
 	_, c := realRedis(t)
-	storetest.Run(t, func(t *testing.T) ratelimit.Store {
+	storetest.Run(t, func(t *testing.T) storetest.Scorer {
 		s := newStore(t, c, Options{Batch: 8, Timeout: slow.Timeout})
 		t.Cleanup(func() { _ = s.Close() })
-		return s
+		return scorer(s)
 	})
 }
 
 func TestConformanceMiniredisBatch(t *testing.T) {
 	m := miniredis.RunT(t)
 	c := client(t, m.Addr())
-	storetest.Run(t, func(t *testing.T) ratelimit.Store {
+	storetest.Run(t, func(t *testing.T) storetest.Scorer {
 		s := newStore(t, c, Options{Batch: 8, BatchWorkers: 3, Timeout: slow.Timeout})
 		t.Cleanup(func() { _ = s.Close() })
-		return s
+		return scorer(s)
 	})
 }
 
@@ -88,14 +85,14 @@ func TestAgreeWithMemory(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, slow)
 	for seed := uint64(1); seed <= 3; seed++ {
-		storetest.Agree(t, memory, s, seed, 100)
+		storetest.Agree(t, memory, scorer(s), seed, 100)
 	}
 }
 
 func TestAgreeWithMemoryMiniredis(t *testing.T) {
 	m := miniredis.RunT(t)
 	s := newStore(t, client(t, m.Addr()), slow)
-	storetest.Agree(t, memory, s, 7, 60)
+	storetest.Agree(t, memory, scorer(s), 7, 60)
 }
 
 func TestWaitIsExactRedis(t *testing.T) {
@@ -112,7 +109,7 @@ func TestRedisTime(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, slow)
 	ctx := context.Background()
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(3, time.Hour)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Hour))
 	key := "{time}:message:EVENT"
 	for i := range 3 {
 		d, err := s.Decide(ctx, key, limits, time.Time{})
@@ -150,7 +147,7 @@ func TestKeysAndTTL(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, Options{Prefix: "p:", Timeout: slow.Timeout})
 	ctx := context.Background()
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for range 10 {
 		if _, err := s.Decide(ctx, "{203.0.113.7}:message:EVENT", limits, time.Time{}); err != nil {
 			t.Fatal(err)
@@ -160,7 +157,7 @@ func TestKeysAndTTL(t *testing.T) {
 	if err != nil || refused.Allowed {
 		t.Fatalf("11th: %+v %v", refused, err)
 	}
-	for _, l := range limits {
+	for _, l := range limits.Limits() {
 		key := "p:{203.0.113.7}:message:EVENT:" + itoa(int64(l.Period/time.Millisecond))
 		ttl, err := c.PTTL(ctx, key).Result()
 		if err != nil {
@@ -212,7 +209,7 @@ func testNoScriptHeals(t *testing.T, opts Options) {
 	s := newStore(t, c, opts)
 	defer s.Close()
 	ctx := context.Background()
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Second))
 	if _, err := s.Decide(ctx, "{flush}:message:EVENT", limits, storetest.T0); err != nil {
 		t.Fatal(err)
 	}
@@ -222,9 +219,9 @@ func testNoScriptHeals(t *testing.T, opts Options) {
 	if ok, _ := c.ScriptExists(ctx, ewma.Hash()).Result(); ok[0] {
 		t.Fatal("script still cached after SCRIPT FLUSH")
 	}
-	d, err := s.Decide(ctx, "{flush}:message:EVENT", limits, storetest.T0)
-	if err != nil || !d.Allowed || !storetest.Close(d.Scores[0], 2) {
-		t.Fatalf("after SCRIPT FLUSH: %+v %v", d, err)
+	d, scores, err := scorer(s)(ctx, "{flush}:message:EVENT", limits, storetest.T0)
+	if err != nil || !d.Allowed || !storetest.Close(scores[0], 2) {
+		t.Fatalf("after SCRIPT FLUSH: %+v %v %v", d, scores, err)
 	}
 	if ok, _ := c.ScriptExists(ctx, ewma.Hash()).Result(); !ok[0] {
 		t.Error("script not cached again after the EVAL fallback")
@@ -275,7 +272,7 @@ func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
 func TestAgreeDegenerate(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, slow)
-	storetest.AgreeDegenerate(t, memory, s, 1, 200)
+	storetest.AgreeDegenerate(t, memory, scorer(s), 1, 200)
 }
 
 // TestAgreeDegenerateMiniredis is TestAgreeDegenerate on miniredis, whose
@@ -294,7 +291,7 @@ func TestAgreeDegenerateMiniredis(t *testing.T) {
 		return true
 	}
 	i := 0
-	storetest.AgreeOn(t, memory, s, 2, 150, func(r *rand.Rand) []ratelimit.Limit {
+	storetest.AgreeOn(t, memory, scorer(s), 2, 150, func(r *rand.Rand) []ratelimit.Limit {
 		for ; i < len(storetest.DegenerateCases); i++ {
 			if plain(storetest.DegenerateCases[i]) {
 				i++
@@ -327,7 +324,7 @@ func TestMalformedStoredValue(t *testing.T) {
 func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	ctx := context.Background()
 	s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 1}})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
 	const key = "{bad}:message:EVENT"
 	at := itoa(storetest.T0.UnixMilli())
 	for _, v := range []string{"garbage", "", "1", "nan " + at, "inf " + at, "-inf " + at, "1e999 " + at,
@@ -354,7 +351,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	c.Set(ctx, ids[1], "garbage", 0)
 	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 4 || v[0] != int64(-1) {
 		t.Errorf("repeat with a corrupt window replied %v %v, want a -1 flag", v, err)
-	} else if _, err := parseReply(v, limits); !isScriptRefusal(err) || !errors.Is(err, ratelimit.ErrBadReply) {
+	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ratelimit.ErrBadReply) {
 		t.Errorf("repeat with a corrupt window: %v, want a script refusal", err)
 	}
 }
@@ -365,8 +362,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 // costs none. It was 6 of the 27 allocations per Decide before.
 func TestRequestAllocs(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute), ratelimit.PerPeriod(1000, time.Hour)}
-	s.request("{a}:message:EVENT", limits, time.Time{}) // fill the limit cache
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute), ratelimit.PerPeriod(1000, time.Hour))
 	if n := testing.AllocsPerRun(100, func() { s.request("{a}:message:EVENT", limits, time.Time{}) }); n > 2 {
 		t.Errorf("request: %v allocations, want at most 2", n)
 	}
@@ -387,15 +383,45 @@ func TestRequestAllocs(t *testing.T) {
 	}
 }
 
+// TestRequestFromWindows: a request's keys are the prefix, the key and each
+// window's Suffix, in order, for inline and longer window lists alike, and
+// its command sends the windows' ScriptArgs as they are.
+func TestRequestFromWindows(t *testing.T) {
+	s := newStore(t, client(t, "127.0.0.1:1"), Options{Prefix: "p:"})
+	for _, ws := range []*ratelimit.Windows{
+		ratelimit.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
+		ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
+			ratelimit.Limit{Rate: 2.5, Period: time.Hour, Cost: 0.5}, ratelimit.PerPeriod(1e4, 24*time.Hour)),
+	} {
+		r := s.request("{k}:message:EVENT", ws, storetest.T0)
+		if r.windows != ws || len(r.keys) != ws.Len() {
+			t.Fatalf("%v: request of %d keys for %d windows", ws, len(r.keys), ws.Len())
+		}
+		for i, k := range r.keys {
+			if want := "p:{k}:message:EVENT" + ws.Suffix(i); k != want {
+				t.Errorf("%v: key %d is %q, want %q", ws, i, k, want)
+			}
+		}
+		args := command([]*request{r})
+		// evalsha, sha, numkeys, the keys, the instant, the number of sets,
+		// then the set's script arguments, its index and the id.
+		at := 3 + ws.Len() + 2
+		got := args[at : at+len(ws.ScriptArgs())]
+		if !slices.Equal(argStrings(got), argStrings(ws.ScriptArgs())) || len(args) != at+len(ws.ScriptArgs())+2 {
+			t.Errorf("%v: command %q does not carry ScriptArgs %q", ws, argStrings(args), argStrings(ws.ScriptArgs()))
+		}
+	}
+}
+
 // TestCommandSharesLists: decisions sharing a call list the windows of each
-// in order, send each distinct limit list once, and point at it by index.
+// in order, send each distinct set of windows once, and point at it by index.
 func TestCommandSharesLists(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	two := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
-	one := []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}
+	two := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	one := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Second))
 	a := s.request("{a}:message:EVENT", two, time.Time{})
 	b := s.request("{b}:message:REQ", one, time.Time{})
-	c := s.request("{c}:message:EVENT", append([]ratelimit.Limit(nil), two...), time.Time{}) // equal, not the same slice
+	c := s.request("{c}:message:EVENT", two, time.Time{})
 	want := []string{"evalsha", ewma.Hash(), "5",
 		"sluice:{a}:message:EVENT:1000", "sluice:{a}:message:EVENT:60000", "sluice:{b}:message:REQ:1000",
 		"sluice:{c}:message:EVENT:1000", "sluice:{c}:message:EVENT:60000",
@@ -432,7 +458,7 @@ func TestRequestIDsStartApart(t *testing.T) {
 	c := client(t, "127.0.0.1:1")
 	a, b := newStore(t, c, Options{}), newStore(t, c, Options{})
 	b.idBase = a.idBase
-	limits := []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second))
 	ida := a.request("{x}:message:EVENT", limits, time.Time{}).id
 	idb := b.request("{x}:message:EVENT", limits, time.Time{}).id
 	if ida == idb || len(ida) != idLen {

@@ -1,4 +1,4 @@
-package relay_test
+package hooks_test
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip11"
 
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/hooks"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // khatruRelay has the hook fields of khatru.Relay (v0.19.1) that sluice
@@ -39,17 +41,17 @@ func verdict(reject bool, msg string) string {
 func frozen() time.Time { return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) }
 
 func ExampleHooks_Khatru() {
-	limits := relay.DefaultLimits()
-	limits.Message[relay.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3, 10*time.Second)}
-	limits.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
-	hooks, err := relay.NewHooks(relay.HookOptions{
-		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Now: frozen}),
+	limits := policy.DefaultLimits()
+	limits.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3, 10*time.Second)}
+	limits.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
+	h, err := hooks.New(hooks.Options{
+		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: frozen}),
 		Limits:  &limits,
 	})
 	if err != nil {
 		panic(err)
 	}
-	k := hooks.Khatru(relay.KhatruAccess{
+	k := h.Khatru(hooks.KhatruAccess{
 		IP: func(ctx context.Context) string { return "203.0.113.7" }, // khatru.GetIP
 	})
 
@@ -104,25 +106,25 @@ type relyClient struct{ addr string }
 func (c relyClient) ip() string { return c.addr }
 
 func ExampleRely() {
-	limits := relay.DefaultLimits()
-	limits.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
-	hooks, err := relay.NewHooks(relay.HookOptions{
-		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Now: frozen}),
+	limits := policy.DefaultLimits()
+	limits.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
+	h, err := hooks.New(hooks.Options{
+		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: frozen}),
 		Limits:  &limits,
 	})
 	if err != nil {
 		panic(err)
 	}
-	// With rely: r := relay.Rely[rely.Client, rely.Stats](hooks, ip, nil), then
+	// With rely: r := hooks.Rely[rely.Client, rely.Stats](h, ip, nil), then
 	// relay.Reject.Connection.Prepend(r.Connection),
 	// relay.Reject.Event.Prepend(r.Event), relay.Reject.Req.Prepend(r.Req),
 	// relay.Reject.Count.Prepend(r.Count).
-	r := relay.Rely[relyClient, struct{}](hooks, relyClient.ip, nil)
+	r := hooks.Rely[relyClient, struct{}](h, relyClient.ip, nil)
 
 	c := relyClient{addr: "2001:db8::1"}
 	for i := 1; i <= 3; i++ {
 		err := r.Req(c, nostr.Filters{{}, {}, {}}) // rely passes all filters at once; each costs one REQ
-		fmt.Printf("REQ %d: %v (rate-limited: %v)\n", i, err, errors.Is(err, relay.ErrRateLimited))
+		fmt.Printf("REQ %d: %v (rate-limited: %v)\n", i, err, errors.Is(err, hooks.ErrRateLimited))
 	}
 	// Output:
 	// REQ 1: <nil> (rate-limited: false)

@@ -1,4 +1,4 @@
-package relay
+package hooks
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -26,23 +27,22 @@ type hookFixture struct {
 	h     *Hooks
 	store *nostrtest.OutageStore
 	clock *nostrtest.Clock
-	obs   [NumTypes][NumOutcomes]atomic.Int64
-	conns [NumOutcomes]atomic.Int64
+	obs   [wire.NumTypes][policy.NumOutcomes]atomic.Int64
+	conns [policy.NumOutcomes]atomic.Int64
 }
 
-func newHookFixture(t *testing.T, limits Limits, quota *ratelimit.Quota) *hookFixture {
+func newHookFixture(t *testing.T, limits policy.Limits, quota *ratelimit.Quota) *hookFixture {
 	t.Helper()
 	// A large table: keys that share a slot share a budget by design, and at
 	// 64 slots the REQ and NEG-OPEN keys of one test met in 1 run of 64.
 	f := &hookFixture{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 20)}, clock: nostrtest.NewClock()}
-	h, err := NewHooks(HookOptions{
-		Limiter: ratelimit.NewLimiter(f.store, ratelimit.LimiterOptions{Now: f.clock.Now}),
+	h, err := New(Options{
+		Limiter: ratelimit.NewLimiter(f.store, ratelimit.LimiterOptions{Clock: f.clock.Now}),
 		Limits:  &limits,
 		Quota:   quota,
-		Now:     f.clock.Now,
-		Observer: &Observer{
-			Frame:      func(t Type, o Outcome) { f.obs[t][o].Add(1) },
-			Connection: func(o Outcome) { f.conns[o].Add(1) },
+		Observer: &policy.Observer{
+			Frame:      func(t wire.Type, o policy.Outcome) { f.obs[t][o].Add(1) },
+			Connection: func(o policy.Outcome) { f.conns[o].Add(1) },
 		},
 	})
 	if err != nil {
@@ -53,8 +53,8 @@ func newHookFixture(t *testing.T, limits Limits, quota *ratelimit.Quota) *hookFi
 }
 
 // limitsOf returns Limits with only typ limited to rate per period.
-func limitsOf(typ Type, rate float64, period time.Duration) Limits {
-	var l Limits
+func limitsOf(typ wire.Type, rate float64, period time.Duration) policy.Limits {
+	var l policy.Limits
 	l.Message[typ] = []ratelimit.Limit{ratelimit.PerPeriod(rate, period)}
 	return l
 }
@@ -75,7 +75,7 @@ func reqCtx(conn context.Context, id string) (context.Context, context.CancelFun
 // per filter, and each filter is charged as one REQ, as a Gate charges; a
 // filter past the most one REQ may hold is refused.
 func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
-	f := newHookFixture(t, limitsOf(TypeREQ, 6.5, 10*time.Second), nil)
+	f := newHookFixture(t, limitsOf(wire.TypeREQ, 6.5, 10*time.Second), nil)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
 	conn, closeConn := context.WithCancel(context.Background())
 	defer closeConn()
@@ -97,15 +97,15 @@ func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
 	if want := "rate-limited: slow down; retry in 2s"; !reject || msg != want {
 		t.Fatalf("third REQ: got (%v, %q), want (true, %q)", reject, msg, want)
 	}
-	if got := f.obs[TypeREQ][Admitted].Load(); got != 6 {
+	if got := f.obs[wire.TypeREQ][policy.Admitted].Load(); got != 6 {
 		t.Errorf("observer saw %d admitted REQ filters, want 6 (one per filter)", got)
 	}
 
-	g := newHookFixture(t, limitsOf(TypeREQ, 100, 10*time.Second), nil)
+	g := newHookFixture(t, limitsOf(wire.TypeREQ, 100, 10*time.Second), nil)
 	k = g.h.Khatru(KhatruAccess{IP: ipOf})
 	ctx, cancel = reqCtx(context.Background(), "many")
 	defer cancel()
-	for j := range DefaultMaxFilters {
+	for j := range policy.DefaultMaxFilters {
 		if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
 			t.Fatalf("filter %d refused: %q", j, msg)
 		}
@@ -118,7 +118,7 @@ func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
 // TestKhatruRejectFilterForgetsEndedREQ checks that a REQ's entry leaves
 // when its context ends, so the table holds only live subscriptions.
 func TestKhatruRejectFilterForgetsEndedREQ(t *testing.T) {
-	f := newHookFixture(t, limitsOf(TypeREQ, 100, time.Second), nil)
+	f := newHookFixture(t, limitsOf(wire.TypeREQ, 100, time.Second), nil)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
 	for i := range 100 {
 		ctx, cancel := reqCtx(context.Background(), fmt.Sprint(i))
@@ -138,9 +138,9 @@ func TestKhatruRejectFilterForgetsEndedREQ(t *testing.T) {
 // connection's own context; it must be charged as a NEG-OPEN every time,
 // not as a REQ charged once per connection.
 func TestKhatruRejectFilterNegOpen(t *testing.T) {
-	var l Limits
-	l.Message[TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
+	var l policy.Limits
+	l.Message[wire.TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
 	f := newHookFixture(t, l, nil)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
 	conn, closeConn := context.WithCancel(context.Background())
@@ -155,7 +155,7 @@ func TestKhatruRejectFilterNegOpen(t *testing.T) {
 	if reject, _ := k.RejectFilter(conn, nostr.Filter{}); !reject {
 		t.Fatal("third NEG-OPEN admitted past a budget of 2")
 	}
-	if got := f.obs[TypeNEGOPEN][RateLimited].Load(); got != 1 {
+	if got := f.obs[wire.TypeNEGOPEN][policy.RateLimited].Load(); got != 1 {
 		t.Errorf("NEG-OPEN refusals observed = %d, want 1", got)
 	}
 	// The REQ budget is untouched.
@@ -169,7 +169,7 @@ func TestKhatruRejectFilterNegOpen(t *testing.T) {
 // TestKhatruRejectFilterUncancelable: a context that never ends cannot be
 // told apart from the next REQ's; every call is charged rather than none.
 func TestKhatruRejectFilterUncancelable(t *testing.T) {
-	f := newHookFixture(t, limitsOf(TypeREQ, 2, time.Second), nil)
+	f := newHookFixture(t, limitsOf(wire.TypeREQ, 2, time.Second), nil)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
 	ctx := context.Background()
 	k.RejectFilter(ctx, nostr.Filter{})
@@ -180,7 +180,7 @@ func TestKhatruRejectFilterUncancelable(t *testing.T) {
 }
 
 func TestKhatruRejectEvent(t *testing.T) {
-	f := newHookFixture(t, limitsOf(TypeEVENT, 3, 10*time.Second), nil)
+	f := newHookFixture(t, limitsOf(wire.TypeEVENT, 3, 10*time.Second), nil)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
 	ctx := context.Background()
 	evt := &nostr.Event{PubKey: "aa"}
@@ -209,7 +209,7 @@ func TestKhatruRejectEvent(t *testing.T) {
 // TestHooksStoreOutage: a store that cannot decide refuses with the
 // unavailable reason, never a rate-limited one, on every hook.
 func TestHooksStoreOutage(t *testing.T) {
-	l := DefaultLimits()
+	l := policy.DefaultLimits()
 	f := newHookFixture(t, l, nil)
 	f.store.Down.Store(true)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
@@ -220,25 +220,25 @@ func TestHooksStoreOutage(t *testing.T) {
 		"RejectFilter":      func() (bool, string) { return k.RejectFilter(ctx, nostr.Filter{}) },
 		"RejectCountFilter": func() (bool, string) { return k.RejectCountFilter(ctx, nostr.Filter{}) },
 	} {
-		if reject, msg := call(); !reject || msg != ReasonUnavailable {
-			t.Errorf("%s: (%v, %q), want (true, %q)", name, reject, msg, ReasonUnavailable)
+		if reject, msg := call(); !reject || msg != wire.ReasonUnavailable {
+			t.Errorf("%s: (%v, %q), want (true, %q)", name, reject, msg, wire.ReasonUnavailable)
 		}
 	}
 	r := httptest.NewRequest("GET", "/", nil)
 	if !k.RejectConnection(r) {
 		t.Error("RejectConnection admitted while the store is down")
 	}
-	if got := f.obs[TypeEVENT][Unavailable].Load(); got != 1 {
+	if got := f.obs[wire.TypeEVENT][policy.Unavailable].Load(); got != 1 {
 		t.Errorf("observer: %d unavailable EVENTs, want 1", got)
 	}
-	if got := f.conns[Unavailable].Load(); got != 1 {
+	if got := f.conns[policy.Unavailable].Load(); got != 1 {
 		t.Errorf("observer: %d unavailable connections, want 1", got)
 	}
 
 	rh := Rely[string, struct{}](f.h, func(c string) string { return c }, nil)
 	err := rh.Event(hookIP, &nostr.Event{PubKey: "aa"})
-	if err == nil || err.Error() != ReasonUnavailable {
-		t.Fatalf("rely Event: %v, want %q", err, ReasonUnavailable)
+	if err == nil || err.Error() != wire.ReasonUnavailable {
+		t.Fatalf("rely Event: %v, want %q", err, wire.ReasonUnavailable)
 	}
 	if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ErrRateLimited) {
 		t.Errorf("rely Event error %v: want ErrUnavailable and not ErrRateLimited", err)
@@ -248,7 +248,7 @@ func TestHooksStoreOutage(t *testing.T) {
 // TestHooksNoClient: khatru's own AddEvent runs the hooks with no
 // connection; such calls are the relay's, not a client's, and pass free.
 func TestHooksNoClient(t *testing.T) {
-	f := newHookFixture(t, limitsOf(TypeEVENT, 1.5, time.Second), nil)
+	f := newHookFixture(t, limitsOf(wire.TypeEVENT, 1.5, time.Second), nil)
 	f.store.Down.Store(true) // any charge would be refused
 	k := f.h.Khatru(KhatruAccess{IP: func(context.Context) string { return "" }})
 	if reject, msg := k.RejectEvent(context.Background(), &nostr.Event{}); reject {
@@ -257,7 +257,7 @@ func TestHooksNoClient(t *testing.T) {
 }
 
 func TestKhatruRejectConnection(t *testing.T) {
-	var l Limits
+	var l policy.Limits
 	l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Second)}
 	f := newHookFixture(t, l, nil)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
@@ -284,14 +284,14 @@ func TestKhatruQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newHookFixture(t, Limits{}, q)
+	f := newHookFixture(t, policy.Limits{}, q)
 	authed := ""
 	k := f.h.Khatru(KhatruAccess{IP: ipOf, Authed: func(context.Context) string { return authed }})
 	if k.OnEventSaved == nil {
 		t.Fatal("OnEventSaved is nil with a quota")
 	}
 	ctx := context.Background()
-	actors := apartPubkeys(q, f.clock.Now(), 2)
+	actors := nostrtest.ApartPubkeys(q, f.clock.Now(), 2)
 	alice, bob := &nostr.Event{PubKey: actors[0]}, &nostr.Event{PubKey: actors[1]}
 	for range 2 {
 		if reject, msg := k.RejectEvent(ctx, alice); reject {
@@ -300,10 +300,10 @@ func TestKhatruQuota(t *testing.T) {
 		k.OnEventSaved(ctx, alice)
 	}
 	reject, msg := k.RejectEvent(ctx, alice)
-	if !reject || msg != RateLimitedReason(time.Minute) {
-		t.Fatalf("alice past quota: (%v, %q), want (true, %q)", reject, msg, RateLimitedReason(time.Minute))
+	if !reject || msg != wire.RateLimitedReason(time.Minute) {
+		t.Fatalf("alice past quota: (%v, %q), want (true, %q)", reject, msg, wire.RateLimitedReason(time.Minute))
 	}
-	if got := f.obs[TypeEVENT][QuotaExceeded].Load(); got != 1 {
+	if got := f.obs[wire.TypeEVENT][policy.QuotaExceeded].Load(); got != 1 {
 		t.Errorf("observer: %d quota refusals, want 1", got)
 	}
 	if reject, msg := k.RejectEvent(ctx, bob); reject {
@@ -323,17 +323,17 @@ func TestKhatruQuota(t *testing.T) {
 }
 
 func TestKhatruNoQuotaNoSavedHook(t *testing.T) {
-	f := newHookFixture(t, Limits{}, nil)
+	f := newHookFixture(t, policy.Limits{}, nil)
 	if k := f.h.Khatru(KhatruAccess{IP: ipOf}); k.OnEventSaved != nil {
 		t.Error("OnEventSaved set without a quota: a useless hook on every save")
 	}
 }
 
 func TestKhatruOverwriteRelayInformation(t *testing.T) {
-	var l Limits
+	var l policy.Limits
 	l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(12, time.Second)}
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
-	l.Message[TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)} // no hook sees AUTH
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute)}
+	l.Message[wire.TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)} // no hook sees AUTH
 	q, err := ratelimit.NewQuota(600, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -356,7 +356,7 @@ func TestKhatruOverwriteRelayInformation(t *testing.T) {
 	if got := k.OverwriteRelayInformation(context.Background(), nil, nip11.RelayInformationDocument{}); got.Limitation != nil || got.Description != want {
 		t.Errorf("empty document: %+v", got)
 	}
-	none := newHookFixture(t, Limits{}, nil).h.Khatru(KhatruAccess{IP: ipOf})
+	none := newHookFixture(t, policy.Limits{}, nil).h.Khatru(KhatruAccess{IP: ipOf})
 	if got := none.OverwriteRelayInformation(context.Background(), nil, info); got.Description != "A relay." {
 		t.Errorf("no limits: description %q, want it unchanged", got.Description)
 	}
@@ -366,12 +366,12 @@ func TestKhatruOverwriteRelayInformation(t *testing.T) {
 type relyClient struct{ ip string }
 
 func TestRelyHooks(t *testing.T) {
-	var l Limits
+	var l policy.Limits
 	l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	// Each filter costs one REQ: a burst of 4.5 admits one REQ of three.
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(4.5, time.Second)}
-	l.Message[TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(4.5, time.Second)}
+	l.Message[wire.TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	f := newHookFixture(t, l, nil)
 	rh := Rely[*relyClient, int](f.h, func(c *relyClient) string { return c.ip }, nil)
 	c := &relyClient{ip: hookIP}
@@ -412,6 +412,10 @@ func TestRelyHooks(t *testing.T) {
 	up := httptest.NewRequest("GET", "/", nil)
 	up.Header.Set("Upgrade", "websocket")
 	if err := rh.Connection(0, up); err != nil {
+		t.Fatalf("half an upgrade (no Connection: upgrade, which no upgrader accepts) charged: %v", err)
+	}
+	up.Header.Set("Connection", "keep-alive, Upgrade")
+	if err := rh.Connection(0, up); err != nil {
 		t.Fatalf("first upgrade: %v", err)
 	}
 	if err := rh.Connection(0, up); !errors.Is(err, ErrRateLimited) {
@@ -424,7 +428,7 @@ func TestRelySaveEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newHookFixture(t, Limits{}, q)
+	f := newHookFixture(t, policy.Limits{}, q)
 	rh := Rely[*relyClient, int](f.h, func(c *relyClient) string { return c.ip }, nil)
 	c := &relyClient{ip: hookIP}
 	evt := &nostr.Event{PubKey: "a1"}
@@ -445,8 +449,8 @@ func TestRelySaveEvent(t *testing.T) {
 }
 
 func TestNewHooksInvalidLimit(t *testing.T) {
-	l := limitsOf(TypeEVENT, 1, time.Second) // rate must exceed cost
-	if _, err := NewHooks(HookOptions{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) {
+	l := limitsOf(wire.TypeEVENT, 1, time.Second) // rate must exceed cost
+	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) {
 		t.Fatalf("NewHooks: %v, want ErrInvalidLimit", err)
 	}
 }
@@ -462,7 +466,7 @@ func countMap(m interface{ Range(func(k, v any) bool) }) int {
 // filter is charged exactly once, and every ended REQ is forgotten.
 func TestKhatruHooksConcurrent(t *testing.T) {
 	const workers, reqs = 8, 200
-	f := newHookFixture(t, limitsOf(TypeREQ, 1e9, time.Second), nil)
+	f := newHookFixture(t, limitsOf(wire.TypeREQ, 1e9, time.Second), nil)
 	k := f.h.Khatru(KhatruAccess{IP: ipOf})
 	conn, hangUp := context.WithCancel(context.Background())
 	defer hangUp()
@@ -485,7 +489,7 @@ func TestKhatruHooksConcurrent(t *testing.T) {
 	for range workers {
 		<-done
 	}
-	if got := f.obs[TypeREQ][Admitted].Load(); got != 3*workers*reqs {
+	if got := f.obs[wire.TypeREQ][policy.Admitted].Load(); got != 3*workers*reqs {
 		t.Errorf("%d REQ filters charged, want %d", got, 3*workers*reqs)
 	}
 	for deadline := time.Now().Add(5 * time.Second); countMap(&f.h.reqs) > 0; {
@@ -512,17 +516,17 @@ func TestHooksAllowList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allow, err := NewAllowList([]string{"198.51.100.0/24"}, []string{pk})
+	allow, err := policy.NewAllowList([]string{"198.51.100.0/24"}, []string{pk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := DefaultLimits()
+	l := policy.DefaultLimits()
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(64)}
 	store.Down.Store(true)
-	h, err := NewHooks(HookOptions{
+	h, err := New(Options{
 		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
 		Limits:   &l,
-		Identity: &Identity{Allow: allow},
+		Identity: &policy.Identity{Allow: allow},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -554,7 +558,7 @@ func TestHooksAllowList(t *testing.T) {
 
 	// Nobody is exempt here: the store's outage shows.
 	plain := h.Khatru(KhatruAccess{IP: ipOf})
-	if reject, msg := plain.RejectEvent(ctx, stranger); !reject || msg != ReasonUnavailable {
+	if reject, msg := plain.RejectEvent(ctx, stranger); !reject || msg != wire.ReasonUnavailable {
 		t.Errorf("stranger's event: (%v, %q), want the outage", reject, msg)
 	}
 

@@ -1,4 +1,4 @@
-package relay
+package policy
 
 import (
 	"errors"
@@ -191,6 +191,13 @@ func (id *Identity) walkForwarded(vals []string) (netip.Addr, bool) {
 }
 
 // trusted reports whether a is in TrustedProxies.
+// FromTrustedProxy reports whether r's TCP peer is one of the trusted
+// proxies, whose forwarding headers (X-Forwarded-Host too) are believed.
+func (id *Identity) FromTrustedProxy(r *http.Request) bool {
+	peer, ok := parseHost(r.RemoteAddr)
+	return ok && id.trusted(peer)
+}
+
 func (id *Identity) trusted(a netip.Addr) bool {
 	if id == nil {
 		return false

@@ -1,4 +1,4 @@
-package relay
+package nip11
 
 import (
 	"bytes"
@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // This file serves NIP-11 relay information documents with sluice's limits
@@ -23,37 +25,40 @@ import (
 // over HTTP and merged, so the operator's name, contact and supported NIPs
 // stay what the relay says; sluice only adds what it enforces.
 
-// ErrNIP11 is wrapped by FetchNIP11 and MergeNIP11 for a document they
+// ErrDocument is wrapped by Fetch and Merge for a document they
 // cannot use: an HTTP error, a body too large, or JSON that is not an object.
-var ErrNIP11 = errors.New("relay: bad NIP-11 document")
+var ErrDocument = errors.New("nip11: bad NIP-11 document")
+
+// ErrURL is wrapped by URL and Fetch for a relay URL they cannot use.
+var ErrURL = errors.New("nip11: bad relay URL")
 
 // NIP-11 defaults.
 const (
-	// NIP11ContentType is the media type of a NIP-11 document, and what a
+	// ContentType is the media type of a NIP-11 document, and what a
 	// client's Accept header asks for.
-	NIP11ContentType = "application/nostr+json"
-	// MaxNIP11Size bounds an upstream's document: real ones are a few KiB.
-	MaxNIP11Size = 256 << 10
-	// DefaultNIP11TTL is how long NIP11Handler keeps a fetched document.
-	DefaultNIP11TTL = time.Minute
-	// DefaultNIP11Timeout bounds one fetch when the client has no timeout.
-	DefaultNIP11Timeout = 5 * time.Second
+	ContentType = "application/nostr+json"
+	// MaxSize bounds an upstream's document: real ones are a few KiB.
+	MaxSize = 256 << 10
+	// DefaultTTL is how long Handler keeps a fetched document.
+	DefaultTTL = time.Minute
+	// DefaultTimeout bounds one fetch when the client has no timeout.
+	DefaultTimeout = 5 * time.Second
 )
 
-// IsNIP11Request reports whether r asks for a NIP-11 document: a GET or
+// IsRequest reports whether r asks for a NIP-11 document: a GET or
 // HEAD, not a WebSocket upgrade, whose Accept header names
 // application/nostr+json.
-func IsNIP11Request(r *http.Request) bool {
+func IsRequest(r *http.Request) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return false
 	}
-	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+	if wire.IsUpgrade(r.Header) {
 		return false
 	}
 	for _, v := range r.Header.Values("Accept") {
 		for _, part := range strings.Split(v, ",") {
 			mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
-			if err == nil && mt == NIP11ContentType {
+			if err == nil && mt == ContentType {
 				return true
 			}
 		}
@@ -61,9 +66,9 @@ func IsNIP11Request(r *http.Request) bool {
 	return false
 }
 
-// NIP11Limitation is what sluice adds to a NIP-11 document. The zero value
+// Limitation is what sluice adds to a NIP-11 document. The zero value
 // adds nothing.
-type NIP11Limitation struct {
+type Limitation struct {
 	// MaxMessageLength is the gate's read limit in bytes. It is written to
 	// limitation.max_message_length unless the document already has a
 	// smaller one (the smaller of the two is what a client can send). 0
@@ -78,7 +83,7 @@ type NIP11Limitation struct {
 	MaxFilters, MaxSubidLength, MaxSubscriptions int64
 	// Limits, when not nil, are published as the top-level "rate_limits"
 	// object (not part of NIP-11: clients that do not know it ignore it).
-	Limits *Limits
+	Limits *policy.Limits
 	// Quota, when not nil and not unlimited, is published in rate_limits.
 	Quota *ratelimit.Quota
 }
@@ -119,21 +124,21 @@ func nip11Windows(ls []ratelimit.Limit) []nip11Window {
 	return out
 }
 
-// MergeNIP11 returns doc, a JSON object, with lim merged in. Every field of
+// Merge returns doc, a JSON object, with lim merged in. Every field of
 // doc other than limitation.max_message_length, max_filters,
 // max_subid_length, max_subscriptions and rate_limits is kept byte for
 // byte, including fields this package does not know, except empty string
 // fields and zero created_at limits, which are dropped (dropEmpty).
-func MergeNIP11(doc []byte, lim NIP11Limitation) ([]byte, error) {
+func Merge(doc []byte, lim Limitation) ([]byte, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(doc, &top); err != nil || top == nil {
-		return nil, fmt.Errorf("%w: not a JSON object", ErrNIP11)
+		return nil, fmt.Errorf("%w: not a JSON object", ErrDocument)
 	}
 	if lim.MaxMessageLength > 0 || lim.MaxFilters > 0 || lim.MaxSubidLength > 0 || lim.MaxSubscriptions > 0 {
 		var limitation map[string]json.RawMessage
 		if raw, ok := top["limitation"]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 			if err := json.Unmarshal(raw, &limitation); err != nil || limitation == nil {
-				return nil, fmt.Errorf("%w: limitation is not a JSON object", ErrNIP11)
+				return nil, fmt.Errorf("%w: limitation is not a JSON object", ErrDocument)
 			}
 		}
 		if limitation == nil {
@@ -161,9 +166,9 @@ func MergeNIP11(doc []byte, lim NIP11Limitation) ([]byte, error) {
 		rl := nip11RateLimits{
 			Note:       "per client (IP address or IPv6 prefix); EWMA windows: burst from rest, then sustained_per_second; a refusal says how long to wait",
 			Connection: nip11Windows(lim.Limits.Connection),
-			Message:    make(map[string][]nip11Window, NumTypes),
+			Message:    make(map[string][]nip11Window, wire.NumTypes),
 		}
-		for t := Type(0); t < NumTypes; t++ {
+		for t := wire.Type(0); t < wire.NumTypes; t++ {
 			rl.Message[t.String()] = nip11Windows(lim.Limits.Message[t])
 		}
 		if q := lim.Quota; q != nil && !q.IsUnlimited() {
@@ -205,12 +210,12 @@ func dropEmpty(top map[string]json.RawMessage) {
 	}
 }
 
-// NIP11URL returns the http:// or https:// URL a NIP-11 document of the
+// URL returns the http:// or https:// URL a NIP-11 document of the
 // relay at a ws:// or wss:// URL is fetched from.
-func NIP11URL(relayURL string) (string, error) {
+func URL(relayURL string) (string, error) {
 	u, err := url.Parse(relayURL)
 	if err != nil || u.Host == "" {
-		return "", fmt.Errorf("%w: %q is not a relay URL", ErrUpstream, relayURL)
+		return "", fmt.Errorf("%w: %q is not a relay URL", ErrURL, relayURL)
 	}
 	switch u.Scheme {
 	case "ws":
@@ -219,67 +224,67 @@ func NIP11URL(relayURL string) (string, error) {
 		u.Scheme = "https"
 	case "http", "https":
 	default:
-		return "", fmt.Errorf("%w: %q: scheme must be ws or wss", ErrUpstream, relayURL)
+		return "", fmt.Errorf("%w: %q: scheme must be ws or wss", ErrURL, relayURL)
 	}
 	u.Fragment = ""
 	return u.String(), nil
 }
 
-// FetchNIP11 GETs the NIP-11 document of the relay at relayURL (ws://,
+// Fetch GETs the NIP-11 document of the relay at relayURL (ws://,
 // wss://, or the http(s) URL itself) with Accept: application/nostr+json.
-// The body is read up to MaxNIP11Size and must be a JSON object. A nil
-// client means a client with DefaultNIP11Timeout; ctx bounds the call too.
-func FetchNIP11(ctx context.Context, client *http.Client, relayURL string) ([]byte, error) {
-	target, err := NIP11URL(relayURL)
+// The body is read up to MaxSize and must be a JSON object. A nil
+// client means a client with DefaultTimeout; ctx bounds the call too.
+func Fetch(ctx context.Context, client *http.Client, relayURL string) ([]byte, error) {
+	target, err := URL(relayURL)
 	if err != nil {
 		return nil, err
 	}
 	if client == nil {
-		client = &http.Client{Timeout: DefaultNIP11Timeout}
+		client = &http.Client{Timeout: DefaultTimeout}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNIP11, err)
+		return nil, fmt.Errorf("%w: %v", ErrDocument, err)
 	}
-	req.Header.Set("Accept", NIP11ContentType)
+	req.Header.Set("Accept", ContentType)
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNIP11, err)
+		return nil, fmt.Errorf("%w: %v", ErrDocument, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%w: %s answered %s", ErrNIP11, target, resp.Status)
+		return nil, fmt.Errorf("%w: %s answered %s", ErrDocument, target, resp.Status)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxNIP11Size+1))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("%w: reading %s: %v", ErrNIP11, target, err)
+		return nil, fmt.Errorf("%w: reading %s: %v", ErrDocument, target, err)
 	}
-	if len(body) > MaxNIP11Size {
-		return nil, fmt.Errorf("%w: %s: document larger than %d bytes", ErrNIP11, target, MaxNIP11Size)
+	if len(body) > MaxSize {
+		return nil, fmt.Errorf("%w: %s: document larger than %d bytes", ErrDocument, target, MaxSize)
 	}
 	var probe map[string]json.RawMessage
 	if err := json.Unmarshal(body, &probe); err != nil || probe == nil {
-		return nil, fmt.Errorf("%w: %s: not a JSON object", ErrNIP11, target)
+		return nil, fmt.Errorf("%w: %s: not a JSON object", ErrDocument, target)
 	}
 	return body, nil
 }
 
-// NIP11Handler serves NIP-11 documents with Limitation merged in. The base
+// Handler serves NIP-11 documents with Limitation merged in. The base
 // document comes from Fetch and is kept for TTL; when Fetch fails the last
 // good document is served, or Fallback when there is none, and Fetch is not
 // tried again for a few seconds (a client asking for NIP-11 in a loop must
 // not turn into a loop of upstream requests).
 //
-// Set the fields before first use; NIP11Handler is then safe for
+// Set the fields before first use; Handler is then safe for
 // concurrent use.
-type NIP11Handler struct {
+type Handler struct {
 	// Fetch returns the base document (a JSON object). Nil means Fallback
 	// is always served.
 	Fetch func(ctx context.Context) ([]byte, error)
 	// Limitation is merged into every document served.
-	Limitation NIP11Limitation
+	Limitation Limitation
 	// TTL is how long a fetched document is kept. 0 means
-	// DefaultNIP11TTL; a negative TTL fetches on every request (for an
+	// DefaultTTL; a negative TTL fetches on every request (for an
 	// in-process relay, where fetching costs nothing).
 	TTL time.Duration
 	// Fallback is the base document when Fetch fails and nothing was
@@ -287,6 +292,9 @@ type NIP11Handler struct {
 	Fallback []byte
 	// OnError, when not nil, is told of every failed fetch.
 	OnError func(error)
+	// Clock times the TTL and the retry after an error. Nil means the
+	// real clock (see ratelimit.Clock); pass the gate's Limiter.Now.
+	Clock ratelimit.Clock
 
 	fetchMu   sync.Mutex // held by the one request fetching
 	mu        sync.Mutex // guards the fields below
@@ -296,13 +304,13 @@ type NIP11Handler struct {
 	fetchedOK bool
 }
 
-// nip11RetryAfterError is how long a failed fetch keeps NIP11Handler from
+// retryAfterError is how long a failed fetch keeps Handler from
 // trying again.
-const nip11RetryAfterError = 5 * time.Second
+const retryAfterError = 5 * time.Second
 
 // ServeHTTP implements http.Handler. It answers any method with the
-// document (the caller routes with IsNIP11Request), and CORS preflights.
-func (h *NIP11Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// document (the caller routes with IsRequest), and CORS preflights.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr := w.Header()
 	hdr.Set("Access-Control-Allow-Origin", "*")
 	hdr.Set("Access-Control-Allow-Headers", "*")
@@ -312,7 +320,7 @@ func (h *NIP11Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	doc := h.document(r.Context())
-	hdr.Set("Content-Type", NIP11ContentType)
+	hdr.Set("Content-Type", ContentType)
 	if r.Method == http.MethodHead {
 		return
 	}
@@ -323,10 +331,10 @@ func (h *NIP11Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // request refreshes a stale document, the others are served the stale one
 // rather than waiting on the upstream; only the very first document is
 // waited for.
-func (h *NIP11Handler) document(ctx context.Context) []byte {
+func (h *Handler) document(ctx context.Context) []byte {
 	ttl := h.TTL
 	if ttl == 0 {
-		ttl = DefaultNIP11TTL
+		ttl = DefaultTTL
 	}
 	if h.Fetch == nil {
 		h.mu.Lock()
@@ -338,7 +346,7 @@ func (h *NIP11Handler) document(ctx context.Context) []byte {
 	}
 
 	h.mu.Lock()
-	doc, usable := h.doc, h.usable(time.Now())
+	doc, usable := h.doc, h.usable(h.Clock.Now())
 	h.mu.Unlock()
 	if usable {
 		return doc
@@ -352,7 +360,7 @@ func (h *NIP11Handler) document(ctx context.Context) []byte {
 	}
 	defer h.fetchMu.Unlock()
 	h.mu.Lock()
-	doc, usable = h.doc, h.usable(time.Now())
+	doc, usable = h.doc, h.usable(h.Clock.Now())
 	h.mu.Unlock()
 	if usable {
 		return doc // refreshed while we waited
@@ -360,14 +368,14 @@ func (h *NIP11Handler) document(ctx context.Context) []byte {
 
 	// The fetch outlives a client that hangs up: its result serves
 	// everyone after it.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultNIP11Timeout)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
 	base, err := h.Fetch(fctx)
 	cancel()
 	var merged []byte
 	if err == nil {
-		merged, err = MergeNIP11(base, h.Limitation)
+		merged, err = Merge(base, h.Limitation)
 	}
-	now := time.Now()
+	now := h.Clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err == nil {
@@ -377,7 +385,7 @@ func (h *NIP11Handler) document(ctx context.Context) []byte {
 	if h.OnError != nil {
 		h.OnError(err)
 	}
-	h.retryAt = now.Add(nip11RetryAfterError)
+	h.retryAt = now.Add(retryAfterError)
 	if !h.fetchedOK {
 		h.doc = h.fallback()
 	}
@@ -386,19 +394,19 @@ func (h *NIP11Handler) document(ctx context.Context) []byte {
 
 // usable reports whether h.doc may be served at now without fetching:
 // fresh, or within the pause after a failed fetch. Called with mu held.
-func (h *NIP11Handler) usable(now time.Time) bool {
+func (h *Handler) usable(now time.Time) bool {
 	return h.doc != nil && (now.Before(h.fresh) || now.Before(h.retryAt))
 }
 
 // fallback returns Fallback (or {}) with Limitation merged in.
-func (h *NIP11Handler) fallback() []byte {
+func (h *Handler) fallback() []byte {
 	fb := h.Fallback
 	if fb == nil {
 		fb = []byte("{}")
 	}
-	merged, err := MergeNIP11(fb, h.Limitation)
+	merged, err := Merge(fb, h.Limitation)
 	if err != nil {
-		merged, _ = MergeNIP11([]byte("{}"), h.Limitation)
+		merged, _ = Merge([]byte("{}"), h.Limitation)
 	}
 	return merged
 }

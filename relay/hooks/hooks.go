@@ -1,4 +1,4 @@
-package relay
+package hooks
 
 import (
 	"context"
@@ -15,12 +15,13 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip11"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // ErrRateLimited is wrapped by a Refusal for a message or connection that a
 // limit or the actor quota refused. Test with errors.Is.
-var ErrRateLimited = errors.New("relay: rate limited")
+var ErrRateLimited = errors.New("hooks: rate limited")
 
 // Refusal is the error the rely hooks return. Its Error is the NIP-01 reason
 // the framework sends to the client unchanged, "rate-limited: slow down;
@@ -44,25 +45,24 @@ func (r *Refusal) Error() string { return r.Reason }
 // Unwrap returns ErrRateLimited or the store's error.
 func (r *Refusal) Unwrap() error { return r.err }
 
-// HookOptions configures Hooks. The zero value is usable: DefaultLimits over
+// Options configures Hooks. The zero value is usable: policy.DefaultLimits over
 // a fresh memory store, no actor quota, no allow-lists.
-type HookOptions struct {
+type Options struct {
 	// Limiter decides every charge. Nil means a Limiter over a fresh
 	// ratelimit.MemoryStore of the default size (one process only).
 	Limiter *ratelimit.Limiter
 	// Limits are the windows charged per connection and per message type.
-	// Nil means DefaultLimits(); a non-nil Limits is used as it is.
-	Limits *Limits
-	// Quota caps validated events per actor. Nil means no quota.
+	// Nil means policy.DefaultLimits(); a non-nil Limits is used as it is.
+	Limits *policy.Limits
+	// Quota caps validated events per actor. Nil means no quota. Its
+	// clock is the Limiter's.
 	Quota *ratelimit.Quota
-	// Now is the clock of the quota. Nil means time.Now.
-	Now func() time.Time
 	// Identity turns the address a hook is given into the client key
 	// (IPv6 grouped by prefix) and holds the allow-lists. Nil means the
 	// zero Identity.
-	Identity *Identity
+	Identity *policy.Identity
 	// Observer receives every decision, as from a Gate. Nil means none.
-	Observer *Observer
+	Observer *policy.Observer
 	// MaxFilters bounds the filters of a REQ, as Options.MaxFilters does
 	// for a Gate (0 means DefaultMaxFilters, lowered by
 	// EffectiveMaxFilters); a REQ with more is refused "invalid: too many
@@ -112,17 +112,15 @@ type HookOptions struct {
 // relay does.
 type Hooks struct {
 	lim      *ratelimit.Limiter
-	limits   Limits
+	policy   *policy.Policy
 	quota    *ratelimit.Quota
 	now      func() time.Time
-	identity *Identity
-	obs      *Observer
+	identity *policy.Identity
+	obs      *policy.Observer
 
-	// maxFilters, tooManyFilters and reqLimits are the Gate's per-filter
-	// charge of a REQ (filterCharges).
-	maxFilters     int
+	// tooManyFilters is the refusal of a REQ with more filters than the
+	// policy's MaxFilters.
 	tooManyFilters string
-	reqLimits      [][]ratelimit.Limit
 
 	// reqs holds the cancellation scope (ctx.Done()) of every REQ whose
 	// context is still live, with how many of its filters were charged;
@@ -141,26 +139,23 @@ type Hooks struct {
 // NewHooks returns Hooks for opts. It validates every configured limit and
 // returns an error wrapping ratelimit.ErrInvalidLimit that names the
 // offending type.
-func NewHooks(opts HookOptions) (*Hooks, error) {
-	h := &Hooks{lim: opts.Limiter, quota: opts.Quota, now: opts.Now, identity: opts.Identity, obs: opts.Observer}
+func New(opts Options) (*Hooks, error) {
+	h := &Hooks{lim: opts.Limiter, quota: opts.Quota, identity: opts.Identity, obs: opts.Observer}
+	limits := policy.DefaultLimits()
 	if opts.Limits != nil {
-		h.limits = *opts.Limits
-	} else {
-		h.limits = DefaultLimits()
+		limits = *opts.Limits
 	}
-	if err := h.limits.Validate(); err != nil {
+	var err error
+	if h.policy, err = policy.Compile(limits, opts.MaxFilters); err != nil {
 		return nil, err
 	}
-	h.maxFilters, h.reqLimits = filterCharges(opts.MaxFilters, h.limits.Message[TypeREQ])
-	h.tooManyFilters = fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, h.maxFilters)
+	h.tooManyFilters = fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, h.policy.MaxFilters())
 	if h.lim == nil {
 		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
 	}
-	if h.now == nil {
-		h.now = time.Now
-	}
+	h.now = h.lim.Now
 	if h.identity == nil {
-		h.identity = &Identity{}
+		h.identity = &policy.Identity{}
 	}
 	if err := h.identity.Validate(); err != nil {
 		return nil, err
@@ -199,32 +194,32 @@ func (h *Hooks) who(addr, authed string) (key string, charge bool) {
 // NIP-42 authenticated pubkey is authed ("" for none). An empty addr is a
 // call from inside the relay (khatru's AddEvent has no connection), not a
 // client's, and passes uncharged.
-func (h *Hooks) charge(ctx context.Context, addr, authed string, t Type) verdict {
-	return h.chargeWith(ctx, addr, authed, t, h.limits.Message[t])
+func (h *Hooks) charge(ctx context.Context, addr, authed string, t wire.Type) verdict {
+	return h.chargeWith(ctx, addr, authed, t, h.policy.Message(t))
 }
 
 // chargeWith is charge against limits instead of t's own.
-func (h *Hooks) chargeWith(ctx context.Context, addr, authed string, t Type, limits []ratelimit.Limit) verdict {
+func (h *Hooks) chargeWith(ctx context.Context, addr, authed string, t wire.Type, limits *ratelimit.Windows) verdict {
 	if addr == "" {
 		return verdict{}
 	}
 	key, ok := h.who(addr, authed)
 	if !ok {
-		h.frame(t, Allowlisted)
+		h.frame(t, policy.Allowlisted)
 		return verdict{}
 	}
 	return h.decideWith(ctx, key, t, limits)
 }
 
 // decide charges one message of type t to client key.
-func (h *Hooks) decide(ctx context.Context, key string, t Type) verdict {
-	return h.decideWith(ctx, key, t, h.limits.Message[t])
+func (h *Hooks) decide(ctx context.Context, key string, t wire.Type) verdict {
+	return h.decideWith(ctx, key, t, h.policy.Message(t))
 }
 
 // decideWith charges one message of type t to client key against limits.
-func (h *Hooks) decideWith(ctx context.Context, key string, t Type, limits []ratelimit.Limit) verdict {
-	if len(limits) == 0 {
-		h.frame(t, Admitted)
+func (h *Hooks) decideWith(ctx context.Context, key string, t wire.Type, limits *ratelimit.Windows) verdict {
+	if limits.Len() == 0 {
+		h.frame(t, policy.Admitted)
 		return verdict{}
 	}
 	d, err := h.lim.Allow(ctx, ratelimit.MessageKey(key, t.String()), limits)
@@ -238,47 +233,41 @@ func (h *Hooks) decideWith(ctx context.Context, key string, t Type, limits []rat
 func (h *Hooks) verdict(d ratelimit.Decision, err error) verdict {
 	switch {
 	case err != nil:
-		return verdict{refuse: true, reason: ReasonUnavailable, err: err}
+		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: err}
 	case !d.Allowed:
-		return verdict{refuse: true, reason: RateLimitedReason(d.Wait), wait: d.Wait, err: ErrRateLimited}
+		return verdict{refuse: true, reason: wire.RateLimitedReason(d.Wait), wait: d.Wait, err: ErrRateLimited}
 	}
 	return verdict{}
 }
 
-func outcomeOf(v verdict) Outcome {
+func outcomeOf(v verdict) policy.Outcome {
 	switch {
 	case !v.refuse:
-		return Admitted
+		return policy.Admitted
 	case errors.Is(v.err, ErrRateLimited):
-		return RateLimited
+		return policy.RateLimited
 	}
-	return Unavailable
+	return policy.Unavailable
 }
 
-func (h *Hooks) frame(t Type, o Outcome) {
-	if h.obs != nil && h.obs.Frame != nil {
-		h.obs.Frame(t, o)
-	}
-}
+func (h *Hooks) frame(t wire.Type, o policy.Outcome) { h.obs.ReportFrame(t, o) }
 
 // connection decides one WebSocket upgrade from the client at addr.
 func (h *Hooks) connection(ctx context.Context, addr string) verdict {
 	key, ok := h.identity.Key(addr)
 	var v verdict
-	var o Outcome
+	var o policy.Outcome
 	switch {
 	case !ok:
-		o = Allowlisted
-	case len(h.limits.Connection) == 0:
-		o = Admitted
+		o = policy.Allowlisted
+	case h.policy.Connection().Len() == 0:
+		o = policy.Admitted
 	default:
-		d, err := h.lim.Allow(ctx, ratelimit.ConnectionKey(key), h.limits.Connection)
+		d, err := h.lim.Allow(ctx, ratelimit.ConnectionKey(key), h.policy.Connection())
 		v = h.verdict(d, err)
 		o = outcomeOf(v)
 	}
-	if h.obs != nil && h.obs.Connection != nil {
-		h.obs.Connection(o)
-	}
+	h.obs.ReportConnection(o)
 	return v
 }
 
@@ -293,7 +282,7 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 	}
 	key, ok := h.who(addr, authed)
 	if !ok || h.authorAllowed(evt, verified) {
-		h.frame(TypeEVENT, Allowlisted)
+		h.frame(wire.TypeEVENT, policy.Allowlisted)
 		return verdict{}
 	}
 	actor := evt.PubKey
@@ -302,11 +291,11 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 	}
 	if !h.quota.IsUnlimited() && actor != "" {
 		if over, wait := h.quota.Exceeded(actor, h.now()); over {
-			h.frame(TypeEVENT, QuotaExceeded)
-			return verdict{refuse: true, reason: RateLimitedReason(wait), wait: wait, err: ErrRateLimited}
+			h.frame(wire.TypeEVENT, policy.QuotaExceeded)
+			return verdict{refuse: true, reason: wire.RateLimitedReason(wait), wait: wait, err: ErrRateLimited}
 		}
 	}
-	return h.decide(ctx, key, TypeEVENT)
+	return h.decide(ctx, key, wire.TypeEVENT)
 }
 
 // authorAllowed reports whether evt's author is allow-listed. An event
@@ -339,13 +328,6 @@ func requestAddr(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
-}
-
-// isUpgrade reports whether r asks for a WebSocket. Rely runs its
-// Reject.Connection hooks for every HTTP request, NIP-11 included; only
-// upgrades are charged, as in a Gate.
-func isUpgrade(r *http.Request) bool {
-	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
 }
 
 // KhatruAccess holds khatru's accessors, passed in so that this package
@@ -387,7 +369,7 @@ type KhatruHooks struct {
 	RejectEvent func(ctx context.Context, event *nostr.Event) (reject bool, msg string)
 	// RejectFilter charges each filter of a REQ as one REQ, as a Gate
 	// does: khatru calls it once per filter, every time under the REQ's
-	// own context, and refuses a filter past HookOptions.MaxFilters.
+	// own context, and refuses a filter past Options.MaxFilters.
 	// Filters with "limit": 0 skip khatru's RejectFilter altogether, so
 	// they are not charged. A call under a connection's context is a
 	// NEG-OPEN and charged as one.
@@ -437,7 +419,7 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 			return v.refuse, v.reason
 		},
 		RejectCountFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
-			v := h.charge(ctx, acc.IP(ctx), authed(ctx), TypeCOUNT)
+			v := h.charge(ctx, acc.IP(ctx), authed(ctx), wire.TypeCOUNT)
 			return v.refuse, v.reason
 		},
 	}
@@ -471,19 +453,12 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 // hook sees), or "" when there are none.
 func (h *Hooks) summary() string {
 	var parts []string
-	windows := func(ls []ratelimit.Limit) string {
-		s := make([]string, len(ls))
-		for i, l := range ls {
-			s[i] = l.String()
-		}
-		return strings.Join(s, ", ")
+	if c := h.policy.Connection(); c.Len() > 0 {
+		parts = append(parts, "connections "+c.String())
 	}
-	if len(h.limits.Connection) > 0 {
-		parts = append(parts, "connections "+windows(h.limits.Connection))
-	}
-	for _, t := range [...]Type{TypeEVENT, TypeREQ, TypeCOUNT, TypeNEGOPEN} {
-		if ls := h.limits.Message[t]; len(ls) > 0 {
-			parts = append(parts, t.String()+" "+windows(ls))
+	for _, t := range [...]wire.Type{wire.TypeEVENT, wire.TypeREQ, wire.TypeCOUNT, wire.TypeNEGOPEN} {
+		if w := h.policy.Message(t); w.Len() > 0 {
+			parts = append(parts, t.String()+" "+w.String())
 		}
 	}
 	if q := h.quota; !q.IsUnlimited() {
@@ -492,7 +467,7 @@ func (h *Hooks) summary() string {
 	if len(parts) == 0 {
 		return ""
 	}
-	prefix := DefaultIPv6Prefix
+	prefix := policy.DefaultIPv6Prefix
 	if p := h.identity.IPv6Prefix; p > 0 {
 		prefix = p
 	}
@@ -509,20 +484,20 @@ func (h *Hooks) filter(ctx context.Context, addr, authed string) verdict {
 	if scope == nil {
 		// A context that can never end cannot be told apart from the next
 		// REQ's, nor forgotten: charge every call, uncounted.
-		return h.charge(ctx, addr, authed, TypeREQ)
+		return h.charge(ctx, addr, authed, wire.TypeREQ)
 	}
 	if _, ok := h.conns.Load(scope); ok {
-		return h.charge(ctx, addr, authed, TypeNEGOPEN)
+		return h.charge(ctx, addr, authed, wire.TypeNEGOPEN)
 	}
 	n, loaded := h.reqs.LoadOrStore(scope, new(atomic.Int32))
 	if !loaded {
 		context.AfterFunc(ctx, func() { h.reqs.Delete(scope) })
 	}
-	if n.(*atomic.Int32).Add(1) > int32(h.maxFilters) {
-		h.frame(TypeREQ, Invalid)
+	if n.(*atomic.Int32).Add(1) > int32(h.policy.MaxFilters()) {
+		h.frame(wire.TypeREQ, policy.Invalid)
 		return verdict{refuse: true, reason: h.tooManyFilters}
 	}
-	return h.charge(ctx, addr, authed, TypeREQ)
+	return h.charge(ctx, addr, authed, wire.TypeREQ)
 }
 
 // req charges a REQ of n filters at once (rely passes them in one call):
@@ -531,15 +506,15 @@ func (h *Hooks) req(ctx context.Context, addr string, n int) verdict {
 	if addr == "" {
 		return verdict{}
 	}
-	if n > h.maxFilters {
-		h.frame(TypeREQ, Invalid)
+	if n > h.policy.MaxFilters() {
+		h.frame(wire.TypeREQ, policy.Invalid)
 		return verdict{refuse: true, reason: h.tooManyFilters}
 	}
-	lims := h.limits.Message[TypeREQ]
-	if n >= 1 && len(lims) > 0 {
-		lims = h.reqLimits[n]
+	lims := h.policy.Message(wire.TypeREQ)
+	if n >= 1 {
+		lims = h.policy.REQ(n)
 	}
-	return h.chargeWith(ctx, addr, "", TypeREQ, lims)
+	return h.chargeWith(ctx, addr, "", wire.TypeREQ, lims)
 }
 
 // track remembers ctx's scope in m until ctx ends.
@@ -566,7 +541,7 @@ type RelyHooks[C, S any] struct {
 	// before exempting it.
 	Event func(C, *nostr.Event) error
 	// Req charges a REQ as many REQs as it has filters, as a Gate does,
-	// and refuses one with more than HookOptions.MaxFilters; rely passes
+	// and refuses one with more than Options.MaxFilters; rely passes
 	// all its filters in one call.
 	Req func(C, nostr.Filters) error
 	// Count charges a COUNT.
@@ -595,7 +570,7 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 	}
 	return RelyHooks[C, S]{
 		Connection: func(_ S, r *http.Request) error {
-			if !isUpgrade(r) {
+			if !wire.IsUpgrade(r.Header) {
 				return nil
 			}
 			return h.connection(r.Context(), requestIP(r)).refusal()
@@ -607,7 +582,7 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 			return h.req(context.Background(), ip(c), len(filters)).refusal()
 		},
 		Count: func(c C, _ nostr.Filters) error {
-			return h.charge(context.Background(), ip(c), "", TypeCOUNT).refusal()
+			return h.charge(context.Background(), ip(c), "", wire.TypeCOUNT).refusal()
 		},
 		h: h,
 	}

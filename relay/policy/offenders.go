@@ -1,6 +1,7 @@
-package relay
+package policy
 
 import (
+	"github.com/sluice-relay/sluice/ratelimit"
 	"math"
 	"slices"
 	"sync"
@@ -27,7 +28,7 @@ type Offenders struct {
 	mu       sync.Mutex
 	k        int
 	halfLife time.Duration
-	now      func() time.Time
+	clock    ratelimit.Clock
 	entries  []offender
 	index    map[string]int // client → position in entries; at most k keys
 	decayed  time.Time      // when counts were last decayed
@@ -49,18 +50,16 @@ type Offender struct {
 
 // NewOffenders returns a view of the k clients refused most (k ≤ 0 means
 // DefaultOffenders), whose counts halve every halfLife (≤ 0 means
-// DefaultOffendersHalfLife), on clock now (nil means time.Now).
-func NewOffenders(k int, halfLife time.Duration, now func() time.Time) *Offenders {
+// DefaultOffendersHalfLife), on clock (nil means the real one; pass the
+// Limiter's, Limiter.Now).
+func NewOffenders(k int, halfLife time.Duration, clock ratelimit.Clock) *Offenders {
 	if k <= 0 {
 		k = DefaultOffenders
 	}
 	if halfLife <= 0 {
 		halfLife = DefaultOffendersHalfLife
 	}
-	if now == nil {
-		now = time.Now
-	}
-	return &Offenders{k: k, halfLife: halfLife, now: now, entries: make([]offender, 0, k), index: make(map[string]int, k)}
+	return &Offenders{k: k, halfLife: halfLife, clock: clock, entries: make([]offender, 0, k), index: make(map[string]int, k)}
 }
 
 // Add counts one refusal of client.
@@ -118,7 +117,7 @@ func (o *Offenders) Top(n int) []Offender {
 // decay fades every count by the time since the last decay, at most once
 // a second; entries that fade below a thousandth leave. o.mu is held.
 func (o *Offenders) decay() {
-	now := o.now()
+	now := o.clock.Now()
 	d := now.Sub(o.decayed)
 	if o.decayed.IsZero() || d < 0 {
 		o.decayed = now

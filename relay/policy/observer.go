@@ -1,4 +1,6 @@
-package relay
+package policy
+
+import "github.com/sluice-relay/sluice/relay/wire"
 
 // Outcome is what the gate did with a connection attempt or a frame.
 type Outcome uint8
@@ -70,7 +72,7 @@ func (o Outcome) String() string {
 // (an atomic add, a prometheus counter), and must not block.
 type Observer struct {
 	// Frame is called once per client frame with its type and outcome.
-	Frame func(t Type, o Outcome)
+	Frame func(t wire.Type, o Outcome)
 	// Connection is called once per WebSocket upgrade attempt.
 	Connection func(o Outcome)
 	// Open is called with +1 when a gated connection opens and -1 when it
@@ -82,37 +84,38 @@ type Observer struct {
 	// Refusal is called for every frame or upgrade the gate refuses for
 	// what the client did (RateLimited, QuotaExceeded, Invalid, OverCap;
 	// not Unavailable, which is the store's doing), with the client's key;
-	// t is NumTypes for a refused upgrade. Feed an Offenders view with it.
-	Refusal func(client string, t Type, o Outcome)
+	// t is wire.NumTypes for a refused upgrade. Feed an Offenders view with it.
+	Refusal func(client string, t wire.Type, o Outcome)
 }
 
-// The nil-safe calls the gate makes.
+// The Report methods are the nil-safe calls the gate and the hooks make:
+// each calls its function when o and the function are not nil.
 
-func (o *Observer) frame(t Type, out Outcome) {
+func (o *Observer) ReportFrame(t wire.Type, out Outcome) {
 	if o != nil && o.Frame != nil {
 		o.Frame(t, out)
 	}
 }
 
-func (o *Observer) refusal(client string, t Type, out Outcome) {
+func (o *Observer) ReportRefusal(client string, t wire.Type, out Outcome) {
 	if o != nil && o.Refusal != nil {
 		o.Refusal(client, t, out)
 	}
 }
 
-func (o *Observer) cut(r CutReason) {
+func (o *Observer) ReportCut(r CutReason) {
 	if o != nil && o.Cut != nil {
 		o.Cut(r)
 	}
 }
 
-func (o *Observer) connection(out Outcome) {
+func (o *Observer) ReportConnection(out Outcome) {
 	if o != nil && o.Connection != nil {
 		o.Connection(out)
 	}
 }
 
-func (o *Observer) open(delta int) {
+func (o *Observer) ReportOpen(delta int) {
 	if o != nil && o.Open != nil {
 		o.Open(delta)
 	}

@@ -1,4 +1,4 @@
-package relay
+package policy
 
 import (
 	"fmt"
@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
-	"github.com/sluice-relay/sluice/ratelimit"
 )
 
 // The heavy hitters of a stream are found, in order, whatever else passes
@@ -50,21 +49,5 @@ func TestOffenders(t *testing.T) {
 	o.Add("new")
 	if got := o.Top(0); len(got) != 1 || got[0].Client != "new" || got[0].Refusals != 1 {
 		t.Errorf("after the fade: %+v", got)
-	}
-}
-
-// Refusals reach Observer.Refusal with the client's key; the store's own
-// failures do not.
-func TestObserverRefusal(t *testing.T) {
-	o := NewOffenders(4, time.Minute, nil)
-	var l Limits
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	c := admitConn(t, Options{Limits: &l, Observer: &Observer{Refusal: func(client string, _ Type, _ Outcome) { o.Add(client) }}})
-	for range 5 {
-		c.admit([]byte(`["REQ","s",{}]`))
-	}
-	c.admit([]byte(`["HELLO"]`)) // OTHER is free here: refused as invalid
-	if top := o.Top(0); len(top) != 1 || top[0].Client != "203.0.113.7" || top[0].Refusals != 5 {
-		t.Fatalf("offenders %+v, want 203.0.113.7 with 4 rate-limited REQs and 1 invalid frame", top)
 	}
 }

@@ -1,4 +1,4 @@
-package relay
+package nip11
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 func TestIsNIP11Request(t *testing.T) {
@@ -27,7 +28,10 @@ func TestIsNIP11Request(t *testing.T) {
 		{"browser", "GET", map[string]string{"Accept": "text/html"}, false},
 		{"none", "GET", nil, false},
 		{"post", "POST", map[string]string{"Accept": "application/nostr+json"}, false},
-		{"upgrade", "GET", map[string]string{"Accept": "application/nostr+json", "Upgrade": "websocket"}, false},
+		{"upgrade", "GET", map[string]string{"Accept": "application/nostr+json", "Connection": "Upgrade", "Upgrade": "websocket"}, false},
+		// Not an upgrade (no Connection: upgrade), as the gate's upgrader
+		// reads it too: the document is what it gets.
+		{"half an upgrade", "GET", map[string]string{"Accept": "application/nostr+json", "Upgrade": "websocket"}, true},
 		{"prefix only", "GET", map[string]string{"Accept": "application/nostr+jsonx"}, false},
 	}
 	for _, tt := range tests {
@@ -36,27 +40,27 @@ func TestIsNIP11Request(t *testing.T) {
 			for k, v := range tt.hdr {
 				r.Header.Set(k, v)
 			}
-			if got := IsNIP11Request(r); got != tt.want {
-				t.Errorf("IsNIP11Request = %v, want %v", got, tt.want)
+			if got := IsRequest(r); got != tt.want {
+				t.Errorf("IsRequest = %v, want %v", got, tt.want)
 			}
 		})
 	}
 }
 
-func testLimitation(t *testing.T) NIP11Limitation {
+func testLimitation(t *testing.T) Limitation {
 	t.Helper()
-	l := DefaultLimits()
+	l := policy.DefaultLimits()
 	q, err := ratelimit.NewQuota(600, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NIP11Limitation{MaxMessageLength: 524288, Limits: &l, Quota: q}
+	return Limitation{MaxMessageLength: 524288, Limits: &l, Quota: q}
 }
 
 func TestMergeNIP11KeepsUnknownFields(t *testing.T) {
 	doc := `{"name":"strfry default","software":"git+https://github.com/hoytech/strfry.git","supported_nips":[1,2,4,9,11],` +
 		`"x_custom":{"deep":[1,2,3]},"limitation":{"max_subscriptions":20,"auth_required":false}}`
-	out, err := MergeNIP11([]byte(doc), testLimitation(t))
+	out, err := Merge([]byte(doc), testLimitation(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +121,7 @@ func TestMergeNIP11MaxMessageLength(t *testing.T) {
 		{`{"limitation":{"max_message_length":0}}`, 1000, 1000},
 	}
 	for _, tt := range tests {
-		out, err := MergeNIP11([]byte(tt.doc), NIP11Limitation{MaxMessageLength: tt.ours})
+		out, err := Merge([]byte(tt.doc), Limitation{MaxMessageLength: tt.ours})
 		if err != nil {
 			t.Fatalf("%s: %v", tt.doc, err)
 		}
@@ -141,7 +145,7 @@ func TestMergeNIP11MaxMessageLength(t *testing.T) {
 // wins, and a field the gate does not set is left as the relay wrote it.
 func TestMergeNIP11REQBounds(t *testing.T) {
 	doc := `{"limitation":{"max_filters":5,"max_subid_length":100,"max_limit":500}}`
-	out, err := MergeNIP11([]byte(doc), NIP11Limitation{MaxFilters: 10, MaxSubidLength: 64})
+	out, err := Merge([]byte(doc), Limitation{MaxFilters: 10, MaxSubidLength: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +168,7 @@ func TestMergeNIP11REQBounds(t *testing.T) {
 // true: they are dropped; everything else stays.
 func TestMergeNIP11DropsEmpty(t *testing.T) {
 	doc := `{"name":"r","pubkey":"","contact":"","icon":"","banner":"","software":"x","limitation":{"created_at_lower_limit":0,"created_at_upper_limit":0,"max_limit":500,"auth_required":false}}`
-	out, err := MergeNIP11([]byte(doc), NIP11Limitation{})
+	out, err := Merge([]byte(doc), Limitation{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,9 +192,9 @@ func TestMergeNIP11DropsEmpty(t *testing.T) {
 
 func TestMergeNIP11RefusesNonObjects(t *testing.T) {
 	for _, doc := range []string{``, `null`, `[]`, `"x"`, `{"a":`, `{"limitation":[1]}`, `{"limitation":3}`} {
-		_, err := MergeNIP11([]byte(doc), NIP11Limitation{MaxMessageLength: 1})
-		if !errors.Is(err, ErrNIP11) {
-			t.Errorf("MergeNIP11(%q) err = %v, want ErrNIP11", doc, err)
+		_, err := Merge([]byte(doc), Limitation{MaxMessageLength: 1})
+		if !errors.Is(err, ErrDocument) {
+			t.Errorf("Merge(%q) err = %v, want ErrDocument", doc, err)
 		}
 	}
 }
@@ -202,14 +206,14 @@ func TestNIP11URL(t *testing.T) {
 		"ws://h:1/p?x=1#frag":        "http://h:1/p?x=1",
 		"http://already.example:80/": "http://already.example:80/",
 	} {
-		got, err := NIP11URL(in)
+		got, err := URL(in)
 		if err != nil || got != want {
-			t.Errorf("NIP11URL(%q) = %q, %v; want %q", in, got, err, want)
+			t.Errorf("URL(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"ftp://h/", "127.0.0.1:7000", "ws://", "::"} {
-		if _, err := NIP11URL(in); !errors.Is(err, ErrUpstream) {
-			t.Errorf("NIP11URL(%q) err = %v, want ErrUpstream", in, err)
+		if _, err := URL(in); !errors.Is(err, ErrURL) {
+			t.Errorf("URL(%q) err = %v, want ErrURL", in, err)
 		}
 	}
 }
@@ -222,7 +226,7 @@ func TestFetchNIP11(t *testing.T) {
 		w.Write([]byte(`{"name":"up"}`))
 	})
 	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte(`{"name":"` + strings.Repeat("x", MaxNIP11Size) + `"}`))
+		w.Write([]byte(`{"name":"` + strings.Repeat("x", MaxSize) + `"}`))
 	})
 	mux.HandleFunc("/array", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`[1]`)) })
 	mux.HandleFunc("/500", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no", 500) })
@@ -230,16 +234,16 @@ func TestFetchNIP11(t *testing.T) {
 	defer srv.Close()
 	ws := "ws" + strings.TrimPrefix(srv.URL, "http")
 
-	body, err := FetchNIP11(context.Background(), srv.Client(), ws+"/ok")
+	body, err := Fetch(context.Background(), srv.Client(), ws+"/ok")
 	if err != nil || string(body) != `{"name":"up"}` {
-		t.Fatalf("FetchNIP11 = %q, %v", body, err)
+		t.Fatalf("Fetch = %q, %v", body, err)
 	}
-	if got := accept.Load(); got != NIP11ContentType {
-		t.Errorf("Accept = %v, want %s", got, NIP11ContentType)
+	if got := accept.Load(); got != ContentType {
+		t.Errorf("Accept = %v, want %s", got, ContentType)
 	}
 	for _, p := range []string{"/big", "/array", "/500"} {
-		if _, err := FetchNIP11(context.Background(), srv.Client(), ws+p); !errors.Is(err, ErrNIP11) {
-			t.Errorf("FetchNIP11(%s) err = %v, want ErrNIP11", p, err)
+		if _, err := Fetch(context.Background(), srv.Client(), ws+p); !errors.Is(err, ErrDocument) {
+			t.Errorf("Fetch(%s) err = %v, want ErrDocument", p, err)
 		}
 	}
 }
@@ -248,25 +252,25 @@ func TestNIP11HandlerCachesAndFallsBack(t *testing.T) {
 	var calls atomic.Int32
 	var fail atomic.Bool
 	var errs atomic.Int32
-	h := &NIP11Handler{
+	h := &Handler{
 		Fetch: func(ctx context.Context) ([]byte, error) {
 			calls.Add(1)
 			if fail.Load() {
-				return nil, ErrNIP11
+				return nil, ErrDocument
 			}
 			return []byte(`{"name":"upstream"}`), nil
 		},
-		Limitation: NIP11Limitation{MaxMessageLength: 4096},
+		Limitation: Limitation{MaxMessageLength: 4096},
 		Fallback:   []byte(`{"name":"fallback"}`),
 		OnError:    func(error) { errs.Add(1) },
 	}
 	get := func() map[string]any {
 		t.Helper()
 		r := httptest.NewRequest("GET", "/", nil)
-		r.Header.Set("Accept", NIP11ContentType)
+		r.Header.Set("Accept", ContentType)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
-		if ct := w.Header().Get("Content-Type"); ct != NIP11ContentType {
+		if ct := w.Header().Get("Content-Type"); ct != ContentType {
 			t.Errorf("Content-Type = %q", ct)
 		}
 		if w.Header().Get("Access-Control-Allow-Origin") != "*" {
@@ -305,9 +309,9 @@ func TestNIP11HandlerCachesAndFallsBack(t *testing.T) {
 	}
 
 	// A handler that never fetched serves the fallback, merged.
-	h2 := &NIP11Handler{
-		Fetch:      func(ctx context.Context) ([]byte, error) { return nil, ErrNIP11 },
-		Limitation: NIP11Limitation{MaxMessageLength: 4096},
+	h2 := &Handler{
+		Fetch:      func(ctx context.Context) ([]byte, error) { return nil, ErrDocument },
+		Limitation: Limitation{MaxMessageLength: 4096},
 		Fallback:   []byte(`{"name":"fallback"}`),
 	}
 	h = h2
@@ -327,7 +331,7 @@ func TestNIP11HandlerServesStaleWhileRefreshing(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
 	var block atomic.Bool
-	h := &NIP11Handler{Fetch: func(ctx context.Context) ([]byte, error) {
+	h := &Handler{Fetch: func(ctx context.Context) ([]byte, error) {
 		if block.Load() {
 			entered <- struct{}{}
 			<-release

@@ -1,7 +1,8 @@
-package relay
+package policy
 
 import (
 	"fmt"
+	"github.com/sluice-relay/sluice/relay/wire"
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -16,9 +17,9 @@ type Limits struct {
 	// Connection is charged once per WebSocket upgrade, keyed by client.
 	Connection []ratelimit.Limit
 	// Message is charged once per client frame, indexed by the frame's Type.
-	// Message[TypeOther] is the catch-all bucket for unknown labels and
+	// Message[wire.TypeOther] is the catch-all bucket for unknown labels and
 	// frames that cannot be classified; leaving it empty makes them free.
-	Message [NumTypes][]ratelimit.Limit
+	Message [wire.NumTypes][]ratelimit.Limit
 }
 
 // DefaultLimits returns the limits a public relay can start with. Each
@@ -37,7 +38,7 @@ func DefaultLimits() Limits {
 	// 10 in a burst, ~6.6/s sustained over a second; the 60 s window caps
 	// a long session at ~2.8/s (240 burst), well above what a person
 	// posts and below what a spam script wants.
-	l.Message[TypeEVENT] = []ratelimit.Limit{
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{
 		ratelimit.PerPeriod(10, time.Second),
 		ratelimit.PerPeriod(240, time.Minute),
 	}
@@ -45,22 +46,22 @@ func DefaultLimits() Limits {
 	// once per filter. Clients open many at start-up (profiles, notes,
 	// reactions), each of one to a few filters: hence a burst of 50
 	// filters.
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(50, time.Second)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(50, time.Second)}
 	// COUNT runs the same query as a REQ without returning events.
-	l.Message[TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
+	l.Message[wire.TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
 	// AUTH is one signature check; a client needs one per connection.
-	l.Message[TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}
+	l.Message[wire.TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}
 	// NEG-OPEN builds a negentropy set over a query: as costly as a REQ.
-	l.Message[TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
+	l.Message[wire.TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
 	// NEG-MSG rounds of one sync follow each other quickly; they are cheap
 	// next to the NEG-OPEN that started them.
-	l.Message[TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(50, time.Second)}
+	l.Message[wire.TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(50, time.Second)}
 	// CLOSE and NEG-CLOSE stay free: refusing them would only keep a
 	// subscription or a sync open longer.
 	//
 	// OTHER (unknown labels, unparsable frames) is never free: the relay
 	// still has to read and reject them.
-	l.Message[TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
+	l.Message[wire.TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
 	return l
 }
 
@@ -72,11 +73,11 @@ func DefaultLimits() Limits {
 // ratelimit.ErrInvalidLimit.
 func (l *Limits) Validate() error {
 	if err := ratelimit.ValidateLimits(l.Connection); err != nil {
-		return fmt.Errorf("relay: connection limits: %w", err)
+		return fmt.Errorf("policy: connection limits: %w", err)
 	}
 	for t := range l.Message {
 		if err := ratelimit.ValidateLimits(l.Message[t]); err != nil {
-			return fmt.Errorf("relay: %v limits: %w", Type(t), err)
+			return fmt.Errorf("policy: %v limits: %w", wire.Type(t), err)
 		}
 	}
 	return nil
