@@ -122,19 +122,19 @@ func (f failedConn) SetWriteDeadline(time.Time) error { return nil }
 func parseURL(rawURL string) (clientOptions, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return clientOptions{}, fmt.Errorf("%w: %q has no scheme (want redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)", ErrURL, redact(rawURL))
+		return clientOptions{}, fmt.Errorf("%w: %q has no scheme (want redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)", ErrURL, RedactURL(rawURL))
 	}
 	// A password with a raw '/', '?' or '#' (base64 passwords have '/')
 	// makes every URL parser cut it in two and echo the pieces as a host or
 	// a path; say what is wrong instead.
 	if at := strings.LastIndexByte(rest, '@'); at >= 0 && strings.ContainsAny(rest[:at], "/?#") {
-		return clientOptions{}, fmt.Errorf("%w: %s: '/', '?' or '#' before the last '@': percent-escape them in the user name and password (%%2F, %%3F, %%23; '@' is %%40)", ErrURL, redact(rawURL))
+		return clientOptions{}, fmt.Errorf("%w: %s: '/', '?' or '#' before the last '@': percent-escape them in the user name and password (%%2F, %%3F, %%23; '@' is %%40)", ErrURL, RedactURL(rawURL))
 	}
 	switch s := strings.ToLower(scheme); s {
 	case "redis", "rediss", "unix":
 		o, err := redis.ParseURL(s + "://" + rest)
 		if err != nil {
-			return clientOptions{}, fmt.Errorf("%w: %s: %s", ErrURL, redact(rawURL), redactErr(err, rawURL))
+			return clientOptions{}, fmt.Errorf("%w: %s: %s", ErrURL, RedactURL(rawURL), redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true
 		return clientOptions{standalone: o}, nil
@@ -145,7 +145,7 @@ func parseURL(rawURL string) (clientOptions, error) {
 		o, err := parseCluster(strings.TrimSuffix(s, "+cluster"), rest, rawURL)
 		return clientOptions{cluster: o}, err
 	}
-	return clientOptions{}, fmt.Errorf("%w: unknown scheme %q (want redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster or rediss+cluster)", ErrURL, redact(scheme))
+	return clientOptions{}, fmt.Errorf("%w: unknown scheme %q (want redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster or rediss+cluster)", ErrURL, RedactURL(scheme))
 }
 
 // splitHosts parses "[userinfo@]h:p[,h:p…][/path][?query]" into its parts.
@@ -153,7 +153,7 @@ func parseURL(rawURL string) (clientOptions, error) {
 // separated host list with ports.
 func splitHosts(rest, rawURL string) (user *url.Userinfo, hosts []string, path, query string, err error) {
 	if i := strings.IndexByte(rest, '#'); i >= 0 {
-		return nil, nil, "", "", fmt.Errorf("%w: %s: a fragment (#…) means nothing here", ErrURL, redact(rawURL))
+		return nil, nil, "", "", fmt.Errorf("%w: %s: a fragment (#…) means nothing here", ErrURL, RedactURL(rawURL))
 	}
 	if i := strings.IndexByte(rest, '?'); i >= 0 {
 		rest, query = rest[:i], rest[i+1:]
@@ -166,17 +166,17 @@ func splitHosts(rest, rawURL string) (user *url.Userinfo, hosts []string, path, 
 		// Let net/url decode the userinfo (percent escapes) on a dummy host.
 		u, perr := url.Parse("redis://" + authority[:i+1] + "h")
 		if perr != nil || u.User == nil {
-			return nil, nil, "", "", fmt.Errorf("%w: %s: unreadable user:password part", ErrURL, redact(rawURL))
+			return nil, nil, "", "", fmt.Errorf("%w: %s: unreadable user:password part", ErrURL, RedactURL(rawURL))
 		}
 		user, authority = u.User, authority[i+1:]
 	}
 	if authority == "" {
-		return nil, nil, "", "", fmt.Errorf("%w: %s: no host:port", ErrURL, redact(rawURL))
+		return nil, nil, "", "", fmt.Errorf("%w: %s: no host:port", ErrURL, RedactURL(rawURL))
 	}
 	for _, h := range strings.Split(authority, ",") {
 		host, port, serr := net.SplitHostPort(h)
 		if serr != nil || host == "" || port == "" {
-			return nil, nil, "", "", fmt.Errorf("%w: %s: %q is not host:port", ErrURL, redact(rawURL), h)
+			return nil, nil, "", "", fmt.Errorf("%w: %s: %q is not host:port", ErrURL, RedactURL(rawURL), h)
 		}
 		hosts = append(hosts, net.JoinHostPort(host, port))
 	}
@@ -200,18 +200,18 @@ func parseSentinel(scheme, rest, rawURL string) (*redis.FailoverOptions, error) 
 	}
 	q, err := url.ParseQuery(query)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: query: %v", ErrURL, redact(rawURL), err)
+		return nil, fmt.Errorf("%w: %s: query: %v", ErrURL, RedactURL(rawURL), err)
 	}
 	parts := strings.FieldsFunc(path, func(r rune) bool { return r == '/' })
 	if len(parts) == 0 || len(parts) > 2 {
-		return nil, fmt.Errorf("%w: %s: want /mastername[/db] after the sentinel addresses", ErrURL, redact(rawURL))
+		return nil, fmt.Errorf("%w: %s: want /mastername[/db] after the sentinel addresses", ErrURL, RedactURL(rawURL))
 	}
 	master, err := url.PathUnescape(parts[0])
 	if err != nil || master == "" {
-		return nil, fmt.Errorf("%w: %s: unreadable master name", ErrURL, redact(rawURL))
+		return nil, fmt.Errorf("%w: %s: unreadable master name", ErrURL, RedactURL(rawURL))
 	}
 	if q.Has("master_name") {
-		return nil, fmt.Errorf("%w: %s: the master name goes in the path, not in master_name=", ErrURL, redact(rawURL))
+		return nil, fmt.Errorf("%w: %s: the master name goes in the path, not in master_name=", ErrURL, RedactURL(rawURL))
 	}
 	q.Set("master_name", master)
 	sentUser, sentPass := q.Get("sentinel_username"), q.Get("sentinel_password")
@@ -226,7 +226,7 @@ func parseSentinel(scheme, rest, rawURL string) (*redis.FailoverOptions, error) 
 	native := goRedisURL(scheme, nil, hosts, dbPath, q)
 	o, err := redis.ParseFailoverURL(native)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %s", ErrURL, redact(rawURL), redactErr(err, rawURL))
+		return nil, fmt.Errorf("%w: %s: %s", ErrURL, RedactURL(rawURL), redactErr(err, rawURL))
 	}
 	if user != nil {
 		o.Username = user.Username()
@@ -243,15 +243,15 @@ func parseCluster(scheme, rest, rawURL string) (*redis.ClusterOptions, error) {
 		return nil, err
 	}
 	if path != "" && path != "/" {
-		return nil, fmt.Errorf("%w: %s: a cluster URL has no path (Redis Cluster has only database 0)", ErrURL, redact(rawURL))
+		return nil, fmt.Errorf("%w: %s: a cluster URL has no path (Redis Cluster has only database 0)", ErrURL, RedactURL(rawURL))
 	}
 	q, err := url.ParseQuery(query)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: query: %v", ErrURL, redact(rawURL), err)
+		return nil, fmt.Errorf("%w: %s: query: %v", ErrURL, RedactURL(rawURL), err)
 	}
 	o, err := redis.ParseClusterURL(goRedisURL(scheme, user, hosts, "", q))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %s", ErrURL, redact(rawURL), redactErr(err, rawURL))
+		return nil, fmt.Errorf("%w: %s: %s", ErrURL, RedactURL(rawURL), redactErr(err, rawURL))
 	}
 	o.ContextTimeoutEnabled = true
 	return o, nil
@@ -296,13 +296,7 @@ func secrets(rawURL string) []string {
 // it (user:password@ and query keys naming a password, written raw or
 // escaped) replaced by "xxxxx", and cut to 200 bytes: for logs and status
 // pages. It is what NewClient's errors show of a URL.
-func RedactURL(rawURL string) string { return redact(rawURL) }
-
-// redact replaces every password in a URL-ish string (see secrets) with
-// "xxxxx", and cuts it short, so errors and logs can name the URL.
-func redact(raw string) string {
-	return hide(raw, raw, 200)
-}
+func RedactURL(rawURL string) string { return hide(rawURL, rawURL, 200) }
 
 // redactErr renders err with any password from rawURL replaced.
 func redactErr(err error, rawURL string) string {

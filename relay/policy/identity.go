@@ -280,11 +280,11 @@ func validPort(s string, empty bool) bool {
 // IPv4, zones dropped; UnknownClient for the zero Addr.
 func (id *Identity) ClientFromAddr(addr netip.Addr) string {
 	var buf [64]byte
-	return string(id.AppendClient(buf[:0], addr))
+	return string(id.appendClient(buf[:0], addr))
 }
 
-// AppendClient appends ClientFromAddr(addr) to dst without allocating.
-func (id *Identity) AppendClient(dst []byte, addr netip.Addr) []byte {
+// appendClient appends ClientFromAddr(addr) to dst without allocating.
+func (id *Identity) appendClient(dst []byte, addr netip.Addr) []byte {
 	addr = addr.WithZone("").Unmap()
 	if !addr.IsValid() {
 		return append(dst, UnknownClient...)
@@ -300,18 +300,18 @@ func (id *Identity) AppendClient(dst []byte, addr netip.Addr) []byte {
 	return p.AppendTo(dst)
 }
 
-// ClientFromString is ClientFromAddr for an address held as a string, as
+// clientFromString is ClientFromAddr for an address held as a string, as
 // hook users get it (khatru.GetIP, rely's Client.IP): "ip", "ip:port",
 // "[ip]" and "[ip]:port" are read; anything else is UnknownClient. The
 // string is not a forwarding header: it is taken as the client's address
 // as it is, so the caller must know where it came from.
-func (id *Identity) ClientFromString(ip string) string {
+func (id *Identity) clientFromString(ip string) string {
 	a, _ := parseHost(strings.TrimSpace(ip))
 	return id.ClientFromAddr(a)
 }
 
 // Key maps an address string onto a client key for the hooks: key is
-// ClientFromString(ip), and charge is false when the address is in
+// clientFromString(ip), and charge is false when the address is in
 // Allow (an allow-listed client is never charged). An unreadable address
 // is charged to UnknownClient.
 func (id *Identity) Key(ip string) (key string, charge bool) {

@@ -144,12 +144,12 @@ func TestIdentityClientFromString(t *testing.T) {
 		"203.0.113.7, 198.51.100.9": UnknownClient,
 		"::":                        UnknownClient,
 	} {
-		if got := id.ClientFromString(in); got != want {
-			t.Errorf("ClientFromString(%q) = %q, want %q", in, got, want)
+		if got := id.clientFromString(in); got != want {
+			t.Errorf("clientFromString(%q) = %q, want %q", in, got, want)
 		}
 	}
 	var nilID *Identity
-	if got := nilID.ClientFromString("2001:db8:1:2:3::1"); got != "2001:db8:1:2::/64" {
+	if got := nilID.clientFromString("2001:db8:1:2:3::1"); got != "2001:db8:1:2::/64" {
 		t.Errorf("nil Identity groups by %q, want the /64 default", got)
 	}
 }
@@ -296,8 +296,8 @@ func TestIdentityAllocs(t *testing.T) {
 	id := &Identity{TrustedProxies: mustPrefixes(t, "10.0.0.0/8")}
 	r := &http.Request{RemoteAddr: "10.0.0.1:5", Header: http.Header{"X-Forwarded-For": {"6.6.6.6, 2001:db8::1, 10.9.9.9"}}}
 	buf := make([]byte, 0, 64)
-	if n := testing.AllocsPerRun(100, func() { buf = id.AppendClient(buf[:0], id.Addr(r)) }); n != 0 {
-		t.Errorf("Addr+AppendClient allocates %v times", n)
+	if n := testing.AllocsPerRun(100, func() { buf = id.appendClient(buf[:0], id.Addr(r)) }); n != 0 {
+		t.Errorf("Addr+appendClient allocates %v times", n)
 	}
 	al, _ := NewAllowList([]string{"10.0.0.0/8"}, []string{pkA})
 	a := netip.MustParseAddr("10.1.1.1")
@@ -315,11 +315,11 @@ func BenchmarkIdentity(b *testing.B) {
 		name string
 		r    *http.Request
 	}{{"ipv4-peer", direct}, {"ipv6-peer", direct6}, {"xff-chain", chain}} {
-		b.Run(bm.name+"/Addr+AppendClient", func(b *testing.B) {
+		b.Run(bm.name+"/Addr+appendClient", func(b *testing.B) {
 			b.ReportAllocs()
 			buf := make([]byte, 0, 64)
 			for b.Loop() {
-				buf = id.AppendClient(buf[:0], id.Addr(bm.r))
+				buf = id.appendClient(buf[:0], id.Addr(bm.r))
 			}
 		})
 		b.Run(bm.name+"/Client", func(b *testing.B) {
