@@ -623,3 +623,31 @@ func BenchmarkRedisQuota(b *testing.B) {
 		}
 	})
 }
+
+// TestQuotaRestartForgets: a Redis restarted without persistence has lost
+// every count (and the script): the same Quota heals by itself (EVAL on
+// NOSCRIPT), and each actor gets its whole quota again in the window of
+// the restart — what docs/RELIABILITY.md says a restart gives back.
+func TestQuotaRestartForgets(t *testing.T) {
+	srv, c := realRedis(t)
+	ctx := context.Background()
+	q := newQuota(t, newStore(t, c, slow), 5, time.Minute)
+	now := m0.Add(5 * time.Second)
+	if n := sharedQuota(t, []*Quota{q}, "alice", now); n != 5 {
+		t.Fatalf("before the restart: %d accepted, want 5", n)
+	}
+	srv.Restart()
+	healed := false
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, _, err := q.ExceededAt(ctx, "alice", now); err == nil {
+			healed = true
+			break
+		}
+	}
+	if !healed {
+		t.Fatal("quota did not heal after the restart")
+	}
+	if n := sharedQuota(t, []*Quota{q}, "alice", now); n != 5 {
+		t.Errorf("after the restart, same window: %d accepted, want 5 more (the counts are gone)", n)
+	}
+}
