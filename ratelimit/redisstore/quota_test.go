@@ -651,3 +651,30 @@ func TestQuotaRestartForgets(t *testing.T) {
 		t.Errorf("after the restart, same window: %d accepted, want 5 more (the counts are gone)", n)
 	}
 }
+
+// TestQuotaLostReplyChargesOnce: through a proxy that drops one reply
+// (dropping the connection, so go-redis resends the EVALSHA), the Add is
+// answered added and counted once.
+func TestQuotaLostReplyChargesOnce(t *testing.T) {
+	srv, direct := realRedis(t)
+	p := startLossyProxy(t, srv.Addr())
+	c := client(t, p.ln.Addr().String()) // go-redis defaults: MaxRetries 3
+	q := newQuota(t, newStore(t, c, slow), 5, time.Minute)
+	ctx := context.Background()
+	now := m0.Add(time.Second)
+	if ok, err := q.AddAt(ctx, "alice", now); !ok || err != nil {
+		t.Fatalf("warm-up: %v %v", ok, err)
+	}
+	p.armed.Store(true)
+	if ok, err := q.AddAt(ctx, "alice", now); !ok || err != nil {
+		t.Fatalf("Add whose first reply was lost: %v %v", ok, err)
+	}
+	if p.lost.Load() != 1 {
+		t.Fatalf("proxy lost %d replies, want 1", p.lost.Load())
+	}
+	key, _ := q.key("alice", false)
+	v, err := direct.Get(ctx, key).Result()
+	if w, n, _ := strings.Cut(v, " "); err != nil || w == "" || !strings.HasPrefix(n, "2 ") {
+		t.Errorf("stored %q %v after two Adds (one resent), want a count of 2", v, err)
+	}
+}
