@@ -19,3 +19,11 @@ var EWMA string
 //
 //go:embed ewma1.lua
 var EWMA1 string
+
+// Quota is the source of quota.lua: the actor quota's fixed windows in
+// Redis, one key per actor holding its window and count with a TTL of the
+// rest of the window, numbered from Redis TIME (or a given instant). Its
+// header comment documents KEYS, ARGV and the reply.
+//
+//go:embed quota.lua
+var Quota string

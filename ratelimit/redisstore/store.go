@@ -81,6 +81,21 @@
 // is started for it (see batcher). go-redis's auto-pipeliner would
 // pipeline too but does not honour a call's context (a decision waited
 // 35 s on a stopped Redis with a 100 ms deadline), so it is not used.
+//
+// # The actor quota
+//
+// NewQuota builds on a Store the actor quota in Redis (Quota, a
+// ratelimit.ActorQuota; scripts.Quota): ratelimit.Quota's fixed windows
+// with the counts in Redis, so N instances give an actor one quota. Windows
+// are numbered from Redis TIME inside the script; each actor has one key,
+// "<prefix>{q:<actor>}:quota:<window ms>", holding its window and count,
+// with a TTL of the rest of the window plus a second. Each call is one
+// script call with the Store's client, deadline, breaker and Close, never
+// batched, and fails closed as Decide does (every error wraps
+// ratelimit.ErrUnavailable; a malformed value is per key). There are no
+// shared slots: a client rotating pubkeys costs one key per event the
+// relay accepts in a window (168 bytes by MEMORY USAGE, about 256 bytes of
+// used_memory with Redis's tables), gone when the window ends.
 package redisstore
 
 import (

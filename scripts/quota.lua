@@ -1,0 +1,98 @@
+-- quota.lua: the actor quota in Redis, shared by every gate instance. The
+-- same fixed windows as ratelimit.Quota (windows of W ms aligned on the unix
+-- epoch, at most E events per actor in each), numbered here from Redis TIME,
+-- the one clock every instance shares.
+--
+-- One key per actor; its value is the window it counts and that window's
+-- count, "<window> <count>" or "<window> <count> <request id>" (decimal, the
+-- id hex), and its TTL the rest of that window plus a margin (a second, or
+-- the window if shorter), so the key is gone soon after its window ends and
+-- Redis's memory for the quota is bounded by time. A value naming an older
+-- window is a fresh window (count 0): a key outliving its window by the
+-- margin is harmless. The key is the one key the script touches, declared
+-- in KEYS, so the call is legal on a cluster (and routed by it) whatever
+-- the window.
+--
+-- KEYS[1] the actor's key, e.g. "sluice:{q:<pubkey>}:quota:60000".
+-- ARGV[1] the operation: "x" (Exceeded: read only) or "a" (Add: charge one).
+-- ARGV[2] E, events per window (>= 1).
+-- ARGV[3] W, the window in ms (>= 1).
+-- ARGV[4] now in unix ms; "0" (or anything not a positive number) means
+--         Redis TIME.
+-- ARGV[5] the cutoff in unix ms, "0" for none: if Redis TIME is past it,
+--         nothing is decided or written, and the reply is 'ERR sluice late:
+--         ...' (the caller's deadline has passed; see ewma.lua).
+-- ARGV[6] the request id of an Add ("" for none): an Add whose id is the
+--         one stored is a resend of a call that was counted (go-redis
+--         retried after a lost reply) and is answered added, uncounted.
+--
+-- Reply: {flag, wait_ms, count}, integers.
+--   "x": 1, wait, count when the actor has used its quota (count >= E) in
+--        the window containing now, or in a newer one already opened (a late
+--        caller: an explicit now behind Redis's, or a clock gone back after
+--        a failover), wait the ms until that window ends (>= 1); else
+--        0, 0, count.
+--   "a": 1, 0, count after the charge; or 0, wait, count (at the limit:
+--        nothing counted, wait as for "x").
+-- A stored value that is not of the shape above, or a key of another type,
+-- is 'ERR sluice quota: malformed value at <key>' and nothing is written:
+-- never a count of zero.
+
+local tonumber, floor, match, format = tonumber, math.floor, string.match, string.format
+
+local op, events, win = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if #KEYS ~= 1 or #ARGV ~= 6 or (op ~= 'x' and op ~= 'a')
+    or not (events and events >= 1 and win and win >= 1) then
+  return redis.error_reply('ERR sluice quota: want one key and op, events, window, now, cutoff, id')
+end
+local now, cutoff, id = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+if cutoff and cutoff <= 0 then cutoff = nil end
+if cutoff or not now or now <= 0 then
+  if not redis.REDIS_VERSION and redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local tm = redis.call('TIME')
+  local clock = tm[1] * 1000 + floor(tm[2] / 1000)
+  if cutoff and clock > cutoff then
+    return redis.error_reply('ERR sluice late: past the cutoff, nothing decided')
+  end
+  if not now or now <= 0 then now = clock end
+end
+now = floor(now)
+local w = floor(now / win)
+-- Exact integers below 2^53, but a quotient can round up to the next integer.
+if w * win > now then w = w - 1 elseif (w + 1) * win <= now then w = w + 1 end
+
+local key = KEYS[1]
+local v = redis.pcall('GET', key)
+local sw, count, sid = w, 0, ''
+if v then
+  local a, b, c
+  if type(v) == 'string' then
+    a, b = match(v, '^(%d+) (%d+)$')
+    if not a then a, b, c = match(v, '^(%d+) (%d+) (%x+)$') end
+  end
+  if not a then
+    return redis.error_reply('ERR sluice quota: malformed value at ' .. key)
+  end
+  a, b = tonumber(a), tonumber(b)
+  if a >= w then
+    -- Our window, or a newer one a faster caller opened (we are late):
+    -- counted there rather than rolled back, as ratelimit.Quota does.
+    sw, count, sid = a, b, c or ''
+  end
+end
+
+local wait = (sw + 1) * win - now
+if op == 'x' then
+  if count >= events then return {1, wait, count} end
+  return {0, 0, count}
+end
+if id ~= '' and sid == id then return {1, 0, count} end
+if count >= events then return {0, wait, count} end
+count = count + 1
+local val = format('%.0f %.0f', sw, count)
+if id ~= '' then val = val .. ' ' .. id end
+local margin = win < 1000 and win or 1000
+redis.call('SET', key, val, 'PX', format('%.0f', wait + margin))
+return {1, 0, count}
