@@ -5,7 +5,8 @@ import (
 	"time"
 )
 
-// ActorQuota is a per-actor budget on validated events, checked before an event is forwarded and charged when the relay accepts it.
+// ActorQuota is a per-actor budget on validated events, checked before an
+// event is forwarded and charged when the relay accepts it.
 //
 // Exceeded reports whether actor has used its budget for the current
 // window and, if so, how long until the next one. Add charges one accepted
@@ -32,29 +33,27 @@ var _ ActorQuota = (*LocalQuota)(nil)
 // consulted. A LocalQuota whose Quota is nil or Unlimited admits
 // everything. It is safe for concurrent use when its clock is.
 type LocalQuota struct {
-	q   *Quota
-	now func() time.Time
+	q     *Quota
+	clock Clock
 }
 
-// Local returns q as an ActorQuota reading the time from now; a nil now
-// means time.Now. q keeps its own methods: callers that pass instants
-// themselves go on using them.
-func (q *Quota) Local(now func() time.Time) *LocalQuota {
-	if now == nil {
-		now = time.Now
-	}
-	return &LocalQuota{q: q, now: now}
+// Local returns q as an ActorQuota reading the time from clock: pass the
+// Limiter's (Limiter.Now), so that the quota runs on the one clock; nil
+// means the real Clock. q keeps its own methods: callers that pass
+// instants themselves go on using them.
+func (q *Quota) Local(clock Clock) *LocalQuota {
+	return &LocalQuota{q: q, clock: clock}
 }
 
 // Exceeded is Quota.Exceeded at the clock's now; the error is always nil.
 func (l *LocalQuota) Exceeded(_ context.Context, actor string) (bool, time.Duration, error) {
-	over, wait := l.q.Exceeded(actor, l.now())
+	over, wait := l.q.Exceeded(actor, l.clock.Now())
 	return over, wait, nil
 }
 
 // Add is Quota.Add at the clock's now; the error is always nil.
 func (l *LocalQuota) Add(_ context.Context, actor string) (bool, error) {
-	return l.q.Add(actor, l.now()), nil
+	return l.q.Add(actor, l.clock.Now()), nil
 }
 
 // Events returns the Quota's events per window; 0 when unlimited.

@@ -98,7 +98,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	q.Add("6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", now)
-	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &Limits{}, Quota: q})
+	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &Limits{}, Quota: q.Local(func() time.Time { return now })})
 	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
@@ -192,7 +192,7 @@ func BenchmarkAdmit(b *testing.B) {
 		admit bool
 	}{
 		{"EVENT", Options{Limits: wide()}, event, true},
-		{"EVENT-quota", Options{Limits: wide(), Quota: quota}, event, true},
+		{"EVENT-quota", Options{Limits: wide(), Quota: quota.Local(nil)}, event, true},
 		{"REQ", Options{Limits: wide()}, req, true},
 		{"EVENT-blocked", Options{Limits: tight()}, event, false},
 	} {

@@ -273,7 +273,12 @@ func (c *conn) watch(frame []byte) {
 		if accepted && !duplicate && c.g.quota != nil {
 			now := c.g.now()
 			if !c.charged.seen(id, now, c.g.quota.Window()) {
-				c.g.quota.Add(actor, now)
+				// A failed charge leaves an accepted event uncounted:
+				// the relay has it already, and refusing later events
+				// for it would punish the actor for our outage.
+				if _, err := c.g.quota.Add(c.ctx, actor); err != nil {
+					c.g.log.Debug("quota charge failed", "client", c.who, "err", err)
+				}
 				c.charged.add(id, now)
 			}
 		}
@@ -565,7 +570,13 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event) bool {
 			return true
 		}
 	}
-	if over, wait := c.g.quota.Exceeded(actor, c.g.now()); over {
+	over, wait, err := c.g.quota.Exceeded(c.ctx, actor)
+	if err != nil {
+		c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(f), f))
+		c.g.obs.ReportFrame(f.Type, Unavailable)
+		return false
+	}
+	if over {
 		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 		c.g.obs.ReportFrame(f.Type, QuotaExceeded)
 		c.g.obs.ReportRefusal(c.who, f.Type, QuotaExceeded)

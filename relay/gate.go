@@ -90,7 +90,13 @@ type Options struct {
 	// Nil means DefaultLimits(); a non-nil Limits is used as it is, so
 	// &Limits{} limits nothing and an empty slice makes its type free.
 	Limits *Limits
-	// Quota caps validated events per actor. Nil means no quota.
+	// Quota caps validated events per actor: the in-process table on the
+	// Limiter's clock (ratelimit.Quota.Local(limiter.Now)) for one
+	// process, or redisstore.Quota shared by every instance. Nil, or a
+	// quota with Events 0 (ratelimit.Unlimited()), means no quota: EVENTs
+	// pass on their message limits alone. A quota that cannot decide
+	// fails closed: the EVENT is answered "error: rate limiter
+	// unavailable".
 	//
 	// The quota is checked after the EVENT message limits, which charge
 	// every EVENT whatever the quota then decides.
@@ -113,7 +119,7 @@ type Options struct {
 	// the same connection within the window (a re-send, which khatru
 	// answers OK true without "duplicate:") is charged once; the gate
 	// remembers DefaultCharged such ids per connection.
-	Quota *ratelimit.Quota
+	Quota ratelimit.ActorQuota
 	// Identity turns a request into its client (the budget's key and the
 	// address the relay is told) and holds the allow-lists: an
 	// allow-listed address is charged nothing; an allow-listed pubkey is
@@ -201,7 +207,7 @@ type Options struct {
 type Gate struct {
 	limiter        *ratelimit.Limiter
 	policy         *policy.Policy
-	quota          *ratelimit.Quota
+	quota          ratelimit.ActorQuota // nil: none
 	now            func() time.Time
 	readLimit      int64
 	frameSize      [NumTypes]int
@@ -238,7 +244,6 @@ type Gate struct {
 func New(opts Options) (*Gate, error) {
 	g := &Gate{
 		limiter:      opts.Limiter,
-		quota:        opts.Quota,
 		readLimit:    opts.ReadLimit,
 		queueBytes:   opts.QueueBytes,
 		pingInterval: opts.PingInterval,
@@ -258,6 +263,9 @@ func New(opts Options) (*Gate, error) {
 	}
 	if err := g.identity.Validate(); err != nil {
 		return nil, err
+	}
+	if q := opts.Quota; q != nil && q.Events() > 0 {
+		g.quota = q // an unlimited quota (Events 0) is no quota
 	}
 	g.watchOK = g.quota != nil || (g.identity != nil && g.identity.Allow != nil && len(g.identity.Allow.Pubkeys) > 0)
 	if g.limiter == nil {

@@ -24,7 +24,7 @@ func TestE2EQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
 	keys := nostrtest.ApartKeys(q, clk.Now(), 2)
 	skA, skB := keys[0], keys[1]
@@ -72,7 +72,7 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)})
 	url := serve(t, g.Wrap(newKhatru(t)))
 	r := connect(t, url)
 	keys := nostrtest.ApartKeys(q, clk.Now(), 2)

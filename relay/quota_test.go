@@ -49,7 +49,7 @@ func TestGateQuota(t *testing.T) {
 		}
 		return ""
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q, Identity: &Identity{Allow: al}})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 
 	step := func(frame, want string) {
@@ -119,7 +119,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	rec.challenge = "chal"
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q, Identity: &Identity{Allow: al}})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}})
 	url := serve(t, g.Wrap(rec))
 
 	step := func(c *websocket.Conn, frame, want string) {

@@ -43,7 +43,7 @@ const (
 // limiterParts is the limiter and what must be closed with it.
 type limiterParts struct {
 	limiter *ratelimit.Limiter
-	quota   *ratelimit.Quota // nil: no quota
+	quota   ratelimit.ActorQuota // nil: no quota
 	redis   redis.UniversalClient
 	rstore  *redisstore.Store // nil with the memory store
 	store   string            // "memory" or the redacted Redis URL, for logs
@@ -121,12 +121,21 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		}
 	}
 	if !cfg.QuotaUnlimited {
-		q, err := ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow)
+		// With Redis the quota lives there, so that N instances give an
+		// actor one quota; without, in this process's bounded table.
+		var err error
+		if p.rstore != nil {
+			p.quota, err = redisstore.NewQuota(p.rstore, cfg.QuotaEvents, cfg.QuotaWindow)
+		} else {
+			var q *ratelimit.Quota
+			if q, err = ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow); err == nil {
+				p.quota = q.Local(p.limiter.Now)
+			}
+		}
 		if err != nil {
 			p.close()
 			return nil, fmt.Errorf("%w: quota: %v", errConfig, err)
 		}
-		p.quota = q
 	}
 	return p, nil
 }

@@ -49,7 +49,7 @@ func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Qu
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1024)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
-	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota})
+	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
 	return e
 }
 
@@ -322,5 +322,62 @@ func TestRedisOutage(t *testing.T) {
 				t.Fatalf("REQ with Redis down: %q, want CLOSED %q", got, relay.ReasonUnavailable)
 			}
 		})
+	}
+}
+
+// TestGateAndHooksAgree drives one sequence of EVENTs through a gate and
+// through hooks and asserts the same answer to each, by the one rule of
+// policy.AllowList and relay.Options.Quota: the EVENT windows are charged
+// first, then the actor quota; an allow-listed author is exempt from the
+// quota only. Hooks that exempted an allow-listed author from the EVENT
+// windows too (as they once did) accept the last event; a gate that let a
+// quota refusal skip the windows accepts the fourth.
+func TestGateAndHooksAgree(t *testing.T) {
+	alice, member := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
+	memberPK, _ := nostr.GetPublicKey(member)
+	allow, err := relay.NewAllowList(nil, []string{memberPK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// EVENT: a burst of 5 in 10 s; quota: 2 events a minute per actor.
+	limits := limitsOf(relay.TypeEVENT, 5, 10*time.Second)
+	steps := []struct {
+		sk   string
+		want string // "" for accepted, else the reason
+	}{
+		{alice, ""},
+		{alice, ""},
+		{alice, "rate-limited: slow down; retry in 60s"}, // quota; the EVENT window is charged (3 of 5)
+		{member, ""}, // 4 of 5; exempt from the quota
+		{member, ""}, // 5 of 5
+		{member, "rate-limited: slow down; retry in 4s"}, // the EVENT window: 10s·log2(5/4) = 3.22s, rounded up
+	}
+	answers := map[string][]string{}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			q, err := ratelimit.NewQuota(2, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1024)}
+			clock := nostrtest.NewClock()
+			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: q.Local(clock.Now), Identity: &relay.Identity{Allow: allow}})
+			r := nostrtest.Connect(t, ws)
+			for i, st := range steps {
+				err := nostrtest.Publish(t, r, nostrtest.Note(t, st.sk, fmt.Sprint("note ", i)))
+				got := ""
+				if err != nil {
+					got = strings.TrimPrefix(err.Error(), "msg: ")
+				}
+				answers[m.name] = append(answers[m.name], got)
+				if got != st.want {
+					t.Errorf("event %d: %q, want %q", i+1, got, st.want)
+				}
+			}
+		})
+	}
+	if g, h := strings.Join(answers["wrap"], "|"), strings.Join(answers["hooks"], "|"); g != h {
+		t.Errorf("gate and hooks disagree:\n gate  %s\n hooks %s", g, h)
 	}
 }

@@ -56,7 +56,7 @@ type Options struct {
 	Limits *policy.Limits
 	// Quota caps validated events per actor. Nil means no quota. Its
 	// clock is the Limiter's.
-	Quota *ratelimit.Quota
+	Quota ratelimit.ActorQuota
 	// Identity turns the address a hook is given into the client key
 	// (IPv6 grouped by prefix) and holds the allow-lists. Nil means the
 	// zero Identity.
@@ -113,7 +113,7 @@ type Options struct {
 type Hooks struct {
 	lim      *ratelimit.Limiter
 	policy   *policy.Policy
-	quota    *ratelimit.Quota
+	quota    ratelimit.ActorQuota // nil: none
 	now      func() time.Time
 	identity *policy.Identity
 	obs      *policy.Observer
@@ -140,7 +140,10 @@ type Hooks struct {
 // returns an error wrapping ratelimit.ErrInvalidLimit that names the
 // offending type.
 func New(opts Options) (*Hooks, error) {
-	h := &Hooks{lim: opts.Limiter, quota: opts.Quota, identity: opts.Identity, obs: opts.Observer}
+	h := &Hooks{lim: opts.Limiter, identity: opts.Identity, obs: opts.Observer}
+	if q := opts.Quota; q != nil && q.Events() > 0 {
+		h.quota = q // an unlimited quota (Events 0) is no quota
+	}
 	limits := policy.DefaultLimits()
 	if opts.Limits != nil {
 		limits = *opts.Limits
@@ -216,16 +219,21 @@ func (h *Hooks) decide(ctx context.Context, key string, t wire.Type) verdict {
 	return h.decideWith(ctx, key, t, h.policy.Message(t))
 }
 
-// decideWith charges one message of type t to client key against limits.
+// decideWith charges one message of type t to client key against limits,
+// and reports it.
 func (h *Hooks) decideWith(ctx context.Context, key string, t wire.Type, limits *ratelimit.Windows) verdict {
+	v := h.allow(ctx, key, t, limits)
+	h.frame(t, outcomeOf(v))
+	return v
+}
+
+// allow is decideWith without the report.
+func (h *Hooks) allow(ctx context.Context, key string, t wire.Type, limits *ratelimit.Windows) verdict {
 	if limits.Len() == 0 {
-		h.frame(t, policy.Admitted)
 		return verdict{}
 	}
 	d, err := h.lim.Allow(ctx, ratelimit.MessageKey(key, t.String()), limits)
-	v := h.verdict(d, err)
-	h.frame(t, outcomeOf(v))
-	return v
+	return h.verdict(d, err)
 }
 
 // verdict turns a limiter answer into a verdict: the store failing is
@@ -271,52 +279,58 @@ func (h *Hooks) connection(ctx context.Context, addr string) verdict {
 	return v
 }
 
-// event decides an EVENT: the actor quota first (a local check that costs
-// no store call), then the EVENT windows. The quota's actor is authed when
-// there is one, else the event's author. verified says whether the
-// framework has checked the event's signature already (khatru has, rely
-// has not when our hook runs first).
-func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event, verified bool) verdict {
+// event decides an EVENT by the gate's rule (relay.Options.Quota): the
+// EVENT windows first, then the actor quota. The quota's actor is authed
+// when there is one, else the event's author; an allow-listed author is
+// exempt from the quota only, an allow-listed address or authenticated
+// pubkey from everything. A quota that cannot decide refuses, as
+// unavailable.
+func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event) verdict {
 	if addr == "" {
 		return verdict{} // the relay's own event, not a client's
 	}
 	key, ok := h.who(addr, authed)
-	if !ok || h.authorAllowed(evt, verified) {
+	if !ok {
 		h.frame(wire.TypeEVENT, policy.Allowlisted)
 		return verdict{}
+	}
+	v := h.allow(ctx, key, wire.TypeEVENT, h.policy.Message(wire.TypeEVENT))
+	if v.refuse || h.quota == nil {
+		h.frame(wire.TypeEVENT, outcomeOf(v))
+		return v
 	}
 	actor := evt.PubKey
 	if authed != "" {
 		actor = authed
+	} else if h.identity.Allow.AllowsPubkey(actor) {
+		// Exempt from the quota only: the quota counts events the relay
+		// validated, so forging the author buys nothing, while the EVENT
+		// windows above are what a forger would otherwise skip.
+		h.frame(wire.TypeEVENT, policy.Allowlisted)
+		return verdict{}
 	}
-	if !h.quota.IsUnlimited() && actor != "" {
-		if over, wait := h.quota.Exceeded(actor, h.now()); over {
-			h.frame(wire.TypeEVENT, policy.QuotaExceeded)
-			return verdict{refuse: true, reason: wire.RateLimitedReason(wait), wait: wait, err: ErrRateLimited}
-		}
+	if actor == "" {
+		h.frame(wire.TypeEVENT, policy.Admitted)
+		return verdict{}
 	}
-	return h.decide(ctx, key, wire.TypeEVENT)
+	over, wait, err := h.quota.Exceeded(ctx, actor)
+	switch {
+	case err != nil:
+		h.frame(wire.TypeEVENT, policy.Unavailable)
+		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: err}
+	case over:
+		h.frame(wire.TypeEVENT, policy.QuotaExceeded)
+		return verdict{refuse: true, reason: wire.RateLimitedReason(wait), wait: wait, err: ErrRateLimited}
+	}
+	h.frame(wire.TypeEVENT, policy.Admitted)
+	return verdict{}
 }
 
-// authorAllowed reports whether evt's author is allow-listed. An event
-// whose signature nobody has checked yet is checked here, and only when it
-// names an allow-listed author: otherwise anyone could write that author's
-// pubkey on a flood of unsigned events and pass uncharged.
-func (h *Hooks) authorAllowed(evt *nostr.Event, verified bool) bool {
-	if !h.identity.Allow.AllowsPubkey(evt.PubKey) {
-		return false
-	}
-	if verified {
-		return true
-	}
-	ok, err := evt.CheckSignature()
-	return err == nil && ok && evt.CheckID()
-}
-
-// saved charges a validated event to its actor's quota.
-func (h *Hooks) saved(actor string) {
-	if !h.quota.IsUnlimited() && actor != "" {
-		h.quota.Add(actor, h.now())
+// saved charges a validated event to its actor's quota. A failed charge
+// leaves the event uncounted, as in a Gate.
+func (h *Hooks) saved(ctx context.Context, actor string) {
+	if h.quota != nil && actor != "" {
+		_, _ = h.quota.Add(ctx, actor)
 	}
 }
 
@@ -411,7 +425,7 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 			h.track(&h.conns, ctx)
 		},
 		RejectEvent: func(ctx context.Context, evt *nostr.Event) (bool, string) {
-			v := h.event(ctx, acc.IP(ctx), authed(ctx), evt, true)
+			v := h.event(ctx, acc.IP(ctx), authed(ctx), evt)
 			return v.refuse, v.reason
 		},
 		RejectFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
@@ -434,7 +448,7 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 		}
 		return info
 	}
-	if !h.quota.IsUnlimited() {
+	if h.quota != nil {
 		k.OnEventSaved = func(ctx context.Context, evt *nostr.Event) {
 			if acc.IP(ctx) == "" {
 				return // saved by the relay itself, not by a client
@@ -443,7 +457,7 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 			if pk := authed(ctx); pk != "" {
 				actor = pk
 			}
-			h.saved(actor)
+			h.saved(ctx, actor)
 		}
 	}
 	return k
@@ -461,7 +475,7 @@ func (h *Hooks) summary() string {
 			parts = append(parts, t.String()+" "+w.String())
 		}
 	}
-	if q := h.quota; !q.IsUnlimited() {
+	if q := h.quota; q != nil {
 		parts = append(parts, fmt.Sprintf("at most %d saved events per %v per pubkey", q.Events(), q.Window()))
 	}
 	if len(parts) == 0 {
@@ -535,10 +549,10 @@ type RelyHooks[C, S any] struct {
 	// requests (NIP-11) pass uncharged. Rely answers an error with 403
 	// and the reason as body, without Retry-After.
 	Connection func(S, *http.Request) error
-	// Event checks the actor quota (the event's pubkey) and charges the
-	// EVENT windows. Run before rely's signature check, it checks the
-	// signature itself only of an event whose author is allow-listed,
-	// before exempting it.
+	// Event charges the EVENT windows and then checks the actor quota
+	// (the event's pubkey), as a Gate does; an allow-listed author is
+	// exempt from the quota only (see policy.AllowList), so it needs no
+	// signature check before rely's own.
 	Event func(C, *nostr.Event) error
 	// Req charges a REQ as many REQs as it has filters, as a Gate does,
 	// and refuses one with more than Options.MaxFilters; rely passes
@@ -576,7 +590,7 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 			return h.connection(r.Context(), requestIP(r)).refusal()
 		},
 		Event: func(c C, evt *nostr.Event) error {
-			return h.event(context.Background(), ip(c), "", evt, false).refusal()
+			return h.event(context.Background(), ip(c), "", evt).refusal()
 		},
 		Req: func(c C, filters nostr.Filters) error {
 			return h.req(context.Background(), ip(c), len(filters)).refusal()
@@ -592,14 +606,14 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 // that an event it saves without error is charged to its pubkey's quota:
 // relay.On.Event = hooks.SaveEvent(store). Without a quota it returns save.
 func (r RelyHooks[C, S]) SaveEvent(save func(C, *nostr.Event) error) func(C, *nostr.Event) error {
-	if r.h == nil || r.h.quota.IsUnlimited() {
+	if r.h == nil || r.h.quota == nil {
 		return save
 	}
 	return func(c C, evt *nostr.Event) error {
 		if err := save(c, evt); err != nil {
 			return err
 		}
-		r.h.saved(evt.PubKey)
+		r.h.saved(context.Background(), evt.PubKey)
 		return nil
 	}
 }

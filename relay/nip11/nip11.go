@@ -84,8 +84,9 @@ type Limitation struct {
 	// Limits, when not nil, are published as the top-level "rate_limits"
 	// object (not part of NIP-11: clients that do not know it ignore it).
 	Limits *policy.Limits
-	// Quota, when not nil and not unlimited, is published in rate_limits.
-	Quota *ratelimit.Quota
+	// Quota, when not nil and not unlimited (Events 0), is published in
+	// rate_limits.
+	Quota ratelimit.ActorQuota
 }
 
 // nip11Window is one limit as rate_limits publishes it: the configured
@@ -171,7 +172,7 @@ func Merge(doc []byte, lim Limitation) ([]byte, error) {
 		for t := wire.Type(0); t < wire.NumTypes; t++ {
 			rl.Message[t.String()] = nip11Windows(lim.Limits.Message[t])
 		}
-		if q := lim.Quota; q != nil && !q.IsUnlimited() {
+		if q := lim.Quota; q != nil && q.Events() > 0 {
 			rl.Quota = &nip11Quota{Events: q.Events(), WindowSeconds: q.Window().Seconds()}
 		}
 		top["rate_limits"], _ = json.Marshal(rl)

@@ -60,8 +60,9 @@ type Identity struct {
 	// address; any other header (X-Forwarded-For, CF-Connecting-IP, …) as
 	// a comma-separated list, right-most entry appended last.
 	Header string
-	// Allow exempts allow-listed addresses from every limit in Key. Nil
-	// means nothing is allow-listed.
+	// Allow names the addresses and pubkeys charged nothing (see
+	// AllowList for what each exempts from). Nil means nothing is
+	// allow-listed.
 	Allow *AllowList
 }
 
@@ -322,9 +323,21 @@ func (id *Identity) Key(ip string) (key string, charge bool) {
 	return id.ClientFromAddr(a), true
 }
 
-// AllowList exempts clients from every limit: by network (IPs, checked on
-// the client's address) and by pubkey (checked on the NIP-42 authenticated
-// pubkey or an event's author). Build it with NewAllowList, which validates
+// AllowList names the clients charged nothing, by one rule that the gate
+// and the hooks share:
+//
+//   - an address in IPs is charged nothing at all (connections, every
+//     message type, the quota);
+//   - a connection authenticated (NIP-42, verified) as one of Pubkeys is
+//     charged nothing from then on;
+//   - an EVENT whose author is one of Pubkeys, on a connection that has
+//     not authenticated, is exempt from the actor quota only: it still pays
+//     the EVENT windows, because its author is not proven when the windows
+//     are charged (a gate does not check signatures), and exempting it
+//     would let anyone write that pubkey on a flood. The quota counts only
+//     events the relay accepted, so forging the author there buys nothing.
+//
+// Build it with NewAllowList, which validates
 // every entry and indexes the pubkeys; a literal AllowList works too, with
 // a linear pubkey lookup. A nil *AllowList allows nothing. It must not be
 // changed once in use; it is then safe for concurrent use.
