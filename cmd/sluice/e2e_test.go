@@ -743,6 +743,46 @@ func TestE2EQuota(t *testing.T) {
 	}
 }
 
+// TestE2EQuotaSharedByInstances: with Redis, the actor quota lives there:
+// one pubkey publishing round-robin to three sluice relays gets its quota
+// of 5 accepted once, not once per instance (15 with the in-process quota).
+func TestE2EQuotaSharedByInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	conf := "store: {timeout: 5s}\nquota: {events: 5, window: 1h}\nlimits: {message: {EVENT: [{rate: 1000, period: 1s}]}}\n"
+	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var relays []*nostr.Relay
+	var procs []*proc
+	for _, name := range []string{"a", "b", "c"} {
+		p := startSluice(t, "relay", "--config", cfg, "--redis", srv.URL(), "--data-dir", filepath.Join(dir, name))
+		procs = append(procs, p)
+		relays = append(relays, connect(t, ctx, p.url()))
+	}
+	sk := nostr.GeneratePrivateKey()
+	accepted := 0
+	for i := range 15 {
+		err := relays[i%3].Publish(ctx, signed(t, sk, fmt.Sprintf("q %d", i)))
+		if err == nil {
+			accepted++
+			continue
+		}
+		checkRefusal(t, err)
+	}
+	t.Logf("one pubkey, three instances, quota 5: %d of 15 accepted", accepted)
+	if accepted != 5 {
+		t.Errorf("accepted %d of 15 events across three instances, want the one quota of 5", accepted)
+	}
+	for _, p := range procs {
+		if code := p.stop(); code != 0 {
+			t.Errorf("exit code %d\n%s", code, p.logs())
+		}
+	}
+}
+
 // TestE2EAuthAllowlist: sluice relay sends a NIP-42 challenge as soon as a
 // connection opens, and a pubkey on allow.pubkeys that answers it with a
 // valid AUTH is exempt from an EVENT limit that refuses its address; an
