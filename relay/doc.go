@@ -63,7 +63,8 @@
 // forwarding header (X-Forwarded-For, X-Real-IP) is believed only from a
 // trusted-proxy network, read from the right. An AllowList exempts
 // networks, and pubkeys a connection has authenticated as (NIP-42), from
-// every limit. The relay learns the client's
+// every limit, and an EVENT's allow-listed author from the quota only (see
+// policy.AllowList). The relay learns the client's
 // address from X-Forwarded-For and X-Real-IP, which the gate sets, having
 // removed every client-address header the client sent.
 //
@@ -78,16 +79,13 @@
 // the store could not decide: the gate fails closed, and never calls an
 // outage of its own a rate limit.
 //
-// # Hooks
+// # Beside the gate
 //
-// Hooks (NewHooks) charge the same budgets from inside khatru (Khatru) or
-// rely (Rely), with functions whose types fit those frameworks' hook slots;
-// the package imports neither framework. They are weaker than a gate, and
-// the Hooks type says how: they see only the messages the framework has
-// parsed and hands to a hook (never CLOSE, AUTH, NEG-MSG, NEG-CLOSE, unknown
-// labels or frames that do not parse, so those are never charged); the
-// framework has already read and parsed the message (khatru has checked its
-// signature too) when the hook runs; and a refused connection gets the
-// framework's own answer (khatru's bare 429, rely's 403) with no
-// Retry-After, whether a limit or an outage refused it.
+// The charging rules are compiled once by package relay/policy (Compile),
+// with identity and the allow-lists; the gate reads that value, and so do
+// the framework adapters of package relay/hooks (khatru's and rely's hook
+// slots), so the two cannot disagree on what a frame costs. Frames are read
+// by package relay/wire, the one scanner; the NIP-11 document is package
+// relay/nip11's. The one clock is the Limiter's
+// (ratelimit.LimiterOptions.Clock).
 package relay
