@@ -68,6 +68,10 @@ type Limit struct {
 	Rate   float64       // R: the most the score may reach
 	Period time.Duration // T: the half-life of the score
 	Cost   float64       // c: what one message adds; 0 means 1
+	// Shadow marks a window that is decided, stored and counted like any
+	// other but never refuses: the stores ignore it, and a policy
+	// (relay/policy) decides such windows apart and lets the message pass.
+	Shadow bool
 }
 
 // PerPeriod returns a Limit of rate messages of cost 1 with half-life period.
@@ -156,6 +160,9 @@ func (l Limit) String() string {
 	s := strconv.FormatFloat(l.Rate, 'g', -1, 64) + "/" + l.Period.String()
 	if c := l.cost(); c != 1 {
 		s += " cost " + strconv.FormatFloat(c, 'g', -1, 64)
+	}
+	if l.Shadow {
+		s += " (shadow)"
 	}
 	return s
 }

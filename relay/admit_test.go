@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,7 +21,7 @@ func admitConn(t testing.TB, opts Options) *conn {
 	g := newGate(t, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return &conn{g: g, out: newOutQueue(DefaultQueueBytes), ctx: ctx, cancel: cancel, closing: make(chan struct{}), who: "203.0.113.7", keys: keysFor("203.0.113.7")}
+	return &conn{g: g, out: newOutQueue(DefaultQueueBytes), ctx: ctx, cancel: cancel, closing: make(chan struct{}), who: "203.0.113.7", addr: netip.MustParseAddr("203.0.113.7")}
 }
 
 // pop takes the oldest queued frame, for tests.

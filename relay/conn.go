@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -46,9 +48,8 @@ type conn struct {
 	upRD     readDeadline // owned by the upstream reader
 
 	// Set before the goroutines start, read-only after.
-	who    string            // the client's budget key, for logs
-	keys   *[NumTypes]string // limiter keys per type, built once
-	freeIP bool              // allow-listed client address: nothing charged
+	who  string     // the client's budget key, for logs
+	addr netip.Addr // the client's address, for its aggregates
 
 	host  string        // the host the client asked for, for NIP-42's relay tag
 	meter *controlMeter // what the client's stream owes in control frames
@@ -66,6 +67,13 @@ type conn struct {
 	// authed is what the relay accepted (NIP-42); nil before. Read on
 	// every frame, written once per accepted AUTH.
 	authed atomic.Pointer[authState]
+	// sub is who pays for the connection's frames (see subject); written
+	// by the client reader, and by the relay reader when an AUTH is
+	// accepted.
+	sub atomic.Pointer[policy.Subject]
+	// shadowUntil: no "would be rate-limited" log line before this
+	// instant (client reader only), one per wait as for refusals.
+	shadowUntil time.Time
 }
 
 // authState is a connection's NIP-42 identity as the relay accepted it.
@@ -258,7 +266,7 @@ func (c *conn) watch(frame []byte) {
 		}
 		return
 	}
-	if !c.g.watchOK {
+	if !c.g.current().watchOK {
 		return
 	}
 	if lit, ok := wire.ParseAuthChallenge(frame); ok {
@@ -270,13 +278,13 @@ func (c *conn) watch(frame []byte) {
 		return
 	}
 	if actor, ok := c.pending.take(id); ok {
-		if accepted && !duplicate && c.g.quota != nil {
+		if q := c.subject().Quota(); accepted && !duplicate && q != nil {
 			now := c.g.now()
-			if !c.charged.seen(id, now, c.g.quota.Window()) {
+			if !c.charged.seen(id, now, q.Window()) {
 				// A failed charge leaves an accepted event uncounted:
 				// the relay has it already, and refusing later events
 				// for it would punish the actor for our outage.
-				if _, err := c.g.quota.Add(c.ctx, actor); err != nil {
+				if _, err := q.Add(c.ctx, actor); err != nil {
 					c.g.log.Debug("quota charge failed", "client", c.who, "err", err)
 				}
 				c.charged.add(id, now)
@@ -286,7 +294,31 @@ func (c *conn) watch(frame []byte) {
 	}
 	if pk, ok := c.auths.answered(id); ok && accepted {
 		c.authed.Store(&authState{pubkey: pk, free: c.g.allowPubkey(pk)})
+		c.sub.Store(c.subjectFor(c.g.current().p))
 	}
+}
+
+// subject returns who pays for the connection's frames under the running
+// policy: the pubkey's tier budget once the connection has proved a member
+// pubkey, else the address's. It is rebuilt when the policy was reloaded.
+func (c *conn) subject() *policy.Subject {
+	p := c.g.current().p
+	if s := c.sub.Load(); s != nil && s.Policy() == p {
+		return s
+	}
+	s := c.subjectFor(p)
+	c.sub.Store(s)
+	return s
+}
+
+// subjectFor builds the connection's Subject under p.
+func (c *conn) subjectFor(p *policy.Policy) *policy.Subject {
+	if a := c.authed.Load(); a != nil {
+		if s := p.MemberSubject(a.pubkey); s != nil {
+			return s
+		}
+	}
+	return p.AddressSubject(c.who, c.addr, p.Identity().AllowsAddr(c.addr))
 }
 
 func (c *conn) auth() (pubkey string, free bool) {
@@ -412,11 +444,14 @@ func (c *conn) admit(frame []byte) bool {
 	p := wire.PeekType(frame)
 	t := p.Type
 	obs := c.g.obs
+	gp := c.g.current()
+	sub := c.subject()
 	_, freeAuth := c.auth()
-	free := c.freeIP || freeAuth
-	charge := !free && !c.g.policy.Free(t)
+	free := sub.Free() || freeAuth
+	charge := !free && sub.Charged(t)
+	shadowed := false
 	if charge {
-		if wait, refused := c.g.limiter.Refused(c.keys[t]); refused {
+		if wait, refused := sub.Refused(c.g.limiter, t); refused {
 			c.refuseRateLimited(p.Frame(), wait)
 			if !c.knocks.allow(time.Now()) {
 				c.knocked = wait
@@ -427,31 +462,40 @@ func (c *conn) admit(frame []byte) bool {
 	var facts wire.Facts
 	reason := c.g.tooLarge[t]
 	if len(frame) <= c.g.frameSize[t] {
-		facts, reason = wire.Scan(frame, c.g.maxFilters)
+		facts, reason = wire.Scan(frame, gp.p.MaxFilters())
 		if reason == wire.ReasonFilters {
-			reason = c.g.tooManyFilters
+			reason = gp.tooManyFilters
 		}
 	}
 	if charge {
-		lims := c.g.policy.Message(t)
-		if t == TypeREQ && reason == "" {
-			lims = c.g.policy.REQ(facts.Filters)
+		filters, kind := 0, -1
+		if reason == "" {
+			filters = facts.Filters
+			if t == TypeEVENT {
+				kind = int(facts.Event.Kind)
+			}
 		}
-		d, err := c.g.limiter.Allow(c.ctx, c.keys[t], lims)
-		if err != nil {
+		v := sub.Charge(c.ctx, c.g.limiter, t, filters, kind)
+		switch {
+		case v.Err != nil:
 			fr := p.Frame()
 			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
 			obs.ReportFrame(t, Unavailable)
 			c.dropSub(fr)
 			return false
-		}
-		if !d.Allowed {
-			// The store refused: the first refusal of this wait (the
-			// rest are answered from the local table above), so one log
-			// line per client and wait.
-			c.g.log.Info("rate-limited", "client", c.who, "type", t.String(), "wait", d.Wait.Round(time.Millisecond).String())
-			c.refuseRateLimited(p.Frame(), d.Wait)
+		case v.Refused:
+			// The store refused: the first refusal of this wait for the
+			// type's windows (the rest are answered from the local table
+			// above), so one log line per client and wait.
+			c.g.log.Info("rate-limited", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.Wait.Round(time.Millisecond).String())
+			c.refuseRateLimited(p.Frame(), v.Wait)
 			return false
+		case v.Shadow:
+			shadowed = true
+			if now := time.Now(); !now.Before(c.shadowUntil) {
+				c.shadowUntil = now.Add(v.ShadowWait)
+				c.g.log.Info("would be rate-limited (shadow)", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
+			}
 		}
 	}
 	if reason != "" {
@@ -471,20 +515,23 @@ func (c *conn) admit(frame []byte) bool {
 	case TypeCLOSE:
 		c.subs.remove(facts.SubID[1 : len(facts.SubID)-1])
 	case TypeEVENT:
-		if c.g.quota != nil && !free {
-			return c.admitEvent(p.Frame(), &facts.Event)
+		if q := sub.Quota(); q != nil && !free {
+			return c.admitEvent(p.Frame(), &facts.Event, q, shadowed)
 		}
 	case TypeAUTH:
-		if c.g.watchOK {
+		if gp.watchOK {
 			if reason := c.verifyAuth(&facts.Event); reason != "" {
 				c.refuse(p.Frame(), reason)
 				return false
 			}
 		}
 	}
-	if free {
+	switch {
+	case free:
 		obs.ReportFrame(t, Allowlisted)
-	} else {
+	case shadowed:
+		obs.ReportFrame(t, Shadowed)
+	default:
 		obs.ReportFrame(t, Admitted)
 	}
 	return true
@@ -558,7 +605,7 @@ func replyBuf(f Frame) []byte {
 
 // admitEvent applies the actor quota to a canonical EVENT the limits
 // admitted.
-func (c *conn) admitEvent(f Frame, ev *wire.Event) bool {
+func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shadowed bool) bool {
 	actor, _ := c.auth()
 	if actor == "" {
 		actor = ev.Pubkey.String()
@@ -570,7 +617,7 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event) bool {
 			return true
 		}
 	}
-	over, wait, err := c.g.quota.Exceeded(c.ctx, actor)
+	over, wait, err := q.Exceeded(c.ctx, actor)
 	if err != nil {
 		c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(f), f))
 		c.g.obs.ReportFrame(f.Type, Unavailable)
@@ -583,6 +630,10 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event) bool {
 		return false
 	}
 	c.pending.add(ev.ID, actor)
-	c.g.obs.ReportFrame(f.Type, Admitted)
+	if shadowed {
+		c.g.obs.ReportFrame(f.Type, Shadowed)
+	} else {
+		c.g.obs.ReportFrame(f.Type, Admitted)
+	}
 	return true
 }

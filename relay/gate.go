@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -171,6 +173,11 @@ type Options struct {
 	// WriteTimeout bounds one write to a client or to the relay; a side
 	// that stays blocked longer is closed. 0 means DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// Policy, when not nil, is the whole policy: limits, kind classes,
+	// tiers, aggregates, shadow mode, quota, identity and filter bound
+	// (policy.Config). Limits, MaxFilters, Quota and Identity must then be
+	// unset. Reload replaces it while the gate runs.
+	Policy *policy.Config
 	// Observer receives decisions for metrics. Nil means none.
 	Observer *Observer
 	// Logger receives connection-level events (upstream failures,
@@ -206,14 +213,11 @@ type Options struct {
 // reachable solely through the gate).
 type Gate struct {
 	limiter        *ratelimit.Limiter
-	policy         *policy.Policy
-	quota          ratelimit.ActorQuota // nil: none
+	pol            atomic.Pointer[gatePolicy] // the running policy; Reload swaps it
 	now            func() time.Time
 	readLimit      int64
 	frameSize      [NumTypes]int
 	tooLarge       [NumTypes]string // the refusal of a frame over frameSize
-	maxFilters     int
-	tooManyFilters string // the refusal of a REQ with more
 	maxSubs        int
 	tooManySubs    string // the refusal of a REQ past maxSubs
 	maxConns       int    // per client; 0: no cap
@@ -225,11 +229,7 @@ type Gate struct {
 	writeTimeout   time.Duration
 	obs            *Observer
 	log            *slog.Logger
-	identity       *Identity
-	// watchOK: the relay's OKs matter (a quota to charge, or allow-listed
-	// pubkeys a connection may authenticate as), so AUTHs and OKs are read.
-	watchOK  bool
-	upgrader websocket.Upgrader
+	upgrader       websocket.Upgrader
 
 	mu     sync.Mutex
 	closed bool
@@ -250,24 +250,15 @@ func New(opts Options) (*Gate, error) {
 		writeTimeout: opts.WriteTimeout,
 		obs:          opts.Observer,
 		log:          opts.Logger,
-		identity:     opts.Identity,
 		conns:        make(map[*conn]struct{}),
 	}
-	limits := DefaultLimits()
-	if opts.Limits != nil {
-		limits = *opts.Limits
-	}
-	var err error
-	if g.policy, err = policy.Compile(limits, opts.MaxFilters); err != nil {
+	cfg, err := opts.policyConfig()
+	if err != nil {
 		return nil, err
 	}
-	if err := g.identity.Validate(); err != nil {
+	if err := g.Reload(cfg); err != nil {
 		return nil, err
 	}
-	if q := opts.Quota; q != nil && q.Events() > 0 {
-		g.quota = q // an unlimited quota (Events 0) is no quota
-	}
-	g.watchOK = g.quota != nil || (g.identity != nil && g.identity.Allow != nil && len(g.identity.Allow.Pubkeys) > 0)
 	if g.limiter == nil {
 		g.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
 	}
@@ -285,8 +276,6 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", Type(t), g.frameSize[t])
 	}
-	g.maxFilters = g.policy.MaxFilters()
-	g.tooManyFilters = fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, g.maxFilters)
 	g.maxSubs = opts.MaxSubscriptions
 	if g.maxSubs <= 0 {
 		g.maxSubs = DefaultMaxSubscriptions
@@ -365,7 +354,59 @@ func (g *Gate) MaxSubscriptions() int { return g.maxSubs }
 
 // MaxFilters returns how many filters a REQ the gate forwards may hold
 // (Options.MaxFilters, lowered as it says), for NIP-11's max_filters.
-func (g *Gate) MaxFilters() int { return g.maxFilters }
+func (g *Gate) MaxFilters() int { return g.current().p.MaxFilters() }
+
+// gatePolicy is a compiled policy with what the gate derives from it once.
+type gatePolicy struct {
+	p *policy.Policy
+	// watchOK: the relay's OKs matter (a quota to charge, tiers or
+	// allow-listed pubkeys a connection may authenticate as), so AUTHs and
+	// OKs are read.
+	watchOK        bool
+	tooManyFilters string // the refusal of a REQ with more filters
+}
+
+// current returns the running policy.
+func (g *Gate) current() *gatePolicy { return g.pol.Load() }
+
+// Reload compiles cfg and makes it the gate's policy: limits, kind classes,
+// tiers, aggregates, shadow mode, quota, identity and allow-lists change
+// for every frame from now on, on open connections too (each rebuilds its
+// budget keys at its next frame); nothing is dropped. An invalid cfg is
+// refused with the error Compile names, and the running policy is kept.
+// A gate that did not watch AUTHs and OKs when a connection opened (no
+// quota, no tiers, no allow-listed pubkeys) does not learn that
+// connection's NIP-42 pubkey later.
+func (g *Gate) Reload(cfg policy.Config) error {
+	p, err := policy.Compile(cfg)
+	if err != nil {
+		return err
+	}
+	gp := &gatePolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())}
+	al := p.Identity().Allow
+	gp.watchOK = p.Quota() != nil || p.HasTiers() || (al != nil && len(al.Pubkeys) > 0)
+	g.pol.Store(gp)
+	return nil
+}
+
+// policyConfig is the policy Options describe: Policy itself, or one built
+// from Limits, MaxFilters, Quota and Identity.
+func (o *Options) policyConfig() (policy.Config, error) {
+	if o.Policy != nil {
+		if o.Limits != nil || o.Quota != nil || o.Identity != nil || o.MaxFilters != 0 {
+			return policy.Config{}, fmt.Errorf("%w: Options.Policy is set: Limits, Quota, Identity and MaxFilters go in it", policy.ErrPolicy)
+		}
+		return *o.Policy, nil
+	}
+	cfg := policy.Config{Limits: DefaultLimits(), MaxFilters: o.MaxFilters, Quota: o.Quota}
+	if o.Limits != nil {
+		cfg.Limits = *o.Limits
+	}
+	if o.Identity != nil {
+		cfg.Identity = *o.Identity
+	}
+	return cfg, nil
+}
 
 // Wrap returns a handler that serves h behind the gate in-process: plain
 // HTTP requests (NIP-11, web pages) go to h ungated, WebSocket upgrades
@@ -387,7 +428,7 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 	g.mu.Unlock()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !wire.IsUpgrade(r.Header) {
-			_, addr, _ := g.client(r)
+			_, addr, _, _ := g.client(r)
 			r = r.Clone(r.Context())
 			setForwarded(r.Header, r, addr, g.fromTrustedProxy(r))
 			h.ServeHTTP(w, r)
@@ -427,7 +468,9 @@ func (g *Gate) Proxy(upstream string) (http.Handler, error) {
 // upgraded), then the client upgrade, then the bridge until either side
 // closes.
 func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
-	client, addr, freeIP := g.client(r)
+	gp := g.current()
+	client, addr, ip, freeIP := g.client(r)
+	sub := gp.p.AddressSubject(client, ip, freeIP)
 	if !g.track(1) {
 		http.Error(w, "sluice: shutting down", http.StatusServiceUnavailable)
 		return
@@ -441,20 +484,20 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}
 	}()
 
-	if conn := g.policy.Connection(); conn.Len() > 0 && !freeIP {
-		d, err := g.limiter.Allow(r.Context(), ratelimit.ConnectionKey(client), conn)
-		if err != nil {
-			g.obs.ReportConnection(Unavailable)
-			http.Error(w, ReasonUnavailable, http.StatusServiceUnavailable)
-			return
-		}
-		if !d.Allowed {
-			g.obs.ReportConnection(RateLimited)
-			g.obs.ReportRefusal(client, NumTypes, RateLimited)
-			w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(d.Wait), 10))
-			http.Error(w, RateLimitedReason(d.Wait), http.StatusTooManyRequests)
-			return
-		}
+	v := sub.ChargeConnection(r.Context(), g.limiter)
+	switch {
+	case v.Err != nil:
+		g.obs.ReportConnection(Unavailable)
+		http.Error(w, ReasonUnavailable, http.StatusServiceUnavailable)
+		return
+	case v.Refused:
+		g.obs.ReportConnection(RateLimited)
+		g.obs.ReportRefusal(client, NumTypes, RateLimited)
+		w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(v.Wait), 10))
+		http.Error(w, RateLimitedReason(v.Wait), http.StatusTooManyRequests)
+		return
+	case v.Shadow:
+		g.log.Info("upgrade would be rate-limited (shadow)", "client", client, "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
 	}
 	if !freeIP && !g.holdConn(client) {
 		g.obs.ReportConnection(OverCap)
@@ -514,9 +557,9 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		host:    host,
 		meter:   mc.m,
 		wire:    mc,
-		keys:    keysFor(client),
-		freeIP:  freeIP,
+		addr:    ip,
 	}
+	c.sub.Store(sub)
 	if !g.add(c) {
 		c.end(true, true, closeGoingAway, "sluice: shutting down")
 		return
@@ -560,15 +603,6 @@ func relayRefusal(w http.ResponseWriter, resp *http.Response) {
 	_, _ = io.Copy(w, io.LimitReader(resp.Body, 4<<10))
 }
 
-// keysFor builds the limiter key of every message type for one client, so
-// that the per-frame path builds none.
-func keysFor(client string) *[NumTypes]string {
-	var k [NumTypes]string
-	for t := range k {
-		k[t] = ratelimit.MessageKey(client, Type(t).String())
-	}
-	return &k
-}
 
 // track counts a handler in or out of the gate; it refuses new ones once
 // Shutdown has begun.
@@ -648,20 +682,22 @@ func (g *Gate) Shutdown(ctx context.Context) error {
 	}
 }
 
-// client returns the budget key of a request's client and the address
-// the relay is told, and whether that address is allow-listed.
-func (g *Gate) client(r *http.Request) (client, addr string, free bool) {
-	key, a := g.identity.Client(r)
+// client returns the budget key of a request's client, the address the
+// relay is told (as text and as read), and whether that address is
+// allow-listed, by the running policy's identity.
+func (g *Gate) client(r *http.Request) (client, addr string, ip netip.Addr, free bool) {
+	id := g.current().p.Identity()
+	key, a := id.Client(r)
 	if !a.IsValid() {
-		return key, "", false
+		return key, "", a, false
 	}
-	return key, a.String(), g.identity.AllowsAddr(a)
+	return key, a.String(), a, id.AllowsAddr(a)
 }
 
 // fromTrustedProxy reports whether r's TCP peer is one of the identity's
 // trusted proxies.
 func (g *Gate) fromTrustedProxy(r *http.Request) bool {
-	return g.identity.FromTrustedProxy(r)
+	return g.current().p.Identity().FromTrustedProxy(r)
 }
 
-func (g *Gate) allowPubkey(pk string) bool { return g.identity.AllowsPubkey(pk) }
+func (g *Gate) allowPubkey(pk string) bool { return g.current().p.Identity().AllowsPubkey(pk) }

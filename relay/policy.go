@@ -43,6 +43,7 @@ const (
 	Allowlisted   = policy.Allowlisted
 	Invalid       = policy.Invalid
 	OverCap       = policy.OverCap
+	Shadowed      = policy.Shadowed
 	NumOutcomes   = policy.NumOutcomes
 
 	CutSlowReader   = policy.CutSlowReader

@@ -157,7 +157,7 @@ func (g *Gate) httpProxy(u *url.URL) http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(&target)
-			_, addr, _ := g.client(pr.In)
+			_, addr, _, _ := g.client(pr.In)
 			setForwarded(pr.Out.Header, pr.In, addr, g.fromTrustedProxy(pr.In))
 		},
 		// Streamed responses (server-sent events, long polls) reach the

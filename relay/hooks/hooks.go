@@ -63,6 +63,11 @@ type Options struct {
 	Identity *policy.Identity
 	// Observer receives every decision, as from a Gate. Nil means none.
 	Observer *policy.Observer
+	// Policy, when not nil, is the whole policy (limits, kind classes,
+	// tiers, aggregates, shadow mode, quota, identity, filter bound), as
+	// for a Gate; Limits, Quota, Identity and MaxFilters must then be
+	// unset. Reload replaces it.
+	Policy *policy.Config
 	// MaxFilters bounds the filters of a REQ, as Options.MaxFilters does
 	// for a Gate (0 means DefaultMaxFilters, lowered by
 	// EffectiveMaxFilters); a REQ with more is refused "invalid: too many
@@ -111,16 +116,10 @@ type Options struct {
 // A Gate (Wrap) has none of these limits: it reads each frame before the
 // relay does.
 type Hooks struct {
-	lim      *ratelimit.Limiter
-	policy   *policy.Policy
-	quota    ratelimit.ActorQuota // nil: none
-	now      func() time.Time
-	identity *policy.Identity
-	obs      *policy.Observer
-
-	// tooManyFilters is the refusal of a REQ with more filters than the
-	// policy's MaxFilters.
-	tooManyFilters string
+	lim *ratelimit.Limiter
+	pol atomic.Pointer[hookPolicy] // the running policy; Reload swaps it
+	now func() time.Time
+	obs *policy.Observer
 
 	// reqs holds the cancellation scope (ctx.Done()) of every REQ whose
 	// context is still live, with how many of its filters were charged;
@@ -136,34 +135,64 @@ type Hooks struct {
 	conns sync.Map // <-chan struct{} → struct{}
 }
 
-// NewHooks returns Hooks for opts. It validates every configured limit and
+// New returns Hooks for opts. It validates every configured limit and
 // returns an error wrapping ratelimit.ErrInvalidLimit that names the
-// offending type.
+// offending type (or policy.ErrPolicy, or policy.ErrIdentity).
 func New(opts Options) (*Hooks, error) {
-	h := &Hooks{lim: opts.Limiter, identity: opts.Identity, obs: opts.Observer}
-	if q := opts.Quota; q != nil && q.Events() > 0 {
-		h.quota = q // an unlimited quota (Events 0) is no quota
-	}
-	limits := policy.DefaultLimits()
-	if opts.Limits != nil {
-		limits = *opts.Limits
-	}
-	var err error
-	if h.policy, err = policy.Compile(limits, opts.MaxFilters); err != nil {
+	h := &Hooks{lim: opts.Limiter, obs: opts.Observer}
+	cfg, err := opts.policyConfig()
+	if err != nil {
 		return nil, err
 	}
-	h.tooManyFilters = fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, h.policy.MaxFilters())
+	if err := h.Reload(cfg); err != nil {
+		return nil, err
+	}
 	if h.lim == nil {
 		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
 	}
 	h.now = h.lim.Now
-	if h.identity == nil {
-		h.identity = &policy.Identity{}
-	}
-	if err := h.identity.Validate(); err != nil {
-		return nil, err
-	}
 	return h, nil
+}
+
+// hookPolicy is a compiled policy with what the hooks derive from it once.
+type hookPolicy struct {
+	p              *policy.Policy
+	tooManyFilters string // the refusal of a REQ with more filters
+}
+
+func (h *Hooks) current() *hookPolicy { return h.pol.Load() }
+
+// Reload compiles cfg and makes it the hooks' policy for every call from
+// now on; an invalid cfg is refused and the running policy kept. The
+// functions Khatru and Rely returned read the running policy, except that
+// whether Khatru fills OnEventSaved (a quota) and what its
+// OverwriteRelayInformation states are fixed when Khatru is called.
+func (h *Hooks) Reload(cfg policy.Config) error {
+	p, err := policy.Compile(cfg)
+	if err != nil {
+		return err
+	}
+	h.pol.Store(&hookPolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())})
+	return nil
+}
+
+// policyConfig is the policy Options describe: Policy itself, or one built
+// from Limits, MaxFilters, Quota and Identity.
+func (o *Options) policyConfig() (policy.Config, error) {
+	if o.Policy != nil {
+		if o.Limits != nil || o.Quota != nil || o.Identity != nil || o.MaxFilters != 0 {
+			return policy.Config{}, fmt.Errorf("%w: Options.Policy is set: Limits, Quota, Identity and MaxFilters go in it", policy.ErrPolicy)
+		}
+		return *o.Policy, nil
+	}
+	cfg := policy.Config{Limits: policy.DefaultLimits(), MaxFilters: o.MaxFilters, Quota: o.Quota}
+	if o.Limits != nil {
+		cfg.Limits = *o.Limits
+	}
+	if o.Identity != nil {
+		cfg.Identity = *o.Identity
+	}
+	return cfg, nil
 }
 
 // verdict is the outcome of one charge: pass, or refuse with reason.
@@ -182,127 +211,93 @@ func (v verdict) refusal() error {
 	return &Refusal{Reason: v.reason, Wait: v.wait, err: v.err}
 }
 
-// who maps addr onto the client key; charge is false for an allow-listed
-// address or authenticated pubkey (authed, "" for none). addr must not be
-// empty.
-func (h *Hooks) who(addr, authed string) (key string, charge bool) {
-	key, charge = h.identity.Key(addr)
-	if charge && authed != "" && h.identity.Allow.AllowsPubkey(authed) {
-		charge = false
+// subject returns who pays for a call from the client at addr whose
+// NIP-42 authenticated pubkey is authed ("" for none), under the running
+// policy: a tier member's budget, or the address's (charged nothing when
+// the address or the authenticated pubkey is allow-listed). addr must not
+// be empty.
+func (h *Hooks) subject(addr, authed string) *policy.Subject {
+	p := h.current().p
+	id := p.Identity()
+	key, a, free := id.ClientOf(addr)
+	if !free && authed != "" && id.Allow.AllowsPubkey(authed) {
+		free = true
 	}
-	return key, charge
+	return p.CallSubject(key, a, free, authed)
 }
 
-// charge decides one message of type t from the client at addr, whose
-// NIP-42 authenticated pubkey is authed ("" for none). An empty addr is a
-// call from inside the relay (khatru's AddEvent has no connection), not a
-// client's, and passes uncharged.
-func (h *Hooks) charge(ctx context.Context, addr, authed string, t wire.Type) verdict {
-	return h.chargeWith(ctx, addr, authed, t, h.policy.Message(t))
-}
-
-// chargeWith is charge against limits instead of t's own.
-func (h *Hooks) chargeWith(ctx context.Context, addr, authed string, t wire.Type, limits *ratelimit.Windows) verdict {
+// charge decides one message of type t (a REQ of filters filters; an
+// EVENT of kind kind, -1 for none) from the client at addr, whose NIP-42
+// authenticated pubkey is authed ("" for none), and reports it. An empty
+// addr is a call from inside the relay (khatru's AddEvent has no
+// connection), not a client's, and passes uncharged.
+func (h *Hooks) charge(ctx context.Context, addr, authed string, t wire.Type, filters int) verdict {
 	if addr == "" {
 		return verdict{}
 	}
-	key, ok := h.who(addr, authed)
-	if !ok {
+	sub := h.subject(addr, authed)
+	if sub.Free() {
 		h.frame(t, policy.Allowlisted)
 		return verdict{}
 	}
-	return h.decideWith(ctx, key, t, limits)
-}
-
-// decide charges one message of type t to client key.
-func (h *Hooks) decide(ctx context.Context, key string, t wire.Type) verdict {
-	return h.decideWith(ctx, key, t, h.policy.Message(t))
-}
-
-// decideWith charges one message of type t to client key against limits,
-// and reports it.
-func (h *Hooks) decideWith(ctx context.Context, key string, t wire.Type, limits *ratelimit.Windows) verdict {
-	v := h.allow(ctx, key, t, limits)
-	h.frame(t, outcomeOf(v))
+	v, o := h.verdict(sub.Charge(ctx, h.lim, t, filters, -1))
+	h.frame(t, o)
 	return v
 }
 
-// allow is decideWith without the report.
-func (h *Hooks) allow(ctx context.Context, key string, t wire.Type, limits *ratelimit.Windows) verdict {
-	if limits.Len() == 0 {
-		return verdict{}
-	}
-	d, err := h.lim.Allow(ctx, ratelimit.MessageKey(key, t.String()), limits)
-	return h.verdict(d, err)
-}
-
-// verdict turns a limiter answer into a verdict: the store failing is
-// never a rate limit.
-func (h *Hooks) verdict(d ratelimit.Decision, err error) verdict {
+// verdict turns a policy verdict into the hooks' and its outcome: the
+// store failing is never a rate limit; a shadow refusal passes.
+func (h *Hooks) verdict(pv policy.Verdict) (verdict, policy.Outcome) {
 	switch {
-	case err != nil:
-		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: err}
-	case !d.Allowed:
-		return verdict{refuse: true, reason: wire.RateLimitedReason(d.Wait), wait: d.Wait, err: ErrRateLimited}
+	case pv.Err != nil:
+		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: pv.Err}, policy.Unavailable
+	case pv.Refused:
+		return verdict{refuse: true, reason: wire.RateLimitedReason(pv.Wait), wait: pv.Wait, err: ErrRateLimited}, policy.RateLimited
+	case pv.Shadow:
+		return verdict{}, policy.Shadowed
 	}
-	return verdict{}
-}
-
-func outcomeOf(v verdict) policy.Outcome {
-	switch {
-	case !v.refuse:
-		return policy.Admitted
-	case errors.Is(v.err, ErrRateLimited):
-		return policy.RateLimited
-	}
-	return policy.Unavailable
+	return verdict{}, policy.Admitted
 }
 
 func (h *Hooks) frame(t wire.Type, o policy.Outcome) { h.obs.ReportFrame(t, o) }
 
 // connection decides one WebSocket upgrade from the client at addr.
 func (h *Hooks) connection(ctx context.Context, addr string) verdict {
-	key, ok := h.identity.Key(addr)
+	sub := h.subject(addr, "")
 	var v verdict
-	var o policy.Outcome
-	switch {
-	case !ok:
-		o = policy.Allowlisted
-	case h.policy.Connection().Len() == 0:
-		o = policy.Admitted
-	default:
-		d, err := h.lim.Allow(ctx, ratelimit.ConnectionKey(key), h.policy.Connection())
-		v = h.verdict(d, err)
-		o = outcomeOf(v)
+	o := policy.Allowlisted
+	if !sub.Free() {
+		v, o = h.verdict(sub.ChargeConnection(ctx, h.lim))
 	}
 	h.obs.ReportConnection(o)
 	return v
 }
 
 // event decides an EVENT by the gate's rule (relay.Options.Quota): the
-// EVENT windows first, then the actor quota. The quota's actor is authed
-// when there is one, else the event's author; an allow-listed author is
-// exempt from the quota only, an allow-listed address or authenticated
-// pubkey from everything. A quota that cannot decide refuses, as
-// unavailable.
+// EVENT windows (and its kind class's) first, then the actor quota. The
+// quota's actor is authed when there is one, else the event's author; an
+// allow-listed author is exempt from the quota only, an allow-listed
+// address or authenticated pubkey from everything. A quota that cannot
+// decide refuses, as unavailable.
 func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event) verdict {
 	if addr == "" {
 		return verdict{} // the relay's own event, not a client's
 	}
-	key, ok := h.who(addr, authed)
-	if !ok {
+	sub := h.subject(addr, authed)
+	if sub.Free() {
 		h.frame(wire.TypeEVENT, policy.Allowlisted)
 		return verdict{}
 	}
-	v := h.allow(ctx, key, wire.TypeEVENT, h.policy.Message(wire.TypeEVENT))
-	if v.refuse || h.quota == nil {
-		h.frame(wire.TypeEVENT, outcomeOf(v))
+	v, o := h.verdict(sub.Charge(ctx, h.lim, wire.TypeEVENT, 0, evt.Kind))
+	q := sub.Quota()
+	if v.refuse || q == nil {
+		h.frame(wire.TypeEVENT, o)
 		return v
 	}
 	actor := evt.PubKey
 	if authed != "" {
 		actor = authed
-	} else if h.identity.Allow.AllowsPubkey(actor) {
+	} else if h.current().p.Identity().Allow.AllowsPubkey(actor) {
 		// Exempt from the quota only: the quota counts events the relay
 		// validated, so forging the author buys nothing, while the EVENT
 		// windows above are what a forger would otherwise skip.
@@ -310,10 +305,10 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 		return verdict{}
 	}
 	if actor == "" {
-		h.frame(wire.TypeEVENT, policy.Admitted)
+		h.frame(wire.TypeEVENT, o)
 		return verdict{}
 	}
-	over, wait, err := h.quota.Exceeded(ctx, actor)
+	over, wait, err := q.Exceeded(ctx, actor)
 	switch {
 	case err != nil:
 		h.frame(wire.TypeEVENT, policy.Unavailable)
@@ -322,15 +317,34 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 		h.frame(wire.TypeEVENT, policy.QuotaExceeded)
 		return verdict{refuse: true, reason: wire.RateLimitedReason(wait), wait: wait, err: ErrRateLimited}
 	}
-	h.frame(wire.TypeEVENT, policy.Admitted)
+	h.frame(wire.TypeEVENT, o)
 	return verdict{}
 }
 
-// saved charges a validated event to its actor's quota. A failed charge
-// leaves the event uncounted, as in a Gate.
-func (h *Hooks) saved(ctx context.Context, actor string) {
-	if h.quota != nil && actor != "" {
-		_, _ = h.quota.Add(ctx, actor)
+// hasQuota reports whether the running policy has any actor quota: the
+// address budget's or a tier's.
+func (h *Hooks) hasQuota() bool {
+	p := h.current().p
+	if p.Quota() != nil {
+		return true
+	}
+	for _, t := range p.Config().Tiers {
+		if q := t.Quota; q != nil && q.Events() > 0 && !t.Free {
+			return true
+		}
+	}
+	return false
+}
+
+// saved charges a validated event, saved for the client at addr whose
+// NIP-42 pubkey is authed, to its actor's quota. A failed charge leaves
+// the event uncounted, as in a Gate.
+func (h *Hooks) saved(ctx context.Context, addr, authed, actor string) {
+	if actor == "" {
+		return
+	}
+	if q := h.subject(addr, authed).Quota(); q != nil {
+		_, _ = q.Add(ctx, actor)
 	}
 }
 
@@ -433,7 +447,7 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 			return v.refuse, v.reason
 		},
 		RejectCountFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
-			v := h.charge(ctx, acc.IP(ctx), authed(ctx), wire.TypeCOUNT)
+			v := h.charge(ctx, acc.IP(ctx), authed(ctx), wire.TypeCOUNT, 0)
 			return v.refuse, v.reason
 		},
 	}
@@ -448,16 +462,18 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 		}
 		return info
 	}
-	if h.quota != nil {
+	if h.hasQuota() {
 		k.OnEventSaved = func(ctx context.Context, evt *nostr.Event) {
-			if acc.IP(ctx) == "" {
+			addr := acc.IP(ctx)
+			if addr == "" {
 				return // saved by the relay itself, not by a client
 			}
 			actor := evt.PubKey
-			if pk := authed(ctx); pk != "" {
+			pk := authed(ctx)
+			if pk != "" {
 				actor = pk
 			}
-			h.saved(ctx, actor)
+			h.saved(ctx, addr, pk, actor)
 		}
 	}
 	return k
@@ -466,24 +482,25 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 // summary states in one line the limits that hooks enforce (the types a
 // hook sees), or "" when there are none.
 func (h *Hooks) summary() string {
+	p := h.current().p
 	var parts []string
-	if c := h.policy.Connection(); c.Len() > 0 {
+	if c := p.Connection(); c.Len() > 0 {
 		parts = append(parts, "connections "+c.String())
 	}
 	for _, t := range [...]wire.Type{wire.TypeEVENT, wire.TypeREQ, wire.TypeCOUNT, wire.TypeNEGOPEN} {
-		if w := h.policy.Message(t); w.Len() > 0 {
+		if w := p.Message(t); w.Len() > 0 {
 			parts = append(parts, t.String()+" "+w.String())
 		}
 	}
-	if q := h.quota; q != nil {
+	if q := p.Quota(); q != nil {
 		parts = append(parts, fmt.Sprintf("at most %d saved events per %v per pubkey", q.Events(), q.Window()))
 	}
 	if len(parts) == 0 {
 		return ""
 	}
 	prefix := policy.DefaultIPv6Prefix
-	if p := h.identity.IPv6Prefix; p > 0 {
-		prefix = p
+	if n := p.Identity().IPv6Prefix; n > 0 {
+		prefix = n
 	}
 	return fmt.Sprintf("Rate limits per client (IPv4 address or IPv6 /%d), as rate per half-life: %s.", prefix, strings.Join(parts, "; "))
 }
@@ -498,20 +515,20 @@ func (h *Hooks) filter(ctx context.Context, addr, authed string) verdict {
 	if scope == nil {
 		// A context that can never end cannot be told apart from the next
 		// REQ's, nor forgotten: charge every call, uncounted.
-		return h.charge(ctx, addr, authed, wire.TypeREQ)
+		return h.charge(ctx, addr, authed, wire.TypeREQ, 1)
 	}
 	if _, ok := h.conns.Load(scope); ok {
-		return h.charge(ctx, addr, authed, wire.TypeNEGOPEN)
+		return h.charge(ctx, addr, authed, wire.TypeNEGOPEN, 0)
 	}
 	n, loaded := h.reqs.LoadOrStore(scope, new(atomic.Int32))
 	if !loaded {
 		context.AfterFunc(ctx, func() { h.reqs.Delete(scope) })
 	}
-	if n.(*atomic.Int32).Add(1) > int32(h.policy.MaxFilters()) {
+	if hp := h.current(); n.(*atomic.Int32).Add(1) > int32(hp.p.MaxFilters()) {
 		h.frame(wire.TypeREQ, policy.Invalid)
-		return verdict{refuse: true, reason: h.tooManyFilters}
+		return verdict{refuse: true, reason: hp.tooManyFilters}
 	}
-	return h.charge(ctx, addr, authed, wire.TypeREQ)
+	return h.charge(ctx, addr, authed, wire.TypeREQ, 1)
 }
 
 // req charges a REQ of n filters at once (rely passes them in one call):
@@ -520,15 +537,11 @@ func (h *Hooks) req(ctx context.Context, addr string, n int) verdict {
 	if addr == "" {
 		return verdict{}
 	}
-	if n > h.policy.MaxFilters() {
+	if hp := h.current(); n > hp.p.MaxFilters() {
 		h.frame(wire.TypeREQ, policy.Invalid)
-		return verdict{refuse: true, reason: h.tooManyFilters}
+		return verdict{refuse: true, reason: hp.tooManyFilters}
 	}
-	lims := h.policy.Message(wire.TypeREQ)
-	if n >= 1 {
-		lims = h.policy.REQ(n)
-	}
-	return h.chargeWith(ctx, addr, "", wire.TypeREQ, lims)
+	return h.charge(ctx, addr, "", wire.TypeREQ, n)
 }
 
 // track remembers ctx's scope in m until ctx ends.
@@ -561,7 +574,8 @@ type RelyHooks[C, S any] struct {
 	// Count charges a COUNT.
 	Count func(C, nostr.Filters) error
 
-	h *Hooks
+	h  *Hooks
+	ip func(C) string
 }
 
 // Rely returns hooks for a rely v1.2.2 relay. ip returns a client's address,
@@ -596,9 +610,10 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 			return h.req(context.Background(), ip(c), len(filters)).refusal()
 		},
 		Count: func(c C, _ nostr.Filters) error {
-			return h.charge(context.Background(), ip(c), "", wire.TypeCOUNT).refusal()
+			return h.charge(context.Background(), ip(c), "", wire.TypeCOUNT, 0).refusal()
 		},
-		h: h,
+		h:  h,
+		ip: ip,
 	}
 }
 
@@ -606,14 +621,14 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 // that an event it saves without error is charged to its pubkey's quota:
 // relay.On.Event = hooks.SaveEvent(store). Without a quota it returns save.
 func (r RelyHooks[C, S]) SaveEvent(save func(C, *nostr.Event) error) func(C, *nostr.Event) error {
-	if r.h == nil || r.h.quota == nil {
+	if r.h == nil || !r.h.hasQuota() {
 		return save
 	}
 	return func(c C, evt *nostr.Event) error {
 		if err := save(c, evt); err != nil {
 			return err
 		}
-		r.h.saved(context.Background(), evt.PubKey)
+		r.h.saved(context.Background(), r.ip(c), "", evt.PubKey)
 		return nil
 	}
 }

@@ -311,6 +311,14 @@ func (id *Identity) clientFromString(ip string) string {
 	return id.ClientFromAddr(a)
 }
 
+// ClientOf maps an address string, as hooks get it, onto its client key,
+// the address read (the zero Addr when unreadable) and whether it is
+// allow-listed; see Key.
+func (id *Identity) ClientOf(ip string) (key string, addr netip.Addr, free bool) {
+	a, _ := parseHost(strings.TrimSpace(ip))
+	return id.ClientFromAddr(a), a, id.AllowsAddr(a)
+}
+
 // Key maps an address string onto a client key for the hooks: key is
 // clientFromString(ip), and charge is false when the address is in
 // Allow (an allow-listed client is never charged). An unreadable address

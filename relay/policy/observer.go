@@ -26,11 +26,14 @@ const (
 	// upgrade past Options.MaxConnections for its client, or a REQ past
 	// Options.MaxSubscriptions on its connection.
 	OverCap
+	// Shadowed: forwarded, but a window in shadow (mode: shadow, or
+	// shadow: true on the window) would have refused it.
+	Shadowed
 	// NumOutcomes is the number of outcomes, for arrays indexed by Outcome.
 	NumOutcomes
 )
 
-var outcomeNames = [NumOutcomes]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid", "over_cap"}
+var outcomeNames = [NumOutcomes]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid", "over_cap", "shadow_limited"}
 
 // CutReason is why the gate closed a client's connection on its own
 // account.

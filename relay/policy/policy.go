@@ -1,8 +1,11 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"net/netip"
+	"regexp"
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/wire"
@@ -14,73 +17,407 @@ import (
 // one to a few.
 const DefaultMaxFilters = 10
 
-// Policy is the compiled charging rules: for each frame type the prepared
-// windows it is charged against, REQ's windows for every filter count (a
-// REQ of n filters costs n REQs), and the connection windows. It is built
-// once from a Limits by Compile — every limit validated, every set of
-// windows prepared with its key suffixes and script arguments — and only
-// read afterwards, by the gate and the hooks alike, so the two cannot
-// disagree on what a frame costs. A Policy is immutable and safe for
-// concurrent use; a reload compiles a new one.
-type Policy struct {
-	limits     Limits
-	conn       *ratelimit.Windows
-	msg        [wire.NumTypes]*ratelimit.Windows
-	req        []*ratelimit.Windows // index n: a REQ of n filters
-	maxFilters int
+// MaxClasses bounds the kind classes of one policy, MaxTiers its tiers and
+// MaxAggregates its prefix aggregates: each is a charge some frames pay.
+const (
+	MaxClasses    = 32
+	MaxTiers      = 32
+	MaxAggregates = 4
+)
+
+// ErrPolicy is wrapped by Compile for a configuration it refuses; the
+// message names the offending class, tier or aggregate.
+var ErrPolicy = errors.New("policy: invalid policy")
+
+// Config is everything a Policy is compiled from. The zero Config limits
+// nothing.
+type Config struct {
+	// Limits are the address budget: per message type and per upgrade.
+	Limits Limits
+	// MaxFilters bounds a forwarded REQ's filters (0 or less:
+	// DefaultMaxFilters), lowered by EffectiveMaxFilters.
+	MaxFilters int
+	// Kinds are named classes of event kinds with windows of their own,
+	// charged to an EVENT of such a kind in addition to EVENT's windows.
+	// A kind belongs to at most one class; one in none pays EVENT's alone.
+	Kinds []Class
+	// Tiers are named sets of pubkeys with budgets of their own: a
+	// connection that has proved a member pubkey (NIP-42, verified by the
+	// gate) is charged to that pubkey with its tier's limits instead of
+	// its address's. Pubkeys cost nothing to make, so one in no tier stays
+	// on its address's budget.
+	Tiers []Tier
+	// Aggregates are wider network prefixes (an IPv6 /48, an IPv4 /24)
+	// whose clients share windows besides their own: every charge of an
+	// address budget inside one is also charged to the prefix, so rotating
+	// addresses inside one allocation does not multiply a budget.
+	Aggregates []Aggregate
+	// Shadow puts every window in shadow (mode: shadow): frames are
+	// decided, stored and counted as they would be, and forwarded anyway.
+	Shadow bool
+	// Quota is the actor quota of the address budget and of tiers without
+	// their own. Nil, or one with Events 0, means none.
+	Quota ratelimit.ActorQuota
+	// Identity turns a request into its client and holds the allow-lists
+	// (the addresses and pubkeys charged nothing; see AllowList).
+	Identity Identity
 }
 
-// Compile validates l and prepares its windows. maxFilters is the most
-// filters a forwarded REQ may hold (0 or less: DefaultMaxFilters), lowered
-// by EffectiveMaxFilters. An error names the connection limit or the
-// message type and wraps ratelimit.ErrInvalidLimit.
-func Compile(l Limits, maxFilters int) (*Policy, error) {
-	p := &Policy{limits: l}
+// Class is a named class of event kinds.
+type Class struct {
+	// Name is the class's key part: letters, digits, '_' and '-', at most
+	// 32 bytes. Keys carry only configured names, so a client cannot mint
+	// one.
+	Name string
+	// Kinds are the kinds in the class: single kinds and inclusive ranges.
+	Kinds []KindRange
+	// Limits are its windows (Shadow on a window, as everywhere).
+	Limits []ratelimit.Limit
+}
+
+// KindRange is the kinds From…To, inclusive; a single kind has From = To.
+type KindRange struct{ From, To int }
+
+// Tier is a named set of member pubkeys.
+type Tier struct {
+	// Name names the tier in logs and in `sluice check`; same syntax as a
+	// Class name.
+	Name string
+	// Pubkeys are the members, 64 lowercase hex digits each.
+	Pubkeys []string
+	// Limits replace the address's message limits for a member's frames
+	// (Connection is not used: an upgrade is charged before any AUTH).
+	Limits Limits
+	// Free charges members nothing at all: the allow tier.
+	Free bool
+	// Quota is the members' actor quota. Nil means Config.Quota.
+	Quota ratelimit.ActorQuota
+}
+
+// Aggregate is a network prefix whose clients share windows.
+type Aggregate struct {
+	// Bits is the prefix length: for IPv6 wider than the per-client prefix
+	// (e.g. 48 or 56), for IPv4 (V4) narrower than 32 (e.g. 24).
+	Bits int
+	// V4 says the aggregate groups IPv4 addresses; otherwise IPv6.
+	V4 bool
+	// Limits are the prefix's windows.
+	Limits []ratelimit.Limit
+}
+
+// Policy is the compiled charging rules: for each frame type the prepared
+// windows it is charged against, REQ's windows for every filter count (a
+// REQ of n filters costs n REQs), the connection windows, the kind classes,
+// the tiers and the aggregates, each split into the windows that enforce
+// and the ones in shadow. It is built once by Compile — every limit
+// validated, every set of windows prepared with its key suffixes and script
+// arguments — and only read afterwards, by the gate and the hooks alike, so
+// the two cannot disagree on what a frame costs. A Policy is immutable and
+// safe for concurrent use; a reload compiles a new one.
+type Policy struct {
+	cfg        Config
+	identity   *Identity
+	budget     budget // the address budget
+	conn       split
+	maxFilters int
+	classes    []class
+	kindClass  []uint8 // kind → class index + 1; 0: none
+	tiers      []*tier
+	members    map[wire.Hex32]*tier
+	aggs       []aggregate
+	quota      ratelimit.ActorQuota
+}
+
+// split is one list of windows compiled twice: those that enforce and
+// those in shadow. Either may be empty (nil).
+type split struct{ enforce, shadow *ratelimit.Windows }
+
+func (s split) empty() bool { return s.enforce.Len() == 0 && s.shadow.Len() == 0 }
+
+// budget is the per-type windows of one kind of payer (the address, or a
+// tier's members).
+type budget struct {
+	msg [wire.NumTypes]split
+	req []split // index n: a REQ of n filters
+}
+
+type class struct {
+	name  string
+	label string // "kind <name>", for Verdict.Budget
+	win   split
+}
+
+type tier struct {
+	name   string
+	budget budget
+	free   bool
+	quota  ratelimit.ActorQuota
+}
+
+type aggregate struct {
+	bits int
+	v4   bool
+	win  split
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+
+// Compile validates cfg and prepares every window. An error names the
+// connection limit, the message type, the class, tier or aggregate, and
+// wraps ratelimit.ErrInvalidLimit (a window) or ErrPolicy (the rest).
+func Compile(cfg Config) (*Policy, error) {
+	p := &Policy{cfg: cfg}
+	p.identity = &p.cfg.Identity
+	if err := p.identity.Validate(); err != nil {
+		return nil, err
+	}
 	var err error
-	if p.conn, err = ratelimit.NewWindows(l.Connection...); err != nil {
+	if p.conn, err = splitOf(cfg.Limits.Connection, cfg.Shadow); err != nil {
 		return nil, fmt.Errorf("policy: connection limits: %w", err)
 	}
+	// One bound for every payer: a REQ a tier's windows could never admit
+	// would be told a wait that never comes.
+	p.maxFilters = EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[wire.TypeREQ])
+	for _, t := range cfg.Tiers {
+		if !t.Free {
+			p.maxFilters = EffectiveMaxFilters(p.maxFilters, t.Limits.Message[wire.TypeREQ])
+		}
+	}
+	if p.budget, err = compileBudget(cfg.Limits, p.maxFilters, cfg.Shadow); err != nil {
+		return nil, err
+	}
+	if q := cfg.Quota; q != nil && q.Events() > 0 {
+		p.quota = q // an unlimited quota (Events 0) is no quota
+	}
+	if len(cfg.Kinds) > MaxClasses {
+		return nil, fmt.Errorf("%w: %d kind classes, at most %d", ErrPolicy, len(cfg.Kinds), MaxClasses)
+	}
+	if len(cfg.Kinds) > 0 {
+		p.kindClass = make([]uint8, 65536)
+	}
+	for i, c := range cfg.Kinds {
+		if !nameRE.MatchString(c.Name) {
+			return nil, fmt.Errorf("%w: kind class %q: a name is 1 to 32 letters, digits, '_' or '-'", ErrPolicy, c.Name)
+		}
+		for _, prev := range cfg.Kinds[:i] {
+			if prev.Name == c.Name {
+				return nil, fmt.Errorf("%w: kind class %q twice", ErrPolicy, c.Name)
+			}
+		}
+		if len(c.Kinds) == 0 {
+			return nil, fmt.Errorf("%w: kind class %q has no kinds", ErrPolicy, c.Name)
+		}
+		for _, r := range c.Kinds {
+			if r.From < 0 || r.To > 65535 || r.From > r.To {
+				return nil, fmt.Errorf("%w: kind class %q: kinds %d-%d must lie within 0-65535, low to high", ErrPolicy, c.Name, r.From, r.To)
+			}
+			for k := r.From; k <= r.To; k++ {
+				if j := p.kindClass[k]; j != 0 && int(j) != i+1 {
+					return nil, fmt.Errorf("%w: kind %d is in both kind classes %q and %q", ErrPolicy, k, cfg.Kinds[j-1].Name, c.Name)
+				}
+				p.kindClass[k] = uint8(i + 1)
+			}
+		}
+		if len(c.Limits) == 0 {
+			return nil, fmt.Errorf("%w: kind class %q has no limits", ErrPolicy, c.Name)
+		}
+		w, err := splitOf(c.Limits, cfg.Shadow)
+		if err != nil {
+			return nil, fmt.Errorf("policy: kind class %q: %w", c.Name, err)
+		}
+		p.classes = append(p.classes, class{name: c.Name, label: "kind " + c.Name, win: w})
+	}
+	if len(cfg.Tiers) > MaxTiers {
+		return nil, fmt.Errorf("%w: %d tiers, at most %d", ErrPolicy, len(cfg.Tiers), MaxTiers)
+	}
+	p.members = make(map[wire.Hex32]*tier)
+	for i, t := range cfg.Tiers {
+		if !nameRE.MatchString(t.Name) {
+			return nil, fmt.Errorf("%w: tier %q: a name is 1 to 32 letters, digits, '_' or '-'", ErrPolicy, t.Name)
+		}
+		for _, prev := range cfg.Tiers[:i] {
+			if prev.Name == t.Name {
+				return nil, fmt.Errorf("%w: tier %q twice", ErrPolicy, t.Name)
+			}
+		}
+		tr := &tier{name: t.Name, free: t.Free, quota: p.quota}
+		if q := t.Quota; q != nil {
+			tr.quota = nil
+			if q.Events() > 0 {
+				tr.quota = q
+			}
+		}
+		if !t.Free {
+			lim := t.Limits
+			lim.Connection = nil
+			if tr.budget, err = compileBudget(lim, p.maxFilters, cfg.Shadow); err != nil {
+				return nil, fmt.Errorf("policy: tier %q: %w", t.Name, err)
+			}
+		}
+		for _, pk := range t.Pubkeys {
+			k, ok := wire.DecodeHex32(pk)
+			if !ok || k.String() != pk {
+				return nil, fmt.Errorf("%w: tier %q: pubkey %q is not 64 lowercase hex digits", ErrPolicy, t.Name, pk)
+			}
+			if other, dup := p.members[k]; dup && other != tr {
+				return nil, fmt.Errorf("%w: pubkey %s is in both tiers %q and %q", ErrPolicy, pk, other.name, t.Name)
+			}
+			p.members[k] = tr
+		}
+		p.tiers = append(p.tiers, tr)
+	}
+	if len(cfg.Aggregates) > MaxAggregates {
+		return nil, fmt.Errorf("%w: %d aggregates, at most %d", ErrPolicy, len(cfg.Aggregates), MaxAggregates)
+	}
+	for _, a := range cfg.Aggregates {
+		what := fmt.Sprintf("IPv6 /%d", a.Bits)
+		max := 127
+		if a.V4 {
+			what, max = fmt.Sprintf("IPv4 /%d", a.Bits), 31
+		}
+		if a.Bits < 8 || a.Bits > max {
+			return nil, fmt.Errorf("%w: aggregate %s: the prefix must be 8 to %d bits", ErrPolicy, what, max)
+		}
+		if len(a.Limits) == 0 {
+			return nil, fmt.Errorf("%w: aggregate %s has no limits", ErrPolicy, what)
+		}
+		w, err := splitOf(a.Limits, cfg.Shadow)
+		if err != nil {
+			return nil, fmt.Errorf("policy: aggregate %s: %w", what, err)
+		}
+		p.aggs = append(p.aggs, aggregate{bits: a.Bits, v4: a.V4, win: w})
+	}
+	return p, nil
+}
+
+// compileBudget prepares the per-type windows of l, REQ's for every filter
+// count up to maxFilters.
+func compileBudget(l Limits, maxFilters int, shadow bool) (budget, error) {
+	var b budget
+	var err error
 	for t := range l.Message {
-		if p.msg[t], err = ratelimit.NewWindows(l.Message[t]...); err != nil {
-			return nil, fmt.Errorf("policy: %v limits: %w", wire.Type(t), err)
+		if b.msg[t], err = splitOf(l.Message[t], shadow); err != nil {
+			return b, fmt.Errorf("policy: %v limits: %w", wire.Type(t), err)
 		}
 	}
 	req := l.Message[wire.TypeREQ]
-	p.maxFilters = EffectiveMaxFilters(maxFilters, req)
-	p.req = make([]*ratelimit.Windows, p.maxFilters+1)
-	for n := 1; n <= p.maxFilters; n++ {
+	b.req = make([]split, maxFilters+1)
+	for n := 1; n <= maxFilters; n++ {
 		scaled := make([]ratelimit.Limit, len(req))
 		for i, lim := range req {
 			lim.Cost = lim.EffectiveCost() * float64(n)
 			scaled[i] = lim
 		}
-		if p.req[n], err = ratelimit.NewWindows(scaled...); err != nil {
-			return nil, fmt.Errorf("policy: REQ limits for %d filters: %w", n, err)
+		if b.req[n], err = splitOf(scaled, shadow); err != nil {
+			return b, fmt.Errorf("policy: REQ limits for %d filters: %w", n, err)
 		}
 	}
-	return p, nil
+	return b, nil
 }
 
-// Limits returns the limits p was compiled from.
-func (p *Policy) Limits() Limits { return p.limits }
+// splitOf validates ls as one key's windows and prepares its enforcing and
+// its shadow windows apart (all in shadow when shadow).
+func splitOf(ls []ratelimit.Limit, shadow bool) (split, error) {
+	if err := ratelimit.ValidateLimits(ls); err != nil {
+		return split{}, err
+	}
+	var enforce, sh []ratelimit.Limit
+	for _, l := range ls {
+		if l.Shadow || shadow {
+			sh = append(sh, l)
+		} else {
+			enforce = append(enforce, l)
+		}
+	}
+	var s split
+	var err error
+	if len(enforce) > 0 {
+		if s.enforce, err = ratelimit.NewWindows(enforce...); err != nil {
+			return s, err
+		}
+	}
+	if len(sh) > 0 {
+		if s.shadow, err = ratelimit.NewWindows(sh...); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
 
-// Connection returns the windows charged once per WebSocket upgrade.
-func (p *Policy) Connection() *ratelimit.Windows { return p.conn }
+// Identity returns the identity of p's configuration. It must not be
+// changed.
+func (p *Policy) Identity() *Identity { return p.identity }
 
-// Message returns the windows one frame of type t is charged against; for
-// a REQ, those of one filter (see REQ).
-func (p *Policy) Message(t wire.Type) *ratelimit.Windows { return p.msg[t] }
+// Config returns the configuration p was compiled from.
+func (p *Policy) Config() Config { return p.cfg }
 
-// Free reports whether frames of type t pass without a charge.
-func (p *Policy) Free(t wire.Type) bool { return p.msg[t].Len() == 0 }
+// Limits returns the address budget's limits.
+func (p *Policy) Limits() Limits { return p.cfg.Limits }
 
-// REQ returns the windows a REQ (or a COUNT's REQ-priced query) of filters
-// filters is charged against: every REQ window with its cost times filters.
-// filters must be between 1 and MaxFilters.
-func (p *Policy) REQ(filters int) *ratelimit.Windows { return p.req[filters] }
+// Connection returns the windows charged once per WebSocket upgrade that
+// enforce (see Subject.ChargeConnection for all of them).
+func (p *Policy) Connection() *ratelimit.Windows { return p.conn.enforce }
+
+// Message returns the enforcing windows one frame of type t is charged
+// against on the address budget; for a REQ, those of one filter.
+func (p *Policy) Message(t wire.Type) *ratelimit.Windows { return p.budget.msg[t].enforce }
+
+// Free reports whether frames of type t pass without any charge on the
+// address budget (no window, enforcing or shadow, and no aggregate).
+func (p *Policy) Free(t wire.Type) bool { return p.budget.msg[t].empty() && len(p.aggs) == 0 }
+
+// REQ returns the enforcing windows of a REQ of filters filters on the
+// address budget: every REQ window with its cost times filters. filters
+// must be between 1 and MaxFilters.
+func (p *Policy) REQ(filters int) *ratelimit.Windows { return p.budget.req[filters].enforce }
 
 // MaxFilters returns the most filters a forwarded REQ may hold.
 func (p *Policy) MaxFilters() int { return p.maxFilters }
+
+// Shadow reports whether the whole policy is in shadow (mode: shadow).
+func (p *Policy) Shadow() bool { return p.cfg.Shadow }
+
+// Quota returns the actor quota of the address budget; nil for none.
+func (p *Policy) Quota() ratelimit.ActorQuota { return p.quota }
+
+// HasTiers reports whether any pubkey is a tier member, so that a gate
+// must watch AUTHs.
+func (p *Policy) HasTiers() bool { return len(p.members) > 0 }
+
+// ClassOf returns the name of the kind class of kind, "" for none.
+func (p *Policy) ClassOf(kind int) string {
+	if kind < 0 || kind >= len(p.kindClass) || p.kindClass[kind] == 0 {
+		return ""
+	}
+	return p.classes[p.kindClass[kind]-1].name
+}
+
+// TierOf returns the name of pubkey's tier, "" for none. pubkey is 64
+// lowercase hex digits.
+func (p *Policy) TierOf(pubkey string) string {
+	k, ok := wire.DecodeHex32(pubkey)
+	if !ok {
+		return ""
+	}
+	if t := p.members[k]; t != nil {
+		return t.name
+	}
+	return ""
+}
+
+// aggregateKey returns the key of aggregate a for addr, "" when addr is of
+// the other family.
+func (a *aggregate) key(addr netip.Addr) string {
+	addr = addr.WithZone("").Unmap()
+	if !addr.IsValid() || addr.Is4() != a.v4 {
+		return ""
+	}
+	pfx, err := addr.Prefix(a.bits)
+	if err != nil {
+		return ""
+	}
+	return "{" + pfx.String() + "}:aggregate"
+}
 
 // EffectiveMaxFilters returns how many filters a forwarded REQ may hold
 // under the REQ windows req: limit (0 or less meaning DefaultMaxFilters),

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +29,7 @@ func TestEffectiveMaxFilters(t *testing.T) {
 // with the type named.
 func TestCompile(t *testing.T) {
 	l := DefaultLimits()
-	p, err := Compile(l, 0)
+	p, err := Compile(Config{Limits: l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +54,224 @@ func TestCompile(t *testing.T) {
 		t.Errorf("connection windows %v", p.Connection())
 	}
 	l.Message[wire.TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(1, time.Second)}
-	if _, err := Compile(l, 0); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "COUNT") {
+	if _, err := Compile(Config{Limits: l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "COUNT") {
 		t.Errorf("Compile with COUNT rate = cost: %v, want ErrInvalidLimit naming COUNT", err)
+	}
+}
+
+// t0 is a fixed instant; the limiter's clock stands there, so nothing
+// decays and every wait is exact.
+var t0 = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+
+func frozenLimiter() *ratelimit.Limiter {
+	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: func() time.Time { return t0 }})
+}
+
+func lims(ls ...ratelimit.Limit) []ratelimit.Limit { return ls }
+
+// TestKindClasses: an EVENT of a kind in a class pays the class's windows
+// besides EVENT's, keyed by the class name; a kind in no class pays
+// EVENT's alone.
+func TestKindClasses(t *testing.T) {
+	var l Limits
+	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(10, time.Hour))
+	p, err := Compile(Config{Limits: l, Kinds: []Class{
+		{Name: "reactions", Kinds: []KindRange{{7, 7}}, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
+		{Name: "ephemeral", Kinds: []KindRange{{20000, 29999}}, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ClassOf(7) != "reactions" || p.ClassOf(25000) != "ephemeral" || p.ClassOf(1) != "" {
+		t.Fatalf("classes: 7→%q 25000→%q 1→%q", p.ClassOf(7), p.ClassOf(25000), p.ClassOf(1))
+	}
+	lim := frozenLimiter()
+	s := p.AddressSubject("198.51.100.1", netip.MustParseAddr("198.51.100.1"), false)
+	ctx := context.Background()
+	for i := range 2 {
+		if v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 7); !v.Pass() {
+			t.Fatalf("reaction %d: %+v", i, v)
+		}
+	}
+	v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 7)
+	if !v.Refused || v.Budget != "kind reactions" {
+		t.Fatalf("third reaction: %+v, want refused by the class", v)
+	}
+	// The class refused after EVENT's window was charged (3 of 10): seven
+	// notes are left, then EVENT's window refuses.
+	for i := range 7 {
+		if v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() {
+			t.Fatalf("note %d: %+v", i, v)
+		}
+	}
+	if v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Refused || v.Budget != "EVENT" {
+		t.Fatalf("eleventh EVENT: %+v, want refused by EVENT", v)
+	}
+	// Another client's reactions are its own.
+	o := p.AddressSubject("198.51.100.2", netip.MustParseAddr("198.51.100.2"), false)
+	if v := o.Charge(ctx, lim, wire.TypeEVENT, 0, 7); !v.Pass() {
+		t.Fatalf("another client's reaction: %+v", v)
+	}
+	for _, bad := range [][]Class{
+		{{Name: "a b", Kinds: []KindRange{{1, 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: []KindRange{{5, 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: []KindRange{{1, 70000}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: []KindRange{{1, 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}, {Name: "b", Kinds: []KindRange{{9, 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: []KindRange{{1, 1}}}},
+	} {
+		if _, err := Compile(Config{Kinds: bad}); !errors.Is(err, ErrPolicy) {
+			t.Errorf("Compile(%+v) = %v, want ErrPolicy", bad, err)
+		}
+	}
+}
+
+// TestTiers: a member pubkey is charged to its own budget with its tier's
+// limits; a pubkey in no tier has no member budget; the free tier pays
+// nothing.
+func TestTiers(t *testing.T) {
+	member, free, stranger := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64)
+	var addr, tierL Limits
+	addr.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(2, time.Hour))
+	tierL.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(5, time.Hour))
+	p, err := Compile(Config{Limits: addr, Tiers: []Tier{
+		{Name: "members", Pubkeys: []string{member}, Limits: tierL},
+		{Name: "allow", Pubkeys: []string{free}, Free: true},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.MemberSubject(stranger) != nil || p.TierOf(stranger) != "" {
+		t.Fatal("a pubkey in no tier has a member budget")
+	}
+	lim := frozenLimiter()
+	ctx := context.Background()
+	m := p.MemberSubject(member)
+	if name, ok := m.Member(); !ok || name != "members" {
+		t.Fatalf("member subject: %q %v", name, ok)
+	}
+	for i := range 5 {
+		if v := m.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() {
+			t.Fatalf("member event %d: %+v", i, v)
+		}
+	}
+	if v := m.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Refused {
+		t.Fatalf("sixth member event: %+v, want the tier's 5", v)
+	}
+	// The member's budget is not its address's: the address still has 2.
+	a := p.AddressSubject("198.51.100.1", netip.MustParseAddr("198.51.100.1"), false)
+	for i := range 2 {
+		if v := a.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() {
+			t.Fatalf("address event %d: %+v", i, v)
+		}
+	}
+	f := p.MemberSubject(free)
+	if !f.Free() || f.Charged(wire.TypeEVENT) || f.Quota() != nil {
+		t.Fatal("the free tier is charged")
+	}
+	if _, err := Compile(Config{Tiers: []Tier{{Name: "x", Pubkeys: []string{"AA"}}}}); !errors.Is(err, ErrPolicy) {
+		t.Errorf("a bad pubkey: %v", err)
+	}
+	if _, err := Compile(Config{Tiers: []Tier{{Name: "x", Pubkeys: []string{member}}, {Name: "y", Pubkeys: []string{member}}}}); !errors.Is(err, ErrPolicy) {
+		t.Errorf("a pubkey in two tiers: %v", err)
+	}
+}
+
+// TestAggregates: addresses rotating inside one IPv6 /48 (or IPv4 /24)
+// share the prefix's windows; another prefix has its own.
+func TestAggregates(t *testing.T) {
+	var l Limits
+	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(100, time.Hour))
+	p, err := Compile(Config{Limits: l, Aggregates: []Aggregate{
+		{Bits: 48, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
+		{Bits: 24, V4: true, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := frozenLimiter()
+	ctx := context.Background()
+	id := &Identity{}
+	sub := func(ip string) *Subject {
+		a := netip.MustParseAddr(ip)
+		return p.AddressSubject(id.ClientFromAddr(a), a, false)
+	}
+	// Three /64s of one /48: one event each passes, the fourth /64 is
+	// refused by the prefix.
+	for i, ip := range []string{"2001:db8:1:1::1", "2001:db8:1:2::1", "2001:db8:1:3::1"} {
+		if v := sub(ip).Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() {
+			t.Fatalf("/64 %d: %+v", i, v)
+		}
+	}
+	v := sub("2001:db8:1:4::1").Charge(ctx, lim, wire.TypeEVENT, 0, 1)
+	if !v.Refused || v.Budget != "prefix 2001:db8:1::/48" {
+		t.Fatalf("fourth /64 of the /48: %+v", v)
+	}
+	if v := sub("2001:db8:2::1").Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() {
+		t.Fatalf("another /48: %+v", v)
+	}
+	for i, ip := range []string{"192.0.2.1", "192.0.2.2"} {
+		if v := sub(ip).Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() {
+			t.Fatalf("IPv4 %d: %+v", i, v)
+		}
+	}
+	if v := sub("192.0.2.3").Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Refused || v.Budget != "prefix 192.0.2.0/24" {
+		t.Fatalf("third address of the /24: %+v", v)
+	}
+	// An upgrade is charged to the prefix too.
+	if v := sub("192.0.2.9").ChargeConnection(ctx, lim); !v.Refused {
+		t.Fatalf("upgrade from the spent /24: %+v", v)
+	}
+	if _, err := Compile(Config{Aggregates: []Aggregate{{Bits: 128, Limits: lims(ratelimit.PerPeriod(3, time.Hour))}}}); !errors.Is(err, ErrPolicy) {
+		t.Errorf("a /128 aggregate: %v", err)
+	}
+}
+
+// TestShadow: a window in shadow decides and stores as usual but never
+// refuses: the verdict says it would have, and when it did not its
+// score was written; mode shadow does this for every window.
+func TestShadow(t *testing.T) {
+	var l Limits
+	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(100, time.Hour), ratelimit.Limit{Rate: 2, Period: time.Minute, Shadow: true})
+	p, err := Compile(Config{Limits: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := frozenLimiter()
+	ctx := context.Background()
+	s := p.AddressSubject("198.51.100.1", netip.MustParseAddr("198.51.100.1"), false)
+	for i := range 2 {
+		if v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() || v.Shadow {
+			t.Fatalf("event %d: %+v", i, v)
+		}
+	}
+	v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 1)
+	if !v.Pass() || !v.Shadow || v.ShadowWait <= 0 || v.Budget != "EVENT" {
+		t.Fatalf("third event: %+v, want passed with a shadow refusal", v)
+	}
+	// The enforcing window kept counting: 97 more pass, then it refuses.
+	for range 97 {
+		s.Charge(ctx, lim, wire.TypeEVENT, 0, 1)
+	}
+	if v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Refused {
+		t.Fatalf("101st event: %+v, want refused by the enforcing window", v)
+	}
+
+	all, err := Compile(Config{Limits: l, Shadow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = all.AddressSubject("198.51.100.2", netip.MustParseAddr("198.51.100.2"), false)
+	shadowed := 0
+	for range 150 {
+		v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 1)
+		if !v.Pass() {
+			t.Fatalf("mode shadow refused: %+v", v)
+		}
+		if v.Shadow {
+			shadowed++
+		}
+	}
+	if shadowed != 148 {
+		t.Errorf("mode shadow: %d of 150 would have been refused, want 148 (the 2/1m window's burst is 2)", shadowed)
 	}
 }

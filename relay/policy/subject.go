@@ -1,0 +1,294 @@
+package policy
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
+)
+
+// Subject is who pays for one connection's frames under one Policy: an
+// address budget (the client's key, and the aggregates its address falls
+// in) or a tier member's pubkey, with every key built once. A gate makes
+// one per connection, and a new one when the connection proves a member
+// pubkey or the policy is reloaded; the hooks make one per call. A Subject
+// is immutable and safe for concurrent use.
+type Subject struct {
+	p    *Policy
+	b    *budget
+	tier *tier // nil: the address budget
+	free bool
+	lazy bool   // keys are built per charge (CallSubject), not up front
+	name string // the key's hash-tag part: the client, or "pk:<hex>"
+
+	msg, msgShadow     [wire.NumTypes]string
+	conn, connShadow   string
+	class, classShadow []string // per class
+	aggs, aggsShadow   []string // per aggregate; "" when addr is of the other family
+	aggLabels          []string // "prefix <network>", for Verdict.Budget
+}
+
+// AddressSubject returns the address budget of client (its key, as
+// Identity makes it) at addr; free says the address is allow-listed, and
+// then nothing is charged.
+func (p *Policy) AddressSubject(client string, addr netip.Addr, free bool) *Subject {
+	return p.addressSubject(client, addr, free, false)
+}
+
+func (p *Policy) addressSubject(client string, addr netip.Addr, free, lazy bool) *Subject {
+	s := &Subject{p: p, b: &p.budget, free: free, lazy: lazy, name: client}
+	s.build()
+	if !free {
+		s.conn = ratelimit.ConnectionKey(client)
+		if p.conn.shadow != nil {
+			s.connShadow = s.conn + ":shadow"
+		}
+		for i := range p.aggs {
+			a := &p.aggs[i]
+			k := a.key(addr)
+			s.aggs = append(s.aggs, k)
+			sk, label := "", ""
+			if k != "" {
+				sk, label = k+":shadow", "prefix "+k[1:len(k)-len("}:aggregate")]
+			}
+			s.aggsShadow = append(s.aggsShadow, sk)
+			s.aggLabels = append(s.aggLabels, label)
+		}
+	}
+	return s
+}
+
+// MemberSubject returns the budget of a connection that proved pubkey (64
+// lowercase hex digits), or nil when pubkey is in no tier: it then stays
+// on its address's budget. A member of a Free tier is charged nothing.
+func (p *Policy) MemberSubject(pubkey string) *Subject {
+	return p.memberSubject(pubkey, false)
+}
+
+func (p *Policy) memberSubject(pubkey string, lazy bool) *Subject {
+	k, ok := wire.DecodeHex32(pubkey)
+	if !ok {
+		return nil
+	}
+	t := p.members[k]
+	if t == nil {
+		return nil
+	}
+	s := &Subject{p: p, b: &t.budget, tier: t, free: t.free, lazy: lazy, name: "pk:" + pubkey}
+	s.build()
+	return s
+}
+
+// CallSubject is the Subject of one hook call: the member budget of
+// authed (the call's NIP-42 pubkey, "" for none) when it is in a tier,
+// else the address budget of client at addr (free: allow-listed). Its keys
+// are built by the charge that needs them, not up front: a hook charges
+// one type per call.
+func (p *Policy) CallSubject(client string, addr netip.Addr, free bool, authed string) *Subject {
+	if authed != "" && !free {
+		if s := p.memberSubject(authed, true); s != nil {
+			return s
+		}
+	}
+	return p.addressSubject(client, addr, free, true)
+}
+
+// build makes the message and class keys of s (none for a lazy one).
+func (s *Subject) build() {
+	if s.free || s.lazy {
+		return
+	}
+	for t := range s.msg {
+		if s.b.msg[t].empty() && (wire.Type(t) != wire.TypeREQ || len(s.b.req) < 2 || s.b.req[1].empty()) {
+			continue
+		}
+		s.msg[t] = ratelimit.MessageKey(s.name, wire.Type(t).String())
+		s.msgShadow[t] = s.msg[t] + ":shadow"
+	}
+	for _, c := range s.p.classes {
+		k := "{" + s.name + "}:kind:" + c.name
+		s.class = append(s.class, k)
+		s.classShadow = append(s.classShadow, k+":shadow")
+	}
+}
+
+// Policy returns the policy s was made under: a gate compares it with the
+// running one to see a reload.
+func (s *Subject) Policy() *Policy { return s.p }
+
+// Free reports whether s is charged nothing.
+func (s *Subject) Free() bool { return s.free }
+
+// Member reports whether s is a tier member's budget, and the tier.
+func (s *Subject) Member() (tier string, ok bool) {
+	if s.tier == nil {
+		return "", false
+	}
+	return s.tier.name, true
+}
+
+// Quota returns the actor quota that applies to s: its tier's, or the
+// policy's; nil for none (a Free tier has none).
+func (s *Subject) Quota() ratelimit.ActorQuota {
+	switch {
+	case s.free:
+		return nil
+	case s.tier != nil:
+		return s.tier.quota
+	}
+	return s.p.quota
+}
+
+// Charged reports whether a frame of type t costs s anything at all.
+func (s *Subject) Charged(t wire.Type) bool {
+	if s.free {
+		return false
+	}
+	if !s.b.msg[t].empty() || len(s.aggs) > 0 {
+		return true
+	}
+	return t == wire.TypeEVENT && len(s.class) > 0
+}
+
+// Refused is what the limiter's local table says of s's frames of type t,
+// without a store call (ratelimit.Limiter.Refused): a client refused by
+// its type's enforcing windows is answered at once, before its frame is
+// read.
+func (s *Subject) Refused(lim *ratelimit.Limiter, t wire.Type) (time.Duration, bool) {
+	if s.free || s.b.msg[t].enforce == nil {
+		return 0, false
+	}
+	return lim.Refused(s.msg[t])
+}
+
+// Verdict is what charging one frame (or upgrade) decided.
+type Verdict struct {
+	// Refused: an enforcing window refused; Wait is its wait.
+	Refused bool
+	Wait    time.Duration
+	// Err: the store could not decide (it wraps ratelimit.ErrUnavailable);
+	// the frame is refused as unavailable, never as rate-limited.
+	Err error
+	// Budget names what refused, or with Shadow what would have: the
+	// type ("EVENT"), "kind <class>", or "prefix <network>".
+	Budget string
+	// Shadow: a window in shadow would have refused, with ShadowWait; the
+	// frame passes.
+	Shadow     bool
+	ShadowWait time.Duration
+}
+
+// Pass reports whether the frame may go on.
+func (v Verdict) Pass() bool { return !v.Refused && v.Err == nil }
+
+// charge is one budget a frame pays: a key, its windows, its name.
+type charge struct {
+	key, shadowKey string
+	win            split
+	budget         string
+}
+
+// Charge decides one frame of type t on every budget it pays, in order:
+// its type's windows (a REQ's by its filters, 1…MaxFilters; 0 or an
+// unscanned frame pays one filter's), then for an EVENT of kind kind (-1:
+// none) its kind class, then each aggregate its address is in. Enforcing
+// windows come first and the first refusal (or store failure) stops there;
+// a frame refused by a later budget has been charged to the earlier ones,
+// as an EVENT the actor quota refuses has paid its windows. When none
+// refused, the windows in shadow are decided the same way, and a refusal
+// among them is reported as Shadow. Shadow windows have keys of their own
+// (":shadow"), so that what they decide never answers for the enforcing
+// ones.
+func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Type, filters, kind int) Verdict {
+	if s.free {
+		return Verdict{}
+	}
+	var buf [2 + MaxAggregates]charge
+	cs := buf[:0]
+	win := s.b.msg[t]
+	if t == wire.TypeREQ && filters >= 1 && filters < len(s.b.req) {
+		win = s.b.req[filters]
+	}
+	if !win.empty() {
+		k, sk := s.msg[t], s.msgShadow[t]
+		if s.lazy {
+			k = ratelimit.MessageKey(s.name, t.String())
+			sk = k + ":shadow"
+		}
+		cs = append(cs, charge{k, sk, win, t.String()})
+	}
+	if t == wire.TypeEVENT && kind >= 0 && kind < len(s.p.kindClass) {
+		if j := s.p.kindClass[kind]; j != 0 {
+			c := &s.p.classes[j-1]
+			k, sk := "", ""
+			if s.lazy {
+				k = "{" + s.name + "}:kind:" + c.name
+				sk = k + ":shadow"
+			} else {
+				k, sk = s.class[j-1], s.classShadow[j-1]
+			}
+			cs = append(cs, charge{k, sk, c.win, c.label})
+		}
+	}
+	cs = s.appendAggregates(cs)
+	return decide(ctx, lim, cs)
+}
+
+// ChargeConnection decides one WebSocket upgrade: the connection windows,
+// then each aggregate.
+func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) Verdict {
+	if s.free {
+		return Verdict{}
+	}
+	var buf [1 + MaxAggregates]charge
+	cs := buf[:0]
+	if !s.p.conn.empty() {
+		cs = append(cs, charge{s.conn, s.connShadow, s.p.conn, "connection"})
+	}
+	cs = s.appendAggregates(cs)
+	return decide(ctx, lim, cs)
+}
+
+func (s *Subject) appendAggregates(cs []charge) []charge {
+	for i, k := range s.aggs {
+		if k != "" {
+			cs = append(cs, charge{k, s.aggsShadow[i], s.p.aggs[i].win, s.aggLabels[i]})
+		}
+	}
+	return cs
+}
+
+// decide runs the charges: the enforcing windows in order until one
+// refuses, then (when none did) the shadow windows.
+func decide(ctx context.Context, lim *ratelimit.Limiter, cs []charge) Verdict {
+	for _, c := range cs {
+		if c.win.enforce == nil {
+			continue
+		}
+		d, err := lim.Allow(ctx, c.key, c.win.enforce)
+		if err != nil {
+			return Verdict{Err: err, Budget: c.budget}
+		}
+		if !d.Allowed {
+			return Verdict{Refused: true, Wait: d.Wait, Budget: c.budget}
+		}
+	}
+	var v Verdict
+	for _, c := range cs {
+		if c.win.shadow == nil {
+			continue
+		}
+		d, err := lim.Allow(ctx, c.shadowKey, c.win.shadow)
+		if err != nil {
+			// A shadow window that cannot decide refuses nothing either;
+			// it is not an outage of the frame's own.
+			continue
+		}
+		if !d.Allowed && !v.Shadow {
+			v.Shadow, v.ShadowWait, v.Budget = true, d.Wait, c.budget
+		}
+	}
+	return v
+}
