@@ -212,24 +212,24 @@ type Options struct {
 // X-Forwarded-For from anyone, which is safe only while the relay port is
 // reachable solely through the gate).
 type Gate struct {
-	limiter        *ratelimit.Limiter
-	pol            atomic.Pointer[gatePolicy] // the running policy; Reload swaps it
-	now            func() time.Time
-	readLimit      int64
-	frameSize      [NumTypes]int
-	tooLarge       [NumTypes]string // the refusal of a frame over frameSize
-	maxSubs        int
-	tooManySubs    string // the refusal of a REQ past maxSubs
-	maxConns       int    // per client; 0: no cap
-	connsMu        sync.Mutex
-	connsOpen      map[string]int // open connections per client key
-	relayURL       *url.URL
-	queueBytes     int
-	pingInterval   time.Duration
-	writeTimeout   time.Duration
-	obs            *Observer
-	log            *slog.Logger
-	upgrader       websocket.Upgrader
+	limiter      *ratelimit.Limiter
+	pol          atomic.Pointer[gatePolicy] // the running policy; Reload swaps it
+	now          func() time.Time
+	readLimit    int64
+	frameSize    [NumTypes]int
+	tooLarge     [NumTypes]string // the refusal of a frame over frameSize
+	maxSubs      int
+	tooManySubs  string // the refusal of a REQ past maxSubs
+	maxConns     int    // per client; 0: no cap
+	connsMu      sync.Mutex
+	connsOpen    map[string]int // open connections per client key
+	relayURL     *url.URL
+	queueBytes   int
+	pingInterval time.Duration
+	writeTimeout time.Duration
+	obs          *Observer
+	log          *slog.Logger
+	upgrader     websocket.Upgrader
 
 	mu     sync.Mutex
 	closed bool
@@ -602,7 +602,6 @@ func relayRefusal(w http.ResponseWriter, resp *http.Response) {
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, io.LimitReader(resp.Body, 4<<10))
 }
-
 
 // track counts a handler in or out of the gate; it refuses new ones once
 // Shutdown has begun.
