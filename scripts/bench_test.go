@@ -2,6 +2,7 @@ package scripts_test
 
 import (
 	"context"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -104,4 +105,37 @@ func evalshaUsec(b *testing.B, c *redis.Client) float64 {
 	}
 	b.Fatalf("no cmdstat_evalsha in %q", info)
 	return 0
+}
+
+// BenchmarkLuaDecay times, inside Redis's Lua (one EVAL looping 10^5
+// times), one decay as the scripts compute it (ewma.lua's decay function,
+// taken from the embedded source: Go's steps, a call) against the inline C
+// pow (s * 2 ^ -x) the scripts used before, and the bare loop. It reports
+// ns per decay: what the exact arithmetic and the function call add to each
+// window of each decision.
+func BenchmarkLuaDecay(b *testing.B) {
+	srv := redistest.Start(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	decay := regexp.MustCompile(`(?s)\nlocal function decay\(.*?\nend\n`).FindString(scripts.EWMA)
+	if decay == "" {
+		b.Fatal("no decay function in ewma.lua")
+	}
+	const loops = 100000
+	pre := "local ldexp = math.ldexp\n" + decay + "local acc = 0\nfor i = 1, " + strconv.Itoa(loops) + " do\n"
+	for _, bc := range []struct{ name, body string }{
+		{"loop", "acc = acc + i"},
+		{"pow-inline", "local x = (1767322800000 + i - 1767322790000) / 1000; acc = acc + 3 * 2 ^ (-x)"},
+		{"decay", "acc = acc + decay(3, 1767322790000, 1767322800000 + i, 1000)"},
+	} {
+		src := pre + bc.body + "\nend\nreturn tostring(acc)"
+		b.Run(bc.name, func(b *testing.B) {
+			for range b.N {
+				if err := c.Eval(context.Background(), src, nil).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/loops, "ns/decay")
+		})
+	}
 }

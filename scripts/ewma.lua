@@ -105,11 +105,13 @@
 -- call into C costs Redis about 0.1 us, measured: hence plain finds and subs
 -- rather than a pattern with captures, the windows' values held in one table
 -- for the call, the TTL handed to SET as digits, the request ids searched
--- and cut in place, and the limits parsed once per list. Computing 2^-x by
--- Go's steps rather than C pow, and calling it as a function, costs about
--- 0.3 us per decay (measured in Redis 7.0), a few per cent of an admitted
--- call and more of a refused one, which decays in its wait search too (see
--- BenchmarkScriptCPU).
+-- and cut in place, and the limits parsed once per list. The exact decay
+-- is the one cost taken on knowingly: Go's steps and a function call cost
+-- 0.18 to 0.28 us a decay where an inline C pow cost 0.04 to 0.07
+-- (BenchmarkLuaDecay, Redis 7.0 on a loaded 2-core machine), so about
+-- +0.3 us on an admitted two-window decision (two decays) and +0.5 us on
+-- a refused one (its wait search decays twice more), against calls of
+-- 10 to 20 us (BenchmarkScriptCPU).
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local EXACT = 9007199254740992 -- 2^53: whole numbers of ms below it are exact
