@@ -23,10 +23,39 @@ func decayAt(s float64, at, now int64, periodMs float64) float64 {
 		return s // a score never decays for time that has not passed
 	}
 	x := float64(dt) / periodMs
-	if x > 1100 {
-		return 0 // 2^-1100 is below the smallest float64; skip the subnormals
+	if x > 1074 {
+		return 0 // 2^-x is below half the smallest float64 (math.Exp2 says 0 too)
 	}
-	return s * math.Exp2(-x)
+	return s * exp2neg(x)
+}
+
+// exp2neg returns 2^-x for 0 < x ≤ 1074 by the steps of math.Exp2's pure-Go
+// algorithm (argument reduction to |k−x| ≤ ½, its polynomial, Ldexp), each
+// product converted to float64 so that no compiler fuses it into a
+// multiply-add. It is therefore the same bits on every GOARCH and GOAMD64
+// level — math.Exp2 is assembly on arm64 and loong64 and fused on amd64 v3 —
+// and the same bits as scripts/ewma.lua's decay, which does these steps in
+// Lua, where each operation is one IEEE double operation: the Redis store
+// and the memory store decide alike to the last bit, at an exact boundary
+// too (scripts.TestScriptsAgreeWithGo). On amd64 v1 it equals math.Exp2(-x).
+func exp2neg(x float64) float64 {
+	const (
+		ln2Hi = 6.93147180369123816490e-01
+		ln2Lo = 1.90821492927058770002e-10
+		p1    = 1.66666666666666657415e-01
+		p2    = -2.77777777770155933842e-03
+		p3    = 6.61375632143793436117e-05
+		p4    = -1.65339022054652515390e-06
+		p5    = 4.13813679705723846039e-08
+	)
+	k := math.Floor(x + 0.5)
+	t := k - x
+	hi := float64(t * ln2Hi)
+	lo := float64(-t * ln2Lo)
+	r := hi - lo
+	q := float64(r * r)
+	c := r - float64(q*(p1+float64(q*(p2+float64(q*(p3+float64(q*(p4+float64(q*p5)))))))))
+	return math.Ldexp(1-((lo-float64(r*c)/(2-c))-hi), -int(k))
 }
 
 // decide is the whole decision for one key against prepared windows (valid

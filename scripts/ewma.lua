@@ -8,8 +8,16 @@
 -- is written as (decayed + c, max(now, t)). A refused message writes
 -- nothing, so the wait a client is told stays true however often it knocks.
 --
--- This is the same arithmetic, step for step, as ratelimit.decide in Go (the
--- memory store), so one table of instants gives the same decisions on both.
+-- This is ratelimit.decide in Go (the memory store) bit for bit: the decay
+-- 2^-x is not Lua's ^ (C pow, which differs from Go's math.Exp2 in the last
+-- bit for about one x in eight, so that at an exact boundary an admission
+-- would differ and a wait by 1 ms: TestPowIsNotExp2) but Go's own steps,
+-- which both sides round alike (see decay); the admission test, the sums
+-- and the wait search are the same IEEE operations. So one table of
+-- instants gives the same admissions, the same waits to the ms and the same
+-- scores to the last bit on both (TestScriptsAgreeWithGo). Only the log in
+-- the wait's first estimate and in the TTL differs from Go's Log2: the one
+-- only picks where the exact search starts, the other is a TTL.
 --
 -- Why several decisions per call: Redis runs every script on its one command
 -- thread, and per call it pays the EVALSHA dispatch, a Lua string per key
@@ -22,10 +30,13 @@
 --             same {client} hash tag; different decisions may have different
 --             clients, which is legal only off Redis Cluster (on a cluster
 --             the caller sends one decision per call, which is always legal).
--- ARGV[1]     now in unix milliseconds; "0" (or anything not a positive
---             number) means Redis TIME, so every gate instance shares one
---             clock. One instant for the whole call: TIME runs at most once.
---             It may be followed by a space and a cutoff in unix ms: if
+-- ARGV[1]     now in whole unix milliseconds; 0 (or a negative whole
+--             number: the Go store's instants at or before the epoch) means
+--             Redis TIME, so every gate instance shares one clock; anything
+--             else (a fraction, not a number) is an error reply, since Go,
+--             which decides at whole ms, never sends one. One instant for
+--             the whole call: TIME runs at most once.
+--             It may be followed by a space and a cutoff in whole unix ms: if
 --             Redis TIME is past the cutoff, the call decides and writes
 --             nothing and replies 'ERR sluice late: ...' (the gate has
 --             given up on it, or will before the reply is back, and has
@@ -33,7 +44,9 @@
 --             charged).
 -- ARGV[2]     L >= 1, the number of limit lists that follow.
 -- then        L limit lists, each: n >= 1, then per window: rate R,
---             half-life T in ms (>= 1), cost c (> 0, < R).
+--             half-life T in ms, cost c: refused unless what
+--             ratelimit.Limit.Validate accepts (R finite, T a whole number
+--             >= 1, c > 0, R > c).
 -- then        per decision, two args: the index (1..L) of its limit list
 --             (its windows are its next n keys) and its request id, or ""
 --             for none.
@@ -90,22 +103,59 @@
 -- each window's digits (tonumber) and format one %.17g per window (the
 -- reply, which is also the stored digits). Every other string made and every
 -- call into C costs Redis about 0.1 us, measured: hence plain finds and subs
--- rather than a pattern with captures, the first two windows' values held in
--- locals rather than a table, the TTL handed to SET as digits, the request
--- ids searched and cut in place, and the limits parsed once per list.
+-- rather than a pattern with captures, the windows' values held in one table
+-- for the call, the TTL handed to SET as digits, the request ids searched
+-- and cut in place, and the limits parsed once per list. The exact decay
+-- is the one cost taken on knowingly: Go's steps and a function call cost
+-- 0.18 to 0.28 us a decay where an inline C pow cost 0.04 to 0.07
+-- (BenchmarkLuaDecay, Redis 7.0 on a loaded 2-core machine), so about
+-- +0.3 us on an admitted two-window decision (two decays) and +0.5 us on
+-- a refused one (its wait search decays twice more), against calls of
+-- 10 to 20 us (BenchmarkScriptCPU).
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
+local EXACT = 9007199254740992 -- 2^53: whole numbers of ms below it are exact
 local LN2 = 0.69314718055994531
 local IDS = 4
 local HUGE = math.huge
 -- Library functions used on every call, as locals (a register, not a table
 -- lookup).
 local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
-local log, ceil = math.log, math.ceil
+local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 -- Allocation is the other cost per call (a table, a closure, each upvalue
--- of a closure, each time a table grows): so no closures on the admitted
--- path (the decisions are one loop, not a function per decision), and the
--- tables below are sized by their constructors for the usual calls.
+-- of a closure, each time a table grows): so the decisions are one loop,
+-- not a function per decision, the tables below are sized by their
+-- constructors for the usual calls, and the script makes one closure per
+-- call (decay, one upvalue) and the wait search only on a refusal.
+
+-- decay returns score s written at ms t, seen at ms now, under half-life p
+-- ms: s * 2^-x with x = (now - t)/p, as ratelimit.decayAt does in Go, and
+-- bit for bit the same: 2^-x is computed by the steps of Go's own exp2
+-- (argument reduction to |k - x| <= 1/2, its polynomial, ldexp), each an
+-- IEEE double operation that Lua and Go (ratelimit.exp2neg, which forbids
+-- fused multiply-adds) both round the same way. Not Lua's 2^-x: that is C
+-- pow, which differs from Go's math.Exp2 in the last bit for about one x
+-- in eight (TestPowIsNotExp2), and a last bit decides an admission at an
+-- exact boundary. The admission test and the wait search both use this one
+-- function, so they cannot disagree.
+local function decay(s, t, now, p)
+  if now <= t then
+    return s -- a score never decays for time that has not passed
+  end
+  local x = (now - t) / p
+  if x > 1074 then
+    return 0 -- 2^-x is below half the smallest double (Go's exp2 says 0 too)
+  end
+  local k = x + 0.5
+  k = k - k % 1 -- floor(x + 0.5), exactly, without a call
+  local u = k - x
+  local hi, lo = u * 6.93147180369123816490e-01, -u * 1.90821492927058770002e-10
+  local r = hi - lo
+  local q = r * r
+  local c = r - q * (1.66666666666666657415e-01 + q * (-2.77777777770155933842e-03 + q * (6.61375632143793436117e-05 + q * (-1.65339022054652515390e-06 + q * 4.13813679705723846039e-08))))
+  return s * ldexp(1 - ((lo - r * c / (2 - c)) - hi), -k)
+end
+
 
 -- Parse and check the whole call before touching anything. lim holds every
 -- list: at lim[q+1] its window count n, then three numbers per window (rate,
@@ -128,8 +178,10 @@ for l = 1, nl do
   lo[l], lim[q + 1] = q, n
   q = q + 1
   for j = a + 1, a + 3 * n, 3 do
+    -- What ratelimit.Limit.Validate accepts: a finite rate, a half-life of
+    -- a whole number of ms >= 1, a cost > 0 and below the rate (so finite).
     local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-    if not (r and p and c and p >= 1 and c > 0 and r - c > 0) then
+    if not (r and p and c and r < HUGE and p >= 1 and p % 1 == 0 and c > 0 and r - c > 0) then
       return redis.error_reply('ERR sluice ewma: bad limit in limit list ' .. l)
     end
     lim[q + 1], lim[q + 2], lim[q + 3] = r, p, c
@@ -142,7 +194,7 @@ local m = (na - a + 1) / 2
 if m < 1 or m % 1 ~= 0 then
   return redis.error_reply('ERR sluice ewma: want two args per decision (limit list index, request id)')
 end
-local sum = 0
+local sum, most = 0, 0 -- the windows of all decisions; of the largest one
 for d = 1, m do
   local l = tonumber(ARGV[a + 2 * d - 2])
   if not (l and l >= 1 and l <= nl and l % 1 == 0) then
@@ -151,22 +203,31 @@ for d = 1, m do
   q = lo[l]
   lo[nl + d] = q
   sum = sum + lim[q + 1]
+  if lim[q + 1] > most then most = lim[q + 1] end
 end
 if sum ~= nk then
   return redis.error_reply('ERR sluice ewma: want one key per window of every decision')
 end
 
-local nowarg, cutoff = ARGV[1], nil
+-- now and the cutoff: whole numbers of ms (a Go int64, formatted), as
+-- ratelimit decides at; a fraction or anything not a number is refused.
+local now, cutoff = ARGV[1], nil
 do
-  local sp = find(nowarg, ' ', 1, true)
+  local sp = find(now, ' ', 1, true)
   if sp then
-    cutoff = tonumber(sub(nowarg, sp + 1))
-    nowarg = sub(nowarg, 1, sp - 1)
+    cutoff = tonumber(sub(now, sp + 1))
+    now = sub(now, 1, sp - 1)
+    if not (cutoff and cutoff % 1 == 0 and cutoff < EXACT) then
+      return redis.error_reply('ERR sluice ewma: want a cutoff in whole unix ms after now')
+    end
+  end
+  now = tonumber(now)
+  if not (now and now % 1 == 0 and now < EXACT) then
+    return redis.error_reply('ERR sluice ewma: want ARGV[1] = now in whole unix ms (0: Redis TIME)')
   end
 end
-local now = tonumber(nowarg)
 local clock -- Redis TIME in ms, read at most once
-if cutoff or not now or now <= 0 then
+if cutoff or now <= 0 then
   -- Redis < 5 needs effect replication before a write that follows TIME;
   -- Redis >= 7 (which has REDIS_VERSION) always replicates effects, so the
   -- call is skipped there.
@@ -174,7 +235,7 @@ if cutoff or not now or now <= 0 then
     redis.replicate_commands()
   end
   local tm = redis.call('TIME')
-  clock = tm[1] * 1000 + math.floor(tm[2] / 1000)
+  clock = tm[1] * 1000 + floor(tm[2] / 1000)
   if cutoff and clock > cutoff then
     return redis.error_reply('ERR sluice late: past the cutoff, nothing decided')
   end
@@ -182,21 +243,10 @@ end
 
 local vals = redis.call('MGET', unpack(KEYS))
 
-if not now or now <= 0 then
+if now <= 0 then
   now = clock
 end
 local nowstr -- now's digits, formatted at most once
-
--- waitms(now, s, at, p, c, r) returns the smallest w >= 1 such that score
--- s written at ms at admits cost c under rate r (half-life p ms) at now+w;
--- the caller knows it refuses at now. Same steps as ratelimit.waitMs in Go:
--- start from the estimate T*log2(S/(R-c)), bracket the boundary by
--- galloping (steps 1, 2, 4, ...) and bisect. For any sane limit that is two
--- probes (admits at w, refuses at w-1); when R is barely above c, adding c
--- absorbs most of R-c and the boundary can be minutes from the estimate,
--- but it is still found exactly, in at most about 2*40 probes (waits are
--- capped at 2^40 ms). Made on the first refusal of the call.
-local waitms
 
 -- The reply, sized by its constructor for one decision of one or two
 -- windows; o is its entries so far.
@@ -206,9 +256,17 @@ local o = 0
 -- The values written during this call that a later decision may read, by
 -- key (made on the first such write); newer than the MGET's.
 local wr
--- The previous window's t digits and value: windows written together share
--- them, so the second is usually not parsed again.
+-- The windows of the decision being decided: per window i at 7i-6 .. 7i,
+-- its rate, half-life, cost, stored score, decayed score, write time and
+-- that time's stored digits. One table for the call, sized for the largest
+-- decision when that has one or two windows (every limit sluice ships).
+local win = most <= 2 and {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {}
+
+-- t's digits and value as last read (see the reading below).
 local lastts, lastt
+-- The wait search, made on the first refusal of the call: a closure costs
+-- (see Cost), and most calls admit.
+local waitms
 
 -- Decide every message, in order. Message d has the n windows
 -- KEYS[kb+1 .. kb+n], the limits after lim[q] and the request id reqid.
@@ -217,49 +275,49 @@ for dn = 1, m do
   local q = lo[nl + dn]
   local n = lim[q + 1]
   local reqid = ARGV[a + 2 * dn - 1]
-  -- Read and decide every window. A stored value is read strictly: "<score>
-  -- <t>" and, in the first window, " <id>..." after it. The score must be a
-  -- finite number >= 0 and t a whole number of ms >= 0; anything else (a
-  -- hand-edited key, another program's value) fails the decision (err)
-  -- rather than being read as a score of zero or NaN. Per window the
-  -- decision keeps seven values: rate, period, cost, stored score, decayed
-  -- score, write time and its stored digits; the first two windows (every
-  -- limit sluice ships has one or two) keep them in locals, further windows
-  -- in the table st.
-  local v1 = wr and wr[KEYS[kb + 1]] or vals[kb + 1]
+  local v1 -- the first window's value
   local idat -- where the first window's ids begin in v1, if it has any
-  local seen -- the end of v1's score if reqid is one of its ids
+  local seen -- whether reqid is one of v1's ids (a repeat: charge nothing)
   local err
-  local r1, p1, c1, s1, d1, t1, ts1, r2, p2, c2, s2, d2, t2, ts2
-  local st = n > 2 and {} or nil
   local allowed = true
+  -- Read and decide every window (once a request is seen, only read: every
+  -- window must still be there and well formed, since its stored score is
+  -- the reply).
   for i = 1, n do
-    local v = v1
-    if i > 1 then
-      v = wr and wr[KEYS[kb + i]] or vals[kb + i]
-    end
-    local s, t, ts = 0, 0, false
+    local key = KEYS[kb + i]
+    local v = wr and wr[key] or vals[kb + i]
+    local s, t, ts, sa, sb = 0, 0, false, nil, nil
     if v then
-      local a = find(v, ' ', 1, true)
-      if not a then
-        err = 'ERR sluice ewma: malformed value at ' .. KEYS[kb + i]
+      -- Read strictly: "<score> <t>", and in a first window " <id>..."
+      -- after it. The score must be a finite number >= 0 and t a whole
+      -- number of ms >= 0; anything else (a hand-edited key, another
+      -- program's value) fails the decision rather than being read as a
+      -- score of zero or NaN. Windows written together share t's digits,
+      -- so t is usually not read again.
+      sa = find(v, ' ', 1, true)
+      if sa then
+        sb = find(v, ' ', sa + 1, true)
+        ts = sub(v, sa + 1, (sb or 0) - 1)
+        s = tonumber(sub(v, 1, sa - 1))
+        if ts == lastts then
+          t = lastt
+        else
+          t = tonumber(ts)
+          lastts, lastt = ts, t
+        end
+      end
+      if not (sa and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
+        err = 'ERR sluice ewma: malformed value at ' .. key
         break
       end
-      local b = find(v, ' ', a + 1, true)
-      ts = sub(v, a + 1, (b or 0) - 1)
-      s = tonumber(sub(v, 1, a - 1))
-      if ts == lastts then
-        t = lastt
-      else
-        t = tonumber(ts)
-        lastts, lastt = ts, t
-      end
-      if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
-        err = 'ERR sluice ewma: malformed value at ' .. KEYS[kb + i]
-        break
-      end
-      if i == 1 and b and b < #v then
-        idat = b + 1
+    elseif seen then
+      err = 'ERR sluice ewma: window missing for a seen request at ' .. key
+      break
+    end
+    if i == 1 then
+      v1 = v
+      if sb and sb < #v then
+        idat = sb + 1
         if reqid ~= '' then
           -- Is reqid one of the space-separated ids? A plain find in v1
           -- itself, checked at the boundaries (no copies of either).
@@ -271,57 +329,25 @@ for dn = 1, m do
             end
             local e = p + m
             if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
-              seen = a
+              seen = true
               break
             end
             k = p + 1
           end
-          if seen then
-            break
-          end
         end
       end
     end
-    local j = q + 3 * i - 1
-    local r, p, c = lim[j], lim[j + 1], lim[j + 2]
-    local d = s
-    if now > t then
-      local x = (now - t) / p
-      if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
-    end
-    if i == 1 then
-      r1, p1, c1, s1, d1, t1, ts1 = r, p, c, s, d, t, ts
-    elseif i == 2 then
-      r2, p2, c2, s2, d2, t2, ts2 = r, p, c, s, d, t, ts
+    if seen then
+      -- A repeat of an admitted request: answered with the stored digits.
+      reply[o + i + 2] = sub(v, 1, sa - 1)
     else
-      local k = 7 * i
-      st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1], st[k] = r, p, c, s, d, t, ts
-    end
-    if not (d + c <= r) then
-      allowed = false
-    end
-  end
-
-  if seen then
-    -- A repeat of an admitted request: answer as admitted, charge nothing,
-    -- with every window's stored digits (each read as strictly as above).
-    reply[o + 1], reply[o + 2], reply[o + 3] = 1, 0, sub(v1, 1, seen - 1)
-    for j = 2, n do
-      local key = KEYS[kb + j]
-      local w = wr and wr[key] or vals[kb + j]
-      if not w then
-        err = 'ERR sluice ewma: window missing for a seen request at ' .. key
-        break
+      local j, k = q + 3 * i - 1, 7 * i
+      local r, p, c = lim[j], lim[j + 1], lim[j + 2]
+      local d = decay(s, t, now, p)
+      win[k - 6], win[k - 5], win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k] = r, p, c, s, d, t, ts
+      if not (d + c <= r) then
+        allowed = false
       end
-      local a = find(w, ' ', 1, true)
-      local b = a and find(w, ' ', a + 1, true)
-      local ss = a and sub(w, 1, a - 1)
-      local s, t = tonumber(ss), a and tonumber(sub(w, a + 1, (b or 0) - 1))
-      if not (s and t and s >= 0 and s < HUGE and t >= 0 and t < 2 ^ 53 and t % 1 == 0) then
-        err = 'ERR sluice ewma: malformed value at ' .. key
-        break
-      end
-      reply[o + j + 2] = ss
     end
   end
 
@@ -333,35 +359,40 @@ for dn = 1, m do
       reply[o + i] = ''
     end
   elseif seen then
-    -- replied above
+    -- Charge nothing: admitted, with the stored scores set above.
+    reply[o + 1], reply[o + 2] = 1, 0
   elseif not allowed then
     if not waitms then
+      -- waitms returns the smallest w >= 1 such that score s written at ms at
+      -- admits cost c under rate r (half-life p ms) at now+w; the caller
+      -- knows it refuses at now. Step for step ratelimit.waitMs in Go: start
+      -- from the estimate T*log2(S/(R-c)), bracket the boundary by galloping
+      -- (steps 1, 2, 4, ...) and bisect. For any sane limit that is two
+      -- probes (admits at w, refuses at w-1); when R is barely above c,
+      -- adding c absorbs most of R-c and the boundary can be minutes from the
+      -- estimate, but it is still found exactly, in at most about 2*40 probes
+      -- (waits are capped at 2^40 ms). The estimate's log is not Go's Log2,
+      -- but it only picks where the search starts: the admission test is
+      -- monotone in w (one ms moves the decayed score by far more than a last
+      -- bit for any period a time.Duration can hold), so the smallest
+      -- admitting w is the same wherever it starts.
       waitms = function(now, s, at, p, c, r)
-        local function admits(w)
-          local t = now + w
-          local d = s
-          if t > at then
-            local x = (t - at) / p
-            if x > 1100 then d = 0 else d = s * 2 ^ (-x) end
-          end
-          return d + c <= r
-        end
-        local d = p * math.log(s / (r - c)) / LN2
-        if not (d < MAX_WAIT) then d = MAX_WAIT end
-        local w = at + math.ceil(d) - now
+        local d = p * log(s / (r - c)) / LN2
+        if not (d < MAX_WAIT) then d = MAX_WAIT end -- also catches NaN
+        local w = at + ceil(d) - now
         if w < 1 then w = 1 end
         if w > MAX_WAIT then w = MAX_WAIT end
         -- Bracket the boundary: lo refuses (0 is known to), hi admits.
         local lo, hi
         local step = 1
-        if admits(w) then
+        if decay(s, at, now + w, p) + c <= r then
           hi = w
           while true do
             if hi - step <= 0 then
               lo = 0
               break
             end
-            if not admits(hi - step) then
+            if not (decay(s, at, now + (hi - step), p) + c <= r) then
               lo = hi - step
               break
             end
@@ -372,13 +403,13 @@ for dn = 1, m do
           lo = w
           while true do
             if lo + step >= MAX_WAIT then
-              if not admits(MAX_WAIT) then
+              if not (decay(s, at, now + MAX_WAIT, p) + c <= r) then
                 return MAX_WAIT -- the longest wait reported, as in Go
               end
               hi = MAX_WAIT
               break
             end
-            if admits(lo + step) then
+            if decay(s, at, now + lo + step, p) + c <= r then
               hi = lo + step
               break
             end
@@ -387,23 +418,16 @@ for dn = 1, m do
           end
         end
         while hi - lo > 1 do
-          local mid = lo + math.floor((hi - lo) / 2)
-          if admits(mid) then hi = mid else lo = mid end
+          local mid = lo + floor((hi - lo) / 2)
+          if decay(s, at, now + mid, p) + c <= r then hi = mid else lo = mid end
         end
         return hi
       end
     end
     local wait = 0
     for i = 1, n do
-      local r, p, c, s, d, t
-      if i == 1 then
-        r, p, c, s, d, t = r1, p1, c1, s1, d1, t1
-      elseif i == 2 then
-        r, p, c, s, d, t = r2, p2, c2, s2, d2, t2
-      else
-        local k = 7 * i
-        r, p, c, s, d, t = st[k - 6], st[k - 5], st[k - 4], st[k - 3], st[k - 2], st[k - 1]
-      end
+      local k = 7 * i
+      local r, p, c, s, d, t = win[k - 6], win[k - 5], win[k - 4], win[k - 3], win[k - 2], win[k - 1]
       if not (d + c <= r) then
         local w = waitms(now, s, t, p, c, r)
         if w > wait then wait = w end
@@ -416,15 +440,8 @@ for dn = 1, m do
     reply[o + 1], reply[o + 2] = 1, 0
     local later = kb + n < nk -- a later decision may read these windows
     for i = 1, n do
-      local r, p, c, d, t, ts
-      if i == 1 then
-        r, p, c, d, t, ts = r1, p1, c1, d1, t1, ts1
-      elseif i == 2 then
-        r, p, c, d, t, ts = r2, p2, c2, d2, t2, ts2
-      else
-        local k = 7 * i
-        r, p, c, d, t, ts = st[k - 6], st[k - 5], st[k - 4], st[k - 2], st[k - 1], st[k]
-      end
+      local k = 7 * i
+      local r, p, c, d, t, ts = win[k - 6], win[k - 5], win[k - 4], win[k - 2], win[k - 1], win[k]
       local s = d + c
       if now > t then
         t = now

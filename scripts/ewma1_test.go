@@ -16,12 +16,6 @@ import (
 
 var ewma1 = redis.NewScript(scripts.EWMA1)
 
-func TestEmbedIsTheFile1(t *testing.T) {
-	if !strings.Contains(scripts.EWMA1, "ewma1.lua") {
-		t.Fatal("scripts.EWMA1 is not ewma1.lua")
-	}
-}
-
 // lean is the ARGV of ewma1.lua deciding one message at instant at with
 // cutoff cut against limits (rate, half-life, cost, ...).
 func lean(at, cut string, limits ...any) []any {

@@ -3,7 +3,6 @@ package scripts_test
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,16 +15,6 @@ import (
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/scripts"
 )
-
-func TestEmbedIsTheFile(t *testing.T) {
-	src, err := os.ReadFile("ewma.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(src) != scripts.EWMA || !strings.Contains(scripts.EWMA, "redis.call('MGET'") {
-		t.Fatal("scripts.EWMA is not ewma.lua")
-	}
-}
 
 // servers runs f against miniredis and against a real redis-server (when
 // there is one), so the script's behaviour is pinned on both.
