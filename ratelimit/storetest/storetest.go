@@ -461,10 +461,15 @@ func WaitIsExact(t *testing.T, store ratelimit.Store, seed uint64, rounds int) {
 
 // Agree drives two stores with the same seeded random limits and arrivals
 // and fails at the first decision they disagree on: allowed, wait, or any
-// score beyond Tolerance. newWant returns the reference store (the memory
-// store) afresh for every round, which uses one key: a fixed-size table
-// lets two keys share a slot by design, and that sharing is not a
-// disagreement worth failing on.
+// score, all compared exactly. The stores compute the decay alike to the
+// last bit (ratelimit's exp2neg and scripts/ewma.lua's decay do the same
+// IEEE operations), so a last-bit difference in a score is a regression —
+// C pow against math.Exp2 differ so for about one x in eight
+// (scripts.TestPowIsNotExp2) — and one that, at an exact boundary, would
+// flip an admission and move a wait by 1 ms. newWant returns the reference
+// store (the memory store) afresh for every round, which uses one key: a
+// fixed-size table lets two keys share a slot by design, and that sharing
+// is not a disagreement worth failing on.
 func Agree(t *testing.T, newWant func() Scorer, got Scorer, seed uint64, rounds int) {
 	t.Helper()
 	AgreeOn(t, newWant, got, seed, rounds, RandomLimits)
@@ -516,7 +521,7 @@ func AgreeOn(t *testing.T, newWant func() Scorer, got Scorer, seed uint64, round
 				t.Fatalf("round %d %v at +%v: want %+v %v, got %+v %v", round, limits, now.Sub(T0), dw, sw, dg, sg)
 			}
 			for i := range sw {
-				if !Close(sg[i], sw[i]) {
+				if sg[i] != sw[i] {
 					t.Fatalf("round %d %v at +%v: score[%d] want %.17g got %.17g", round, limits, now.Sub(T0), i, sw[i], sg[i])
 				}
 			}
