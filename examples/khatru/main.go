@@ -77,6 +77,7 @@ func build(useHooks bool, opts relay.Options) (http.Handler, *relay.Gate, error)
 			Quota:    opts.Quota,
 			Identity: opts.Identity,
 			Observer: opts.Observer,
+			Policy:   opts.Policy,
 		})
 		return rl, nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 type env struct {
@@ -379,5 +381,54 @@ func TestGateAndHooksAgree(t *testing.T) {
 	}
 	if g, h := strings.Join(answers["wrap"], "|"), strings.Join(answers["hooks"], "|"); g != h {
 		t.Errorf("gate and hooks disagree:\n gate  %s\n hooks %s", g, h)
+	}
+}
+
+// TestGateAndHooksAgreeOnPolicy: a kind class and a shadow window, through
+// a gate and through hooks: the same answers, and the same count of frames
+// a shadow window would have refused.
+func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
+	sk := nostr.GeneratePrivateKey()
+	var l policy.Limits
+	l.Message[relay.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
+	cfg := policy.Config{Limits: l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
+	kinds := []int{7, 7, 7, 1, 1, 1, 1}
+	want := []string{"", "", "rate-limited: slow down; retry in 3600s", "", "", "", ""}
+	answers := map[string][]string{}
+	shadowed := map[string]int64{}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			var n atomic.Int64
+			obs := &relay.Observer{Frame: func(t relay.Type, o relay.Outcome) {
+				if t == relay.TypeEVENT && o == relay.Shadowed {
+					n.Add(1)
+				}
+			}}
+			clock := nostrtest.NewClock()
+			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1024), ratelimit.LimiterOptions{Clock: clock.Now})
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: &cfg, Observer: obs})
+			r := nostrtest.Connect(t, ws)
+			for i, k := range kinds {
+				evt := nostr.Event{Kind: k, CreatedAt: nostr.Now(), Tags: nostr.Tags{}, Content: fmt.Sprint("e ", i)}
+				if err := evt.Sign(sk); err != nil {
+					t.Fatal(err)
+				}
+				got := ""
+				if err := nostrtest.Publish(t, r, evt); err != nil {
+					got = strings.TrimPrefix(err.Error(), "msg: ")
+				}
+				answers[m.name] = append(answers[m.name], got)
+				if got != want[i] {
+					t.Errorf("event %d (kind %d): %q, want %q", i+1, k, got, want[i])
+				}
+			}
+			shadowed[m.name] = n.Load()
+			if n.Load() != 3 {
+				t.Errorf("%d events counted shadow_limited, want 3", n.Load())
+			}
+		})
+	}
+	if g, h := strings.Join(answers["wrap"], "|"), strings.Join(answers["hooks"], "|"); g != h || shadowed["wrap"] != shadowed["hooks"] {
+		t.Errorf("gate and hooks disagree:\n gate  %s (%d shadow)\n hooks %s (%d shadow)", g, shadowed["wrap"], h, shadowed["hooks"])
 	}
 }

@@ -83,6 +83,7 @@ func build(useHooks bool, opts relay.Options) (http.Handler, *rely.Relay, *relay
 			Quota:    opts.Quota,
 			Identity: opts.Identity,
 			Observer: opts.Observer,
+			Policy:   opts.Policy,
 		})
 		return h, r, nil, err
 	}

@@ -48,9 +48,11 @@ type Config struct {
 	// on its address's budget.
 	Tiers []Tier
 	// Aggregates are wider network prefixes (an IPv6 /48, an IPv4 /24)
-	// whose clients share windows besides their own: every charge of an
-	// address budget inside one is also charged to the prefix, so rotating
-	// addresses inside one allocation does not multiply a budget.
+	// whose clients share windows besides their own: every charged frame
+	// of an address budget inside one is also charged to the prefix, and
+	// every upgrade to the prefix's windows for upgrades (the same numbers,
+	// counted apart), so rotating addresses inside one allocation does not
+	// multiply a budget.
 	Aggregates []Aggregate
 	// Shadow puts every window in shadow (mode: shadow): frames are
 	// decided, stored and counted as they would be, and forwarded anyway.

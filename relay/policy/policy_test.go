@@ -217,9 +217,15 @@ func TestAggregates(t *testing.T) {
 	if v := sub("192.0.2.3").Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Refused || v.Budget != "prefix 192.0.2.0/24" {
 		t.Fatalf("third address of the /24: %+v", v)
 	}
-	// An upgrade is charged to the prefix too.
-	if v := sub("192.0.2.9").ChargeConnection(ctx, lim); !v.Refused {
-		t.Fatalf("upgrade from the spent /24: %+v", v)
+	// Upgrades are charged to the prefix's windows for upgrades, apart
+	// from its messages: two from the spent /24 pass, the third does not.
+	for i, ip := range []string{"192.0.2.9", "192.0.2.10"} {
+		if v := sub(ip).ChargeConnection(ctx, lim); !v.Pass() {
+			t.Fatalf("upgrade %d from the /24: %+v", i, v)
+		}
+	}
+	if v := sub("192.0.2.11").ChargeConnection(ctx, lim); !v.Refused || v.Budget != "prefix 192.0.2.0/24" {
+		t.Fatalf("third upgrade from the /24: %+v", v)
 	}
 	if _, err := Compile(Config{Aggregates: []Aggregate{{Bits: 128, Limits: lims(ratelimit.PerPeriod(3, time.Hour))}}}); !errors.Is(err, ErrPolicy) {
 		t.Errorf("a /128 aggregate: %v", err)

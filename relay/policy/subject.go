@@ -27,6 +27,7 @@ type Subject struct {
 	conn, connShadow   string
 	class, classShadow []string // per class
 	aggs, aggsShadow   []string // per aggregate; "" when addr is of the other family
+	aggsConn           []string // per aggregate, the key of its upgrades
 	aggLabels          []string // "prefix <network>", for Verdict.Budget
 }
 
@@ -53,7 +54,12 @@ func (p *Policy) addressSubject(client string, addr netip.Addr, free, lazy bool)
 			if k != "" {
 				sk, label = k+":shadow", "prefix "+k[1:len(k)-len("}:aggregate")]
 			}
+			ck := ""
+			if k != "" {
+				ck = k + ":connection"
+			}
 			s.aggsShadow = append(s.aggsShadow, sk)
+			s.aggsConn = append(s.aggsConn, ck)
 			s.aggLabels = append(s.aggLabels, label)
 		}
 	}
@@ -237,7 +243,9 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 }
 
 // ChargeConnection decides one WebSocket upgrade: the connection windows,
-// then each aggregate.
+// then each aggregate's windows on a key of their own for upgrades (the
+// same numbers as for its messages, counted apart: rotating addresses
+// inside a prefix multiplies both).
 func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) Verdict {
 	if s.free {
 		return Verdict{}
@@ -247,7 +255,11 @@ func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) 
 	if !s.p.conn.empty() {
 		cs = append(cs, charge{s.conn, s.connShadow, s.p.conn, "connection"})
 	}
-	cs = s.appendAggregates(cs)
+	for i, k := range s.aggsConn {
+		if k != "" {
+			cs = append(cs, charge{k, k + ":shadow", s.p.aggs[i].win, s.aggLabels[i]})
+		}
+	}
 	return decide(ctx, lim, cs)
 }
 
