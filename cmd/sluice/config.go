@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -25,6 +26,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -89,6 +91,7 @@ type fileConfig struct {
 	Upstream      string         `yaml:"upstream"`
 	RelayURL      string         `yaml:"relay_url"`
 	ReadLimit     integer        `yaml:"read_limit"`
+	Mode          string         `yaml:"mode"`
 	Log           logConfig      `yaml:"log"`
 	Info          infoConfig     `yaml:"info"`
 	Store         storeConfig    `yaml:"store"`
@@ -96,7 +99,12 @@ type fileConfig struct {
 	Quota         quotaConfig    `yaml:"quota"`
 	Identity      identityConfig `yaml:"identity"`
 	Allow         allowConfig    `yaml:"allow"`
+	// Tiers are the member tiers by name (policy.go).
+	Tiers map[string]tierConfig `yaml:"tiers"`
 
+	// dir is the directory of the config file ("" for none): a tier's
+	// pubkeys_file is read relative to it.
+	dir string `yaml:"-"`
 	// from names where a field's value came from when that was not the
 	// file ("SLUICE_LISTEN", "--listen"), keyed by the field's path, so
 	// an error about it names what the operator actually set.
@@ -137,12 +145,15 @@ type limitsConfig struct {
 	// relay.DefaultFrameSize, which for EVENT is read_limit whatever
 	// read_limit is set to (a number in the defaults could not say that).
 	FrameSize map[string]integer `yaml:"frame_size"`
+	// Kinds are the EVENT kind classes by name (policy.go).
+	Kinds map[string]kindClassConfig `yaml:"kinds"`
 }
 
 type limitConfig struct {
 	Rate   *number `yaml:"rate"`
 	Period string  `yaml:"period"`
 	Cost   *number `yaml:"cost"`
+	Shadow boolean `yaml:"shadow"`
 }
 
 type quotaConfig struct {
@@ -155,6 +166,10 @@ type identityConfig struct {
 	IPv6Prefix     integer  `yaml:"ipv6_prefix"`
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	Header         string   `yaml:"header"`
+	// IPv6Aggregate and IPv4Aggregate are the prefix aggregates
+	// (policy.go).
+	IPv6Aggregate []aggregateConfig `yaml:"ipv6_aggregate"`
+	IPv4Aggregate []aggregateConfig `yaml:"ipv4_aggregate"`
 }
 
 type allowConfig struct {
@@ -289,6 +304,13 @@ type config struct {
 
 	// Identity says who a client is (with the allow-list in Identity.Allow).
 	Identity relay.Identity
+
+	// Shadow is mode: shadow. Kinds, Tiers and Aggregates are the policy's
+	// (policy.go); a tier's quota is built with the store (buildPolicy).
+	Shadow     bool
+	Kinds      []policy.Class
+	Tiers      []tierSpec
+	Aggregates []policy.Aggregate
 }
 
 // defaultFileConfig returns the configuration used when no file is given.
@@ -301,6 +323,7 @@ func defaultFileConfig() fileConfig {
 	}
 	return fileConfig{
 		Listen:        "127.0.0.1:7777",
+		Mode:          "enforce",
 		MetricsListen: "127.0.0.1:9777",
 		DataDir:       "./data",
 		ReadLimit:     relay.DefaultReadLimit,
@@ -317,10 +340,13 @@ func defaultFileConfig() fileConfig {
 			Subscriptions:  relay.DefaultMaxSubscriptions,
 			MaxConnections: relay.DefaultMaxConnections,
 			FrameSize:      map[string]integer{},
+			Kinds:          map[string]kindClassConfig{},
 		},
 		Quota:    quotaConfig{Events: 600, Window: "60s"},
-		Identity: identityConfig{IPv6Prefix: 64, TrustedProxies: []string{}, Header: "X-Forwarded-For"},
-		Allow:    allowConfig{IPs: []string{}, Pubkeys: []string{}},
+		Identity: identityConfig{IPv6Prefix: 64, TrustedProxies: []string{}, Header: "X-Forwarded-For",
+			IPv6Aggregate: []aggregateConfig{}, IPv4Aggregate: []aggregateConfig{}},
+		Allow: allowConfig{IPs: []string{}, Pubkeys: []string{}},
+		Tiers: map[string]tierConfig{},
 	}
 }
 
@@ -436,6 +462,7 @@ func loadConfigFile(path string) (fileConfig, error) {
 	if err != nil {
 		return fc, fmt.Errorf("%w: %s: %s", errConfig, path, strings.TrimPrefix(err.Error(), errConfig.Error()+": "))
 	}
+	fc.dir = filepath.Dir(path)
 	return fc, nil
 }
 
@@ -920,6 +947,17 @@ func (fc *fileConfig) validate() (*config, error) {
 		}
 	}
 
+	fc.validatePolicy(c, bad)
+	if len(errs) == 0 {
+		// What the policy checks across fields (a kind in two classes, a
+		// pubkey in two tiers, …) is checked by the compiler that reload
+		// and start-up use, with quotas as check builds them.
+		if pc, err := buildPolicy(c, localQuotas(nil)); err != nil {
+			bad("quota", "%v", err)
+		} else if _, err := policy.Compile(pc); err != nil {
+			bad("policy", "%v", err)
+		}
+	}
 	if more > 0 {
 		errs = append(errs, fmt.Errorf("%w: and %d more", errConfig, more))
 	}
@@ -967,7 +1005,7 @@ func resolveLimits(path string, ls []limitConfig, bad func(string, string, ...an
 			ok = false
 			continue
 		}
-		l := ratelimit.Limit{Rate: float64(*lc.Rate), Period: period, Cost: cost}
+		l := ratelimit.Limit{Rate: float64(*lc.Rate), Period: period, Cost: cost, Shadow: bool(lc.Shadow)}
 		if err := l.Validate(); err != nil {
 			bad(p, "%v", err)
 			ok = false

@@ -289,8 +289,10 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 }
 
 // TestSystemdUnit: the unit's sluice commands parse as sluice reads them,
-// and it has no ExecReload while sluice cannot reload on SIGHUP (an
-// unhandled SIGHUP ends a Go process).
+// and it has ExecReload=/bin/kill -HUP $MAINPID exactly when sluice
+// handles SIGHUP (main.go asks signal.Notify for it): a unit that reloads
+// a process that does not handle SIGHUP would end it, and one that does
+// not would leave `systemctl reload` without its meaning.
 func TestSystemdUnit(t *testing.T) {
 	data, err := os.ReadFile("../../deploy/systemd/sluice.service")
 	if err != nil {
@@ -300,8 +302,9 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reloads := strings.Contains(string(src), "SIGHUP")
+	reloads := regexp.MustCompile(`signal\.Notify\([^)]*syscall\.SIGHUP`).Match(src)
 	var execs int
+	reload := ""
 	for _, line := range strings.Split(string(data), "\n") {
 		key, value, ok := strings.Cut(line, "=")
 		if !ok || strings.HasPrefix(line, "#") {
@@ -309,9 +312,7 @@ func TestSystemdUnit(t *testing.T) {
 		}
 		switch key {
 		case "ExecReload":
-			if !reloads {
-				t.Errorf("ExecReload=%s, but sluice does not handle SIGHUP", value)
-			}
+			reload = value
 		case "ExecStart", "ExecStartPre":
 			execs++
 			args := strings.Fields(value)
@@ -327,5 +328,11 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	if execs != 2 {
 		t.Errorf("found %d Exec lines, want ExecStartPre and ExecStart", execs)
+	}
+	switch {
+	case reloads && reload != "/bin/kill -HUP $MAINPID":
+		t.Errorf("ExecReload=%q, want /bin/kill -HUP $MAINPID: sluice reloads on SIGHUP", reload)
+	case !reloads && reload != "":
+		t.Errorf("ExecReload=%s, but sluice does not handle SIGHUP", reload)
 	}
 }

@@ -40,6 +40,12 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP reloads the configuration (reload.go); asked for before
+	// anything else, so that one sent while sluice starts does not end it
+	// (Go's default for an unhandled SIGHUP).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	hangups = hup
 	for _, name := range unknownEnv(os.Environ()) {
 		// A typo (SLUICE_REDIS_URL) would otherwise run with memory
 		// budgets, silently unshared; a warning, since other tools may
@@ -99,7 +105,10 @@ sluice pointing at it shares them.
 
 Metrics for Prometheus are served on --metrics-listen (127.0.0.1:9777 by
 default) at /metrics, with /healthz (the process serves) and /readyz (the
-store decides and, for proxy, the upstream accepts a WebSocket). SIGINT or SIGTERM shuts down gracefully.
+store decides and, for proxy, the upstream accepts a WebSocket). SIGINT or SIGTERM shuts down gracefully;
+SIGHUP reloads the configuration file (limits, kind classes, tiers and their
+pubkey files, aggregates, mode, quotas, allow-lists) without dropping a
+connection, and keeps the running one if the new file is invalid.
 `
 
 // flagValues holds the flags every subcommand shares.
@@ -211,11 +220,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// migrations, go-redis) then write through the same handler, so JSON
 	// logs stay JSON.
 	slog.SetDefault(logger)
+	// A reload reads what start-up read: the same file, environment and
+	// flags.
+	load := func() (*config, error) { return loadConfig(fs, fv, getenv) }
 	switch cmd {
 	case "relay":
-		err = runRelay(ctx, cfg, logger)
+		err = runRelay(ctx, cfg, logger, load)
 	case "proxy":
-		err = runProxy(ctx, cfg, logger)
+		err = runProxy(ctx, cfg, logger, load)
 	}
 	if err != nil {
 		logger.Error("sluice stopped", "err", err)

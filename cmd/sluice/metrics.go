@@ -31,6 +31,9 @@ type metrics struct {
 	// served at /top and on the status page.
 	offenders *policy.Offenders
 	open      prometheus.Gauge
+	// shadow counts the running policy's windows in shadow by budget
+	// (setPolicy): no series while nothing is in shadow.
+	shadow  *prometheus.GaugeVec
 	latency   *prometheus.HistogramVec // registered by watch with the Redis store only
 
 	// The same counts as plain atomics, for the status page (reading a
@@ -63,7 +66,7 @@ func newMetrics() *metrics {
 
 	frames := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_frames_total",
-		Help: "Client frames by message type and what the gate did with them: admitted, rate_limited, unavailable (store could not decide; refused), quota_exceeded, allowlisted, invalid (not forwarded: not canonical, too large, an AUTH that failed verification), over_cap (a REQ past limits.subscriptions).",
+		Help: "Client frames by message type and what the gate did with them: admitted, rate_limited, unavailable (store could not decide; refused), quota_exceeded, allowlisted, invalid (not forwarded: not canonical, too large, an AUTH that failed verification), over_cap (a REQ past limits.subscriptions), shadow_limited (forwarded, but a window in shadow would have refused it).",
 	}, []string{"type", "outcome"})
 	conns := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_connections_total",
@@ -94,10 +97,22 @@ func newMetrics() *metrics {
 		// From 100µs (a local Redis) to the default 100ms deadline and past it.
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 	}, []string{"result"})
+	m.shadow = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_shadow_windows",
+		Help: "Windows of the running policy in shadow (mode: shadow, or shadow: true on a window), by budget: connection, a message type, \"kind <class>\", \"tier <name> <type>\", \"prefix IPv6 /48\". No series while none is.",
+	}, []string{"budget"})
 	m.storeOK = m.latency.WithLabelValues("ok")
 	m.storeErr = m.latency.WithLabelValues("error")
-	m.reg.MustRegister(buildInfo, frames, conns, cuts, m.open)
+	m.reg.MustRegister(buildInfo, frames, conns, cuts, m.open, m.shadow)
 	return m
+}
+
+// setPolicy sets sluice_shadow_windows from the policy now running.
+func (m *metrics) setPolicy(pc policy.Config) {
+	m.shadow.Reset()
+	for budget, n := range shadowWindows(pc) {
+		m.shadow.WithLabelValues(budget).Set(float64(n))
+	}
 }
 
 // watch registers the limiter's counters and, when breaker is not nil

@@ -30,7 +30,8 @@ func proxyFront(info, gated http.Handler) http.Handler {
 // done. NIP-11 requests get the upstream's own document with sluice's
 // limits merged in; if the upstream cannot be asked, a document built from
 // the info section of the config.
-func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
+// load re-reads the configuration at SIGHUP (nil: no reload).
+func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func() (*config, error)) error {
 	gate, parts, m, err := newGate(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -47,13 +48,20 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		Fetch: func(ctx context.Context) ([]byte, error) {
 			return nip11.Fetch(ctx, client, cfg.Upstream)
 		},
-		Limitation: nip11Limitation(cfg, parts),
+		Limitation: nip11Limitation(cfg, parts.policy),
 		Fallback:   fallback,
 		OnError: func(err error) {
 			logger.Warn("upstream NIP-11 unavailable; serving the last good or built-in document", "err", err)
 		},
 	}
 
+	if load != nil {
+		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
+			nip11: publishNIP11(info, gate, func(c *config) ([]byte, error) {
+				return proxyFallbackNIP11(c, gate.MaxFilters(), gate.MaxSubscriptions()), nil
+			})}
+		go rl.run(ctx)
+	}
 	handler := proxyFront(info, gated)
 	logger.Info("sluice proxy", "version", buildVersion(), "store", parts.store, "upstream", cfg.Upstream)
 	checks := []readyCheck{parts.ready, upstreamCheck(cfg.Upstream)}

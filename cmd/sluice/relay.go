@@ -26,7 +26,9 @@ const sluiceURL = "https://github.com/sluice-relay/sluice"
 // is pure Go, so "go build" needs no C compiler. The price is that an
 // acknowledged event sits in the OS page cache until badger syncs: it
 // survives a crash of sluice, not a crash of the machine.
-func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
+//
+// load re-reads the configuration at SIGHUP (nil: no reload).
+func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func() (*config, error)) error {
 	gate, parts, m, err := newGate(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -89,7 +91,14 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		parts.close()
 		return err
 	}
-	info := &nip11.Handler{Fallback: base, Limitation: nip11Limitation(cfg, parts)}
+	info := &nip11.Handler{Fallback: base, Limitation: nip11Limitation(cfg, parts.policy)}
+	if load != nil {
+		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
+			nip11: publishNIP11(info, gate, func(c *config) ([]byte, error) {
+				return relayNIP11(c, gate.MaxFilters(), gate.MaxSubscriptions(), db.MaxLimit)
+			})}
+		go rl.run(ctx)
+	}
 
 	handler := front(info, gate.Wrap(kr), "This is a Nostr relay ("+sluiceURL+").\nConnect to it with a Nostr client over WebSocket at this address.\n")
 	logger.Info("sluice relay", "version", buildVersion(), "store", parts.store, "data", dir)

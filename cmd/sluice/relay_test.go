@@ -121,7 +121,11 @@ func served(t *testing.T, cfg *config, doc []byte) []byte {
 		t.Fatal(err)
 	}
 	defer p.close()
-	h := &nip11.Handler{Fallback: doc, Limitation: nip11Limitation(cfg, p)}
+	pc, err := buildPolicy(cfg, p.quotas.make)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &nip11.Handler{Fallback: doc, Limitation: nip11Limitation(cfg, pc)}
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("Accept", "application/nostr+json")

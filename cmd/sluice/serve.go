@@ -43,7 +43,10 @@ const (
 // limiterParts is the limiter and what must be closed with it.
 type limiterParts struct {
 	limiter *ratelimit.Limiter
-	quota   ratelimit.ActorQuota // nil: no quota
+	quotas  *quotaCache // the actor quotas, global and per tier
+	// policy is the policy the gate was built with (a reload replaces
+	// the gate's, and keeps its own copy).
+	policy  policy.Config
 	redis   redis.UniversalClient
 	rstore  *redisstore.Store // nil with the memory store
 	store   string            // "memory" or the redacted Redis URL, for logs
@@ -120,23 +123,9 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 				"redis", p.store, "err", err)
 		}
 	}
-	if !cfg.QuotaUnlimited {
-		// With Redis the quota lives there, so that N instances give an
-		// actor one quota; without, in this process's bounded table.
-		var err error
-		if p.rstore != nil {
-			p.quota, err = redisstore.NewQuota(p.rstore, cfg.QuotaEvents, cfg.QuotaWindow)
-		} else {
-			var q *ratelimit.Quota
-			if q, err = ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow); err == nil {
-				p.quota = q.Local(p.limiter.Now)
-			}
-		}
-		if err != nil {
-			p.close()
-			return nil, fmt.Errorf("%w: quota: %v", errConfig, err)
-		}
-	}
+	// With Redis the quotas live there, so that N instances give an actor
+	// one quota; without, in this process's bounded table.
+	p.quotas = &quotaCache{limiter: p.limiter, rstore: p.rstore}
 	return p, nil
 }
 
@@ -161,17 +150,19 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Ga
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	limits := cfg.Limits
-	identity := cfg.Identity
+	pc, err := buildPolicy(cfg, p.quotas.make)
+	if err != nil {
+		p.close()
+		return nil, nil, nil, err
+	}
+	p.policy = pc
+	m.setPolicy(pc)
 	g, err = relay.New(relay.Options{
-		Limiter:    p.limiter,
-		Limits:     &limits,
-		Quota:      p.quota,
-		Identity:   &identity,
-		ReadLimit:  cfg.ReadLimit,
-		FrameSize:  cfg.FrameSize,
-		MaxFilters: cfg.MaxFilters,
-		RelayURL:   cfg.RelayURL,
+		Limiter:   p.limiter,
+		Policy:    &pc,
+		ReadLimit: cfg.ReadLimit,
+		FrameSize: cfg.FrameSize,
+		RelayURL:  cfg.RelayURL,
 
 		MaxSubscriptions: cfg.Subscriptions,
 		MaxConnections:   cfg.MaxConnections,
@@ -185,16 +176,23 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Ga
 	return g, p, m, nil
 }
 
-// nip11Limitation is what sluice publishes about itself in NIP-11.
-func nip11Limitation(cfg *config, p *limiterParts) nip11.Limitation {
-	limits := cfg.Limits
+// nip11Limitation is what sluice publishes about itself in NIP-11 under
+// the policy pc (the running one).
+func nip11Limitation(cfg *config, pc policy.Config) nip11.Limitation {
+	limits := pc.Limits
+	maxFilters := policy.EffectiveMaxFilters(pc.MaxFilters, pc.Limits.Message[relay.TypeREQ])
+	if p, err := policy.Compile(pc); err == nil {
+		maxFilters = p.MaxFilters() // lowered by the tiers' REQ windows too
+	}
 	return nip11.Limitation{
 		MaxMessageLength: cfg.ReadLimit,
-		MaxFilters:       int64(policy.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])),
+		MaxFilters:       int64(maxFilters),
 		MaxSubidLength:   wire.MaxSubIDBytes,
 		MaxSubscriptions: int64(cfg.Subscriptions),
 		Limits:           &limits,
-		Quota:            p.quota,
+		Quota:            pc.Quota,
+		Kinds:            pc.Kinds,
+		Shadow:           pc.Shadow,
 	}
 }
 

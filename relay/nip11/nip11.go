@@ -87,6 +87,14 @@ type Limitation struct {
 	// Quota, when not nil and not unlimited (Events 0), is published in
 	// rate_limits.
 	Quota ratelimit.ActorQuota
+	// Kinds are the policy's kind classes (policy.Config.Kinds), published
+	// with Limits as rate_limits.kinds: per class name, its kinds and its
+	// windows, charged in addition to EVENT's.
+	Kinds []policy.Class
+	// Shadow is mode: shadow (policy.Config.Shadow), published with Limits
+	// as rate_limits.mode "shadow" (else "enforce"); every window is then
+	// marked "shadow": true, as a window with Limit.Shadow always is.
+	Shadow bool
 }
 
 // nip11Window is one limit as rate_limits publishes it: the configured
@@ -97,6 +105,15 @@ type nip11Window struct {
 	Cost          float64 `json:"cost"`
 	Burst         int     `json:"burst"`
 	Sustained     float64 `json:"sustained_per_second"`
+	// Shadow: the window is decided and counted but refuses nothing.
+	Shadow bool `json:"shadow,omitempty"`
+}
+
+// nip11Class is one kind class as rate_limits.kinds publishes it: its
+// kinds as numbers and "from-to" ranges, as the config writes them.
+type nip11Class struct {
+	Kinds  []any         `json:"kinds"`
+	Limits []nip11Window `json:"limits"`
 }
 
 type nip11Quota struct {
@@ -106,12 +123,14 @@ type nip11Quota struct {
 
 type nip11RateLimits struct {
 	Note       string                   `json:"note"`
+	Mode       string                   `json:"mode"`
 	Connection []nip11Window            `json:"connection"`
 	Message    map[string][]nip11Window `json:"message"`
+	Kinds      map[string]nip11Class    `json:"kinds,omitempty"`
 	Quota      *nip11Quota              `json:"quota,omitempty"`
 }
 
-func nip11Windows(ls []ratelimit.Limit) []nip11Window {
+func nip11Windows(ls []ratelimit.Limit, shadow bool) []nip11Window {
 	out := make([]nip11Window, 0, len(ls))
 	for _, l := range ls {
 		out = append(out, nip11Window{
@@ -120,6 +139,7 @@ func nip11Windows(ls []ratelimit.Limit) []nip11Window {
 			Cost:          l.EffectiveCost(),
 			Burst:         l.Burst(),
 			Sustained:     math.Round(l.Sustained()*1000) / 1000,
+			Shadow:        l.Shadow || shadow,
 		})
 	}
 	return out
@@ -166,11 +186,29 @@ func Merge(doc []byte, lim Limitation) ([]byte, error) {
 	if lim.Limits != nil {
 		rl := nip11RateLimits{
 			Note:       "per client (IP address or IPv6 prefix); EWMA windows: burst from rest, then sustained_per_second; a refusal says how long to wait",
-			Connection: nip11Windows(lim.Limits.Connection),
+			Mode:       "enforce",
+			Connection: nip11Windows(lim.Limits.Connection, lim.Shadow),
 			Message:    make(map[string][]nip11Window, wire.NumTypes),
 		}
+		if lim.Shadow {
+			rl.Mode = "shadow"
+		}
 		for t := wire.Type(0); t < wire.NumTypes; t++ {
-			rl.Message[t.String()] = nip11Windows(lim.Limits.Message[t])
+			rl.Message[t.String()] = nip11Windows(lim.Limits.Message[t], lim.Shadow)
+		}
+		if len(lim.Kinds) > 0 {
+			rl.Kinds = make(map[string]nip11Class, len(lim.Kinds))
+			for _, c := range lim.Kinds {
+				nc := nip11Class{Kinds: make([]any, 0, len(c.Kinds)), Limits: nip11Windows(c.Limits, lim.Shadow)}
+				for _, r := range c.Kinds {
+					if r.From == r.To {
+						nc.Kinds = append(nc.Kinds, r.From)
+					} else {
+						nc.Kinds = append(nc.Kinds, fmt.Sprintf("%d-%d", r.From, r.To))
+					}
+				}
+				rl.Kinds[c.Name] = nc
+			}
 		}
 		if q := lim.Quota; q != nil && q.Events() > 0 {
 			rl.Quota = &nip11Quota{Events: q.Events(), WindowSeconds: q.Window().Seconds()}
@@ -282,7 +320,8 @@ type Handler struct {
 	// Fetch returns the base document (a JSON object). Nil means Fallback
 	// is always served.
 	Fetch func(ctx context.Context) ([]byte, error)
-	// Limitation is merged into every document served.
+	// Limitation is merged into every document served, until SetLimitation
+	// replaces it.
 	Limitation Limitation
 	// TTL is how long a fetched document is kept. 0 means
 	// DefaultTTL; a negative TTL fetches on every request (for an
@@ -297,9 +336,12 @@ type Handler struct {
 	// real clock (see ratelimit.Clock); pass the gate's Limiter.Now.
 	Clock ratelimit.Clock
 
-	fetchMu   sync.Mutex // held by the one request fetching
-	mu        sync.Mutex // guards the fields below
-	doc       []byte     // merged, ready to serve
+	fetchMu   sync.Mutex  // held by the one request fetching
+	mu        sync.Mutex  // guards the fields below
+	lim       *Limitation // set by SetLimitation; nil: Limitation
+	fallback0 []byte      // set by SetLimitation; nil: Fallback
+	base      []byte      // the last document fetched, unmerged
+	doc       []byte      // merged, ready to serve
 	fresh     time.Time
 	retryAt   time.Time
 	fetchedOK bool
@@ -372,15 +414,15 @@ func (h *Handler) document(ctx context.Context) []byte {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
 	base, err := h.Fetch(fctx)
 	cancel()
-	var merged []byte
-	if err == nil {
-		merged, err = Merge(base, h.Limitation)
-	}
 	now := h.Clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	var merged []byte
 	if err == nil {
-		h.doc, h.fresh, h.fetchedOK = merged, now.Add(ttl), true
+		merged, err = Merge(base, h.limitation())
+	}
+	if err == nil {
+		h.doc, h.base, h.fresh, h.fetchedOK = merged, base, now.Add(ttl), true
 		return h.doc
 	}
 	if h.OnError != nil {
@@ -399,15 +441,51 @@ func (h *Handler) usable(now time.Time) bool {
 	return h.doc != nil && (now.Before(h.fresh) || now.Before(h.retryAt))
 }
 
-// fallback returns Fallback (or {}) with Limitation merged in.
+// limitation returns what is merged: the last SetLimitation's, or
+// Limitation. Called with mu held.
+func (h *Handler) limitation() Limitation {
+	if h.lim != nil {
+		return *h.lim
+	}
+	return h.Limitation
+}
+
+// fallback returns Fallback (or {}) with the limitation merged in. Called
+// with mu held.
 func (h *Handler) fallback() []byte {
 	fb := h.Fallback
+	if h.fallback0 != nil {
+		fb = h.fallback0
+	}
 	if fb == nil {
 		fb = []byte("{}")
 	}
-	merged, err := Merge(fb, h.Limitation)
+	lim := h.limitation()
+	merged, err := Merge(fb, lim)
 	if err != nil {
-		merged, _ = Merge([]byte("{}"), h.Limitation)
+		merged, _ = Merge([]byte("{}"), lim)
 	}
 	return merged
+}
+
+// SetLimitation makes lim what is merged into every document served from
+// now on, and fallback (unless nil) the document served when there is no
+// fetched one: a policy reload. The document served next is merged again,
+// from the last one fetched (not fetched anew) or from the fallback. Safe
+// to call while h serves.
+func (h *Handler) SetLimitation(lim Limitation, fallback []byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lim = &lim
+	if fallback != nil {
+		h.fallback0 = fallback
+	}
+	switch {
+	case h.fetchedOK:
+		if merged, err := Merge(h.base, lim); err == nil {
+			h.doc = merged
+		}
+	case h.doc != nil:
+		h.doc = h.fallback()
+	}
 }
