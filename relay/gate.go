@@ -389,23 +389,9 @@ func (g *Gate) Reload(cfg policy.Config) error {
 	return nil
 }
 
-// policyConfig is the policy Options describe: Policy itself, or one built
-// from Limits, MaxFilters, Quota and Identity.
+// policyConfig is the policy o describes (see policy.Assemble).
 func (o *Options) policyConfig() (policy.Config, error) {
-	if o.Policy != nil {
-		if o.Limits != nil || o.Quota != nil || o.Identity != nil || o.MaxFilters != 0 {
-			return policy.Config{}, fmt.Errorf("%w: Options.Policy is set: Limits, Quota, Identity and MaxFilters go in it", policy.ErrPolicy)
-		}
-		return *o.Policy, nil
-	}
-	cfg := policy.Config{Limits: DefaultLimits(), MaxFilters: o.MaxFilters, Quota: o.Quota}
-	if o.Limits != nil {
-		cfg.Limits = *o.Limits
-	}
-	if o.Identity != nil {
-		cfg.Identity = *o.Identity
-	}
-	return cfg, nil
+	return policy.Assemble(o.Policy, o.Limits, o.MaxFilters, o.Quota, o.Identity)
 }
 
 // Wrap returns a handler that serves h behind the gate in-process: plain

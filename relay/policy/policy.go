@@ -197,14 +197,10 @@ func Compile(cfg Config) (*Policy, error) {
 	if len(cfg.Kinds) > 0 {
 		p.kindClass = make([]uint8, 65536)
 	}
+	seen := map[string]bool{}
 	for i, c := range cfg.Kinds {
-		if !nameRE.MatchString(c.Name) {
-			return nil, fmt.Errorf("%w: kind class %q: a name is 1 to 32 letters, digits, '_' or '-'", ErrPolicy, c.Name)
-		}
-		for _, prev := range cfg.Kinds[:i] {
-			if prev.Name == c.Name {
-				return nil, fmt.Errorf("%w: kind class %q twice", ErrPolicy, c.Name)
-			}
+		if err := checkName("kind class", c.Name, seen); err != nil {
+			return nil, err
 		}
 		if len(c.Kinds) == 0 {
 			return nil, fmt.Errorf("%w: kind class %q has no kinds", ErrPolicy, c.Name)
@@ -233,14 +229,10 @@ func Compile(cfg Config) (*Policy, error) {
 		return nil, fmt.Errorf("%w: %d tiers, at most %d", ErrPolicy, len(cfg.Tiers), MaxTiers)
 	}
 	p.members = make(map[wire.Hex32]*tier)
-	for i, t := range cfg.Tiers {
-		if !nameRE.MatchString(t.Name) {
-			return nil, fmt.Errorf("%w: tier %q: a name is 1 to 32 letters, digits, '_' or '-'", ErrPolicy, t.Name)
-		}
-		for _, prev := range cfg.Tiers[:i] {
-			if prev.Name == t.Name {
-				return nil, fmt.Errorf("%w: tier %q twice", ErrPolicy, t.Name)
-			}
+	seen = map[string]bool{}
+	for _, t := range cfg.Tiers {
+		if err := checkName("tier", t.Name, seen); err != nil {
+			return nil, err
 		}
 		tr := &tier{name: t.Name, free: t.Free, quota: p.quota}
 		if q := t.Quota; q != nil {
@@ -290,6 +282,40 @@ func Compile(cfg Config) (*Policy, error) {
 		p.aggs = append(p.aggs, aggregate{bits: a.Bits, v4: a.V4, win: w})
 	}
 	return p, nil
+}
+
+// checkName refuses a class or tier name that is not a key part, or that
+// seen holds already, and adds it to seen.
+func checkName(what, name string, seen map[string]bool) error {
+	switch {
+	case !nameRE.MatchString(name):
+		return fmt.Errorf("%w: %s %q: a name is 1 to 32 letters, digits, '_' or '-'", ErrPolicy, what, name)
+	case seen[name]:
+		return fmt.Errorf("%w: %s %q twice", ErrPolicy, what, name)
+	}
+	seen[name] = true
+	return nil
+}
+
+// Assemble is the policy a gate's or the hooks' options describe: whole
+// (whole not nil; then limits, maxFilters, quota and identity must be
+// unset), or built from those parts, with DefaultLimits when limits is
+// nil.
+func Assemble(whole *Config, limits *Limits, maxFilters int, quota ratelimit.ActorQuota, identity *Identity) (Config, error) {
+	if whole != nil {
+		if limits != nil || quota != nil || identity != nil || maxFilters != 0 {
+			return Config{}, fmt.Errorf("%w: Options.Policy is set: Limits, Quota, Identity and MaxFilters go in it", ErrPolicy)
+		}
+		return *whole, nil
+	}
+	cfg := Config{Limits: DefaultLimits(), MaxFilters: maxFilters, Quota: quota}
+	if limits != nil {
+		cfg.Limits = *limits
+	}
+	if identity != nil {
+		cfg.Identity = *identity
+	}
+	return cfg, nil
 }
 
 // compileBudget prepares the per-type windows of l, REQ's for every filter
