@@ -20,6 +20,11 @@ import (
 // forwarded frame may hold; and which URL an AUTH must name.
 func printCheck(w io.Writer, cfg *config) {
 	fmt.Fprintln(w, "configuration OK")
+	if cfg.Shadow {
+		fmt.Fprintln(w, "mode: shadow (every window decides and counts, none refuses: what it would refuse is forwarded and counted shadow_limited)")
+	} else {
+		fmt.Fprintln(w, "mode: enforce (windows marked (shadow) decide and count but refuse nothing)")
+	}
 	if cfg.Redis == "" {
 		fmt.Fprintln(w, "store: memory (bounded; budgets are this process's own)")
 	} else {
@@ -30,16 +35,52 @@ func printCheck(w io.Writer, cfg *config) {
 
 	var table bytes.Buffer
 	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
-	printWindows(tw, "connection", cfg.Limits.Connection)
+	sh := cfg.Shadow
+	printWindows(tw, "connection", cfg.Limits.Connection, sh)
 	for _, t := range typeOrder() {
-		printWindows(tw, t.String(), cfg.Limits.Message[t])
+		printWindows(tw, t.String(), cfg.Limits.Message[t], sh)
 	}
-	tw.Flush()
-	for _, line := range strings.SplitAfter(table.String(), "\n") {
-		// Free types pad empty cells; keep the lines clean.
-		io.WriteString(w, strings.TrimRight(line, " \n"))
-		if strings.HasSuffix(line, "\n") {
-			io.WriteString(w, "\n")
+	flushTable(w, tw, &table)
+
+	if len(cfg.Kinds) > 0 {
+		fmt.Fprintln(w, "kind classes, charged to an EVENT of their kinds in addition to EVENT's windows:")
+		for _, c := range cfg.Kinds {
+			printWindows(tw, "kind "+c.Name+" ("+kindList(c.Kinds)+")", c.Limits, sh)
+		}
+		flushTable(w, tw, &table)
+	}
+	if len(cfg.Aggregates) > 0 {
+		fmt.Fprintln(w, "prefix aggregates, charged with every charge of a client inside them:")
+		for _, a := range cfg.Aggregates {
+			fam := "IPv6"
+			if a.V4 {
+				fam = "IPv4"
+			}
+			printWindows(tw, fmt.Sprintf("%s /%d", fam, a.Bits), a.Limits, sh)
+		}
+		flushTable(w, tw, &table)
+	}
+	if len(cfg.Tiers) > 0 {
+		fmt.Fprintln(w, "tiers, charged by the pubkey a connection proved (NIP-42) instead of its address:")
+		for _, ts := range cfg.Tiers {
+			quota := "the global quota"
+			switch {
+			case !ts.QuotaSet && cfg.QuotaUnlimited:
+				quota = "no quota (the global one is off)"
+			case ts.QuotaSet && ts.QuotaUnlimited:
+				quota = "no quota (unlimited)"
+			case ts.QuotaSet:
+				quota = fmt.Sprintf("%d events per %s", ts.QuotaEvents, formatDuration(ts.QuotaWindow))
+			}
+			from := ""
+			if ts.File != "" {
+				from = ", pubkeys_file " + ts.File
+			}
+			fmt.Fprintf(w, "  tier %s: %d members%s; quota: %s\n", ts.Name, len(ts.Pubkeys), from, quota)
+			for _, t := range typeOrder() {
+				printWindows(tw, "  "+t.String(), ts.Limits.Message[t], sh)
+			}
+			flushTable(w, tw, &table)
 		}
 	}
 
@@ -63,8 +104,14 @@ func printCheck(w io.Writer, cfg *config) {
 // the gate computes them, which may be below limits.max_filters) and the
 // largest frame of each type.
 func printShape(w io.Writer, cfg *config) {
-	// The gate lowers the bound to what every REQ window admits at once.
+	// The gate lowers the bound to what every REQ window admits at once,
+	// the tiers' included.
 	maxFilters := policy.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])
+	if pc, err := buildPolicy(cfg, localQuotas(nil)); err == nil {
+		if p, err := policy.Compile(pc); err == nil {
+			maxFilters = p.MaxFilters()
+		}
+	}
 	lowered := ""
 	if maxFilters < cfg.MaxFilters {
 		lowered = fmt.Sprintf("; limits.max_filters %d, lowered so that every REQ window admits a REQ of %d at once", cfg.MaxFilters, maxFilters)
@@ -97,28 +144,65 @@ func typeOrder() []relay.Type {
 	}
 }
 
-func printWindows(w io.Writer, name string, ls []ratelimit.Limit) {
+// flushTable writes the table tw has been filling into buf to w, and
+// empties buf for the next.
+func flushTable(w io.Writer, tw *tabwriter.Writer, buf *bytes.Buffer) {
+	tw.Flush()
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		// Free types pad empty cells; keep the lines clean.
+		io.WriteString(w, strings.TrimRight(line, " \n"))
+		if strings.HasSuffix(line, "\n") {
+			io.WriteString(w, "\n")
+		}
+	}
+	buf.Reset()
+}
+
+// kindList writes a class's kinds as the config does: "7, 20000-29999".
+func kindList(rs []policy.KindRange) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = strconv.Itoa(r.From)
+		if r.To != r.From {
+			parts[i] += "-" + strconv.Itoa(r.To)
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// printWindows writes the windows ls of name; every one is marked
+// "(shadow)" when it is in shadow, or all are when shadow (mode: shadow).
+func printWindows(w io.Writer, name string, ls []ratelimit.Limit, shadow bool) {
 	if len(ls) == 0 {
 		fmt.Fprintf(w, "  %s\tfree\t\t\n", name)
 		return
 	}
-	burst, sustained := -1, 0.0
+	burst, sustained, enforcing := -1, 0.0, 0
 	for i, l := range ls {
 		label := name
 		if i > 0 {
 			label = ""
 		}
-		fmt.Fprintf(w, "  %s\t%s\tburst %d\tsustained %s (one every %s)\n",
-			label, limitString(l), l.Burst(), rate(l.Sustained()), round(l.Interval()))
+		mark := ""
+		if l.Shadow || shadow {
+			mark = " (shadow)"
+		}
+		fmt.Fprintf(w, "  %s\t%s%s\tburst %d\tsustained %s (one every %s)\n",
+			label, limitString(l), mark, l.Burst(), rate(l.Sustained()), round(l.Interval()))
+		if mark != "" {
+			continue // refuses nothing
+		}
 		if b := l.Burst(); burst < 0 || b < burst {
 			burst = b
 		}
-		if s := l.Sustained(); i == 0 || s < sustained {
+		if s := l.Sustained(); enforcing == 0 || s < sustained {
 			sustained = s
 		}
+		enforcing++
 	}
-	if len(ls) > 1 {
-		// Every window must admit a message: the tightest one sets both.
+	if enforcing > 1 {
+		// Every enforcing window must admit a message: the tightest one
+		// sets both.
 		fmt.Fprintf(w, "  \ttogether\tburst %d\tsustained %s\n", burst, rate(sustained))
 	}
 }

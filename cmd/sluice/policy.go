@@ -40,9 +40,15 @@ type kindSpec struct{ from, to int64 }
 func (k *kindSpec) UnmarshalYAML(n ast.Node) error {
 	switch n := n.(type) {
 	case *ast.IntegerNode:
-		if v, ok := n.Value.(int64); ok {
+		switch v := n.Value.(type) {
+		case int64:
 			k.from, k.to = v, v
 			return nil
+		case uint64:
+			if v <= math.MaxInt32 {
+				k.from, k.to = int64(v), int64(v)
+				return nil
+			}
 		}
 	case *ast.StringNode:
 		a, b, ok := strings.Cut(n.Value, "-")

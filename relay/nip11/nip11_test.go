@@ -366,3 +366,112 @@ func TestNIP11HandlerServesStaleWhileRefreshing(t *testing.T) {
 		t.Errorf("after the refresh got %q, want v2", got)
 	}
 }
+
+// TestMergePolicy: rate_limits publishes the mode, the kind classes (kinds
+// as numbers and "from-to" ranges) and marks the windows in shadow; in
+// mode shadow every window.
+func TestMergePolicy(t *testing.T) {
+	lim := testLimitation(t)
+	lim.Limits.Message[0] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), {Rate: 240, Period: time.Minute, Shadow: true}}
+	lim.Kinds = []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}, {From: 20000, To: 29999}},
+		Limits: []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}}}
+	type window struct {
+		Rate   float64 `json:"rate"`
+		Shadow *bool   `json:"shadow"`
+	}
+	read := func(lim Limitation) (mode string, msg []window, kinds map[string]struct {
+		Kinds  []any    `json:"kinds"`
+		Limits []window `json:"limits"`
+	}) {
+		t.Helper()
+		out, err := Merge([]byte(`{}`), lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			RateLimits struct {
+				Mode    string              `json:"mode"`
+				Message map[string][]window `json:"message"`
+				Kinds   map[string]struct {
+					Kinds  []any    `json:"kinds"`
+					Limits []window `json:"limits"`
+				} `json:"kinds"`
+			} `json:"rate_limits"`
+		}
+		if err := json.Unmarshal(out, &doc); err != nil {
+			t.Fatal(err)
+		}
+		return doc.RateLimits.Mode, doc.RateLimits.Message["OTHER"], doc.RateLimits.Kinds
+	}
+	mode, msg, kinds := read(lim)
+	if mode != "enforce" {
+		t.Errorf("mode %q, want enforce", mode)
+	}
+	// An enforcing window says nothing of shadow; a shadow one says so.
+	if len(msg) != 2 || msg[0].Shadow != nil || msg[1].Shadow == nil || !*msg[1].Shadow {
+		t.Errorf("windows %+v: want only the second \"shadow\": true", msg)
+	}
+	r := kinds["reactions"]
+	if len(r.Kinds) != 2 || r.Kinds[0] != 7.0 || r.Kinds[1] != "20000-29999" || len(r.Limits) != 1 || r.Limits[0].Rate != 5 || r.Limits[0].Shadow != nil {
+		t.Errorf("kinds.reactions = %+v", r)
+	}
+	lim.Shadow = true
+	mode, msg, kinds = read(lim)
+	if mode != "shadow" || msg[0].Shadow == nil || kinds["reactions"].Limits[0].Shadow == nil {
+		t.Errorf("mode shadow: mode %q, windows %+v, kinds %+v: want every window in shadow", mode, msg, kinds)
+	}
+	lim.Kinds = nil
+	if _, _, kinds = read(lim); kinds != nil {
+		t.Errorf("kinds %v without classes, want none", kinds)
+	}
+}
+
+// TestHandlerSetLimitation: after SetLimitation the document served
+// carries the new limitation at once, re-merged from the document fetched
+// before (no new fetch) or from the new fallback.
+func TestHandlerSetLimitation(t *testing.T) {
+	var fetches atomic.Int32
+	h := &Handler{
+		Fetch: func(context.Context) ([]byte, error) {
+			fetches.Add(1)
+			return []byte(`{"name":"up","limitation":{"max_filters":50}}`), nil
+		},
+		Limitation: Limitation{MaxFilters: 10},
+	}
+	get := func(h *Handler) map[string]any {
+		t.Helper()
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		var doc map[string]any
+		if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil {
+			t.Fatal(err)
+		}
+		return doc
+	}
+	maxFilters := func(doc map[string]any) any { return doc["limitation"].(map[string]any)["max_filters"] }
+	if doc := get(h); maxFilters(doc) != 10.0 || doc["name"] != "up" {
+		t.Fatalf("first document %v", doc)
+	}
+	h.SetLimitation(Limitation{MaxFilters: 4}, nil)
+	if doc := get(h); maxFilters(doc) != 4.0 || doc["name"] != "up" {
+		t.Errorf("after SetLimitation: %v, want max_filters 4 on the upstream's document", doc)
+	}
+	if n := fetches.Load(); n != 1 {
+		t.Errorf("%d fetches, want the one document re-merged", n)
+	}
+
+	fb := &Handler{Fallback: []byte(`{"name":"a"}`), Limitation: Limitation{MaxFilters: 10}}
+	if doc := get(fb); doc["name"] != "a" || maxFilters(doc) != 10.0 {
+		t.Fatalf("fallback document %v", doc)
+	}
+	fb.SetLimitation(Limitation{MaxFilters: 3}, []byte(`{"name":"b"}`))
+	if doc := get(fb); doc["name"] != "b" || maxFilters(doc) != 3.0 {
+		t.Errorf("after SetLimitation: %v, want the new fallback with max_filters 3", doc)
+	}
+	// Set before the first request, too.
+	fresh := &Handler{Limitation: Limitation{MaxFilters: 10}}
+	fresh.SetLimitation(Limitation{MaxFilters: 2}, nil)
+	if doc := get(fresh); maxFilters(doc) != 2.0 {
+		t.Errorf("SetLimitation before any request: %v", doc)
+	}
+}
