@@ -342,7 +342,7 @@ func defaultFileConfig() fileConfig {
 			FrameSize:      map[string]integer{},
 			Kinds:          map[string]kindClassConfig{},
 		},
-		Quota:    quotaConfig{Events: 600, Window: "60s"},
+		Quota: quotaConfig{Events: 600, Window: "60s"},
 		Identity: identityConfig{IPv6Prefix: 64, TrustedProxies: []string{}, Header: "X-Forwarded-For",
 			IPv6Aggregate: []aggregateConfig{}, IPv4Aggregate: []aggregateConfig{}},
 		Allow: allowConfig{IPs: []string{}, Pubkeys: []string{}},

@@ -34,7 +34,7 @@ type metrics struct {
 	// shadow counts the running policy's windows in shadow by budget
 	// (setPolicy): no series while nothing is in shadow.
 	shadow  *prometheus.GaugeVec
-	latency   *prometheus.HistogramVec // registered by watch with the Redis store only
+	latency *prometheus.HistogramVec // registered by watch with the Redis store only
 
 	// The same counts as plain atomics, for the status page (reading a
 	// Prometheus counter back means writing it out as a protobuf).

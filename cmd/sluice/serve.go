@@ -46,11 +46,11 @@ type limiterParts struct {
 	quotas  *quotaCache // the actor quotas, global and per tier
 	// policy is the policy the gate was built with (a reload replaces
 	// the gate's, and keeps its own copy).
-	policy  policy.Config
-	redis   redis.UniversalClient
-	rstore  *redisstore.Store // nil with the memory store
-	store   string            // "memory" or the redacted Redis URL, for logs
-	ready   readyCheck        // /readyz's question to the store
+	policy policy.Config
+	redis  redis.UniversalClient
+	rstore *redisstore.Store // nil with the memory store
+	store  string            // "memory" or the redacted Redis URL, for logs
+	ready  readyCheck        // /readyz's question to the store
 }
 
 // newLimiter builds the store (memory, or Redis when cfg.Redis is set), the
