@@ -180,7 +180,11 @@ type Store struct {
 	timeout time.Duration
 	margin  time.Duration // before a deadline, the script writes nothing
 	observe func(time.Duration, error)
-	br      *breaker
+	// br is the breaker of the one node behind a plain or failover
+	// client. On a cluster each master has its own (nodes), and br counts
+	// only failures to find a key's master at all (no slot map loaded).
+	br    *breaker
+	nodes *nodes // nil unless the client is a *redis.ClusterClient
 
 	// trips counts the round trips that reached for Redis, tripFailures
 	// those Redis did not answer (see Stats).
@@ -261,6 +265,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		br:      br,
 		idBase:  hex.EncodeToString(seed[:3]),
 	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		st.nodes = newNodes(cc, opts.Breaker)
+	}
 	if c, ok := client.(*redis.Client); ok && c.Options().MaxRetries == 0 {
 		st.lean = true
 	}
@@ -300,15 +307,26 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// batchTrip is the batcher's report of one round trip.
-func (s *Store) batchTrip(probe, ok bool) {
+// batchTrip is the batcher's report of one round trip to the node whose
+// breaker is br (on a cluster, a batch reports once per node it reached).
+func (s *Store) batchTrip(br *breaker, probe, ok bool) {
 	s.trips.Add(1)
 	if ok {
-		s.br.record(probe, outcomeOK)
+		br.record(probe, outcomeOK)
 		return
 	}
 	s.tripFailures.Add(1)
-	s.br.record(probe, outcomeFailed)
+	br.record(probe, outcomeFailed)
+	s.reloadSlots()
+}
+
+// reloadSlots asks a cluster client for a fresh slot map (rate-limited):
+// a round trip towards a node failed, and the node may have lost its
+// slots to a replica.
+func (s *Store) reloadSlots() {
+	if s.nodes != nil {
+		s.nodes.reload()
+	}
 }
 
 // Stats are a Store's counters since New, for metrics and an outage log.
@@ -323,6 +341,10 @@ type Stats struct {
 	Overloaded uint64
 	// Direct is how many decisions went straight out, not queued.
 	Direct uint64
+	// SlotReloads is how many times a cluster Store asked its client for
+	// a fresh slot map after a failed round trip (at most one per
+	// SlotReloadEvery); 0 on other clients.
+	SlotReloads uint64
 }
 
 // Stats returns the store's counters now.
@@ -332,11 +354,42 @@ func (s *Store) Stats() Stats {
 		st.Overloaded += uint64(s.batch.expired.Load())
 		st.Direct = uint64(s.batch.direct.Load())
 	}
+	if s.nodes != nil {
+		st.SlotReloads = s.nodes.reloads.Load()
+	}
 	return st
 }
 
-// BreakerState reports the breaker's state now, for metrics.
-func (s *Store) BreakerState() BreakerState { return s.br.state() }
+// BreakerState reports the breaker's state now, for metrics. On a cluster
+// it is the worst of the masters' breakers (open, then half-open, then
+// closed) among the masters decisions were routed to in the last 3 s,
+// and of the breaker that refuses decisions while no slot map can be
+// loaded at all: "open" then means some clients are refused, not all (see
+// NodeBreakers for which node).
+func (s *Store) BreakerState() BreakerState {
+	st := s.br.state()
+	if s.nodes != nil {
+		for _, nd := range s.nodes.live() {
+			st = worse(st, nd.br.state())
+		}
+	}
+	return st
+}
+
+// NodeBreakers reports, on a cluster, the breaker of each master decisions
+// were routed to in the last 3 s, sorted by address; nil on a plain or
+// failover client, whose one breaker is BreakerState.
+func (s *Store) NodeBreakers() []NodeBreaker {
+	if s.nodes == nil {
+		return nil
+	}
+	live := s.nodes.live()
+	out := make([]NodeBreaker, len(live))
+	for i, nd := range live {
+		out[i] = NodeBreaker{Addr: nd.addr, State: nd.br.state()}
+	}
+	return out
+}
 
 // Decide implements ratelimit.Store: it runs the EWMA script over every
 // window of key in one round trip. A zero now means Redis TIME; otherwise
@@ -360,8 +413,33 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	if !ok {
 		return ratelimit.Decision{}, errBreakerOpen
 	}
-
+	br := s.br
+	var req *request
 	start := time.Now()
+	if s.nodes != nil {
+		// The breaker that judges this decision is its master's. s.br
+		// only refuses while the client cannot load a slot map at all.
+		rk := routeKey(key)
+		if rk == "" {
+			req = s.request(key, limits, now)
+			rk = req.keys[0]
+		}
+		nd, err := s.nodes.of(ctx, rk, start)
+		if err != nil {
+			if !errors.Is(ctx.Err(), context.Canceled) {
+				s.br.record(probe, outcomeFailed)
+			} else {
+				s.br.record(probe, outcomeIgnored)
+			}
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+		}
+		s.br.record(probe, outcomeOK)
+		br = nd.br
+		if probe, ok = br.allow(); !ok {
+			return ratelimit.Decision{}, nd.errOpen
+		}
+	}
+
 	var deadline time.Time
 	if s.timeout > 0 {
 		deadline = start.Add(s.timeout)
@@ -369,21 +447,23 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}
-	req := s.request(key, limits, now)
+	if req == nil {
+		req = s.request(key, limits, now)
+	}
 	var d ratelimit.Decision
 	var err error
 	switch {
 	case s.batch != nil && s.batch.tryDirect():
-		d, err = s.direct(ctx, deadline, probe, req, limits)
+		d, err = s.direct(ctx, deadline, br, probe, req, limits)
 		s.batch.finish()
 	case s.batch != nil:
-		c := &call{req: req, asked: start, deadline: deadline, probe: probe}
+		c := &call{req: req, asked: start, deadline: deadline, br: br, probe: probe}
 		d, err = s.batch.queueLocked(ctx, c) // tryDirect left b.mu held
 		if probe && !c.sent.Load() {
-			s.br.record(true, outcomeIgnored) // never sent: hand the probe slot back
+			br.record(true, outcomeIgnored) // never sent: hand the probe slot back
 		}
 	default:
-		d, err = s.direct(ctx, deadline, probe, req, limits)
+		d, err = s.direct(ctx, deadline, br, probe, req, limits)
 	}
 	if s.observe != nil {
 		s.observe(time.Since(start), err)
@@ -408,12 +488,12 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 // deadline passed does: Redis did not answer within it, and were that not
 // counted, callers with deadlines shorter than Timeout would keep the
 // breaker closed on a hung Redis forever.
-func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req *request, limits []ratelimit.Limit) (ratelimit.Decision, error) {
+func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, probe bool, req *request, limits []ratelimit.Limit) (ratelimit.Decision, error) {
 	if !deadline.IsZero() && !time.Now().Before(deadline) {
 		// Expired before it was sent (the caller's deadline was already
 		// past, or this goroutine waited for a CPU): our overload.
 		s.overloaded.Add(1)
-		s.br.record(probe, outcomeIgnored)
+		br.record(probe, outcomeIgnored)
 		return ratelimit.Decision{}, ErrOverloaded
 	}
 	callCtx, cancel := ctx, context.CancelFunc(nil)
@@ -434,12 +514,13 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req 
 	s.trips.Add(1)
 	switch {
 	case answered(err):
-		s.br.record(probe, outcomeOK)
+		br.record(probe, outcomeOK)
 	case errors.Is(ctx.Err(), context.Canceled):
-		s.br.record(probe, outcomeIgnored)
+		br.record(probe, outcomeIgnored)
 	default:
 		s.tripFailures.Add(1)
-		s.br.record(probe, outcomeFailed)
+		br.record(probe, outcomeFailed)
+		s.reloadSlots()
 	}
 	return d, err
 }

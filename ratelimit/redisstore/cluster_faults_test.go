@@ -1,0 +1,494 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+// crc16 is Redis Cluster's key hash: CRC-16/XMODEM (polynomial 0x1021,
+// initial value 0, no reflection).
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// keySlot is CLUSTER KEYSLOT: the slot of the key's first non-empty
+// {hash tag}, or of the whole key.
+func keySlot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return int(crc16(key) % 16384)
+}
+
+// cluster is a Redis Cluster of three masters, each with one replica, on
+// free loopback ports, owned by one test.
+type cluster struct {
+	masters, replicas []*redistest.Server
+	ranges            [][2]int // ranges[i]: the slots of masters[i]
+	admin             []*redis.Client
+}
+
+// startReplicatedCluster starts 3 masters and 3 replicas with cluster mode
+// on (node timeout nodeTimeout, and without full coverage required, so
+// that the slots of a failed master do not take the others down), splits
+// the slots between the masters, joins them, makes node 3+i a replica of
+// node i with CLUSTER REPLICATE, and returns once every node reports
+// cluster_state:ok and every replica is in sync.
+func startReplicatedCluster(t *testing.T, nodeTimeout time.Duration) *cluster {
+	t.Helper()
+	ctx := context.Background()
+	cl := &cluster{ranges: [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}}
+	var all []*redistest.Server
+	var buses []string
+	for range 6 {
+		bus := strconv.Itoa(redistest.FreePort(t))
+		srv := redistest.Start(t,
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf",
+			"--cluster-port", bus,
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			"--cluster-require-full-coverage", "no",
+			"--cluster-replica-validity-factor", "0",
+			"--repl-diskless-sync", "yes",
+			"--repl-diskless-sync-delay", "0",
+		)
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		all = append(all, srv)
+		buses = append(buses, bus)
+		cl.admin = append(cl.admin, c)
+	}
+	cl.masters, cl.replicas = all[:3], all[3:]
+	for i, r := range cl.ranges {
+		if err := cl.admin[i].Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", i+1).Err(); err != nil {
+			t.Fatalf("SET-CONFIG-EPOCH: %v", err)
+		}
+		if err := cl.admin[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", r[0], r[1]).Err(); err != nil {
+			t.Fatalf("ADDSLOTSRANGE on %s: %v", all[i].Addr(), err)
+		}
+	}
+	for i, s := range all[1:] {
+		if err := cl.admin[0].Do(ctx, "CLUSTER", "MEET", "127.0.0.1", s.Port, buses[i+1]).Err(); err != nil {
+			t.Fatalf("CLUSTER MEET %s: %v", s.Addr(), err)
+		}
+	}
+	cl.waitInfo(t, func(i int, info string) bool { return strings.Contains(info, "cluster_known_nodes:6") })
+	for i := range 3 {
+		id, err := cl.admin[i].Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		poll(t, 30*time.Second, "replica knows its master", func() bool {
+			return cl.admin[3+i].Do(ctx, "CLUSTER", "REPLICATE", id).Err() == nil
+		})
+	}
+	cl.waitInfo(t, func(i int, info string) bool { return strings.Contains(info, "cluster_state:ok") })
+	cl.waitSync(t)
+	return cl
+}
+
+// waitInfo waits until ok holds of every node's CLUSTER INFO.
+func (cl *cluster) waitInfo(t *testing.T, ok func(i int, info string) bool) {
+	t.Helper()
+	for i, c := range cl.admin {
+		poll(t, 30*time.Second, "cluster info", func() bool {
+			info, err := c.ClusterInfo(context.Background()).Result()
+			return err == nil && ok(i, info)
+		})
+	}
+}
+
+// waitSync waits until every live master's replica is online with the
+// master's whole replication stream.
+func (cl *cluster) waitSync(t *testing.T) {
+	t.Helper()
+	for i := range 3 {
+		poll(t, 30*time.Second, "replica in sync", func() bool {
+			m := cl.infoField(cl.admin[i], "master_repl_offset")
+			r := cl.infoField(cl.admin[3+i], "slave_repl_offset")
+			up := cl.infoField(cl.admin[3+i], "master_link_status")
+			return m != "" && m == r && up == "up"
+		})
+	}
+}
+
+func (cl *cluster) infoField(c *redis.Client, field string) string {
+	info, err := c.Info(context.Background(), "replication").Result()
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// addrs returns every node's address, for a seed list.
+func (cl *cluster) addrs() string {
+	var a []string
+	for _, s := range append(slices.Clone(cl.masters), cl.replicas...) {
+		a = append(a, s.Addr())
+	}
+	return strings.Join(a, ",")
+}
+
+// clients returns n client names per master whose slot that master
+// serves, by their hash tag.
+func (cl *cluster) clients(n int) [][]string {
+	out := make([][]string, 3)
+	for i := 0; len(out[0]) < n || len(out[1]) < n || len(out[2]) < n; i++ {
+		name := "client-" + strconv.Itoa(i)
+		slot := keySlot(ratelimit.MessageKey(name, "EVENT"))
+		for m, r := range cl.ranges {
+			if slot >= r[0] && slot <= r[1] && len(out[m]) < n {
+				out[m] = append(out[m], name)
+			}
+		}
+	}
+	return out
+}
+
+func poll(t *testing.T, limit time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v", what, limit)
+		}
+		time.Sleep(20 * time.Millisecond) // polling real processes, not making time pass
+	}
+}
+
+// TestKeySlot: our CRC16 agrees with the cluster's CLUSTER KEYSLOT.
+func TestKeySlot(t *testing.T) {
+	if got := crc16("123456789"); got != 0x31C3 {
+		t.Fatalf("crc16(123456789) = %#x, want 0x31c3", got)
+	}
+	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(redistest.FreePort(t)))
+	c := client(t, srv.Addr())
+	keys := []string{"", "a", "foo", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{}", "{", "}{x}",
+		DefaultPrefix + ratelimit.MessageKey("alice", "EVENT") + ":1000", DefaultPrefix + "notag:message:EVENT:60000"}
+	for i := range 200 {
+		keys = append(keys, "client-"+strconv.Itoa(i))
+	}
+	for _, k := range keys {
+		want, err := c.ClusterKeySlot(context.Background(), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := keySlot(k); int64(got) != want {
+			t.Errorf("keySlot(%q) = %d, CLUSTER KEYSLOT says %d", k, got, want)
+		}
+	}
+}
+
+// faultLoad is concurrent load from several Stores on one cluster, with
+// every outcome tallied per master.
+type faultLoad struct {
+	stores  []*Store
+	clients [][]string // per master
+	limits  []ratelimit.Limit
+	start   time.Time
+
+	mu        sync.Mutex
+	tally     [3]struct{ decided, unavailable, allowed int }
+	during    [3]struct{ decided, asked int } // while fault is set
+	firstOK   [3][]time.Time                  // per master, per store: first decision after fault began
+	lastFail  [3]time.Time                    // per master: the last refusal as unavailable
+	allowedBy map[string]int
+	lies      []string
+	healthy   []string // sample refusals of clients on a master with no fault
+
+	fault   atomic.Int64 // unix ns the fault began; 0: none yet
+	faulty  int          // the master the fault hits
+	healed  atomic.Int64 // unix ns: decisions of the faulty master's clients succeed again in every store
+	stopped atomic.Bool
+}
+
+// burst is each client's budget: with a half-life of an hour, a test's
+// seconds give nothing back, so admitted decisions per client, over every
+// store, must never exceed it.
+const burst = 20
+
+func newFaultLoad(t *testing.T, cl *cluster, nStores int) *faultLoad {
+	t.Helper()
+	l := &faultLoad{
+		clients:   cl.clients(8),
+		limits:    []ratelimit.Limit{ratelimit.PerPeriod(burst, time.Hour), ratelimit.PerPeriod(10*burst, 24*time.Hour)},
+		allowedBy: map[string]int{},
+		faulty:    -1,
+	}
+	for i := range nStores {
+		c, err := NewClient("redis+cluster://" + cl.addrs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		opts := Options{Timeout: 250 * time.Millisecond}
+		if i%2 == 0 {
+			opts.Batch = 32 // as the binary runs it; the other store decides each alone
+		}
+		s := newStore(t, c, opts)
+		t.Cleanup(func() { _ = s.Close() })
+		l.stores = append(l.stores, s)
+	}
+	for m := range 3 {
+		l.firstOK[m] = make([]time.Time, nStores)
+	}
+	return l
+}
+
+// run starts workers per store, each deciding for every client in turn,
+// paced so that two shared cores keep up; stop waits for them.
+func (l *faultLoad) run(t *testing.T, workers int) (stop func()) {
+	var wg sync.WaitGroup
+	l.start = time.Now()
+	for si, s := range l.stores {
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tick := time.NewTicker(2 * time.Millisecond)
+				defer tick.Stop()
+				for n := w; !l.stopped.Load(); n++ {
+					m := n % 3
+					name := l.clients[m][(n/3)%len(l.clients[m])]
+					l.decide(t, si, s, m, name)
+					<-tick.C
+				}
+			}()
+		}
+	}
+	return func() { l.stopped.Store(true); wg.Wait() }
+}
+
+func (l *faultLoad) decide(t *testing.T, si int, s *Store, m int, name string) {
+	d, err := s.Decide(context.Background(), ratelimit.MessageKey(name, "EVENT"), l.limits, time.Time{})
+	now := time.Now()
+	fault := l.fault.Load()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if fault != 0 {
+		l.during[m].asked++
+	}
+	switch {
+	case err != nil && !errors.Is(err, ratelimit.ErrUnavailable):
+		l.lies = append(l.lies, fmt.Sprintf("%s: error not wrapping ErrUnavailable: %v", name, err))
+	case err != nil:
+		l.tally[m].unavailable++
+		l.lastFail[m] = now
+		if m != l.faulty && len(l.healthy) < 5 {
+			l.healthy = append(l.healthy, fmt.Sprintf("+%v %s (store %d): %v", now.Sub(l.start).Round(time.Millisecond), name, si, err))
+		}
+	case d.Allowed && d.Wait != 0, !d.Allowed && d.Wait <= 0, len(d.Scores) != len(l.limits):
+		l.lies = append(l.lies, fmt.Sprintf("%s: inconsistent decision %+v", name, d))
+	default:
+		l.tally[m].decided++
+		if fault != 0 {
+			l.during[m].decided++
+			if l.firstOK[m][si].IsZero() && now.UnixNano() > fault {
+				l.firstOK[m][si] = now
+			}
+		}
+		if d.Allowed {
+			l.tally[m].allowed++
+			l.allowedBy[name]++
+			if l.allowedBy[name] > burst {
+				l.lies = append(l.lies, fmt.Sprintf("%s: admitted %d times, burst %d", name, l.allowedBy[name], burst))
+			}
+		}
+	}
+}
+
+// spend charges every client its whole burst, from every store at once,
+// and checks that the burst was shared: exactly burst admitted per client
+// however the attempts were spread over the stores.
+func (l *faultLoad) spend(t *testing.T) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for m := range 3 {
+		for _, name := range l.clients[m] {
+			for si, s := range l.stores {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range burst {
+						l.decide(t, si, s, m, name)
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for m := range 3 {
+		for _, name := range l.clients[m] {
+			if got := l.allowedBy[name]; got != burst {
+				t.Errorf("%s: %d admitted over %d stores × %d attempts, want the one shared burst %d", name, got, len(l.stores), burst, burst)
+			}
+		}
+		if l.tally[m].unavailable != 0 {
+			t.Errorf("master %d: %d decisions unavailable with every node up: %v", m, l.tally[m].unavailable, l.healthy)
+		}
+	}
+}
+
+// check reports lies and the healthy masters' share, and returns it.
+func (l *faultLoad) check(t *testing.T, what string) float64 {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, lie := range l.lies[:min(len(l.lies), 10)] {
+		t.Error(lie)
+	}
+	for _, e := range l.healthy {
+		t.Logf("%s: refused a healthy master's client: %s", what, e)
+	}
+	healthy, asked := 0, 0
+	for m := range 3 {
+		t.Logf("%s: master %d: %d decided (%d admitted), %d unavailable; while faulty: %d of %d decided",
+			what, m, l.tally[m].decided, l.tally[m].allowed, l.tally[m].unavailable, l.during[m].decided, l.during[m].asked)
+		if m != l.faulty {
+			healthy += l.during[m].decided
+			asked += l.during[m].asked
+		}
+	}
+	share := float64(healthy) / float64(max(asked, 1))
+	t.Logf("%s: clients on the healthy masters: %d of %d decisions kept (%.2f%%) while the fault lasted", what, healthy, asked, 100*share)
+	if asked == 0 {
+		t.Errorf("%s: no decisions asked during the fault", what)
+	}
+	if share < 0.99 {
+		t.Errorf("%s: healthy masters kept %.2f%% of their decisions, want at least 99%%", what, 100*share)
+	}
+	return share
+}
+
+// TestClusterMasterKilled (issue 13): a master is killed under load from
+// three stores. Its clients are refused as unavailable, never lied to;
+// clients on the other masters keep their decisions; once its replica is
+// promoted, the stores reload the slot map and its clients are decided
+// again, with the budgets the replica kept.
+func TestClusterMasterKilled(t *testing.T) {
+	cl := startReplicatedCluster(t, time.Second)
+	l := newFaultLoad(t, cl, 3)
+	l.spend(t)
+	cl.waitSync(t) // the replicas hold every charge before the kill
+	const victim = 1
+	l.faulty = victim
+	stop := l.run(t, 4)
+	time.Sleep(300 * time.Millisecond) // load before the fault, on real processes
+
+	kill := time.Now()
+	l.fault.Store(kill.UnixNano())
+	cl.masters[victim].Kill()
+	var promoted time.Time
+	poll(t, 30*time.Second, "replica promoted", func() bool {
+		role, err := cl.admin[3+victim].Do(context.Background(), "ROLE").Slice()
+		if err == nil && len(role) > 0 && role[0] == "master" {
+			promoted = time.Now()
+			return true
+		}
+		return false
+	})
+	poll(t, 20*time.Second, "decisions for the dead master's clients resume in every store", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return !slices.ContainsFunc(l.firstOK[victim], time.Time.IsZero)
+	})
+	time.Sleep(500 * time.Millisecond) // they go on being decided
+	stop()
+
+	l.mu.Lock()
+	heal := slices.MaxFunc(l.firstOK[victim], time.Time.Compare)
+	lastFail := l.lastFail[victim]
+	l.mu.Unlock()
+	t.Logf("killed master %s: replica promoted at +%v; decisions resumed in every store at +%v from the kill, %v after the promotion (last refusal at +%v)",
+		cl.masters[victim].Addr(), promoted.Sub(kill).Round(time.Millisecond), heal.Sub(kill).Round(time.Millisecond),
+		heal.Sub(promoted).Round(time.Millisecond), lastFail.Sub(kill).Round(time.Millisecond))
+	for i, s := range l.stores {
+		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.BreakerState(), s.NodeBreakers())
+	}
+	l.check(t, "master killed")
+	if l.tally[victim].unavailable == 0 {
+		t.Errorf("no decision of the dead master's clients was refused as unavailable")
+	}
+}
+
+// TestClusterMasterHung (issue 13): a master stops answering (SIGSTOP)
+// for two seconds, shorter than the node timeout, so no failover: its
+// clients are refused as unavailable while clients on the other masters
+// keep their decisions, and its clients are decided again after it
+// resumes.
+func TestClusterMasterHung(t *testing.T) {
+	cl := startReplicatedCluster(t, 10*time.Second)
+	l := newFaultLoad(t, cl, 3)
+	l.spend(t)
+	const victim = 2
+	l.faulty = victim
+	stop := l.run(t, 4)
+	time.Sleep(300 * time.Millisecond) // load before the fault, on real processes
+
+	pause := time.Now()
+	l.fault.Store(pause.UnixNano())
+	cl.masters[victim].Pause()
+	time.Sleep(2 * time.Second) // the hang lasts this long on a real process
+	l.mu.Lock()
+	refused := l.tally[victim].unavailable
+	l.mu.Unlock()
+	cl.masters[victim].Resume()
+	resumed := time.Now()
+	l.mu.Lock()
+	for i := range l.firstOK[victim] {
+		l.firstOK[victim][i] = time.Time{}
+	}
+	l.fault.Store(resumed.UnixNano())
+	l.mu.Unlock()
+	poll(t, 20*time.Second, "decisions for the hung master's clients resume in every store", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return !slices.ContainsFunc(l.firstOK[victim], time.Time.IsZero)
+	})
+	stop()
+	l.mu.Lock()
+	heal := slices.MaxFunc(l.firstOK[victim], time.Time.Compare)
+	l.mu.Unlock()
+	t.Logf("hung master %s for %v: decisions resumed in every store %v after SIGCONT", cl.masters[victim].Addr(),
+		resumed.Sub(pause).Round(time.Millisecond), heal.Sub(resumed).Round(time.Millisecond))
+	for i, s := range l.stores {
+		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.BreakerState(), s.NodeBreakers())
+	}
+	l.check(t, "master hung")
+	if refused == 0 {
+		t.Errorf("no decision of the hung master's clients was refused as unavailable")
+	}
+}
