@@ -38,6 +38,7 @@ type nodes struct {
 	mu  sync.Mutex                       // held to add or forget a node
 	all atomic.Pointer[map[string]*node] // copied on write: read without a lock
 
+	loaded     atomic.Bool  // the client has a slot map
 	lastReload atomic.Int64 // unix ns of the last reload asked
 	reloads    atomic.Uint64
 }
@@ -71,10 +72,20 @@ func routeKey(key string) string {
 }
 
 // of returns the health of the master that key's slot routes to now.
-func (n *nodes) of(ctx context.Context, key string, now time.Time) (*node, error) {
+// Until the client has loaded a slot map once, finding the master may
+// load one, bounded by deadline (zero: none); after that it is a lookup.
+func (n *nodes) of(ctx context.Context, deadline time.Time, key string, now time.Time) (*node, error) {
+	if !n.loaded.Load() && !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	c, err := n.cc.MasterForKey(ctx, key)
 	if err != nil {
 		return nil, err
+	}
+	if !n.loaded.Load() {
+		n.loaded.Store(true) // go-redis keeps a loaded slot map until a newer one loads
 	}
 	addr := c.Options().Addr
 	nd := (*n.all.Load())[addr]

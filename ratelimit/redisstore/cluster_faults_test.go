@@ -199,6 +199,17 @@ func TestKeySlot(t *testing.T) {
 	for i := range 200 {
 		keys = append(keys, "client-"+strconv.Itoa(i))
 	}
+	for i := range 50 {
+		// The store routes a tagged key by the key itself: same slot as
+		// its windows' full keys.
+		k := ratelimit.MessageKey("client-"+strconv.Itoa(i), "EVENT")
+		if rk := routeKey(k); rk == "" || keySlot(rk) != keySlot(DefaultPrefix+k+":1000") {
+			t.Errorf("routeKey(%q) = %q: not the slot of its windows", k, rk)
+		}
+	}
+	if rk := routeKey("notag:message:EVENT"); rk != "" {
+		t.Errorf("routeKey of an untagged key = %q, want \"\"", rk)
+	}
 	for _, k := range keys {
 		want, err := c.ClusterKeySlot(context.Background(), k).Result()
 		if err != nil {
@@ -490,5 +501,117 @@ func TestClusterMasterHung(t *testing.T) {
 	l.check(t, "master hung")
 	if refused == 0 {
 		t.Errorf("no decision of the hung master's clients was refused as unavailable")
+	}
+}
+
+// TestClusterEmptyRestart measures what a Redis restart without failover
+// gives back (issue 13): a master killed and started again at once, with
+// no persistence, before the cluster's node timeout could fail it over,
+// comes back owning its slots and empty, and its replica, resyncing from
+// it, empties too. Every client of that master that had spent its burst
+// has it whole again; clients of the other masters do not.
+func TestClusterEmptyRestart(t *testing.T) {
+	cl := startReplicatedCluster(t, 10*time.Second)
+	l := newFaultLoad(t, cl, 2)
+	l.spend(t)
+	cl.waitSync(t)
+	const victim = 0
+	cl.masters[victim].Restart()
+	cl.waitInfo(t, func(i int, info string) bool { return strings.Contains(info, "cluster_state:ok") })
+	cl.waitSync(t)
+	replicaKeys, err := cl.admin[3+victim].DBSize(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.stores[1]
+	got := make([]int, 3) // per master: spent clients admitted their whole burst again
+	for m := range 3 {
+		for _, name := range l.clients[m] {
+			admitted := 0
+			var d ratelimit.Decision
+			var err error
+			for range burst + 1 {
+				// The first calls after the restart may find the
+				// pool's connections to the restarted node dead: retry
+				// those, they are not what is measured.
+				for range 20 {
+					if d, err = s.Decide(context.Background(), ratelimit.MessageKey(name, "EVENT"), l.limits, time.Time{}); err == nil {
+						break
+					}
+				}
+				if err != nil {
+					t.Fatalf("%s after the restart: %v", name, err)
+				}
+				if d.Allowed {
+					admitted++
+				}
+			}
+			if admitted == burst {
+				got[m]++
+			} else if admitted != 0 {
+				t.Logf("%s: %d of its burst %d back", name, admitted, burst)
+			}
+		}
+	}
+	t.Logf("master %s restarted empty without failover: %d of %d spent clients got their whole burst (%d) back; its replica holds %d keys after resyncing; clients of the other masters: %d and %d of %d",
+		cl.masters[victim].Addr(), got[victim], len(l.clients[victim]), burst, replicaKeys, got[1], got[2], len(l.clients[1]))
+	if got[1] != 0 || got[2] != 0 {
+		t.Errorf("clients of masters that were not restarted got budget back: %v", got)
+	}
+	if got[victim] == 0 {
+		t.Errorf("no client of the restarted master got its burst back: was it restarted empty?")
+	}
+}
+
+// TestEmptyRestartPersistence measures the same restart on one Redis with
+// the persistence the README recommends (appendonly yes, appendfsync
+// everysec), against none: how many of the spent clients get their burst
+// back when the process is killed (SIGKILL) and started again.
+func TestEmptyRestartPersistence(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"none", nil},
+		{"aof-everysec", []string{"--appendonly", "yes", "--appendfsync", "everysec"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t, tc.args...)
+			s := newStore(t, client(t, srv.Addr()), slow)
+			limits := []ratelimit.Limit{ratelimit.PerPeriod(burst, time.Hour)}
+			const n = 50
+			key := func(i int) string { return ratelimit.MessageKey("c"+strconv.Itoa(i), "EVENT") }
+			for i := range n {
+				for range burst {
+					if _, err := s.Decide(context.Background(), key(i), limits, time.Time{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			srv.Restart()
+			back := 0
+			for i := range n {
+				admitted := 0
+				for range burst {
+					d, err := s.Decide(context.Background(), key(i), limits, time.Time{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if d.Allowed {
+						admitted++
+					}
+				}
+				if admitted == burst {
+					back++
+				}
+			}
+			t.Logf("persistence %s: SIGKILL and restart gave %d of %d spent clients their whole burst (%d) back", tc.name, back, n, burst)
+			switch {
+			case tc.args == nil && back != n:
+				t.Errorf("without persistence %d of %d got their burst back, want all", back, n)
+			case tc.args != nil && back != 0:
+				t.Errorf("with AOF %d of %d got their burst back, want none (the writes reached the kernel before the kill)", back, n)
+			}
+		})
 	}
 }

@@ -416,6 +416,13 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 	br := s.br
 	var req *request
 	start := time.Now()
+	var deadline time.Time
+	if s.timeout > 0 {
+		deadline = start.Add(s.timeout)
+	}
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
 	if s.nodes != nil {
 		// The breaker that judges this decision is its master's. s.br
 		// only refuses while the client cannot load a slot map at all.
@@ -424,28 +431,24 @@ func (s *Store) Decide(ctx context.Context, key string, limits []ratelimit.Limit
 			req = s.request(key, limits, now)
 			rk = req.keys[0]
 		}
-		nd, err := s.nodes.of(ctx, rk, start)
-		if err != nil {
-			if !errors.Is(ctx.Err(), context.Canceled) {
-				s.br.record(probe, outcomeFailed)
-			} else {
-				s.br.record(probe, outcomeIgnored)
-			}
+		nd, err := s.nodes.of(ctx, deadline, rk, start)
+		switch {
+		case err != nil && errors.Is(ctx.Err(), context.Canceled):
+			s.br.record(probe, outcomeIgnored)
 			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+		case err != nil:
+			s.br.record(probe, outcomeFailed)
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+		case probe:
+			// Only a probe's success is counted: once a slot map is
+			// loaded, finding a master cannot fail again, and counting
+			// every decision would take a lock per decision.
+			s.br.record(true, outcomeOK)
 		}
-		s.br.record(probe, outcomeOK)
 		br = nd.br
 		if probe, ok = br.allow(); !ok {
 			return ratelimit.Decision{}, nd.errOpen
 		}
-	}
-
-	var deadline time.Time
-	if s.timeout > 0 {
-		deadline = start.Add(s.timeout)
-	}
-	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-		deadline = d
 	}
 	if req == nil {
 		req = s.request(key, limits, now)
