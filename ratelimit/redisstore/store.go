@@ -64,6 +64,23 @@
 // when Redis returns (including an emptied script cache: EVALSHA falls back
 // to EVAL on NOSCRIPT).
 //
+// # Cluster
+//
+// On a *redis.ClusterClient each master has its own breaker, with the same
+// rules: a decision is judged, and its round trip counted, by the breaker
+// of the master its key's slot routes to in the client's slot map
+// (MasterForKey), so a dead or hung master refuses, as unavailable (its
+// error names the node), only the clients whose slots it serves. A batch
+// for several masters goes as one pipeline per master, at once, and counts
+// one round trip for each. A round trip that fails towards a node (a
+// timeout, a refused or reset connection, CLUSTERDOWN) also asks the
+// client to reload its slot map (ReloadState), at most once per
+// SlotReloadEvery: without it go-redis kept sending to a dead master's
+// address for up to a minute (its periodic reload) after a replica took
+// its slots over. BreakerState is then the worst of the masters' breakers
+// (NodeBreakers gives each). A standalone or Sentinel client has one node
+// and one breaker.
+//
 // # Batching
 //
 // With Options.Batch, a decision goes straight out from its caller, alone,
@@ -75,7 +92,8 @@
 // MGET of every window, one TIME and each distinct limit list parsed once —
 // since Redis's single command thread, not the network, is what a busy
 // gate runs out of first. On a cluster each decision stays its own call
-// (its keys are in its client's slot), pipelined. Each decision keeps its
+// (its keys are in its client's slot), pipelined, one pipeline per master
+// (see Cluster). Each decision keeps its
 // own whole deadline from the moment it was asked: a queued decision waits
 // for a free round trip at most a twentieth of the Timeout before another
 // is started for it (see batcher). go-redis's auto-pipeliner would
