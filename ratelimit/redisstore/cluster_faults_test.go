@@ -508,6 +508,23 @@ func TestClusterMasterHung(t *testing.T) {
 	l.mu.Lock()
 	refused := l.tally[victim].unavailable
 	l.mu.Unlock()
+	// Each store's breaker for the hung master is open (or probing), and
+	// the store's summary says so; the others' are not what refuses.
+	for i, s := range l.stores {
+		nb := s.NodeBreakers()
+		t.Logf("store %d during the hang: breaker %v, nodes %v", i, s.BreakerState(), nb)
+		for _, n := range nb {
+			if n.Addr == cl.masters[victim].Addr() && n.State == BreakerClosed {
+				t.Errorf("store %d: the hung master's breaker is closed after 2 s of timeouts", i)
+			}
+		}
+		if !slices.ContainsFunc(nb, func(n NodeBreaker) bool { return n.Addr == cl.masters[victim].Addr() }) {
+			t.Errorf("store %d: NodeBreakers %v does not name the hung master %s", i, nb, cl.masters[victim].Addr())
+		}
+		if s.BreakerState() == BreakerClosed {
+			t.Errorf("store %d: BreakerState closed while a master's breaker is open", i)
+		}
+	}
 	cl.masters[victim].Resume()
 	resumed := time.Now()
 	l.mu.Lock()

@@ -349,10 +349,10 @@ func (s *Store) reloadSlots() {
 
 // Stats are a Store's counters since New, for metrics and an outage log.
 type Stats struct {
-	// RoundTrips is how many calls reached for Redis (a batch is one), and
-	// RoundTripFailures how many of them Redis did not answer in time or
-	// answered with something other than the script's reply: what the
-	// breaker measures.
+	// RoundTrips is how many calls reached for Redis (a batch is one; on a
+	// cluster, one per master it went to), and RoundTripFailures how many
+	// of them Redis did not answer in time or answered with something
+	// other than the script's reply: what the breakers measure.
 	RoundTrips, RoundTripFailures uint64
 	// Overloaded is how many decisions expired in the store's own queue,
 	// never sent (ErrOverloaded): the gate's overload, not Redis's.
