@@ -442,18 +442,29 @@ func (l *faultLoad) check(t *testing.T, what string) float64 {
 // promoted, the stores reload the slot map and its clients are decided
 // again, with the budgets the replica kept.
 func TestClusterMasterKilled(t *testing.T) {
+	clusterFailover(t, "master killed", (*redistest.Server).Kill)
+}
+
+// TestClusterMasterHungFailedOver: the same with the master hung (SIGSTOP)
+// past the node timeout, so that its replica is promoted while the old
+// master still holds its connections open.
+func TestClusterMasterHungFailedOver(t *testing.T) {
+	clusterFailover(t, "master hung past the node timeout", (*redistest.Server).Pause)
+}
+
+func clusterFailover(t *testing.T, what string, fault func(*redistest.Server)) {
 	cl := startReplicatedCluster(t, time.Second)
 	l := newFaultLoad(t, cl, 3)
 	l.spend(t)
-	cl.waitSync(t) // the replicas hold every charge before the kill
+	cl.waitSync(t) // the replicas hold every charge before the fault
 	const victim = 1
 	l.faulty = victim
 	stop := l.run(t, 4)
 	time.Sleep(300 * time.Millisecond) // load before the fault, on real processes
 
-	kill := time.Now()
-	l.fault.Store(kill.UnixNano())
-	cl.masters[victim].Kill()
+	begin := time.Now()
+	l.fault.Store(begin.UnixNano())
+	fault(cl.masters[victim])
 	var promoted time.Time
 	poll(t, 30*time.Second, "replica promoted", func() bool {
 		role, err := cl.admin[3+victim].Do(context.Background(), "ROLE").Slice()
@@ -463,7 +474,7 @@ func TestClusterMasterKilled(t *testing.T) {
 		}
 		return false
 	})
-	poll(t, 20*time.Second, "decisions for the dead master's clients resume in every store", func() bool {
+	poll(t, 20*time.Second, "decisions for the failed master's clients resume in every store", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return !slices.ContainsFunc(l.firstOK[victim], time.Time.IsZero)
@@ -474,16 +485,17 @@ func TestClusterMasterKilled(t *testing.T) {
 	l.mu.Lock()
 	heal := slices.MaxFunc(l.firstOK[victim], time.Time.Compare)
 	lastFail := l.lastFail[victim]
+	refused := l.tally[victim].unavailable
 	l.mu.Unlock()
-	t.Logf("killed master %s: replica promoted at +%v; decisions resumed in every store at +%v from the kill, %v after the promotion (last refusal at +%v)",
-		cl.masters[victim].Addr(), promoted.Sub(kill).Round(time.Millisecond), heal.Sub(kill).Round(time.Millisecond),
-		heal.Sub(promoted).Round(time.Millisecond), lastFail.Sub(kill).Round(time.Millisecond))
+	t.Logf("%s (%s): replica promoted at +%v; decisions resumed in every store at +%v from the fault, %v after the promotion (last refusal at +%v)",
+		what, cl.masters[victim].Addr(), promoted.Sub(begin).Round(time.Millisecond), heal.Sub(begin).Round(time.Millisecond),
+		heal.Sub(promoted).Round(time.Millisecond), lastFail.Sub(begin).Round(time.Millisecond))
 	for i, s := range l.stores {
 		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.BreakerState(), s.NodeBreakers())
 	}
-	l.check(t, "master killed")
-	if l.tally[victim].unavailable == 0 {
-		t.Errorf("no decision of the dead master's clients was refused as unavailable")
+	l.check(t, what)
+	if refused == 0 {
+		t.Errorf("no decision of the failed master's clients was refused as unavailable")
 	}
 }
 
