@@ -29,8 +29,9 @@ type Server struct {
 	args []string
 	Port int
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
 }
 
 // Binary returns the path of redis-server, skipping (or, under
@@ -89,7 +90,8 @@ func (s *Server) start() {
 	defer s.mu.Unlock()
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.dir
-	logf, err := os.Create(filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano())))
+	logPath := filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano()))
+	logf, err := os.Create(logPath)
 	if err != nil {
 		s.tb.Fatalf("redis log: %v", err)
 	}
@@ -97,15 +99,17 @@ func (s *Server) start() {
 	if err := cmd.Start(); err != nil {
 		s.tb.Fatalf("start redis-server: %v", err)
 	}
-	go func() { _ = cmd.Wait(); logf.Close() }()
-	s.cmd = cmd
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	s.cmd, s.done = cmd, done
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if s.ping() == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			s.tb.Fatalf("redis-server on %s did not answer PING within 10s", s.Addr())
+			log, _ := os.ReadFile(logPath)
+			s.tb.Fatalf("redis-server on %s did not answer PING within 10s; its log:\n%s", s.Addr(), log[max(0, len(log)-2000):])
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -132,17 +136,23 @@ func (s *Server) ping() error {
 	return nil
 }
 
-// Kill stops the server with SIGKILL and waits until its port refuses
-// connections. It is safe to call more than once.
+// Kill stops the server with SIGKILL and waits until the process has
+// exited (so its files, such as a cluster node's locked nodes.conf, are
+// free for a restart) and its port refuses connections. It is safe to call
+// more than once.
 func (s *Server) Kill() {
 	s.mu.Lock()
-	cmd := s.cmd
+	cmd, done := s.cmd, s.done
 	s.cmd = nil
 	s.mu.Unlock()
 	if cmd == nil || cmd.Process == nil {
 		return
 	}
 	_ = cmd.Process.Kill()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for s.ping() == nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)

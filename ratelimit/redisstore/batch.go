@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,7 +28,9 @@ type call struct {
 	req      *request
 	asked    time.Time       // when Decide was called
 	deadline time.Time       // its own whole deadline, from asked; zero: none
-	probe    bool            // the breaker's half-open probe
+	br       *breaker        // the breaker of the node it goes to
+	probe    bool            // br's half-open probe
+	answered bool            // set by exec: Redis answered its part
 	res      chan callResult // capacity 1: a leader never blocks on a caller who left
 	state    callState       // under batcher.mu
 	sent     atomic.Bool     // went out in a batch (its round trip reports a probe)
@@ -78,8 +81,8 @@ type batcher struct {
 	flight     int
 	hardFlight int
 	patience   time.Duration
-	margin     time.Duration        // see Store.margin
-	trip       func(probe, ok bool) // the breaker, once per round trip that reached for Redis
+	margin     time.Duration                     // see Store.margin
+	trip       func(br *breaker, probe, ok bool) // once per node a round trip reached for
 	stop       chan struct{}
 	timer      *time.Timer
 
@@ -103,7 +106,7 @@ type batcher struct {
 // decisions that waited out their patience (Redis slow, not busy).
 const hardFlightPerFlight = 16
 
-func newBatcher(client redis.UniversalClient, shared bool, max, flight int, patience time.Duration, trip func(probe, ok bool)) *batcher {
+func newBatcher(client redis.UniversalClient, shared bool, max, flight int, patience time.Duration, trip func(br *breaker, probe, ok bool)) *batcher {
 	if patience <= 0 {
 		patience = time.Millisecond
 	}
@@ -118,7 +121,7 @@ func newBatcher(client redis.UniversalClient, shared bool, max, flight int, pati
 		stop:       make(chan struct{}),
 	}
 	if b.trip == nil {
-		b.trip = func(bool, bool) {}
+		b.trip = func(*breaker, bool, bool) {}
 	}
 	b.timer = time.AfterFunc(time.Hour, b.sweep)
 	b.timer.Stop()
@@ -360,7 +363,6 @@ func (b *batcher) lead(first *call) {
 func (b *batcher) send(batch []*call, sc *batchScratch) {
 	var first, last time.Time
 	none := false // a call without a deadline: the pipeline has none either
-	probe := false
 	now := time.Now()
 	live := batch[:0]
 	for _, c := range batch {
@@ -379,7 +381,6 @@ func (b *batcher) send(batch []*call, sc *batchScratch) {
 				first = c.deadline
 			}
 		}
-		probe = probe || c.probe
 		c.sent.Store(true)
 		live = append(live, c)
 	}
@@ -391,7 +392,26 @@ func (b *batcher) send(batch []*call, sc *batchScratch) {
 	}
 	b.pipelines.Add(1)
 	b.calls.Add(int64(len(live)))
-	b.trip(probe, b.exec(last, cutoff(first, b.margin), live, sc))
+	b.exec(last, cutoff(first, b.margin), live, sc)
+	// One report per node the round trip reached: one on a plain client,
+	// one per master on a cluster (go-redis splits the pipeline by node,
+	// and one node not answering says nothing of the others).
+	var seen [8]*breaker
+	done := seen[:0]
+	for i, c := range live {
+		if slices.Contains(done, c.br) {
+			continue
+		}
+		done = append(done, c.br)
+		probe, ok := false, true
+		for _, d := range live[i:] {
+			if d.br == c.br {
+				probe = probe || d.probe
+				ok = ok && d.answered
+			}
+		}
+		b.trip(c.br, probe, ok)
+	}
 }
 
 func (b *batcher) close() {
@@ -453,6 +473,74 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 			start, keys = next, 0
 		}
 	}
+	var ok bool
+	if nodes := b.byNode(batch, groups); nodes != nil {
+		// A cluster batch for several masters: one pipeline per master, all
+		// at once, each answered as soon as its master replies. In one
+		// pipeline a hung master would hold the others' replies to the
+		// deadline, and go-redis, failing its retry there, stamps the
+		// deadline's error on every command of the pipeline, the answered
+		// ones too: healthy masters' clients refused, and charged.
+		var wg sync.WaitGroup
+		var failed atomic.Bool
+		for _, gs := range nodes[1:] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if !b.round(ctx, reqs, batch, gs) {
+					failed.Store(true)
+				}
+			}()
+		}
+		ok = b.round(ctx, reqs, batch, nodes[0])
+		wg.Wait()
+		ok = ok && !failed.Load()
+	} else {
+		ok = b.round(ctx, reqs, batch, groups)
+	}
+	clear(reqs)
+	clear(groups)
+	sc.reqs, sc.groups = reqs[:0], groups[:0]
+	return ok
+}
+
+// byNode splits a cluster batch's groups (one call each) by the node their
+// calls go to, or returns nil when they all go to one node (or the client
+// is not a cluster's).
+func (b *batcher) byNode(batch []*call, groups []group) [][]group {
+	if b.shared || len(groups) < 2 {
+		return nil
+	}
+	first := batch[groups[0].start].br
+	one := true
+	for _, g := range groups[1:] {
+		if batch[g.start].br != first {
+			one = false
+			break
+		}
+	}
+	if one {
+		return nil
+	}
+	var brs []*breaker
+	var out [][]group
+	for _, g := range groups {
+		br := batch[g.start].br
+		i := slices.Index(brs, br)
+		if i < 0 {
+			i = len(brs)
+			brs = append(brs, br)
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], g)
+	}
+	return out
+}
+
+// round sends groups as one round trip (EVAL again for those that found
+// the script missing), answers their calls, and reports whether Redis
+// answered every one.
+func (b *batcher) round(ctx context.Context, reqs []*request, batch []*call, groups []group) bool {
 	b.process(ctx, groups, false)
 	retry := false
 	for i := range groups {
@@ -469,15 +557,14 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 		split(g.cmd, reqs[g.start:g.end], func(i int, reply any, err error) {
 			r := reqs[g.start+i]
 			d, err := decision(reply, err, r)
-			if !answered(err) {
+			c := batch[g.start+i]
+			c.answered = answered(err)
+			if !c.answered {
 				ok = false
 			}
-			batch[g.start+i].res <- callResult{d: d, err: err}
+			c.res <- callResult{d: d, err: err}
 		})
 	}
-	clear(reqs)
-	clear(groups)
-	sc.reqs, sc.groups = reqs[:0], groups[:0]
 	return ok
 }
 

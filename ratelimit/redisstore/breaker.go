@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"github.com/sluice-relay/sluice/ratelimit"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,7 +49,9 @@ type BreakerOptions struct {
 	// opened it.
 	CoolDown time.Duration
 
-	// now is the breaker's clock; nil means time.Now. Tests set it.
+	// now is the breaker's clock; nil means the real, monotonic one
+	// (ratelimit.Clock): a host clock stepped back must not hold it open.
+	// Tests set it.
 	now func() time.Time
 }
 
@@ -133,7 +136,7 @@ func newBreaker(o BreakerOptions) (*breaker, error) {
 		b.coolDown = DefaultBreakerCoolDown
 	}
 	if b.now == nil {
-		b.now = time.Now
+		b.now = ratelimit.Clock(nil).Now
 	}
 	return b, nil
 }

@@ -64,6 +64,23 @@
 // when Redis returns (including an emptied script cache: EVALSHA falls back
 // to EVAL on NOSCRIPT).
 //
+// # Cluster
+//
+// On a *redis.ClusterClient each master has its own breaker, with the same
+// rules: a decision is judged, and its round trip counted, by the breaker
+// of the master its key's slot routes to in the client's slot map
+// (MasterForKey), so a dead or hung master refuses, as unavailable (its
+// error names the node), only the clients whose slots it serves. A batch
+// for several masters goes as one pipeline per master, at once, and counts
+// one round trip for each. A round trip that fails towards a node (a
+// timeout, a refused or reset connection, CLUSTERDOWN) also asks the
+// client to reload its slot map (ReloadState), at most once per
+// SlotReloadEvery: without it go-redis kept sending to a dead master's
+// address for up to a minute (its periodic reload) after a replica took
+// its slots over. BreakerState is then the worst of the masters' breakers
+// (NodeBreakers gives each). A standalone or Sentinel client has one node
+// and one breaker.
+//
 // # Batching
 //
 // With Options.Batch, a decision goes straight out from its caller, alone,
@@ -75,7 +92,8 @@
 // MGET of every window, one TIME and each distinct limit list parsed once —
 // since Redis's single command thread, not the network, is what a busy
 // gate runs out of first. On a cluster each decision stays its own call
-// (its keys are in its client's slot), pipelined. Each decision keeps its
+// (its keys are in its client's slot), pipelined, one pipeline per master
+// (see Cluster). Each decision keeps its
 // own whole deadline from the moment it was asked: a queued decision waits
 // for a free round trip at most a twentieth of the Timeout before another
 // is started for it (see batcher). go-redis's auto-pipeliner would
@@ -194,7 +212,11 @@ type Store struct {
 	timeout time.Duration
 	margin  time.Duration // before a deadline, the script writes nothing
 	observe func(time.Duration, error)
-	br      *breaker
+	// br is the breaker of the one node behind a plain or failover
+	// client. On a cluster each master has its own (nodes), and br counts
+	// only failures to find a key's master at all (no slot map loaded).
+	br    *breaker
+	nodes *nodes // nil unless the client is a *redis.ClusterClient
 
 	// trips counts the round trips that reached for Redis, tripFailures
 	// those Redis did not answer (see Stats).
@@ -273,6 +295,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		br:      br,
 		idBase:  hex.EncodeToString(seed[:3]),
 	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		st.nodes = newNodes(cc, opts.Breaker)
+	}
 	if c, ok := client.(*redis.Client); ok && c.Options().MaxRetries == 0 {
 		st.lean = true
 	}
@@ -312,29 +337,44 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// batchTrip is the batcher's report of one round trip.
-func (s *Store) batchTrip(probe, ok bool) {
+// batchTrip is the batcher's report of one round trip to the node whose
+// breaker is br (on a cluster, a batch reports once per node it reached).
+func (s *Store) batchTrip(br *breaker, probe, ok bool) {
 	s.trips.Add(1)
 	if ok {
-		s.br.record(probe, outcomeOK)
+		br.record(probe, outcomeOK)
 		return
 	}
 	s.tripFailures.Add(1)
-	s.br.record(probe, outcomeFailed)
+	br.record(probe, outcomeFailed)
+	s.reloadSlots()
+}
+
+// reloadSlots asks a cluster client for a fresh slot map (rate-limited):
+// a round trip towards a node failed, and the node may have lost its
+// slots to a replica.
+func (s *Store) reloadSlots() {
+	if s.nodes != nil {
+		s.nodes.reload()
+	}
 }
 
 // Stats are a Store's counters since New, for metrics and an outage log.
 type Stats struct {
-	// RoundTrips is how many calls reached for Redis (a batch is one), and
-	// RoundTripFailures how many of them Redis did not answer in time or
-	// answered with something other than the script's reply: what the
-	// breaker measures.
+	// RoundTrips is how many calls reached for Redis (a batch is one; on a
+	// cluster, one per master it went to), and RoundTripFailures how many
+	// of them Redis did not answer in time or answered with something
+	// other than the script's reply: what the breakers measure.
 	RoundTrips, RoundTripFailures uint64
 	// Overloaded is how many decisions expired in the store's own queue,
 	// never sent (ErrOverloaded): the gate's overload, not Redis's.
 	Overloaded uint64
 	// Direct is how many decisions went straight out, not queued.
 	Direct uint64
+	// SlotReloads is how many times a cluster Store asked its client for
+	// a fresh slot map after a failed round trip (at most one per
+	// SlotReloadEvery); 0 on other clients.
+	SlotReloads uint64
 }
 
 // Stats returns the store's counters now.
@@ -344,11 +384,42 @@ func (s *Store) Stats() Stats {
 		st.Overloaded += uint64(s.batch.expired.Load())
 		st.Direct = uint64(s.batch.direct.Load())
 	}
+	if s.nodes != nil {
+		st.SlotReloads = s.nodes.reloads.Load()
+	}
 	return st
 }
 
-// BreakerState reports the breaker's state now, for metrics.
-func (s *Store) BreakerState() BreakerState { return s.br.state() }
+// BreakerState reports the breaker's state now, for metrics. On a cluster
+// it is the worst of the masters' breakers (open, then half-open, then
+// closed) among the masters decisions were routed to in the last 3 s,
+// and of the breaker that refuses decisions while no slot map can be
+// loaded at all: "open" then means some clients are refused, not all (see
+// NodeBreakers for which node).
+func (s *Store) BreakerState() BreakerState {
+	st := s.br.state()
+	if s.nodes != nil {
+		for _, nd := range s.nodes.live() {
+			st = worse(st, nd.br.state())
+		}
+	}
+	return st
+}
+
+// NodeBreakers reports, on a cluster, the breaker of each master decisions
+// were routed to in the last 3 s, sorted by address; nil on a plain or
+// failover client, whose one breaker is BreakerState.
+func (s *Store) NodeBreakers() []NodeBreaker {
+	if s.nodes == nil {
+		return nil
+	}
+	live := s.nodes.live()
+	out := make([]NodeBreaker, len(live))
+	for i, nd := range live {
+		out[i] = NodeBreaker{Addr: nd.addr, State: nd.br.state()}
+	}
+	return out
+}
 
 // Decide implements ratelimit.Store: it runs the EWMA script over every
 // window of key in one round trip. A zero now means Redis TIME; otherwise
@@ -373,7 +444,8 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 	if !ok {
 		return ratelimit.Decision{}, errBreakerOpen
 	}
-
+	br := s.br
+	var req *request
 	start := time.Now()
 	var deadline time.Time
 	if s.timeout > 0 {
@@ -382,22 +454,52 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}
-	req := s.request(key, windows, now)
-	req.scores = scores
+	if s.nodes != nil {
+		// The breaker that judges this decision is its master's. s.br
+		// only refuses while the client cannot load a slot map at all.
+		rk := routeKey(key)
+		if rk == "" {
+			req = s.request(key, windows, now)
+			req.scores = scores
+			rk = req.keys[0]
+		}
+		nd, err := s.nodes.of(ctx, deadline, rk, start)
+		switch {
+		case err != nil && errors.Is(ctx.Err(), context.Canceled):
+			s.br.record(probe, outcomeIgnored)
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+		case err != nil:
+			s.br.record(probe, outcomeFailed)
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+		case probe:
+			// Only a probe's success is counted: once a slot map is
+			// loaded, finding a master cannot fail again, and counting
+			// every decision would take a lock per decision.
+			s.br.record(true, outcomeOK)
+		}
+		br = nd.br
+		if probe, ok = br.allow(); !ok {
+			return ratelimit.Decision{}, nd.errOpen
+		}
+	}
+	if req == nil {
+		req = s.request(key, windows, now)
+		req.scores = scores
+	}
 	var d ratelimit.Decision
 	var err error
 	switch {
 	case s.batch != nil && s.batch.tryDirect():
-		d, err = s.direct(ctx, deadline, probe, req)
+		d, err = s.direct(ctx, deadline, br, probe, req)
 		s.batch.finish()
 	case s.batch != nil:
-		c := &call{req: req, asked: start, deadline: deadline, probe: probe}
+		c := &call{req: req, asked: start, deadline: deadline, br: br, probe: probe}
 		d, err = s.batch.queueLocked(ctx, c) // tryDirect left b.mu held
 		if probe && !c.sent.Load() {
-			s.br.record(true, outcomeIgnored) // never sent: hand the probe slot back
+			br.record(true, outcomeIgnored) // never sent: hand the probe slot back
 		}
 	default:
-		d, err = s.direct(ctx, deadline, probe, req)
+		d, err = s.direct(ctx, deadline, br, probe, req)
 	}
 	if s.observe != nil {
 		s.observe(time.Since(start), err)
@@ -422,12 +524,12 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 // deadline passed does: Redis did not answer within it, and were that not
 // counted, callers with deadlines shorter than Timeout would keep the
 // breaker closed on a hung Redis forever.
-func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req *request) (ratelimit.Decision, error) {
+func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, probe bool, req *request) (ratelimit.Decision, error) {
 	if !deadline.IsZero() && !time.Now().Before(deadline) {
 		// Expired before it was sent (the caller's deadline was already
 		// past, or this goroutine waited for a CPU): our overload.
 		s.overloaded.Add(1)
-		s.br.record(probe, outcomeIgnored)
+		br.record(probe, outcomeIgnored)
 		return ratelimit.Decision{}, ErrOverloaded
 	}
 	callCtx, cancel := ctx, context.CancelFunc(nil)
@@ -448,12 +550,13 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, probe bool, req 
 	s.trips.Add(1)
 	switch {
 	case answered(err):
-		s.br.record(probe, outcomeOK)
+		br.record(probe, outcomeOK)
 	case errors.Is(ctx.Err(), context.Canceled):
-		s.br.record(probe, outcomeIgnored)
+		br.record(probe, outcomeIgnored)
 	default:
 		s.tripFailures.Add(1)
-		s.br.record(probe, outcomeFailed)
+		br.record(probe, outcomeFailed)
+		s.reloadSlots()
 	}
 	return d, err
 }

@@ -73,6 +73,17 @@ func TestParseURLCluster(t *testing.T) {
 	if err != nil || o.cluster.TLSConfig == nil {
 		t.Errorf("rediss+cluster: %+v %v", o.cluster, err)
 	}
+	// No read_timeout: ClusterReadTimeout, not go-redis's 3 s; one given
+	// in the URL is kept, -1 (none) included.
+	if o.cluster.ReadTimeout != ClusterReadTimeout {
+		t.Errorf("cluster read timeout %v without read_timeout, want %v", o.cluster.ReadTimeout, ClusterReadTimeout)
+	}
+	for q, want := range map[string]time.Duration{"read_timeout=5s": 5 * time.Second, "read_timeout=-1": -1} {
+		o, err = parseURL("redis+cluster://h:1?" + q)
+		if err != nil || o.cluster.ReadTimeout != want {
+			t.Errorf("%s: read timeout %v (%v), want %v", q, o.cluster.ReadTimeout, err, want)
+		}
+	}
 }
 
 // TestNewClientTypes: each form builds the right client, and New accepts it.
