@@ -333,6 +333,13 @@ func readPubkeysFile(path string, add func(line int, s string)) error {
 		return err
 	}
 	defer f.Close()
+	// A FIFO or a device would hold start-up (or a reload) on a read that
+	// may never end.
+	if st, err := f.Stat(); err != nil {
+		return err
+	} else if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", path)
+	}
 	sc := bufio.NewScanner(io.LimitReader(f, maxPubkeysFile+1))
 	n, size := 0, 0
 	for sc.Scan() {

@@ -1,3 +1,8 @@
+//go:build !race
+
+// End to end, like e2e_test.go, and left out of -race builds for the same
+// reason (go-nostr's Relay races with itself on close).
+
 package main
 
 import (
@@ -319,5 +324,58 @@ tiers:
 	}
 	if code := p.stop(); code != 0 {
 		t.Errorf("exit code %d\n%s", code, p.logs())
+	}
+}
+
+// TestE2EProxyReload: sluice proxy reloads on SIGHUP too: the NIP-11
+// document it serves (the upstream's, merged) gains the new kind class and
+// mode, the upstream's own fields kept, and the new class limits kind 7 on
+// a connection that stayed open.
+func TestE2EProxyReload(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	upCfg := filepath.Join(dir, "upstream.yaml")
+	writeConfig(t, upCfg, "info: {name: the-upstream}\nlimits: {message: {EVENT: [{rate: 1000, period: 1s}]}}\n")
+	up := startSluice(t, "relay", "--config", upCfg, "--data-dir", filepath.Join(dir, "data"))
+	cfg := filepath.Join(dir, "proxy.yaml")
+	writeConfig(t, cfg, "limits: {message: {EVENT: [{rate: 1000, period: 1s}]}}\n")
+	px := startSluice(t, "proxy", "--config", cfg, "--upstream", up.url())
+
+	if doc := getNIP11(t, ctx, px.url()); doc.Name != "the-upstream" || doc.RateLimits["kinds"] != nil || doc.RateLimits["mode"] != "enforce" {
+		t.Fatalf("NIP-11 before reload: name %q, rate_limits %v", doc.Name, doc.RateLimits)
+	}
+	c := dialRaw(t, ctx, px.url())
+	c.challenge() // the upstream relay's, through the proxy
+	sk := nostr.GeneratePrivateKey()
+	for i := range 3 {
+		if ok, reason := c.publish(signedKind(t, sk, 7, fmt.Sprintf("+%d", i))); !ok {
+			t.Fatalf("reaction %d before reload refused: %q", i, reason)
+		}
+	}
+
+	writeConfig(t, cfg, "limits:\n  message: {EVENT: [{rate: 1000, period: 1s}]}\n  kinds: {reactions: {kinds: [7], limits: [{rate: 1.5, period: 1h}]}}\n")
+	px.hangup(t)
+	px.waitLog(t, 1, `"msg":"configuration reloaded"`, `"kind_classes":1`)
+	doc := getNIP11(t, ctx, px.url())
+	if kinds, _ := doc.RateLimits["kinds"].(map[string]any); doc.Name != "the-upstream" || kinds["reactions"] == nil {
+		t.Errorf("NIP-11 after reload: name %q, rate_limits.kinds %v: want the upstream's name and the reactions class", doc.Name, doc.RateLimits["kinds"])
+	}
+	refused := false
+	for i := range 3 {
+		if ok, reason := c.publish(signedKind(t, sk, 7, fmt.Sprintf("after %d", i))); refusedRateLimited(t, ok, reason) {
+			refused = true
+			break
+		}
+	}
+	if !refused {
+		t.Errorf("3 reactions admitted on the open connection after reloading a class with a burst of 1")
+	}
+	if ok, reason := c.publish(signedKind(t, sk, 1, "a note")); !ok {
+		t.Errorf("kind 1 refused after the reactions class was spent: %q", reason)
+	}
+	for _, p := range []*proc{px, up} {
+		if code := p.stop(); code != 0 {
+			t.Errorf("exit code %d\n%s", code, p.logs())
+		}
 	}
 }

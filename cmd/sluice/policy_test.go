@@ -220,6 +220,8 @@ func TestPolicyRefused(t *testing.T) {
 		{"tier npub broken", "tiers: {t: {pubkeys: [npub1xyz]}}", nil, `tiers.t.pubkeys[0] (line 1, column 23): not a valid npub`},
 		{"pubkey in two tiers", "tiers: {a: {pubkeys: [" + pkA + "]}, b: {pubkeys: [" + npubA + "]}}", nil, `tiers.b.pubkeys[0] (line 1, column 105): pubkey ` + pkA + ` is also in tier "a"`},
 		{"pubkeys_file missing", "tiers: {t: {pubkeys_file: nowhere.txt}}", nil, "tiers.t.pubkeys_file (line 1, column 13): open "},
+		{"pubkeys_file a directory", "tiers: {t: {pubkeys_file: .}}", nil, "tiers.t.pubkeys_file (line 1, column 13): "},
+		{"pubkeys_file a device", "tiers: {t: {pubkeys_file: /dev/null}}", nil, "tiers.t.pubkeys_file (line 1, column 13): /dev/null is not a regular file"},
 		{"pubkeys_file bad line", "tiers: {t: {pubkeys_file: m.txt}}", map[string]string{"m.txt": "# ok\n" + pkA + "\nnot-a-key\n"}, `tiers.t.pubkeys_file (`},
 		{"pubkeys_file bad line names the line", "tiers: {t: {pubkeys_file: m.txt}}", map[string]string{"m.txt": "# ok\n" + pkA + "\nnot-a-key\n"}, `m.txt, line 3): must be 64 hex digits or an npub, got "not-a-key"`},
 		{"pubkeys_file empty", "tiers: {t: {pubkeys_file: m.txt}}", map[string]string{"m.txt": "# nobody yet\n"}, "tiers.t (line 1, column 9): has no members"},
