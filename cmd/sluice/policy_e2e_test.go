@@ -6,7 +6,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 )
 
@@ -377,5 +381,74 @@ func TestE2EProxyReload(t *testing.T) {
 		if code := p.stop(); code != 0 {
 			t.Errorf("exit code %d\n%s", code, p.logs())
 		}
+	}
+}
+
+// dialRawFrom dials url from the loopback address local; it returns the
+// client, or nil and the HTTP status when the upgrade was refused.
+func dialRawFrom(t *testing.T, ctx context.Context, url, local string) (*rawClient, int) {
+	t.Helper()
+	nd := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	d := websocket.Dialer{NetDialContext: nd.DialContext, HandshakeTimeout: 30 * time.Second}
+	c, resp, err := d.DialContext(ctx, url, nil)
+	if err != nil {
+		if resp != nil {
+			return nil, resp.StatusCode
+		}
+		t.Fatalf("dial %s from %s: %v", url, local, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawClient{t: t, c: c}, http.StatusSwitchingProtocols
+}
+
+// TestE2EAggregate: clients at two addresses of one IPv4 /24 share the
+// aggregate's windows: once the first has spent them, the second, whose
+// own budget is untouched, is refused too (its upgrade with 429, or its
+// first EVENT).
+func TestE2EAggregate(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	// Per client, nothing this test sends is refused; the /24 has a burst
+	// of 6 (upgrades and frames alike), not refilled during the test.
+	writeConfig(t, cfg, `limits:
+  connection: [{rate: 1000, period: 1s}]
+  message: {EVENT: [{rate: 1000, period: 1s}]}
+identity:
+  ipv4_aggregate: [{prefix: 24, limits: [{rate: 6.5, period: 1h}]}]
+`)
+	p := startSluice(t, "relay", "--config", cfg, "--data-dir", filepath.Join(dir, "data"))
+	if a, code := dialRawFrom(t, ctx, p.url(), "127.0.0.2"); a == nil {
+		t.Skipf("cannot connect from 127.0.0.2 (status %d)", code)
+	}
+	a, code := dialRawFrom(t, ctx, p.url(), "127.0.0.1")
+	if a == nil {
+		t.Fatalf("first client's upgrade refused: %d", code)
+	}
+	a.challenge()
+	sk := nostr.GeneratePrivateKey()
+	spent := false
+	for i := range 10 {
+		if ok, reason := a.publish(signed(t, sk, fmt.Sprintf("a %d", i))); refusedRateLimited(t, ok, reason) {
+			spent = true
+			break
+		}
+	}
+	if !spent {
+		t.Fatalf("10 EVENTs admitted within an aggregate burst of 6")
+	}
+	b, code := dialRawFrom(t, ctx, p.url(), "127.0.0.3")
+	if b == nil {
+		if code != http.StatusTooManyRequests {
+			t.Errorf("second client's upgrade refused with %d, want 429", code)
+		}
+	} else {
+		b.challenge()
+		if ok, reason := b.publish(signed(t, sk, "b")); !refusedRateLimited(t, ok, reason) {
+			t.Errorf("an EVENT from 127.0.0.3 was admitted after 127.0.0.1 spent their /24")
+		}
+	}
+	if code := p.stop(); code != 0 {
+		t.Errorf("exit code %d\n%s", code, p.logs())
 	}
 }
