@@ -189,6 +189,27 @@ func (l *Limiter) Refused(key string) (time.Duration, bool) {
 	return time.Duration(until - nowNs), true
 }
 
+// Forget empties the local table of refused clients: the next message of
+// each asks the store again. A policy reload calls it, since a wait told
+// under the old limits need not be true under the new ones (a loosened
+// limit must admit at once). It is safe to call while the Limiter is in
+// use; an entry written concurrently may survive, costing nothing but one
+// stale local answer.
+func (l *Limiter) Forget() {
+	for i := range l.blocked {
+		b := &l.blocked[i]
+		for j := range blockedWays {
+			q := b.seq[j].Load()
+			if q&1 != 0 || b.fp[j].Load() == 0 || !b.seq[j].CompareAndSwap(q, q+1) {
+				continue
+			}
+			b.fp[j].Store(0)
+			b.until[j].Store(0)
+			b.seq[j].Store(q + 2)
+		}
+	}
+}
+
 // Stats returns the Limiter's counters. They are read one by one, not as a
 // snapshot, and only ever grow.
 func (l *Limiter) Stats() LimiterStats {

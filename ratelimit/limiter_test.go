@@ -380,3 +380,28 @@ func TestLimiterWaitIsExactAtAnyInstant(t *testing.T) {
 		}
 	}
 }
+
+// TestLimiterForget: after Forget a refused client asks the store again,
+// which decides by the windows it is given now.
+func TestLimiterForget(t *testing.T) {
+	store := newCounting()
+	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	ctx := context.Background()
+	tight := ratelimit.MustWindows(ratelimit.PerPeriod(1.5, time.Hour))
+	lim.AllowAt(ctx, "k", tight, t0)
+	if d, _ := lim.AllowAt(ctx, "k", tight, t0); d.Allowed {
+		t.Fatal("second message admitted by 1.5/1h")
+	}
+	calls := store.calls.Load()
+	loose := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
+	if d, _ := lim.AllowAt(ctx, "k", loose, t1); d.Allowed || store.calls.Load() != calls {
+		t.Fatalf("before Forget: %+v with %d store calls, want a local refusal", d, store.calls.Load()-calls)
+	}
+	lim.Forget()
+	if _, ok := lim.Refused("k"); ok {
+		t.Fatal("Refused after Forget")
+	}
+	if d, _ := lim.AllowAt(ctx, "k", loose, t1); !d.Allowed {
+		t.Fatalf("after Forget, under 100/1h: %+v, want admitted", d)
+	}
+}

@@ -372,7 +372,10 @@ func (g *Gate) current() *gatePolicy { return g.pol.Load() }
 // Reload compiles cfg and makes it the gate's policy: limits, kind classes,
 // tiers, aggregates, shadow mode, quota, identity and allow-lists change
 // for every frame from now on, on open connections too (each rebuilds its
-// budget keys at its next frame); nothing is dropped. An invalid cfg is
+// budget keys at its next frame), and the limiter forgets the clients it
+// refused (ratelimit.Limiter.Forget), so a loosened limit admits at once;
+// the budgets themselves, kept by the store, carry over. Nothing is
+// dropped. An invalid cfg is
 // refused with the error Compile names, and the running policy is kept.
 // A gate that did not watch AUTHs and OKs when a connection opened (no
 // quota, no tiers, no allow-listed pubkeys) does not learn that
@@ -386,6 +389,9 @@ func (g *Gate) Reload(cfg policy.Config) error {
 	al := p.Identity().Allow
 	gp.watchOK = p.Quota() != nil || p.HasTiers() || (al != nil && len(al.Pubkeys) > 0)
 	g.pol.Store(gp)
+	if g.limiter != nil {
+		g.limiter.Forget() // waits told under the old policy need not hold
+	}
 	return nil
 }
 

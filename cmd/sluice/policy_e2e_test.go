@@ -247,13 +247,11 @@ func TestE2EReload(t *testing.T) {
 }
 
 // TestE2EReloadLoosens: a reload that loosens EVENT admits a client the
-// old policy refused. It fails today: the limiter's local table of refused
-// clients (ratelimit.Limiter.Refused, asked by the gate before a frame is
-// read) keeps the wait the old windows gave (here an hour) whatever the
-// new ones say, and Gate.Reload does not clear it; the fix is the
-// library's (ratelimit/relay), not the binary's.
+// old policy refused: the limiter's local table of refused clients
+// (ratelimit.Limiter.Refused, asked by the gate before a frame is read)
+// would keep the wait the old windows gave (here an hour) whatever the new
+// ones say; Gate.Reload makes the limiter forget it.
 func TestE2EReloadLoosens(t *testing.T) {
-	t.Skip("known bug: the limiter's local refused-until table outlives Gate.Reload (see the doc comment)")
 	ctx := testCtx(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "c.yaml")

@@ -173,6 +173,9 @@ func (h *Hooks) Reload(cfg policy.Config) error {
 		return err
 	}
 	h.pol.Store(&hookPolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())})
+	if h.lim != nil {
+		h.lim.Forget() // waits told under the old policy need not hold
+	}
 	return nil
 }
 
