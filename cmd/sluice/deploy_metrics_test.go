@@ -42,6 +42,9 @@ func gatherExported(t *testing.T) exported {
 			t.Fatal(err)
 		}
 		cfg.Redis = redis
+		// Mode shadow once, so that the series that exist only while some
+		// window is in shadow (sluice_shadow_windows) are exported too.
+		cfg.Shadow = redis == ""
 		ctx, cancel := context.WithCancel(context.Background())
 		_, parts, m, err := newGate(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
