@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -578,5 +579,47 @@ func TestHooksAllowList(t *testing.T) {
 	forged.Content = "not mine" // the signature no longer matches
 	if err := rh.Event(c, &forged); !errors.Is(err, ratelimit.ErrUnavailable) {
 		t.Errorf("forged event in an allow-listed author's name: %v, want it charged", err)
+	}
+}
+
+// TestHooksTier: a call whose NIP-42 pubkey (khatru.GetAuthed) is a tier
+// member is charged to that pubkey with the tier's limits, by the same
+// compiled policy a gate reads; one in no tier stays on its address, and
+// Reload applies at the next call.
+func TestHooksTier(t *testing.T) {
+	member, stranger := strings.Repeat("a", 64), strings.Repeat("c", 64)
+	var addr, tierL policy.Limits
+	addr.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}
+	tierL.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Hour)}
+	cfg := policy.Config{Limits: addr, Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
+	clock := nostrtest.NewClock()
+	h, err := New(Options{Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: clock.Now}), Policy: &cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(authed string, n int) int {
+		k := h.Khatru(KhatruAccess{IP: ipOf, Authed: func(context.Context) string { return authed }})
+		ok := 0
+		for range n {
+			if reject, _ := k.RejectEvent(context.Background(), &nostr.Event{PubKey: authed, Kind: 1}); !reject {
+				ok++
+			}
+		}
+		return ok
+	}
+	if got := count(member, 8); got != 5 {
+		t.Errorf("member: %d of 8 events passed, want the tier's 5", got)
+	}
+	if got := count(stranger, 4); got != 2 {
+		t.Errorf("a pubkey in no tier: %d of 4 passed, want its address's 2", got)
+	}
+	// Reload: the member's tier grows to 8; 3 more pass.
+	tierL.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(8, time.Hour)}
+	cfg.Tiers[0].Limits = tierL
+	if err := h.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(member, 5); got != 3 {
+		t.Errorf("after the reload: %d of 5 passed, want 3 (8 less the 5 spent)", got)
 	}
 }
