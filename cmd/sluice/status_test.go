@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 var statusT0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -20,6 +21,9 @@ var statusT0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 func statusFixture(t *testing.T, checks ...readyCheck) (*metrics, *statusPage, *time.Time) {
 	t.Helper()
 	m := newMetrics()
+	// The offenders' counts fade with time: on a frozen clock they read
+	// exactly what was counted however long a browser takes to load.
+	m.offenders = policy.NewOffenders(0, 0, func() time.Time { return statusT0 })
 	now := statusT0
 	s := newStatusPage(m, checks, func() time.Time { return now })
 	o := m.observer()
