@@ -66,9 +66,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -191,7 +193,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func failureSummary(m map[string]int) string {
 	best, n := "no attempt", 0
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		if m[k] > n {
 			best, n = k, m[k]
 		}

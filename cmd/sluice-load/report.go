@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -154,7 +155,7 @@ func (r *report) writeText(w io.Writer) {
 	p := func(f string, a ...any) { fmt.Fprintf(w, f, a...) }
 	p("sluice-load %s %s\n", r.Mode, r.URL)
 	if len(r.Params) > 0 {
-		keys := sortedKeys(r.Params)
+		keys := slices.Sorted(maps.Keys(r.Params))
 		parts := make([]string, 0, len(keys))
 		for _, k := range keys {
 			parts = append(parts, fmt.Sprintf("%s=%v", k, r.Params[k]))
@@ -198,20 +199,11 @@ func printTable(w io.Writer, m map[string]int, quote bool) {
 		fmt.Fprintf(w, "    (none)\n")
 		return
 	}
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		name := k
 		if quote {
 			name = strconv.Quote(k)
 		}
 		fmt.Fprintf(w, "    %-24s %d\n", name, m[k])
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

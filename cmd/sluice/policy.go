@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -120,7 +121,7 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 		bad("mode", "must be enforce or shadow, got %q", fc.Mode)
 	}
 
-	names := sortedKeys(fc.Limits.Kinds)
+	names := slices.Sorted(maps.Keys(fc.Limits.Kinds))
 	if len(names) > policy.MaxClasses {
 		bad("limits.kinds", "%d kind classes, at most %d", len(names), policy.MaxClasses)
 	}
@@ -167,7 +168,7 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 		}
 	}
 
-	names = sortedKeys(fc.Tiers)
+	names = slices.Sorted(maps.Keys(fc.Tiers))
 	if len(names) > policy.MaxTiers {
 		bad("tiers", "%d tiers, at most %d", len(names), policy.MaxTiers)
 	}
@@ -225,7 +226,7 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 		}
 		// A type the tier does not name keeps the address's windows.
 		ts.Limits.Message = c.Limits.Message
-		for _, label := range sortedKeys(tc.Limits.Message) {
+		for _, label := range slices.Sorted(maps.Keys(tc.Limits.Message)) {
 			p := path + ".limits.message." + label
 			t, known := relay.ParseType(label)
 			if !known {
@@ -366,15 +367,6 @@ func validName(s string) bool {
 		}
 	}
 	return true
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // quotaMaker returns the actor quota of owner ("" for the global one, else
