@@ -57,7 +57,7 @@ func benchCPU(b *testing.B, batchSrc, leanSrc string) {
 		const t0 = int64(1767322800000)
 		b.Run(sc.name+"/admitted", func(b *testing.B) {
 			c.FlushAll(ctx)
-			ks := []string{"b:{free}:1000", "b:{free}:60000"}
+			ks := []string{"b:{free}:1000:60000"}
 			c.ConfigResetStat(ctx)
 			for i := range b.N {
 				v, err := s.EvalSha(ctx, c, ks, sc.args(t0+int64(i), ids[i%len(ids)], limits)...).Slice()
@@ -69,9 +69,8 @@ func benchCPU(b *testing.B, batchSrc, leanSrc string) {
 		})
 		b.Run(sc.name+"/refused", func(b *testing.B) {
 			c.FlushAll(ctx)
-			ks := []string{"b:{full}:1000", "b:{full}:60000"}
-			c.Set(ctx, ks[0], "49.75 "+strconv.FormatInt(t0-10, 10), 0)
-			c.Set(ctx, ks[1], "300 "+strconv.FormatInt(t0-10, 10), 0)
+			ks := []string{"b:{full}:1000:60000"}
+			c.Set(ctx, ks[0], "49.75 "+strconv.FormatInt(t0-10, 10)+" 300 "+strconv.FormatInt(t0-10, 10), 0)
 			c.ConfigResetStat(ctx)
 			for i := range b.N {
 				v, err := s.EvalSha(ctx, c, ks, sc.args(t0+int64(i%7), "0123456789abcdef", full)...).Slice()

@@ -4,12 +4,13 @@
 -- ewma.lua's for a call of one decision with request id "" (TestLeanEqualsBatch
 -- pins it); what it leaves out is the batch: no limit lists, no list index,
 -- no request id to look for or to keep, no table of values written earlier
--- in the call. A store sends it only on a client that never resends a
+-- in the call. One GET and one SET of the decision's one key. A store sends it only on a client that never resends a
 -- command (go-redis retries off): the request id guards a retry, and
 -- without retries there is none to guard. Ids another gate keeps in the
--- first window's value are kept as they are.
+-- value are kept as they are.
 --
--- KEYS     the windows of the decision, all with one {client} hash tag.
+-- KEYS     one key, holding every window of the decision (see ewma.lua's
+--          "Stored value").
 -- ARGV[1]  now in whole unix ms; 0 (or a negative whole number) means
 --          Redis TIME; anything else is an error reply, as in ewma.lua.
 -- ARGV[2]  the cutoff in whole unix ms, 0 (or less) for none: if Redis
@@ -62,9 +63,10 @@ local function decay(s, t, now, p)
   return s * ldexp(1 - ((lo - r * c / (2 - c)) - hi), -k)
 end
 
-local n, na = #KEYS, #ARGV
-if n < 1 or na ~= 2 + 3 * n then
-  return redis.error_reply('ERR sluice ewma: want now, cutoff and three args per window')
+local na = #ARGV
+local n = (na - 2) / 3
+if #KEYS ~= 1 or n < 1 or n % 1 ~= 0 then
+  return redis.error_reply('ERR sluice ewma: want one key, now, cutoff and three args per window')
 end
 -- win holds per window i at 7i-6 .. 7i: rate, half-life, cost, stored
 -- score, decayed score, write time, its stored digits.
@@ -98,26 +100,28 @@ if cutoff or now <= 0 then
     return redis.error_reply('ERR sluice late: past the cutoff, nothing decided')
   end
 end
-local vals = n == 1 and {redis.call('GET', KEYS[1])} or redis.call('MGET', unpack(KEYS))
+local key = KEYS[1]
+local v = redis.call('GET', key)
 if now <= 0 then
   now = clock
 end
 
 local reply = n == 1 and {false, false, false} or n == 2 and {false, false, false, false} or {}
 local allowed = true
-local tail = '' -- the ids after the first window's score and time, if any
+local idat -- where the ids begin in v, if it has any
 local lastts, lastt -- t's digits and value as last read
+local pos = 1
 for i = 1, n do
-  local v = vals[i]
-  local s, t, ts, sa, sb = 0, 0, false, nil, nil
+  local s, t, ts = 0, 0, false
   if v then
-    -- Read strictly, as ewma.lua reads (the same lines): "<score> <t>",
-    -- and in the first window " <id>..." after it; anything else fails.
-    sa = find(v, ' ', 1, true)
+    -- Read strictly, as ewma.lua reads (the same lines): "<score> <t>" per
+    -- window, then optionally " <id>..."; anything else fails.
+    local sa = find(v, ' ', pos, true)
+    local sb
     if sa then
       sb = find(v, ' ', sa + 1, true)
       ts = sub(v, sa + 1, (sb or 0) - 1)
-      s = tonumber(sub(v, 1, sa - 1))
+      s = tonumber(sub(v, pos, sa - 1))
       if ts == lastts then
         t = lastt
       else
@@ -125,15 +129,17 @@ for i = 1, n do
         lastts, lastt = ts, t
       end
     end
-    if not (sa and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
-      reply[1], reply[2] = -1, 'ERR sluice ewma: malformed value at ' .. KEYS[i]
+    if not (sa and (sb or i == n) and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
+      reply[1], reply[2] = -1, 'ERR sluice ewma: malformed value at ' .. key
       for j = 3, n + 2 do
         reply[j] = ''
       end
       return reply
     end
-    if i == 1 and sb and sb < #v then
-      tail = sub(v, sb)
+    if i < n then
+      pos = sb + 1
+    elseif sb and sb < #v then
+      idat = sb + 1
     end
   end
   local k = 7 * i
@@ -223,30 +229,41 @@ end
 
 reply[1], reply[2] = 1, 0
 local nowstr
+local ttl = 0
 for i = 1, n do
   local k = 7 * i
-  local r, p, c, d, t, ts = win[k - 6], win[k - 5], win[k - 4], win[k - 2], win[k - 1], win[k]
+  local r, p, c, d, t = win[k - 6], win[k - 5], win[k - 4], win[k - 2], win[k - 1]
   local s = d + c
   if now > t then
     t = now
     if not nowstr then
       nowstr = format('%d', now)
     end
-    ts = nowstr
+    win[k] = nowstr
   end
-  local str = format('%.17g', s)
-  -- The TTL as ewma.lua writes it (see there).
+  -- The TTL as ewma.lua writes it (see there): the longest of the windows'.
   local eps = r - c
   if c < eps then eps = c end
   eps = eps / 1024
-  local ttl = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
-  if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
-  ttl = ttl + (t - now)
-  local val = str .. ' ' .. ts
-  if i == 1 then
-    val = val .. tail
-  end
-  redis.call('SET', KEYS[i], val, 'PX', format('%d', ttl))
-  reply[i + 2] = str
+  local x = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
+  if x > 2 * MAX_WAIT then x = 2 * MAX_WAIT end
+  x = x + (t - now)
+  if x > ttl then ttl = x end
+  reply[i + 2] = format('%.17g', s)
 end
+-- Ids another gate kept are kept as they are.
+local tail = idat and sub(v, idat - 1) or ''
+local val
+if n == 1 then
+  val = reply[3] .. ' ' .. win[7] .. tail
+elseif n == 2 then
+  val = reply[3] .. ' ' .. win[7] .. ' ' .. reply[4] .. ' ' .. win[14] .. tail
+else
+  val = reply[3] .. ' ' .. win[7]
+  for i = 2, n do
+    val = val .. ' ' .. reply[i + 2] .. ' ' .. win[7 * i]
+  end
+  val = val .. tail
+end
+redis.call('SET', key, val, 'PX', format('%d', ttl))
 return reply

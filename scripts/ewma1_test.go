@@ -40,22 +40,25 @@ func TestLeanEqualsBatch(t *testing.T) {
 		nowms, _ := strconv.ParseInt(now, 10, 64)
 		for round := 0; round < 300; round++ {
 			l := lists[rng.IntN(len(lists))]
-			ks := make([]string, len(l)/3)
-			seeds := make([]string, len(ks))
-			for i := range ks {
-				ks[i] = "t:{c}:" + periods[i]
-				switch x := rng.IntN(12); {
-				case x == 0:
-					seeds[i] = "junk"
-				case x < 8:
-					r, _ := l[3*i].(int)
-					score := rng.Float64() * float64(max(r, 1)+1)
-					at := nowms - int64(rng.IntN(5000)) + 300
-					seeds[i] = strconv.FormatFloat(score, 'g', 17, 64) + " " + strconv.FormatInt(at, 10)
-					if i == 0 && x < 3 {
-						seeds[i] += " aaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbb"
-					}
-				}
+			n := len(l) / 3
+			ks := []string{"t:{c}:" + strings.Join(periods[:n], ":")}
+			var parts []string
+			for i := range n {
+				r, _ := l[3*i].(int)
+				score := rng.Float64() * float64(max(r, 1)+1)
+				at := nowms - int64(rng.IntN(5000)) + 300
+				parts = append(parts, strconv.FormatFloat(score, 'g', 17, 64)+" "+strconv.FormatInt(at, 10))
+			}
+			seeds := []string{""}
+			switch x := rng.IntN(12); {
+			case x == 0:
+				seeds[0] = "junk"
+			case x == 1 && n > 1:
+				seeds[0] = strings.Join(parts[:n-1], " ") // a window short
+			case x < 4:
+				seeds[0] = strings.Join(parts, " ") + " aaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbb"
+			case x < 9:
+				seeds[0] = strings.Join(parts, " ")
 			}
 			seed := func() {
 				c.FlushAll(ctx)

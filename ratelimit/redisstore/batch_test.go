@@ -128,7 +128,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 			s := newStore(t, c, slow)
 			b := &batcher{client: c, shared: true, max: 8}
 			limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second))
-			if err := c.Set(ctx, DefaultPrefix+"{bad}:message:EVENT:1000", "garbage", 0).Err(); err != nil {
+			if err := c.Set(ctx, DefaultPrefix+"{bad}:message:EVENT"+limits.KeySuffix(), "garbage", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
 			keys := []string{"{ok1}:message:EVENT", "{bad}:message:EVENT", "{ok2}:message:EVENT"}
@@ -150,7 +150,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 				if sc := cl.req.scores; err != nil || !d.Allowed || sc[0] != 1 {
 					t.Errorf("%s beside a corrupt key: %+v %v %v, want admitted with score 1", keys[i], d, sc, err)
 				}
-				if v, err := c.Get(ctx, DefaultPrefix+keys[i]+":1000").Result(); err != nil || !strings.HasPrefix(v, "1 ") {
+				if v, err := c.Get(ctx, DefaultPrefix+keys[i]+limits.KeySuffix()).Result(); err != nil || !strings.HasPrefix(v, "1 ") {
 					t.Errorf("%s beside a corrupt key stored %q %v", keys[i], v, err)
 				}
 			}

@@ -3,6 +3,28 @@
 // UniversalClient, so a standalone, sentinel or cluster deployment shares
 // one budget per client across every gate instance.
 //
+// # Keys: one per decision, not per window
+//
+// Every window of one decision lives in ONE key,
+// "<prefix>{<client>}:message:<TYPE>:<period_ms>:<period_ms>…" (the
+// windows' periods in their configured order, ratelimit.Windows.KeySuffix),
+// whose value is "<score_1> <t_1> … <score_n> <t_n>" followed by the recent
+// request ids. DESIGN.md's layout had a key per window
+// ("…:<TYPE>:<period_ms>"); it changed for cost, measured: Redis's one
+// command thread is what a busy gate runs out of, and each redis.call in
+// the script, each key and each expiry is a share of it. One key makes a
+// decision one GET and one SET … PX (the longest of the windows' TTLs)
+// instead of an MGET of n keys and n SETs: a two-window decision costs
+// Redis about a fifth less (docs/BENCHMARKS.md, "Redis decision cost
+// against redis_rate"). It also means a decision's keys can never span
+// Cluster slots, whatever the client identity. Naming the value by its
+// periods keeps what a key per period had: a limit whose rate changes
+// keeps its score, while a changed list of periods (a window added,
+// removed or reordered) starts from a fresh value instead of misreading an
+// old one; the old keys expire by their TTLs. A one-window list keeps
+// exactly the old key and value. The connection limit uses
+// "<prefix>{<client>}:connection:<period_ms>…" the same way.
+//
 // # Failing closed
 //
 // Every call has its own deadline (Options.Timeout). Any failure — timeout,
@@ -18,7 +40,7 @@
 // twice. The store cannot turn retries off on a client it was given,
 // so the script is idempotent instead: each Decide sends a fresh request id,
 // the script keeps the ids of the last few admitted requests beside the
-// first window's score, and a repeat of one of them is answered "admitted"
+// scores in the decision's key, and a repeat of one of them is answered "admitted"
 // without charging again. Retries are then safe, and useful: they carry a
 // decision past a stale pooled connection after a Redis restart. (The guard
 // keeps 4 ids per key: it fails only if more than 4 other requests of the
@@ -486,8 +508,7 @@ func IsPerKey(err error) bool {
 }
 
 // isScriptRefusal reports whether err is the script's own error reply
-// ("ERR sluice ewma: …": a malformed stored value, a window of a seen
-// request gone, arguments it refuses), as opposed to Redis failing to run
+// ("ERR sluice ewma: …": a malformed stored value, arguments it refuses), as opposed to Redis failing to run
 // it. Each is about one key or one call, and Redis did answer.
 func isScriptRefusal(err error) bool {
 	if err == nil {
@@ -533,8 +554,8 @@ var (
 	argSource1 any = scripts.EWMA1
 )
 
-// request is one decision's part of a script call: the key of each window
-// and the request id, all sharing one byte allocation, and the prepared
+// request is one decision's part of a script call: its key (one, holding
+// every window) and the request id, sharing one byte allocation, and the prepared
 // windows, whose script arguments are ready to send. A call deciding
 // several requests at one instant is built by command.
 type request struct {
@@ -545,12 +566,8 @@ type request struct {
 	cut     int64     // the lean call's cutoff, unix ms (see runLean)
 	scores  []float64 // when not nil, receives the scores (see decide)
 
-	keysArr [inlineWindows]string
+	keysArr [1]string
 }
-
-// inlineWindows is how many windows a request holds without allocating
-// its key slice apart: relays configure one to three per type.
-const inlineWindows = 3
 
 // command returns the EVALSHA deciding reqs, which share one instant, in
 // order (see scripts/ewma.lua): numkeys, every window's key, the instant,
@@ -652,7 +669,7 @@ func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, e
 func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any, error) {
 	req.cut = cutoff
 	wargs := req.windows.ScriptArgs()
-	args := make([]any, 0, 5+len(req.keys)+len(wargs))
+	args := make([]any, 0, 4+len(req.keys)+len(wargs))
 	args = append(args, argEvalSha, argSHA1, len(req.keys))
 	for i := range req.keys {
 		args = append(args, &req.keys[i])
@@ -687,7 +704,7 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 		arr, ok := reply.([]any)
 		want := 0
 		for _, r := range reqs {
-			want += 2 + len(r.keys)
+			want += 2 + r.windows.Len()
 		}
 		switch {
 		case !ok:
@@ -697,7 +714,7 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 		default:
 			off := 0
 			for i, r := range reqs {
-				n := 2 + len(r.keys)
+				n := 2 + r.windows.Len()
 				deliver(i, arr[off:off+n:off+n], nil)
 				off += n
 			}
@@ -709,44 +726,29 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 	}
 }
 
-// request builds the keys and the id of one decision (see
+// request builds the key and the id of one decision (see
 // scripts/ewma.lua): one allocation for the request and one for its
-// strings; the windows bring their script arguments ready to send.
+// strings; the windows bring their script arguments ready to send. The key
+// holds every window: "<prefix><key><windows.KeySuffix()>".
 func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *request {
-	n := windows.Len()
 	r := &request{windows: windows}
-	if n <= inlineWindows {
-		r.keys = r.keysArr[:n]
-	} else {
-		r.keys = make([]string, n)
-	}
+	r.keys = r.keysArr[:1]
 	if !now.IsZero() {
 		r.now = now.UnixMilli()
 	}
-	// Every key, then the request id, in one string.
+	// The key, then the request id, in one string.
+	suffix := windows.KeySuffix()
 	var b strings.Builder
-	size := idLen
-	for i := range n {
-		size += len(s.prefix) + len(key) + len(windows.Suffix(i))
-	}
-	b.Grow(size)
-	for i := range n {
-		b.WriteString(s.prefix)
-		b.WriteString(key)
-		b.WriteString(windows.Suffix(i))
-		r.keys[i] = b.String() // the prefix of all written so far; cut below
-	}
+	b.Grow(len(s.prefix) + len(key) + len(suffix) + idLen)
+	b.WriteString(s.prefix)
+	b.WriteString(key)
+	b.WriteString(suffix)
 	if !s.lean {
 		s.writeRequestID(&b) // none when the client never resends: "" is none
 	}
 	all := b.String()
-	start := 0
-	for i := range n {
-		end := len(r.keys[i])
-		r.keys[i] = all[start:end]
-		start = end
-	}
-	r.id = all[start:]
+	end := len(s.prefix) + len(key) + len(suffix)
+	r.keys[0], r.id = all[:end], all[end:]
 	return r
 }
 
