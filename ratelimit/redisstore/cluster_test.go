@@ -17,7 +17,7 @@ import (
 // startCluster starts three redis-server nodes with cluster mode on, splits
 // the 16384 slots between them and joins them, without redis-cli. It
 // returns the nodes' addresses once every node reports cluster_state:ok.
-func startCluster(t *testing.T) []string {
+func startCluster(t testing.TB) []string {
 	t.Helper()
 	ctx := context.Background()
 	ranges := [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
