@@ -96,13 +96,14 @@ func mustInt(s string) int64 {
 	return n
 }
 
-// TestLeanSharesPieces: ewma1.lua's decay, its reading of a stored value
-// and its wait search are ewma.lua's, line for line (indentation aside), so
+// TestLeanSharesPieces: ewma1.lua's decay, its reading of a stored value,
+// its search for a kept request id and its wait search are ewma.lua's, line for line (indentation aside), so
 // that a fix to one cannot miss the other.
 func TestLeanSharesPieces(t *testing.T) {
 	for name, re := range map[string]*regexp.Regexp{
 		"decay":   regexp.MustCompile(`(?s)\nlocal function decay\(.*?\nend\n`),
 		"reading": regexp.MustCompile(`(?s)\n\s*local sa = find\(v, ' ', pos, true\)\n.*?t % 1 == 0\) then\n`),
+		"ids":     regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`),
 		"waitms":  regexp.MustCompile(`(?s)\n\s*waitms = function\(now, s, at, p, c, r\)\n.*?\n\s*return hi\n\s*end\n`),
 	} {
 		a, b := unindent(re.FindString(scripts.EWMA)), unindent(re.FindString(scripts.EWMA1))

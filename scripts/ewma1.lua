@@ -1,13 +1,15 @@
 -- ewma1.lua: decide ONE message against every window of its client: the
 -- lean call of ewma.lua for a decision sent alone (nothing else queued).
--- The arithmetic, the stored values, the TTLs and the reply are exactly
--- ewma.lua's for a call of one decision with request id "" (TestLeanEqualsBatch
--- pins it); what it leaves out is the batch: no limit lists, no list index,
--- no request id to look for or to keep, no table of values written earlier
--- in the call. One GET and one SET of the decision's one key. A store sends it only on a client that never resends a
--- command (go-redis retries off): the request id guards a retry, and
--- without retries there is none to guard. Ids another gate keeps in the
--- value are kept as they are.
+-- The arithmetic, the stored values, the TTLs, the request ids and the
+-- reply are exactly ewma.lua's for a call of one decision
+-- (TestLeanEqualsBatch pins it); what it leaves out is the batch: no limit
+-- lists, no list index, no table of values written earlier in the call.
+-- One GET and one SET of the decision's one key. A store sends every
+-- decision that goes out alone as this call: with a request id when its
+-- client may resend a command (go-redis retries on), without one when it
+-- never does (retries off: the id guards a retry, and without retries there
+-- is none to guard; ids another gate keeps in the value are kept as they
+-- are).
 --
 -- KEYS     one key, holding every window of the decision (see ewma.lua's
 --          "Stored value").
@@ -17,22 +19,27 @@
 --          TIME is past it, nothing is decided or written, and the reply is
 --          'ERR sluice late: ...' (see ewma.lua).
 -- ARGV[3…] per window: rate R (finite), half-life T in whole ms (>= 1),
---          cost c (> 0, < R): what ratelimit.Limit.Validate accepts.
+--          cost c (> 0, < R): what ratelimit.Limit.Validate accepts;
+--          then optionally the request id (as in ewma.lua; "" is none).
+--          Three args per window tell the two apart.
 --
--- Reply: 1, 0, score_1, ..., score_n (admitted, the written scores);
+-- Reply: 1, 0, score_1, ..., score_n (admitted, the written scores; or
+-- the stored scores, nothing charged, for a request id already kept);
 -- 0, wait_ms, score_1, ..., score_n (refused, decayed, unwritten); or -1,
 -- 'ERR sluice ewma: malformed value at <key>', n empty strings (nothing
 -- written). See ewma.lua for wait_ms, the scores' format and the TTL.
 --
 -- Its pieces are ewma.lua's, line for line (TestLeanSharesPieces compares
 -- them): decay, which is bit for bit Go's decision (see ewma.lua), the
--- strict reading of a stored value, and the wait search waitms.
+-- strict reading of a stored value, the search for a kept request id and
+-- the wait search waitms.
 
 local MAX_WAIT = 1099511627776
 local EXACT = 9007199254740992
 local LN2 = 0.69314718055994531
+local IDS = 4
 local HUGE = math.huge
-local tonumber, find, sub, format = tonumber, string.find, string.sub, string.format
+local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
 local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 
 -- decay returns score s written at ms t, seen at ms now, under half-life p
@@ -65,6 +72,11 @@ end
 
 local na = #ARGV
 local n = (na - 2) / 3
+local reqid = ''
+if n % 1 ~= 0 then
+  n = (na - 3) / 3
+  reqid = ARGV[na]
+end
 if #KEYS ~= 1 or n < 1 or n % 1 ~= 0 then
   return redis.error_reply('ERR sluice ewma: want one key, now, cutoff and three args per window')
 end
@@ -149,6 +161,35 @@ for i = 1, n do
   if not (d + c <= r) then
     allowed = false
   end
+end
+
+local seen -- whether reqid is one of v's ids (a repeat: charge nothing)
+if idat and reqid ~= '' then
+  -- Is reqid one of the kept ids? Searched in place, whole ids only.
+  local k, w, l = idat, #reqid, #v
+  while true do
+    local p = find(v, reqid, k, true)
+    if not p then
+      break
+    end
+    local e = p + w
+    if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
+      seen = true
+      break
+    end
+    k = p + 1
+  end
+end
+if seen then
+  -- A repeat of an admitted request: its stored scores, nothing charged.
+  reply[1], reply[2] = 1, 0
+  local p = 1
+  for i = 1, n do
+    local sa = find(v, ' ', p, true)
+    reply[i + 2] = sub(v, p, sa - 1)
+    p = find(v, ' ', sa + 1, true) + 1
+  end
+  return reply
 end
 
 if not allowed then
@@ -251,8 +292,17 @@ for i = 1, n do
   if x > ttl then ttl = x end
   reply[i + 2] = format('%.17g', s)
 end
--- Ids another gate kept are kept as they are.
-local tail = idat and sub(v, idat - 1) or ''
+-- The ids after the windows, as ewma.lua keeps them (see there).
+local tail = ''
+if reqid ~= '' then
+  if idat then
+    tail = ' ' .. reqid .. ' ' .. sub(v, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
+  else
+    tail = ' ' .. reqid
+  end
+elseif idat then
+  tail = sub(v, idat - 1)
+end
 local val
 if n == 1 then
   val = reply[3] .. ' ' .. win[7] .. tail

@@ -23,9 +23,10 @@ func lean(at, cut string, limits ...any) []any {
 }
 
 // TestLeanEqualsBatch: over random stored values (decayed, fresh, ahead of
-// now, junk, carrying another gate's request ids) and limit lists of one to
-// three windows, ewma1.lua replies and stores exactly what ewma.lua does
-// for one decision with request id "".
+// now, junk, a window short, carrying request ids) and limit lists of one
+// to three windows, ewma1.lua replies and stores exactly what ewma.lua does
+// for one decision, without a request id, with a new one and with one
+// already kept.
 func TestLeanEqualsBatch(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
@@ -38,7 +39,7 @@ func TestLeanEqualsBatch(t *testing.T) {
 		}
 		periods := []string{"1000", "60000", "100000"}
 		nowms, _ := strconv.ParseInt(now, 10, 64)
-		for round := 0; round < 300; round++ {
+		for round := 0; round < 600; round++ {
 			l := lists[rng.IntN(len(lists))]
 			n := len(l) / 3
 			ks := []string{"t:{c}:" + strings.Join(periods[:n], ":")}
@@ -69,20 +70,25 @@ func TestLeanEqualsBatch(t *testing.T) {
 				}
 			}
 			seed()
-			want, err := ewma.Run(ctx, c, ks, single(now, "", l...)...).Slice()
+			id := []string{"", "", "cccccccccccccccc", "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"}[rng.IntN(5)]
+			want, err := ewma.Run(ctx, c, ks, single(now, id, l...)...).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
 			vw := values(t, c, ks...)
 			tw := ttls(c, ks)
 			seed()
-			got, err := ewma1.Run(ctx, c, ks, lean(now, "0", l...)...).Slice()
+			largs := lean(now, "0", l...)
+			if id != "" {
+				largs = append(largs, id)
+			}
+			got, err := ewma1.Run(ctx, c, ks, largs...).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
 			vg := values(t, c, ks...)
 			if !slices.Equal(got, want) || !slices.Equal(vg, vw) {
-				t.Fatalf("round %d %q: lean %v stored %q; batch %v stored %q", round, seeds, got, vg, want, vw)
+				t.Fatalf("round %d %q id %q: lean %v stored %q; batch %v stored %q", round, seeds, id, got, vg, want, vw)
 			}
 			for i, tg := range ttls(c, ks) {
 				if d := tg - tw[i]; (tg < 0) != (tw[i] < 0) || d > time.Second || d < -time.Second {
