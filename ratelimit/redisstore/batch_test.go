@@ -46,6 +46,10 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 	if err := ewma.Load(ctx, c).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// A batch of one decision is the lean script's call.
+	if err := ewma1.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.ConfigResetStat(ctx).Err(); countCalls && err != nil {
 		t.Fatal(err)
 	}

@@ -494,3 +494,16 @@ func TestScriptRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestEvalArgsPicksSource: the EVAL fallback of a lean call sends the lean
+// script's source, of a batch call the batch script's.
+func TestEvalArgsPicksSource(t *testing.T) {
+	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
+	r := s.request("{a}:message:EVENT", ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second)), time.Time{})
+	if a := evalArgs(leanArgs(r, 0)); a[0] != argEval || a[1] != argSource1 {
+		t.Errorf("lean call falls back to %.20q", a[:2])
+	}
+	if a := evalArgs(command([]*request{r})); a[0] != argEval || a[1] != argSource {
+		t.Errorf("batch call falls back to %.20q", a[:2])
+	}
+}
