@@ -157,7 +157,9 @@ func BenchmarkScriptAgainstRedisRate(b *testing.B) {
 	defer c.Close()
 	ctx := context.Background()
 	rl := redis_rate.NewLimiter(c)
-	client := func(i int) string { return "{10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) + "}:message:EVENT" }
+	client := func(i int) string {
+		return "{10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) + "}:message:EVENT"
+	}
 	cut := func() string { return strconv.FormatInt(time.Now().Add(time.Second).UnixMilli(), 10) }
 	lim := []any{"10", "1000", "1", "240", "60000", "1"}
 	lean, batch := redis.NewScript(scripts.EWMA1), redis.NewScript(scripts.EWMA)
