@@ -22,7 +22,9 @@
 // keeps its score, while a changed list of periods (a window added,
 // removed or reordered) starts from a fresh value instead of misreading an
 // old one; the old keys expire by their TTLs. A one-window list keeps
-// exactly the old key and value. The connection limit uses
+// exactly the old key and value. (Gates of the per-window layout and of
+// this one running side by side charge different keys for a multi-window
+// type: during such a rolling upgrade a client may get both budgets.) The connection limit uses
 // "<prefix>{<client>}:connection:<period_ms>…" the same way.
 //
 // # Failing closed
