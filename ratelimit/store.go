@@ -20,8 +20,9 @@ type Decision struct {
 
 // Store decides all windows of one key in one atomic step. Key is the
 // client-and-type part of the key, such as "{203.0.113.7}:message:EVENT";
-// the store appends each window's Suffix (":<period_ms>") and may prepend a
-// prefix. The windows were validated when they were prepared (NewWindows),
+// the store appends each window's Suffix (":<period_ms>"), or all of them
+// (Windows.KeySuffix) when it keeps every window in one value as the Redis
+// store does, and may prepend a prefix. The windows were validated when they were prepared (NewWindows),
 // so a store does not check them again; no windows admits without a call.
 //
 // now is the instant of the decision; the zero time means the store's own

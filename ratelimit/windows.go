@@ -22,6 +22,7 @@ type Windows struct {
 	win    []window
 	args   []any
 	text   string
+	key    string // ":<period_ms>" of every window, in order (see KeySuffix)
 }
 
 // window is one limit in the form a decision reads it.
@@ -62,6 +63,7 @@ func NewWindows(limits ...Limit) (*Windows, error) {
 			strconv.FormatUint(p, 10),
 			strconv.FormatFloat(l.cost(), 'f', -1, 64))
 		parts[i] = l.String()
+		w.key += w.win[i].suffix
 	}
 	w.text = strings.Join(parts, ", ")
 	return w, nil
@@ -99,6 +101,18 @@ func (w *Windows) Limit(i int) Limit { return w.limits[i] }
 // Suffix returns what a store appends to a key for window i:
 // ":<period_ms>" (see Store).
 func (w *Windows) Suffix(i int) string { return w.win[i].suffix }
+
+// KeySuffix returns what a store that keeps every window of a key in one
+// value appends to the key: each window's Suffix in order,
+// ":<period_ms>:<period_ms>...", so that another list of periods (a
+// window added, removed or reordered) names another value rather than
+// misreading this one. For one window it is Suffix(0). "" for nil.
+func (w *Windows) KeySuffix() string {
+	if w == nil {
+		return ""
+	}
+	return w.key
+}
 
 // ScriptArgs returns the windows as a Redis store's script reads them: the
 // number of windows, then rate, period in milliseconds and cost of each, as

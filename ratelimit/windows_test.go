@@ -44,6 +44,9 @@ func TestWindowsPrepared(t *testing.T) {
 	if w.Suffix(0) != ":1000" || w.Suffix(1) != ":5400000" {
 		t.Errorf("suffixes %q %q", w.Suffix(0), w.Suffix(1))
 	}
+	if w.KeySuffix() != ":1000:5400000" {
+		t.Errorf("key suffix %q", w.KeySuffix())
+	}
 	want := []any{"2", "10", "1000", "1", "2.5", "5400000", "0.5"}
 	got := w.ScriptArgs()
 	if len(got) != len(want) {

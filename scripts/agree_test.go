@@ -96,13 +96,14 @@ func mustInt(s string) int64 {
 	return n
 }
 
-// TestLeanSharesPieces: ewma1.lua's decay, its reading of a stored value
-// and its wait search are ewma.lua's, line for line (indentation aside), so
+// TestLeanSharesPieces: ewma1.lua's decay, its reading of a stored value,
+// its search for a kept request id and its wait search are ewma.lua's, line for line (indentation aside), so
 // that a fix to one cannot miss the other.
 func TestLeanSharesPieces(t *testing.T) {
 	for name, re := range map[string]*regexp.Regexp{
 		"decay":   regexp.MustCompile(`(?s)\nlocal function decay\(.*?\nend\n`),
-		"reading": regexp.MustCompile(`(?s)\n\s*sa = find\(v, ' ', 1, true\)\n.*?t % 1 == 0\) then\n`),
+		"reading": regexp.MustCompile(`(?s)\n\s*local sa = find\(v, ' ', pos, true\)\n.*?t % 1 == 0\) then\n`),
+		"ids":     regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`),
 		"waitms":  regexp.MustCompile(`(?s)\n\s*waitms = function\(now, s, at, p, c, r\)\n.*?\n\s*return hi\n\s*end\n`),
 	} {
 		a, b := unindent(re.FindString(scripts.EWMA)), unindent(re.FindString(scripts.EWMA1))
@@ -252,7 +253,8 @@ func TestScriptsAgreeWithGo(t *testing.T) {
 	for round := 0; round < 400; round++ {
 		mem := ratelimit.NewMemoryStore(1024)
 		var list []ratelimit.Limit
-		var ks []string
+		key := "g:{" + strconv.Itoa(round) + "}"
+		var val []string
 		args := []any{}
 		used := map[time.Duration]bool{}
 		var seeds []ratelimit.Limit
@@ -272,14 +274,16 @@ func TestScriptsAgreeWithGo(t *testing.T) {
 				rate = cost * (1 + 1e-9)
 			}
 			list = append(list, ratelimit.Limit{Rate: rate, Period: p, Cost: cost})
-			k := "g:{" + strconv.Itoa(round) + "}:" + strconv.FormatInt(p.Milliseconds(), 10)
-			ks = append(ks, k)
+			key += ":" + strconv.FormatInt(p.Milliseconds(), 10)
 			args = append(args, strconv.FormatFloat(rate, 'f', -1, 64), strconv.FormatInt(p.Milliseconds(), 10), strconv.FormatFloat(cost, 'f', -1, 64))
 			// A stored score up to a little above the rate.
 			s := rng.Float64() * rate * 1.2
 			seeds = append(seeds, seedLimit(s, p))
-			c.Set(ctx, k, strconv.FormatFloat(s, 'g', 17, 64)+" "+strconv.FormatInt(at, 10), 0)
+			val = append(val, strconv.FormatFloat(s, 'g', 17, 64)+" "+strconv.FormatInt(at, 10))
 		}
+		// Every window in one key's value, as the scripts keep them.
+		ks := []string{key}
+		c.Set(ctx, key, strings.Join(val, " "), 0)
 		// One decision of every window from rest writes the seeds in the
 		// memory store (in one call, so that its windows take the slots the
 		// decisions below look in).

@@ -3,10 +3,13 @@ package scripts_test
 import (
 	"context"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
@@ -57,7 +60,7 @@ func benchCPU(b *testing.B, batchSrc, leanSrc string) {
 		const t0 = int64(1767322800000)
 		b.Run(sc.name+"/admitted", func(b *testing.B) {
 			c.FlushAll(ctx)
-			ks := []string{"b:{free}:1000", "b:{free}:60000"}
+			ks := []string{"b:{free}:1000:60000"}
 			c.ConfigResetStat(ctx)
 			for i := range b.N {
 				v, err := s.EvalSha(ctx, c, ks, sc.args(t0+int64(i), ids[i%len(ids)], limits)...).Slice()
@@ -69,9 +72,8 @@ func benchCPU(b *testing.B, batchSrc, leanSrc string) {
 		})
 		b.Run(sc.name+"/refused", func(b *testing.B) {
 			c.FlushAll(ctx)
-			ks := []string{"b:{full}:1000", "b:{full}:60000"}
-			c.Set(ctx, ks[0], "49.75 "+strconv.FormatInt(t0-10, 10), 0)
-			c.Set(ctx, ks[1], "300 "+strconv.FormatInt(t0-10, 10), 0)
+			ks := []string{"b:{full}:1000:60000"}
+			c.Set(ctx, ks[0], "49.75 "+strconv.FormatInt(t0-10, 10)+" 300 "+strconv.FormatInt(t0-10, 10), 0)
 			c.ConfigResetStat(ctx)
 			for i := range b.N {
 				v, err := s.EvalSha(ctx, c, ks, sc.args(t0+int64(i%7), "0123456789abcdef", full)...).Slice()
@@ -138,4 +140,79 @@ func BenchmarkLuaDecay(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/loops, "ns/decay")
 		})
 	}
+}
+
+// BenchmarkScriptAgainstRedisRate measures what one decision costs Redis
+// (EVALSHA usec_per_call from INFO commandstats) for the peer, redis_rate's
+// one-window Allow, and for our two-window decision alone in its call: the
+// lean script without and with a request id, and the batch script deciding
+// one. Each round runs every variant over the same 1,500 clients
+// (admitted; Redis TIME and a cutoff, as the store sends), in a rotating
+// order; it reports per variant the median over rounds of its cost and of
+// its ratio to the peer's in the same round, which a noisy machine moves
+// far less than the costs themselves.
+func BenchmarkScriptAgainstRedisRate(b *testing.B) {
+	srv := redistest.Start(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	rl := redis_rate.NewLimiter(c)
+	client := func(i int) string {
+		return "{10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) + "}:message:EVENT"
+	}
+	cut := func() string { return strconv.FormatInt(time.Now().Add(time.Second).UnixMilli(), 10) }
+	lim := []any{"10", "1000", "1", "240", "60000", "1"}
+	lean, batch := redis.NewScript(scripts.EWMA1), redis.NewScript(scripts.EWMA)
+	var round int
+	id := func(i int) string { return strconv.FormatInt(int64(1<<40+i+round<<20), 16) + "00000" }
+	variants := []struct {
+		name string
+		call func(i int) error
+	}{
+		{"redis_rate", func(i int) error {
+			_, err := rl.Allow(ctx, "rr:"+client(i), redis_rate.PerSecond(10))
+			return err
+		}},
+		{"lean", func(i int) error {
+			return lean.Run(ctx, c, []string{"a:" + client(i) + ":1000:60000"}, append([]any{"0", cut()}, lim...)...).Err()
+		}},
+		{"lean+id", func(i int) error {
+			return lean.Run(ctx, c, []string{"b:" + client(i) + ":1000:60000"}, append(append([]any{"0", cut()}, lim...), id(i))...).Err()
+		}},
+		{"batch1+id", func(i int) error {
+			return batch.Run(ctx, c, []string{"c:" + client(i) + ":1000:60000"}, append(append([]any{"0 " + cut(), "1", "2"}, lim...), "1", id(i))...).Err()
+		}},
+	}
+	const perRound = 1500
+	for b.Loop() {
+		us := make([][]float64, len(variants))
+		for round = 0; round < 20; round++ {
+			for j := range variants {
+				v := (j + round) % len(variants)
+				c.ConfigResetStat(ctx)
+				for i := range perRound {
+					if err := variants[v].call(i); err != nil {
+						b.Fatal(variants[v].name, err)
+					}
+				}
+				us[v] = append(us[v], evalshaUsec(b, c))
+			}
+		}
+		for v := range variants {
+			ratios := make([]float64, len(us[v]))
+			for r := range us[v] {
+				ratios[r] = us[v][r] / us[0][r]
+			}
+			b.ReportMetric(median(us[v]), variants[v].name+"-redis-us/op")
+			if v > 0 {
+				b.ReportMetric(median(ratios), variants[v].name+"/redis_rate")
+			}
+		}
+	}
+}
+
+func median(x []float64) float64 {
+	y := append([]float64(nil), x...)
+	slices.Sort(y)
+	return y[len(y)/2]
 }

@@ -25,11 +25,13 @@
 -- one call, a batch of decisions shares the dispatch, one MGET of all keys,
 -- one TIME, and the limits parsed once per distinct limit list.
 --
--- KEYS        the windows of decision 1, then those of decision 2, ...
---             (flattened, in order). All windows of one decision carry the
---             same {client} hash tag; different decisions may have different
---             clients, which is legal only off Redis Cluster (on a cluster
---             the caller sends one decision per call, which is always legal).
+-- KEYS        one key per decision, in order: the key holding every window
+--             of that decision's limit list (see "Stored value"); the Go
+--             store names it "<prefix>{client}:message:TYPE:<T_1>:...:<T_n>",
+--             the half-lives in ms of its windows in order. Different
+--             decisions may have different clients, which is legal only off
+--             Redis Cluster (on a cluster the caller sends one decision per
+--             call, which is always legal).
 -- ARGV[1]     now in whole unix milliseconds; 0 (or a negative whole
 --             number: the Go store's instants at or before the epoch) means
 --             Redis TIME, so every gate instance shares one clock; anything
@@ -50,8 +52,7 @@
 -- then        per decision, two args: the index (1..L) of its limit list
 --             (its windows are its next n keys) and its request id, or ""
 --             for none.
---             The decisions are m = (args left)/2 >= 1, and the n of their
---             lists add up to #KEYS. Any of this violated is an error reply
+--             The decisions are m = (args left)/2 >= 1 = #KEYS. Any of this violated is an error reply
 --             for the whole call ('ERR sluice ewma: ...'); nothing is
 --             written.
 --
@@ -59,7 +60,7 @@
 -- go-redis retries a command whose reply was lost (EOF, reset) and its
 -- auto-pipeliner may replay a batch; without ids, a repeated call that had
 -- already been admitted would charge the client twice. The ids of the last
--- IDS admitted requests are kept in the first window's value, and a repeat
+-- IDS admitted requests are kept after the windows in the key's value, and a repeat
 -- of one of them (in a later call or later in the same call) is answered
 -- {1, 0, stored scores} without charging. Refusals write nothing, so
 -- repeating one is harmless. The guard fails only if more than IDS other
@@ -70,8 +71,9 @@
 --
 -- Decisions run in order, and a later decision sees what an earlier one of
 -- the same call wrote (two messages of one client in one batch): the values
--- are read with one MGET up front, and every value written during the call
--- is kept in a table by key and consulted before the MGET's.
+-- are read with one MGET up front (GET for one decision), and every value
+-- written during the call is kept in a table by key and consulted before
+-- the MGET's.
 --
 -- Reply: one flat array; per decision, in order, 2 + n entries (n its
 -- window count):
@@ -79,8 +81,8 @@
 --   refused         0, wait_ms, score_1, ..., score_n (decayed, unwritten)
 --   a seen id       1, 0, the stored scores (nothing charged)
 --   an error        -1, message, then n empty strings: a malformed stored
---                   value ('ERR sluice ewma: malformed value at <key>') or a
---                   window missing for a seen request. That decision writes
+--                   value ('ERR sluice ewma: malformed value at <key>',
+--                   also a value with fewer windows than the list). That decision writes
 --                   nothing; the call's other decisions are decided as
 --                   usual. A malformed value is never read as a score.
 --   wait_ms  the smallest whole number of ms w >= 1 such that the admission
@@ -94,12 +96,17 @@
 --            way out. %.17g rather than tostring (14 digits) so it
 --            round-trips exactly.
 --
--- Stored value of a window: "<score %.17g> <t ms>", one string per key, so
--- reading all windows is one MGET and writing one is a SET ... PX. The first
--- window's value goes on with the recent request ids: "<score> <t> <id>...".
+-- Stored value of a decision's key: every window's "<score %.17g> <t ms>", in
+-- the order of its limit list, then the recent request ids:
+-- "<score_1> <t_1> ... <score_n> <t_n> <id>...". One key per decision rather
+-- than per window: reading a decision is one GET and writing it one SET ...
+-- PX (the longest of its windows' TTLs), which is most of what a script
+-- call costs Redis beyond the call itself (about a fifth of a two-window
+-- decision, measured). A one-window value is what a window's key held
+-- before, "<score> <t> <id>...", under the same name.
 --
 -- Cost: this runs for every message. Beyond the commands (one MGET and one
--- TIME per call, one SET per window admitted) an admitted decision must read
+-- TIME per call, one SET per decision admitted) an admitted decision must read
 -- each window's digits (tonumber) and format one %.17g per window (the
 -- reply, which is also the stored digits). Every other string made and every
 -- call into C costs Redis about 0.1 us, measured: hence plain finds and subs
@@ -205,8 +212,8 @@ for d = 1, m do
   sum = sum + lim[q + 1]
   if lim[q + 1] > most then most = lim[q + 1] end
 end
-if sum ~= nk then
-  return redis.error_reply('ERR sluice ewma: want one key per window of every decision')
+if m ~= nk then
+  return redis.error_reply('ERR sluice ewma: want one key per decision')
 end
 
 -- now and the cutoff: whole numbers of ms (a Go int64, formatted), as
@@ -241,7 +248,7 @@ if cutoff or now <= 0 then
   end
 end
 
-local vals = redis.call('MGET', unpack(KEYS))
+local vals = nk == 1 and {redis.call('GET', KEYS[1])} or redis.call('MGET', unpack(KEYS))
 
 if now <= 0 then
   now = clock
@@ -250,7 +257,7 @@ local nowstr -- now's digits, formatted at most once
 
 -- The reply, sized by its constructor for one decision of one or two
 -- windows; o is its entries so far.
-local tot = nk + 2 * m
+local tot = sum + 2 * m
 local reply = tot == 4 and {false, false, false, false} or tot == 3 and {false, false, false} or {}
 local o = 0
 -- The values written during this call that a later decision may read, by
@@ -268,37 +275,36 @@ local lastts, lastt
 -- (see Cost), and most calls admit.
 local waitms
 
--- Decide every message, in order. Message d has the n windows
--- KEYS[kb+1 .. kb+n], the limits after lim[q] and the request id reqid.
-local kb = 0
+-- Decide every message, in order. Message dn has the key KEYS[dn], which
+-- holds all n of its windows, the limits after lim[q] and the request id
+-- reqid.
 for dn = 1, m do
   local q = lo[nl + dn]
   local n = lim[q + 1]
   local reqid = ARGV[a + 2 * dn - 1]
-  local v1 -- the first window's value
-  local idat -- where the first window's ids begin in v1, if it has any
-  local seen -- whether reqid is one of v1's ids (a repeat: charge nothing)
+  local key = KEYS[dn]
+  local v = wr and wr[key] or vals[dn]
+  local idat -- where the ids begin in v, if it has any
+  local seen -- whether reqid is one of v's ids (a repeat: charge nothing)
   local err
   local allowed = true
-  -- Read and decide every window (once a request is seen, only read: every
-  -- window must still be there and well formed, since its stored score is
-  -- the reply).
+  -- The windows' fields, "<score> <t>" each, one after the other: pos is
+  -- where window i's begin.
+  local pos = 1
   for i = 1, n do
-    local key = KEYS[kb + i]
-    local v = wr and wr[key] or vals[kb + i]
-    local s, t, ts, sa, sb = 0, 0, false, nil, nil
+    local s, t, ts = 0, 0, false
     if v then
-      -- Read strictly: "<score> <t>", and in a first window " <id>..."
-      -- after it. The score must be a finite number >= 0 and t a whole
-      -- number of ms >= 0; anything else (a hand-edited key, another
-      -- program's value) fails the decision rather than being read as a
-      -- score of zero or NaN. Windows written together share t's digits,
-      -- so t is usually not read again.
-      sa = find(v, ' ', 1, true)
+      -- Read strictly: "<score> <t>" per window, then optionally " <id>...";
+      -- anything else (a field missing, junk digits, a negative or
+      -- non-finite score, a fractional t) fails this decision and is never
+      -- read as a score. Plain finds and subs, no pattern: each string made
+      -- costs. Windows written at one instant share t's digits, read once.
+      local sa = find(v, ' ', pos, true)
+      local sb
       if sa then
         sb = find(v, ' ', sa + 1, true)
         ts = sub(v, sa + 1, (sb or 0) - 1)
-        s = tonumber(sub(v, 1, sa - 1))
+        s = tonumber(sub(v, pos, sa - 1))
         if ts == lastts then
           t = lastt
         else
@@ -306,61 +312,56 @@ for dn = 1, m do
           lastts, lastt = ts, t
         end
       end
-      if not (sa and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
+      if not (sa and (sb or i == n) and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
         err = 'ERR sluice ewma: malformed value at ' .. key
         break
       end
-    elseif seen then
-      err = 'ERR sluice ewma: window missing for a seen request at ' .. key
-      break
-    end
-    if i == 1 then
-      v1 = v
-      if sb and sb < #v then
+      if i < n then
+        pos = sb + 1
+      elseif sb and sb < #v then
         idat = sb + 1
-        if reqid ~= '' then
-          -- Is reqid one of the space-separated ids? A plain find in v1
-          -- itself, checked at the boundaries (no copies of either).
-          local k, m, l = idat, #reqid, #v
-          while true do
-            local p = find(v, reqid, k, true)
-            if not p then
-              break
-            end
-            local e = p + m
-            if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
-              seen = true
-              break
-            end
-            k = p + 1
-          end
-        end
       end
     end
-    if seen then
-      -- A repeat of an admitted request: answered with the stored digits.
-      reply[o + i + 2] = sub(v, 1, sa - 1)
-    else
-      local j, k = q + 3 * i - 1, 7 * i
-      local r, p, c = lim[j], lim[j + 1], lim[j + 2]
-      local d = decay(s, t, now, p)
-      win[k - 6], win[k - 5], win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k] = r, p, c, s, d, t, ts
-      if not (d + c <= r) then
-        allowed = false
+    local j, k = q + 3 * i - 1, 7 * i
+    local r, p, c = lim[j], lim[j + 1], lim[j + 2]
+    local d = decay(s, t, now, p)
+    win[k - 6], win[k - 5], win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k] = r, p, c, s, d, t, ts
+    if not (d + c <= r) then
+      allowed = false
+    end
+  end
+  if not err and idat and reqid ~= '' then
+    -- Is reqid one of the kept ids? Searched in place, whole ids only.
+    local k, w, l = idat, #reqid, #v
+    while true do
+      local p = find(v, reqid, k, true)
+      if not p then
+        break
       end
+      local e = p + w
+      if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
+        seen = true
+        break
+      end
+      k = p + 1
     end
   end
 
   if err then
-    -- This decision fails alone: -1, the message, n empty scores; nothing
-    -- of it was written.
+    -- Nothing written for this decision; the others go on.
     reply[o + 1], reply[o + 2] = -1, err
     for i = 3, n + 2 do
       reply[o + i] = ''
     end
   elseif seen then
-    -- Charge nothing: admitted, with the stored scores set above.
+    -- A repeat of an admitted request: its stored scores, nothing charged.
     reply[o + 1], reply[o + 2] = 1, 0
+    local p = 1
+    for i = 1, n do
+      local sa = find(v, ' ', p, true)
+      reply[o + i + 2] = sub(v, p, sa - 1)
+      p = find(v, ' ', sa + 1, true) + 1
+    end
   elseif not allowed then
     if not waitms then
       -- waitms returns the smallest w >= 1 such that score s written at ms at
@@ -436,9 +437,9 @@ for dn = 1, m do
     end
     reply[o + 1], reply[o + 2] = 0, wait
   else
-    -- Admitted: write every window.
+    -- Admitted: write every window, in one value.
     reply[o + 1], reply[o + 2] = 1, 0
-    local later = kb + n < nk -- a later decision may read these windows
+    local ttl = 0
     for i = 1, n do
       local k = 7 * i
       local r, p, c, d, t, ts = win[k - 6], win[k - 5], win[k - 4], win[k - 2], win[k - 1], win[k]
@@ -448,12 +449,12 @@ for dn = 1, m do
         if not nowstr then
           nowstr = format('%d', now)
         end
-        ts = nowstr
+        win[k] = nowstr
       end
-      local str = format('%.17g', s)
-      -- TTL: keep the key until its score is negligible, eps = min(c,
-      -- R-c)/1024 (forgetting it then gives a client at most 1/1024 of a
-      -- message), that is T*log2(S/eps) ms. Since eps <= R-c this is never
+      -- TTL: keep the key until every window's score is negligible: for a
+      -- window, eps = min(c, R-c)/1024 (forgetting it then gives a client
+      -- at most 1/1024 of a message), that is T*log2(S/eps) ms; the key's
+      -- is the largest over its windows. Since eps <= R-c this is never
       -- shorter than the longest wait the key can still report,
       -- T*log2(S/(R-c)); since S <= R it is at most
       -- T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any sane limit.
@@ -469,35 +470,49 @@ for dn = 1, m do
       local eps = r - c
       if c < eps then eps = c end
       eps = eps / 1024
-      local ttl = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
-      if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
-      ttl = ttl + (t - now)
-      local val
-      if i ~= 1 or not idat and reqid == '' then
-        val = str .. ' ' .. ts
-      elseif reqid == '' then
-        val = str .. ' ' .. ts .. sub(v1, idat - 1)
-      elseif not idat then
-        val = str .. ' ' .. ts .. ' ' .. reqid
+      local x = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
+      if x > 2 * MAX_WAIT then x = 2 * MAX_WAIT end
+      x = x + (t - now)
+      if x > ttl then ttl = x end
+      reply[o + i + 2] = format('%.17g', s)
+    end
+    -- The ids after the windows: the last IDS admitted, newest first. Ids
+    -- are of one width (16 characters from the Go store), so keeping IDS-1
+    -- old ones is one string.sub; an id of another width is at worst cut
+    -- short, and a cut id never matches (the seen check looks at the
+    -- boundaries).
+    local tail = ''
+    if reqid ~= '' then
+      if idat then
+        tail = ' ' .. reqid .. ' ' .. sub(v, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
       else
-        -- Keep the last IDS request ids, newest first. Ids are of one width
-        -- (16 characters from the Go store), so keeping IDS-1 old ones is
-        -- one string.sub; an id of another width is at worst cut short, and
-        -- a cut id never matches (the seen check looks at the boundaries).
-        val = str .. ' ' .. ts .. ' ' .. reqid .. ' ' .. sub(v1, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
+        tail = ' ' .. reqid
       end
-      local key = KEYS[kb + i]
-      redis.call('SET', key, val, 'PX', format('%d', ttl))
-      if later then
-        if not wr then
-          wr = {}
-        end
-        wr[key] = val
+    elseif idat then
+      tail = sub(v, idat - 1)
+    end
+    -- One string, made by one concatenation for one or two windows.
+    local val
+    if n == 1 then
+      val = reply[o + 3] .. ' ' .. win[7] .. tail
+    elseif n == 2 then
+      val = reply[o + 3] .. ' ' .. win[7] .. ' ' .. reply[o + 4] .. ' ' .. win[14] .. tail
+    else
+      val = reply[o + 3] .. ' ' .. win[7]
+      for i = 2, n do
+        val = val .. ' ' .. reply[o + i + 2] .. ' ' .. win[7 * i]
       end
-      reply[o + i + 2] = str
+      val = val .. tail
+    end
+    redis.call('SET', key, val, 'PX', format('%d', ttl))
+    if dn < m then
+      -- A later decision of this call may read this key.
+      if not wr then
+        wr = {}
+      end
+      wr[key] = val
     end
   end
   o = o + 2 + n
-  kb = kb + n
 end
 return reply

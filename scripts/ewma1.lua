@@ -1,37 +1,45 @@
 -- ewma1.lua: decide ONE message against every window of its client: the
 -- lean call of ewma.lua for a decision sent alone (nothing else queued).
--- The arithmetic, the stored values, the TTLs and the reply are exactly
--- ewma.lua's for a call of one decision with request id "" (TestLeanEqualsBatch
--- pins it); what it leaves out is the batch: no limit lists, no list index,
--- no request id to look for or to keep, no table of values written earlier
--- in the call. A store sends it only on a client that never resends a
--- command (go-redis retries off): the request id guards a retry, and
--- without retries there is none to guard. Ids another gate keeps in the
--- first window's value are kept as they are.
+-- The arithmetic, the stored values, the TTLs, the request ids and the
+-- reply are exactly ewma.lua's for a call of one decision
+-- (TestLeanEqualsBatch pins it); what it leaves out is the batch: no limit
+-- lists, no list index, no table of values written earlier in the call.
+-- One GET and one SET of the decision's one key. A store sends every
+-- decision that goes out alone as this call: with a request id when its
+-- client may resend a command (go-redis retries on), without one when it
+-- never does (retries off: the id guards a retry, and without retries there
+-- is none to guard; ids another gate keeps in the value are kept as they
+-- are).
 --
--- KEYS     the windows of the decision, all with one {client} hash tag.
+-- KEYS     one key, holding every window of the decision (see ewma.lua's
+--          "Stored value").
 -- ARGV[1]  now in whole unix ms; 0 (or a negative whole number) means
 --          Redis TIME; anything else is an error reply, as in ewma.lua.
 -- ARGV[2]  the cutoff in whole unix ms, 0 (or less) for none: if Redis
 --          TIME is past it, nothing is decided or written, and the reply is
 --          'ERR sluice late: ...' (see ewma.lua).
 -- ARGV[3…] per window: rate R (finite), half-life T in whole ms (>= 1),
---          cost c (> 0, < R): what ratelimit.Limit.Validate accepts.
+--          cost c (> 0, < R): what ratelimit.Limit.Validate accepts;
+--          then optionally the request id (as in ewma.lua; "" is none).
+--          Three args per window tell the two apart.
 --
--- Reply: 1, 0, score_1, ..., score_n (admitted, the written scores);
+-- Reply: 1, 0, score_1, ..., score_n (admitted, the written scores; or
+-- the stored scores, nothing charged, for a request id already kept);
 -- 0, wait_ms, score_1, ..., score_n (refused, decayed, unwritten); or -1,
 -- 'ERR sluice ewma: malformed value at <key>', n empty strings (nothing
 -- written). See ewma.lua for wait_ms, the scores' format and the TTL.
 --
 -- Its pieces are ewma.lua's, line for line (TestLeanSharesPieces compares
 -- them): decay, which is bit for bit Go's decision (see ewma.lua), the
--- strict reading of a stored value, and the wait search waitms.
+-- strict reading of a stored value, the search for a kept request id and
+-- the wait search waitms.
 
 local MAX_WAIT = 1099511627776
 local EXACT = 9007199254740992
 local LN2 = 0.69314718055994531
+local IDS = 4
 local HUGE = math.huge
-local tonumber, find, sub, format = tonumber, string.find, string.sub, string.format
+local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
 local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 
 -- decay returns score s written at ms t, seen at ms now, under half-life p
@@ -62,9 +70,15 @@ local function decay(s, t, now, p)
   return s * ldexp(1 - ((lo - r * c / (2 - c)) - hi), -k)
 end
 
-local n, na = #KEYS, #ARGV
-if n < 1 or na ~= 2 + 3 * n then
-  return redis.error_reply('ERR sluice ewma: want now, cutoff and three args per window')
+local na = #ARGV
+local n = (na - 2) / 3
+local reqid = ''
+if n % 1 ~= 0 then
+  n = (na - 3) / 3
+  reqid = ARGV[na]
+end
+if #KEYS ~= 1 or n < 1 or n % 1 ~= 0 then
+  return redis.error_reply('ERR sluice ewma: want one key, now, cutoff and three args per window')
 end
 -- win holds per window i at 7i-6 .. 7i: rate, half-life, cost, stored
 -- score, decayed score, write time, its stored digits.
@@ -98,26 +112,28 @@ if cutoff or now <= 0 then
     return redis.error_reply('ERR sluice late: past the cutoff, nothing decided')
   end
 end
-local vals = n == 1 and {redis.call('GET', KEYS[1])} or redis.call('MGET', unpack(KEYS))
+local key = KEYS[1]
+local v = redis.call('GET', key)
 if now <= 0 then
   now = clock
 end
 
 local reply = n == 1 and {false, false, false} or n == 2 and {false, false, false, false} or {}
 local allowed = true
-local tail = '' -- the ids after the first window's score and time, if any
+local idat -- where the ids begin in v, if it has any
 local lastts, lastt -- t's digits and value as last read
+local pos = 1
 for i = 1, n do
-  local v = vals[i]
-  local s, t, ts, sa, sb = 0, 0, false, nil, nil
+  local s, t, ts = 0, 0, false
   if v then
-    -- Read strictly, as ewma.lua reads (the same lines): "<score> <t>",
-    -- and in the first window " <id>..." after it; anything else fails.
-    sa = find(v, ' ', 1, true)
+    -- Read strictly, as ewma.lua reads (the same lines): "<score> <t>" per
+    -- window, then optionally " <id>..."; anything else fails.
+    local sa = find(v, ' ', pos, true)
+    local sb
     if sa then
       sb = find(v, ' ', sa + 1, true)
       ts = sub(v, sa + 1, (sb or 0) - 1)
-      s = tonumber(sub(v, 1, sa - 1))
+      s = tonumber(sub(v, pos, sa - 1))
       if ts == lastts then
         t = lastt
       else
@@ -125,15 +141,17 @@ for i = 1, n do
         lastts, lastt = ts, t
       end
     end
-    if not (sa and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
-      reply[1], reply[2] = -1, 'ERR sluice ewma: malformed value at ' .. KEYS[i]
+    if not (sa and (sb or i == n) and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
+      reply[1], reply[2] = -1, 'ERR sluice ewma: malformed value at ' .. key
       for j = 3, n + 2 do
         reply[j] = ''
       end
       return reply
     end
-    if i == 1 and sb and sb < #v then
-      tail = sub(v, sb)
+    if i < n then
+      pos = sb + 1
+    elseif sb and sb < #v then
+      idat = sb + 1
     end
   end
   local k = 7 * i
@@ -143,6 +161,35 @@ for i = 1, n do
   if not (d + c <= r) then
     allowed = false
   end
+end
+
+local seen -- whether reqid is one of v's ids (a repeat: charge nothing)
+if idat and reqid ~= '' then
+  -- Is reqid one of the kept ids? Searched in place, whole ids only.
+  local k, w, l = idat, #reqid, #v
+  while true do
+    local p = find(v, reqid, k, true)
+    if not p then
+      break
+    end
+    local e = p + w
+    if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
+      seen = true
+      break
+    end
+    k = p + 1
+  end
+end
+if seen then
+  -- A repeat of an admitted request: its stored scores, nothing charged.
+  reply[1], reply[2] = 1, 0
+  local p = 1
+  for i = 1, n do
+    local sa = find(v, ' ', p, true)
+    reply[i + 2] = sub(v, p, sa - 1)
+    p = find(v, ' ', sa + 1, true) + 1
+  end
+  return reply
 end
 
 if not allowed then
@@ -223,30 +270,50 @@ end
 
 reply[1], reply[2] = 1, 0
 local nowstr
+local ttl = 0
 for i = 1, n do
   local k = 7 * i
-  local r, p, c, d, t, ts = win[k - 6], win[k - 5], win[k - 4], win[k - 2], win[k - 1], win[k]
+  local r, p, c, d, t = win[k - 6], win[k - 5], win[k - 4], win[k - 2], win[k - 1]
   local s = d + c
   if now > t then
     t = now
     if not nowstr then
       nowstr = format('%d', now)
     end
-    ts = nowstr
+    win[k] = nowstr
   end
-  local str = format('%.17g', s)
-  -- The TTL as ewma.lua writes it (see there).
+  -- The TTL as ewma.lua writes it (see there): the longest of the windows'.
   local eps = r - c
   if c < eps then eps = c end
   eps = eps / 1024
-  local ttl = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
-  if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
-  ttl = ttl + (t - now)
-  local val = str .. ' ' .. ts
-  if i == 1 then
-    val = val .. tail
-  end
-  redis.call('SET', KEYS[i], val, 'PX', format('%d', ttl))
-  reply[i + 2] = str
+  local x = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
+  if x > 2 * MAX_WAIT then x = 2 * MAX_WAIT end
+  x = x + (t - now)
+  if x > ttl then ttl = x end
+  reply[i + 2] = format('%.17g', s)
 end
+-- The ids after the windows, as ewma.lua keeps them (see there).
+local tail = ''
+if reqid ~= '' then
+  if idat then
+    tail = ' ' .. reqid .. ' ' .. sub(v, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
+  else
+    tail = ' ' .. reqid
+  end
+elseif idat then
+  tail = sub(v, idat - 1)
+end
+local val
+if n == 1 then
+  val = reply[3] .. ' ' .. win[7] .. tail
+elseif n == 2 then
+  val = reply[3] .. ' ' .. win[7] .. ' ' .. reply[4] .. ' ' .. win[14] .. tail
+else
+  val = reply[3] .. ' ' .. win[7]
+  for i = 2, n do
+    val = val .. ' ' .. reply[i + 2] .. ' ' .. win[7 * i]
+  end
+  val = val .. tail
+end
+redis.call('SET', key, val, 'PX', format('%d', ttl))
 return reply

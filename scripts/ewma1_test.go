@@ -23,9 +23,10 @@ func lean(at, cut string, limits ...any) []any {
 }
 
 // TestLeanEqualsBatch: over random stored values (decayed, fresh, ahead of
-// now, junk, carrying another gate's request ids) and limit lists of one to
-// three windows, ewma1.lua replies and stores exactly what ewma.lua does
-// for one decision with request id "".
+// now, junk, a window short, carrying request ids) and limit lists of one
+// to three windows, ewma1.lua replies and stores exactly what ewma.lua does
+// for one decision, without a request id, with a new one and with one
+// already kept.
 func TestLeanEqualsBatch(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
@@ -38,24 +39,27 @@ func TestLeanEqualsBatch(t *testing.T) {
 		}
 		periods := []string{"1000", "60000", "100000"}
 		nowms, _ := strconv.ParseInt(now, 10, 64)
-		for round := 0; round < 300; round++ {
+		for round := 0; round < 600; round++ {
 			l := lists[rng.IntN(len(lists))]
-			ks := make([]string, len(l)/3)
-			seeds := make([]string, len(ks))
-			for i := range ks {
-				ks[i] = "t:{c}:" + periods[i]
-				switch x := rng.IntN(12); {
-				case x == 0:
-					seeds[i] = "junk"
-				case x < 8:
-					r, _ := l[3*i].(int)
-					score := rng.Float64() * float64(max(r, 1)+1)
-					at := nowms - int64(rng.IntN(5000)) + 300
-					seeds[i] = strconv.FormatFloat(score, 'g', 17, 64) + " " + strconv.FormatInt(at, 10)
-					if i == 0 && x < 3 {
-						seeds[i] += " aaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbb"
-					}
-				}
+			n := len(l) / 3
+			ks := []string{"t:{c}:" + strings.Join(periods[:n], ":")}
+			var parts []string
+			for i := range n {
+				r, _ := l[3*i].(int)
+				score := rng.Float64() * float64(max(r, 1)+1)
+				at := nowms - int64(rng.IntN(5000)) + 300
+				parts = append(parts, strconv.FormatFloat(score, 'g', 17, 64)+" "+strconv.FormatInt(at, 10))
+			}
+			seeds := []string{""}
+			switch x := rng.IntN(12); {
+			case x == 0:
+				seeds[0] = "junk"
+			case x == 1 && n > 1:
+				seeds[0] = strings.Join(parts[:n-1], " ") // a window short
+			case x < 4:
+				seeds[0] = strings.Join(parts, " ") + " aaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbb"
+			case x < 9:
+				seeds[0] = strings.Join(parts, " ")
 			}
 			seed := func() {
 				c.FlushAll(ctx)
@@ -66,20 +70,25 @@ func TestLeanEqualsBatch(t *testing.T) {
 				}
 			}
 			seed()
-			want, err := ewma.Run(ctx, c, ks, single(now, "", l...)...).Slice()
+			id := []string{"", "", "cccccccccccccccc", "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"}[rng.IntN(5)]
+			want, err := ewma.Run(ctx, c, ks, single(now, id, l...)...).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
 			vw := values(t, c, ks...)
 			tw := ttls(c, ks)
 			seed()
-			got, err := ewma1.Run(ctx, c, ks, lean(now, "0", l...)...).Slice()
+			largs := lean(now, "0", l...)
+			if id != "" {
+				largs = append(largs, id)
+			}
+			got, err := ewma1.Run(ctx, c, ks, largs...).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
 			vg := values(t, c, ks...)
 			if !slices.Equal(got, want) || !slices.Equal(vg, vw) {
-				t.Fatalf("round %d %q: lean %v stored %q; batch %v stored %q", round, seeds, got, vg, want, vw)
+				t.Fatalf("round %d %q id %q: lean %v stored %q; batch %v stored %q", round, seeds, id, got, vg, want, vw)
 			}
 			for i, tg := range ttls(c, ks) {
 				if d := tg - tw[i]; (tg < 0) != (tw[i] < 0) || d > time.Second || d < -time.Second {

@@ -57,8 +57,8 @@ func run(t *testing.T, c *redis.Client, reqid string) []any {
 	return v
 }
 
-// decision is one message of a batch call: its windows' keys, the index
-// (1-based) of its limit list and its request id.
+// decision is one message of a batch call: its key (one, holding every
+// window), the index (1-based) of its limit list and its request id.
 type decision struct {
 	keys []string
 	list int
@@ -84,12 +84,17 @@ func batch(t *testing.T, c *redis.Client, at string, lists [][]any, decs ...deci
 	if err != nil {
 		t.Fatalf("batch of %d: %v", len(decs), err)
 	}
-	if len(v) != len(ks)+2*len(decs) {
-		t.Fatalf("batch of %d decisions, %d windows: %d entries %v", len(decs), len(ks), len(v), v)
+	windows := 0
+	for _, d := range decs {
+		windows += len(lists[d.list-1]) / 3
+	}
+	if len(v) != windows+2*len(decs) {
+		t.Fatalf("batch of %d decisions, %d windows: %d entries %v", len(decs), windows, len(v), v)
 	}
 	out := make([][]any, len(decs))
 	for i, d := range decs {
-		out[i], v = v[:2+len(d.keys)], v[2+len(d.keys):]
+		n := 2 + len(lists[d.list-1])/3
+		out[i], v = v[:n], v[n:]
 	}
 	return out
 }
@@ -154,7 +159,7 @@ func TestRequestIDChargesOnce(t *testing.T) {
 func TestRequestIDsKept(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
-		two := []string{"t:{d}:message:EVENT:1000", "t:{d}:message:EVENT:60000"}
+		two := []string{"t:{d}:message:EVENT:1000:60000"}
 		call := func(id string) []any {
 			v, err := ewma.Run(ctx, c, two, single(now, id, 100, 1000, 1, 1000, 60000, 1)...).Slice()
 			if err != nil {
@@ -165,11 +170,8 @@ func TestRequestIDsKept(t *testing.T) {
 		for _, id := range []string{"a", "b", "c", "d", "e"} {
 			call(id)
 		}
-		if v, _ := c.Get(ctx, two[0]).Result(); v != "5 "+now+" e d c b" {
-			t.Errorf("first window %q, want score 5 and ids e d c b", v)
-		}
-		if v, _ := c.Get(ctx, two[1]).Result(); v != "5 "+now {
-			t.Errorf("second window %q, want score 5 and no ids", v)
+		if v, _ := c.Get(ctx, two[0]).Result(); v != "5 "+now+" 5 "+now+" e d c b" {
+			t.Errorf("stored %q, want both windows at score 5 and ids e d c b", v)
 		}
 		if r := call("b"); !slices.Equal(r, []any{int64(1), int64(0), "5", "5"}) {
 			t.Errorf("repeat of b: %v, want [1 0 5 5]", r)
@@ -262,11 +264,10 @@ func TestSameKeyInOneCall(t *testing.T) {
 		// with the same stored values) agree on every reply and value.
 		lists = [][]any{{3.5, 1000, 1, 50, 60000, 1}}
 		at := "1767322799700" // 300 ms before now
-		b := []string{"t:{e}:message:EVENT:1000", "t:{e}:message:EVENT:60000"}
-		s := []string{"t:{f}:message:EVENT:1000", "t:{f}:message:EVENT:60000"}
+		b := []string{"t:{e}:message:EVENT:1000:60000"}
+		s := []string{"t:{f}:message:EVENT:1000:60000"}
 		for _, ks := range [][]string{b, s} {
-			c.Set(ctx, ks[0], "1.5 "+at+" old", 0)
-			c.Set(ctx, ks[1], "7.25 "+at, 0)
+			c.Set(ctx, ks[0], "1.5 "+at+" 7.25 "+at+" old", 0)
 		}
 		got = batch(t, c, now, lists, decision{b, 1, "x1"}, decision{b, 1, "x2"}, decision{b, 1, "x3"})
 		sep := alone(t, c, now, lists, decision{s, 1, "x1"}, decision{s, 1, "x2"}, decision{s, 1, "x3"})
@@ -286,7 +287,7 @@ func TestSameKeyInOneCall(t *testing.T) {
 			t.Errorf("stored by the batch %q, by calls of their own %q", vb, vs)
 		}
 		if !strings.HasSuffix(vb[0], " "+now+" x2 x1 old") {
-			t.Errorf("first window %q, want the ids x2 x1 old", vb[0])
+			t.Errorf("stored %q, want the ids x2 x1 old", vb[0])
 		}
 	})
 }
@@ -303,22 +304,14 @@ func TestClientsInOneCall(t *testing.T) {
 			{5, 1000, 1, 50, 10000, 1, 500, 100000, 2.5},
 		}
 		ks := func(client string, n int) []string {
-			periods := []string{"1000", "60000", "100000"}
-			out := make([]string, n)
-			for i := range out {
-				out[i] = "t:{" + client + "}:message:EVENT:" + periods[i]
-			}
-			return out
+			return []string{"t:{" + client + "}:message:EVENT" + []string{":1000", ":1000:60000", ":1000:60000:100000"}[n-1]}
 		}
 		seed := func() {
 			c.FlushAll(ctx)
 			c.Set(ctx, "t:{a}:message:EVENT:1000", "1.25 1767322799500 a0", 0)
 			c.Set(ctx, "t:{d}:message:EVENT:1000", "2 "+now, 0) // full: refused
-			c.Set(ctx, "t:{b}:message:EVENT:1000", "9.5 1767322799900", 0)
-			c.Set(ctx, "t:{b}:message:EVENT:60000", "100 1767322700000", 0)
-			c.Set(ctx, "t:{e}:message:EVENT:1000", "3 1767322799000", 0)
-			c.Set(ctx, "t:{e}:message:EVENT:60000", "40 1767322799000", 0)
-			c.Set(ctx, "t:{e}:message:EVENT:100000", "480 1767322799000", 0)
+			c.Set(ctx, "t:{b}:message:EVENT:1000:60000", "9.5 1767322799900 100 1767322700000", 0)
+			c.Set(ctx, "t:{e}:message:EVENT:1000:60000:100000", "3 1767322799000 40 1767322799000 480 1767322799000", 0)
 		}
 		decs := []decision{
 			{ks("a", 1), 1, "a1"},
@@ -333,7 +326,9 @@ func TestClientsInOneCall(t *testing.T) {
 		}
 		var all []string
 		for _, d := range decs {
-			all = append(all, d.keys...)
+			if !slices.Contains(all, d.keys[0]) {
+				all = append(all, d.keys[0])
+			}
 		}
 		seed()
 		got := batch(t, c, now, lists, decs...)
@@ -382,21 +377,31 @@ func TestBatchEqualsAlone(t *testing.T) {
 			for d := 1 + rng.IntN(16); d > 0; d-- {
 				cl := strconv.Itoa(rng.IntN(5))
 				l := 1 + rng.IntN(len(lists))
-				ks := make([]string, len(lists[l-1])/3)
-				for i := range ks {
-					ks[i] = "t:{" + cl + "}:" + strconv.Itoa(l) + ":" + periods[i]
-					if _, ok := seeds[ks[i]]; !ok {
-						seeds[ks[i]] = ""
-						if x := rng.IntN(10); x == 0 {
-							seeds[ks[i]] = "junk"
-						} else if x < 7 {
-							r, _ := lists[l-1][3*i].(int)
-							score := rng.Float64() * float64(max(r, 1)+1)
-							at := nowms - int64(rng.IntN(5000)) + 300
-							seeds[ks[i]] = strconv.FormatFloat(score, 'g', 17, 64) + " " + strconv.FormatInt(at, 10)
-						}
-						all = append(all, ks[i])
+				n := len(lists[l-1]) / 3
+				ks := []string{"t:{" + cl + "}:" + strconv.Itoa(l) + ":" + strings.Join(periods[:n], ":")}
+				if _, ok := seeds[ks[0]]; !ok {
+					// Every window in one value: fresh, decayed or ahead
+					// of now; now and then junk, a window short, or ids.
+					var parts []string
+					for i := range n {
+						r, _ := lists[l-1][3*i].(int)
+						score := rng.Float64() * float64(max(r, 1)+1)
+						at := nowms - int64(rng.IntN(5000)) + 300
+						parts = append(parts, strconv.FormatFloat(score, 'g', 17, 64)+" "+strconv.FormatInt(at, 10))
 					}
+					switch x := rng.IntN(12); {
+					case x == 0:
+						seeds[ks[0]] = "junk"
+					case x == 1 && n > 1:
+						seeds[ks[0]] = strings.Join(parts[1:], " ")
+					case x < 4:
+						seeds[ks[0]] = strings.Join(parts, " ") + " id" + strconv.Itoa(rng.IntN(6)) + " zz"
+					case x < 9:
+						seeds[ks[0]] = strings.Join(parts, " ")
+					default:
+						seeds[ks[0]] = ""
+					}
+					all = append(all, ks[0])
 				}
 				id := ""
 				if rng.IntN(3) > 0 {
@@ -439,14 +444,13 @@ func TestErrorInOneDecision(t *testing.T) {
 		ctx := context.Background()
 		lists := [][]any{{10, 1000, 1, 240, 60000, 1}}
 		win := func(client string) []string {
-			return []string{"t:{" + client + "}:message:EVENT:1000", "t:{" + client + "}:message:EVENT:60000"}
+			return []string{"t:{" + client + "}:message:EVENT:1000:60000"}
 		}
 		for _, bad := range []string{"garbage", "x 1", "1 x", "-1 5", "nan 5", "inf 5", "1 2.5", "1 -5", ""} {
 			c.FlushAll(ctx)
-			c.Set(ctx, win("b")[1], bad, 0)
-			c.Set(ctx, win("s")[0], "3 "+now+" seen", 0) // seen, second window missing
-			c.Set(ctx, win("u")[0], "3 "+now+" seen", 0) // seen, second window malformed
-			c.Set(ctx, win("u")[1], bad, 0)
+			c.Set(ctx, win("b")[0], "1 "+now+" "+bad, 0)         // the second window malformed
+			c.Set(ctx, win("s")[0], "3 "+now+" seen", 0)         // seen, second window missing
+			c.Set(ctx, win("u")[0], "3 "+now+" "+bad+" seen", 0) // seen, second window malformed
 			got := batch(t, c, now, lists,
 				decision{win("a"), 1, "a"},
 				decision{win("b"), 1, "b"},
@@ -456,9 +460,9 @@ func TestErrorInOneDecision(t *testing.T) {
 			)
 			want := [][]any{
 				{int64(1), int64(0), "1", "1"},
-				{int64(-1), "ERR sluice ewma: malformed value at " + win("b")[1], "", ""},
-				{int64(-1), "ERR sluice ewma: window missing for a seen request at " + win("s")[1], "", ""},
-				{int64(-1), "ERR sluice ewma: malformed value at " + win("u")[1], "", ""},
+				{int64(-1), "ERR sluice ewma: malformed value at " + win("b")[0], "", ""},
+				{int64(-1), "ERR sluice ewma: malformed value at " + win("s")[0], "", ""},
+				{int64(-1), "ERR sluice ewma: malformed value at " + win("u")[0], "", ""},
 				{int64(1), int64(0), "2", "2"},
 			}
 			for i := range want {
@@ -467,7 +471,7 @@ func TestErrorInOneDecision(t *testing.T) {
 				}
 			}
 			v := values(t, c, append(append(append(win("a"), win("b")...), win("s")...), win("u")...)...)
-			if wantv := []string{"2 " + now + " a", "2 " + now, "", bad, "3 " + now + " seen", "", "3 " + now + " seen", bad}; !slices.Equal(v, wantv) {
+			if wantv := []string{"2 " + now + " 2 " + now + " a", "1 " + now + " " + bad, "3 " + now + " seen", "3 " + now + " " + bad + " seen"}; !slices.Equal(v, wantv) {
 				t.Errorf("stored %q: values %q, want %q", bad, v, wantv)
 			}
 		}
@@ -510,7 +514,7 @@ func TestWholeCallErrors(t *testing.T) {
 			"more keys":           {two, []any{now, 1, 1, 2, 1000, 1, 1, ""}},
 			"fewer keys":          {keys, []any{now, 1, 1, 2, 1000, 1, 1, "", 1, ""}},
 			"no keys":             {nil, []any{now, 1, 1, 2, 1000, 1, 1, ""}},
-			"fewer keys, 2 lists": {two, []any{now, 2, 1, 2, 1000, 1, 2, 2, 1000, 1, 3, 60000, 1, 1, "", 2, ""}},
+			"fewer keys, 2 lists": {keys, []any{now, 2, 1, 2, 1000, 1, 2, 2, 1000, 1, 3, 60000, 1, 1, "", 2, ""}},
 		} {
 			err := ewma.Run(ctx, c, tc.keys, tc.args...).Err()
 			if err == nil || !strings.HasPrefix(err.Error(), "ERR sluice ewma: ") {
@@ -529,7 +533,7 @@ func TestWholeCallErrors(t *testing.T) {
 // stored scores.
 func TestRequestIDRepeatedInOneCall(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
-		two := []string{"t:{r}:message:EVENT:1000", "t:{r}:message:EVENT:60000"}
+		two := []string{"t:{r}:message:EVENT:1000:60000"}
 		lists := [][]any{{10, 1000, 1, 240, 60000, 1}}
 		got := batch(t, c, now, lists,
 			decision{two, 1, "r1"}, decision{two, 1, "r1"}, decision{two, 1, "r2"}, decision{two, 1, "r1"}, decision{two, 1, ""})
@@ -545,7 +549,7 @@ func TestRequestIDRepeatedInOneCall(t *testing.T) {
 				t.Errorf("decision %d: %v, want %v", i+1, got[i], want[i])
 			}
 		}
-		if v := values(t, c, two...); !slices.Equal(v, []string{"3 " + now + " r2 r1", "3 " + now}) {
+		if v := values(t, c, two...); !slices.Equal(v, []string{"3 " + now + " 3 " + now + " r2 r1"}) {
 			t.Errorf("stored %q", v)
 		}
 	})

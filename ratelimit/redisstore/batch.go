@@ -450,7 +450,8 @@ type group struct {
 // Redis, or a sentinel's master), consecutive calls at one instant go in
 // one EVALSHA: Redis parses, dispatches and reads the time once for all of
 // them, and reads every window with one MGET. On a cluster, a call's keys
-// must share a slot, so each decision is its own EVALSHA; either way the
+// must share a slot, so each decision is its own EVALSHA (the lean script,
+// as is any call of one decision); either way the
 // EVALSHAs go in one pipeline, and those that find the script missing (a
 // restarted Redis, SCRIPT FLUSH) go again as EVAL, which also reloads it.
 func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchScratch) bool {
@@ -468,7 +469,14 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 	for start, keys, i := 0, 0, 0; i < len(reqs); i++ {
 		keys += len(reqs[i].keys)
 		if next := i + 1; next == len(reqs) || !b.shared || reqs[next].now != reqs[start].now || keys+len(reqs[next].keys) > maxCallKeys {
-			args := commandBy(reqs[start:next], cut)
+			var args []any
+			if next-start == 1 {
+				// One decision alone in its call (always, on a cluster):
+				// the lean script, which costs Redis less.
+				args = leanArgs(reqs[start], cut)
+			} else {
+				args = commandBy(reqs[start:next], cut)
+			}
 			groups = append(groups, group{start: start, end: next, args: args, cmd: newCmd(ctx, args)})
 			start, keys = next, 0
 		}

@@ -46,6 +46,10 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 	if err := ewma.Load(ctx, c).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// A batch of one decision is the lean script's call.
+	if err := ewma1.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.ConfigResetStat(ctx).Err(); countCalls && err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +132,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 			s := newStore(t, c, slow)
 			b := &batcher{client: c, shared: true, max: 8}
 			limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second))
-			if err := c.Set(ctx, DefaultPrefix+"{bad}:message:EVENT:1000", "garbage", 0).Err(); err != nil {
+			if err := c.Set(ctx, DefaultPrefix+"{bad}:message:EVENT"+limits.KeySuffix(), "garbage", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
 			keys := []string{"{ok1}:message:EVENT", "{bad}:message:EVENT", "{ok2}:message:EVENT"}
@@ -150,7 +154,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 				if sc := cl.req.scores; err != nil || !d.Allowed || sc[0] != 1 {
 					t.Errorf("%s beside a corrupt key: %+v %v %v, want admitted with score 1", keys[i], d, sc, err)
 				}
-				if v, err := c.Get(ctx, DefaultPrefix+keys[i]+":1000").Result(); err != nil || !strings.HasPrefix(v, "1 ") {
+				if v, err := c.Get(ctx, DefaultPrefix+keys[i]+limits.KeySuffix()).Result(); err != nil || !strings.HasPrefix(v, "1 ") {
 					t.Errorf("%s beside a corrupt key stored %q %v", keys[i], v, err)
 				}
 			}

@@ -77,29 +77,68 @@ func BenchmarkRedisConcurrency(b *testing.B) {
 	}
 }
 
-// benchEnv is one redis-server and an admin client for its statistics.
+// benchEnv is one redis-server, or the masters of a cluster, and an admin
+// client per server for its statistics.
 type benchEnv struct {
-	srv   *redistest.Server
-	admin *redis.Client
+	url    string          // what NewClient is given
+	admin  *redis.Client   // admins[0]
+	admins []*redis.Client // one per server (per master on a cluster)
 }
 
 func newBenchEnv(b *testing.B) *benchEnv {
 	srv := redistest.Start(b)
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	b.Cleanup(func() { _ = admin.Close() })
-	return &benchEnv{srv: srv, admin: admin}
+	return newBenchEnvOn(b, srv.URL(), srv.Addr())
+}
+
+func newBenchEnvOn(b *testing.B, url string, addrs ...string) *benchEnv {
+	e := &benchEnv{url: url}
+	for _, a := range addrs {
+		admin := redis.NewClient(&redis.Options{Addr: a})
+		b.Cleanup(func() { _ = admin.Close() })
+		e.admins = append(e.admins, admin)
+	}
+	e.admin = e.admins[0]
+	return e
 }
 
 // client is a client as sluice builds one (NewClient), for both peers
 // alike; query is added to the URL ("?max_retries=-1": the lean store).
 func (e *benchEnv) client(b *testing.B, query ...string) *redis.Client {
-	u, err := NewClient(e.srv.URL() + strings.Join(query, ""))
+	c, ok := e.universal(b, query...).(*redis.Client)
+	if !ok {
+		b.Fatal("not a plain client")
+	}
+	return c
+}
+
+// universal is client for any URL, a cluster's included.
+func (e *benchEnv) universal(b *testing.B, query ...string) redis.UniversalClient {
+	u, err := NewClient(e.url + strings.Join(query, ""))
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := u.(*redis.Client)
-	b.Cleanup(func() { _ = c.Close() })
-	return c
+	b.Cleanup(func() { _ = u.Close() })
+	return u
+}
+
+// BenchmarkRedisClusterConcurrency is BenchmarkRedisConcurrency on a
+// three-master cluster (startCluster): our two-window decision as the
+// binary runs it and redis_rate's one-window Allow, both through the
+// ClusterClient NewClient builds. On a cluster a script call carries one
+// decision (its key is in its client's slot); a batch is one pipeline per
+// master. Besides the totals, m<i>-redis-µs/op is master i's time in
+// script calls per decision of the whole run (INFO commandstats), so the
+// three add up to redis-µs/op; the busiest master is what a given
+// decisions/s needs of each.
+func BenchmarkRedisClusterConcurrency(b *testing.B) {
+	addrs := startCluster(b)
+	e := newBenchEnvOn(b, "redis+cluster://"+strings.Join(addrs, ","), addrs...)
+	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	for _, g := range []int{1, 4, 16, 64, 256} {
+		name := "goroutines=" + strconv.Itoa(g)
+		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
+		b.Run("RedisRateAllow1Window/"+name, e.rate(false, g))
+	}
 }
 
 // parallel runs call from g goroutines (exactly: RunParallel cannot run
@@ -111,14 +150,16 @@ func (e *benchEnv) parallel(b *testing.B, g int, s *Store, call func(ctx context
 	ctx := context.Background()
 	var next atomic.Uint64
 	var failed, admitted atomic.Int64
-	if err := e.admin.ConfigResetStat(ctx).Err(); err != nil {
-		b.Fatal(err)
+	for _, a := range e.admins {
+		if err := a.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	var left atomic.Int64
 	left.Store(int64(b.N))
 	var wg sync.WaitGroup
 	b.ReportAllocs()
-	cpu0, srv0 := processCPU(b), serverCPU(b, e.admin)
+	cpu0, srv0 := processCPU(b), e.serverCPU(b)
 	b.ResetTimer()
 	for range g {
 		wg.Add(1)
@@ -140,9 +181,17 @@ func (e *benchEnv) parallel(b *testing.B, g int, s *Store, call func(ctx context
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "client-cpu-µs/op")
-	b.ReportMetric(float64((serverCPU(b, e.admin)-srv0).Microseconds())/float64(b.N), "server-cpu-µs/op")
+	b.ReportMetric(float64((e.serverCPU(b)-srv0).Microseconds())/float64(b.N), "server-cpu-µs/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-	b.ReportMetric(evalshaMicros(b, e.admin)/float64(b.N), "redis-µs/op")
+	var total float64
+	for i, a := range e.admins {
+		us := evalshaMicros(b, a)
+		total += us
+		if len(e.admins) > 1 {
+			b.ReportMetric(us/float64(b.N), "m"+strconv.Itoa(i)+"-redis-µs/op")
+		}
+	}
+	b.ReportMetric(total/float64(b.N), "redis-µs/op")
 	b.ReportMetric(100*float64(admitted.Load())/float64(b.N), "admitted-%")
 	if s != nil && s.batch != nil {
 		b.ReportMetric(float64(s.batch.calls.Load())/float64(max(s.batch.pipelines.Load(), 1)), "calls/pipeline")
@@ -155,11 +204,12 @@ func (e *benchEnv) parallel(b *testing.B, g int, s *Store, call func(ctx context
 // decide benchmarks our Store deciding limits, at g goroutines.
 func (e *benchEnv) decide(limits *ratelimit.Windows, opts Options, ap bool, g int, query ...string) func(b *testing.B) {
 	return func(b *testing.B) {
-		c := e.client(b, query...)
+		u := e.universal(b, query...)
 		opts.Timeout = time.Second
-		s := newStore(b, c, opts)
+		s := newStore(b, u, opts)
 		b.Cleanup(func() { _ = s.Close() })
 		if ap {
+			c := u.(*redis.Client)
 			// Not an option of the Store: go-redis's auto-pipeliner does
 			// not bound a call by its deadline (see batch.go). Measured
 			// for comparison only.
@@ -179,16 +229,16 @@ func (e *benchEnv) decide(limits *ratelimit.Windows, opts Options, ap bool, g in
 // rate benchmarks the peer, redis_rate's Allow, at g goroutines.
 func (e *benchEnv) rate(ap bool, g int) func(b *testing.B) {
 	return func(b *testing.B) {
-		c := e.client(b)
+		u := e.universal(b)
 		var lim *redis_rate.Limiter
 		if ap {
-			p, err := c.AutoPipeline()
+			p, err := u.(*redis.Client).AutoPipeline()
 			if err != nil {
 				b.Fatal(err)
 			}
 			lim = redis_rate.NewLimiter(p)
 		} else {
-			lim = redis_rate.NewLimiter(c)
+			lim = redis_rate.NewLimiter(u)
 		}
 		limit := redis_rate.Limit{Rate: 10, Burst: 10, Period: time.Second}
 		e.parallel(b, g, nil, func(ctx context.Context, key string) (bool, error) {
@@ -205,6 +255,15 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serverCPU returns the CPU time every server of e has used (see serverCPU).
+func (e *benchEnv) serverCPU(b *testing.B) time.Duration {
+	var d time.Duration
+	for _, a := range e.admins {
+		d += serverCPU(b, a)
+	}
+	return d
 }
 
 // serverCPU returns the CPU time (user and system) redis-server has used,

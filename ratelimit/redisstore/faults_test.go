@@ -149,14 +149,18 @@ func (e *faultEnv) load(t *testing.T, tag string, during func(n int)) faultRow {
 func (e *faultEnv) charges(t *testing.T, row faultRow, dataLost bool) {
 	t.Helper()
 	for key, n := range row.perKey {
-		v, err := e.admin.Get(context.Background(), DefaultPrefix+key+":3600000000").Result()
+		// The long window's score: the third field of the key's value.
+		v, err := e.admin.Get(context.Background(), DefaultPrefix+key+faultLimits.KeySuffix()).Result()
 		if err != nil && err != redis.Nil {
 			t.Fatal(err)
 		}
 		score := 0.0
 		if v != "" {
-			s, _, _ := strings.Cut(v, " ")
-			if score, err = strconv.ParseFloat(s, 64); err != nil {
+			f := strings.Fields(v)
+			if len(f) < 4 {
+				t.Fatalf("%s: stored %q", key, v)
+			}
+			if score, err = strconv.ParseFloat(f[2], 64); err != nil {
 				t.Fatalf("%s: stored %q", key, v)
 			}
 		}

@@ -3,6 +3,30 @@
 // UniversalClient, so a standalone, sentinel or cluster deployment shares
 // one budget per client across every gate instance.
 //
+// # Keys: one per decision, not per window
+//
+// Every window of one decision lives in ONE key,
+// "<prefix>{<client>}:message:<TYPE>:<period_ms>:<period_ms>…" (the
+// windows' periods in their configured order, ratelimit.Windows.KeySuffix),
+// whose value is "<score_1> <t_1> … <score_n> <t_n>" followed by the recent
+// request ids. DESIGN.md's layout had a key per window
+// ("…:<TYPE>:<period_ms>"); it changed for cost, measured: Redis's one
+// command thread is what a busy gate runs out of, and each redis.call in
+// the script, each key and each expiry is a share of it. One key makes a
+// decision one GET and one SET … PX (the longest of the windows' TTLs)
+// instead of an MGET of n keys and n SETs: a two-window decision costs
+// Redis about a fifth less (docs/BENCHMARKS.md, "Redis decision cost
+// against redis_rate"). It also means a decision's keys can never span
+// Cluster slots, whatever the client identity. Naming the value by its
+// periods keeps what a key per period had: a limit whose rate changes
+// keeps its score, while a changed list of periods (a window added,
+// removed or reordered) starts from a fresh value instead of misreading an
+// old one; the old keys expire by their TTLs. A one-window list keeps
+// exactly the old key and value. (Gates of the per-window layout and of
+// this one running side by side charge different keys for a multi-window
+// type: during such a rolling upgrade a client may get both budgets.) The connection limit uses
+// "<prefix>{<client>}:connection:<period_ms>…" the same way.
+//
 // # Failing closed
 //
 // Every call has its own deadline (Options.Timeout). Any failure — timeout,
@@ -18,7 +42,7 @@
 // twice. The store cannot turn retries off on a client it was given,
 // so the script is idempotent instead: each Decide sends a fresh request id,
 // the script keeps the ids of the last few admitted requests beside the
-// first window's score, and a repeat of one of them is answered "admitted"
+// scores in the decision's key, and a repeat of one of them is answered "admitted"
 // without charging again. Retries are then safe, and useful: they carry a
 // decision past a stale pooled connection after a Redis restart. (The guard
 // keeps 4 ids per key: it fails only if more than 4 other requests of the
@@ -29,8 +53,10 @@
 // lost reply fails its decision as unavailable (charged once, as any reply
 // lost after the script ran), and there is no retry to guard. On such a
 // client the store sends no request id, and a decision that goes out alone
-// is the lean single-decision script (scripts.EWMA1: one key list, no batch
-// loop, no ids; the same decisions and stored values).
+// is the lean single-decision script without an id (scripts.EWMA1: one
+// key, no batch loop; the same decisions and stored values). A decision
+// that goes out alone on a client that retries is the lean script too,
+// with its request id.
 //
 // # Refused as unavailable, not charged
 //
@@ -166,8 +192,8 @@ var (
 // ewma is shared by every Store: the SHA is a property of the source.
 var ewma = redis.NewScript(scripts.EWMA)
 
-// ewma1 is the lean call for one decision sent alone on a client that
-// never retries (see Store.lean).
+// ewma1 is the lean call for one decision sent alone: every direct call,
+// with a request id unless the client never retries (see Store.lean).
 var ewma1 = redis.NewScript(scripts.EWMA1)
 
 // Options configures a Store. The zero value is usable.
@@ -224,8 +250,9 @@ type Store struct {
 	overloaded          atomic.Uint64 // expired before a direct call was sent
 
 	// lean: the client never resends a command (a *redis.Client with
-	// go-redis retries off), so decisions carry no request id, and one sent
-	// alone is the lean single-decision script (scripts.EWMA1).
+	// go-redis retries off), so decisions carry no request id. (One sent
+	// alone is the lean single-decision script, scripts.EWMA1, on every
+	// client.)
 	lean bool
 
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
@@ -536,13 +563,7 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 	if !deadline.IsZero() {
 		callCtx, cancel = context.WithDeadline(ctx, deadline)
 	}
-	var reply any
-	var err error
-	if s.lean {
-		reply, err = runLean(callCtx, s.client, req, cutoff(deadline, s.margin))
-	} else {
-		reply, err = runBy(callCtx, s.client, req, cutoff(deadline, s.margin))
-	}
+	reply, err := runLean(callCtx, s.client, req, cutoff(deadline, s.margin))
 	if cancel != nil {
 		cancel()
 	}
@@ -589,8 +610,7 @@ func IsPerKey(err error) bool {
 }
 
 // isScriptRefusal reports whether err is the script's own error reply
-// ("ERR sluice ewma: …": a malformed stored value, a window of a seen
-// request gone, arguments it refuses), as opposed to Redis failing to run
+// ("ERR sluice ewma: …": a malformed stored value, arguments it refuses), as opposed to Redis failing to run
 // it. Each is about one key or one call, and Redis did answer.
 func isScriptRefusal(err error) bool {
 	if err == nil {
@@ -636,8 +656,8 @@ var (
 	argSource1 any = scripts.EWMA1
 )
 
-// request is one decision's part of a script call: the key of each window
-// and the request id, all sharing one byte allocation, and the prepared
+// request is one decision's part of a script call: its key (one, holding
+// every window) and the request id, sharing one byte allocation, and the prepared
 // windows, whose script arguments are ready to send. A call deciding
 // several requests at one instant is built by command.
 type request struct {
@@ -648,12 +668,8 @@ type request struct {
 	cut     int64     // the lean call's cutoff, unix ms (see runLean)
 	scores  []float64 // when not nil, receives the scores (see decide)
 
-	keysArr [inlineWindows]string
+	keysArr [1]string
 }
-
-// inlineWindows is how many windows a request holds without allocating
-// its key slice apart: relays configure one to three per type.
-const inlineWindows = 3
 
 // command returns the EVALSHA deciding reqs, which share one instant, in
 // order (see scripts/ewma.lua): numkeys, every window's key, the instant,
@@ -711,11 +727,14 @@ func commandBy(reqs []*request, cutoff int64) []any {
 	return args
 }
 
-// evalArgs returns the same command as EVAL with the script's source, for
-// the fallback on NOSCRIPT.
+// evalArgs returns the same command as EVAL with the script's source (the
+// batch script's or the lean one's), for the fallback on NOSCRIPT.
 func evalArgs(args []any) []any {
 	a := append([]any(nil), args...)
 	a[0], a[1] = argEval, argSource
+	if args[1] == argSHA1 {
+		a[1] = argSource1
+	}
 	return a
 }
 
@@ -751,22 +770,11 @@ func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, e
 }
 
 // runLean decides req alone with the lean script (scripts/ewma1.lua): no
-// request id, no limit list index; EVAL on NOSCRIPT as runBy.
+// limit list index, the request id last when there is one (its windows'
+// three args each tell the script it is there); EVAL on NOSCRIPT as
+// runBy. It costs Redis about a sixth less than ewma.lua deciding one.
 func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any, error) {
-	req.cut = cutoff
-	wargs := req.windows.ScriptArgs()
-	args := make([]any, 0, 5+len(req.keys)+len(wargs))
-	args = append(args, argEvalSha, argSHA1, len(req.keys))
-	for i := range req.keys {
-		args = append(args, &req.keys[i])
-	}
-	if req.now == 0 {
-		args = append(args, argNow0)
-	} else {
-		args = append(args, &req.now)
-	}
-	args = append(args, &req.cut)
-	args = append(args, wargs[1:]...)
+	args := leanArgs(req, cutoff)
 	cmd := newCmd(ctx, args)
 	_ = c.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
@@ -781,6 +789,31 @@ func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any,
 	return reply, nil
 }
 
+// leanArgs returns the EVALSHA of the lean script (scripts/ewma1.lua)
+// deciding req alone with the cutoff (unix ms; 0: none): its key, the
+// instant, the cutoff, its windows' arguments and its request id if any.
+// The only allocation is the argument slice.
+func leanArgs(req *request, cutoff int64) []any {
+	req.cut = cutoff
+	wargs := req.windows.ScriptArgs()
+	args := make([]any, 0, 5+len(req.keys)+len(wargs))
+	args = append(args, argEvalSha, argSHA1, len(req.keys))
+	for i := range req.keys {
+		args = append(args, &req.keys[i])
+	}
+	if req.now == 0 {
+		args = append(args, argNow0)
+	} else {
+		args = append(args, &req.now)
+	}
+	args = append(args, &req.cut)
+	args = append(args, wargs[1:]...)
+	if req.id != "" {
+		args = append(args, &req.id)
+	}
+	return args
+}
+
 // split hands each request of a call its part of the flat reply (2 + its
 // window count elements), or the call's error. A reply of the wrong shape
 // is an error for every request of the call.
@@ -790,7 +823,7 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 		arr, ok := reply.([]any)
 		want := 0
 		for _, r := range reqs {
-			want += 2 + len(r.keys)
+			want += 2 + r.windows.Len()
 		}
 		switch {
 		case !ok:
@@ -800,7 +833,7 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 		default:
 			off := 0
 			for i, r := range reqs {
-				n := 2 + len(r.keys)
+				n := 2 + r.windows.Len()
 				deliver(i, arr[off:off+n:off+n], nil)
 				off += n
 			}
@@ -812,44 +845,29 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 	}
 }
 
-// request builds the keys and the id of one decision (see
+// request builds the key and the id of one decision (see
 // scripts/ewma.lua): one allocation for the request and one for its
-// strings; the windows bring their script arguments ready to send.
+// strings; the windows bring their script arguments ready to send. The key
+// holds every window: "<prefix><key><windows.KeySuffix()>".
 func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *request {
-	n := windows.Len()
 	r := &request{windows: windows}
-	if n <= inlineWindows {
-		r.keys = r.keysArr[:n]
-	} else {
-		r.keys = make([]string, n)
-	}
+	r.keys = r.keysArr[:1]
 	if !now.IsZero() {
 		r.now = now.UnixMilli()
 	}
-	// Every key, then the request id, in one string.
+	// The key, then the request id, in one string.
+	suffix := windows.KeySuffix()
 	var b strings.Builder
-	size := idLen
-	for i := range n {
-		size += len(s.prefix) + len(key) + len(windows.Suffix(i))
-	}
-	b.Grow(size)
-	for i := range n {
-		b.WriteString(s.prefix)
-		b.WriteString(key)
-		b.WriteString(windows.Suffix(i))
-		r.keys[i] = b.String() // the prefix of all written so far; cut below
-	}
+	b.Grow(len(s.prefix) + len(key) + len(suffix) + idLen)
+	b.WriteString(s.prefix)
+	b.WriteString(key)
+	b.WriteString(suffix)
 	if !s.lean {
 		s.writeRequestID(&b) // none when the client never resends: "" is none
 	}
 	all := b.String()
-	start := 0
-	for i := range n {
-		end := len(r.keys[i])
-		r.keys[i] = all[start:end]
-		start = end
-	}
-	r.id = all[start:]
+	end := len(s.prefix) + len(key) + len(suffix)
+	r.keys[0], r.id = all[:end], all[end:]
 	return r
 }
 

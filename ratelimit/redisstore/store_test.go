@@ -157,8 +157,9 @@ func TestKeysAndTTL(t *testing.T) {
 	if err != nil || refused.Allowed {
 		t.Fatalf("11th: %+v %v", refused, err)
 	}
+	// One key holds both windows: its TTL serves the longer-lived of them.
+	const key = "p:{203.0.113.7}:message:EVENT:1000:60000"
 	for _, l := range limits.Limits() {
-		key := "p:{203.0.113.7}:message:EVENT:" + itoa(int64(l.Period/time.Millisecond))
 		ttl, err := c.PTTL(ctx, key).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -174,23 +175,28 @@ func TestKeysAndTTL(t *testing.T) {
 		if ttl < refused.Wait {
 			t.Errorf("%s: TTL %v shorter than the wait just reported %v", key, ttl, refused.Wait)
 		}
-		// And bounded: at most T·log2(1024·R/min(c,R−c)) plus slack.
-		if limit := time.Duration(float64(l.Period) * (log2(1024*l.Rate) + 1)); ttl > limit {
-			t.Errorf("%s: TTL %v beyond the bound %v", key, ttl, limit)
-		}
 	}
-	// The windows are the only keys: the last 4 admitted request ids (16
-	// characters each) live in the first one.
+	// And bounded: at most T·log2(1024·R/min(c,R−c)) plus slack, for the
+	// longest-lived window.
+	var bound time.Duration
+	for _, l := range limits.Limits() {
+		bound = max(bound, time.Duration(float64(l.Period)*(log2(1024*l.Rate)+1)))
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl > bound {
+		t.Errorf("%s: TTL %v beyond the bound %v", key, ttl, bound)
+	}
+	// The key is the only one: both windows, then the last 4 admitted
+	// request ids (16 characters each).
 	keys, _ := c.Keys(ctx, "p:*").Result()
-	if len(keys) != 2 {
-		t.Errorf("keys %v, want the two windows only", keys)
+	if len(keys) != 1 || keys[0] != key {
+		t.Errorf("keys %v, want %s only", keys, key)
 	}
-	v, _ := c.Get(ctx, "p:{203.0.113.7}:message:EVENT:1000").Result()
+	v, _ := c.Get(ctx, key).Result()
 	f := strings.Fields(v)
-	if len(f) != 6 {
-		t.Fatalf("first window %q: want score, instant and 4 ids", v)
+	if len(f) != 8 {
+		t.Fatalf("value %q: want two scores and instants and 4 ids", v)
 	}
-	for _, id := range f[2:] {
+	for _, id := range f[4:] {
 		if len(id) != 16 {
 			t.Errorf("request id %q is not 16 characters", id)
 		}
@@ -216,14 +222,15 @@ func testNoScriptHeals(t *testing.T, opts Options) {
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := c.ScriptExists(ctx, ewma.Hash()).Result(); ok[0] {
+	if ok, _ := c.ScriptExists(ctx, ewma1.Hash()).Result(); ok[0] {
 		t.Fatal("script still cached after SCRIPT FLUSH")
 	}
 	d, scores, err := scorer(s)(ctx, "{flush}:message:EVENT", limits, storetest.T0)
 	if err != nil || !d.Allowed || !storetest.Close(scores[0], 2) {
 		t.Fatalf("after SCRIPT FLUSH: %+v %v %v", d, scores, err)
 	}
-	if ok, _ := c.ScriptExists(ctx, ewma.Hash()).Result(); !ok[0] {
+	// A decision alone (as both of these are) is the lean script.
+	if ok, _ := c.ScriptExists(ctx, ewma1.Hash()).Result(); !ok[0] {
 		t.Error("script not cached again after the EVAL fallback")
 	}
 }
@@ -329,9 +336,9 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	at := itoa(storetest.T0.UnixMilli())
 	for _, v := range []string{"garbage", "", "1", "nan " + at, "inf " + at, "-inf " + at, "1e999 " + at,
 		"-1 " + at, "1 -5", "1 1.5", "1 nan", "1 " + at + "x", "x " + at} {
-		for w, other := range []string{DefaultPrefix + key + ":60000", DefaultPrefix + key + ":1000"} {
-			c.Del(ctx, DefaultPrefix+key+":1000", DefaultPrefix+key+":60000")
-			c.Set(ctx, other, v, 0)
+		for w, stored := range []string{"1 " + at + " " + v, v + " 1 " + at} {
+			c.Del(ctx, DefaultPrefix+key+":1000:60000")
+			c.Set(ctx, DefaultPrefix+key+":1000:60000", stored, 0)
 			d, err := s.Decide(ctx, key, limits, storetest.T0)
 			if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
 				t.Errorf("window %d holding %q: %+v %v, want ErrBadReply", w, v, d, err)
@@ -342,13 +349,13 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 		}
 	}
 	// A seen request id whose other window is corrupt: still an error.
-	c.Del(ctx, DefaultPrefix+key+":1000", DefaultPrefix+key+":60000")
-	ids := []string{DefaultPrefix + key + ":1000", DefaultPrefix + key + ":60000"}
+	ids := []string{DefaultPrefix + key + ":1000:60000"}
+	c.Del(ctx, ids...)
 	seen := []any{at, 1, 2, "10", "1000", "1", "100", "60000", "1", 1, "seen"}
 	if err := ewma.Run(ctx, c, ids, seen...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	c.Set(ctx, ids[1], "garbage", 0)
+	c.Set(ctx, ids[0], "1 "+at+" garbage seen", 0)
 	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 4 || v[0] != int64(-1) {
 		t.Errorf("repeat with a corrupt window replied %v %v, want a -1 flag", v, err)
 	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ratelimit.ErrBadReply) {
@@ -357,8 +364,8 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 }
 
 // TestRequestAllocs: building a decision's command line costs two
-// allocations (the request and the one string holding every key and the
-// request id) for up to inlineWindows windows, and classifying a nil error
+// allocations (the request and the one string holding its key and the
+// request id) however many windows, and classifying a nil error
 // costs none. It was 6 of the 27 allocations per Decide before.
 func TestRequestAllocs(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
@@ -370,8 +377,7 @@ func TestRequestAllocs(t *testing.T) {
 		t.Errorf("classifying a nil error: %v allocations, want 0", n)
 	}
 	r := s.request("{a}:message:EVENT", limits, storetest.T0)
-	want := []string{"evalsha", ewma.Hash(), "3", "sluice:{a}:message:EVENT:1000", "sluice:{a}:message:EVENT:60000",
-		"sluice:{a}:message:EVENT:3600000", itoa(storetest.T0.UnixMilli()), "1", "3", "10", "1000", "1", "240", "60000", "1", "1000", "3600000", "1", "1", r.id}
+	want := []string{"evalsha", ewma.Hash(), "1", "sluice:{a}:message:EVENT:1000:60000:3600000", itoa(storetest.T0.UnixMilli()), "1", "3", "10", "1000", "1", "240", "60000", "1", "1000", "3600000", "1", "1", r.id}
 	if got := argStrings(command([]*request{r})); !slices.Equal(got, want) {
 		t.Errorf("command\n got %q\nwant %q", got, want)
 	}
@@ -383,8 +389,8 @@ func TestRequestAllocs(t *testing.T) {
 	}
 }
 
-// TestRequestFromWindows: a request's keys are the prefix, the key and each
-// window's Suffix, in order, for inline and longer window lists alike, and
+// TestRequestFromWindows: a request's one key is the prefix, the key and
+// the windows' KeySuffix (each window's Suffix, in order), and
 // its command sends the windows' ScriptArgs as they are.
 func TestRequestFromWindows(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{Prefix: "p:"})
@@ -394,18 +400,20 @@ func TestRequestFromWindows(t *testing.T) {
 			ratelimit.Limit{Rate: 2.5, Period: time.Hour, Cost: 0.5}, ratelimit.PerPeriod(1e4, 24*time.Hour)),
 	} {
 		r := s.request("{k}:message:EVENT", ws, storetest.T0)
-		if r.windows != ws || len(r.keys) != ws.Len() {
-			t.Fatalf("%v: request of %d keys for %d windows", ws, len(r.keys), ws.Len())
+		if r.windows != ws || len(r.keys) != 1 {
+			t.Fatalf("%v: request of %d keys, want 1", ws, len(r.keys))
 		}
-		for i, k := range r.keys {
-			if want := "p:{k}:message:EVENT" + ws.Suffix(i); k != want {
-				t.Errorf("%v: key %d is %q, want %q", ws, i, k, want)
-			}
+		want := "p:{k}:message:EVENT"
+		for i := range ws.Len() {
+			want += ws.Suffix(i)
+		}
+		if r.keys[0] != want {
+			t.Errorf("%v: key is %q, want %q", ws, r.keys[0], want)
 		}
 		args := command([]*request{r})
 		// evalsha, sha, numkeys, the keys, the instant, the number of sets,
 		// then the set's script arguments, its index and the id.
-		at := 3 + ws.Len() + 2
+		at := 3 + 1 + 2
 		got := args[at : at+len(ws.ScriptArgs())]
 		if !slices.Equal(argStrings(got), argStrings(ws.ScriptArgs())) || len(args) != at+len(ws.ScriptArgs())+2 {
 			t.Errorf("%v: command %q does not carry ScriptArgs %q", ws, argStrings(args), argStrings(ws.ScriptArgs()))
@@ -422,9 +430,8 @@ func TestCommandSharesLists(t *testing.T) {
 	a := s.request("{a}:message:EVENT", two, time.Time{})
 	b := s.request("{b}:message:REQ", one, time.Time{})
 	c := s.request("{c}:message:EVENT", two, time.Time{})
-	want := []string{"evalsha", ewma.Hash(), "5",
-		"sluice:{a}:message:EVENT:1000", "sluice:{a}:message:EVENT:60000", "sluice:{b}:message:REQ:1000",
-		"sluice:{c}:message:EVENT:1000", "sluice:{c}:message:EVENT:60000",
+	want := []string{"evalsha", ewma.Hash(), "3",
+		"sluice:{a}:message:EVENT:1000:60000", "sluice:{b}:message:REQ:1000", "sluice:{c}:message:EVENT:1000:60000",
 		"0", "2", "2", "10", "1000", "1", "240", "60000", "1", "1", "5", "1000", "1",
 		"1", a.id, "2", b.id, "1", c.id}
 	if got := argStrings(command([]*request{a, b, c})); !slices.Equal(got, want) {
@@ -471,7 +478,7 @@ func TestRequestIDsStartApart(t *testing.T) {
 func TestScriptRefusals(t *testing.T) {
 	c := client(t, miniredis.RunT(t).Addr())
 	ctx := context.Background()
-	for _, msg := range []string{"malformed value at k", "window missing for a seen request at k", "bad limit for k", "want n keys and 2+3n args"} {
+	for _, msg := range []string{"malformed value at k", "bad limit for k", "want n keys and 2+3n args"} {
 		err := c.Eval(ctx, "return redis.error_reply('ERR sluice ewma: "+msg+"')", nil).Err()
 		if !isScriptRefusal(err) {
 			t.Errorf("%q (%v): not a script refusal", msg, err)
@@ -485,5 +492,18 @@ func TestScriptRefusals(t *testing.T) {
 		if isScriptRefusal(err) {
 			t.Errorf("%v: classed as a script refusal", err)
 		}
+	}
+}
+
+// TestEvalArgsPicksSource: the EVAL fallback of a lean call sends the lean
+// script's source, of a batch call the batch script's.
+func TestEvalArgsPicksSource(t *testing.T) {
+	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
+	r := s.request("{a}:message:EVENT", ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second)), time.Time{})
+	if a := evalArgs(leanArgs(r, 0)); a[0] != argEval || a[1] != argSource1 {
+		t.Errorf("lean call falls back to %.20q", a[:2])
+	}
+	if a := evalArgs(command([]*request{r})); a[0] != argEval || a[1] != argSource {
+		t.Errorf("batch call falls back to %.20q", a[:2])
 	}
 }
