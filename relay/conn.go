@@ -79,7 +79,6 @@ type conn struct {
 // authState is a connection's NIP-42 identity as the relay accepted it.
 type authState struct {
 	pubkey string // 64 lowercase hex digits
-	free   bool   // allow-listed: charged nothing
 }
 
 // readDeadline keeps a side's read deadline two ping intervals ahead,
@@ -278,7 +277,7 @@ func (c *conn) watch(frame []byte) {
 		return
 	}
 	if actor, ok := c.pending.take(id); ok {
-		if q := c.subject().Quota(); accepted && !duplicate && q != nil {
+		if q := c.subject(c.g.current().p).Quota(); accepted && !duplicate && q != nil {
 			now := c.g.now()
 			if !c.charged.seen(id, now, q.Window()) {
 				// A failed charge leaves an accepted event uncounted:
@@ -293,16 +292,17 @@ func (c *conn) watch(frame []byte) {
 		return
 	}
 	if pk, ok := c.auths.answered(id); ok && accepted {
-		c.authed.Store(&authState{pubkey: pk, free: c.g.allowPubkey(pk)})
+		c.authed.Store(&authState{pubkey: pk})
 		c.sub.Store(c.subjectFor(c.g.current().p))
 	}
 }
 
-// subject returns who pays for the connection's frames under the running
-// policy: the pubkey's tier budget once the connection has proved a member
-// pubkey, else the address's. It is rebuilt when the policy was reloaded.
-func (c *conn) subject() *policy.Subject {
-	p := c.g.current().p
+// subject returns who pays for the connection's frames under p, the
+// running policy: the pubkey's tier budget once the connection has proved a
+// member pubkey, else the address's (charged nothing when the address or
+// the proved pubkey is allow-listed). It is rebuilt when the policy was
+// reloaded.
+func (c *conn) subject(p *policy.Policy) *policy.Subject {
 	if s := c.sub.Load(); s != nil && s.Policy() == p {
 		return s
 	}
@@ -313,19 +313,24 @@ func (c *conn) subject() *policy.Subject {
 
 // subjectFor builds the connection's Subject under p.
 func (c *conn) subjectFor(p *policy.Policy) *policy.Subject {
-	if a := c.authed.Load(); a != nil {
-		if s := p.MemberSubject(a.pubkey); s != nil {
+	id := p.Identity()
+	free := id.AllowsAddr(c.addr)
+	if a := c.authed.Load(); a != nil && !free {
+		if id.AllowsPubkey(a.pubkey) {
+			free = true
+		} else if s := p.MemberSubject(a.pubkey); s != nil {
 			return s
 		}
 	}
-	return p.AddressSubject(c.who, c.addr, p.Identity().AllowsAddr(c.addr))
+	return p.AddressSubject(c.who, c.addr, free)
 }
 
-func (c *conn) auth() (pubkey string, free bool) {
+// authPubkey is the pubkey the connection proved (NIP-42), "" for none.
+func (c *conn) authPubkey() string {
 	if a := c.authed.Load(); a != nil {
-		return a.pubkey, a.free
+		return a.pubkey
 	}
-	return "", false
+	return ""
 }
 
 func (c *conn) readClient() {
@@ -445,9 +450,8 @@ func (c *conn) admit(frame []byte) bool {
 	t := p.Type
 	obs := c.g.obs
 	gp := c.g.current()
-	sub := c.subject()
-	_, freeAuth := c.auth()
-	free := sub.Free() || freeAuth
+	sub := c.subject(gp.p)
+	free := sub.Free()
 	charge := !free && sub.Charged(t)
 	shadowed := false
 	if charge {
@@ -606,7 +610,7 @@ func replyBuf(f Frame) []byte {
 // admitEvent applies the actor quota to a canonical EVENT the limits
 // admitted.
 func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shadowed bool) bool {
-	actor, _ := c.auth()
+	actor := c.authPubkey()
 	if actor == "" {
 		actor = ev.Pubkey.String()
 		if c.g.allowPubkey(actor) {

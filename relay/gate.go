@@ -387,7 +387,7 @@ func (g *Gate) Reload(cfg policy.Config) error {
 	}
 	gp := &gatePolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())}
 	al := p.Identity().Allow
-	gp.watchOK = p.Quota() != nil || p.HasTiers() || (al != nil && len(al.Pubkeys) > 0)
+	gp.watchOK = p.HasQuota() || p.HasTiers() || (al != nil && len(al.Pubkeys) > 0)
 	g.pol.Store(gp)
 	if g.limiter != nil {
 		g.limiter.Forget() // waits told under the old policy need not hold

@@ -310,21 +310,6 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 	return verdict{}
 }
 
-// hasQuota reports whether the running policy has any actor quota: the
-// address budget's or a tier's.
-func (h *Hooks) hasQuota() bool {
-	p := h.current().p
-	if p.Quota() != nil {
-		return true
-	}
-	for _, t := range p.Config().Tiers {
-		if q := t.Quota; q != nil && q.Events() > 0 && !t.Free {
-			return true
-		}
-	}
-	return false
-}
-
 // saved charges a validated event, saved for the client at addr whose
 // NIP-42 pubkey is authed, to its actor's quota. A failed charge leaves
 // the event uncounted, as in a Gate.
@@ -451,7 +436,7 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 		}
 		return info
 	}
-	if h.hasQuota() {
+	if h.current().p.HasQuota() {
 		k.OnEventSaved = func(ctx context.Context, evt *nostr.Event) {
 			addr := acc.IP(ctx)
 			if addr == "" {
@@ -610,7 +595,7 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 // that an event it saves without error is charged to its pubkey's quota:
 // relay.On.Event = hooks.SaveEvent(store). Without a quota it returns save.
 func (r RelyHooks[C, S]) SaveEvent(save func(C, *nostr.Event) error) func(C, *nostr.Event) error {
-	if r.h == nil || !r.h.hasQuota() {
+	if r.h == nil || !r.h.current().p.HasQuota() {
 		return save
 	}
 	return func(c C, evt *nostr.Event) error {

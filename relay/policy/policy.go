@@ -379,9 +379,6 @@ func (p *Policy) Identity() *Identity { return p.identity }
 // Config returns the configuration p was compiled from.
 func (p *Policy) Config() Config { return p.cfg }
 
-// Limits returns the address budget's limits.
-func (p *Policy) Limits() Limits { return p.cfg.Limits }
-
 // Connection returns the windows charged once per WebSocket upgrade that
 // enforce (see Subject.ChargeConnection for all of them).
 func (p *Policy) Connection() *ratelimit.Windows { return p.conn.enforce }
@@ -390,23 +387,25 @@ func (p *Policy) Connection() *ratelimit.Windows { return p.conn.enforce }
 // against on the address budget; for a REQ, those of one filter.
 func (p *Policy) Message(t wire.Type) *ratelimit.Windows { return p.budget.msg[t].enforce }
 
-// Free reports whether frames of type t pass without any charge on the
-// address budget (no window, enforcing or shadow, and no aggregate).
-func (p *Policy) Free(t wire.Type) bool { return p.budget.msg[t].empty() && len(p.aggs) == 0 }
-
-// REQ returns the enforcing windows of a REQ of filters filters on the
-// address budget: every REQ window with its cost times filters. filters
-// must be between 1 and MaxFilters.
-func (p *Policy) REQ(filters int) *ratelimit.Windows { return p.budget.req[filters].enforce }
-
 // MaxFilters returns the most filters a forwarded REQ may hold.
 func (p *Policy) MaxFilters() int { return p.maxFilters }
 
-// Shadow reports whether the whole policy is in shadow (mode: shadow).
-func (p *Policy) Shadow() bool { return p.cfg.Shadow }
-
 // Quota returns the actor quota of the address budget; nil for none.
 func (p *Policy) Quota() ratelimit.ActorQuota { return p.quota }
+
+// HasQuota reports whether any payer has an actor quota: the address
+// budget, or a tier that is not free.
+func (p *Policy) HasQuota() bool {
+	if p.quota != nil {
+		return true
+	}
+	for _, t := range p.tiers {
+		if t.quota != nil && !t.free {
+			return true
+		}
+	}
+	return false
+}
 
 // HasTiers reports whether any pubkey is a tier member, so that a gate
 // must watch AUTHs.
@@ -433,18 +432,18 @@ func (p *Policy) TierOf(pubkey string) string {
 	return ""
 }
 
-// aggregateKey returns the key of aggregate a for addr, "" when addr is of
-// the other family.
-func (a *aggregate) key(addr netip.Addr) string {
+// prefix returns a's network for addr ("2001:db8:1::/48"), or false when
+// addr is of the other family.
+func (a *aggregate) prefix(addr netip.Addr) (string, bool) {
 	addr = addr.WithZone("").Unmap()
 	if !addr.IsValid() || addr.Is4() != a.v4 {
-		return ""
+		return "", false
 	}
 	pfx, err := addr.Prefix(a.bits)
 	if err != nil {
-		return ""
+		return "", false
 	}
-	return "{" + pfx.String() + "}:aggregate"
+	return pfx.String(), true
 }
 
 // EffectiveMaxFilters returns how many filters a forwarded REQ may hold

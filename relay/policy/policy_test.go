@@ -36,14 +36,14 @@ func TestCompile(t *testing.T) {
 	if p.MaxFilters() != DefaultMaxFilters {
 		t.Errorf("MaxFilters = %d", p.MaxFilters())
 	}
-	if !p.Free(wire.TypeCLOSE) || p.Free(wire.TypeOther) || p.Free(wire.TypeEVENT) {
+	if !p.budget.msg[wire.TypeCLOSE].empty() || p.budget.msg[wire.TypeOther].empty() || p.budget.msg[wire.TypeEVENT].empty() {
 		t.Error("CLOSE must be free, OTHER and EVENT charged")
 	}
 	if got := p.Message(wire.TypeEVENT).Limits(); len(got) != 2 || got[0] != l.Message[wire.TypeEVENT][0] {
 		t.Errorf("EVENT windows %v", got)
 	}
 	for n := 1; n <= p.MaxFilters(); n++ {
-		w := p.REQ(n)
+		w := p.budget.req[n].enforce
 		for i, lim := range l.Message[wire.TypeREQ] {
 			if got := w.Limit(i); got.Rate != lim.Rate || got.Period != lim.Period || got.Cost != float64(n)*lim.EffectiveCost() {
 				t.Errorf("REQ of %d filters, window %d: %+v", n, i, got)

@@ -25,11 +25,13 @@ type Subject struct {
 
 	msg, msgShadow     [wire.NumTypes]string
 	conn, connShadow   string
-	class, classShadow []string // per class
-	aggs, aggsShadow   []string // per aggregate; "" when addr is of the other family
-	aggsConn           []string // per aggregate, the key of its upgrades
-	aggLabels          []string // "prefix <network>", for Verdict.Budget
+	class, classShadow []string  // per class
+	aggs               []aggKeys // per aggregate; zero when addr is of the other family
 }
+
+// aggKeys are one aggregate's keys for one address: its messages', their
+// shadow windows', its upgrades', and its name for Verdict.Budget.
+type aggKeys struct{ msg, shadow, conn, label string }
 
 // AddressSubject returns the address budget of client (its key, as
 // Identity makes it) at addr; free says the address is allow-listed, and
@@ -42,25 +44,17 @@ func (p *Policy) addressSubject(client string, addr netip.Addr, free, lazy bool)
 	s := &Subject{p: p, b: &p.budget, free: free, lazy: lazy, name: client}
 	s.build()
 	if !free {
-		s.conn = ratelimit.ConnectionKey(client)
-		if p.conn.shadow != nil {
-			s.connShadow = s.conn + ":shadow"
+		if !lazy { // a hook call builds its connection key when it charges one
+			s.conn = ratelimit.ConnectionKey(client)
+			s.connShadow = shadowKey(s.conn, p.conn)
 		}
 		for i := range p.aggs {
-			a := &p.aggs[i]
-			k := a.key(addr)
-			s.aggs = append(s.aggs, k)
-			sk, label := "", ""
-			if k != "" {
-				sk, label = k+":shadow", "prefix "+k[1:len(k)-len("}:aggregate")]
+			var ak aggKeys
+			if pfx, ok := p.aggs[i].prefix(addr); ok {
+				k := "{" + pfx + "}:aggregate"
+				ak = aggKeys{msg: k, shadow: k + ":shadow", conn: k + ":connection", label: "prefix " + pfx}
 			}
-			ck := ""
-			if k != "" {
-				ck = k + ":connection"
-			}
-			s.aggsShadow = append(s.aggsShadow, sk)
-			s.aggsConn = append(s.aggsConn, ck)
-			s.aggLabels = append(s.aggLabels, label)
+			s.aggs = append(s.aggs, ak)
 		}
 	}
 	return s
@@ -107,16 +101,16 @@ func (s *Subject) build() {
 		return
 	}
 	for t := range s.msg {
-		if s.b.msg[t].empty() && (wire.Type(t) != wire.TypeREQ || len(s.b.req) < 2 || s.b.req[1].empty()) {
+		if s.b.msg[t].empty() { // REQ's per-filter windows are these, scaled
 			continue
 		}
 		s.msg[t] = ratelimit.MessageKey(s.name, wire.Type(t).String())
-		s.msgShadow[t] = s.msg[t] + ":shadow"
+		s.msgShadow[t] = shadowKey(s.msg[t], s.b.msg[t])
 	}
 	for _, c := range s.p.classes {
-		k := "{" + s.name + "}:kind:" + c.name
+		k := kindKey(s.name, c.name)
 		s.class = append(s.class, k)
-		s.classShadow = append(s.classShadow, k+":shadow")
+		s.classShadow = append(s.classShadow, shadowKey(k, c.win))
 	}
 }
 
@@ -221,7 +215,7 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 		k, sk := s.msg[t], s.msgShadow[t]
 		if s.lazy {
 			k = ratelimit.MessageKey(s.name, t.String())
-			sk = k + ":shadow"
+			sk = shadowKey(k, win)
 		}
 		cs = append(cs, charge{k, sk, win, t.String()})
 	}
@@ -230,8 +224,8 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 			c := &s.p.classes[j-1]
 			k, sk := "", ""
 			if s.lazy {
-				k = "{" + s.name + "}:kind:" + c.name
-				sk = k + ":shadow"
+				k = kindKey(s.name, c.name)
+				sk = shadowKey(k, c.win)
 			} else {
 				k, sk = s.class[j-1], s.classShadow[j-1]
 			}
@@ -253,20 +247,38 @@ func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) 
 	var buf [1 + MaxAggregates]charge
 	cs := buf[:0]
 	if !s.p.conn.empty() {
-		cs = append(cs, charge{s.conn, s.connShadow, s.p.conn, "connection"})
+		k, sk := s.conn, s.connShadow
+		if s.lazy {
+			k = ratelimit.ConnectionKey(s.name)
+			sk = shadowKey(k, s.p.conn)
+		}
+		cs = append(cs, charge{k, sk, s.p.conn, "connection"})
 	}
-	for i, k := range s.aggsConn {
-		if k != "" {
-			cs = append(cs, charge{k, k + ":shadow", s.p.aggs[i].win, s.aggLabels[i]})
+	for i, ak := range s.aggs {
+		if ak.conn != "" {
+			w := s.p.aggs[i].win
+			cs = append(cs, charge{ak.conn, shadowKey(ak.conn, w), w, ak.label})
 		}
 	}
 	return decide(ctx, lim, cs)
 }
 
+// kindKey is the key of kind class class for the payer named name.
+func kindKey(name, class string) string { return "{" + name + "}:kind:" + class }
+
+// shadowKey is the key of w's shadow windows beside key k: k with
+// ":shadow", or "" when w has none (decide then never reads it).
+func shadowKey(k string, w split) string {
+	if w.shadow == nil {
+		return ""
+	}
+	return k + ":shadow"
+}
+
 func (s *Subject) appendAggregates(cs []charge) []charge {
-	for i, k := range s.aggs {
-		if k != "" {
-			cs = append(cs, charge{k, s.aggsShadow[i], s.p.aggs[i].win, s.aggLabels[i]})
+	for i, ak := range s.aggs {
+		if ak.msg != "" {
+			cs = append(cs, charge{ak.msg, ak.shadow, s.p.aggs[i].win, ak.label})
 		}
 	}
 	return cs
