@@ -30,8 +30,10 @@
 --             store names it "<prefix>{client}:message:TYPE:<T_1>:...:<T_n>",
 --             the half-lives in ms of its windows in order. Different
 --             decisions may have different clients, which is legal only off
---             Redis Cluster (on a cluster the caller sends one decision per
---             call, which is always legal).
+--             Redis Cluster, where a call's declared keys must share a slot:
+--             there the store sends scripts.EWMACluster (Go), this source
+--             with only the first key declared and the others after the
+--             arguments, for the decisions of one master.
 -- ARGV[1]     now in whole unix milliseconds; 0 (or a negative whole
 --             number: the Go store's instants at or before the epoch) means
 --             Redis TIME, so every gate instance shares one clock; anything

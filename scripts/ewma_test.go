@@ -99,6 +99,45 @@ func batch(t *testing.T, c *redis.Client, at string, lists [][]any, decs ...deci
 	return out
 }
 
+var ewmaCluster = redis.NewScript(scripts.EWMACluster)
+
+// clusterBatch is batch through scripts.EWMACluster: the first decision's
+// key declared, the others after the arguments, then their count. ok is
+// false where the server does not run the shebang (miniredis).
+func clusterBatch(t *testing.T, c *redis.Client, at string, lists [][]any, decs ...decision) (out [][]any, ok bool) {
+	t.Helper()
+	if err := ewmaCluster.Load(context.Background(), c).Err(); err != nil {
+		return nil, false
+	}
+	args := []any{at, len(lists)}
+	for _, l := range lists {
+		args = append(args, len(l)/3)
+		args = append(args, l...)
+	}
+	for _, d := range decs {
+		args = append(args, d.list, d.id)
+	}
+	for _, d := range decs[1:] {
+		args = append(args, d.keys[0])
+	}
+	args = append(args, len(decs)-1)
+	v, err := ewmaCluster.Run(context.Background(), c, decs[0].keys, args...).Slice()
+	if err != nil {
+		t.Fatalf("cluster batch of %d: %v", len(decs), err)
+	}
+	for _, d := range decs {
+		n := 2 + len(lists[d.list-1])/3
+		if len(v) < n {
+			t.Fatalf("cluster batch: %d entries short", n-len(v))
+		}
+		out, v = append(out, v[:n]), v[n:]
+	}
+	if len(v) != 0 {
+		t.Fatalf("cluster batch: %d entries too many", len(v))
+	}
+	return out, true
+}
+
 // alone decides each of decs in a call of its own at instant at (what the
 // batch must agree with).
 func alone(t *testing.T, c *redis.Client, at string, lists [][]any, decs ...decision) [][]any {
@@ -370,6 +409,12 @@ func TestBatchEqualsAlone(t *testing.T) {
 		}
 		periods := []string{"1000", "60000", "100000"}
 		nowms, _ := strconv.ParseInt(now, 10, 64)
+		clustered := 0
+		defer func() {
+			if clustered == 0 && strings.HasSuffix(t.Name(), "/redis") {
+				t.Error("the cluster variant never ran on redis-server")
+			}
+		}()
 		for round := 0; round < 100; round++ {
 			var decs []decision
 			seeds := map[string]string{}
@@ -427,6 +472,19 @@ func TestBatchEqualsAlone(t *testing.T) {
 				if !slices.Equal(got[i], sep[i]) {
 					t.Errorf("round %d decision %d %v: batch %v, alone %v", round, i+1, decs[i], got[i], sep[i])
 				}
+			}
+			// The cluster variant, on the same table, to the last byte.
+			seed()
+			if gc, ok := clusterBatch(t, c, now, lists, decs...); ok {
+				for i := range decs {
+					if !slices.Equal(gc[i], got[i]) {
+						t.Errorf("round %d decision %d %v: cluster variant %v, batch %v", round, i+1, decs[i], gc[i], got[i])
+					}
+				}
+				if vc := values(t, c, all...); !slices.Equal(vc, vb) {
+					t.Errorf("round %d: stored by the cluster variant %q, by the batch %q", round, vc, vb)
+				}
+				clustered++
 			}
 			if !slices.Equal(vb, vs) {
 				t.Errorf("round %d: stored by the batch %q, by calls of their own %q", round, vb, vs)
@@ -600,4 +658,36 @@ func TestCutoff(t *testing.T) {
 			t.Fatalf("before the cutoff: %v %v, want admitted", v, err)
 		}
 	})
+}
+
+// TestClusterVariantArguments: the cluster variant refuses a call whose
+// trailing count does not fit its arguments, or with more than one
+// declared key, before it reads or writes anything.
+func TestClusterVariantArguments(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	args := []any{now, 1, 1, 2, 1000, 1, 1, "", 1, "", "t:{b}:x"}
+	for _, tc := range []struct {
+		keys []string
+		last any
+	}{
+		{[]string{"t:{a}:x"}, 2},            // one key after the arguments, not two
+		{[]string{"t:{a}:x"}, -1},           // negative
+		{[]string{"t:{a}:x"}, "x"},          // not a number
+		{[]string{"t:{a}:x"}, 0.5},          // not whole
+		{[]string{"t:{a}:x", "t:{b}:x"}, 1}, // two declared keys
+	} {
+		err := ewmaCluster.Run(ctx, c, tc.keys, append(append([]any{}, args...), tc.last)...).Err()
+		if err == nil || !strings.Contains(err.Error(), "ERR sluice ewma:") {
+			t.Errorf("keys %v, count %v: %v, want the script's refusal", tc.keys, tc.last, err)
+		}
+	}
+	if n, _ := c.DBSize(ctx).Result(); n != 0 {
+		t.Errorf("%d keys written by refused calls", n)
+	}
+	if err := ewmaCluster.Run(ctx, c, []string{"t:{a}:x"}, append(append([]any{}, args...), 1)...).Err(); err != nil {
+		t.Errorf("the same call with the right count: %v", err)
+	}
 }

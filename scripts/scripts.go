@@ -2,7 +2,10 @@
 // that the binary and the tests run exactly the file under review.
 package scripts
 
-import _ "embed"
+import (
+	_ "embed"
+	"strings"
+)
 
 // EWMA is the source of ewma.lua: multi-window EWMA decisions (read, decay,
 // admit-all-or-nothing, write with a TTL, idempotent by request id), one or
@@ -27,3 +30,56 @@ var EWMA1 string
 //
 //go:embed quota.lua
 var Quota string
+
+// EWMACluster is EWMA for a master of Redis Cluster 7.0 or later: one call
+// decides messages of any clients whose keys that master serves, although
+// their keys are in different slots. Redis refuses a call whose declared
+// keys are in different slots (CROSSSLOT, flag or not), so only the first
+// decision's key is declared (it routes the call, and Redis redirects it if
+// its slot moved); the other decisions' keys follow EWMA's arguments, then
+// their count. The shebang's allow-cross-slot-keys lets the script touch
+// them, and Redis still refuses, before anything is written, a key this
+// master does not serve or a missing key of a slot migrating away ("Script
+// attempted to access a non local key"): every value is read up front, one
+// GET per key (a cross-slot MGET is refused even so), before the first
+// write. The store then decides that call's messages one by one, each
+// routed by go-redis. The rest is EWMA, byte for byte
+// (TestClusterVariantIsEWMA); a Redis older than 7.0 does not compile the
+// shebang, and the store then sends one decision per call, as before.
+//
+// Arguments: KEYS[1] the first decision's key; ARGV EWMA's arguments, then
+// the keys of decisions 2..m, then m-1.
+var EWMACluster = clusterVariant(EWMA)
+
+// clusterMGET is what EWMA reads every key with, replaced in EWMACluster.
+const clusterMGET = "redis.call('MGET', unpack(KEYS))"
+
+// clusterPrelude rebuilds KEYS and ARGV as EWMA reads them, and reads keys
+// one GET each.
+const clusterPrelude = `#!lua flags=allow-cross-slot-keys
+-- ewma.lua for a Redis Cluster master: see scripts.EWMACluster.
+local KEYS, ARGV = KEYS, ARGV
+do
+  local na = #ARGV
+  local x = tonumber(ARGV[na])
+  if not (#KEYS == 1 and x and x >= 0 and x % 1 == 0 and x <= na - 1) then
+    return redis.error_reply('ERR sluice ewma: want one declared key and the count of the others last')
+  end
+  local k, a = {KEYS[1]}, {}
+  for i = 1, na - 1 - x do a[i] = ARGV[i] end
+  for i = 1, x do k[i + 1] = ARGV[na - 1 - x + i] end
+  KEYS, ARGV = k, a
+end
+local function getEach(keys)
+  local v = {}
+  for i = 1, #keys do v[i] = redis.call('GET', keys[i]) end
+  return v
+end
+`
+
+func clusterVariant(src string) string {
+	if strings.Count(src, clusterMGET) != 1 {
+		panic("scripts: ewma.lua must read its keys with exactly one " + clusterMGET)
+	}
+	return clusterPrelude + strings.Replace(src, clusterMGET, "getEach(KEYS)", 1)
+}

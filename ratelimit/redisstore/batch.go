@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,8 +99,13 @@ type batcher struct {
 
 	// pipelines and calls count the batched round trips and the decisions
 	// they carried, for the benchmarks' mean batch size; direct counts the
-	// decisions that went straight out; expired those failed unsent.
-	pipelines, calls, direct, expired atomic.Int64
+	// decisions that went straight out; expired those failed unsent;
+	// splits the cluster calls a master refused whole (see round).
+	pipelines, calls, direct, expired, splits atomic.Int64
+
+	// noCluster: the cluster's servers cannot run scripts.EWMACluster
+	// (older than Redis 7.0): one decision per call.
+	noCluster atomic.Bool
 }
 
 // hardFlightPerFlight bounds the round trips started past flight for
@@ -319,6 +325,7 @@ func (b *batcher) abandon(c *call) {
 // batchScratch is a leader's reusable slices.
 type batchScratch struct {
 	batch  []*call
+	sorted []*call
 	reqs   []*request
 	groups []group
 }
@@ -438,7 +445,9 @@ type group struct {
 	start, end int
 	args       []any
 	cmd        *redis.Cmd
-	again      bool // sent again as EVAL
+	cut        int64 // the script's cutoff (unix ms; 0: none)
+	again      bool  // sent again as EVAL
+	split      bool  // refused whole by a cluster master: decided one by one
 }
 
 // exec decides the batch, bounded by deadline (zero: none) and, in the
@@ -449,10 +458,13 @@ type group struct {
 // round trip). On a client where any keys may share a script call (one
 // Redis, or a sentinel's master), consecutive calls at one instant go in
 // one EVALSHA: Redis parses, dispatches and reads the time once for all of
-// them, and reads every window with one MGET. On a cluster, a call's keys
-// must share a slot, so each decision is its own EVALSHA (the lean script,
-// as is any call of one decision); either way the
-// EVALSHAs go in one pipeline, and those that find the script missing (a
+// them, and reads every window with one MGET. On a cluster the batch is
+// first grouped by master (byMaster), and consecutive calls for one master
+// at one instant go in one EVALSHA of scripts.EWMACluster (one GET per
+// key; see round for a master refusing it), unless the servers cannot run
+// it (noCluster): then each decision is its own call. A call of one
+// decision is the lean script. The EVALSHAs go in one pipeline (one per
+// master on a cluster), and those that find the script missing (a
 // restarted Redis, SCRIPT FLUSH) go again as EVAL, which also reloads it.
 func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchScratch) bool {
 	ctx := context.Background()
@@ -461,6 +473,10 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
+	cluster := !b.shared && !b.noCluster.Load()
+	if cluster {
+		sc.sorted = byMaster(batch, sc.sorted)
+	}
 	reqs := sc.reqs[:0]
 	for _, c := range batch {
 		reqs = append(reqs, c.req)
@@ -468,16 +484,21 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 	groups := sc.groups[:0]
 	for start, keys, i := 0, 0, 0; i < len(reqs); i++ {
 		keys += len(reqs[i].keys)
-		if next := i + 1; next == len(reqs) || !b.shared || reqs[next].now != reqs[start].now || keys+len(reqs[next].keys) > maxCallKeys {
+		next := i + 1
+		if next == len(reqs) || reqs[next].now != reqs[start].now || keys+len(reqs[next].keys) > maxCallKeys ||
+			(!b.shared && (!cluster || batch[next].br != batch[start].br)) {
 			var args []any
-			if next-start == 1 {
-				// One decision alone in its call (always, on a cluster):
-				// the lean script, which costs Redis less.
+			switch {
+			case next-start == 1:
+				// One decision alone in its call: the lean script, which
+				// costs Redis less.
 				args = leanArgs(reqs[start], cut)
-			} else {
+			case cluster:
+				args = clusterCommand(reqs[start:next], cut)
+			default:
 				args = commandBy(reqs[start:next], cut)
 			}
-			groups = append(groups, group{start: start, end: next, args: args, cmd: newCmd(ctx, args)})
+			groups = append(groups, group{start: start, end: next, args: args, cmd: newCmd(ctx, args), cut: cut})
 			start, keys = next, 0
 		}
 	}
@@ -560,8 +581,38 @@ func (b *batcher) round(ctx context.Context, reqs []*request, batch []*call, gro
 	if retry {
 		b.process(ctx, groups, true)
 	}
+	// A cluster call its master refused whole (a key it does not serve or
+	// that is migrating away, a Redis without the shebang): nothing of it
+	// was written; its decisions go again one per call, each to its key's
+	// master (go-redis follows MOVED and ASK for one key).
+	var singles []group
+	for i := range groups {
+		g := &groups[i]
+		if g.end-g.start < 2 || g.args[1] != argSHAX {
+			continue
+		}
+		refused, unsupported := clusterRefusal(g.cmd.Err())
+		if unsupported {
+			b.noCluster.Store(true)
+		}
+		if !refused {
+			continue
+		}
+		g.split = true
+		b.splits.Add(1)
+		for j := g.start; j < g.end; j++ {
+			args := leanArgs(reqs[j], g.cut)
+			singles = append(singles, group{start: j, end: j + 1, args: args, cmd: newCmd(ctx, args), cut: g.cut})
+		}
+	}
 	ok := true
+	if len(singles) > 0 {
+		ok = b.round(ctx, reqs, batch, singles)
+	}
 	for _, g := range groups {
+		if g.split {
+			continue
+		}
 		split(g.cmd, reqs[g.start:g.end], func(i int, reply any, err error) {
 			r := reqs[g.start+i]
 			d, err := decision(reply, err, r)
@@ -606,6 +657,58 @@ func (b *batcher) process(ctx context.Context, groups []group, retry bool) {
 		}
 	}
 	_, _ = pipe.Exec(ctx)
+}
+
+// byMaster reorders batch, stably, so that the calls for one master (one
+// breaker) are consecutive, masters in the order they first appear: the
+// order of one client's decisions, which share a master, is kept. tmp is
+// scratch space, returned for reuse.
+func byMaster(batch, tmp []*call) []*call {
+	var seen [8]*breaker
+	brs := seen[:0]
+	for _, c := range batch {
+		if !slices.Contains(brs, c.br) {
+			brs = append(brs, c.br)
+		}
+	}
+	if len(brs) < 2 {
+		return tmp
+	}
+	tmp = tmp[:0]
+	for _, br := range brs {
+		for _, c := range batch {
+			if c.br == br {
+				tmp = append(tmp, c)
+			}
+		}
+	}
+	copy(batch, tmp)
+	clear(tmp)
+	return tmp[:0]
+}
+
+// clusterRefusal reads the error of a cluster call (scripts.EWMACluster):
+// refused when its master declined the call as a whole before running it
+// (a key it does not serve, or a missing key of a slot migrating away; a
+// redirect go-redis could not complete; the script not compiled), so that
+// nothing was written and its decisions can go again one by one;
+// unsupported when the server cannot run the script at all (Redis older
+// than 7.0 does not know the shebang).
+func clusterRefusal(err error) (refused, unsupported bool) {
+	var re redis.Error
+	if err == nil || !errors.As(err, &re) {
+		return false, false
+	}
+	msg := re.Error()
+	switch {
+	case strings.Contains(msg, "Error compiling script"), strings.Contains(msg, "shebang"):
+		return true, true
+	case strings.Contains(msg, "non local key"), strings.Contains(msg, "do not hash to the same slot"),
+		strings.HasPrefix(msg, "MOVED "), strings.HasPrefix(msg, "ASK "),
+		strings.HasPrefix(msg, "TRYAGAIN"), strings.HasPrefix(msg, "CROSSSLOT"):
+		return true, false
+	}
+	return false, false
 }
 
 func isNoScript(err error) bool {

@@ -117,9 +117,17 @@
 // script call — the script decides them in order, each atomically, with one
 // MGET of every window, one TIME and each distinct limit list parsed once —
 // since Redis's single command thread, not the network, is what a busy
-// gate runs out of first. On a cluster each decision stays its own call
-// (its keys are in its client's slot), pipelined, one pipeline per master
-// (see Cluster). Each decision keeps its
+// gate runs out of first. On a cluster (Redis 7.0 or later) a batch is one
+// script call per master (scripts.EWMACluster): the decisions of clients
+// whose slots one master serves, by the store's slot map, with only the
+// first key declared (a call's declared keys must share a slot) and the
+// script allowed to touch the others. A master refuses such a call whole,
+// before writing anything, when it does not serve one of its keys (the
+// map went stale) or one is missing from a slot migrating away; its
+// decisions then go again one per call, each routed by go-redis, which
+// follows MOVED and ASK. On an older cluster every decision is its own
+// call, pipelined. Either way one pipeline per master (see Cluster). Each
+// decision keeps its
 // own whole deadline from the moment it was asked: a queued decision waits
 // for a free round trip at most a twentieth of the Timeout before another
 // is started for it (see batcher). go-redis's auto-pipeliner would
@@ -195,6 +203,10 @@ var ewma = redis.NewScript(scripts.EWMA)
 // ewma1 is the lean call for one decision sent alone: every direct call,
 // with a request id unless the client never retries (see Store.lean).
 var ewma1 = redis.NewScript(scripts.EWMA1)
+
+// ewmaCluster decides the messages of several clients on one master of a
+// cluster in one call (see scripts.EWMACluster).
+var ewmaCluster = redis.NewScript(scripts.EWMACluster)
 
 // Options configures a Store. The zero value is usable.
 type Options struct {
@@ -654,6 +666,8 @@ var (
 	argNow0    any = "0"
 	argSHA1    any = ewma1.Hash()
 	argSource1 any = scripts.EWMA1
+	argSHAX    any = ewmaCluster.Hash()
+	argSourceX any = scripts.EWMACluster
 )
 
 // request is one decision's part of a script call: its key (one, holding
@@ -682,7 +696,14 @@ func command(reqs []*request) []any { return commandBy(reqs, 0) }
 // commandBy is command with a cutoff (unix ms; 0: none) past which, by
 // Redis TIME, the script must decide and write nothing (see
 // scripts/ewma.lua, ARGV[1]).
-func commandBy(reqs []*request, cutoff int64) []any {
+func commandBy(reqs []*request, cutoff int64) []any { return commandOf(reqs, cutoff, false) }
+
+// clusterCommand is commandBy for scripts.EWMACluster: the decisions' keys,
+// one each, in different slots of one master; only the first is declared,
+// the others follow the arguments, then their count.
+func clusterCommand(reqs []*request, cutoff int64) []any { return commandOf(reqs, cutoff, true) }
+
+func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	var lists [8]*ratelimit.Windows
 	distinct := lists[:0]
 	index := func(b *ratelimit.Windows) int {
@@ -702,11 +723,15 @@ func commandBy(reqs []*request, cutoff int64) []any {
 	for _, d := range distinct {
 		nargs += len(d.ScriptArgs())
 	}
-	args := make([]any, 0, 3+nkeys+2+nargs+2*len(reqs))
-	args = append(args, argEvalSha, argSHA, nkeys)
-	for _, r := range reqs {
-		for i := range r.keys {
-			args = append(args, &r.keys[i])
+	args := make([]any, 0, 3+nkeys+3+nargs+2*len(reqs))
+	if cluster {
+		args = append(args, argEvalSha, argSHAX, 1, &reqs[0].keys[0])
+	} else {
+		args = append(args, argEvalSha, argSHA, nkeys)
+		for _, r := range reqs {
+			for i := range r.keys {
+				args = append(args, &r.keys[i])
+			}
 		}
 	}
 	switch {
@@ -724,6 +749,12 @@ func commandBy(reqs []*request, cutoff int64) []any {
 	for _, r := range reqs {
 		args = append(args, index(r.windows), &r.id)
 	}
+	if cluster {
+		for _, r := range reqs[1:] {
+			args = append(args, &r.keys[0])
+		}
+		args = append(args, len(reqs)-1)
+	}
 	return args
 }
 
@@ -732,15 +763,17 @@ func commandBy(reqs []*request, cutoff int64) []any {
 func evalArgs(args []any) []any {
 	a := append([]any(nil), args...)
 	a[0], a[1] = argEval, argSource
-	if args[1] == argSHA1 {
+	switch args[1] {
+	case argSHA1:
 		a[1] = argSource1
+	case argSHAX:
+		a[1] = argSourceX
 	}
 	return a
 }
 
 // newCmd returns the script call for args; the cluster client routes it
-// by its first key (on a cluster a call carries one decision, whose keys
-// share one {client} slot).
+// by its first key (on a cluster, the only key a call declares).
 func newCmd(ctx context.Context, args []any) *redis.Cmd {
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)

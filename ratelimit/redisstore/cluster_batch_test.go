@@ -1,0 +1,207 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/ratelimit/storetest"
+	"github.com/sluice-relay/sluice/scripts"
+)
+
+// clusterBatch is a cluster, a batched store on it and its masters'
+// clients (for their command statistics).
+type clusterBatch struct {
+	s       *Store
+	masters []*redis.Client
+}
+
+func newClusterBatch(t *testing.T) *clusterBatch {
+	addrs := startCluster(t)
+	c, err := NewClient("redis+cluster://" + strings.Join(addrs, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	cb := &clusterBatch{s: newStore(t, c, Options{Timeout: slow.Timeout, Batch: 32})}
+	t.Cleanup(func() { _ = cb.s.Close() })
+	for _, a := range addrs {
+		m := redis.NewClient(&redis.Options{Addr: a})
+		t.Cleanup(func() { _ = m.Close() })
+		cb.masters = append(cb.masters, m)
+	}
+	return cb
+}
+
+// calls builds one queued call per key at instant now, each judged by the
+// breaker of the master that serves its key, or by the first key's
+// master's for every call when wrongMaster (a slot map gone stale).
+func (cb *clusterBatch) calls(t *testing.T, keys []string, ws *ratelimit.Windows, now time.Time, wrongMaster bool) []*call {
+	ctx := context.Background()
+	var out []*call
+	for _, k := range keys {
+		req := cb.s.request(k, ws, now)
+		req.scores = make([]float64, ws.Len())
+		nd, err := cb.s.nodes.of(ctx, time.Now().Add(time.Second), routeKey(k), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := nd.br
+		if wrongMaster && len(out) > 0 {
+			br = out[0].br
+		}
+		out = append(out, &call{req: req, asked: time.Now(), deadline: time.Now().Add(slow.Timeout), br: br, res: make(chan callResult, 1)})
+	}
+	return out
+}
+
+// scriptCalls is the number of script calls each master ran since the
+// last reset.
+func (cb *clusterBatch) scriptCalls(t *testing.T) []int {
+	var out []int
+	for _, m := range cb.masters {
+		info, err := m.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, line := range strings.Split(info, "\n") {
+			for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
+					v, _, _ := strings.Cut(rest, ",")
+					k, _ := strconv.Atoi(v)
+					n += k
+				}
+			}
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func (cb *clusterBatch) reset(t *testing.T) {
+	for _, m := range cb.masters {
+		if err := m.ConfigResetStat(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestClusterBatchOneCallPerMaster: on a cluster, the decisions of a batch
+// whose clients' keys are in different slots of one master go to that
+// master as one script call, and decide exactly what the memory store
+// decides for the same instants (admissions, waits, scores to the bit).
+// Before, every decision on a cluster was its own call.
+func TestClusterBatchOneCallPerMaster(t *testing.T) {
+	cb := newClusterBatch(t)
+	ws := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(20, time.Minute))
+	var keys []string
+	for i := range 40 {
+		keys = append(keys, ratelimit.MessageKey("10.1.0."+strconv.Itoa(i), "EVENT"))
+	}
+	// Two messages of one client in one batch: the second must see the first.
+	keys = append(keys, keys[0], keys[7])
+	// Every master has the script already: a first EVALSHA answered
+	// NOSCRIPT and sent again as EVAL would count two calls.
+	for _, m := range cb.masters {
+		if err := m.ScriptLoad(context.Background(), scripts.EWMACluster).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := memory()
+	for round, at := range []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, 400 * time.Millisecond, 3 * time.Second} {
+		now := storetest.T0.Add(at)
+		batch := cb.calls(t, keys, ws, now, false)
+		orig := slices.Clone(batch) // send groups the batch by master, in place
+		cb.reset(t)
+		cb.s.batch.send(batch, &batchScratch{})
+		for i, c := range orig {
+			r := <-c.res
+			wd, wscores, _ := ref(context.Background(), keys[i], ws, now)
+			if r.err != nil || r.d != wd || !slices.Equal(c.req.scores, wscores) {
+				t.Errorf("round %d, %s: got %+v %v %v, memory store %+v %v", round, keys[i], r.d, r.err, c.req.scores, wd, wscores)
+			}
+		}
+		calls := cb.scriptCalls(t)
+		total := 0
+		for _, n := range calls {
+			if n > 1 {
+				t.Errorf("round %d: a master ran %d script calls for one batch (%v), want one each", round, n, calls)
+			}
+			total += n
+		}
+		if total < 2 || total > len(cb.masters) {
+			t.Errorf("round %d: %v script calls for %d decisions on 3 masters", round, calls, len(keys))
+		}
+	}
+	if n := cb.s.batch.splits.Load(); n != 0 {
+		t.Errorf("%d calls split with a fresh slot map, want 0", n)
+	}
+}
+
+// TestClusterBatchSplitsWhatAMasterRefuses: a batch grouped by a stale
+// slot map (every call filed under the first key's master) reaches a
+// master that serves only some of its keys. The master refuses the call
+// before writing anything, and each decision is made again on its own
+// master: every client charged exactly once, as the memory store says.
+func TestClusterBatchSplitsWhatAMasterRefuses(t *testing.T) {
+	cb := newClusterBatch(t)
+	ws := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second))
+	var keys []string
+	for i := range 12 {
+		keys = append(keys, ratelimit.MessageKey("10.2.0."+strconv.Itoa(i), "REQ"))
+	}
+	ref := memory()
+	for round := range 3 {
+		now := storetest.T0.Add(time.Duration(round) * 100 * time.Millisecond)
+		batch := cb.calls(t, keys, ws, now, true)
+		orig := slices.Clone(batch)
+		cb.s.batch.send(batch, &batchScratch{})
+		for i, c := range orig {
+			r := <-c.res
+			wd, wscores, _ := ref(context.Background(), keys[i], ws, now)
+			if r.err != nil || r.d != wd || !slices.Equal(c.req.scores, wscores) {
+				t.Errorf("round %d, %s: got %+v %v %v, memory store %+v %v", round, keys[i], r.d, r.err, c.req.scores, wd, wscores)
+			}
+		}
+	}
+	if n := cb.s.batch.splits.Load(); n != 3 {
+		t.Errorf("%d calls split, want 3 (one per round)", n)
+	}
+}
+
+// TestClusterRefusal: which errors of a cluster call mean its master
+// declined it whole (decided again one by one) and which mean the server
+// cannot run it at all (one decision per call from then on). A timeout or
+// a script's own refusal is neither.
+func TestClusterRefusal(t *testing.T) {
+	for _, tc := range []struct {
+		err                  error
+		refused, unsupported bool
+	}{
+		{redis.ErrClosed, false, false},
+		{context.DeadlineExceeded, false, false},
+		{errors.New("ERR Script attempted to access a non local key in a cluster node"), false, false}, // not a Redis error reply
+		{replyErr("ERR Script attempted to access a non local key in a cluster node script: abc, on @user_script:12."), true, false},
+		{replyErr("MOVED 3999 127.0.0.1:6381"), true, false},
+		{replyErr("ASK 3999 127.0.0.1:6381"), true, false},
+		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), true, false},
+		{replyErr("CROSSSLOT Keys in request don't hash to the same slot"), true, false},
+		{replyErr("ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'"), true, true},
+		{replyErr("ERR sluice ewma: malformed value at x"), false, false},
+		{replyErr("ERR sluice late: past the cutoff, nothing decided"), false, false},
+		{replyErr("CLUSTERDOWN The cluster is down"), false, false},
+	} {
+		refused, unsupported := clusterRefusal(tc.err)
+		if refused != tc.refused || unsupported != tc.unsupported {
+			t.Errorf("%v: refused %v unsupported %v, want %v %v", tc.err, refused, unsupported, tc.refused, tc.unsupported)
+		}
+	}
+}
