@@ -10,7 +10,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -73,6 +76,74 @@ func storeCheck(store ratelimit.Store, breaker func() redisstore.BreakerState) r
 		c.detail = func() string { return "redis, breaker " + breaker().String() }
 	}
 	return c
+}
+
+// clusterStoreCheck is storeCheck on a Redis Cluster: a real decision on
+// every master of the slot map, each on a reserved key of a slot that
+// master serves ("{sluice:readyz:<i>}:readyz"). Ready while at least one
+// master answers: the masters are shared by every instance, so a dead one
+// refuses the same clients on each (its detail and
+// sluice_redis_master_breaker_open say which), and an instance that
+// declared itself unready for it would only take the clients of the
+// healthy masters out of the load balancer too. Not ready when none
+// answers. The detail lists each master's answer.
+func clusterStoreCheck(st *redisstore.Store) readyCheck {
+	var mu sync.Mutex
+	last := "redis cluster, not asked yet"
+	return readyCheck{
+		name: "store",
+		check: func(ctx context.Context) error {
+			keys, err := st.KeyPerMaster(ctx, func(i int) string {
+				return "{sluice:readyz:" + strconv.Itoa(i) + "}:readyz"
+			})
+			if err != nil {
+				mu.Lock()
+				last = "redis cluster, no slot map"
+				mu.Unlock()
+				return err
+			}
+			addrs := make([]string, 0, len(keys))
+			for a := range keys {
+				addrs = append(addrs, a)
+			}
+			slices.Sort(addrs)
+			errs := make([]error, len(addrs))
+			var wg sync.WaitGroup
+			for i, a := range addrs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, errs[i] = st.Decide(ctx, keys[a], readyLimit, time.Time{})
+				}()
+			}
+			wg.Wait()
+			var b strings.Builder
+			fmt.Fprintf(&b, "redis cluster, breaker %s, %d masters:", st.BreakerState(), len(addrs))
+			ok := 0
+			var failed []string
+			for i, a := range addrs {
+				if errs[i] == nil {
+					ok++
+					fmt.Fprintf(&b, " %s ok;", a)
+				} else {
+					failed = append(failed, a+": "+errs[i].Error())
+					fmt.Fprintf(&b, " %s unavailable;", a)
+				}
+			}
+			mu.Lock()
+			last = strings.TrimSuffix(b.String(), ";")
+			mu.Unlock()
+			if ok == 0 {
+				return fmt.Errorf("no master answers: %s", strings.Join(failed, "; "))
+			}
+			return nil
+		},
+		detail: func() string {
+			mu.Lock()
+			defer mu.Unlock()
+			return last
+		},
+	}
 }
 
 // upstreamCheck opens a WebSocket to the relay sluice proxy protects and

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 )
@@ -200,4 +203,79 @@ func TestProbeAddr(t *testing.T) {
 			t.Errorf("probeAddr(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// TestReadyCluster: on a Redis Cluster, /readyz asks every master for a
+// decision on a reserved key of its own slots, and says in its detail
+// which answered. One master dead: still ready (the masters are shared by
+// every instance; unready would only pull the healthy masters' clients out
+// of the load balancer too), the dead one named, and its
+// sluice_redis_master_breaker_open series 1 once its breaker opens while
+// the others stay 0. Every master dead: not ready.
+func TestReadyCluster(t *testing.T) {
+	srvs := redistest.StartCluster(t)
+	var addrs []string
+	for _, s := range srvs {
+		addrs = append(addrs, s.Addr())
+	}
+	cfg, err := parseAndValidate([]byte("store:\n  redis: redis+cluster://" + strings.Join(addrs, ",") + "\n  timeout: 200ms\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics()
+	p, err := newLimiter(context.Background(), cfg, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	h := m.handler(nil, p.ready)
+	code, body := getHealth(t, h, "/readyz")
+	if code != http.StatusOK || !body.OK {
+		t.Fatalf("/readyz on a healthy cluster: %d %+v", code, body)
+	}
+	for _, a := range addrs {
+		if !strings.Contains(body.Checks[0].Detail, a+" ok") {
+			t.Errorf("detail %q does not say master %s answered", body.Checks[0].Detail, a)
+		}
+	}
+
+	srvs[1].Kill()
+	var series string
+	for probe := 0; probe < 60; probe++ {
+		code, body = getHealth(t, h, "/readyz")
+		if code != http.StatusOK || !body.OK {
+			t.Fatalf("/readyz with one of three masters dead: %d %+v, want 200 (two masters answer)", code, body)
+		}
+		if d := body.Checks[0].Detail; !strings.Contains(d, addrs[1]+" unavailable") || !strings.Contains(d, addrs[0]+" ok") || !strings.Contains(d, addrs[2]+" ok") {
+			t.Fatalf("detail %q, want %s unavailable and the others ok", d, addrs[1])
+		}
+		series = metricLines(t, h, "sluice_redis_master_breaker_open")
+		if strings.Contains(series, `master="`+addrs[1]+`"} 1`) {
+			break
+		}
+	}
+	if !strings.Contains(series, `master="`+addrs[1]+`"} 1`) || !strings.Contains(series, `master="`+addrs[0]+`"} 0`) || !strings.Contains(series, `master="`+addrs[2]+`"} 0`) {
+		t.Errorf("after 60 probes with %s dead:\n%s\nwant its breaker open (1) and the others closed (0)", addrs[1], series)
+	}
+
+	srvs[0].Kill()
+	srvs[2].Kill()
+	code, body = getHealth(t, h, "/readyz")
+	if code != http.StatusServiceUnavailable || body.OK || !strings.Contains(body.Checks[0].Error, "no master answers") {
+		t.Errorf("/readyz with every master dead: %d %+v, want 503, no master answers", code, body)
+	}
+}
+
+// metricLines returns the lines of /metrics that start with name.
+func metricLines(t *testing.T, h http.Handler, name string) string {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	var out []string
+	for _, l := range strings.Split(w.Body.String(), "\n") {
+		if strings.HasPrefix(l, name+"{") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

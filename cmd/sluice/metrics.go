@@ -148,6 +148,29 @@ func (m *metrics) watch(limiter *ratelimit.Limiter, breaker func() redisstore.Br
 	}
 }
 
+// masterBreakers is sluice_redis_master_breaker_open: on a Redis Cluster,
+// one series per master decisions were routed to within the last seconds
+// (redisstore.Store.NodeBreakers), 1 while that master's breaker is open
+// or half-open. sluice_breaker_open is the worst of them. Nothing on a
+// standalone or Sentinel store (one node: sluice_breaker_open says it).
+type masterBreakers struct{ st *redisstore.Store }
+
+var masterBreakerDesc = prometheus.NewDesc("sluice_redis_master_breaker_open",
+	"On a Redis Cluster, 1 while the breaker of this master is open or half-open (its clients' decisions fail closed), else 0.",
+	[]string{"master"}, nil)
+
+func (m masterBreakers) Describe(ch chan<- *prometheus.Desc) { ch <- masterBreakerDesc }
+
+func (m masterBreakers) Collect(ch chan<- prometheus.Metric) {
+	for _, nb := range m.st.NodeBreakers() {
+		v := 0.0
+		if nb.State != redisstore.BreakerClosed {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(masterBreakerDesc, prometheus.GaugeValue, v, nb.Addr)
+	}
+}
+
 // observer returns the gate's hook into the counters.
 func (m *metrics) observer() *relay.Observer {
 	return &relay.Observer{

@@ -97,7 +97,11 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		p.store = redisstore.RedactURL(cfg.Redis)
 		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
 		p.ready = storeCheck(st, st.BreakerState)
+		if _, cluster := client.(*redis.ClusterClient); cluster {
+			p.ready = clusterStoreCheck(st)
+		}
 		m.watch(p.limiter, st.BreakerState)
+		m.reg.MustRegister(masterBreakers{st})
 		ol := &outageLog{
 			errs: serrs,
 			ping: func(ctx context.Context) error { return client.Ping(ctx).Err() },

@@ -189,3 +189,37 @@ func worse(a, b BreakerState) BreakerState {
 	}
 	return a
 }
+
+// KeyPerMaster returns, on a cluster, one key for each master of the
+// client's slot map, by the master's address: key(i) for the first
+// i = 0, 1, … whose slot that master serves (key must give each i a {hash
+// tag} of its own). Readiness uses it to ask every master for a decision.
+// Nil on a standalone or Sentinel store (one node).
+func (s *Store) KeyPerMaster(ctx context.Context, key func(i int) string) (map[string]string, error) {
+	if s.nodes == nil {
+		return nil, nil
+	}
+	var mu sync.Mutex
+	want := map[string]bool{}
+	err := s.nodes.cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		want[c.Options().Addr] = true
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(want))
+	for i := 0; len(out) < len(want) && i < 1<<16; i++ {
+		k := key(i)
+		c, err := s.nodes.cc.MasterForKey(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		if a := c.Options().Addr; want[a] && out[a] == "" {
+			out[a] = k
+		}
+	}
+	return out, nil
+}

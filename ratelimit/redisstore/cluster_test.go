@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,51 +13,13 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
-// startCluster starts three redis-server nodes with cluster mode on, splits
-// the 16384 slots between them and joins them, without redis-cli. It
-// returns the nodes' addresses once every node reports cluster_state:ok.
+// startCluster starts a three-master cluster (redistest.StartCluster) and
+// returns the masters' addresses.
 func startCluster(t testing.TB) []string {
 	t.Helper()
-	ctx := context.Background()
-	ranges := [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
-	var addrs, busPorts []string
-	var nodes []*redis.Client
-	for _, r := range ranges {
-		bus := strconv.Itoa(redistest.FreePort(t))
-		srv := redistest.Start(t,
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf",
-			// The bus port defaults to port+10000, which may be taken or
-			// past 65535; pick a free one.
-			"--cluster-port", bus,
-		)
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-		t.Cleanup(func() { _ = c.Close() })
-		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", r[0], r[1]).Err(); err != nil {
-			t.Fatalf("ADDSLOTSRANGE on %s: %v", srv.Addr(), err)
-		}
-		addrs = append(addrs, srv.Addr())
-		busPorts = append(busPorts, bus)
-		nodes = append(nodes, c)
-	}
-	for i, a := range addrs[1:] {
-		host, port, _ := strings.Cut(a, ":")
-		if err := nodes[0].Do(ctx, "CLUSTER", "MEET", host, port, busPorts[i+1]).Err(); err != nil {
-			t.Fatalf("CLUSTER MEET %s: %v", a, err)
-		}
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for _, c := range nodes {
-		for {
-			info, err := c.ClusterInfo(ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:3") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("cluster not ok after 30s: %v %s", err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+	var addrs []string
+	for _, s := range redistest.StartCluster(t) {
+		addrs = append(addrs, s.Addr())
 	}
 	return addrs
 }
