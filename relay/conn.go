@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -26,11 +28,14 @@ import (
 //   - the client writer is the client's only writer: it drains the
 //     bounded out queue and sends keepalive pings to both sides (a side
 //     silent for two ping intervals is gone);
-//   - the upstream reader queues every relay frame for the client without
-//     ever blocking: a client too slow to keep its queue from filling is
-//     disconnected, so it cannot hold up the relay.
+//   - the upstream reader queues every relay frame for the client; while
+//     the queue is at its bound it waits for the writer to drain it (see
+//     outQueue.push), so a client that reads slowly slows its own relay
+//     connection down and is never cut for it. A client that stops reading
+//     is cut when a write to it stays blocked past the write timeout.
 //
-// A slow relay slows only the client reader of its own connection.
+// A slow relay slows only the client reader of its own connection, and a
+// slow client only its own relay connection.
 type conn struct {
 	g      *Gate
 	client *websocket.Conn
@@ -144,20 +149,24 @@ func (c *conn) run() {
 	c.wg.Wait()
 }
 
-// send queues a frame for the client. It never blocks: when the queue's
-// bytes would pass their bound the client is not reading, and it is
-// disconnected.
-func (c *conn) send(typ int, data []byte) {
+// send queues a frame for the client, waiting while the queue is at its
+// bound (see outQueue.push), and reports whether it did: false once the
+// connection is ending.
+func (c *conn) send(typ int, data []byte) bool {
 	select {
 	case <-c.closing:
-		return
+		return false
 	default:
 	}
-	if !c.out.push(outFrame{typ, data}) {
-		c.g.log.Info("closing slow client", "client", c.who, "queued_bytes", c.out.queued())
-		c.g.obs.ReportCut(CutSlowReader)
-		c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
-	}
+	return c.out.push(outFrame{typ, data}, c.closing)
+}
+
+// cutSlow ends a connection whose client did not take a write within the
+// write timeout: it has stopped reading.
+func (c *conn) cutSlow() {
+	c.g.log.Info("closing slow client", "client", c.who, "queued_bytes", c.out.queued())
+	c.g.obs.ReportCut(CutSlowReader)
+	c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 }
 
 func (c *conn) writeClient() {
@@ -197,10 +206,12 @@ func (c *conn) writeClient() {
 
 // writeFrames writes a batch of queued frames to the client, coalesced
 // into as few socket writes as fit the coalescing buffer, and reports
-// whether the connection goes on. The write deadline covers the batch: a
-// client is cut when its socket stays blocked that long.
+// whether the connection goes on. It sets no deadline of its own: the
+// client's socket (meteredConn.stall) gives every piece of a write the
+// write timeout, so a client is cut (cutSlow) when its socket makes no
+// progress that long, never for how long a large batch takes to a client
+// that reads slowly.
 func (c *conn) writeFrames(frames []outFrame) bool {
-	_ = c.client.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
 	c.wire.coalesce(true)
 	for _, f := range frames {
 		if f.typ == websocket.CloseMessage { // the relay closed: pass it on, end
@@ -210,15 +221,27 @@ func (c *conn) writeFrames(frames []outFrame) bool {
 			return false
 		}
 		if err := c.client.WriteMessage(f.typ, f.data); err != nil {
-			c.end(false, true, closeGoingAway, "client connection lost")
+			c.writeFailed(err)
 			return false
 		}
 	}
 	if err := c.wire.coalesce(false); err != nil {
-		c.end(false, true, closeGoingAway, "client connection lost")
+		c.writeFailed(err)
 		return false
 	}
 	return true
+}
+
+// writeFailed ends the connection after a failed write to the client: cut
+// as a slow reader when the write timed out, gone otherwise.
+func (c *conn) writeFailed(err error) {
+	// gorilla hands a timeout back as a net.Error of its own, not wrapped.
+	var ne net.Error
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		c.cutSlow()
+		return
+	}
+	c.end(false, true, closeGoingAway, "client connection lost")
 }
 
 func (c *conn) readUpstream() {
@@ -240,7 +263,11 @@ func (c *conn) readUpstream() {
 		if typ == websocket.TextMessage {
 			c.watch(data)
 		}
-		c.send(typ, data)
+		if !c.send(typ, data) {
+			return
+		}
+		// The wait for room may have outlasted the read deadline.
+		c.upRD.extend(c.up, c.g.pingInterval)
 	}
 }
 
@@ -359,7 +386,11 @@ func (c *conn) readClient() {
 			return
 		}
 		c.clientRD.extend(c.client, c.g.pingInterval)
-		if !c.admit(buf) {
+		admitted := c.admit(buf)
+		// A reply queued by admit may have waited for room past the read
+		// deadline.
+		c.clientRD.extend(c.client, c.g.pingInterval)
+		if !admitted {
 			putFrameBuf(buf)
 			if c.knocked > 0 {
 				c.g.log.Info("closing client", "client", c.who, "reason", "too many refused frames")
@@ -374,6 +405,13 @@ func (c *conn) readClient() {
 			// relay, or it would go on streaming to it.
 			buf, c.closeUp = c.closeUp, nil
 		}
+		// While the client is behind on the answers, its next request
+		// waits (see outQueue.wait).
+		if !c.out.wait(c.closing) {
+			putFrameBuf(buf)
+			return
+		}
+		c.clientRD.extend(c.client, c.g.pingInterval)
 		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
 		// A canonical frame is UTF-8 JSON: it goes as text, however it came.
 		err = c.up.WriteMessage(websocket.TextMessage, buf)

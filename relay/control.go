@@ -100,6 +100,16 @@ const maxCoalesce = 64 << 10
 type meteredConn struct {
 	net.Conn
 	m *controlMeter
+	// stall, when set, is how long one write may make no progress: data
+	// goes out in pieces of maxCoalesce, each with a write deadline of its
+	// own, so a client that reads slowly is never timed out by a large
+	// write, and one that stops reading is within stall.
+	stall time.Duration
+	// limit is the deadline last set by SetWriteDeadline (zero: none), which
+	// caps stall's: gorilla sets one before every write, the zero time for
+	// messages (the gate sets none) and its own for control frames, whose
+	// short deadlines (a close frame's second) hold.
+	limit time.Time
 
 	wmu      sync.Mutex
 	wbuf     []byte
@@ -126,7 +136,32 @@ func (c *meteredConn) Write(p []byte) (int, error) {
 	if err := c.flushLocked(); err != nil {
 		return 0, err
 	}
-	return c.Conn.Write(p)
+	return c.write(p)
+}
+
+// write writes p, renewing the write deadline for every piece of it when
+// stall is set.
+func (c *meteredConn) write(p []byte) (int, error) {
+	if c.stall <= 0 {
+		return c.Conn.Write(p)
+	}
+	done := 0
+	for done < len(p) {
+		piece := p[done:min(len(p), done+maxCoalesce)]
+		d := time.Now().Add(c.stall)
+		if !c.limit.IsZero() && c.limit.Before(d) {
+			d = c.limit
+		}
+		if err := c.Conn.SetWriteDeadline(d); err != nil {
+			return done, err
+		}
+		n, err := c.Conn.Write(piece)
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
 }
 
 // coalesce starts gathering writes (on) or writes what was gathered and
@@ -145,13 +180,24 @@ func (c *meteredConn) flushLocked() error {
 	if len(c.wbuf) == 0 {
 		return nil
 	}
-	_, err := c.Conn.Write(c.wbuf)
+	_, err := c.write(c.wbuf)
 	if cap(c.wbuf) > maxCoalesce {
 		c.wbuf = nil
 	} else {
 		c.wbuf = c.wbuf[:0]
 	}
 	return err
+}
+
+// SetWriteDeadline implements net.Conn; with stall set, t caps the
+// deadline of every piece written (see write).
+func (c *meteredConn) SetWriteDeadline(t time.Time) error {
+	if c.stall > 0 {
+		c.wmu.Lock()
+		c.limit = t
+		c.wmu.Unlock()
+	}
+	return c.Conn.SetWriteDeadline(t)
 }
 
 // Close implements net.Conn: what was gathered (a close frame, say) is

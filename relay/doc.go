@@ -51,9 +51,12 @@
 // connection and window however often it is re-sent.
 //
 // Each connection has one writer per socket, keepalive pings both ways, a
-// read limit, and a bounded queue towards the client: a client that reads
-// too slowly is disconnected rather than holding up the relay, and a slow
-// relay holds up only its own connection. Shutdown closes every connection
+// read limit, and a queue towards the client bounded in bytes: when it is
+// full the connection waits (the relay's next answers in the relay's
+// socket, the client's next requests in the client's), so a client that
+// reads slowly slows its own relay connection rather than being cut, and
+// a client whose socket takes nothing for the write timeout is cut as a
+// slow reader; a slow relay holds up only its own connection. Shutdown closes every connection
 // on both sides and waits for its goroutines.
 //
 // # Identity

@@ -161,17 +161,20 @@ type Options struct {
 	// (its Host header, or X-Forwarded-Host from a trusted proxy).
 	RelayURL string
 	// QueueBytes bounds the bytes queued for one client (relay frames and
-	// the gate's own replies). When a client reads so slowly that the
-	// queue would pass it, its connection is closed (1008) rather than
-	// holding up the relay; so is a client whose socket stays blocked for
-	// WriteTimeout. 0 means DefaultQueueBytes.
+	// the gate's own replies). When the queue is full the connection waits
+	// for the client to read: the relay's next frames stay in the relay's
+	// socket and the client's next requests in the client's. A client
+	// whose socket takes nothing for WriteTimeout is closed (1008) as a
+	// slow reader. 0 means DefaultQueueBytes.
 	QueueBytes int
 	// PingInterval is the keepalive period towards clients and relays; a
 	// side that sends nothing, not even a pong, for two intervals is
 	// closed. 0 means DefaultPingInterval.
 	PingInterval time.Duration
-	// WriteTimeout bounds one write to a client or to the relay; a side
-	// that stays blocked longer is closed. 0 means DefaultWriteTimeout.
+	// WriteTimeout bounds how long a write to a client may make no
+	// progress (every 64 KiB of it gets the whole timeout), and one write
+	// to the relay; a side that stays blocked longer is closed. 0 means
+	// DefaultWriteTimeout.
 	WriteTimeout time.Duration
 	// Policy, when not nil, is the whole policy: limits, kind classes,
 	// tiers, aggregates, shadow mode, quota, identity and filter bound
@@ -527,7 +530,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
 		return
 	}
-	mc := &meteredConn{m: newControlMeter()}
+	mc := &meteredConn{m: newControlMeter(), stall: g.writeTimeout}
 	clientConn, err := g.upgrader.Upgrade(meteredWriter{w, mc}, r, nil)
 	if err != nil {
 		_ = upConn.Close()

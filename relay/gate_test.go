@@ -733,25 +733,57 @@ func TestGateShutdown(t *testing.T) {
 	}
 }
 
-// A client that does not read is disconnected instead of holding up the
-// relay, and other clients are unaffected.
+// A client that stops reading is cut as a slow reader once a write to it
+// makes no progress for the write timeout; the relay's flood towards it is
+// held up meanwhile (the queue is full and its reader waits: memory stays
+// at the bound) and ends with the cut; other clients are unaffected.
 func TestGateSlowClientDisconnected(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: time.Minute})
+	var cuts atomic.Int64
+	obs := &Observer{Cut: func(r CutReason) {
+		if r == CutSlowReader {
+			cuts.Add(1)
+		}
+	}}
+	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: 2 * time.Second, Observer: obs})
 	url := serve(t, g.Wrap(rec))
 	slow := dialRaw(t, url)
 	if err := slow.WriteMessage(websocket.TextMessage, recorderCmd("flood", "")); err != nil {
 		t.Fatal(err)
 	}
-	// The relay's flood ends when the gate drops the slow client, long
-	// before the minute-long write timeout would.
 	if code := rec.closed(); code != floodCut {
 		t.Fatalf("relay side: %d, want its flood cut off", code)
+	}
+	if n := cuts.Load(); n != 1 {
+		t.Errorf("%d slow-reader cuts reported, want 1", n)
 	}
 	other := dialRaw(t, url)
 	_ = other.WriteMessage(websocket.TextMessage, recorderCmd("echo", "ok"))
 	if got := readText(t, other); got != "ok" {
 		t.Fatalf("other client got %q", got)
+	}
+}
+
+// A client that reads, however slowly, is not cut: a flood far larger than
+// the queue and the write timeout's worth of a fast client reaches a
+// client that takes a pause now and then, whole and in order.
+func TestGateSlowReaderNotCut(t *testing.T) {
+	rec := newRecorder()
+	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: 500 * time.Millisecond})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	if err := c.WriteMessage(websocket.TextMessage, recorderCmd("flood", "")); err != nil {
+		t.Fatal(err)
+	}
+	// 8 MiB in 64 KiB frames: 32 times the queue, read 2 MiB at a time
+	// with a pause of the write timeout's length between.
+	for i := range 128 {
+		if i%32 == 31 {
+			time.Sleep(400 * time.Millisecond) // shorter than the write timeout: a pause, not a stop
+		}
+		typ, data, err := c.ReadMessage()
+		if err != nil || typ != websocket.BinaryMessage || len(data) != 64<<10 {
+			t.Fatalf("frame %d: %d bytes, %v", i, len(data), err)
+		}
 	}
 }
 

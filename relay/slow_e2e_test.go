@@ -5,6 +5,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"net"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -123,29 +124,46 @@ func honestReaders(t *testing.T, url string) {
 		c.Close()
 	}
 
-	// One stored event per REQ: the answers to all 1,000 (3.1 MB) fit the
-	// queue's 4 MiB even if the client has read nothing by the time the
-	// last is answered. With two per REQ (6.2 MB) whether the client was
-	// cut depended on how far the kernel's socket buffers had grown before
-	// it started reading: 4–6 cuts in 10 runs on this machine, at the start
-	// of issue 16's work as at its end, under the CPU burners. The
-	// 2,000 answer frames are still far past the 256-frame queue this test
-	// was written against.
-	c := dialRaw(t, url)
+	// Twenty stored events per REQ: the answers to all 1,000 (62 MB) are
+	// fifteen times the 4 MiB queue, and are answered before the client
+	// reads anything; the client's socket takes 64 KiB, so the kernel
+	// cannot hold them either. The queue holds up the relay and the
+	// client's next requests instead of cutting it (outQueue.push,
+	// outQueue.wait). Before that backpressure, two per REQ (6.2 MB) were
+	// cut in 4–6 runs of 10 on this machine, and one per REQ (3.1 MB) was
+	// what the test could ask.
+	d := websocket.Dialer{NetDial: func(network, addr string) (net.Conn, error) {
+		nc, err := net.Dial(network, addr)
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(64 << 10)
+		}
+		return nc, err
+	}}
+	c, _, err := d.Dial(url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	for i := range 1000 {
-		if err := c.WriteMessage(websocket.TextMessage, fmt.Appendf(nil, `["REQ","p%d",{"kinds":[1],"limit":1}]`, i)); err != nil {
+		if err := c.WriteMessage(websocket.TextMessage, fmt.Appendf(nil, `["REQ","p%d",{"kinds":[1],"limit":20}]`, i)); err != nil {
 			t.Fatalf("REQ %d: %v", i, err)
 		}
 	}
-	eose := 0
+	// And it looks away for a second before reading: everything it asked
+	// is answered by then, or waiting for it.
+	time.Sleep(time.Second)
+	eose, events := 0, 0
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for eose < 1000 && ctx.Err() == nil {
-		if strings.HasPrefix(readText(t, c), `["EOSE",`) {
+		switch got := readText(t, c); {
+		case strings.HasPrefix(got, `["EOSE",`):
 			eose++
+		case strings.HasPrefix(got, `["EVENT",`):
+			events++
 		}
 	}
-	if eose != 1000 {
-		t.Fatalf("%d of 1000 pipelined REQs answered", eose)
+	if eose != 1000 || events != 20000 {
+		t.Fatalf("%d of 1000 pipelined REQs answered, %d of 20000 events", eose, events)
 	}
 }

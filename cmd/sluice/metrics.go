@@ -74,7 +74,7 @@ func newMetrics() *metrics {
 	}, []string{"outcome"})
 	cuts := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_disconnects_total",
-		Help: "Client connections the gate closed on its own account (1008), by reason: slow_reader (its queue passed its bound), control_flood (too many pings, pongs or fragments), knocking (too many frames refused from the local table).",
+		Help: "Client connections the gate closed on its own account (1008), by reason: slow_reader (a write to it made no progress for the write timeout), control_flood (too many pings, pongs or fragments), knocking (too many frames refused from the local table).",
 	}, []string{"reason"})
 	for r := relay.CutReason(0); r < relay.NumCutReasons; r++ {
 		m.cuts[r] = cuts.WithLabelValues(r.String())

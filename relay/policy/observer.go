@@ -41,7 +41,8 @@ type CutReason uint8
 
 // The reasons the gate reports to Observer.Cut.
 const (
-	// CutSlowReader: the client's queue passed Options.QueueBytes.
+	// CutSlowReader: a write to the client made no progress for
+	// Options.WriteTimeout (its queue full, it stopped reading).
 	CutSlowReader CutReason = iota
 	// CutControlFlood: too many control frames (pings, pongs, fragments).
 	CutControlFlood
