@@ -52,14 +52,7 @@ func (q *outQueue) push(f outFrame, done <-chan struct{}) bool {
 			}
 			return true
 		}
-		if q.room == nil {
-			q.room = make(chan struct{})
-		}
-		room := q.room
-		q.mu.Unlock()
-		select {
-		case <-room:
-		case <-done:
+		if !q.awaitLocked(done) {
 			return false
 		}
 	}
@@ -77,16 +70,26 @@ func (q *outQueue) wait(done <-chan struct{}) bool {
 			q.mu.Unlock()
 			return true
 		}
-		if q.room == nil {
-			q.room = make(chan struct{})
-		}
-		room := q.room
-		q.mu.Unlock()
-		select {
-		case <-room:
-		case <-done:
+		if !q.awaitLocked(done) {
 			return false
 		}
+	}
+}
+
+// awaitLocked waits, with q.mu held on entry and released, for the next
+// take (true) or for done (false). The room channel is made under the lock
+// that saw the queue full, so a take in between cannot be missed.
+func (q *outQueue) awaitLocked(done <-chan struct{}) bool {
+	if q.room == nil {
+		q.room = make(chan struct{})
+	}
+	room := q.room
+	q.mu.Unlock()
+	select {
+	case <-room:
+		return true
+	case <-done:
+		return false
 	}
 }
 

@@ -62,6 +62,22 @@ func (cb *clusterBatch) calls(t *testing.T, keys []string, ws *ratelimit.Windows
 	return out
 }
 
+// sendAndCompare sends batch (one call per key of keys, in order) as one
+// round trip and checks every decision, and its scores, against the
+// memory store ref deciding the same keys at the same instant.
+func (cb *clusterBatch) sendAndCompare(t *testing.T, round int, batch []*call, keys []string, ws *ratelimit.Windows, now time.Time, ref storetest.Scorer) {
+	t.Helper()
+	orig := slices.Clone(batch) // send groups the batch by master, in place
+	cb.s.batch.send(batch, &batchScratch{})
+	for i, c := range orig {
+		r := <-c.res
+		wd, wscores, _ := ref(context.Background(), keys[i], ws, now)
+		if r.err != nil || r.d != wd || !slices.Equal(c.req.scores, wscores) {
+			t.Errorf("round %d, %s: got %+v %v %v, memory store %+v %v", round, keys[i], r.d, r.err, c.req.scores, wd, wscores)
+		}
+	}
+}
+
 // scriptCalls is the number of script calls each master ran since the
 // last reset.
 func (cb *clusterBatch) scriptCalls(t *testing.T) []int {
@@ -119,16 +135,8 @@ func TestClusterBatchOneCallPerMaster(t *testing.T) {
 	for round, at := range []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, 400 * time.Millisecond, 3 * time.Second} {
 		now := storetest.T0.Add(at)
 		batch := cb.calls(t, keys, ws, now, false)
-		orig := slices.Clone(batch) // send groups the batch by master, in place
 		cb.reset(t)
-		cb.s.batch.send(batch, &batchScratch{})
-		for i, c := range orig {
-			r := <-c.res
-			wd, wscores, _ := ref(context.Background(), keys[i], ws, now)
-			if r.err != nil || r.d != wd || !slices.Equal(c.req.scores, wscores) {
-				t.Errorf("round %d, %s: got %+v %v %v, memory store %+v %v", round, keys[i], r.d, r.err, c.req.scores, wd, wscores)
-			}
-		}
+		cb.sendAndCompare(t, round, batch, keys, ws, now, ref)
 		calls := cb.scriptCalls(t)
 		total := 0
 		for _, n := range calls {
@@ -162,15 +170,7 @@ func TestClusterBatchSplitsWhatAMasterRefuses(t *testing.T) {
 	for round := range 3 {
 		now := storetest.T0.Add(time.Duration(round) * 100 * time.Millisecond)
 		batch := cb.calls(t, keys, ws, now, true)
-		orig := slices.Clone(batch)
-		cb.s.batch.send(batch, &batchScratch{})
-		for i, c := range orig {
-			r := <-c.res
-			wd, wscores, _ := ref(context.Background(), keys[i], ws, now)
-			if r.err != nil || r.d != wd || !slices.Equal(c.req.scores, wscores) {
-				t.Errorf("round %d, %s: got %+v %v %v, memory store %+v %v", round, keys[i], r.d, r.err, c.req.scores, wd, wscores)
-			}
-		}
+		cb.sendAndCompare(t, round, batch, keys, ws, now, ref)
 	}
 	if n := cb.s.batch.splits.Load(); n != 3 {
 		t.Errorf("%d calls split, want 3 (one per round)", n)
