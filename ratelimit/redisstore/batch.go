@@ -78,6 +78,7 @@ type callResult struct {
 type batcher struct {
 	client     redis.UniversalClient
 	shared     bool // decisions of any keys may share a script call (see exec)
+	cluster    bool // a *redis.ClusterClient: decisions of one master may (see exec)
 	max        int
 	flight     int
 	hardFlight int
@@ -473,7 +474,7 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	cluster := !b.shared && !b.noCluster.Load()
+	cluster := b.cluster && !b.noCluster.Load()
 	if cluster {
 		sc.sorted = byMaster(batch, sc.sorted)
 	}

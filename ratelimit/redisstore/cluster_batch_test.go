@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/storetest"
 	"github.com/sluice-relay/sluice/scripts"
@@ -203,5 +204,50 @@ func TestClusterRefusal(t *testing.T) {
 		if refused != tc.refused || unsupported != tc.unsupported {
 			t.Errorf("%v: refused %v unsupported %v, want %v %v", tc.err, refused, unsupported, tc.refused, tc.unsupported)
 		}
+	}
+}
+
+// TestRingBatchOneCallPerDecision: a go-redis Ring shards keys by its own
+// hashing, not by slots a script could be told about, so a batch on a ring
+// stays one call per decision, each on its key's shard. A batch sent as
+// one call would leave some clients' values on the wrong shard, where
+// their next decisions (routed by the ring) would not find them.
+func TestRingBatchOneCallPerDecision(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr(), "b": b.Addr()}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = ring.Close() })
+	s := newStore(t, ring, Options{Timeout: slow.Timeout, Batch: 32})
+	t.Cleanup(func() { _ = s.Close() })
+	ws := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second))
+	var keys []string
+	for i := range 24 {
+		keys = append(keys, ratelimit.MessageKey("10.3.0."+strconv.Itoa(i), "EVENT"))
+	}
+	ref := memory()
+	ctx := context.Background()
+	for round := range 3 {
+		now := storetest.T0.Add(time.Duration(round) * 10 * time.Millisecond)
+		var batch []*call
+		for _, k := range keys {
+			req := s.request(k, ws, now)
+			req.scores = make([]float64, ws.Len())
+			batch = append(batch, &call{req: req, asked: time.Now(), deadline: time.Now().Add(slow.Timeout), br: s.br, res: make(chan callResult, 1)})
+		}
+		cb := &clusterBatch{s: s}
+		cb.sendAndCompare(t, round, batch, keys, ws, now, ref)
+	}
+	// Decided alone, as the ring routes each key: the batches' state is
+	// where the ring looks for it.
+	now := storetest.T0.Add(30 * time.Millisecond)
+	for _, k := range keys {
+		wd, _, _ := ref(ctx, k, ws, now)
+		if d, err := s.Decide(ctx, k, ws, now); err != nil || d != wd {
+			t.Errorf("%s alone after the batches: %+v %v, memory store %+v", k, d, err, wd)
+		}
+	}
+	na, _ := redis.NewClient(&redis.Options{Addr: a.Addr()}).DBSize(ctx).Result()
+	nb, _ := redis.NewClient(&redis.Options{Addr: b.Addr()}).DBSize(ctx).Result()
+	if na == 0 || nb == 0 || na+nb != int64(len(keys)) {
+		t.Errorf("keys on the shards: %d and %d, want all %d spread over both", na, nb, len(keys))
 	}
 }

@@ -360,6 +360,10 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		// a ring's keys live on different nodes and slots.
 		_, shared := client.(*redis.Client)
 		st.batch = newBatcher(client, shared, opts.Batch, workers, timeout/20, st.batchTrip)
+		// On a cluster, decisions whose keys one master serves may share a
+		// call too (scripts.EWMACluster); not on a ring, whose shards are
+		// not slots a script may be told about.
+		st.batch.cluster = st.nodes != nil
 		st.batch.margin = st.margin
 	}
 	return st, nil
