@@ -69,6 +69,7 @@ func BenchmarkRedisConcurrency(b *testing.B) {
 	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
+		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 1}, false, g))
 		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
 		b.Run("Decide2WindowsBatch32x4/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 4}, false, g))
 		b.Run("Decide2WindowsBatch32x2NoRetries/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g, "?max_retries=-1"))
@@ -136,6 +137,7 @@ func BenchmarkRedisClusterConcurrency(b *testing.B) {
 	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
+		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 1}, false, g))
 		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
 		b.Run("RedisRateAllow1Window/"+name, e.rate(false, g))
 	}
