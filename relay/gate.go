@@ -402,15 +402,17 @@ func (o *Options) policyConfig() (policy.Config, error) {
 
 // Wrap returns a handler that serves h behind the gate in-process: plain
 // HTTP requests (NIP-11, web pages) go to h ungated, WebSocket upgrades
-// are gated and bridged to h over in-memory pipes, without a TCP port.
+// are gated and bridged to h over in-memory connections, without a TCP
+// port or a second HTTP request: the gate builds h's request itself.
 //
 // h sees every request with X-Forwarded-For and X-Real-IP set to the
 // client's address and every other client-address header (Forwarded,
 // True-Client-IP, CF-Connecting-IP, …) removed, so whichever one h
 // believes, it is the gate's word; bridged requests also have RemoteAddr
-// set to the client's address. Shutdown stops the in-process server.
+// set to the client's address. Shutdown waits for h's calls to return.
 func (g *Gate) Wrap(h http.Handler) http.Handler {
-	up, stop := inProcess(h)
+	local := newInProcess(h, g.log)
+	up, stop := &upstream{local: local}, local.stop
 	g.mu.Lock()
 	if g.closed { // nothing would stop it: every upgrade gets 503 anyway
 		stop()
