@@ -518,7 +518,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		_, _ = g.upgrader.Upgrade(w, r, nil)
 		return
 	}
-	upConn, resp, err := up.dial(r.Context(), r, addr, g.fromTrustedProxy(r))
+	trusted := g.fromTrustedProxy(r)
+	upConn, resp, err := up.dial(r.Context(), r, addr, trusted)
 	if err != nil {
 		if resp != nil {
 			// The relay refused the handshake itself: pass its answer on.
@@ -537,7 +538,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	}
 	clientConn.SetReadLimit(g.readLimit)
 
-	_, host := requestOrigin(r, g.fromTrustedProxy(r))
+	_, host := requestOrigin(r, trusted)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
 		g:       g,

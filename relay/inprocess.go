@@ -48,6 +48,10 @@ type inProcess struct {
 // client's when the gate does not know it.
 const inProcessAddr = pipeAddr("sluice-in-process")
 
+// inProcessHandshakeTimeout bounds the wait for the handler's answer to
+// an upgrade, as the Dialer's HandshakeTimeout would.
+const inProcessHandshakeTimeout = 10 * time.Second
+
 // maxHandshakeRequest bounds the Dialer's request kept in memory; it sends
 // no header of its own but the handshake's, some 200 bytes.
 const maxHandshakeRequest = 4 << 10
@@ -59,11 +63,12 @@ func newInProcess(h http.Handler, log *slog.Logger) *inProcess {
 	p.base, p.cancelBase = context.WithCancel(context.WithValue(context.WithValue(context.Background(),
 		http.ServerContextKey, &http.Server{Handler: h}),
 		http.LocalAddrContextKey, net.Addr(inProcessAddr)))
+	// No HandshakeTimeout: netDial sets the connection's deadline itself,
+	// which costs no context and timer of its own per dial.
 	p.dialer = websocket.Dialer{
-		NetDialContext:   p.netDial,
-		HandshakeTimeout: 10 * time.Second,
-		WriteBufferPool:  writeBuffers,
-		ReadBufferSize:   upReadBuffer,
+		NetDialContext:  p.netDial,
+		WriteBufferPool: writeBuffers,
+		ReadBufferSize:  upReadBuffer,
 	}
 	return p
 }
@@ -130,6 +135,9 @@ func (p *inProcess) netDial(ctx context.Context, _, _ string) (net.Conn, error) 
 		remote = pipeAddr(call.req.RemoteAddr)
 	}
 	gate, relay := newMemPipe(inProcessAddr, remote)
+	// The Dialer clears the deadline once the handshake is done: a
+	// handler that never answers the upgrade fails it after this long.
+	_ = gate.SetDeadline(time.Now().Add(inProcessHandshakeTimeout))
 	return &handshakeConn{memEnd: gate, p: p, req: call.req, relay: relay}, nil
 }
 

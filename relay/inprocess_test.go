@@ -1,11 +1,15 @@
 package relay
 
 import (
+	"context"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/gorilla/websocket"
 )
@@ -100,4 +104,24 @@ func TestWrapHandlerPanic(t *testing.T) {
 		t.Fatalf("the next upgrade: %v", err)
 	}
 	c.Close()
+}
+
+// A handler that never answers an upgrade fails the gate's dial after
+// inProcessHandshakeTimeout, and stop ends the call (its request's context
+// is cancelled).
+func TestInProcessHandshakeTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newInProcess(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-r.Context().Done()
+		}), quietLogger())
+		start := time.Now()
+		_, _, err := p.dial(context.Background(), httptest.NewRequest(http.MethodGet, "/", nil), "192.0.2.1", http.Header{})
+		if err == nil {
+			t.Fatal("dial to a handler that never answers succeeded")
+		}
+		if waited := time.Since(start); waited != inProcessHandshakeTimeout {
+			t.Errorf("dial gave up after %v, want %v", waited, inProcessHandshakeTimeout)
+		}
+		p.stop()
+	})
 }
