@@ -6,9 +6,11 @@
 //
 // A Gate (New) is an http.Handler factory. Wrap serves a Go relay that is
 // an http.Handler in the same process (http.ListenAndServe(addr,
-// gate.Wrap(relay)), bridged over in-memory pipes, no TCP port); Proxy
-// serves any relay at a ws:// or wss:// URL. Plain HTTP requests (NIP-11,
-// web pages) pass to the relay ungated.
+// gate.Wrap(relay))), bridged over buffered in-memory connections, with
+// no TCP port and no second HTTP request: the gate builds the relay's
+// upgrade request itself and calls the handler with it, on a goroutine of
+// its own. Proxy serves any relay at a ws:// or wss:// URL. Plain HTTP
+// requests (NIP-11, web pages) pass to the relay ungated.
 //
 // Per WebSocket upgrade the gate charges the client's connection limit. A
 // refusal is HTTP 429 with a Retry-After header; a store that cannot decide

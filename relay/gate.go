@@ -405,15 +405,17 @@ func (o *Options) policyConfig() (policy.Config, error) {
 
 // Wrap returns a handler that serves h behind the gate in-process: plain
 // HTTP requests (NIP-11, web pages) go to h ungated, WebSocket upgrades
-// are gated and bridged to h over in-memory pipes, without a TCP port.
+// are gated and bridged to h over in-memory connections, without a TCP
+// port or a second HTTP request: the gate builds h's request itself.
 //
 // h sees every request with X-Forwarded-For and X-Real-IP set to the
 // client's address and every other client-address header (Forwarded,
 // True-Client-IP, CF-Connecting-IP, …) removed, so whichever one h
 // believes, it is the gate's word; bridged requests also have RemoteAddr
-// set to the client's address. Shutdown stops the in-process server.
+// set to the client's address. Shutdown waits for h's calls to return.
 func (g *Gate) Wrap(h http.Handler) http.Handler {
-	up, stop := inProcess(h)
+	local := newInProcess(h, g.log)
+	up, stop := &upstream{local: local}, local.stop
 	g.mu.Lock()
 	if g.closed { // nothing would stop it: every upgrade gets 503 anyway
 		stop()
@@ -519,7 +521,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		_, _ = g.upgrader.Upgrade(w, r, nil)
 		return
 	}
-	upConn, resp, err := up.dial(r.Context(), r, addr, g.fromTrustedProxy(r))
+	trusted := g.fromTrustedProxy(r)
+	upConn, resp, err := up.dial(r.Context(), r, addr, trusted)
 	if err != nil {
 		if resp != nil {
 			// The relay refused the handshake itself: pass its answer on.
@@ -538,7 +541,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	}
 	clientConn.SetReadLimit(g.readLimit)
 
-	_, host := requestOrigin(r, g.fromTrustedProxy(r))
+	_, host := requestOrigin(r, trusted)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
 		g:       g,

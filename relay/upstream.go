@@ -3,8 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -16,11 +14,13 @@ import (
 )
 
 // upstream is where a gated connection is bridged to: a relay at a URL or
-// an in-process handler reached over in-memory pipes.
+// an in-process handler reached over in-memory connections.
 type upstream struct {
 	dialer *websocket.Dialer
 	// target returns the WebSocket URL to dial for client request r.
 	target func(r *http.Request) string
+	// local, when set, is the in-process handler dialed instead.
+	local *inProcess
 }
 
 // dial opens the upstream WebSocket for client request r, whose client
@@ -35,7 +35,9 @@ func (u *upstream) dial(ctx context.Context, r *http.Request, addr string, trust
 		h[k] = vs
 	}
 	setForwarded(h, r, addr, trustedPeer)
-	ctx = context.WithValue(ctx, clientAddrKey{}, addr)
+	if u.local != nil {
+		return u.local.dial(ctx, r, addr, h)
+	}
 	return u.dialer.DialContext(ctx, u.target(r), h)
 }
 
@@ -109,10 +111,6 @@ func requestOrigin(r *http.Request, trustedPeer bool) (proto, host string) {
 	return proto, host
 }
 
-// clientAddrKey carries the client's address to the in-process dialer, so
-// that the relay's request has it as RemoteAddr.
-type clientAddrKey struct{}
-
 // newURLUpstream validates a ws:// or wss:// URL.
 func newURLUpstream(raw string) (*upstream, *url.URL, error) {
 	u, err := url.Parse(raw)
@@ -179,162 +177,4 @@ func singleJoin(a, b string) string {
 		return a + "/" + b
 	}
 	return a + b
-}
-
-// pipeListener is a net.Listener whose connections are in-memory pipes
-// made by dial: an http.Server serving on it runs a handler with a real,
-// hijackable connection and no TCP port.
-type pipeListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-// Accept implements net.Listener.
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-// Close implements net.Listener; it makes Accept and dial fail.
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-// Addr implements net.Listener.
-func (l *pipeListener) Addr() net.Addr { return pipeAddr("sluice-in-process") }
-
-// dial hands one end of a new pipe to Accept and returns the other. The
-// server's end reports the client's address (from ctx) as its remote
-// address, so the handler's r.RemoteAddr is the real client.
-func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	c1, c2 := newPipe()
-	var server net.Conn = c2
-	if a, ok := ctx.Value(clientAddrKey{}).(string); ok && a != "" {
-		server = addrConn{Conn: c2, remote: pipeAddr(net.JoinHostPort(a, "0"))}
-	}
-	select {
-	case l.conns <- server:
-		return c1, nil
-	case <-l.done:
-	case <-ctx.Done():
-	}
-	c1.Close()
-	c2.Close()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return nil, net.ErrClosed
-}
-
-// newPipe returns the two ends of a net.Pipe whose deadlines are released
-// when either end closes. net.Pipe keeps a deadline as a time.AfterFunc
-// timer that Close does not stop, and the timer's closure holds the pipe:
-// every closed in-process connection stayed reachable until its read
-// deadline (two ping intervals) would have passed, ~1.5 KB a connection,
-// and 200,000 short-lived clients took sluice relay to ~900 MiB. Clearing
-// a deadline stops its timer; it must be done on both ends before either
-// closes (net.Pipe refuses to set a deadline once the other end is closed).
-func newPipe() (net.Conn, net.Conn) {
-	a, b := net.Pipe()
-	pp := &pipePair{ends: [2]net.Conn{a, b}}
-	return pipeEnd{a, pp}, pipeEnd{b, pp}
-}
-
-// pipePair guards the deadlines of both ends of one pipe.
-type pipePair struct {
-	mu     sync.Mutex
-	ends   [2]net.Conn
-	closed bool // an end has closed: no more deadlines
-}
-
-// pipeEnd is one end of a pipe from newPipe.
-type pipeEnd struct {
-	net.Conn
-	pair *pipePair
-}
-
-func (p pipeEnd) deadline(set func(time.Time) error, t time.Time) error {
-	p.pair.mu.Lock()
-	defer p.pair.mu.Unlock()
-	if p.pair.closed {
-		return io.ErrClosedPipe
-	}
-	return set(t)
-}
-
-// SetDeadline implements net.Conn.
-func (p pipeEnd) SetDeadline(t time.Time) error { return p.deadline(p.Conn.SetDeadline, t) }
-
-// SetReadDeadline implements net.Conn.
-func (p pipeEnd) SetReadDeadline(t time.Time) error { return p.deadline(p.Conn.SetReadDeadline, t) }
-
-// SetWriteDeadline implements net.Conn.
-func (p pipeEnd) SetWriteDeadline(t time.Time) error { return p.deadline(p.Conn.SetWriteDeadline, t) }
-
-// Close implements net.Conn: the first Close of either end clears both
-// ends' deadlines.
-func (p pipeEnd) Close() error {
-	p.pair.mu.Lock()
-	if !p.pair.closed {
-		p.pair.closed = true
-		for _, e := range p.pair.ends {
-			_ = e.SetDeadline(time.Time{})
-		}
-	}
-	p.pair.mu.Unlock()
-	return p.Conn.Close()
-}
-
-type pipeAddr string
-
-func (a pipeAddr) Network() string { return "pipe" }
-func (a pipeAddr) String() string  { return string(a) }
-
-// addrConn overrides the remote address of a pipe end.
-type addrConn struct {
-	net.Conn
-	remote net.Addr
-}
-
-func (c addrConn) RemoteAddr() net.Addr { return c.remote }
-
-// inProcess runs h on a pipe listener and returns the upstream that
-// dials it. stop shuts the server down.
-func inProcess(h http.Handler) (up *upstream, stop func()) {
-	l := newPipeListener()
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(l)
-	}()
-	up = &upstream{
-		dialer: &websocket.Dialer{
-			NetDialContext:   l.dial,
-			HandshakeTimeout: 10 * time.Second,
-			WriteBufferPool:  writeBuffers,
-			ReadBufferSize:   upReadBuffer,
-		},
-		target: func(r *http.Request) string {
-			u := url.URL{Scheme: "ws", Host: r.Host, Path: r.URL.Path, RawQuery: r.URL.RawQuery}
-			if u.Host == "" {
-				u.Host = "in-process"
-			}
-			return u.String()
-		},
-	}
-	return up, func() {
-		_ = srv.Close()
-		<-done
-	}
 }
