@@ -32,9 +32,10 @@ const shutdownTimeout = 10 * time.Second
 const redisPingTimeout = 2 * time.Second
 
 // The Redis store's batching: up to redisBatch decisions per round trip
-// (and per script call on a plain Redis or a sentinel's master), up to
-// redisBatchWorkers round trips in flight, the second only when a full
-// batch waits (measured in docs/BENCHMARKS.md).
+// (and per script call: on a cluster, per master), up to redisBatchWorkers
+// round trips in flight (more only for decisions that waited a twentieth
+// of the timeout); one in flight did no better at 4 goroutines and worse at
+// 64 (docs/BENCHMARKS.md, "Cluster: one script call per master").
 const (
 	redisBatch        = 32
 	redisBatchWorkers = 2
