@@ -34,8 +34,9 @@ const redisPingTimeout = 2 * time.Second
 // The Redis store's batching: up to redisBatch decisions per round trip
 // (and per script call: on a cluster, per master), up to redisBatchWorkers
 // round trips in flight (more only for decisions that waited a twentieth
-// of the timeout); one in flight did no better at 4 goroutines and worse at
-// 64 (docs/BENCHMARKS.md, "Cluster: one script call per master").
+// of the timeout); one in flight did worse from 1 to 16 goroutines on a
+// standalone Redis, better only at 64 (docs/BENCHMARKS.md, "Cluster: one
+// script call per master").
 const (
 	redisBatch        = 32
 	redisBatchWorkers = 2
