@@ -608,7 +608,7 @@ func (b *batcher) round(ctx context.Context, reqs []*request, batch []*call, gro
 	}
 	ok := true
 	if len(singles) > 0 {
-		ok = b.round(ctx, reqs, batch, singles)
+		ok = b.splitRound(ctx, reqs, batch, singles)
 	}
 	for _, g := range groups {
 		if g.split {
@@ -626,6 +626,29 @@ func (b *batcher) round(ctx context.Context, reqs []*request, batch []*call, gro
 		})
 	}
 	return ok
+}
+
+// splitRound decides the decisions of cluster calls a master refused whole
+// (one call each, see round) at once, each in a round trip of its own,
+// routed by go-redis by its key: as exec keeps one pipeline per master, so
+// that a hung master's timeout cannot reach the others' decisions (a shared
+// cluster pipeline did that once in TestClusterMasterHung's runs). It is
+// the rare path of a stale slot map or a slot on the move, so a goroutine
+// per decision is cheap enough.
+func (b *batcher) splitRound(ctx context.Context, reqs []*request, batch []*call, singles []group) bool {
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for i := range singles {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !b.round(ctx, reqs, batch, singles[i:i+1]) {
+				failed.Store(true)
+			}
+		}()
+	}
+	wg.Wait()
+	return !failed.Load()
 }
 
 // answered reports whether a call's error (nil: none) means Redis answered
