@@ -124,6 +124,13 @@ func (c *conn) end(toClient, toUp bool, code int, text string) {
 			_ = c.client.WriteControl(websocket.CloseMessage, msg, deadline)
 		}
 		if toUp {
+			if code == closeSlowClient {
+				// The gate's own cut: to the relay the client has simply
+				// gone. A 1008 would read as the client's protocol error
+				// there (khatru logs every one as an unexpected close: a
+				// log line per client cut, a flood of them under attack).
+				msg = websocket.FormatCloseMessage(closeGoingAway, "sluice: client cut")
+			}
 			_ = c.up.WriteControl(websocket.CloseMessage, msg, deadline)
 		}
 		close(c.closing)

@@ -144,7 +144,8 @@ func TestGateKnockingClientClosed(t *testing.T) {
 		},
 	}
 	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Observer: obs})
-	url := serve(t, g.Wrap(newRecorder()))
+	rec := newRecorder()
+	url := serve(t, g.Wrap(rec))
 	event := []byte(`["EVENT",` + goNostrEvent + `]`)
 
 	c := dialRaw(t, url)
@@ -176,5 +177,10 @@ func TestGateKnockingClientClosed(t *testing.T) {
 	}
 	if cuts.Load() != 1 {
 		t.Errorf("%d knocking cuts counted, want 1", cuts.Load())
+	}
+	// The relay is told the client went away (1001), not the 1008 the
+	// client got: khatru logs a 1008 as an unexpected close error.
+	if code := rec.closed(); code != websocket.CloseGoingAway {
+		t.Errorf("relay saw close %d, want 1001", code)
 	}
 }
