@@ -143,10 +143,11 @@ func (c *conn) end(toClient, toUp bool, code int, text string) {
 // run serves the connection until either side closes, then waits for its
 // goroutines.
 func (c *conn) run() {
-	// Each reader extends its own deadline on every frame and pong (pong
-	// handlers run inside the reader's own read calls).
-	c.clientRD.extend(c.client, c.g.pingInterval)
-	c.upRD.extend(c.up, c.g.pingInterval)
+	// Each reader extends its own deadline before every read and on every
+	// pong (pong handlers run inside the reader's own read calls): before
+	// the read rather than after the last frame, so that the time a frame
+	// took to handle — a wait for room in the queue included — never counts
+	// as silence.
 	c.client.SetPongHandler(func(string) error { c.clientRD.extend(c.client, c.g.pingInterval); return nil })
 	c.up.SetPongHandler(func(string) error { c.upRD.extend(c.up, c.g.pingInterval); return nil })
 	c.wg.Add(2)
@@ -254,6 +255,7 @@ func (c *conn) writeFailed(err error) {
 func (c *conn) readUpstream() {
 	defer c.wg.Done()
 	for {
+		c.upRD.extend(c.up, c.g.pingInterval)
 		typ, data, err := c.up.ReadMessage()
 		if err != nil {
 			code, text := closeGoingAway, "relay connection lost"
@@ -266,15 +268,12 @@ func (c *conn) readUpstream() {
 			c.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, text))
 			return
 		}
-		c.upRD.extend(c.up, c.g.pingInterval)
 		if typ == websocket.TextMessage {
 			c.watch(data)
 		}
 		if !c.send(typ, data) {
 			return
 		}
-		// The wait for room may have outlasted the read deadline.
-		c.upRD.extend(c.up, c.g.pingInterval)
 	}
 }
 
@@ -369,6 +368,7 @@ func (c *conn) authPubkey() string {
 
 func (c *conn) readClient() {
 	for {
+		c.clientRD.extend(c.client, c.g.pingInterval)
 		_, r, err := c.client.NextReader()
 		var buf []byte
 		if err == nil {
@@ -392,12 +392,7 @@ func (c *conn) readClient() {
 			}
 			return
 		}
-		c.clientRD.extend(c.client, c.g.pingInterval)
-		admitted := c.admit(buf)
-		// A reply queued by admit may have waited for room past the read
-		// deadline.
-		c.clientRD.extend(c.client, c.g.pingInterval)
-		if !admitted {
+		if !c.admit(buf) {
 			putFrameBuf(buf)
 			if c.knocked > 0 {
 				c.g.log.Info("closing client", "client", c.who, "reason", "too many refused frames")
@@ -418,7 +413,6 @@ func (c *conn) readClient() {
 			putFrameBuf(buf)
 			return
 		}
-		c.clientRD.extend(c.client, c.g.pingInterval)
 		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
 		// A canonical frame is UTF-8 JSON: it goes as text, however it came.
 		err = c.up.WriteMessage(websocket.TextMessage, buf)
@@ -528,8 +522,8 @@ func (c *conn) admit(frame []byte) bool {
 		switch {
 		case v.Err != nil:
 			fr := p.Frame()
-			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
 			obs.ReportFrame(t, Unavailable)
+			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
 			c.dropSub(fr)
 			return false
 		case v.Refused:
@@ -556,9 +550,9 @@ func (c *conn) admit(frame []byte) bool {
 	switch t {
 	case TypeREQ:
 		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs) {
-			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), p.Frame(), c.g.tooManySubs))
 			obs.ReportFrame(t, OverCap)
 			obs.ReportRefusal(c.who, t, OverCap)
+			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), p.Frame(), c.g.tooManySubs))
 			return false
 		}
 	case TypeCLOSE:
@@ -615,17 +609,19 @@ func (k *knockMeter) allow(now time.Time) bool {
 
 // refuse answers f with an "invalid:" reason of the gate's own.
 func (c *conn) refuse(f Frame, reason string) {
-	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
 	c.g.obs.ReportFrame(f.Type, Invalid)
 	c.g.obs.ReportRefusal(c.who, f.Type, Invalid)
+	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
 	c.dropSub(f)
 }
 
-// refuseRateLimited answers f refused by a limit whose wait is wait.
+// refuseRateLimited answers f refused by a limit whose wait is wait. Like
+// every refusal, it is counted before its reply is queued: queuing may wait
+// for the client to read (outQueue.push), and the count is the decision's.
 func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
-	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 	c.g.obs.ReportFrame(f.Type, RateLimited)
 	c.g.obs.ReportRefusal(c.who, f.Type, RateLimited)
+	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 	c.dropSub(f)
 }
 
@@ -668,14 +664,14 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 	}
 	over, wait, err := q.Exceeded(c.ctx, actor)
 	if err != nil {
-		c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(f), f))
 		c.g.obs.ReportFrame(f.Type, Unavailable)
+		c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(f), f))
 		return false
 	}
 	if over {
-		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 		c.g.obs.ReportFrame(f.Type, QuotaExceeded)
 		c.g.obs.ReportRefusal(c.who, f.Type, QuotaExceeded)
+		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 		return false
 	}
 	c.pending.add(ev.ID, actor)

@@ -45,7 +45,12 @@ func BenchmarkScriptInstructions(b *testing.B) {
 	if err != nil {
 		b.Skip("callgrind_control not installed")
 	}
+	// SLUICE_CALLGRIND_DIR keeps the dumps, one per variant in the order
+	// below (cg.<pid>.1 is redis_rate's), for callgrind_annotate.
 	dir := b.TempDir()
+	if d := os.Getenv("SLUICE_CALLGRIND_DIR"); d != "" {
+		dir = d
+	}
 	port := redistest.FreePort(b)
 	srv := exec.Command(vg, "--tool=callgrind", "--callgrind-out-file="+filepath.Join(dir, "cg.%p"),
 		"--dump-instr=no", redistest.Binary(b), "--port", strconv.Itoa(port), "--bind", "127.0.0.1",

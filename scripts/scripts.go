@@ -43,8 +43,9 @@ var Quota string
 // attempted to access a non local key"): every value is read up front, one
 // GET per key (a cross-slot MGET is refused even so), before the first
 // write. The store then decides that call's messages one by one, each
-// routed by go-redis. The rest is EWMA, byte for byte
-// (TestClusterVariantIsEWMA); a Redis older than 7.0 does not compile the
+// routed by go-redis. The rest is EWMA, byte for byte (the same replies and
+// stored values on random batches: TestBatchEqualsAlone); a Redis older
+// than 7.0 does not compile the
 // shebang, and the store then sends one decision per call, as before.
 //
 // Arguments: KEYS[1] the first decision's key; ARGV EWMA's arguments, then

@@ -43,13 +43,27 @@ type fakeRelay struct {
 }
 
 func startFake(t *testing.T, answer func(c *websocket.Conn, m message)) *fakeRelay {
+	return startFakeHeld(t, answer, 0)
+}
+
+// startFakeHeld is startFake whose first hold upgrades each wait until
+// all hold have arrived: hold connections at once, so that hold workers
+// that dial one connection at a time each dial one of them.
+func startFakeHeld(t *testing.T, answer func(c *websocket.Conn, m message), hold int) *fakeRelay {
 	t.Helper()
 	f := &fakeRelay{}
+	var held sync.WaitGroup
+	held.Add(hold)
 	up := websocket.Upgrader{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.xff = append(f.xff, r.Header.Get("X-Forwarded-For"))
+		n := len(f.xff)
 		f.mu.Unlock()
+		if n <= hold {
+			held.Done()
+			held.Wait()
+		}
 		c, err := up.Upgrade(w, r, nil)
 		if err != nil {
 			return
@@ -310,8 +324,10 @@ func TestXFF(t *testing.T) {
 		t.Errorf("%d distinct X-Forwarded-For values, want 16: %v", len(got), got)
 	}
 
-	// connect -churn: one address per worker.
-	g := startFake(t, okRelay(t, true, ""))
+	// connect -churn: one address per worker. The first three upgrades are
+	// held until all three have arrived, so that every worker dials one
+	// (else a fast worker could take all twelve before another starts).
+	g := startFakeHeld(t, okRelay(t, true, ""), 3)
 	co := &connectOpts{common: testCommon(g.url, 3), churn: 12}
 	co.xff = true
 	if _, err := runConnect(context.Background(), co); err != nil {

@@ -446,9 +446,8 @@ type group struct {
 	start, end int
 	args       []any
 	cmd        *redis.Cmd
-	cut        int64 // the script's cutoff (unix ms; 0: none)
-	again      bool  // sent again as EVAL
-	split      bool  // refused whole by a cluster master: decided one by one
+	again      bool // sent again as EVAL
+	split      bool // refused whole by a cluster master: decided one by one
 }
 
 // exec decides the batch, bounded by deadline (zero: none) and, in the
@@ -499,7 +498,7 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 			default:
 				args = commandBy(reqs[start:next], cut)
 			}
-			groups = append(groups, group{start: start, end: next, args: args, cmd: newCmd(ctx, args), cut: cut})
+			groups = append(groups, group{start: start, end: next, args: args, cmd: newCmd(ctx, args)})
 			start, keys = next, 0
 		}
 	}
@@ -517,16 +516,16 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if !b.round(ctx, reqs, batch, gs) {
+				if !b.round(ctx, cut, reqs, batch, gs) {
 					failed.Store(true)
 				}
 			}()
 		}
-		ok = b.round(ctx, reqs, batch, nodes[0])
+		ok = b.round(ctx, cut, reqs, batch, nodes[0])
 		wg.Wait()
 		ok = ok && !failed.Load()
 	} else {
-		ok = b.round(ctx, reqs, batch, groups)
+		ok = b.round(ctx, cut, reqs, batch, groups)
 	}
 	clear(reqs)
 	clear(groups)
@@ -569,8 +568,9 @@ func (b *batcher) byNode(batch []*call, groups []group) [][]group {
 
 // round sends groups as one round trip (EVAL again for those that found
 // the script missing), answers their calls, and reports whether Redis
-// answered every one.
-func (b *batcher) round(ctx context.Context, reqs []*request, batch []*call, groups []group) bool {
+// answered every one; cut is the batch's cutoff (see exec), for the
+// decisions of a refused cluster call sent again.
+func (b *batcher) round(ctx context.Context, cut int64, reqs []*request, batch []*call, groups []group) bool {
 	b.process(ctx, groups, false)
 	retry := false
 	for i := range groups {
@@ -602,13 +602,13 @@ func (b *batcher) round(ctx context.Context, reqs []*request, batch []*call, gro
 		g.split = true
 		b.splits.Add(1)
 		for j := g.start; j < g.end; j++ {
-			args := leanArgs(reqs[j], g.cut)
-			singles = append(singles, group{start: j, end: j + 1, args: args, cmd: newCmd(ctx, args), cut: g.cut})
+			args := leanArgs(reqs[j], cut)
+			singles = append(singles, group{start: j, end: j + 1, args: args, cmd: newCmd(ctx, args)})
 		}
 	}
 	ok := true
 	if len(singles) > 0 {
-		ok = b.splitRound(ctx, reqs, batch, singles)
+		ok = b.splitRound(ctx, cut, reqs, batch, singles)
 	}
 	for _, g := range groups {
 		if g.split {
@@ -635,14 +635,14 @@ func (b *batcher) round(ctx context.Context, reqs []*request, batch []*call, gro
 // cluster pipeline did that once in TestClusterMasterHung's runs). It is
 // the rare path of a stale slot map or a slot on the move, so a goroutine
 // per decision is cheap enough.
-func (b *batcher) splitRound(ctx context.Context, reqs []*request, batch []*call, singles []group) bool {
+func (b *batcher) splitRound(ctx context.Context, cut int64, reqs []*request, batch []*call, singles []group) bool {
 	var wg sync.WaitGroup
 	var failed atomic.Bool
 	for i := range singles {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !b.round(ctx, reqs, batch, singles[i:i+1]) {
+			if !b.round(ctx, cut, reqs, batch, singles[i:i+1]) {
 				failed.Store(true)
 			}
 		}()
