@@ -1,7 +1,9 @@
 package ratelimit
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -10,8 +12,8 @@ import (
 // Windows is a prepared set of limits: the windows one key is decided
 // against, validated once when it is made and carrying what every decision
 // would otherwise recompute — each window's period in milliseconds and
-// cost, the key suffix of each window (":<period_ms>") and the script
-// arguments a Redis store sends. A caller builds one per configured limit
+// cost, the key suffix of each window (":<period_ms>") and the packed
+// limits a Redis store's script reads. A caller builds one per configured limit
 // list at start-up (or on reload) and passes the same value to every
 // decision, so a decision neither validates nor formats anything.
 //
@@ -20,7 +22,7 @@ import (
 type Windows struct {
 	limits []Limit
 	win    []window
-	args   []any
+	packed string // n, then rate, period_ms and cost of each window (see ScriptLimits)
 	text   string
 	key    string // ":<period_ms>" of every window, in order (see KeySuffix)
 }
@@ -42,9 +44,9 @@ func NewWindows(limits ...Limit) (*Windows, error) {
 	w := &Windows{
 		limits: append([]Limit(nil), limits...),
 		win:    make([]window, len(limits)),
-		args:   make([]any, 0, 1+3*len(limits)),
 	}
-	w.args = append(w.args, strconv.Itoa(len(limits)))
+	packed := make([]byte, 0, 8*(1+3*len(limits)))
+	packed = appendFloat(packed, float64(len(limits)))
 	parts := make([]string, len(limits))
 	for i, l := range limits {
 		p := uint64(l.Period / time.Millisecond)
@@ -55,18 +57,19 @@ func NewWindows(limits ...Limit) (*Windows, error) {
 			period:   p,
 			suffix:   ":" + strconv.FormatUint(p, 10),
 		}
-		// Plain decimals ('f'), never an exponent: Redis's Lua reads both,
-		// but miniredis's Lua reads "1e+09" as nil, and the tests run on
-		// both. Formatted here once, not by a client on every call.
-		w.args = append(w.args,
-			strconv.FormatFloat(l.Rate, 'f', -1, 64),
-			strconv.FormatUint(p, 10),
-			strconv.FormatFloat(l.cost(), 'f', -1, 64))
+		packed = appendFloat(packed, l.Rate)
+		packed = appendFloat(packed, float64(p))
+		packed = appendFloat(packed, l.cost())
 		parts[i] = l.String()
 		w.key += w.win[i].suffix
 	}
 	w.text = strings.Join(parts, ", ")
+	w.packed = string(packed)
 	return w, nil
+}
+
+func appendFloat(b []byte, f float64) []byte {
+	return binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
 }
 
 // MustWindows is NewWindows for limits known to be valid, such as
@@ -114,15 +117,16 @@ func (w *Windows) KeySuffix() string {
 	return w.key
 }
 
-// ScriptArgs returns the windows as a Redis store's script reads them: the
-// number of windows, then rate, period in milliseconds and cost of each, as
-// decimal strings already boxed in interfaces, so that a call appends them
-// without converting or allocating. The slice is shared: do not modify it.
-func (w *Windows) ScriptArgs() []any {
+// ScriptLimits returns the windows as a Redis store's script reads them:
+// the number of windows, then rate, period in milliseconds and cost of
+// each, packed as little-endian IEEE doubles (8 bytes each, Lua's struct
+// "<d"; see scripts/ewma.lua), made once here rather than by a client on
+// every call. "" for nil.
+func (w *Windows) ScriptLimits() string {
 	if w == nil {
-		return nil
+		return ""
 	}
-	return w.args
+	return w.packed
 }
 
 // String renders the windows as in the config, "10/1s, 240/1m0s".

@@ -65,27 +65,11 @@ func TestEmbeddedScriptsLoad(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: step %d: %v", sc.name, i+1, err)
 			}
-			if s := strings.TrimSpace(strconvAll(v)); s != st.want {
+			if s := text(v, 1); s != st.want {
 				t.Errorf("%s: step %d at %s: %v, want %s", sc.name, i+1, st.at, v, st.want)
 			}
 		}
 	}
-}
-
-func strconvAll(v []any) string {
-	var b strings.Builder
-	for _, e := range v {
-		switch e := e.(type) {
-		case int64:
-			b.WriteString(strconv.FormatInt(e, 10))
-		case string:
-			b.WriteString(e)
-		default:
-			b.WriteString("?")
-		}
-		b.WriteByte(' ')
-	}
-	return b.String()
 }
 
 func mustInt(s string) int64 {
@@ -102,7 +86,7 @@ func mustInt(s string) int64 {
 func TestLeanSharesPieces(t *testing.T) {
 	for name, re := range map[string]*regexp.Regexp{
 		"decay":   regexp.MustCompile(`(?s)\nlocal function decay\(.*?\nend\n`),
-		"reading": regexp.MustCompile(`(?s)\n\s*local sa = find\(v, ' ', pos, true\)\n.*?t % 1 == 0\) then\n`),
+		"reading": regexp.MustCompile(`(?s)\n\s*local l, bad = #v, true\n.*?if l > 8 \* n \+ 8 then idat = 8 \* n \+ 9 end\n`),
 		"ids":     regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`),
 		"waitms":  regexp.MustCompile(`(?s)\n\s*waitms = function\(now, s, at, p, c, r\)\n.*?\n\s*return hi\n\s*end\n`),
 	} {
@@ -254,7 +238,7 @@ func TestScriptsAgreeWithGo(t *testing.T) {
 		mem := ratelimit.NewMemoryStore(1024)
 		var list []ratelimit.Limit
 		key := "g:{" + strconv.Itoa(round) + "}"
-		var val []string
+		var scores []float64
 		args := []any{}
 		used := map[time.Duration]bool{}
 		var seeds []ratelimit.Limit
@@ -275,15 +259,15 @@ func TestScriptsAgreeWithGo(t *testing.T) {
 			}
 			list = append(list, ratelimit.Limit{Rate: rate, Period: p, Cost: cost})
 			key += ":" + strconv.FormatInt(p.Milliseconds(), 10)
-			args = append(args, strconv.FormatFloat(rate, 'f', -1, 64), strconv.FormatInt(p.Milliseconds(), 10), strconv.FormatFloat(cost, 'f', -1, 64))
+			args = append(args, rate, p.Milliseconds(), cost)
 			// A stored score up to a little above the rate.
 			s := rng.Float64() * rate * 1.2
 			seeds = append(seeds, seedLimit(s, p))
-			val = append(val, strconv.FormatFloat(s, 'g', 17, 64)+" "+strconv.FormatInt(at, 10))
+			scores = append(scores, s)
 		}
 		// Every window in one key's value, as the scripts keep them.
 		ks := []string{key}
-		c.Set(ctx, key, strings.Join(val, " "), 0)
+		c.Set(ctx, key, value(at, scores), 0)
 		// One decision of every window from rest writes the seeds in the
 		// memory store (in one call, so that its windows take the slots the
 		// decisions below look in).
@@ -330,8 +314,8 @@ func TestScriptsAgreeWithGo(t *testing.T) {
 			// Decisions against Go's; scores between the two scripts
 			// (Go's own scores are compared with the scripts' to the last
 			// bit by redisstore's storetest.Agree runs).
-			bd, bs := fromReply(t, batchReply)
-			ld, ls := fromReply(t, leanReply)
+			bd, bs := fromReply(t, batchReply, len(list))
+			ld, ls := fromReply(t, leanReply, len(list))
 			for name, got := range map[string]ratelimit.Decision{"ewma.lua": bd, "ewma1.lua": ld} {
 				if got != want {
 					t.Fatalf("round %d %v, seeded %q, at %d (t0%+d): %s decided %+v, Go %+v",
@@ -364,32 +348,22 @@ func TestScriptsAgreeWithGo(t *testing.T) {
 }
 
 // fromReply reads one decision's reply as a ratelimit.Decision and its
-// scores, exact (they are %.17g).
-func fromReply(t *testing.T, r []any) (ratelimit.Decision, []float64) {
+// scores, exact (they are packed).
+func fromReply(t *testing.T, r []any, n int) (ratelimit.Decision, []float64) {
 	t.Helper()
-	flag, _ := r[0].(int64)
-	wait, _ := r[1].(int64)
-	d := ratelimit.Decision{Allowed: flag == 1, Wait: time.Duration(wait) * time.Millisecond}
-	var scores []float64
-	if flag != 0 && flag != 1 {
-		t.Fatalf("reply %v", r)
+	wait, _ := r[0].(int64)
+	v, _ := r[1].(string)
+	if len(r) != 2 || wait < 0 || len(v) < 8+8*n {
+		t.Fatalf("reply %q", r)
 	}
-	for _, e := range r[2:] {
-		s, _ := e.(string)
-		f, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			t.Fatalf("reply %v: score %q", r, s)
-		}
-		scores = append(scores, f)
-	}
-	return d, scores
+	return ratelimit.Decision{Allowed: wait == 0, Wait: time.Duration(wait) * time.Millisecond}, unpack(v[8:], n)
 }
 
 // TestArgumentsRefusedAsGoRefuses: a limit is refused by both scripts
 // (an 'ERR sluice ewma: ' reply, nothing written) exactly when
 // ratelimit.Limit.Validate refuses it; and a now (or cutoff) that is not a
-// whole number of ms is refused too, as Go, which decides at whole ms, can
-// never send one.
+// whole number of ms (or past 2^53, where ms stop being exact) is refused
+// too, as Go, which decides at whole ms, can never send one.
 func TestArgumentsRefusedAsGoRefuses(t *testing.T) {
 	c := realRedis(t)
 	ctx := context.Background()
@@ -422,25 +396,25 @@ func TestArgumentsRefusedAsGoRefuses(t *testing.T) {
 		// cost of 0 on the wire is no Limit at all: refused.
 		goRefuses := lim.Validate() != nil || cost == 0
 		what := "limit " + strings.Join(l[:], "/")
-		check(what+" (ewma.lua)", ewma.Run(ctx, c, keys, now, 1, 1, l[0], l[1], l[2], 1, "").Err(), goRefuses)
-		check(what+" (ewma1.lua)", ewma1.Run(ctx, c, keys, now, "0", l[0], l[1], l[2]).Err(), goRefuses)
+		check(what+" (ewma.lua)", ewma.Run(ctx, c, keys, pack(now, 0, 1, 1, rate, p, cost), indices(1)).Err(), goRefuses)
+		check(what+" (ewma1.lua)", ewma1.Run(ctx, c, keys, pack(now, 0, rate, p, cost)).Err(), goRefuses)
 	}
 	for _, tc := range []struct {
 		now     string
 		refused bool
 	}{
-		{now, false}, {"0", false}, {"-5", false}, {"1767322800000.5", true}, {"0.5", true}, {"abc", true},
-		{"", true}, {"inf", true}, {"nan", true}, {"9007199254740992", true},
+		{now, false}, {"0", false}, {"-5", false}, {"1767322800000.5", true}, {"0.5", true},
+		{"inf", true}, {"-inf", true}, {"nan", true}, {"9007199254740992", true},
 	} {
-		check("now "+tc.now+" (ewma.lua)", ewma.Run(ctx, c, keys, tc.now, 1, 1, 2, 1000, 1, 1, "").Err(), tc.refused)
-		check("now "+tc.now+" (ewma1.lua)", ewma1.Run(ctx, c, keys, tc.now, "0", 2, 1000, 1).Err(), tc.refused)
+		check("now "+tc.now+" (ewma.lua)", ewma.Run(ctx, c, keys, pack(tc.now, 0, 1, 1, 2, 1000, 1), indices(1)).Err(), tc.refused)
+		check("now "+tc.now+" (ewma1.lua)", ewma1.Run(ctx, c, keys, pack(tc.now, 0, 2, 1000, 1)).Err(), tc.refused)
 	}
 	far := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
 	for _, tc := range []struct {
 		cutoff  string
 		refused bool
-	}{{far, false}, {far + ".5", true}, {"x", true}, {"inf", true}} {
-		check("cutoff "+tc.cutoff+" (ewma.lua)", ewma.Run(ctx, c, keys, now+" "+tc.cutoff, 1, 1, 2, 1000, 1, 1, "").Err(), tc.refused)
-		check("cutoff "+tc.cutoff+" (ewma1.lua)", ewma1.Run(ctx, c, keys, now, tc.cutoff, 2, 1000, 1).Err(), tc.refused)
+	}{{far, false}, {far + ".5", true}, {"nan", true}, {"inf", true}, {"9007199254740992", true}} {
+		check("cutoff "+tc.cutoff+" (ewma.lua)", ewma.Run(ctx, c, keys, pack(now, tc.cutoff, 1, 1, 2, 1000, 1), indices(1)).Err(), tc.refused)
+		check("cutoff "+tc.cutoff+" (ewma1.lua)", ewma1.Run(ctx, c, keys, pack(now, tc.cutoff, 2, 1000, 1)).Err(), tc.refused)
 	}
 }

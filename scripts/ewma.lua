@@ -27,49 +27,55 @@
 --
 -- KEYS        one key per decision, in order: the key holding every window
 --             of that decision's limit list (see "Stored value"); the Go
---             store names it "<prefix>{client}:message:TYPE:<T_1>:...:<T_n>",
+--             store names it "<prefix>{client}:message:TYPE:<T_1>:...:<T_n>:bin",
 --             the half-lives in ms of its windows in order. Different
 --             decisions may have different clients, which is legal only off
 --             Redis Cluster, where a call's declared keys must share a slot:
 --             there the store sends scripts.EWMACluster (Go), this source
 --             with only the first key declared and the others after the
 --             arguments, for the decisions of one master.
--- ARGV[1]     now in whole unix milliseconds; 0 (or a negative whole
---             number: the Go store's instants at or before the epoch) means
---             Redis TIME, so every gate instance shares one clock; anything
---             else (a fraction, not a number) is an error reply, since Go,
---             which decides at whole ms, never sends one. One instant for
---             the whole call: TIME runs at most once.
---             It may be followed by a space and a cutoff in whole unix ms: if
---             Redis TIME is past the cutoff, the call decides and writes
---             nothing and replies 'ERR sluice late: ...' (the gate has
---             given up on it, or will before the reply is back, and has
---             refused its messages as unavailable: they must not be
---             charged).
--- ARGV[2]     L >= 1, the number of limit lists that follow.
--- then        L limit lists, each: n >= 1, then per window: rate R,
+-- ARGV[1]     the call's numbers, packed (see "Packed"): now in whole unix
+--             milliseconds, 0 (or a negative whole number: the Go store's
+--             instants at or before the epoch) meaning Redis TIME, so every
+--             gate instance shares one clock; the cutoff in whole unix ms,
+--             0 (or less) for none; L >= 1, the number of limit lists; then
+--             the L limit lists, each: n >= 1, then per window: rate R,
 --             half-life T in ms, cost c: refused unless what
 --             ratelimit.Limit.Validate accepts (R finite, T a whole number
---             >= 1, c > 0, R > c).
--- then        per decision, two args: the index (1..L) of its limit list
---             (its windows are its next n keys) and its request id, or ""
---             for none.
---             The decisions are m = (args left)/2 >= 1 = #KEYS. Any of this violated is an error reply
---             for the whole call ('ERR sluice ewma: ...'); nothing is
---             written.
+--             >= 1, c > 0, R > c). A fraction where a whole number is
+--             wanted is an error reply, since Go, which decides at whole ms,
+--             never sends one. One instant for the whole call: TIME runs at
+--             most once. If Redis TIME is past the cutoff, the call decides
+--             and writes nothing and replies 'ERR sluice late: ...' (the
+--             gate has given up on it, or will before the reply is back,
+--             and has refused its messages as unavailable: they must not be
+--             charged).
+-- ARGV[2]     two bytes per decision, in order: the index (1..L) of its
+--             limit list (its windows are its key's), a little-endian
+--             uint16. The decisions are m = #ARGV[2]/2 >= 1 = #KEYS.
+-- ARGV[3...]  either nothing (no request ids) or one request id per
+--             decision, "" for none.
+--             Any of this violated is an error reply for the whole call
+--             ('ERR sluice ewma: ...'); nothing is written.
 --
--- Request ids (no spaces, one width; 16 characters from the Go store):
--- go-redis retries a command whose reply was lost (EOF, reset) and its
--- auto-pipeliner may replay a batch; without ids, a repeated call that had
--- already been admitted would charge the client twice. The ids of the last
--- IDS admitted requests are kept after the windows in the key's value, and a repeat
--- of one of them (in a later call or later in the same call) is answered
--- {1, 0, stored scores} without charging. Refusals write nothing, so
--- repeating one is harmless. The guard fails only if more than IDS other
--- requests of the same key were admitted between an attempt and its retry
--- (a few ms apart): then the retry charges once more. A per-request dedup
--- key would close that gap at the price of a GET, a SET and a new key on
--- every decision (about half again the script's cost, measured).
+-- Packed: little-endian IEEE doubles, one after the other (Lua's struct
+-- "<d"). A number sent as digits costs Redis a Lua string per argument and a
+-- strtod per read, and one written as digits a sprintf per score: about a
+-- fifth of a two-window decision each, measured (docs/BENCHMARKS.md). Whole
+-- numbers below 2^53, every instant and half-life here, are exact.
+--
+-- Request ids (one width; 16 bytes from the Go store): go-redis retries a
+-- command whose reply was lost (EOF, reset) and its auto-pipeliner may
+-- replay a batch; without ids, a repeated call that had already been
+-- admitted would charge the client twice. The ids of the last IDS admitted
+-- requests are kept after the windows in the key's value, and a repeat of
+-- one of them (in a later call or later in the same call) is answered with
+-- the stored value without charging. Refusals write nothing, so repeating
+-- one is harmless. The guard fails only if more than IDS other requests of
+-- the same key were admitted between an attempt and its retry (a few ms
+-- apart): then the retry charges once more. A per-request dedup key would
+-- close that gap at the price of a GET, a SET and a new key on every
+-- decision (about half again the script's cost, measured).
 --
 -- Decisions run in order, and a later decision sees what an earlier one of
 -- the same call wrote (two messages of one client in one batch): the values
@@ -77,14 +83,14 @@
 -- written during the call is kept in a table by key and consulted before
 -- the MGET's.
 --
--- Reply: one flat array; per decision, in order, 2 + n entries (n its
--- window count):
---   admitted        1, 0, score_1, ..., score_n (the written scores)
---   refused         0, wait_ms, score_1, ..., score_n (decayed, unwritten)
---   a seen id       1, 0, the stored scores (nothing charged)
---   an error        -1, message, then n empty strings: a malformed stored
---                   value ('ERR sluice ewma: malformed value at <key>',
---                   also a value with fewer windows than the list). That decision writes
+-- Reply: one flat array, two entries per decision, in order:
+--   admitted        0, the value written (see "Stored value")
+--   refused         wait_ms, the decayed scores (unwritten) in a value's
+--                   layout: the stored t, then a score per window
+--   a seen id       0, the stored value (nothing charged)
+--   an error        -1, a message: a malformed stored value ('ERR sluice
+--                   ewma: malformed value at <key>', also a value shorter
+--                   than the list's windows). That decision writes
 --                   nothing; the call's other decisions are decided as
 --                   usual. A malformed value is never read as a score.
 --   wait_ms  the smallest whole number of ms w >= 1 such that the admission
@@ -94,33 +100,31 @@
 --            waitms), so float error in log/pow can neither make an obedient
 --            client be refused nor let one 1 ms early in, for any valid
 --            limit. The largest over the refusing windows.
---   score_i  as a string: Redis truncates Lua numbers to integers on the
---            way out. %.17g rather than tostring (14 digits) so it
---            round-trips exactly.
 --
--- Stored value of a decision's key: every window's "<score %.17g> <t ms>", in
--- the order of its limit list, then the recent request ids:
--- "<score_1> <t_1> ... <score_n> <t_n> <id>...". One key per decision rather
--- than per window: reading a decision is one GET and writing it one SET ...
--- PX (the longest of its windows' TTLs), which is most of what a script
--- call costs Redis beyond the call itself (about a fifth of a two-window
--- decision, measured). A one-window value is what a window's key held
--- before, "<score> <t> <id>...", under the same name.
+-- Stored value of a decision's key, packed: t, the instant (whole unix ms)
+-- every window was last written at, then each window's score as written
+-- then, in the order of its limit list, then the recent request ids, one
+-- after the other, newest first: 8 + 8n bytes and the ids. One t for all
+-- windows: they are always written together, at max(now, t). One key per
+-- decision rather than per window: reading a decision is one GET and
+-- writing it one SET ... PX (the longest of its windows' TTLs), which is
+-- most of what a script call costs Redis beyond the call itself. The
+-- ":bin" that ends the key name tells this layout from the digits earlier
+-- versions wrote ("<score> <t> ..." under the same name without it): a
+-- gate of either kind never reads the other's value as its own.
 --
 -- Cost: this runs for every message. Beyond the commands (one MGET and one
--- TIME per call, one SET per decision admitted) an admitted decision must read
--- each window's digits (tonumber) and format one %.17g per window (the
--- reply, which is also the stored digits). Every other string made and every
--- call into C costs Redis about 0.1 us, measured: hence plain finds and subs
--- rather than a pattern with captures, the windows' values held in one table
--- for the call, the TTL handed to SET as digits, the request ids searched
--- and cut in place, and the limits parsed once per list. The exact decay
--- is the one cost taken on knowingly: Go's steps and a function call cost
--- 0.18 to 0.28 us a decay where an inline C pow cost 0.04 to 0.07
--- (BenchmarkLuaDecay, Redis 7.0 on a loaded 2-core machine), so about
--- +0.3 us on an admitted two-window decision (two decays) and +0.5 us on
--- a refused one (its wait search decays twice more), against calls of
--- 10 to 20 us (BenchmarkScriptCPU).
+-- TIME per call, one SET per decision admitted) a decision unpacks its
+-- value and packs the one it writes. Every string made and every call into
+-- C costs Redis about 0.1 us, measured: hence the numbers packed, the
+-- windows' values held in one table for the call, the TTL handed to SET as
+-- digits, the request ids searched and cut in place, and the limits
+-- unpacked once per list. The exact decay is the one cost taken on
+-- knowingly: Go's steps and a function call cost 0.18 to 0.28 us a decay
+-- where an inline C pow cost 0.04 to 0.07 (BenchmarkLuaDecay, Redis 7.0 on
+-- a loaded 2-core machine), so about +0.3 us on an admitted two-window
+-- decision (two decays) and +0.5 us on a refused one (its wait search
+-- decays twice more).
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local EXACT = 9007199254740992 -- 2^53: whole numbers of ms below it are exact
@@ -129,7 +133,8 @@ local IDS = 4
 local HUGE = math.huge
 -- Library functions used on every call, as locals (a register, not a table
 -- lookup).
-local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
+local tunpack = unpack -- Lua's: struct's takes the name below
+local find, sub, byte, format, pack, unpack = string.find, string.sub, string.byte, string.format, struct.pack, struct.unpack
 local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 -- Allocation is the other cost per call (a table, a closure, each upvalue
 -- of a closure, each time a table grows): so the decisions are one loop,
@@ -171,42 +176,50 @@ end
 -- half-life, cost). lo[l] is the q of list l, and lo[nl+d] that of decision
 -- d's list.
 local nk, na = #KEYS, #ARGV
-local nl = na >= 2 and tonumber(ARGV[2])
--- Every list takes at least 4 args and a decision 2: this bounds the loop.
-if not (nl and nl >= 1 and nl % 1 == 0 and 2 + 4 * nl + 2 <= na) then
-  return redis.error_reply('ERR sluice ewma: want ARGV[2] = the number L >= 1 of limit lists, then the lists, then two args per decision')
+local a, ix = ARGV[1], ARGV[2]
+local la = a and #a or 0
+if not (ix and la >= 24) then
+  return redis.error_reply('ERR sluice ewma: want now, cutoff, the number L >= 1 of limit lists and the lists packed, then a list index per decision')
+end
+local now, cutoff, nl = unpack('<ddd', a)
+-- Every list takes at least 4 numbers: this bounds the loop.
+if not (nl >= 1 and nl % 1 == 0 and 24 + 32 * nl <= la) then
+  return redis.error_reply('ERR sluice ewma: want the number L >= 1 of limit lists, then the lists')
 end
 local lim = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 local lo = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-local a, q = 3, 0 -- the next arg; the entries of lim so far
+local at, q = 25, 0 -- the next number's byte; the entries of lim so far
 for l = 1, nl do
-  local n = a <= na and tonumber(ARGV[a])
-  if not (n and n >= 1 and n % 1 == 0 and a + 3 * n <= na) then
+  local n = at + 8 <= la + 1 and unpack('<d', a, at)
+  if not (n and n >= 1 and n % 1 == 0 and at + 8 + 24 * n <= la + 1) then
     return redis.error_reply('ERR sluice ewma: bad window count in limit list ' .. l)
   end
   lo[l], lim[q + 1] = q, n
   q = q + 1
-  for j = a + 1, a + 3 * n, 3 do
+  for j = at + 8, at + 24 * n - 16, 24 do
     -- What ratelimit.Limit.Validate accepts: a finite rate, a half-life of
     -- a whole number of ms >= 1, a cost > 0 and below the rate (so finite).
-    local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-    if not (r and p and c and r < HUGE and p >= 1 and p % 1 == 0 and c > 0 and r - c > 0) then
+    local r, p, c = unpack('<ddd', a, j)
+    if not (r < HUGE and p >= 1 and p % 1 == 0 and p < EXACT and c > 0 and r - c > 0) then
       return redis.error_reply('ERR sluice ewma: bad limit in limit list ' .. l)
     end
     lim[q + 1], lim[q + 2], lim[q + 3] = r, p, c
     q = q + 3
   end
-  a = a + 1 + 3 * n
+  at = at + 8 + 24 * n
 end
--- ARGV[a] is now the first decision's list index.
-local m = (na - a + 1) / 2
-if m < 1 or m % 1 ~= 0 then
-  return redis.error_reply('ERR sluice ewma: want two args per decision (limit list index, request id)')
+if at ~= la + 1 then
+  return redis.error_reply('ERR sluice ewma: want nothing packed after the limit lists')
+end
+local m = #ix / 2
+if not (m >= 1 and m == nk and (na == 2 or na == 2 + m)) then
+  return redis.error_reply('ERR sluice ewma: want one key and one list index per decision, and a request id for each or none')
 end
 local sum, most = 0, 0 -- the windows of all decisions; of the largest one
 for d = 1, m do
-  local l = tonumber(ARGV[a + 2 * d - 2])
-  if not (l and l >= 1 and l <= nl and l % 1 == 0) then
+  local l, h = byte(ix, 2 * d - 1, 2 * d)
+  l = l + 256 * h
+  if not (l >= 1 and l <= nl) then
     return redis.error_reply('ERR sluice ewma: bad limit list index of decision ' .. d)
   end
   q = lo[l]
@@ -214,27 +227,16 @@ for d = 1, m do
   sum = sum + lim[q + 1]
   if lim[q + 1] > most then most = lim[q + 1] end
 end
-if m ~= nk then
-  return redis.error_reply('ERR sluice ewma: want one key per decision')
-end
 
--- now and the cutoff: whole numbers of ms (a Go int64, formatted), as
--- ratelimit decides at; a fraction or anything not a number is refused.
-local now, cutoff = ARGV[1], nil
-do
-  local sp = find(now, ' ', 1, true)
-  if sp then
-    cutoff = tonumber(sub(now, sp + 1))
-    now = sub(now, 1, sp - 1)
-    if not (cutoff and cutoff % 1 == 0 and cutoff < EXACT) then
-      return redis.error_reply('ERR sluice ewma: want a cutoff in whole unix ms after now')
-    end
-  end
-  now = tonumber(now)
-  if not (now and now % 1 == 0 and now < EXACT) then
-    return redis.error_reply('ERR sluice ewma: want ARGV[1] = now in whole unix ms (0: Redis TIME)')
-  end
+-- now and the cutoff: whole numbers of ms (a Go int64), as ratelimit
+-- decides at; a fraction is refused.
+if not (now % 1 == 0 and now < EXACT) then
+  return redis.error_reply('ERR sluice ewma: want now in whole unix ms (0: Redis TIME)')
 end
+if not (cutoff % 1 == 0 and cutoff < EXACT) then
+  return redis.error_reply('ERR sluice ewma: want a cutoff in whole unix ms (0: none)')
+end
+if cutoff <= 0 then cutoff = nil end
 local clock -- Redis TIME in ms, read at most once
 if cutoff or now <= 0 then
   -- Redis < 5 needs effect replication before a write that follows TIME;
@@ -250,29 +252,23 @@ if cutoff or now <= 0 then
   end
 end
 
-local vals = nk == 1 and {redis.call('GET', KEYS[1])} or redis.call('MGET', unpack(KEYS))
+local vals = nk == 1 and {redis.call('GET', KEYS[1])} or redis.call('MGET', tunpack(KEYS))
 
 if now <= 0 then
   now = clock
 end
-local nowstr -- now's digits, formatted at most once
 
--- The reply, sized by its constructor for one decision of one or two
--- windows; o is its entries so far.
-local tot = sum + 2 * m
-local reply = tot == 4 and {false, false, false, false} or tot == 3 and {false, false, false} or {}
-local o = 0
+-- The reply: two entries per decision, sized by its constructor for one.
+local reply = m == 1 and {false, false} or {}
 -- The values written during this call that a later decision may read, by
 -- key (made on the first such write); newer than the MGET's.
 local wr
--- The windows of the decision being decided: per window i at 7i-6 .. 7i,
--- its rate, half-life, cost, stored score, decayed score, write time and
--- that time's stored digits. One table for the call, sized for the largest
--- decision when that has one or two windows (every limit sluice ships).
-local win = most <= 2 and {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {}
+-- The windows of the decision being decided: per window i at 5i-4 .. 5i,
+-- its rate, half-life, cost, stored score and decayed score. One table for
+-- the call, sized for the largest decision when that has one or two windows
+-- (every limit sluice ships).
+local win = most <= 2 and {0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {}
 
--- t's digits and value as last read (see the reading below).
-local lastts, lastt
 -- The wait search, made on the first refusal of the call: a closure costs
 -- (see Cost), and most calls admit.
 local waitms
@@ -283,65 +279,55 @@ local waitms
 for dn = 1, m do
   local q = lo[nl + dn]
   local n = lim[q + 1]
-  local reqid = ARGV[a + 2 * dn - 1]
+  local reqid = ARGV[2 + dn] or ''
   local key = KEYS[dn]
   local v = wr and wr[key] or vals[dn]
-  local idat -- where the ids begin in v, if it has any
   local seen -- whether reqid is one of v's ids (a repeat: charge nothing)
   local err
   local allowed = true
-  -- The windows' fields, "<score> <t>" each, one after the other: pos is
-  -- where window i's begin.
-  local pos = 1
   for i = 1, n do
-    local s, t, ts = 0, 0, false
-    if v then
-      -- Read strictly: "<score> <t>" per window, then optionally " <id>...";
-      -- anything else (a field missing, junk digits, a negative or
-      -- non-finite score, a fractional t) fails this decision and is never
-      -- read as a score. Plain finds and subs, no pattern: each string made
-      -- costs. Windows written at one instant share t's digits, read once.
-      local sa = find(v, ' ', pos, true)
-      local sb
-      if sa then
-        sb = find(v, ' ', sa + 1, true)
-        ts = sub(v, sa + 1, (sb or 0) - 1)
-        s = tonumber(sub(v, pos, sa - 1))
-        if ts == lastts then
-          t = lastt
-        else
-          t = tonumber(ts)
-          lastts, lastt = ts, t
-        end
+    local j, k = q + 3 * i - 1, 5 * i
+    win[k - 4], win[k - 3], win[k - 2], win[k - 1] = lim[j], lim[j + 1], lim[j + 2], 0
+  end
+  local t, idat = 0, nil -- the value's write time; where its ids begin, if any
+  if v then
+    -- Read strictly: t, then a score per window, then optionally ids;
+    -- anything else (a value too short, a negative or non-finite score, a
+    -- fractional t) fails this decision and is never read as a score.
+    local l, bad = #v, true
+    if l >= 8 * n + 8 then
+      t = unpack('<d', v)
+      bad = not (t >= 0 and t < EXACT and t % 1 == 0)
+      for i = 1, n do
+        local s = unpack('<d', v, 8 * i + 1)
+        win[5 * i - 1] = s
+        if not (s >= 0 and s < HUGE) then bad = true end
       end
-      if not (sa and (sb or i == n) and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
-        err = 'ERR sluice ewma: malformed value at ' .. key
-        break
-      end
-      if i < n then
-        pos = sb + 1
-      elseif sb and sb < #v then
-        idat = sb + 1
-      end
+      if l > 8 * n + 8 then idat = 8 * n + 9 end
     end
-    local j, k = q + 3 * i - 1, 7 * i
-    local r, p, c = lim[j], lim[j + 1], lim[j + 2]
-    local d = decay(s, t, now, p)
-    win[k - 6], win[k - 5], win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k] = r, p, c, s, d, t, ts
-    if not (d + c <= r) then
-      allowed = false
+    if bad then
+      err = 'ERR sluice ewma: malformed value at ' .. key
+    end
+  end
+  if not err then
+    for i = 1, n do
+      local k = 5 * i
+      local d = decay(win[k - 1], t, now, win[k - 3])
+      win[k] = d
+      if not (d + win[k - 2] <= win[k - 4]) then
+        allowed = false
+      end
     end
   end
   if not err and idat and reqid ~= '' then
     -- Is reqid one of the kept ids? Searched in place, whole ids only.
-    local k, w, l = idat, #reqid, #v
+    local k, w = idat, #reqid
     while true do
       local p = find(v, reqid, k, true)
       if not p then
         break
       end
-      local e = p + w
-      if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
+      if (p - idat) % w == 0 then
         seen = true
         break
       end
@@ -349,21 +335,13 @@ for dn = 1, m do
     end
   end
 
+  local o = 2 * dn
   if err then
     -- Nothing written for this decision; the others go on.
-    reply[o + 1], reply[o + 2] = -1, err
-    for i = 3, n + 2 do
-      reply[o + i] = ''
-    end
+    reply[o - 1], reply[o] = -1, err
   elseif seen then
-    -- A repeat of an admitted request: its stored scores, nothing charged.
-    reply[o + 1], reply[o + 2] = 1, 0
-    local p = 1
-    for i = 1, n do
-      local sa = find(v, ' ', p, true)
-      reply[o + i + 2] = sub(v, p, sa - 1)
-      p = find(v, ' ', sa + 1, true) + 1
-    end
+    -- A repeat of an admitted request: its stored value, nothing charged.
+    reply[o - 1], reply[o] = 0, v
   elseif not allowed then
     if not waitms then
       -- waitms returns the smallest w >= 1 such that score s written at ms at
@@ -428,31 +406,28 @@ for dn = 1, m do
       end
     end
     local wait = 0
+    local val = pack('<d', t)
     for i = 1, n do
-      local k = 7 * i
-      local r, p, c, s, d, t = win[k - 6], win[k - 5], win[k - 4], win[k - 3], win[k - 2], win[k - 1]
+      local k = 5 * i
+      local r, p, c, s, d = win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k]
       if not (d + c <= r) then
         local w = waitms(now, s, t, p, c, r)
         if w > wait then wait = w end
       end
-      reply[o + i + 2] = format('%.17g', d)
+      val = val .. pack('<d', d)
     end
-    reply[o + 1], reply[o + 2] = 0, wait
+    reply[o - 1], reply[o] = wait, val
   else
-    -- Admitted: write every window, in one value.
-    reply[o + 1], reply[o + 2] = 1, 0
+    -- Admitted: write every window, in one value, at max(now, t).
+    if now > t then
+      t = now
+    end
     local ttl = 0
     for i = 1, n do
-      local k = 7 * i
-      local r, p, c, d, t, ts = win[k - 6], win[k - 5], win[k - 4], win[k - 2], win[k - 1], win[k]
-      local s = d + c
-      if now > t then
-        t = now
-        if not nowstr then
-          nowstr = format('%d', now)
-        end
-        win[k] = nowstr
-      end
+      local k = 5 * i
+      local r, p, c = win[k - 4], win[k - 3], win[k - 2]
+      local s = win[k] + c
+      win[k] = s
       -- TTL: keep the key until every window's score is negligible: for a
       -- window, eps = min(c, R-c)/1024 (forgetting it then gives a client
       -- at most 1/1024 of a message), that is T*log2(S/eps) ms; the key's
@@ -476,37 +451,34 @@ for dn = 1, m do
       if x > 2 * MAX_WAIT then x = 2 * MAX_WAIT end
       x = x + (t - now)
       if x > ttl then ttl = x end
-      reply[o + i + 2] = format('%.17g', s)
     end
-    -- The ids after the windows: the last IDS admitted, newest first. Ids
-    -- are of one width (16 characters from the Go store), so keeping IDS-1
-    -- old ones is one string.sub; an id of another width is at worst cut
-    -- short, and a cut id never matches (the seen check looks at the
+    -- The value: t, the scores, then the ids, the last IDS admitted, newest
+    -- first. Ids are of one width (16 bytes from the Go store), so keeping
+    -- IDS-1 old ones is one string.sub; an id of another width is at worst
+    -- cut short, and a cut id never matches (the seen check looks at the
     -- boundaries).
-    local tail = ''
-    if reqid ~= '' then
-      if idat then
-        tail = ' ' .. reqid .. ' ' .. sub(v, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
-      else
-        tail = ' ' .. reqid
-      end
-    elseif idat then
-      tail = sub(v, idat - 1)
-    end
-    -- One string, made by one concatenation for one or two windows.
     local val
     if n == 1 then
-      val = reply[o + 3] .. ' ' .. win[7] .. tail
+      val = pack('<dd', t, win[5])
     elseif n == 2 then
-      val = reply[o + 3] .. ' ' .. win[7] .. ' ' .. reply[o + 4] .. ' ' .. win[14] .. tail
+      val = pack('<ddd', t, win[5], win[10])
     else
-      val = reply[o + 3] .. ' ' .. win[7]
-      for i = 2, n do
-        val = val .. ' ' .. reply[o + i + 2] .. ' ' .. win[7 * i]
+      val = pack('<d', t)
+      for i = 1, n do
+        val = val .. pack('<d', win[5 * i])
       end
-      val = val .. tail
+    end
+    if reqid ~= '' then
+      if idat then
+        val = val .. reqid .. sub(v, idat, idat + (IDS - 1) * #reqid - 1)
+      else
+        val = val .. reqid
+      end
+    elseif idat then
+      val = val .. sub(v, idat)
     end
     redis.call('SET', key, val, 'PX', format('%d', ttl))
+    reply[o - 1], reply[o] = 0, val
     if dn < m then
       -- A later decision of this call may read this key.
       if not wr then
@@ -515,6 +487,5 @@ for dn = 1, m do
       wr[key] = val
     end
   end
-  o = o + 2 + n
 end
 return reply

@@ -13,21 +13,21 @@
 --
 -- KEYS     one key, holding every window of the decision (see ewma.lua's
 --          "Stored value").
--- ARGV[1]  now in whole unix ms; 0 (or a negative whole number) means
---          Redis TIME; anything else is an error reply, as in ewma.lua.
--- ARGV[2]  the cutoff in whole unix ms, 0 (or less) for none: if Redis
---          TIME is past it, nothing is decided or written, and the reply is
---          'ERR sluice late: ...' (see ewma.lua).
--- ARGV[3…] per window: rate R (finite), half-life T in whole ms (>= 1),
---          cost c (> 0, < R): what ratelimit.Limit.Validate accepts;
---          then optionally the request id (as in ewma.lua; "" is none).
---          Three args per window tell the two apart.
+-- ARGV[1]  the call, packed as little-endian doubles (see ewma.lua's
+--          "Packed"): now in whole unix ms (0, or a negative whole
+--          number: Redis TIME); the cutoff in whole unix ms, 0 (or less)
+--          for none: if Redis TIME is past it, nothing is decided or
+--          written, and the reply is 'ERR sluice late: ...' (see
+--          ewma.lua); then per window: rate R (finite), half-life T in
+--          whole ms (>= 1), cost c (> 0, < R), what
+--          ratelimit.Limit.Validate accepts. 16 + 24n bytes.
+-- ARGV[2]  optionally the request id (as in ewma.lua; "" or none: none).
 --
--- Reply: 1, 0, score_1, ..., score_n (admitted, the written scores; or
--- the stored scores, nothing charged, for a request id already kept);
--- 0, wait_ms, score_1, ..., score_n (refused, decayed, unwritten); or -1,
--- 'ERR sluice ewma: malformed value at <key>', n empty strings (nothing
--- written). See ewma.lua for wait_ms, the scores' format and the TTL.
+-- Reply: wait, value: 0 and the written value (admitted; or the stored
+-- value, nothing charged, for a request id already kept); wait_ms >= 1 and
+-- the decayed scores in a value's layout (refused, unwritten); or -1 and
+-- 'ERR sluice ewma: malformed value at <key>' (nothing written). See
+-- ewma.lua for wait_ms, the value and the TTL.
 --
 -- Its pieces are ewma.lua's, line for line (TestLeanSharesPieces compares
 -- them): decay, which is bit for bit Go's decision (see ewma.lua), the
@@ -39,7 +39,7 @@ local EXACT = 9007199254740992
 local LN2 = 0.69314718055994531
 local IDS = 4
 local HUGE = math.huge
-local tonumber, find, sub, byte, format = tonumber, string.find, string.sub, string.byte, string.format
+local find, sub, format, pack, unpack = string.find, string.sub, string.format, struct.pack, struct.unpack
 local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 
 -- decay returns score s written at ms t, seen at ms now, under half-life p
@@ -70,35 +70,31 @@ local function decay(s, t, now, p)
   return s * ldexp(1 - ((lo - r * c / (2 - c)) - hi), -k)
 end
 
-local na = #ARGV
-local n = (na - 2) / 3
-local reqid = ''
-if n % 1 ~= 0 then
-  n = (na - 3) / 3
-  reqid = ARGV[na]
+local a = ARGV[1]
+local n = a and (#a - 16) / 24
+if not (#KEYS == 1 and n and n >= 1 and n % 1 == 0 and #ARGV <= 2) then
+  return redis.error_reply('ERR sluice ewma: want one key, then now, cutoff and three numbers per window packed, then optionally a request id')
 end
-if #KEYS ~= 1 or n < 1 or n % 1 ~= 0 then
-  return redis.error_reply('ERR sluice ewma: want one key, now, cutoff and three args per window')
-end
--- win holds per window i at 7i-6 .. 7i: rate, half-life, cost, stored
--- score, decayed score, write time, its stored digits.
-local win = n == 1 and {0, 0, 0, 0, 0, 0, 0} or n == 2 and {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {}
+local reqid = ARGV[2] or ''
+-- win holds per window i at 5i-4 .. 5i: rate, half-life, cost, stored
+-- score, decayed score.
+local win = n == 1 and {0, 0, 0, 0, 0} or n == 2 and {0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {}
 for i = 1, n do
-  local j, k = 3 * i, 7 * i
+  local k = 5 * i
   -- What ratelimit.Limit.Validate accepts (see ewma.lua).
-  local r, p, c = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-  if not (r and p and c and r < HUGE and p >= 1 and p % 1 == 0 and c > 0 and r - c > 0) then
+  local r, p, c = unpack('<ddd', a, 24 * i - 7)
+  if not (r < HUGE and p >= 1 and p % 1 == 0 and p < EXACT and c > 0 and r - c > 0) then
     return redis.error_reply('ERR sluice ewma: bad limit in limit list 1')
   end
-  win[k - 6], win[k - 5], win[k - 4] = r, p, c
+  win[k - 4], win[k - 3], win[k - 2] = r, p, c
 end
 
-local now, cutoff = tonumber(ARGV[1]), tonumber(ARGV[2])
-if not (now and now % 1 == 0 and now < EXACT) then
-  return redis.error_reply('ERR sluice ewma: want ARGV[1] = now in whole unix ms (0: Redis TIME)')
+local now, cutoff = unpack('<dd', a)
+if not (now % 1 == 0 and now < EXACT) then
+  return redis.error_reply('ERR sluice ewma: want now in whole unix ms (0: Redis TIME)')
 end
-if not (cutoff and cutoff % 1 == 0 and cutoff < EXACT) then
-  return redis.error_reply('ERR sluice ewma: want ARGV[2] = a cutoff in whole unix ms (0: none)')
+if not (cutoff % 1 == 0 and cutoff < EXACT) then
+  return redis.error_reply('ERR sluice ewma: want a cutoff in whole unix ms (0: none)')
 end
 if cutoff <= 0 then cutoff = nil end
 local clock
@@ -118,47 +114,33 @@ if now <= 0 then
   now = clock
 end
 
-local reply = n == 1 and {false, false, false} or n == 2 and {false, false, false, false} or {}
 local allowed = true
-local idat -- where the ids begin in v, if it has any
-local lastts, lastt -- t's digits and value as last read
-local pos = 1
-for i = 1, n do
-  local s, t, ts = 0, 0, false
-  if v then
-    -- Read strictly, as ewma.lua reads (the same lines): "<score> <t>" per
-    -- window, then optionally " <id>..."; anything else fails.
-    local sa = find(v, ' ', pos, true)
-    local sb
-    if sa then
-      sb = find(v, ' ', sa + 1, true)
-      ts = sub(v, sa + 1, (sb or 0) - 1)
-      s = tonumber(sub(v, pos, sa - 1))
-      if ts == lastts then
-        t = lastt
-      else
-        t = tonumber(ts)
-        lastts, lastt = ts, t
-      end
+local t, idat = 0, nil -- the value's write time; where its ids begin, if any
+if v then
+  -- Read strictly, as ewma.lua reads (the same lines): t, then a score per
+  -- window, then optionally ids; anything else fails.
+  local l, bad = #v, true
+  if l >= 8 * n + 8 then
+    t = unpack('<d', v)
+    bad = not (t >= 0 and t < EXACT and t % 1 == 0)
+    for i = 1, n do
+      local s = unpack('<d', v, 8 * i + 1)
+      win[5 * i - 1] = s
+      if not (s >= 0 and s < HUGE) then bad = true end
     end
-    if not (sa and (sb or i == n) and s and t and s >= 0 and s < HUGE and t >= 0 and t < EXACT and t % 1 == 0) then
-      reply[1], reply[2] = -1, 'ERR sluice ewma: malformed value at ' .. key
-      for j = 3, n + 2 do
-        reply[j] = ''
-      end
-      return reply
-    end
-    if i < n then
-      pos = sb + 1
-    elseif sb and sb < #v then
-      idat = sb + 1
-    end
+    if l > 8 * n + 8 then idat = 8 * n + 9 end
   end
-  local k = 7 * i
-  local r, p, c = win[k - 6], win[k - 5], win[k - 4]
-  local d = decay(s, t, now, p)
-  win[k - 3], win[k - 2], win[k - 1], win[k] = s, d, t, ts
-  if not (d + c <= r) then
+  if bad then
+    return {-1, 'ERR sluice ewma: malformed value at ' .. key}
+  end
+else
+  for i = 1, n do win[5 * i - 1] = 0 end
+end
+for i = 1, n do
+  local k = 5 * i
+  local d = decay(win[k - 1], t, now, win[k - 3])
+  win[k] = d
+  if not (d + win[k - 2] <= win[k - 4]) then
     allowed = false
   end
 end
@@ -166,14 +148,13 @@ end
 local seen -- whether reqid is one of v's ids (a repeat: charge nothing)
 if idat and reqid ~= '' then
   -- Is reqid one of the kept ids? Searched in place, whole ids only.
-  local k, w, l = idat, #reqid, #v
+  local k, w = idat, #reqid
   while true do
     local p = find(v, reqid, k, true)
     if not p then
       break
     end
-    local e = p + w
-    if (p == idat or byte(v, p - 1) == 32) and (e > l or byte(v, e) == 32) then
+    if (p - idat) % w == 0 then
       seen = true
       break
     end
@@ -181,15 +162,7 @@ if idat and reqid ~= '' then
   end
 end
 if seen then
-  -- A repeat of an admitted request: its stored scores, nothing charged.
-  reply[1], reply[2] = 1, 0
-  local p = 1
-  for i = 1, n do
-    local sa = find(v, ' ', p, true)
-    reply[i + 2] = sub(v, p, sa - 1)
-    p = find(v, ' ', sa + 1, true) + 1
-  end
-  return reply
+  return {0, v} -- a repeat of an admitted request: its stored value, nothing charged
 end
 
 if not allowed then
@@ -255,33 +228,28 @@ if not allowed then
     return hi
   end
   local wait = 0
+  local val = pack('<d', t)
   for i = 1, n do
-    local k = 7 * i
-    local r, p, c, s, d, t = win[k - 6], win[k - 5], win[k - 4], win[k - 3], win[k - 2], win[k - 1]
+    local k = 5 * i
+    local r, p, c, s, d = win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k]
     if not (d + c <= r) then
       local x = waitms(now, s, t, p, c, r)
       if x > wait then wait = x end
     end
-    reply[i + 2] = format('%.17g', d)
+    val = val .. pack('<d', d)
   end
-  reply[1], reply[2] = 0, wait
-  return reply
+  return {wait, val}
 end
 
-reply[1], reply[2] = 1, 0
-local nowstr
+if now > t then
+  t = now
+end
 local ttl = 0
 for i = 1, n do
-  local k = 7 * i
-  local r, p, c, d, t = win[k - 6], win[k - 5], win[k - 4], win[k - 2], win[k - 1]
-  local s = d + c
-  if now > t then
-    t = now
-    if not nowstr then
-      nowstr = format('%d', now)
-    end
-    win[k] = nowstr
-  end
+  local k = 5 * i
+  local r, p, c = win[k - 4], win[k - 3], win[k - 2]
+  local s = win[k] + c
+  win[k] = s
   -- The TTL as ewma.lua writes it (see there): the longest of the windows'.
   local eps = r - c
   if c < eps then eps = c end
@@ -290,30 +258,27 @@ for i = 1, n do
   if x > 2 * MAX_WAIT then x = 2 * MAX_WAIT end
   x = x + (t - now)
   if x > ttl then ttl = x end
-  reply[i + 2] = format('%.17g', s)
 end
--- The ids after the windows, as ewma.lua keeps them (see there).
-local tail = ''
-if reqid ~= '' then
-  if idat then
-    tail = ' ' .. reqid .. ' ' .. sub(v, idat, idat + (IDS - 1) * (#reqid + 1) - 2)
-  else
-    tail = ' ' .. reqid
-  end
-elseif idat then
-  tail = sub(v, idat - 1)
-end
+-- The value as ewma.lua writes it (see there): t, the scores, the ids.
 local val
 if n == 1 then
-  val = reply[3] .. ' ' .. win[7] .. tail
+  val = pack('<dd', t, win[5])
 elseif n == 2 then
-  val = reply[3] .. ' ' .. win[7] .. ' ' .. reply[4] .. ' ' .. win[14] .. tail
+  val = pack('<ddd', t, win[5], win[10])
 else
-  val = reply[3] .. ' ' .. win[7]
-  for i = 2, n do
-    val = val .. ' ' .. reply[i + 2] .. ' ' .. win[7 * i]
+  val = pack('<d', t)
+  for i = 1, n do
+    val = val .. pack('<d', win[5 * i])
   end
-  val = val .. tail
+end
+if reqid ~= '' then
+  if idat then
+    val = val .. reqid .. sub(v, idat, idat + (IDS - 1) * #reqid - 1)
+  else
+    val = val .. reqid
+  end
+elseif idat then
+  val = val .. sub(v, idat)
 end
 redis.call('SET', key, val, 'PX', format('%d', ttl))
-return reply
+return {0, val}

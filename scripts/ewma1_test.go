@@ -19,7 +19,7 @@ var ewma1 = redis.NewScript(scripts.EWMA1)
 // lean is the ARGV of ewma1.lua deciding one message at instant at with
 // cutoff cut against limits (rate, half-life, cost, ...).
 func lean(at, cut string, limits ...any) []any {
-	return append([]any{at, cut}, limits...)
+	return []any{pack(append([]any{at, cut}, limits...)...)}
 }
 
 // TestLeanEqualsBatch: over random stored values (decayed, fresh, ahead of
@@ -43,23 +43,22 @@ func TestLeanEqualsBatch(t *testing.T) {
 			l := lists[rng.IntN(len(lists))]
 			n := len(l) / 3
 			ks := []string{"t:{c}:" + strings.Join(periods[:n], ":")}
-			var parts []string
+			var scores []float64
 			for i := range n {
 				r, _ := l[3*i].(int)
-				score := rng.Float64() * float64(max(r, 1)+1)
-				at := nowms - int64(rng.IntN(5000)) + 300
-				parts = append(parts, strconv.FormatFloat(score, 'g', 17, 64)+" "+strconv.FormatInt(at, 10))
+				scores = append(scores, rng.Float64()*float64(max(r, 1)+1))
 			}
+			at := nowms - int64(rng.IntN(5000)) + 300
 			seeds := []string{""}
 			switch x := rng.IntN(12); {
 			case x == 0:
 				seeds[0] = "junk"
 			case x == 1 && n > 1:
-				seeds[0] = strings.Join(parts[:n-1], " ") // a window short
+				seeds[0] = value(at, scores[:n-1]) // a window short
 			case x < 4:
-				seeds[0] = strings.Join(parts, " ") + " aaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbb"
+				seeds[0] = value(at, scores, "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb")
 			case x < 9:
-				seeds[0] = strings.Join(parts, " ")
+				seeds[0] = value(at, scores)
 			}
 			seed := func() {
 				c.FlushAll(ctx)
@@ -115,10 +114,10 @@ func TestLeanCutoff(t *testing.T) {
 		}
 		future := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
 		v, err := ewma1.Run(ctx, c, keys, lean("0", future, 2, 1000, 1)...).Slice()
-		if err != nil || len(v) != 3 || v[0] != int64(1) {
+		if err != nil || text(v, 1) != "1 0 1" {
 			t.Fatalf("before the cutoff: %v %v, want admitted", v, err)
 		}
-		if err := ewma1.Run(ctx, c, keys, "0", "0", 2, 1000).Err(); err == nil || !strings.HasPrefix(err.Error(), "ERR sluice ewma:") {
+		if err := ewma1.Run(ctx, c, keys, pack(0, 0, 2, 1000)).Err(); err == nil || !strings.HasPrefix(err.Error(), "ERR sluice ewma:") {
 			t.Fatalf("a missing cost: %v, want a refusal", err)
 		}
 	})

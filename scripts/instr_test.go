@@ -129,8 +129,8 @@ func BenchmarkScriptInstructions(b *testing.B) {
 		i %= 200
 		return "{10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) + "}:message:EVENT"
 	}
-	cut := func() string { return strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10) }
-	lim := []any{"10", "1000", "1", "240", "60000", "1"}
+	cut := func() int64 { return time.Now().Add(time.Hour).UnixMilli() }
+	lim := []any{10, 1000, 1, 240, 60000, 1}
 	id := func(i int) string { return strconv.FormatInt(int64(1<<40+i), 16) + "00000" }
 	rl := redis_rate.NewLimiter(c)
 	lean := redis.NewScript(scripts.EWMA1)
@@ -138,12 +138,15 @@ func BenchmarkScriptInstructions(b *testing.B) {
 	cluster := redis.NewScript(scripts.EWMACluster)
 	batchCall := func(sc *redis.Script, pfx string, k int, clustered bool) func(i int) error {
 		return func(i int) error {
-			args := []any{"0 " + cut(), "1", "2", "10", "1000", "1", "240", "60000", "1"}
 			var keys []string
+			var idx []int
+			var ids []string
 			for j := i; j < i+k; j++ {
 				keys = append(keys, pfx+client(j)+":1000:60000")
-				args = append(args, "1", id(j))
+				idx = append(idx, 1)
+				ids = append(ids, id(j))
 			}
+			args := callArgs("0", strconv.FormatInt(cut(), 10), [][]any{lim}, idx, ids)
 			if clustered {
 				for _, key := range keys[1:] {
 					args = append(args, key)
@@ -165,10 +168,10 @@ func BenchmarkScriptInstructions(b *testing.B) {
 			return err
 		}},
 		{"lean", 1, func(i int) error {
-			return lean.Run(ctx, c, []string{"a:" + client(i) + ":1000:60000"}, append([]any{"0", cut()}, lim...)...).Err()
+			return lean.Run(ctx, c, []string{"a:" + client(i) + ":1000:60000"}, pack(append([]any{0, cut()}, lim...)...)).Err()
 		}},
 		{"lean+id", 1, func(i int) error {
-			return lean.Run(ctx, c, []string{"b:" + client(i) + ":1000:60000"}, append(append([]any{"0", cut()}, lim...), id(i))...).Err()
+			return lean.Run(ctx, c, []string{"b:" + client(i) + ":1000:60000"}, pack(append([]any{0, cut()}, lim...)...), id(i)).Err()
 		}},
 	}
 	for _, k := range []int{4, 16, 32} {

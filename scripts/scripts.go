@@ -53,7 +53,7 @@ var Quota string
 var EWMACluster = clusterVariant(EWMA)
 
 // clusterMGET is what EWMA reads every key with, replaced in EWMACluster.
-const clusterMGET = "redis.call('MGET', unpack(KEYS))"
+const clusterMGET = "redis.call('MGET', tunpack(KEYS))"
 
 // clusterPrelude rebuilds KEYS and ARGV as EWMA reads them, and reads keys
 // one GET each.

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
@@ -369,13 +368,12 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	// stored is the score in Redis; with an hour's half-life the few ms the
 	// test takes decay it by less than 1e-5.
 	stored := func() float64 {
-		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000").Result()
-		v, _, _ = strings.Cut(v, " ")
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			t.Fatalf("stored %q: %v", v, err)
+		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000"+valueTag).Result()
+		_, sc, ok := storedScores(v, 1)
+		if !ok {
+			t.Fatalf("stored %q", v)
 		}
-		return f
+		return sc[0]
 	}
 	near := func(x, want float64) bool { return x > want-1e-3 && x <= want }
 
@@ -395,14 +393,14 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	}
 
 	// The hazard, shown: the same lost reply without a request id.
-	keys := []string{DefaultPrefix + key + ":3600000"}
+	keys := []string{DefaultPrefix + key + ":3600000" + valueTag}
 	// Warm the plain pool first (a batched Store pipelines on a pool of its
 	// own), so the lost reply is the script's, not a new connection's HELLO.
 	if err := ewma.Load(ctx, c).Err(); err != nil {
 		t.Fatal(err)
 	}
 	p.armed.Store(true)
-	if err := ewma.Run(ctx, c, keys, "0", 1, 1, 100, 3600000, 1, 1, "").Err(); err != nil {
+	if err := ewma.Run(ctx, c, keys, pack(0, 0, 1, 1, 100, 3600000, 1), "\x01\x00").Err(); err != nil {
 		t.Fatalf("raw script: %v", err)
 	}
 	if got := stored(); !near(got, 4) {
@@ -437,22 +435,22 @@ func testLostReplyNoRetry(t *testing.T, batch bool) {
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 	key := "{lostlean}:message:EVENT"
 	stored := func() string {
-		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000").Result()
+		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000"+valueTag).Result()
 		return v
 	}
 	score := func() float64 {
-		v, _, _ := strings.Cut(stored(), " ")
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			t.Fatalf("stored %q: %v", v, err)
+		v := stored()
+		_, sc, ok := storedScores(v, 1)
+		if !ok {
+			t.Fatalf("stored %q", v)
 		}
-		return f
+		return sc[0]
 	}
 	near := func(x, want float64) bool { return x > want-1e-3 && x <= want }
 	if d, err := s.Decide(ctx, key, limits, time.Time{}); err != nil || !d.Allowed {
 		t.Fatalf("warm-up: %+v %v", d, err)
 	}
-	if v := stored(); strings.Count(v, " ") != 1 {
+	if v := stored(); len(v) != 16 {
 		t.Fatalf("stored %q: want no request id", v)
 	}
 	p.armed.Store(true)
@@ -532,8 +530,7 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 // or ErrClosed; none is left in the queue after the workers have gone,
 // waiting for a reply that never comes (with no deadline, forever).
 func TestBatchCloseStrandsNoCall(t *testing.T) {
-	m := miniredis.RunT(t)
-	c := client(t, m.Addr())
+	_, c := realRedis(t)
 	s := newStore(t, c, Options{Timeout: slow.Timeout})
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
 	for round := range 50 {

@@ -149,20 +149,18 @@ func (e *faultEnv) load(t *testing.T, tag string, during func(n int)) faultRow {
 func (e *faultEnv) charges(t *testing.T, row faultRow, dataLost bool) {
 	t.Helper()
 	for key, n := range row.perKey {
-		// The long window's score: the third field of the key's value.
-		v, err := e.admin.Get(context.Background(), DefaultPrefix+key+faultLimits.KeySuffix()).Result()
+		// The long window's score: the second in the key's value.
+		v, err := e.admin.Get(context.Background(), DefaultPrefix+key+faultLimits.KeySuffix()+valueTag).Result()
 		if err != nil && err != redis.Nil {
 			t.Fatal(err)
 		}
 		score := 0.0
 		if v != "" {
-			f := strings.Fields(v)
-			if len(f) < 4 {
+			_, sc, ok := storedScores(v, 2)
+			if !ok {
 				t.Fatalf("%s: stored %q", key, v)
 			}
-			if score, err = strconv.ParseFloat(f[2], 64); err != nil {
-				t.Fatalf("%s: stored %q", key, v)
-			}
+			score = sc[1]
 		}
 		charged := int64(math.Round(score))
 		if !dataLost && charged < n[0] {

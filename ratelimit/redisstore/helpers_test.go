@@ -96,3 +96,34 @@ func memory() storetest.Scorer {
 		return d, scores, nil
 	}
 }
+
+// pack packs numbers as the scripts read them (see appendFloat).
+func pack(nums ...float64) []byte {
+	var b []byte
+	for _, n := range nums {
+		b = appendFloat(b, n)
+	}
+	return b
+}
+
+// stored is a decision's stored value (scripts/ewma.lua, "Stored value"):
+// write time t (unix ms), the windows' scores, then the request ids.
+func stored(t int64, scores []float64, ids ...string) string {
+	v := string(pack(append([]float64{float64(t)}, scores...)...))
+	for _, id := range ids {
+		v += id
+	}
+	return v
+}
+
+// storedScores reads the n scores of a stored value; ok is false when it
+// is too short to hold them.
+func storedScores(v string, n int) (t int64, scores []float64, ok bool) {
+	if len(v) < 8+8*n {
+		return 0, nil, false
+	}
+	for i := range n {
+		scores = append(scores, packedFloat(v[8+8*i:]))
+	}
+	return int64(packedFloat(v)), scores, true
+}

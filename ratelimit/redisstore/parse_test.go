@@ -3,10 +3,10 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -15,42 +15,39 @@ import (
 
 var twoWindows = ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 
-// TestParseReplyHostile: every reply that is not exactly {0|1, wait, score,
-// score} is an error wrapping ErrBadReply and ErrUnavailable — never a
-// decision, and above all never a zero score.
+// sc is a reply's scores as the script packs them: t, then the scores.
+func sc(scores ...float64) string { return stored(storetest.T0.UnixMilli(), scores) }
+
+// TestParseReplyHostile: every reply that is not exactly {wait, value
+// holding the scores} is an error wrapping ErrBadReply and ErrUnavailable —
+// never a decision, and above all never a zero score.
 func TestParseReplyHostile(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
 	for name, reply := range map[string]any{
 		"nil":                 nil,
 		"string":              "OK",
 		"int":                 int64(1),
 		"empty":               []any{},
-		"flag only":           []any{int64(1)},
-		"one score short":     []any{int64(1), int64(0), "1"},
-		"one score too many":  []any{int64(1), int64(0), "1", "1", "1"},
-		"flag 2":              []any{int64(2), int64(0), "1", "1"},
-		"flag -1":             []any{int64(-1), int64(0), "1", "1"},
-		"flag -1, not ours":   []any{int64(-1), "ERR something else", "", ""},
-		"flag -1, no message": []any{int64(-1), nil, "", ""},
-		"flag string":         []any{"1", int64(0), "1", "1"},
-		"flag nil":            []any{nil, int64(0), "1", "1"},
-		"wait string":         []any{int64(0), "5", "1", "1"},
-		"admitted with wait":  []any{int64(1), int64(5), "1", "1"},
-		"refused without":     []any{int64(0), int64(0), "1", "1"},
-		"refused negative":    []any{int64(0), int64(-3), "1", "1"},
-		"refused forever":     []any{int64(0), int64(1<<40 + 1), "1", "1"},
-		"score nil":           []any{int64(1), int64(0), nil, "1"},
-		"score int":           []any{int64(1), int64(0), int64(1), "1"},
-		"score empty":         []any{int64(1), int64(0), "", "1"},
-		"score word":          []any{int64(1), int64(0), "one", "1"},
-		"score nan":           []any{int64(1), int64(0), "nan", "1"},
-		"score NaN":           []any{int64(1), int64(0), "1", "NaN"},
-		"score inf":           []any{int64(1), int64(0), "inf", "1"},
-		"score -inf":          []any{int64(1), int64(0), "1", "-inf"},
-		"score overflow":      []any{int64(1), int64(0), "1e999", "1"},
-		"score negative":      []any{int64(1), int64(0), "-0.5", "1"},
-		"score with space":    []any{int64(1), int64(0), "1 ", "1"},
-		"score nested":        []any{int64(1), int64(0), []any{"1"}, "1"},
-		"redis error element": []any{int64(1), int64(0), redis.Nil, "1"},
+		"wait only":           []any{int64(0)},
+		"three elements":      []any{int64(0), sc(1, 1), sc(1, 1)},
+		"one score short":     []any{int64(0), sc(1)},
+		"cut in a score":      []any{int64(0), sc(1, 1)[:23]},
+		"no t":                []any{int64(0), sc(1, 1)[8:]},
+		"wait -2":             []any{int64(-2), sc(1, 1)},
+		"wait -1, not ours":   []any{int64(-1), "ERR something else"},
+		"wait -1, no message": []any{int64(-1), nil},
+		"wait -1, a value":    []any{int64(-1), sc(1, 1)},
+		"wait string":         []any{"5", sc(1, 1)},
+		"wait nil":            []any{nil, sc(1, 1)},
+		"refused forever":     []any{int64(1<<40 + 1), sc(1, 1)},
+		"scores nil":          []any{int64(0), nil},
+		"scores int":          []any{int64(0), int64(1)},
+		"score nan":           []any{int64(0), sc(nan, 1)},
+		"score inf":           []any{int64(0), sc(1, inf)},
+		"score -inf":          []any{int64(0), sc(-inf, 1)},
+		"score negative":      []any{int64(0), sc(-0.5, 1)},
+		"scores nested":       []any{int64(0), []any{sc(1, 1)}},
+		"redis error element": []any{int64(0), redis.Nil},
 	} {
 		scores := []float64{-1, -1}
 		d, err := parseReply(reply, twoWindows.Len(), scores)
@@ -73,19 +70,20 @@ func TestParseReplyHostile(t *testing.T) {
 
 func TestParseReplyGood(t *testing.T) {
 	scores := make([]float64, twoWindows.Len())
-	d, err := parseReply([]any{int64(0), int64(1234), "10", "7.5000000000000009"}, twoWindows.Len(), scores)
+	d, err := parseReply([]any{int64(1234), sc(10, 7.5000000000000009)}, twoWindows.Len(), scores)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d.Allowed || d.Wait != 1234*time.Millisecond || scores[0] != 10 || scores[1] != 7.5000000000000009 {
 		t.Errorf("got %+v %v", d, scores)
 	}
-	d, err = parseReply([]any{int64(1), int64(0), "0", "1e-300"}, twoWindows.Len(), scores)
+	// Admitted; request ids after the scores are not scores.
+	d, err = parseReply([]any{int64(0), sc(0, 1e-300) + "0123456789abcdef"}, twoWindows.Len(), scores)
 	if err != nil || !d.Allowed || d.Wait != 0 || scores[0] != 0 || scores[1] != 1e-300 {
 		t.Errorf("got %+v %v %v", d, scores, err)
 	}
 	// Without a scores slice the decision is the same.
-	d, err = parseReply([]any{int64(0), int64(1234), "10", "7.5000000000000009"}, twoWindows.Len(), nil)
+	d, err = parseReply([]any{int64(1234), sc(10, 7.5000000000000009)}, twoWindows.Len(), nil)
 	if err != nil || d.Allowed || d.Wait != 1234*time.Millisecond {
 		t.Errorf("without scores: got %+v %v", d, err)
 	}
@@ -112,11 +110,11 @@ func (h replaceReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // TestWrongShapeThroughClient: a wrong-shaped reply arriving through a real
 // client is an error, and counts as a failure for the breaker.
 func TestWrongShapeThroughClient(t *testing.T) {
-	m := miniredis.RunT(t)
+	m, _ := realRedis(t)
 	for name, v := range map[string]any{
-		"truncated":    []any{int64(1), int64(0), "1"},
-		"integer zero": []any{int64(1), int64(0), int64(0), int64(0)},
-		"nan":          []any{int64(1), int64(0), "nan", "1"},
+		"truncated":    []any{int64(0), sc(1)},
+		"integer zero": []any{int64(0), int64(0)},
+		"nan":          []any{int64(0), sc(math.NaN(), 1)},
 		"status":       "OK",
 	} {
 		c := client(t, m.Addr())
@@ -138,17 +136,17 @@ func TestWrongShapeThroughClient(t *testing.T) {
 // decision's refusal — an error wrapping ErrBadReply that IsPerKey (Redis
 // answered) — and a -1 with any other message is not.
 func TestParseReplyRefusal(t *testing.T) {
-	d, err := parseReply([]any{int64(-1), "ERR sluice ewma: malformed value at k", "", ""}, twoWindows.Len(), nil)
+	d, err := parseReply([]any{int64(-1), "ERR sluice ewma: malformed value at k"}, twoWindows.Len(), nil)
 	if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !isScriptRefusal(err) || !IsPerKey(err) || d.Allowed {
 		t.Errorf("script refusal: %+v, %v", d, err)
 	}
-	if _, err := parseReply([]any{int64(-1), "ERR something else", "", ""}, twoWindows.Len(), nil); isScriptRefusal(err) {
+	if _, err := parseReply([]any{int64(-1), "ERR something else"}, twoWindows.Len(), nil); isScriptRefusal(err) {
 		t.Errorf("a -1 with another message counted as the script's refusal: %v", err)
 	}
 }
 
 // TestSplitHostile: a batched call's reply that is not one flat array of
-// exactly 2 + windows elements per decision is an error for every decision
+// exactly 2 elements per decision is an error for every decision
 // of the call; a well-formed one is cut at the right places.
 func TestSplitHostile(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
@@ -158,10 +156,10 @@ func TestSplitHostile(t *testing.T) {
 		"nil":            nil,
 		"string":         "OK",
 		"empty":          []any{},
-		"one decision":   []any{int64(1), int64(0), "1", "1"},
-		"one short":      []any{int64(1), int64(0), "1", "1", int64(1), int64(0)},
-		"one too many":   []any{int64(1), int64(0), "1", "1", int64(1), int64(0), "1", "1"},
-		"nested":         []any{[]any{int64(1), int64(0), "1", "1"}, []any{int64(1), int64(0), "1"}},
+		"one decision":   []any{int64(0), sc(1, 1)},
+		"one short":      []any{int64(0), sc(1, 1), int64(0)},
+		"one too many":   []any{int64(0), sc(1, 1), int64(0), sc(1), int64(0)},
+		"nested":         []any{[]any{int64(0), sc(1, 1)}, []any{int64(0), sc(1)}},
 		"redis.Nil":      redis.Nil,
 		"a map of reply": map[any]any{"a": "b"},
 	} {
@@ -179,7 +177,7 @@ func TestSplitHostile(t *testing.T) {
 		}
 	}
 	cmd := redis.NewCmd(context.Background())
-	cmd.SetVal([]any{int64(1), int64(0), "1", "2", int64(0), int64(1500), "5.5"})
+	cmd.SetVal([]any{int64(0), sc(1, 2), int64(1500), sc(5.5)})
 	var got []ratelimit.Decision
 	for _, r := range reqs {
 		r.scores = make([]float64, r.windows.Len())

@@ -204,7 +204,7 @@ func oneFailedBatch(t *testing.T, addr string, admin *redis.Client, try int) boo
 	}()
 	// Once Redis has decided the holder's call, its reply is on its way
 	// through the proxy (due in 300 ms), and the next reply is the batch's.
-	for admin.Exists(context.Background(), DefaultPrefix+"{batch-hold-"+tag+"}:message:EVENT"+twoWindows.KeySuffix()).Val() == 0 {
+	for admin.Exists(context.Background(), DefaultPrefix+"{batch-hold-"+tag+"}:message:EVENT"+twoWindows.KeySuffix()+valueTag).Val() == 0 {
 		runtime.Gosched()
 	}
 	p.SetLatency(0)

@@ -158,10 +158,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -667,7 +667,6 @@ var (
 	argEval    any = "eval"
 	argSHA     any = ewma.Hash()
 	argSource  any = scripts.EWMA
-	argNow0    any = "0"
 	argSHA1    any = ewma1.Hash()
 	argSource1 any = scripts.EWMA1
 	argSHAX    any = ewmaCluster.Hash()
@@ -682,19 +681,23 @@ type request struct {
 	keys    []string
 	id      string
 	windows *ratelimit.Windows
-	now     int64     // unix ms; 0 means Redis TIME
-	cut     int64     // the lean call's cutoff, unix ms (see runLean)
-	scores  []float64 // when not nil, receives the scores (see decide)
+	now     int64 // unix ms; 0 means Redis TIME
+	// The packed arguments of the call this request leads (see commandOf
+	// and leanArgs): now, the cutoff and the limits; a batch call's list
+	// indices.
+	nums, ix string
+	scores   []float64 // when not nil, receives the scores (see decide)
 
 	keysArr [1]string
 }
 
 // command returns the EVALSHA deciding reqs, which share one instant, in
-// order (see scripts/ewma.lua): numkeys, every window's key, the instant,
-// each distinct set of windows once, then per request the index of its set
-// and its id. Keys and ids go in as *string, which an interface holds
-// without allocating and go-redis writes like a string: the only
-// allocation is the argument slice.
+// order (see scripts/ewma.lua): numkeys, every decision's key, the packed
+// numbers (the instant, the cutoff, each distinct set of windows once), the
+// packed index of each request's set, then the ids if the store sends
+// them. Keys, ids and the packed arguments go in as *string, which an
+// interface holds without allocating and go-redis writes like a string:
+// two allocations, the argument slice and the packed arguments.
 func command(reqs []*request) []any { return commandBy(reqs, 0) }
 
 // commandBy is command with a cutoff (unix ms; 0: none) past which, by
@@ -719,15 +722,37 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 		distinct = append(distinct, b)
 		return len(distinct)
 	}
-	nkeys, nargs := 0, 0
+	nkeys, nlim := 0, 0
 	for _, r := range reqs {
 		nkeys += len(r.keys)
 		index(r.windows)
 	}
 	for _, d := range distinct {
-		nargs += len(d.ScriptArgs())
+		nlim += len(d.ScriptLimits())
 	}
-	args := make([]any, 0, 3+nkeys+3+nargs+2*len(reqs))
+	// One string holds both packed arguments: the call's numbers (now, the
+	// cutoff, the number of lists, the lists), then each decision's list
+	// index (two bytes); it is kept in the first request, so that the
+	// arguments point into it (*string) rather than box a copy.
+	b := make([]byte, 0, 24+nlim+2*len(reqs))
+	b = appendFloat(b, float64(reqs[0].now))
+	b = appendFloat(b, float64(cutoff))
+	b = appendFloat(b, float64(len(distinct)))
+	for _, d := range distinct {
+		b = append(b, d.ScriptLimits()...)
+	}
+	nums := len(b)
+	for _, r := range reqs {
+		b = binary.LittleEndian.AppendUint16(b, uint16(index(r.windows)))
+	}
+	lead := reqs[0]
+	packed := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
+	lead.nums, lead.ix = packed[:nums], packed[nums:]
+	ids := len(reqs)
+	if reqs[0].id == "" {
+		ids = 0 // a store sends ids for every decision or for none
+	}
+	args := make([]any, 0, 6+nkeys+ids+len(reqs))
 	if cluster {
 		args = append(args, argEvalSha, argSHAX, 1, &reqs[0].keys[0])
 	} else {
@@ -738,20 +763,11 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 			}
 		}
 	}
-	switch {
-	case cutoff > 0:
-		args = append(args, strconv.FormatInt(reqs[0].now, 10)+" "+strconv.FormatInt(cutoff, 10))
-	case reqs[0].now == 0:
-		args = append(args, argNow0)
-	default:
-		args = append(args, &reqs[0].now)
-	}
-	args = append(args, len(distinct))
-	for _, d := range distinct {
-		args = append(args, d.ScriptArgs()...)
-	}
-	for _, r := range reqs {
-		args = append(args, index(r.windows), &r.id)
+	args = append(args, &lead.nums, &lead.ix)
+	if ids > 0 {
+		for _, r := range reqs {
+			args = append(args, &r.id)
+		}
 	}
 	if cluster {
 		for _, r := range reqs[1:] {
@@ -760,6 +776,12 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 		args = append(args, len(reqs)-1)
 	}
 	return args
+}
+
+// appendFloat appends f as the scripts read a packed number: a
+// little-endian IEEE double (Lua's struct "<d").
+func appendFloat(b []byte, f float64) []byte {
+	return binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
 }
 
 // evalArgs returns the same command as EVAL with the script's source (the
@@ -829,50 +851,41 @@ func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any,
 // leanArgs returns the EVALSHA of the lean script (scripts/ewma1.lua)
 // deciding req alone with the cutoff (unix ms; 0: none): its key, the
 // instant, the cutoff, its windows' arguments and its request id if any.
-// The only allocation is the argument slice.
+// Two allocations: the argument slice and the packed numbers.
 func leanArgs(req *request, cutoff int64) []any {
-	req.cut = cutoff
-	wargs := req.windows.ScriptArgs()
-	args := make([]any, 0, 5+len(req.keys)+len(wargs))
+	lim := req.windows.ScriptLimits()[8:] // without the window count
+	b := make([]byte, 0, 16+len(lim))
+	b = appendFloat(b, float64(req.now))
+	b = appendFloat(b, float64(cutoff))
+	b = append(b, lim...)
+	req.nums = unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
+	args := make([]any, 0, 6+len(req.keys))
 	args = append(args, argEvalSha, argSHA1, len(req.keys))
 	for i := range req.keys {
 		args = append(args, &req.keys[i])
 	}
-	if req.now == 0 {
-		args = append(args, argNow0)
-	} else {
-		args = append(args, &req.now)
-	}
-	args = append(args, &req.cut)
-	args = append(args, wargs[1:]...)
+	args = append(args, &req.nums)
 	if req.id != "" {
 		args = append(args, &req.id)
 	}
 	return args
 }
 
-// split hands each request of a call its part of the flat reply (2 + its
-// window count elements), or the call's error. A reply of the wrong shape
+// split hands each request of a call its part of the flat reply (two
+// elements each), or the call's error. A reply of the wrong shape
 // is an error for every request of the call.
 func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err error)) {
 	reply, err := cmd.Result()
 	if err == nil {
 		arr, ok := reply.([]any)
-		want := 0
-		for _, r := range reqs {
-			want += 2 + r.windows.Len()
-		}
 		switch {
 		case !ok:
 			err = badReply("reply is %T, not an array", reply)
-		case len(arr) != want:
-			err = badReply("reply has %d elements, want %d", len(arr), want)
+		case len(arr) != 2*len(reqs):
+			err = badReply("reply has %d elements, want %d", len(arr), 2*len(reqs))
 		default:
-			off := 0
-			for i, r := range reqs {
-				n := 2 + r.windows.Len()
-				deliver(i, arr[off:off+n:off+n], nil)
-				off += n
+			for i := range reqs {
+				deliver(i, arr[2*i:2*i+2:2*i+2], nil)
 			}
 			return
 		}
@@ -895,18 +908,24 @@ func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *
 	// The key, then the request id, in one string.
 	suffix := windows.KeySuffix()
 	var b strings.Builder
-	b.Grow(len(s.prefix) + len(key) + len(suffix) + idLen)
+	b.Grow(len(s.prefix) + len(key) + len(suffix) + len(valueTag) + idLen)
 	b.WriteString(s.prefix)
 	b.WriteString(key)
 	b.WriteString(suffix)
+	b.WriteString(valueTag)
 	if !s.lean {
 		s.writeRequestID(&b) // none when the client never resends: "" is none
 	}
 	all := b.String()
-	end := len(s.prefix) + len(key) + len(suffix)
+	end := len(s.prefix) + len(key) + len(suffix) + len(valueTag)
 	r.keys[0], r.id = all[:end], all[end:]
 	return r
 }
+
+// valueTag ends every decision's key name: its value is packed
+// (scripts/ewma.lua, "Stored value"), and earlier versions wrote digits
+// under the name without it; neither kind of gate reads the other's.
+const valueTag = ":bin"
 
 // idLen is the width of a request id. One width, because the script cuts
 // its list of recent ids by length.
@@ -929,58 +948,55 @@ func (s *Store) writeRequestID(b *strings.Builder) {
 const maxWaitMs = 1 << 40
 
 // parseReply reads one decision's part of the script's reply strictly:
-// exactly 2+n elements (n windows) — the allowed flag (0 or 1), the wait in
-// milliseconds (0 when allowed, 1…2^40 when refused), then one finite
-// non-negative score per window as a string. Anything else is a protocol
-// disagreement and an error wrapping both ErrBadReply and ErrUnavailable —
-// never a score of zero. A flag of -1 is the script refusing this decision
-// (a malformed stored value): its message comes second, and the error is
-// also a refusal (isScriptRefusal), since Redis did answer. Every score is
-// checked; they are written to scores when it is not nil.
+// exactly 2 elements — the wait in milliseconds (0 when admitted, 1…2^40
+// when refused), then the decision's scores in a stored value's layout
+// (scripts/ewma.lua: 8 bytes of t, then one little-endian double per
+// window, then possibly request ids), each finite and non-negative.
+// Anything else is a protocol disagreement and an error wrapping both
+// ErrBadReply and ErrUnavailable — never a score of zero. A wait of -1 is
+// the script refusing this decision (a malformed stored value): its
+// message comes second, and the error is also a refusal
+// (isScriptRefusal), since Redis did answer. Every score is checked; they
+// are written to scores when it is not nil.
 func parseReply(reply any, n int, scores []float64) (ratelimit.Decision, error) {
 	arr, ok := reply.([]any)
 	if !ok {
 		return ratelimit.Decision{}, badReply("reply is %T, not an array", reply)
 	}
-	if len(arr) != n+2 {
-		return ratelimit.Decision{}, badReply("reply has %d elements, want %d", len(arr), n+2)
+	if len(arr) != 2 {
+		return ratelimit.Decision{}, badReply("reply has %d elements, want 2", len(arr))
 	}
-	flag, ok := arr[0].(int64)
-	if ok && flag == -1 {
+	wait, ok := arr[0].(int64)
+	if ok && wait == -1 {
 		if msg, ok := arr[1].(string); ok && strings.HasPrefix(msg, refusalPrefix) {
 			return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, refusal(msg))
 		}
 	}
-	if !ok || (flag != 0 && flag != 1) {
-		return ratelimit.Decision{}, badReply("allowed flag is %#v", arr[0])
+	if !ok || wait < 0 || wait > maxWaitMs {
+		return ratelimit.Decision{}, badReply("wait is %#v", arr[0])
 	}
-	wait, ok := arr[1].(int64)
-	switch {
-	case !ok:
-		return ratelimit.Decision{}, badReply("wait is %#v", arr[1])
-	case flag == 1 && wait != 0:
-		return ratelimit.Decision{}, badReply("admitted with a wait of %d ms", wait)
-	case flag == 0 && (wait < 1 || wait > maxWaitMs):
-		return ratelimit.Decision{}, badReply("refused with a wait of %d ms", wait)
+	v, ok := arr[1].(string)
+	if !ok || len(v) < 8+8*n {
+		return ratelimit.Decision{}, badReply("scores are %#v, not %d packed", arr[1], n)
 	}
-	d := ratelimit.Decision{
-		Allowed: flag == 1,
-		Wait:    time.Duration(wait) * time.Millisecond,
-	}
-	for i, e := range arr[2:] {
-		str, ok := e.(string)
-		if !ok {
-			return ratelimit.Decision{}, badReply("score %d is %#v, not a string", i, e)
-		}
-		f, err := strconv.ParseFloat(str, 64)
-		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
-			return ratelimit.Decision{}, badReply("score %d is %q", i, str)
+	for i := range n {
+		f := packedFloat(v[8+8*i:])
+		if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+			return ratelimit.Decision{}, badReply("score %d is %v", i, f)
 		}
 		if scores != nil {
 			scores[i] = f
 		}
 	}
-	return d, nil
+	return ratelimit.Decision{Allowed: wait == 0, Wait: time.Duration(wait) * time.Millisecond}, nil
+}
+
+// packedFloat reads the little-endian double that begins v (len >= 8).
+func packedFloat(v string) float64 {
+	_ = v[7]
+	u := uint64(v[0]) | uint64(v[1])<<8 | uint64(v[2])<<16 | uint64(v[3])<<24 |
+		uint64(v[4])<<32 | uint64(v[5])<<40 | uint64(v[6])<<48 | uint64(v[7])<<56
+	return math.Float64frombits(u)
 }
 
 func badReply(format string, args ...any) error {

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"math"
 	"slices"
-	"strings"
+
 	"testing"
 	"time"
 
@@ -48,12 +48,6 @@ func realRedis(tb testing.TB) (*redistest.Server, *redis.Client) {
 // and -race is slow, so a call must not fail for being late.
 var slow = Options{Timeout: 10 * time.Second}
 
-func TestConformanceMiniredis(t *testing.T) {
-	m := miniredis.RunT(t)
-	c := client(t, m.Addr())
-	storetest.Run(t, func(t *testing.T) storetest.Scorer { return scorer(newStore(t, c, slow)) })
-}
-
 func TestConformanceRedis(t *testing.T) {
 	_, c := realRedis(t)
 	storetest.Run(t, func(t *testing.T) storetest.Scorer { return scorer(newStore(t, c, slow)) })
@@ -68,16 +62,6 @@ func TestConformanceRedisBatch(t *testing.T) {
 	})
 }
 
-func TestConformanceMiniredisBatch(t *testing.T) {
-	m := miniredis.RunT(t)
-	c := client(t, m.Addr())
-	storetest.Run(t, func(t *testing.T) storetest.Scorer {
-		s := newStore(t, c, Options{Batch: 8, BatchWorkers: 3, Timeout: slow.Timeout})
-		t.Cleanup(func() { _ = s.Close() })
-		return scorer(s)
-	})
-}
-
 // TestAgreeWithMemory: the memory store and Redis make the same decision,
 // with the same wait, on every step of seeded random traffic, and their
 // scores agree to the last bit (see storetest.Agree).
@@ -87,12 +71,6 @@ func TestAgreeWithMemory(t *testing.T) {
 	for seed := uint64(1); seed <= 3; seed++ {
 		storetest.Agree(t, memory, scorer(s), seed, 100)
 	}
-}
-
-func TestAgreeWithMemoryMiniredis(t *testing.T) {
-	m := miniredis.RunT(t)
-	s := newStore(t, client(t, m.Addr()), slow)
-	storetest.Agree(t, memory, scorer(s), 7, 60)
 }
 
 func TestWaitIsExactRedis(t *testing.T) {
@@ -126,15 +104,14 @@ func TestRedisTime(t *testing.T) {
 	if d.Wait < 35*time.Minute || d.Wait > 36*time.Minute {
 		t.Errorf("wait %v, want about 35m06s", d.Wait)
 	}
-	raw, err := c.Get(ctx, DefaultPrefix+key+":3600000").Result()
+	raw, err := c.Get(ctx, DefaultPrefix+key+":3600000"+valueTag).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	tm, _ := c.Time(ctx).Result()
-	var score float64
-	var at int64
-	if _, err := fmtSscan(raw, &score, &at); err != nil {
-		t.Fatalf("stored %q: %v", raw, err)
+	at, _, ok := storedScores(raw, 1)
+	if !ok {
+		t.Fatalf("stored %q", raw)
 	}
 	if diff := tm.UnixMilli() - at; diff < 0 || diff > 5000 {
 		t.Errorf("stored instant %d is %d ms from Redis TIME %d", at, diff, tm.UnixMilli())
@@ -158,7 +135,7 @@ func TestKeysAndTTL(t *testing.T) {
 		t.Fatalf("11th: %+v %v", refused, err)
 	}
 	// One key holds both windows: its TTL serves the longer-lived of them.
-	const key = "p:{203.0.113.7}:message:EVENT:1000:60000"
+	const key = "p:{203.0.113.7}:message:EVENT:1000:60000" + valueTag
 	for _, l := range limits.Limits() {
 		ttl, err := c.PTTL(ctx, key).Result()
 		if err != nil {
@@ -192,14 +169,8 @@ func TestKeysAndTTL(t *testing.T) {
 		t.Errorf("keys %v, want %s only", keys, key)
 	}
 	v, _ := c.Get(ctx, key).Result()
-	f := strings.Fields(v)
-	if len(f) != 8 {
-		t.Fatalf("value %q: want two scores and instants and 4 ids", v)
-	}
-	for _, id := range f[4:] {
-		if len(id) != 16 {
-			t.Errorf("request id %q is not 16 characters", id)
-		}
+	if _, _, ok := storedScores(v, 2); !ok || len(v) != 24+4*idLen {
+		t.Fatalf("value %q: want an instant, two scores and 4 ids", v)
 	}
 }
 
@@ -282,37 +253,6 @@ func TestAgreeDegenerate(t *testing.T) {
 	storetest.AgreeDegenerate(t, memory, scorer(s), 1, 200)
 }
 
-// TestAgreeDegenerateMiniredis is TestAgreeDegenerate on miniredis, whose
-// Lua reads no number written with an exponent: the script's stored scores
-// ("%.17g") then must stay within 1e-4 ≤ S < 1e17, so costs and rates are
-// kept there.
-func TestAgreeDegenerateMiniredis(t *testing.T) {
-	m := miniredis.RunT(t)
-	s := newStore(t, client(t, m.Addr()), slow)
-	plain := func(ls []ratelimit.Limit) bool {
-		for _, l := range ls {
-			if l.EffectiveCost() < 1e-4 || l.Rate >= 1e16 {
-				return false
-			}
-		}
-		return true
-	}
-	i := 0
-	storetest.AgreeOn(t, memory, scorer(s), 2, 150, func(r *rand.Rand) []ratelimit.Limit {
-		for ; i < len(storetest.DegenerateCases); i++ {
-			if plain(storetest.DegenerateCases[i]) {
-				i++
-				return storetest.DegenerateCases[i-1]
-			}
-		}
-		for {
-			if ls := storetest.DegenerateLimits(r); plain(ls) {
-				return ls
-			}
-		}
-	})
-}
-
 // TestMalformedStoredValue: a window holding something the script did not
 // write (garbage, NaN, infinity, a negative score, a fractional or negative
 // instant) is an error wrapping ErrBadReply — never an admission on a score
@@ -323,9 +263,6 @@ func TestMalformedStoredValue(t *testing.T) {
 		_, c := realRedis(t)
 		testMalformedStoredValue(t, c)
 	})
-	t.Run("miniredis", func(t *testing.T) {
-		testMalformedStoredValue(t, client(t, miniredis.RunT(t).Addr()))
-	})
 }
 
 func testMalformedStoredValue(t *testing.T, c *redis.Client) {
@@ -333,31 +270,32 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 1}})
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
 	const key = "{bad}:message:EVENT"
-	at := itoa(storetest.T0.UnixMilli())
-	for _, v := range []string{"garbage", "", "1", "nan " + at, "inf " + at, "-inf " + at, "1e999 " + at,
-		"-1 " + at, "1 -5", "1 1.5", "1 nan", "1 " + at + "x", "x " + at} {
-		for w, stored := range []string{"1 " + at + " " + v, v + " 1 " + at} {
-			c.Del(ctx, DefaultPrefix+key+":1000:60000")
-			c.Set(ctx, DefaultPrefix+key+":1000:60000", stored, 0)
-			d, err := s.Decide(ctx, key, limits, storetest.T0)
-			if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
-				t.Errorf("window %d holding %q: %+v %v, want ErrBadReply", w, v, d, err)
-			}
-			if st := s.BreakerState(); st != BreakerClosed {
-				t.Fatalf("window %d holding %q: breaker %v, want closed", w, v, st)
-			}
+	at := storetest.T0.UnixMilli()
+	nan, inf := math.NaN(), math.Inf(1)
+	full := DefaultPrefix + key + ":1000:60000" + valueTag
+	for _, v := range []string{"garbage", "", "1 " + itoa(at) + " 1 " + itoa(at), stored(at, []float64{1}),
+		stored(at, []float64{nan, 1}), stored(at, []float64{1, inf}), stored(at, []float64{-inf, 1}), stored(at, []float64{1, -1}),
+		stored(-5, []float64{1, 1}), string(pack(1.5, 1, 1)), string(pack(nan, 1, 1)), stored(at, []float64{1, 1})[:23]} {
+		c.Del(ctx, full)
+		c.Set(ctx, full, v, 0)
+		d, err := s.Decide(ctx, key, limits, storetest.T0)
+		if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Errorf("holding %q: %+v %v, want ErrBadReply", v, d, err)
+		}
+		if st := s.BreakerState(); st != BreakerClosed {
+			t.Fatalf("holding %q: breaker %v, want closed", v, st)
 		}
 	}
-	// A seen request id whose other window is corrupt: still an error.
-	ids := []string{DefaultPrefix + key + ":1000:60000"}
+	// A seen request id in a corrupt value: still an error.
+	ids := []string{full}
 	c.Del(ctx, ids...)
-	seen := []any{at, 1, 2, "10", "1000", "1", "100", "60000", "1", 1, "seen"}
+	seen := []any{pack(float64(at), 0, 1, 2, 10, 1000, 1, 100, 60000, 1), "\x01\x00", "seen"}
 	if err := ewma.Run(ctx, c, ids, seen...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	c.Set(ctx, ids[0], "1 "+at+" garbage seen", 0)
-	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 4 || v[0] != int64(-1) {
-		t.Errorf("repeat with a corrupt window replied %v %v, want a -1 flag", v, err)
+	c.Set(ctx, ids[0], stored(at, []float64{1, nan}, "seen"), 0)
+	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 2 || v[0] != int64(-1) {
+		t.Errorf("repeat with a corrupt window replied %v %v, want -1", v, err)
 	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ratelimit.ErrBadReply) {
 		t.Errorf("repeat with a corrupt window: %v, want a script refusal", err)
 	}
@@ -377,15 +315,16 @@ func TestRequestAllocs(t *testing.T) {
 		t.Errorf("classifying a nil error: %v allocations, want 0", n)
 	}
 	r := s.request("{a}:message:EVENT", limits, storetest.T0)
-	want := []string{"evalsha", ewma.Hash(), "1", "sluice:{a}:message:EVENT:1000:60000:3600000", itoa(storetest.T0.UnixMilli()), "1", "3", "10", "1000", "1", "240", "60000", "1", "1000", "3600000", "1", "1", r.id}
+	want := []string{"evalsha", ewma.Hash(), "1", "sluice:{a}:message:EVENT:1000:60000:3600000" + valueTag,
+		string(pack(float64(storetest.T0.UnixMilli()), 0, 1, 3, 10, 1000, 1, 240, 60000, 1, 1000, 3600000, 1)), "\x01\x00", r.id}
 	if got := argStrings(command([]*request{r})); !slices.Equal(got, want) {
 		t.Errorf("command\n got %q\nwant %q", got, want)
 	}
 	if len(r.id) != idLen {
 		t.Errorf("request id %q is not %d characters", r.id, idLen)
 	}
-	if n := testing.AllocsPerRun(100, func() { command([]*request{r}) }); n > 1 {
-		t.Errorf("command: %v allocations, want at most 1 (the argument slice)", n)
+	if n := testing.AllocsPerRun(100, func() { command([]*request{r}) }); n > 2 {
+		t.Errorf("command: %v allocations, want at most 2 (the argument slice, the packed arguments)", n)
 	}
 }
 
@@ -407,16 +346,15 @@ func TestRequestFromWindows(t *testing.T) {
 		for i := range ws.Len() {
 			want += ws.Suffix(i)
 		}
-		if r.keys[0] != want {
+		if want += valueTag; r.keys[0] != want {
 			t.Errorf("%v: key is %q, want %q", ws, r.keys[0], want)
 		}
 		args := command([]*request{r})
-		// evalsha, sha, numkeys, the keys, the instant, the number of sets,
-		// then the set's script arguments, its index and the id.
-		at := 3 + 1 + 2
-		got := args[at : at+len(ws.ScriptArgs())]
-		if !slices.Equal(argStrings(got), argStrings(ws.ScriptArgs())) || len(args) != at+len(ws.ScriptArgs())+2 {
-			t.Errorf("%v: command %q does not carry ScriptArgs %q", ws, argStrings(args), argStrings(ws.ScriptArgs()))
+		// evalsha, sha, numkeys, the key, then the packed numbers: the
+		// instant, the cutoff, the number of lists, the list as
+		// ScriptLimits packs it; then the index and the id.
+		if got := argStrings(args); got[4] != string(pack(float64(storetest.T0.UnixMilli()), 0, 1))+ws.ScriptLimits() || len(args) != 7 {
+			t.Errorf("%v: command %q does not carry ScriptLimits", ws, argStrings(args))
 		}
 	}
 }
@@ -431,9 +369,9 @@ func TestCommandSharesLists(t *testing.T) {
 	b := s.request("{b}:message:REQ", one, time.Time{})
 	c := s.request("{c}:message:EVENT", two, time.Time{})
 	want := []string{"evalsha", ewma.Hash(), "3",
-		"sluice:{a}:message:EVENT:1000:60000", "sluice:{b}:message:REQ:1000", "sluice:{c}:message:EVENT:1000:60000",
-		"0", "2", "2", "10", "1000", "1", "240", "60000", "1", "1", "5", "1000", "1",
-		"1", a.id, "2", b.id, "1", c.id}
+		"sluice:{a}:message:EVENT:1000:60000" + valueTag, "sluice:{b}:message:REQ:1000" + valueTag, "sluice:{c}:message:EVENT:1000:60000" + valueTag,
+		string(pack(0, 0, 2, 2, 10, 1000, 1, 240, 60000, 1, 1, 5, 1000, 1)), "\x01\x00\x02\x00\x01\x00",
+		a.id, b.id, c.id}
 	if got := argStrings(command([]*request{a, b, c})); !slices.Equal(got, want) {
 		t.Errorf("command\n got %q\nwant %q", got, want)
 	}
@@ -452,6 +390,8 @@ func argStrings(args []any) []string {
 			out[i] = itoa(int64(v))
 		case *int64:
 			out[i] = itoa(*v)
+		case []byte:
+			out[i] = string(v)
 		default:
 			out[i] = fmt.Sprintf("?%T", a)
 		}
