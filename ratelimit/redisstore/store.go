@@ -6,26 +6,37 @@
 // # Keys: one per decision, not per window
 //
 // Every window of one decision lives in ONE key,
-// "<prefix>{<client>}:message:<TYPE>:<period_ms>:<period_ms>…" (the
+// "<prefix>{<client>}:message:<TYPE>:<period_ms>:<period_ms>…:bin" (the
 // windows' periods in their configured order, ratelimit.Windows.KeySuffix),
-// whose value is "<score_1> <t_1> … <score_n> <t_n>" followed by the recent
-// request ids. DESIGN.md's layout had a key per window
-// ("…:<TYPE>:<period_ms>"); it changed for cost, measured: Redis's one
-// command thread is what a busy gate runs out of, and each redis.call in
-// the script, each key and each expiry is a share of it. One key makes a
+// whose value is packed: the instant every window was last written at and
+// one score per window, little-endian IEEE doubles, then the recent request
+// ids (scripts/ewma.lua, "Stored value"). DESIGN.md's layout had a key per
+// window ("…:<TYPE>:<period_ms>"); it changed for cost, measured: Redis's
+// one command thread is what a busy gate runs out of, and each redis.call
+// in the script, each key and each expiry is a share of it. One key makes a
 // decision one GET and one SET … PX (the longest of the windows' TTLs)
 // instead of an MGET of n keys and n SETs: a two-window decision costs
-// Redis about a fifth less (docs/BENCHMARKS.md, "Redis decision cost
-// against redis_rate"). It also means a decision's keys can never span
+// Redis about a fifth less. It also means a decision's keys can never span
 // Cluster slots, whatever the client identity. Naming the value by its
 // periods keeps what a key per period had: a limit whose rate changes
 // keeps its score, while a changed list of periods (a window added,
 // removed or reordered) starts from a fresh value instead of misreading an
-// old one; the old keys expire by their TTLs. A one-window list keeps
-// exactly the old key and value. (Gates of the per-window layout and of
-// this one running side by side charge different keys for a multi-window
-// type: during such a rolling upgrade a client may get both budgets.) The connection limit uses
-// "<prefix>{<client>}:connection:<period_ms>…" the same way.
+// old one; the old keys expire by their TTLs.
+//
+// DESIGN.md also has the script take and return scores as decimal strings.
+// They are packed instead, for cost again: a number read as digits costs
+// Redis a Lua string and a strtod, one written a sprintf, and packing the
+// call's numbers in one argument and the value in doubles took a lone
+// two-window decision from 1.73× redis_rate's one-window call to 1.12× in
+// Redis instructions, and a decision in a batch of 16 from 1.06× to 0.75×
+// (docs/BENCHMARKS.md, "Redis instructions per decision"). The price: the
+// scripts need Lua's struct library, which Redis (2.6 and later), Valkey
+// and KeyDB have and miniredis does not. The ":bin" ending tells the packed
+// value from the digits of earlier versions, which wrote under the name
+// without it: gates of both kinds running side by side (a rolling upgrade)
+// charge different keys, so a client may get both budgets meanwhile; none
+// ever reads the other's value as its own. The connection limit uses
+// "<prefix>{<client>}:connection:<period_ms>…:bin" the same way.
 //
 // # Failing closed
 //

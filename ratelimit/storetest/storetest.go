@@ -1,8 +1,8 @@
 // Package storetest is the conformance suite every ratelimit.Store must
 // pass: one table of steps at fixed instants, with the decisions, waits and
-// scores worked out by hand, plus seeded property tests. The memory store,
-// miniredis and a real Redis run the same steps, so they make the same
-// decisions.
+// scores worked out by hand, plus seeded property tests. The memory store
+// and a real Redis (one call per decision, and batched) run the same steps,
+// so they make the same decisions.
 //
 // It imports only the standard library and ratelimit.
 package storetest
