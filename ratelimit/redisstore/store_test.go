@@ -328,9 +328,10 @@ func TestRequestAllocs(t *testing.T) {
 	}
 }
 
-// TestRequestFromWindows: a request's one key is the prefix, the key and
-// the windows' KeySuffix (each window's Suffix, in order), and
-// its command sends the windows' ScriptArgs as they are.
+// TestRequestFromWindows: a request's one key is the prefix, the key, the
+// windows' KeySuffix (each window's Suffix, in order) and valueTag, and its
+// command sends the windows' ScriptLimits as they are, after the packed
+// instant, cutoff and list count.
 func TestRequestFromWindows(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{Prefix: "p:"})
 	for _, ws := range []*ratelimit.Windows{
