@@ -67,27 +67,25 @@ func (m *controlMeter) credit(n int) {
 	m.tokens = min(controlBurst, m.tokens+int64(n))
 }
 
-// meteredWriter hands gorilla's upgrader the client's connection wrapped
-// in mc, whose reads the meter sees and whose writes the client's writer
-// coalesces. The upgrader must have a ReadBufferSize of its own, or it
-// would read through the server's buffered reader instead.
+// meteredWriter hands gorilla's upgrader the client's connection, hijacked
+// already by the gate (conn, brw), wrapped in mc, whose reads the meter
+// sees and whose writes the client's writer coalesces. The upgrader must
+// have a ReadBufferSize of its own, or it would read through the server's
+// buffered reader instead.
 type meteredWriter struct {
 	http.ResponseWriter
-	mc *meteredConn
+	mc   *meteredConn
+	conn net.Conn
+	brw  *bufio.ReadWriter
 }
 
 // Hijack implements http.Hijacker.
 func (w meteredWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	h, ok := w.ResponseWriter.(http.Hijacker)
-	if !ok {
-		return nil, nil, errors.New("relay: response does not implement http.Hijacker")
+	if w.conn == nil {
+		return nil, nil, errors.New("relay: connection hijacked twice")
 	}
-	c, brw, err := h.Hijack()
-	if err != nil {
-		return nil, nil, err
-	}
-	w.mc.Conn = c
-	return w.mc, brw, nil
+	w.mc.Conn = w.conn
+	return w.mc, w.brw, nil
 }
 
 // maxCoalesce is the most a client's writer gathers before a socket write.
@@ -190,12 +188,16 @@ func (c *meteredConn) flushLocked() error {
 }
 
 // SetWriteDeadline implements net.Conn; with stall set, t caps the
-// deadline of every piece written (see write).
+// deadline of every piece written (see write), which sets the socket's
+// deadline itself before each piece: gorilla calls this before every
+// frame, and a socket deadline set here too would cost a second timer
+// update per frame for nothing.
 func (c *meteredConn) SetWriteDeadline(t time.Time) error {
 	if c.stall > 0 {
 		c.wmu.Lock()
 		c.limit = t
 		c.wmu.Unlock()
+		return nil
 	}
 	return c.Conn.SetWriteDeadline(t)
 }
