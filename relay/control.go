@@ -67,25 +67,27 @@ func (m *controlMeter) credit(n int) {
 	m.tokens = min(controlBurst, m.tokens+int64(n))
 }
 
-// meteredWriter hands gorilla's upgrader the client's connection, hijacked
-// already by the gate (conn, brw), wrapped in mc, whose reads the meter
-// sees and whose writes the client's writer coalesces. The upgrader must
-// have a ReadBufferSize of its own, or it would read through the server's
-// buffered reader instead.
+// meteredWriter hands gorilla's upgrader the client's connection wrapped
+// in mc, whose reads the meter sees and whose writes the client's writer
+// coalesces. The upgrader must have a ReadBufferSize of its own, or it
+// would read through the server's buffered reader instead.
 type meteredWriter struct {
 	http.ResponseWriter
-	mc   *meteredConn
-	conn net.Conn
-	brw  *bufio.ReadWriter
+	mc *meteredConn
 }
 
 // Hijack implements http.Hijacker.
 func (w meteredWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	if w.conn == nil {
-		return nil, nil, errors.New("relay: connection hijacked twice")
+	h, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("relay: response does not implement http.Hijacker")
 	}
-	w.mc.Conn = w.conn
-	return w.mc, w.brw, nil
+	c, brw, err := h.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	w.mc.Conn = c
+	return w.mc, brw, nil
 }
 
 // maxCoalesce is the most a client's writer gathers before a socket write.

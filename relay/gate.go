@@ -1,14 +1,11 @@
 package relay
 
 import (
-	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -524,49 +521,23 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		_, _ = g.upgrader.Upgrade(w, r, nil)
 		return
 	}
-	// The client's connection is taken from the HTTP server now, before
-	// the relay is dialed, rather than by the upgrader once it has
-	// answered: until then the server has a read of its own pending on the
-	// socket (it watches for the client going), which while the gate waits
-	// for the relay costs a system call and two goroutine switches per
-	// upgrade. A refusal is then written here, in a response that closes
-	// the connection.
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		http.Error(w, "sluice: response does not implement http.Hijacker", http.StatusInternalServerError)
-		return
-	}
-	netConn, brw, err := hj.Hijack()
-	if err != nil {
-		http.Error(w, "sluice: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
-	if brw.Reader.Buffered() > 0 {
-		// As the upgrader answers it: frames before the 101 are not a
-		// WebSocket client's.
-		g.refuseHijacked(netConn, http.StatusBadRequest, nil, []byte("websocket: client sent data before handshake is complete\n"))
-		return
-	}
 	trusted := g.fromTrustedProxy(r)
 	upConn, resp, err := up.dial(r.Context(), r, addr, trusted)
 	if err != nil {
 		if resp != nil {
 			// The relay refused the handshake itself: pass its answer on.
-			g.relayRefusal(netConn, resp)
+			relayRefusal(w, resp)
 			return
 		}
 		g.log.Warn("relay unreachable", "client", client, "err", err)
-		g.refuseHijacked(netConn, http.StatusBadGateway, nil, []byte("sluice: relay unreachable\n"))
+		http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
 		return
 	}
 	mc := &meteredConn{m: newControlMeter(), stall: g.writeTimeout}
-	clientConn, err := g.upgrader.Upgrade(meteredWriter{ResponseWriter: w, mc: mc, conn: netConn, brw: brw}, r, nil)
+	clientConn, err := g.upgrader.Upgrade(meteredWriter{w, mc}, r, nil)
 	if err != nil {
-		// handshakeOK has checked what the upgrader checks, so this is a
-		// write that failed: the client has gone.
-		_ = netConn.Close()
 		_ = upConn.Close()
-		return
+		return // the upgrader has answered
 	}
 	clientConn.SetReadLimit(g.readLimit)
 
@@ -610,60 +581,24 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 
 // handshakeOK reports whether r has what the upgrader requires of a
 // client handshake (RFC 6455 4.2.1), short of the Connection and Upgrade
-// headers that IsWebSocketUpgrade has checked: the gate hijacks the
-// connection before the upgrader runs, and a handshake the upgrader
-// refused then would get no answer.
+// headers that IsWebSocketUpgrade has checked.
 func handshakeOK(r *http.Request) bool {
-	if r.Method != http.MethodGet || r.Header.Get("Sec-Websocket-Version") != "13" {
-		return false
-	}
-	// The key must be 16 bytes in base64, as the upgrader checks.
-	key := r.Header.Get("Sec-Websocket-Key")
-	if len(key) != 24 {
-		return false
-	}
-	var b [18]byte
-	n, err := base64.StdEncoding.Decode(b[:], []byte(key))
-	return err == nil && n == 16
+	return r.Method == http.MethodGet &&
+		r.Header.Get("Sec-Websocket-Version") == "13" &&
+		r.Header.Get("Sec-Websocket-Key") != ""
 }
 
 // relayRefusal copies a relay's refused handshake to the client: status,
 // Retry-After, content type and up to 4 KiB of body.
-func (g *Gate) relayRefusal(conn net.Conn, resp *http.Response) {
+func relayRefusal(w http.ResponseWriter, resp *http.Response) {
 	defer resp.Body.Close()
-	h := make(http.Header, 2)
 	for _, k := range []string{"Retry-After", "Content-Type"} {
 		if v := resp.Header.Get(k); v != "" {
-			h.Set(k, v)
+			w.Header().Set(k, v)
 		}
 	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalBody))
-	g.refuseHijacked(conn, resp.StatusCode, h, body)
-}
-
-// refuseHijacked answers an upgrade on the client's hijacked connection
-// with status, the headers h (a plain-text content type when h has none)
-// and body, and closes it.
-func (g *Gate) refuseHijacked(conn net.Conn, status int, h http.Header, body []byte) {
-	if h == nil {
-		h = make(http.Header, 2)
-	}
-	if h.Get("Content-Type") == "" {
-		h.Set("Content-Type", "text/plain; charset=utf-8")
-		h.Set("X-Content-Type-Options", "nosniff")
-	}
-	resp := &http.Response{
-		StatusCode:    status,
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        h,
-		Body:          io.NopCloser(bytes.NewReader(body)),
-		ContentLength: int64(len(body)),
-		Close:         true,
-	}
-	_ = conn.SetWriteDeadline(time.Now().Add(g.writeTimeout))
-	_ = resp.Write(conn)
-	_ = conn.Close()
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, io.LimitReader(resp.Body, 4<<10))
 }
 
 // track counts a handler in or out of the gate; it refuses new ones once
