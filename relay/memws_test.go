@@ -107,12 +107,13 @@ func TestMemWSRead(t *testing.T) {
 		err   error  // the read's error, when not a close
 		reply []byte // opcodes of the frames the gate writes back, in order
 		told  int    // the code of the close the gate wrote, if any
+		limit int    // the framer's message limit; 0: 100 bytes
 	}{
 		{name: "text", in: text(`["NOTICE","x"]`), typ: websocket.TextMessage, msg: `["NOTICE","x"]`},
 		{name: "empty", in: text(""), typ: websocket.TextMessage, msg: ""},
 		{name: "binary", in: serverFrame(true, opBinary, []byte{0, 1, 2}), typ: websocket.BinaryMessage, msg: "\x00\x01\x02"},
-		{name: "16-bit length", in: text(strings.Repeat("a", 300)), typ: websocket.TextMessage, msg: strings.Repeat("a", 300)},
-		{name: "64-bit length", in: text(strings.Repeat("b", 70000)), typ: websocket.TextMessage, msg: strings.Repeat("b", 70000)},
+		{name: "16-bit length", in: text(strings.Repeat("a", 300)), typ: websocket.TextMessage, msg: strings.Repeat("a", 300), limit: maxRelayMessage},
+		{name: "64-bit length", in: text(strings.Repeat("b", 70000)), typ: websocket.TextMessage, msg: strings.Repeat("b", 70000), limit: maxRelayMessage},
 		{name: "fragments", in: cat(serverFrame(false, opText, []byte("ab")), serverFrame(false, opContinuation, nil), serverFrame(true, opContinuation, []byte("cd"))),
 			typ: websocket.TextMessage, msg: "abcd"},
 		{name: "ping between fragments", in: cat(serverFrame(false, opText, []byte("ab")), serverFrame(true, opPing, []byte("p1")), serverFrame(true, opContinuation, []byte("cd"))),
@@ -129,7 +130,7 @@ func TestMemWSRead(t *testing.T) {
 		{name: "text inside fragments", in: cat(serverFrame(false, opText, []byte("a")), text("b")), err: errRelayProtocol, reply: []byte{opClose}, told: websocket.CloseProtocolError},
 		{name: "fragmented ping", in: serverFrame(false, opPing, nil), err: errRelayProtocol, reply: []byte{opClose}, told: websocket.CloseProtocolError},
 		{name: "long ping", in: serverFrame(true, opPing, make([]byte, 126)), err: errRelayProtocol, reply: []byte{opClose}, told: websocket.CloseProtocolError},
-		{name: "length top bit", in: huge, err: errRelayProtocol, reply: []byte{opClose}, told: websocket.CloseProtocolError},
+		{name: "length top bit", in: huge, err: errRelayProtocol, reply: []byte{opClose}, told: websocket.CloseProtocolError, limit: maxRelayMessage},
 		{name: "close of one byte", in: serverFrame(true, opClose, []byte{3}), err: errRelayProtocol, reply: []byte{opClose}, told: websocket.CloseProtocolError},
 		{name: "close 1005 sent", in: serverFrame(true, opClose, []byte{0x03, 0xed}), err: errRelayProtocol, reply: []byte{opClose}, told: websocket.CloseProtocolError},
 		{name: "close 999", in: serverFrame(true, opClose, []byte{0x03, 0xe7}), err: errRelayProtocol, reply: []byte{opClose}, told: websocket.CloseProtocolError},
@@ -149,8 +150,8 @@ func TestMemWSRead(t *testing.T) {
 			defer gate.Close()
 			c := newMemWS(gate, bufio.NewReaderSize(gate, memWSReadBuffer))
 			c.limit = 100
-			if strings.Contains(tc.name, "length") && !strings.Contains(tc.name, "claimed") {
-				c.limit = maxRelayMessage
+			if tc.limit != 0 {
+				c.limit = tc.limit
 			}
 			go func() {
 				_, _ = relay.Write(tc.in)
