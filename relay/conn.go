@@ -39,7 +39,7 @@ import (
 type conn struct {
 	g      *Gate
 	client *websocket.Conn
-	up     *websocket.Conn
+	up     upConn
 	out    *outQueue
 	wire   *meteredConn    // the client's socket, for coalescing writes
 	ctx    context.Context // cancelled when the connection ends
@@ -92,7 +92,7 @@ type authState struct {
 // intervals of silence. Used by one reader goroutine only.
 type readDeadline struct{ next time.Time }
 
-func (d *readDeadline) extend(ws *websocket.Conn, interval time.Duration) {
+func (d *readDeadline) extend(ws interface{ SetReadDeadline(time.Time) error }, interval time.Duration) {
 	now := time.Now()
 	if now.Before(d.next) {
 		return

@@ -190,12 +190,16 @@ func (c *meteredConn) flushLocked() error {
 }
 
 // SetWriteDeadline implements net.Conn; with stall set, t caps the
-// deadline of every piece written (see write).
+// deadline of every piece written (see write), which sets the socket's
+// deadline itself before each piece: gorilla calls this before every
+// frame, and a socket deadline set here too would cost a second timer
+// update per frame for nothing.
 func (c *meteredConn) SetWriteDeadline(t time.Time) error {
 	if c.stall > 0 {
 		c.wmu.Lock()
 		c.limit = t
 		c.wmu.Unlock()
+		return nil
 	}
 	return c.Conn.SetWriteDeadline(t)
 }

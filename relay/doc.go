@@ -9,8 +9,11 @@
 // gate.Wrap(relay))), bridged over buffered in-memory connections, with
 // no TCP port and no second HTTP request: the gate builds the relay's
 // upgrade request itself and calls the handler with it, on a goroutine of
-// its own. Proxy serves any relay at a ws:// or wss:// URL. Plain HTTP
-// requests (NIP-11, web pages) pass to the relay ungated.
+// its own, reads the handler's 101 itself and speaks WebSocket to it with
+// a framer of its own (client frames masked, relay messages read whole up
+// to 16 MiB: a longer one closes the connection, the relay told 1009).
+// Proxy serves any relay at a ws:// or wss:// URL. Plain HTTP requests
+// (NIP-11, web pages) pass to the relay ungated.
 //
 // Per WebSocket upgrade the gate charges the client's connection limit. A
 // refusal is HTTP 429 with a Retry-After header; a store that cannot decide

@@ -1,12 +1,14 @@
 package relay
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -941,5 +943,59 @@ func TestGateBehindTrustedProxy(t *testing.T) {
 	}
 	if !strings.HasPrefix(remote, "203.0.113.9:") {
 		t.Errorf("in-process RemoteAddr %q, want the client behind the proxy", remote)
+	}
+}
+
+// A handshake the gate does not upgrade gets an HTTP answer: a malformed
+// one the upgrader's 400, before the relay is dialed; a dead relay a 502.
+func TestGateHandshakeAnswers(t *testing.T) {
+	rec := newRecorder()
+	url := strings.Replace(serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)), "ws://", "http://", 1)
+	for _, tc := range []struct {
+		name   string
+		header map[string]string
+		status int
+	}{
+		{name: "short key", header: map[string]string{"Sec-WebSocket-Key": "c2hvcnQ="}, status: http.StatusBadRequest},
+		{name: "key not base64", header: map[string]string{"Sec-WebSocket-Key": "!!!!!!!!!!!!!!!!!!!!!!=="}, status: http.StatusBadRequest},
+		{name: "version 8", header: map[string]string{"Sec-WebSocket-Version": "8"}, status: http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			h := map[string]string{"Host": "x", "Upgrade": "websocket", "Connection": "Upgrade",
+				"Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+			for k, v := range tc.header {
+				h[k] = v
+			}
+			req := "GET / HTTP/1.1\r\n"
+			for k, v := range h {
+				req += k + ": " + v + "\r\n"
+			}
+			if _, err := io.WriteString(c, req+"\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no HTTP answer: %v", err)
+			}
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+		})
+	}
+	// A dead relay behind Proxy is a 502.
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := "ws://" + dead.Listener.Addr().String()
+	dead.Close()
+	h, err := newGate(t, Options{Limits: &Limits{}}).Proxy(deadURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, resp, err := websocket.DefaultDialer.Dial(serve(t, h), nil); err == nil || resp == nil || resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("upgrade to a dead relay: %v, %v; want 502", resp, err)
 	}
 }

@@ -4,18 +4,20 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/gorilla/websocket"
 )
 
 // inProcess serves an in-process handler (Wrap) over in-memory
@@ -23,17 +25,17 @@ import (
 // builds the handler's request itself, from the client's (the headers the
 // gate forwards and its word on the client's address), and calls the
 // handler with a ResponseWriter whose Hijack returns the relay's end of a
-// memPipe. The gate's end is a gorilla client connection, made by a Dialer
-// whose handshake request is kept in memory rather than sent and parsed:
-// only its Sec-WebSocket-Key is read, and given to the handler's request,
-// so that the 101 the handler writes is the answer the Dialer checks. An
-// http.Server on a pipe listener did this before, and its second request
-// (written, read, parsed, a goroutine and buffers of its own) cost about
-// as much CPU as the client's own handshake.
+// memPipe. The gate's end speaks WebSocket through a framer of the gate's
+// own (memws.go): the gate reads the handler's answer itself, a 101 with
+// the right Sec-WebSocket-Accept checked line by line (a refusal is read by
+// net/http and passed on), and no client handshake is written at all. An
+// http.Server on a pipe listener did this before, then a gorilla Dialer
+// whose request was kept in memory; the handshake written and parsed back,
+// and the response parsed by net/http, cost about a tenth of a short-lived
+// client's CPU.
 type inProcess struct {
-	h      http.Handler
-	log    *slog.Logger
-	dialer websocket.Dialer
+	h   http.Handler
+	log *slog.Logger
 	// base is the parent of every handler request's context, cancelled
 	// by stop: a handler that waits for its request's end returns then.
 	base       context.Context
@@ -49,27 +51,25 @@ type inProcess struct {
 const inProcessAddr = pipeAddr("sluice-in-process")
 
 // inProcessHandshakeTimeout bounds the wait for the handler's answer to
-// an upgrade, as the Dialer's HandshakeTimeout would.
+// an upgrade.
 const inProcessHandshakeTimeout = 10 * time.Second
 
-// maxHandshakeRequest bounds the Dialer's request kept in memory; it sends
-// no header of its own but the handshake's, some 200 bytes.
-const maxHandshakeRequest = 4 << 10
+// maxHandshakeResponse bounds the head of the handler's answer to an
+// upgrade that the gate reads: a 101 has three headers of its own.
+const maxHandshakeResponse = 4 << 10
 
-var errInProcessClosed = errors.New("relay: in-process relay stopped")
+var (
+	errInProcessClosed = errors.New("relay: in-process relay stopped")
+	// errBadHandshake is wrapped by dial for a handler that answered an
+	// upgrade with something other than a WebSocket 101.
+	errBadHandshake = errors.New("relay: in-process relay refused the upgrade")
+)
 
 func newInProcess(h http.Handler, log *slog.Logger) *inProcess {
 	p := &inProcess{h: h, log: log}
 	p.base, p.cancelBase = context.WithCancel(context.WithValue(context.WithValue(context.Background(),
 		http.ServerContextKey, &http.Server{Handler: h}),
 		http.LocalAddrContextKey, net.Addr(inProcessAddr)))
-	// No HandshakeTimeout: netDial sets the connection's deadline itself,
-	// which costs no context and timer of its own per dial.
-	p.dialer = websocket.Dialer{
-		NetDialContext:  p.netDial,
-		WriteBufferPool: writeBuffers,
-		ReadBufferSize:  upReadBuffer,
-	}
 	return p
 }
 
@@ -83,18 +83,18 @@ func (p *inProcess) stop() {
 	p.wg.Wait()
 }
 
-// inProcessCall carries one dial's handler request to netDial.
-type inProcessCall struct{ req *http.Request }
-
-type inProcessKey struct{}
-
 // dial opens a WebSocket to the handler for client request r: the
 // handler's request has r's path, query and Host, the forwarded headers h,
-// and addr (the client's address, "" when unknown) as RemoteAddr.
-func (p *inProcess) dial(ctx context.Context, r *http.Request, addr string, h http.Header) (*websocket.Conn, *http.Response, error) {
+// a fresh Sec-WebSocket-Key, and addr (the client's address, "" when
+// unknown) as RemoteAddr. A handler that answers with anything but a 101
+// gets its response returned with an error wrapping errBadHandshake, as
+// gorilla's Dialer returns one.
+func (p *inProcess) dial(_ context.Context, r *http.Request, addr string, h http.Header) (upConn, *http.Response, error) {
+	key := handshakeKey()
 	h["Upgrade"] = []string{"websocket"}
 	h["Connection"] = []string{"Upgrade"}
 	h["Sec-Websocket-Version"] = []string{"13"}
+	h["Sec-Websocket-Key"] = []string{key}
 	u := &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
 	if u.Path == "" {
 		u.Path = "/"
@@ -103,9 +103,11 @@ func (p *inProcess) dial(ctx context.Context, r *http.Request, addr string, h ht
 	if host == "" {
 		host = "in-process"
 	}
-	remote := string(inProcessAddr)
+	remote := net.Addr(inProcessAddr)
+	remoteAddr := string(inProcessAddr)
 	if addr != "" {
-		remote = net.JoinHostPort(addr, "0")
+		remoteAddr = net.JoinHostPort(addr, "0")
+		remote = pipeAddr(remoteAddr)
 	}
 	req := &http.Request{
 		Method:     http.MethodGet,
@@ -116,103 +118,150 @@ func (p *inProcess) dial(ctx context.Context, r *http.Request, addr string, h ht
 		Header:     h,
 		Body:       http.NoBody,
 		Host:       host,
-		RemoteAddr: remote,
+		RemoteAddr: remoteAddr,
 		RequestURI: u.RequestURI(),
 	}
-	ctx = context.WithValue(ctx, inProcessKey{}, &inProcessCall{req: req})
-	return p.dialer.DialContext(ctx, "ws://in-process/", nil)
-}
-
-// netDial is the Dialer's: it returns the gate's end of a new memPipe,
-// which serves the handler once the Dialer has written its request.
-func (p *inProcess) netDial(ctx context.Context, _, _ string) (net.Conn, error) {
-	call, ok := ctx.Value(inProcessKey{}).(*inProcessCall)
-	if !ok {
-		return nil, errors.New("relay: in-process dial without a request")
-	}
-	remote := net.Addr(inProcessAddr)
-	if call.req.RemoteAddr != string(inProcessAddr) {
-		remote = pipeAddr(call.req.RemoteAddr)
-	}
 	gate, relay := newMemPipe(inProcessAddr, remote)
-	// The Dialer clears the deadline once the handshake is done: a
-	// handler that never answers the upgrade fails it after this long.
+	// A handler that never answers the upgrade fails it after this long;
+	// the deadline is cleared once the 101 is read.
 	_ = gate.SetDeadline(time.Now().Add(inProcessHandshakeTimeout))
-	return &handshakeConn{memEnd: gate, p: p, req: call.req, relay: relay}, nil
+	if !p.start(relay, req) {
+		_ = relay.Close()
+		_ = gate.Close()
+		return nil, nil, errInProcessClosed
+	}
+	br := bufio.NewReaderSize(gate, memWSReadBuffer)
+	resp, err := readUpgrade(br, key, req)
+	if err != nil {
+		_ = gate.Close()
+		return nil, resp, err
+	}
+	_ = gate.SetDeadline(time.Time{})
+	return newMemWS(gate, br), nil, nil
 }
 
-// handshakeConn is the gate's end of an in-process connection. Until the
-// Dialer first reads (the 101), what it writes (its request) is kept, not
-// sent; that first Read starts the handler on the relay's end with the
-// request's key.
-type handshakeConn struct {
-	*memEnd
-	p     *inProcess
-	req   *http.Request // the handler's; nil once started
-	relay *memEnd
-	hs    []byte // the Dialer's request
+// handshakeKey returns a fresh Sec-WebSocket-Key: 16 random bytes in
+// base64 (RFC 6455 4.1).
+func handshakeKey() string {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
+	return base64.StdEncoding.EncodeToString(b[:])
 }
 
-// Write implements net.Conn.
-func (c *handshakeConn) Write(b []byte) (int, error) {
-	if c.req == nil {
-		return c.memEnd.Write(b)
-	}
-	if len(c.hs)+len(b) > maxHandshakeRequest {
-		return 0, errors.New("relay: in-process handshake request too large")
-	}
-	c.hs = append(c.hs, b...)
-	return len(b), nil
+// acceptKey is the Sec-WebSocket-Accept that answers key (RFC 6455 4.2.2).
+func acceptKey(key string) string {
+	h := sha1.New()
+	h.Write([]byte(key))
+	h.Write([]byte("258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	return base64.StdEncoding.EncodeToString(h.Sum(nil))
 }
 
-// WriteByte implements io.ByteWriter, so that the Dialer's request is
-// written here directly rather than through a bufio.Writer of its own.
-func (c *handshakeConn) WriteByte(b byte) error {
-	if c.req == nil {
-		_, err := c.memEnd.Write([]byte{b})
-		return err
+// readUpgrade reads the handler's answer to the upgrade with key from br.
+// A 101 is read line by line, up to maxHandshakeResponse bytes, and must
+// upgrade to websocket with the Sec-WebSocket-Accept that answers key and
+// no extension (none was offered): what it leaves in br is the relay's
+// first frames. Any other status is read by net/http and returned with an
+// error wrapping errBadHandshake, for the gate to pass on.
+func readUpgrade(br *bufio.Reader, key string, req *http.Request) (*http.Response, error) {
+	const switching = "HTTP/1.1 101 "
+	head, err := br.Peek(len(switching))
+	if err != nil {
+		return nil, fmt.Errorf("relay: reading the in-process upgrade: %w", err)
 	}
-	if len(c.hs) >= maxHandshakeRequest {
-		return errors.New("relay: in-process handshake request too large")
-	}
-	c.hs = append(c.hs, b)
-	return nil
-}
-
-// Read implements net.Conn.
-func (c *handshakeConn) Read(b []byte) (int, error) {
-	if c.req != nil {
-		req := c.req
-		key, ok := handshakeKey(c.hs)
-		c.req, c.hs = nil, nil
-		if !ok {
-			_ = c.relay.Close()
-			return 0, errors.New("relay: in-process handshake without a key")
+	if string(head) != switching {
+		resp, err := http.ReadResponse(br, req)
+		if err != nil {
+			return nil, fmt.Errorf("relay: reading the in-process upgrade: %w", err)
 		}
-		req.Header["Sec-Websocket-Key"] = []string{key}
-		if !c.p.start(c.relay, req) {
-			_ = c.relay.Close()
-			return 0, errInProcessClosed
-		}
+		// The body is read now, as far as relayRefusal passes it on: the
+		// connection is closed when dial returns.
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalBody))
+		_ = resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		return resp, fmt.Errorf("%w: status %d", errBadHandshake, resp.StatusCode)
 	}
-	return c.memEnd.Read(b)
-}
-
-// handshakeKey returns the Sec-WebSocket-Key of an HTTP request head.
-func handshakeKey(head []byte) (string, bool) {
-	for {
-		line, rest, ok := bytes.Cut(head, []byte("\r\n"))
-		if !ok || len(line) == 0 {
-			return "", false
+	read := 0
+	var upgrade, connection, accept bool
+	want := acceptKey(key)
+	for first := true; ; first = false {
+		line, err := br.ReadSlice('\n')
+		long := false
+		for errors.Is(err, bufio.ErrBufferFull) && read+len(line) <= maxHandshakeResponse {
+			// A line longer than the buffer: none the gate checks is.
+			read += len(line)
+			long = true
+			line, err = br.ReadSlice('\n')
 		}
-		head = rest
-		if k, v, ok := bytes.Cut(line, []byte(":")); ok && strings.EqualFold(string(k), "Sec-WebSocket-Key") {
-			if v = bytes.TrimSpace(v); len(v) > 0 {
-				return string(v), true
+		if read += len(line); err != nil || read > maxHandshakeResponse {
+			if err == nil || errors.Is(err, bufio.ErrBufferFull) {
+				err = errors.New("response head too long")
 			}
-			return "", false
+			return nil, fmt.Errorf("relay: reading the in-process upgrade: %w", err)
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if long {
+			continue
+		}
+		if first {
+			continue // the status line, checked above
+		}
+		if len(line) == 0 {
+			break
+		}
+		k, v, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			return nil, fmt.Errorf("%w: malformed header line", errBadHandshake)
+		}
+		v = bytes.TrimSpace(v)
+		switch {
+		case asciiEqualFold(k, "Upgrade"):
+			upgrade = asciiEqualFold(v, "websocket")
+		case asciiEqualFold(k, "Connection"):
+			connection = tokenListHas(v, "upgrade")
+		case asciiEqualFold(k, "Sec-WebSocket-Accept"):
+			accept = string(v) == want
+		case asciiEqualFold(k, "Sec-WebSocket-Extensions"):
+			return nil, fmt.Errorf("%w: an extension the gate did not offer", errBadHandshake)
 		}
 	}
+	if !upgrade || !connection || !accept {
+		return nil, fmt.Errorf("%w: a 101 without the WebSocket answer to the gate's key", errBadHandshake)
+	}
+	return nil, nil
+}
+
+// asciiEqualFold reports whether b is s, ASCII case ignored.
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		x, y := b[i], s[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// tokenListHas reports whether the comma-separated header value v holds
+// token (ASCII case ignored).
+func tokenListHas(v []byte, token string) bool {
+	for len(v) > 0 {
+		var t []byte
+		t, v, _ = bytes.Cut(v, []byte(","))
+		if asciiEqualFold(bytes.TrimSpace(t), token) {
+			return true
+		}
+	}
+	return false
 }
 
 // start calls the handler with req on conn, on a goroutine of its own as

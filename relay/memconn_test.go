@@ -137,22 +137,3 @@ func TestMemPipeCloseStopsTimers(t *testing.T) {
 		}
 	})
 }
-
-func TestHandshakeKey(t *testing.T) {
-	for _, tc := range []struct {
-		head, key string
-		ok        bool
-	}{
-		{"GET / HTTP/1.1\r\nHost: x\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", "dGhlIHNhbXBsZSBub25jZQ==", true},
-		{"GET / HTTP/1.1\r\nsec-websocket-key:  abc \r\n\r\n", "abc", true},
-		{"GET / HTTP/1.1\r\nHost: x\r\n\r\nSec-WebSocket-Key: late\r\n", "", false}, // after the head
-		{"GET / HTTP/1.1\r\nSec-WebSocket-Key: \r\n\r\n", "", false},
-		{"GET / HTTP/1.1\r\nSec-WebSocket-Key: abc", "", false}, // unterminated
-		{"", "", false},
-	} {
-		key, ok := handshakeKey([]byte(tc.head))
-		if key != tc.key || ok != tc.ok {
-			t.Errorf("handshakeKey(%q) = %q, %v; want %q, %v", tc.head, key, ok, tc.key, tc.ok)
-		}
-	}
-}

@@ -23,10 +23,25 @@ type upstream struct {
 	local *inProcess
 }
 
+// upConn is the gate's side of a WebSocket to the relay: a gorilla client
+// connection to a relay at a URL (Proxy), or the gate's own framer over an
+// in-memory connection to an in-process handler (Wrap, memws.go). Its
+// methods are gorilla's, with gorilla's meaning: one reader, one writer of
+// messages, control frames from any goroutine.
+type upConn interface {
+	ReadMessage() (messageType int, p []byte, err error)
+	WriteMessage(messageType int, data []byte) error
+	WriteControl(messageType int, data []byte, deadline time.Time) error
+	SetReadDeadline(t time.Time) error
+	SetWriteDeadline(t time.Time) error
+	SetPongHandler(h func(appData string) error)
+	Close() error
+}
+
 // dial opens the upstream WebSocket for client request r, whose client
 // address is addr. The relay learns addr from X-Forwarded-For and
 // X-Real-IP, which replace whatever the client sent.
-func (u *upstream) dial(ctx context.Context, r *http.Request, addr string, trustedPeer bool) (*websocket.Conn, *http.Response, error) {
+func (u *upstream) dial(ctx context.Context, r *http.Request, addr string, trustedPeer bool) (upConn, *http.Response, error) {
 	h := make(http.Header, len(r.Header)+4)
 	for k, vs := range r.Header {
 		if hopHeader(k) {
@@ -38,7 +53,11 @@ func (u *upstream) dial(ctx context.Context, r *http.Request, addr string, trust
 	if u.local != nil {
 		return u.local.dial(ctx, r, addr, h)
 	}
-	return u.dialer.DialContext(ctx, u.target(r), h)
+	c, resp, err := u.dialer.DialContext(ctx, u.target(r), h)
+	if err != nil {
+		return nil, resp, err // not a nil *websocket.Conn in an upConn
+	}
+	return c, resp, nil
 }
 
 // writeBuffers lends gorilla a write buffer for the length of one message
