@@ -49,7 +49,7 @@ var modes = []struct {
 // start serves a fresh khatru relay with limits and quota, gated or hooked.
 func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Quota) *env {
 	t.Helper()
-	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1024)}, clock: nostrtest.NewClock()}
+	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
 	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
 	return e
@@ -361,7 +361,7 @@ func TestGateAndHooksAgree(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1024)}
+			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
 			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: q.Local(clock.Now), Identity: &relay.Identity{Allow: allow}})
@@ -405,7 +405,7 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 				}
 			}}
 			clock := nostrtest.NewClock()
-			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1024), ratelimit.LimiterOptions{Clock: clock.Now})
+			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1 << 16), ratelimit.LimiterOptions{Clock: clock.Now})
 			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: &cfg, Observer: obs})
 			r := nostrtest.Connect(t, ws)
 			for i, k := range kinds {

@@ -44,7 +44,7 @@ var modes = []struct {
 // setup, if not nil, runs on the relay before it starts.
 func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Quota, setup func(*rely.Relay)) *env {
 	t.Helper()
-	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1024)}, clock: nostrtest.NewClock()}
+	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
 	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
 	if err != nil {
