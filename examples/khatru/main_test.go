@@ -405,7 +405,7 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 				}
 			}}
 			clock := nostrtest.NewClock()
-			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1 << 16), ratelimit.LimiterOptions{Clock: clock.Now})
+			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: clock.Now})
 			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: &cfg, Observer: obs})
 			r := nostrtest.Connect(t, ws)
 			for i, k := range kinds {
