@@ -215,13 +215,13 @@ func readUpgrade(br *bufio.Reader, key string, req *http.Request) (*http.Respons
 		}
 		v = bytes.TrimSpace(v)
 		switch {
-		case asciiEqualFold(k, "Upgrade"):
-			upgrade = asciiEqualFold(v, "websocket")
-		case asciiEqualFold(k, "Connection"):
+		case bytes.EqualFold(k, []byte("Upgrade")):
+			upgrade = bytes.EqualFold(v, []byte("websocket"))
+		case bytes.EqualFold(k, []byte("Connection")):
 			connection = tokenListHas(v, "upgrade")
-		case asciiEqualFold(k, "Sec-WebSocket-Accept"):
+		case bytes.EqualFold(k, []byte("Sec-WebSocket-Accept")):
 			accept = string(v) == want
-		case asciiEqualFold(k, "Sec-WebSocket-Extensions"):
+		case bytes.EqualFold(k, []byte("Sec-WebSocket-Extensions")):
 			return nil, fmt.Errorf("%w: an extension the gate did not offer", errBadHandshake)
 		}
 	}
@@ -231,33 +231,13 @@ func readUpgrade(br *bufio.Reader, key string, req *http.Request) (*http.Respons
 	return nil, nil
 }
 
-// asciiEqualFold reports whether b is s, ASCII case ignored.
-func asciiEqualFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range b {
-		x, y := b[i], s[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
-}
-
 // tokenListHas reports whether the comma-separated header value v holds
 // token (ASCII case ignored).
 func tokenListHas(v []byte, token string) bool {
 	for len(v) > 0 {
 		var t []byte
 		t, v, _ = bytes.Cut(v, []byte(","))
-		if asciiEqualFold(bytes.TrimSpace(t), token) {
+		if bytes.EqualFold(bytes.TrimSpace(t), []byte(token)) {
 			return true
 		}
 	}

@@ -62,7 +62,8 @@ func unpack(v string, n int) []float64 {
 // back as it ("2", "1.5", "0.30000000000000004").
 func g(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
-// show renders a stored value of n windows with ids of width w as text:
+// show renders a stored value of n windows with ids of width w (0: the
+// ids as one) as text:
 // "<t> <score_1> ... <score_n> <id>..." ("" for none, "short:<len>" for
 // one too short to hold n windows).
 func show(v string, n, w int) string {
@@ -78,7 +79,10 @@ func show(v string, n, w int) string {
 		parts = append(parts, g(s))
 	}
 	for ids := v[8+8*n:]; ids != ""; {
-		k := min(w, len(ids))
+		k := len(ids)
+		if w > 0 {
+			k = min(w, k)
+		}
 		parts = append(parts, ids[:k])
 		ids = ids[k:]
 	}
