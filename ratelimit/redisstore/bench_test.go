@@ -45,7 +45,7 @@ var benchKeys = func() []string {
 // decision (redis-server runs commands on one thread, so ops/s can never
 // pass 1e6 / server-cpu-µs/op; and on a 2-core machine the two share the
 // cores); admitted-%; calls/pipeline, the mean batch size with
-// Options.Batch.
+// Options.Batch, and direct-%, the share of decisions that went out alone.
 func BenchmarkRedis(b *testing.B) {
 	e := newBenchEnv(b)
 	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
@@ -197,6 +197,7 @@ func (e *benchEnv) parallel(b *testing.B, g int, s *Store, call func(ctx context
 	b.ReportMetric(100*float64(admitted.Load())/float64(b.N), "admitted-%")
 	if s != nil && s.batch != nil {
 		b.ReportMetric(float64(s.batch.calls.Load())/float64(max(s.batch.pipelines.Load(), 1)), "calls/pipeline")
+		b.ReportMetric(100*float64(s.batch.direct.Load())/float64(b.N), "direct-%")
 	}
 	if n := failed.Load(); n > 0 {
 		b.Fatalf("%d of %d calls failed", n, b.N)
