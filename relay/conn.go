@@ -294,7 +294,7 @@ func (c *conn) watch(frame []byte) {
 	if lit, ok := wire.ParseClosed(frame); ok {
 		var buf [wire.MaxSubIDBytes]byte
 		if id, ok := subID(&buf, lit); ok {
-			c.subs.remove(id)
+			c.subs.closedByRelay(id)
 		}
 		return
 	}
@@ -392,6 +392,10 @@ func (c *conn) readClient() {
 			}
 			return
 		}
+		if !c.closeClosed(buf) {
+			putFrameBuf(buf)
+			return
+		}
 		if !c.admit(buf) {
 			putFrameBuf(buf)
 			if c.knocked > 0 {
@@ -422,6 +426,31 @@ func (c *conn) readClient() {
 			return
 		}
 	}
+}
+
+// closeClosed sends the relay a CLOSE for each subscription it closed
+// itself (subTable.takeClosed) before the client's next frame, frame, is
+// decided, and reports whether the connection goes on. The client reader
+// is the relay's only writer, so this is where the CLOSEs can go.
+func (c *conn) closeClosed(frame []byte) bool {
+	if c.subs.marked.Load() == 0 {
+		return true
+	}
+	var keep []byte
+	var buf [wire.MaxSubIDBytes]byte
+	if f := wire.Peek(frame); f.Type == TypeREQ && f.ID != nil {
+		if id, ok := subID(&buf, f.ID); ok {
+			keep = id
+		}
+	}
+	for _, id := range c.subs.takeClosed(nil, keep) {
+		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
+		if err := c.up.WriteMessage(websocket.TextMessage, append(append([]byte(`["CLOSE","`), id...), `"]`...)); err != nil {
+			c.end(true, false, closeGoingAway, "relay connection lost")
+			return false
+		}
+	}
+	return true
 }
 
 // maxKeptFrameBuf is the largest read buffer kept for another frame: one
@@ -552,7 +581,11 @@ func (c *conn) admit(frame []byte) bool {
 		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs) {
 			obs.ReportFrame(t, OverCap)
 			obs.ReportRefusal(c.who, t, OverCap)
-			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), p.Frame(), c.g.tooManySubs))
+			f := p.Frame()
+			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), f, c.g.tooManySubs))
+			// A REQ reusing an open id was told CLOSED: close it at
+			// the relay too.
+			c.dropSub(f)
 			return false
 		}
 	case TypeCLOSE:

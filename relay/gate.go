@@ -143,10 +143,10 @@ type Options struct {
 	// can admit at once (the largest n with n·cost < rate).
 	MaxFilters int
 	// MaxSubscriptions caps the subscriptions one connection holds open
-	// at the relay (opened by a forwarded REQ, closed by a CLOSE or the
-	// relay's CLOSED); a REQ for a new subscription past it is answered
-	// CLOSED "blocked: …" and not forwarded. 0 means
-	// DefaultMaxSubscriptions.
+	// at the relay (a place per forwarded REQ, a reused id included;
+	// freed by a CLOSE, or by the relay's CLOSED once the gate has sent
+	// the relay a CLOSE for it); a REQ past it is answered CLOSED
+	// "blocked: …" and not forwarded. 0 means DefaultMaxSubscriptions.
 	MaxSubscriptions int
 	// MaxConnections caps the connections one client (its key, as
 	// Identity makes it) holds open at once through this gate; an upgrade

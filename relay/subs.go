@@ -2,6 +2,7 @@ package relay
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -22,42 +23,115 @@ const DefaultMaxSubscriptions = 50
 // address (322 MB on the relay side) are out of reach.
 const DefaultMaxConnections = 64
 
-// subTable is the set of subscriptions a connection has open at the relay:
-// opened by a forwarded REQ, closed by a forwarded CLOSE or by the relay's
-// CLOSED. Ids are canonical (wire.Scan: no escapes), so the bytes between
-// a literal's quotes are the id. Safe for concurrent use (the client
-// reader opens and closes, the relay reader closes).
+// subTable is what a connection may still hold open at the relay: a place
+// for every REQ forwarded, under its id, since that id was last closed by
+// a forwarded CLOSE. Ids are canonical (wire.Scan: no escapes), so the
+// bytes between a literal's quotes are the id. Safe for concurrent use
+// (the client reader opens and closes, the relay reader marks).
+//
+// A REQ reusing an open id takes a place of its own: khatru does not
+// replace the subscription, it adds the REQ's filters as more listeners
+// under the same id (a CLOSE removes them all). A relay that does replace
+// is thus over-counted, never under: a client that reuses one id up to the
+// cap without closing it is refused there, and that id is closed at both
+// ends.
+//
+// The relay's CLOSED does not free places by itself: khatru answers a REQ
+// with CLOSED when a RejectFilter hook refuses one of its filters, and
+// keeps the listeners of the filters before it. It marks the id instead;
+// the client reader sends the relay a CLOSE for it before it reads the
+// client's next frame (takeClosed), and only that frees its places.
 type subTable struct {
-	mu  sync.Mutex
-	ids map[string]struct{}
+	mu     sync.Mutex
+	ids    map[string]subEntry
+	places int          // the sum of the entries' places
+	marked atomic.Int32 // entries closed by the relay, not yet CLOSEd
 }
 
-// open opens id unless it is not open yet and limit are: a REQ reusing an
-// open id replaces that subscription and takes no new place. It reports
-// whether id is open now.
+type subEntry struct {
+	places int  // REQs forwarded under the id since its last CLOSE
+	closed bool // the relay said CLOSED; the gate has not sent CLOSE yet
+}
+
+// open takes a place for a REQ under id unless limit are taken, and
+// reports whether it did.
 func (s *subTable) open(id []byte, limit int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.ids[string(id)]; ok {
-		return true
-	}
-	if len(s.ids) >= limit {
+	if s.places >= limit {
 		return false
 	}
 	if s.ids == nil {
-		s.ids = make(map[string]struct{})
+		s.ids = make(map[string]subEntry)
 	}
-	s.ids[string(id)] = struct{}{}
+	e := s.ids[string(id)]
+	if e.closed {
+		e.closed = false
+		s.marked.Add(-1)
+	}
+	e.places++
+	s.places++
+	s.ids[string(id)] = e
 	return true
 }
 
-// remove closes id and reports whether it was open.
+// remove frees id's places (its CLOSE is on its way to the relay) and
+// reports whether it had any.
 func (s *subTable) remove(id []byte) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.ids[string(id)]
+	e, ok := s.ids[string(id)]
+	if !ok {
+		return false
+	}
+	s.places -= e.places
+	if e.closed {
+		s.marked.Add(-1)
+	}
 	delete(s.ids, string(id))
-	return ok
+	return true
+}
+
+// closedByRelay marks id as closed by the relay's CLOSED; its places stay
+// taken until the gate has sent the relay a CLOSE for it (takeClosed).
+func (s *subTable) closedByRelay(id []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.ids[string(id)]; ok && !e.closed {
+		e.closed = true
+		s.ids[string(id)] = e
+		s.marked.Add(1)
+	}
+}
+
+// takeClosed removes the ids the relay closed and appends them to dst,
+// for the caller to send a CLOSE each; it is cheap when there are none.
+// An id equal to keep (the id of the REQ about to be decided) is not
+// taken but only unmarked, its places kept: a CLOSE sent just before a
+// REQ for the same id could reach khatru's handler after the REQ's (it
+// runs each frame on a goroutine of its own) and close the new
+// subscription too, so its leftover listeners stay counted instead.
+func (s *subTable) takeClosed(dst [][]byte, keep []byte) [][]byte {
+	if s.marked.Load() == 0 {
+		return dst
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, e := range s.ids {
+		if !e.closed {
+			continue
+		}
+		s.marked.Add(-1)
+		if keep != nil && id == string(keep) {
+			e.closed = false
+			s.ids[id] = e
+			continue
+		}
+		s.places -= e.places
+		delete(s.ids, id)
+		dst = append(dst, []byte(id))
+	}
+	return dst
 }
 
 // subID returns the decoded id of a subscription id literal (Peek's or
