@@ -25,6 +25,14 @@ import (
 var (
 	// ErrUpstream is wrapped by Proxy for an upstream URL it cannot use.
 	ErrUpstream = errors.New("relay: bad upstream")
+	// ErrNoRelayURL is returned by New and Reload for a policy that grants
+	// budgets by NIP-42 pubkey (member tiers, allow-listed pubkeys) on a
+	// gate without Options.RelayURL. Without it an AUTH's relay tag is
+	// checked against the host the client claims to have connected to, so
+	// an AUTH a member's client signed for another relay (one that passed
+	// on this relay's challenge) could be replayed here, with the
+	// member's budget or exemption.
+	ErrNoRelayURL = errors.New("relay: member tiers and allow-listed pubkeys need the relay's public URL (Options.RelayURL, relay_url): without it an AUTH signed for another relay could be replayed here")
 	// ErrClosed is returned by Shutdown when it is called twice.
 	ErrClosed = errors.New("relay: gate closed")
 	// ErrFrameSize is wrapped by New for an Options.FrameSize that is
@@ -158,7 +166,10 @@ type Options struct {
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).
 	// "" means the tag's host must be the host the client connected to
-	// (its Host header, or X-Forwarded-Host from a trusted proxy).
+	// (its Host header, or X-Forwarded-Host from a trusted proxy): any
+	// host the client names. That is enough for the actor quota, but not
+	// for a policy that grants by pubkey, which New and Reload refuse
+	// without it (ErrNoRelayURL).
 	RelayURL string
 	// QueueBytes bounds the bytes queued for one client (relay frames and
 	// the gate's own replies). When the queue is full the connection waits
@@ -255,6 +266,13 @@ func New(opts Options) (*Gate, error) {
 		log:          opts.Logger,
 		conns:        make(map[*conn]struct{}),
 	}
+	if opts.RelayURL != "" {
+		u, err := url.Parse(opts.RelayURL)
+		if err != nil || u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss") {
+			return nil, fmt.Errorf("%w: relay URL %q must be a ws:// or wss:// URL with a host", ErrUpstream, opts.RelayURL)
+		}
+		g.relayURL = u
+	}
 	cfg, err := opts.policyConfig()
 	if err != nil {
 		return nil, err
@@ -291,13 +309,6 @@ func New(opts Options) (*Gate, error) {
 		g.maxConns = 0
 	}
 	g.connsOpen = make(map[string]int)
-	if opts.RelayURL != "" {
-		u, err := url.Parse(opts.RelayURL)
-		if err != nil || u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss") {
-			return nil, fmt.Errorf("%w: relay URL %q must be a ws:// or wss:// URL with a host", ErrUpstream, opts.RelayURL)
-		}
-		g.relayURL = u
-	}
 	if g.queueBytes <= 0 {
 		g.queueBytes = DefaultQueueBytes
 	}
@@ -388,9 +399,13 @@ func (g *Gate) Reload(cfg policy.Config) error {
 	if err != nil {
 		return err
 	}
-	gp := &gatePolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())}
 	al := p.Identity().Allow
-	gp.watchOK = p.HasQuota() || p.HasTiers() || (al != nil && len(al.Pubkeys) > 0)
+	byPubkey := p.HasTiers() || (al != nil && len(al.Pubkeys) > 0)
+	if byPubkey && g.relayURL == nil {
+		return ErrNoRelayURL
+	}
+	gp := &gatePolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())}
+	gp.watchOK = p.HasQuota() || byPubkey
 	g.pol.Store(gp)
 	if g.limiter != nil {
 		g.limiter.Forget() // waits told under the old policy need not hold

@@ -140,6 +140,23 @@ func serve(t testing.TB, h http.Handler) string {
 	return "ws" + strings.TrimPrefix(srv.URL, "http")
 }
 
+// serveSelf serves the handler build makes of a new gate with opts, and
+// returns the URL it is served at, which is also the gate's RelayURL
+// unless opts names one: a policy that grants by NIP-42 pubkey needs one
+// (ErrNoRelayURL), and AUTHs signed for that URL name this relay.
+func serveSelf(t testing.TB, opts Options, build func(*Gate) http.Handler) string {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(nil)
+	url := "ws://" + srv.Listener.Addr().String()
+	if opts.RelayURL == "" {
+		opts.RelayURL = url
+	}
+	srv.Config.Handler = build(newGate(t, opts))
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return url
+}
+
 // newGate returns a gate whose Shutdown runs at cleanup.
 func newGate(t testing.TB, opts Options) *Gate {
 	t.Helper()

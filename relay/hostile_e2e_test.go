@@ -196,18 +196,20 @@ func mutate(rng *rand.Rand, seeds [][]byte) []byte {
 }
 
 // hostileTarget serves kr behind a new gate in mode "relay" (Wrap) or
-// "proxy" (Proxy to kr on its own port), and returns the gate's URL.
+// "proxy" (Proxy to kr on its own port), and returns the gate's URL
+// (its RelayURL too, unless opts names one: see serveSelf).
 func hostileTarget(t *testing.T, mode string, kr http.Handler, opts Options) string {
 	t.Helper()
-	g := newGate(t, opts)
-	if mode == "relay" {
-		return serve(t, g.Wrap(kr))
-	}
-	h, err := g.Proxy(serve(t, kr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return serve(t, h)
+	return serveSelf(t, opts, func(g *Gate) http.Handler {
+		if mode == "relay" {
+			return g.Wrap(kr)
+		}
+		h, err := g.Proxy(serve(t, kr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	})
 }
 
 // honest checks that the relay behind url still stores and serves events.

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -49,8 +50,7 @@ func TestGateQuota(t *testing.T) {
 		}
 		return ""
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}})
-	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
 
 	step := func(frame, want string) {
 		t.Helper()
@@ -119,8 +119,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	rec.challenge = "chal"
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}})
-	url := serve(t, g.Wrap(rec))
+	url := serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 
 	step := func(c *websocket.Conn, frame, want string) {
 		t.Helper()
@@ -178,8 +177,7 @@ func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
 	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	rec := newRecorder()
 	rec.challenge = "chal"
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Identity: &Identity{Allow: al}})
-	url := serve(t, g.Wrap(rec))
+	url := serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &l, Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 	refused, refusedID := signedAuth(t, trustedSK, "chal", url, clk.Now())
 	accepted, acceptedID := signedAuth(t, trustedSK, "chal", url, clk.Now().Add(time.Second))
 	rec.answerOK = func(id hex32) bool { return id != refusedID }

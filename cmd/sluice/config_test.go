@@ -370,7 +370,7 @@ func TestGoodConfigs(t *testing.T) {
 		"limits:\n", // a null section keeps its defaults
 		"identity:\nquota:\n",
 		"identity: {ipv6_prefix: 48, trusted_proxies: [10.0.0.0/8, \"::1\", 192.168.1.1], header: X-Real-IP}",
-		"allow: {ips: [203.0.113.0/24, \"2001:db8::/32\"], pubkeys: [" + strings.Repeat("Ab", 32) + "]}",
+		"relay_url: wss://relay.example\nallow: {ips: [203.0.113.0/24, \"2001:db8::/32\"], pubkeys: [" + strings.Repeat("Ab", 32) + "]}",
 		"quota: {events: 1, window: 1s}",
 		"upstream: wss://relay.example/path\n",
 		"relay_url: wss://relay.example.com\n",
@@ -464,6 +464,12 @@ func TestRunExitCodes(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("limits: {message: {EVENT: [{rate: 10, period: 1s}, {rate: 1, period: 60s}]}}\n"), 0o600)
+	// An allow-listed pubkey without relay_url: an AUTH for another relay
+	// could be replayed (relay.ErrNoRelayURL); with it, fine.
+	member := strings.Repeat("ab", 32)
+	noURL, withURL := filepath.Join(dir, "nourl.yaml"), filepath.Join(dir, "url.yaml")
+	os.WriteFile(noURL, []byte("allow: {pubkeys: ["+member+"]}\n"), 0o600)
+	os.WriteFile(withURL, []byte("relay_url: wss://relay.example\nallow: {pubkeys: ["+member+"]}\n"), 0o600)
 	tests := []struct {
 		args     []string
 		code     int
@@ -472,6 +478,8 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"check"}, exitOK, "EVENT       10/1s", ""},
 		{[]string{"check", "--config", examplePath}, exitOK, "burst 240", ""},
 		{[]string{"check", "--config", bad}, exitUsage, "", "limits.message.EVENT[1] (line 1, column 52): ratelimit: invalid limit: rate 1 must be greater than cost 1"},
+		{[]string{"check", "--config", noURL}, exitUsage, "", "relay_url: must be set to the relay's public ws:// or wss:// URL when tiers or allow.pubkeys grant budgets by NIP-42 pubkey"},
+		{[]string{"check", "--config", withURL}, exitOK, "configuration OK", ""},
 		{[]string{"check", "--nope"}, exitUsage, "", "flag provided but not defined"},
 		{[]string{"check", "extra"}, exitUsage, "", "unexpected argument"},
 		{[]string{"proxy"}, exitUsage, "", "--upstream"},

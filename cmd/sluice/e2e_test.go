@@ -794,7 +794,9 @@ func TestE2EAuthAllowlist(t *testing.T) {
 	cfg := filepath.Join(dir, "c.yaml")
 	// A burst of one, which an hour's half-life does not refill during
 	// the test: the second EVENT from the address is refused.
-	conf := fmt.Sprintf("limits: {message: {EVENT: [{rate: 1.5, period: 1h}]}}\nallow: {pubkeys: [%s]}\n", pk)
+	// An allow-listed pubkey needs relay_url, which the AUTH must name.
+	const relayURL = "ws://sluice.test"
+	conf := fmt.Sprintf("relay_url: %s\nlimits: {message: {EVENT: [{rate: 1.5, period: 1h}]}}\nallow: {pubkeys: [%s]}\n", relayURL, pk)
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -827,7 +829,7 @@ func TestE2EAuthAllowlist(t *testing.T) {
 	}
 	// The AUTH NIP-42 asks for: relay = the URL connected to, challenge =
 	// the one received.
-	if ok, reason := c.auth(sk, p.url(), ch); !ok {
+	if ok, reason := c.auth(sk, relayURL, ch); !ok {
 		t.Fatalf("AUTH of the allow-listed pubkey refused: %q", reason)
 	}
 	for i := range 5 {

@@ -283,7 +283,10 @@ func TestE2ETier(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(dir, "c.yaml")
-	writeConfig(t, cfg, `limits: {message: {EVENT: [{rate: 1.5, period: 1h}]}}
+	// Member tiers need relay_url, which the AUTHs must name.
+	const relayURL = "ws://sluice.test"
+	writeConfig(t, cfg, `relay_url: `+relayURL+`
+limits: {message: {EVENT: [{rate: 1.5, period: 1h}]}}
 tiers:
   members:
     pubkeys_file: members.txt
@@ -304,7 +307,7 @@ tiers:
 	// A pubkey in no tier that authenticates stays on the address.
 	stranger := dialRaw(t, ctx, p.url())
 	ch := stranger.challenge()
-	if ok, reason := stranger.auth(other, p.url(), ch); !ok {
+	if ok, reason := stranger.auth(other, relayURL, ch); !ok {
 		t.Fatalf("AUTH of a pubkey in no tier refused: %q", reason)
 	}
 	if ok, reason := stranger.publish(signed(t, other, "stranger")); !refusedRateLimited(t, ok, reason) {
@@ -316,7 +319,7 @@ tiers:
 	if ok, reason := member.publish(signed(t, sk, "before auth")); !refusedRateLimited(t, ok, reason) {
 		t.Errorf("the member's EVENT before AUTH was admitted on the spent address budget")
 	}
-	if ok, reason := member.auth(sk, p.url(), ch); !ok {
+	if ok, reason := member.auth(sk, relayURL, ch); !ok {
 		t.Fatalf("AUTH of the member refused: %q", reason)
 	}
 	for i := range 5 {

@@ -52,7 +52,8 @@ func loadIn(t *testing.T, dir, yaml string, files map[string]string) (*config, e
 	return fc.validate()
 }
 
-const policyYAML = `mode: shadow
+const policyYAML = `relay_url: wss://relay.example
+mode: shadow
 limits:
   message:
     EVENT: [{rate: 10, period: 1s}, {rate: 240, period: 60s, shadow: true}]

@@ -364,7 +364,8 @@ func TestGateAndHooksAgree(t *testing.T) {
 			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
-			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: q.Local(clock.Now), Identity: &relay.Identity{Allow: allow}})
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: q.Local(clock.Now), Identity: &relay.Identity{Allow: allow},
+				RelayURL: "ws://relay.example"}) // allow-listed pubkeys need it (nothing here AUTHs)
 			r := nostrtest.Connect(t, ws)
 			for i, st := range steps {
 				err := nostrtest.Publish(t, r, nostrtest.Note(t, st.sk, fmt.Sprint("note ", i)))

@@ -112,6 +112,12 @@ type Options struct {
 //     with Negentropy on panics, taking the process down, on a frame such
 //     as [1,"X"] (go-nostr's nip77.ParseNegMessage slices out of range),
 //     before any hook runs; a Gate does not forward such frames.
+//   - They take the framework's word on NIP-42. khatru checks an AUTH's
+//     relay tag against its ServiceURL or, without one, against the Host
+//     the client sent, which any client can name: with member tiers or
+//     allow-listed pubkeys, set khatru's ServiceURL to the public URL, or
+//     an AUTH a member signed for another relay can be replayed to it (a
+//     Gate refuses such a policy without Options.RelayURL: ErrNoRelayURL).
 //
 // A Gate (Wrap) has none of these limits: it reads each frame before the
 // relay does.
