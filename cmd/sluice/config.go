@@ -894,14 +894,18 @@ func (fc *fileConfig) validate() (*config, error) {
 		c.QuotaWindow, window = d, d
 	}
 	// Checked even when unlimited: 0 there is a mistake in the making.
-	if _, err := ratelimit.NewQuota(int(max(min(fc.Quota.Events, math.MaxInt), math.MinInt)), window); err != nil {
-		bad("quota.events", "%v; quota.unlimited: true turns the quota off", err)
+	if msg := quotaEventsProblem(int64(fc.Quota.Events), "quota.unlimited"); msg != "" {
+		bad("quota.events", "%s", msg)
+	} else if _, err := ratelimit.NewQuota(int(fc.Quota.Events), window); err != nil {
+		bad("quota.events", "%v", err)
 	}
 
 	// The library takes 1…128 (0: its default); below /16 every IPv6
 	// client of a continent would share one budget.
-	if p := fc.Identity.IPv6Prefix; p < 16 {
-		bad("identity.ipv6_prefix", "must be at least 16, got %d", p)
+	if p := fc.Identity.IPv6Prefix; p < 16 || p > 128 {
+		// The library's own error would offer 0 and 1…128, which the
+		// file does not take.
+		bad("identity.ipv6_prefix", "must be between 16 and 128, got %d", p)
 	} else if err := (&relay.Identity{IPv6Prefix: int(min(p, math.MaxInt))}).Validate(); err != nil {
 		bad("identity.ipv6_prefix", "%v", err)
 	}
@@ -1107,6 +1111,19 @@ func parsePubkey(s string) (string, error) {
 	}
 	pk, _ := v.(string)
 	return pk, nil
+}
+
+// quotaEventsProblem says, in the file's terms, what is wrong with a
+// quota's events count ("" when nothing is): ratelimit.NewQuota's own error
+// says "use Unlimited", a Go field, where the file has unlimitedKey.
+func quotaEventsProblem(events int64, unlimitedKey string) string {
+	switch {
+	case events < 1:
+		return fmt.Sprintf("must be at least 1, got %d (set %s: true to turn the quota off)", events, unlimitedKey)
+	case events > ratelimit.MaxQuotaEvents:
+		return fmt.Sprintf("must be at most %d, got %d", ratelimit.MaxQuotaEvents, events)
+	}
+	return ""
 }
 
 func parseDuration(s string) (time.Duration, error) {
