@@ -715,9 +715,12 @@ func (fc *fileConfig) validate() (*config, error) {
 		}
 	}
 	if fc.RelayURL != "" {
-		if _, err := newProbeGate(relay.Options{RelayURL: fc.RelayURL}); err != nil {
+		// The binary's check first: the gate's error for a bad relay URL
+		// wraps relay.ErrUpstream ("relay: bad upstream"), which would
+		// send an operator to look at upstream.
+		if err := checkRelayURL(fc.RelayURL); err != nil {
 			bad("relay_url", "%v", err)
-		} else if err := checkRelayURL(fc.RelayURL); err != nil {
+		} else if _, err := newProbeGate(relay.Options{RelayURL: fc.RelayURL}); err != nil {
 			bad("relay_url", "%v", err)
 		}
 	}
@@ -1181,15 +1184,17 @@ func sameListener(a, b string) bool {
 	return covers(ipa, ipb) || covers(ipb, ipa) || (ipa != nil && ipb != nil && ipa.Equal(ipb))
 }
 
-// checkRelayURL refuses, in a relay_url the gate accepts (a ws:// or
-// wss:// URL with a host), what no public relay URL has: an AUTH relay tag
-// is compared by host and path, so credentials, a query or a fragment
-// could only be a mistake. The gate takes them; the binary does not.
+// checkRelayURL refuses what the gate refuses (anything but a ws:// or
+// wss:// URL with a host), and what no public relay URL has: an AUTH relay
+// tag is compared by host and path, so credentials, a query or a fragment
+// could only be a mistake. The gate takes those; the binary does not.
 func checkRelayURL(s string) error {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil:
-		return fmt.Errorf("not a URL: %q", s)
+		return fmt.Errorf("not a URL: %q (want a ws:// or wss:// URL with a host)", s)
+	case u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss"):
+		return fmt.Errorf("must be a ws:// or wss:// URL with a host, got %q", s)
 	case u.User != nil:
 		return errors.New("must not carry credentials")
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
