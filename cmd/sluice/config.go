@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -946,7 +947,36 @@ func (fc *fileConfig) validate() (*config, error) {
 		}
 		pubkeys[i] = pk
 	}
-	if npubsOK && (len(fc.Allow.IPs) > 0 || len(pubkeys) > 0) {
+	// The allow-list's error names the entry within its list (ips[2]);
+	// the entry's own path carries the file's line and column.
+	listOK := true
+	for _, l := range []struct {
+		path string
+		n    int
+		list func(k int) error // NewAllowList's verdict on the first k entries
+	}{
+		{"allow.ips", len(fc.Allow.IPs), func(k int) error {
+			_, err := relay.NewAllowList(fc.Allow.IPs[:k], nil)
+			return err
+		}},
+		{"allow.pubkeys", len(pubkeys), func(k int) error {
+			if !npubsOK {
+				return nil // reported above
+			}
+			_, err := relay.NewAllowList(nil, pubkeys[:k])
+			return err
+		}},
+	} {
+		if l.list(l.n) == nil {
+			continue
+		}
+		listOK = false
+		// A prefix of the list is refused exactly when it holds a bad
+		// entry: the first bad one is found in log n calls.
+		i := sort.Search(l.n, func(k int) bool { return l.list(k+1) != nil })
+		bad(fmt.Sprintf("%s[%d]", l.path, i), "%v", l.list(i+1))
+	}
+	if npubsOK && listOK && (len(fc.Allow.IPs) > 0 || len(pubkeys) > 0) {
 		if al, err := relay.NewAllowList(fc.Allow.IPs, pubkeys); err != nil {
 			bad("allow", "%v", err)
 		} else {
