@@ -23,7 +23,9 @@ import (
 
 // Sentinel errors of the gate. Test with errors.Is.
 var (
-	// ErrUpstream is wrapped by Proxy for an upstream URL it cannot use.
+	// ErrUpstream is wrapped by Proxy for an upstream URL it cannot use,
+	// and by New for an Options.RelayURL that is not a ws:// or wss://
+	// URL with a host.
 	ErrUpstream = errors.New("relay: bad upstream")
 	// ErrNoRelayURL is returned by New and Reload for a policy that grants
 	// budgets by NIP-42 pubkey (member tiers, allow-listed pubkeys) on a

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -715,9 +716,12 @@ func (fc *fileConfig) validate() (*config, error) {
 		}
 	}
 	if fc.RelayURL != "" {
-		if _, err := newProbeGate(relay.Options{RelayURL: fc.RelayURL}); err != nil {
+		// The binary's check first: the gate's error for a bad relay URL
+		// wraps relay.ErrUpstream ("relay: bad upstream"), which would
+		// send an operator to look at upstream.
+		if err := checkRelayURL(fc.RelayURL); err != nil {
 			bad("relay_url", "%v", err)
-		} else if err := checkRelayURL(fc.RelayURL); err != nil {
+		} else if _, err := newProbeGate(relay.Options{RelayURL: fc.RelayURL}); err != nil {
 			bad("relay_url", "%v", err)
 		}
 	}
@@ -894,14 +898,18 @@ func (fc *fileConfig) validate() (*config, error) {
 		c.QuotaWindow, window = d, d
 	}
 	// Checked even when unlimited: 0 there is a mistake in the making.
-	if _, err := ratelimit.NewQuota(int(max(min(fc.Quota.Events, math.MaxInt), math.MinInt)), window); err != nil {
-		bad("quota.events", "%v; quota.unlimited: true turns the quota off", err)
+	if msg := quotaEventsProblem(int64(fc.Quota.Events), "quota.unlimited"); msg != "" {
+		bad("quota.events", "%s", msg)
+	} else if _, err := ratelimit.NewQuota(int(fc.Quota.Events), window); err != nil {
+		bad("quota.events", "%v", err)
 	}
 
 	// The library takes 1…128 (0: its default); below /16 every IPv6
 	// client of a continent would share one budget.
-	if p := fc.Identity.IPv6Prefix; p < 16 {
-		bad("identity.ipv6_prefix", "must be at least 16, got %d", p)
+	if p := fc.Identity.IPv6Prefix; p < 16 || p > 128 {
+		// The library's own error would offer 0 and 1…128, which the
+		// file does not take.
+		bad("identity.ipv6_prefix", "must be between 16 and 128, got %d", p)
 	} else if err := (&relay.Identity{IPv6Prefix: int(min(p, math.MaxInt))}).Validate(); err != nil {
 		bad("identity.ipv6_prefix", "%v", err)
 	}
@@ -939,7 +947,36 @@ func (fc *fileConfig) validate() (*config, error) {
 		}
 		pubkeys[i] = pk
 	}
-	if npubsOK && (len(fc.Allow.IPs) > 0 || len(pubkeys) > 0) {
+	// The allow-list's error names the entry within its list (ips[2]);
+	// the entry's own path carries the file's line and column.
+	listOK := true
+	for _, l := range []struct {
+		path string
+		n    int
+		list func(k int) error // NewAllowList's verdict on the first k entries
+	}{
+		{"allow.ips", len(fc.Allow.IPs), func(k int) error {
+			_, err := relay.NewAllowList(fc.Allow.IPs[:k], nil)
+			return err
+		}},
+		{"allow.pubkeys", len(pubkeys), func(k int) error {
+			if !npubsOK {
+				return nil // reported above
+			}
+			_, err := relay.NewAllowList(nil, pubkeys[:k])
+			return err
+		}},
+	} {
+		if l.list(l.n) == nil {
+			continue
+		}
+		listOK = false
+		// A prefix of the list is refused exactly when it holds a bad
+		// entry: the first bad one is found in log n calls.
+		i := sort.Search(l.n, func(k int) bool { return l.list(k+1) != nil })
+		bad(fmt.Sprintf("%s[%d]", l.path, i), "%v", l.list(i+1))
+	}
+	if npubsOK && listOK && (len(fc.Allow.IPs) > 0 || len(pubkeys) > 0) {
 		if al, err := relay.NewAllowList(fc.Allow.IPs, pubkeys); err != nil {
 			bad("allow", "%v", err)
 		} else {
@@ -1111,6 +1148,19 @@ func parsePubkey(s string) (string, error) {
 	return pk, nil
 }
 
+// quotaEventsProblem says, in the file's terms, what is wrong with a
+// quota's events count ("" when nothing is): ratelimit.NewQuota's own error
+// says "use Unlimited", a Go field, where the file has unlimitedKey.
+func quotaEventsProblem(events int64, unlimitedKey string) string {
+	switch {
+	case events < 1:
+		return fmt.Sprintf("must be at least 1, got %d (set %s: true to turn the quota off)", events, unlimitedKey)
+	case events > ratelimit.MaxQuotaEvents:
+		return fmt.Sprintf("must be at most %d, got %d", ratelimit.MaxQuotaEvents, events)
+	}
+	return ""
+}
+
 func parseDuration(s string) (time.Duration, error) {
 	if s == "" {
 		return 0, errors.New("is required (a duration such as 1s or 100ms)")
@@ -1166,15 +1216,17 @@ func sameListener(a, b string) bool {
 	return covers(ipa, ipb) || covers(ipb, ipa) || (ipa != nil && ipb != nil && ipa.Equal(ipb))
 }
 
-// checkRelayURL refuses, in a relay_url the gate accepts (a ws:// or
-// wss:// URL with a host), what no public relay URL has: an AUTH relay tag
-// is compared by host and path, so credentials, a query or a fragment
-// could only be a mistake. The gate takes them; the binary does not.
+// checkRelayURL refuses what the gate refuses (anything but a ws:// or
+// wss:// URL with a host), and what no public relay URL has: an AUTH relay
+// tag is compared by host and path, so credentials, a query or a fragment
+// could only be a mistake. The gate takes those; the binary does not.
 func checkRelayURL(s string) error {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil:
-		return fmt.Errorf("not a URL: %q", s)
+		return fmt.Errorf("not a URL: %q (want a ws:// or wss:// URL with a host)", s)
+	case u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss"):
+		return fmt.Errorf("must be a ws:// or wss:// URL with a host, got %q", s)
 	case u.User != nil:
 		return errors.New("must not carry credentials")
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":

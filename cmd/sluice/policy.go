@@ -269,9 +269,16 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 					ts.QuotaWindow = d
 				}
 			}
-			if ok && ts.QuotaWindow > 0 {
+			events := int64(c.QuotaEvents)
+			if q.Events != nil {
+				events = int64(*q.Events)
+			}
+			if msg := quotaEventsProblem(events, path+".quota.unlimited"); msg != "" {
+				bad(path+".quota.events", "%s", msg)
+				ok = false
+			} else if ok && ts.QuotaWindow > 0 {
 				if _, err := ratelimit.NewQuota(ts.QuotaEvents, ts.QuotaWindow); err != nil {
-					bad(path+".quota.events", "%v; unlimited: true gives the tier no quota", err)
+					bad(path+".quota.events", "%v", err)
 					ok = false
 				}
 			}

@@ -6,7 +6,7 @@
 //
 // The gate reads every frame before khatru does, answers refused connections
 // with 429 and Retry-After, and limits every message type; the hooks need no
-// wrapper but see only what khatru has parsed (see relay.Hooks). Both keep
+// wrapper but see only what khatru has parsed (see hooks.Hooks). Both keep
 // their budgets in process memory; share them across instances with a Redis
 // store in relay.Options.Limiter / hooks.Options.Limiter.
 //

@@ -315,7 +315,55 @@ func secrets(rawURL string) []string {
 // it (user:password@ and query keys naming a password, written raw or
 // escaped) replaced by "xxxxx", and cut to 200 bytes: for logs and status
 // pages. It is what NewClient's errors show of a URL.
-func RedactURL(rawURL string) string { return hide(rawURL, rawURL, 200) }
+//
+// The passwords are replaced where they stand, not wherever their text
+// recurs: a short password such as "0" or "redis" replaced throughout made
+// "redis://:0@127.0.0.1:6379/0" read "redis://:xxxxx@127.xxxxx.xxxxx.1:6379/xxxxx",
+// a host and database the operator never wrote. Everything between the
+// first ':' of the user part and the last '@' is the password, as secrets
+// reads it, so a password with a raw '/', '?' or '#' is hidden whole.
+func RedactURL(rawURL string) string {
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return hide(rawURL, rawURL, 200)
+	}
+	var b strings.Builder
+	b.WriteString(scheme)
+	b.WriteString("://")
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		if user, _, hasPass := strings.Cut(rest[:at], ":"); hasPass {
+			b.WriteString(user)
+			b.WriteString(":xxxxx@")
+		} else {
+			b.WriteString(rest[:at+1])
+		}
+		rest = rest[at+1:]
+	}
+	base, query, hasQuery := strings.Cut(rest, "?")
+	b.WriteString(base)
+	if hasQuery {
+		query, frag, hasFrag := strings.Cut(query, "#")
+		b.WriteByte('?')
+		for i, kv := range strings.Split(query, "&") {
+			if i > 0 {
+				b.WriteByte('&')
+			}
+			if k, _, _ := strings.Cut(kv, "="); strings.Contains(strings.ToLower(k), "password") {
+				kv = k + "=xxxxx"
+			}
+			b.WriteString(kv)
+		}
+		if hasFrag {
+			b.WriteByte('#')
+			b.WriteString(frag)
+		}
+	}
+	msg := b.String()
+	if len(msg) > 200 {
+		msg = msg[:200] + "…"
+	}
+	return msg
+}
 
 // redactErr renders err with any password from rawURL replaced.
 func redactErr(err error, rawURL string) string {

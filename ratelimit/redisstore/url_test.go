@@ -225,6 +225,13 @@ func TestRedactURL(t *testing.T) {
 		"redis://:se%2Fkrit@h:1":                                "redis://:xxxxx@h:1",
 		"redis+sentinel://h:1/m?sentinel_password=sekrit&db=1":  "redis+sentinel://h:1/m?sentinel_password=xxxxx&db=1",
 		"redis+cluster://u:p%40ss@h:1,h:2?password=sekrit#frag": "redis+cluster://u:xxxxx@h:1,h:2?password=xxxxx#frag",
+		// A short password is replaced where it stands, not in the host,
+		// the database, the scheme or a key's name.
+		"redis://default:0@127.0.0.1:6379/0":                   "redis://default:xxxxx@127.0.0.1:6379/0",
+		"redis://:redis@127.0.0.1:6379/0":                      "redis://:xxxxx@127.0.0.1:6379/0",
+		"redis+sentinel://:p@h:1/m/0?sentinel_password=s&db=1": "redis+sentinel://:xxxxx@h:1/m/0?sentinel_password=xxxxx&db=1",
+		"redis://u@h:1/0":                                      "redis://u@h:1/0",
+		"redis://:se?cr#et@h:1/0":                              "redis://:xxxxx@h:1/0",
 	} {
 		if got := RedactURL(raw); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", raw, got, want)

@@ -3,10 +3,13 @@
 // framework hooks (package relay/hooks) alike, so that the two cannot
 // disagree.
 //
-// Compile turns Limits (per message type and per connection) into a
+// Compile turns a Config — the address's Limits (per message type and per
+// connection), the EVENT kind classes, the member tiers, the prefix
+// aggregates, shadow mode, the actor quota and the Identity — into a
 // Policy: every limit validated, every set of windows prepared
-// (ratelimit.Windows) with its key suffixes and script arguments, and REQ's
-// windows for every filter count, since a REQ of n filters costs n REQs.
+// (ratelimit.Windows) with its key suffixes and script arguments and split
+// into the windows that enforce and those in shadow, and REQ's windows for
+// every filter count, since a REQ of n filters costs n REQs.
 // Identity turns a request into the client a budget belongs to (IPv4
 // whole, IPv6 by prefix, forwarding headers only from trusted proxies), and
 // AllowList says who is charged nothing and for what. Observer and
