@@ -86,6 +86,7 @@ func printCheck(w io.Writer, cfg *config) {
 
 	printShape(w, cfg)
 	fmt.Fprintf(w, "open at once: at most %d subscriptions per connection (NIP-11 max_subscriptions), %d connections per client in this process\n", cfg.Subscriptions, cfg.MaxConnections)
+	fmt.Fprintf(w, "NIP-77 (sluice relay): a sync covers at most the newest %d events it matches (max_sync_events)\n", cfg.MaxSyncEvents)
 
 	if cfg.QuotaUnlimited {
 		fmt.Fprintln(w, "quota: off (unlimited)")

@@ -69,6 +69,19 @@ const (
 	maxRate      = 1e9
 	maxTimeout   = 10 * time.Second
 	maxReadLimit = 64 << 20
+	// defaultMaxSyncEvents bounds the events one NIP-77 sync (NEG-OPEN)
+	// covers in sluice relay. eventstore's badger backend otherwise allows
+	// 16,777,216 and allocates its result slice at that size for every
+	// NEG-OPEN, whatever matches: ~400 MB and ~0.2 s of CPU each on an
+	// all but empty store (TestE2ESyncMemoryBounded). At 100,000 a sync
+	// that matches them all costs ~1 s of CPU and ~140 MB while it is
+	// built, and the session khatru keeps holds ~10–25 MB (measured with
+	// 100,000 stored events); a sync that matches more covers the newest
+	// 100,000. Enough for one author's history or a feed's recent notes;
+	// a mirror that syncs a whole relay raises it.
+	defaultMaxSyncEvents = 100_000
+	// maxMaxSyncEvents is the store's own bound.
+	maxMaxSyncEvents = 16_777_216
 	// maxFilters bounds limits.max_filters: each filter is a query and a
 	// listener at the relay, and clients send one to a few.
 	maxFilters = 1000
@@ -92,6 +105,7 @@ type fileConfig struct {
 	Upstream      string         `yaml:"upstream"`
 	RelayURL      string         `yaml:"relay_url"`
 	ReadLimit     integer        `yaml:"read_limit"`
+	MaxSyncEvents integer        `yaml:"max_sync_events"`
 	Mode          string         `yaml:"mode"`
 	Log           logConfig      `yaml:"log"`
 	Info          infoConfig     `yaml:"info"`
@@ -279,6 +293,7 @@ type config struct {
 	Upstream      string // "" unless proxy mode
 	RelayURL      string // "": the host the client connected to
 	ReadLimit     int64
+	MaxSyncEvents int    // sluice relay: the events one NIP-77 sync may cover
 	LogFormat     string // "text" or "json"
 	LogLevel      string // "debug", "info", "warn" or "error"
 	Info          infoConfig
@@ -328,6 +343,7 @@ func defaultFileConfig() fileConfig {
 		MetricsListen: "127.0.0.1:9777",
 		DataDir:       "./data",
 		ReadLimit:     relay.DefaultReadLimit,
+		MaxSyncEvents: defaultMaxSyncEvents,
 		Log:           logConfig{Format: "text", Level: "info"},
 		Info: infoConfig{
 			Name:        "sluice",
@@ -683,6 +699,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		Upstream:       fc.Upstream,
 		RelayURL:       fc.RelayURL,
 		ReadLimit:      int64(fc.ReadLimit),
+		MaxSyncEvents:  int(min(max(fc.MaxSyncEvents, 0), maxMaxSyncEvents)),
 		LogFormat:      fc.Log.Format,
 		LogLevel:       fc.Log.Level,
 		Info:           fc.Info,
@@ -731,6 +748,9 @@ func (fc *fileConfig) validate() (*config, error) {
 	readLimitOK := fc.ReadLimit >= 1024 && fc.ReadLimit <= maxReadLimit
 	if !readLimitOK {
 		bad("read_limit", "must be between 1024 and %d bytes, got %d", maxReadLimit, fc.ReadLimit)
+	}
+	if fc.MaxSyncEvents < 1 || fc.MaxSyncEvents > maxMaxSyncEvents {
+		bad("max_sync_events", "must be between 1 and %d, got %d", maxMaxSyncEvents, fc.MaxSyncEvents)
 	}
 	switch fc.Log.Format {
 	case "text", "json":

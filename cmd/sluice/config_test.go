@@ -301,6 +301,8 @@ func TestHostileConfigs(t *testing.T) {
 		{"allow bad npub", "allow: {pubkeys: [npub1qqqq]}", "allow.pubkeys[0] (line 1, column 19): not a valid npub: \"npub1qqqq\""},
 		{"read limit tiny", "read_limit: 10", "read_limit (line 1, column 1): must be between 1024 and 67108864 bytes, got 10"},
 		{"read limit huge", "read_limit: 1099511627776", "read_limit (line 1, column 1): must be between 1024 and 67108864 bytes, got 1099511627776"},
+		{"max sync events zero", "max_sync_events: 0", "max_sync_events (line 1, column 1): must be between 1 and 16777216, got 0"},
+		{"max sync events past the store's", "max_sync_events: 16777217", "max_sync_events (line 1, column 1): must be between 1 and 16777216, got 16777217"},
 		{"log format", "log: {format: xml}", "log.format (line 1, column 7): must be text or json, got \"xml\""},
 		{"log level", "log: {level: loud}", "log.level"},
 		{"listen garbage", "listen: localhost", "listen (line 1, column 1): want host:port, got \"localhost\""},

@@ -41,6 +41,9 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	}
 	db := &badger.BadgerBackend{
 		Path: dir,
+		// Without it a NEG-OPEN may cover 16,777,216 events, and badger
+		// allocates for that many on every one (see defaultMaxSyncEvents).
+		MaxLimitNegentropy: cfg.MaxSyncEvents,
 		BadgerOptionsModifier: func(o badgerdb.Options) badgerdb.Options {
 			return o.WithLogger(badgerLogger{logger.With("component", "badger")})
 		},

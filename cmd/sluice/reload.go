@@ -45,6 +45,7 @@ var restartFields = []struct {
 	{"upstream", func(c *config) any { return c.Upstream }},
 	{"relay_url", func(c *config) any { return c.RelayURL }},
 	{"read_limit", func(c *config) any { return c.ReadLimit }},
+	{"max_sync_events", func(c *config) any { return c.MaxSyncEvents }},
 	{"limits.frame_size", func(c *config) any { return c.FrameSize }},
 	{"limits.subscriptions", func(c *config) any { return c.Subscriptions }},
 	{"limits.max_connections", func(c *config) any { return c.MaxConnections }},

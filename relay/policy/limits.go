@@ -51,8 +51,13 @@ func DefaultLimits() Limits {
 	l.Message[wire.TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
 	// AUTH is one signature check; a client needs one per connection.
 	l.Message[wire.TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}
-	// NEG-OPEN builds a negentropy set over a query: as costly as a REQ.
-	l.Message[wire.TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
+	// NEG-OPEN builds a negentropy set over a query that may cover far
+	// more events than a REQ returns (sluice relay: up to
+	// max_sync_events, 100,000, at ~1 s of CPU for them all, where a
+	// REQ filter returns at most 1,000), and the relay keeps the set
+	// while the sync lasts. 4 in a burst (a client syncing a few filters
+	// at start-up), then about one every 4 s.
+	l.Message[wire.TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(4, 10*time.Second)}
 	// NEG-MSG rounds of one sync follow each other quickly; they are cheap
 	// next to the NEG-OPEN that started them.
 	l.Message[wire.TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(50, time.Second)}
