@@ -59,7 +59,8 @@ type conn struct {
 	host  string        // the host the client asked for, for NIP-42's relay tag
 	meter *controlMeter // what the client's stream owes in control frames
 
-	subs subTable // subscriptions open at the relay
+	subs  subTable  // subscriptions open at the relay
+	syncs syncTable // NIP-77 syncs open at the relay
 	// Owned by the client reader: a CLOSE to send the relay after a
 	// refusal, and the wait of a client cut for knocking.
 	closeUp []byte
@@ -295,6 +296,13 @@ func (c *conn) watch(frame []byte) {
 		var buf [wire.MaxSubIDBytes]byte
 		if id, ok := subID(&buf, lit); ok {
 			c.subs.closedByRelay(id)
+		}
+		return
+	}
+	if lit, ok := wire.ParseNegErr(frame); ok {
+		var buf [wire.MaxSubIDBytes]byte
+		if id, ok := subID(&buf, lit); ok {
+			c.closeSync(id)
 		}
 		return
 	}
@@ -590,6 +598,18 @@ func (c *conn) admit(frame []byte) bool {
 		}
 	case TypeCLOSE:
 		c.subs.remove(facts.SubID[1 : len(facts.SubID)-1])
+	case TypeNEGOPEN:
+		if id := facts.SubID[1 : len(facts.SubID)-1]; !free && !c.syncs.has(id) {
+			if !c.g.holdSync(c.who) {
+				obs.ReportFrame(t, OverCap)
+				obs.ReportRefusal(c.who, t, OverCap)
+				c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySyncs)), p.Frame(), c.g.tooManySyncs))
+				return false
+			}
+			c.syncs.add(id)
+		}
+	case TypeNEGCLOSE:
+		c.closeSync(facts.SubID[1 : len(facts.SubID)-1])
 	case TypeEVENT:
 		if q := sub.Quota(); q != nil && !free {
 			return c.admitEvent(p.Frame(), &facts.Event, q, shadowed)
@@ -659,19 +679,39 @@ func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 }
 
 // dropSub is called for every refused frame: when it is a REQ whose id
-// names a subscription open at the relay, the client has just been told
-// (CLOSED) that it is closed, so the gate closes it at the relay too
-// (readClient sends the CLOSE).
+// names a subscription open at the relay, or a NEG-OPEN whose id names a
+// sync open there, the client has just been told (CLOSED, NEG-ERR) that it
+// is closed, so the gate closes it at the relay too (readClient sends the
+// CLOSE or NEG-CLOSE).
 func (c *conn) dropSub(f Frame) {
-	if f.Type != TypeREQ || f.ID == nil {
+	if (f.Type != TypeREQ && f.Type != TypeNEGOPEN) || f.ID == nil {
 		return
 	}
 	var buf [wire.MaxSubIDBytes]byte
 	id, ok := subID(&buf, f.ID)
-	if !ok || !c.subs.remove(id) {
+	if !ok {
 		return
 	}
-	c.closeUp = append(append(append(c.closeUp[:0], `["CLOSE","`...), id...), `"]`...)
+	label := `["CLOSE","`
+	if f.Type == TypeNEGOPEN {
+		if !c.closeSync(id) {
+			return
+		}
+		label = `["NEG-CLOSE","`
+	} else if !c.subs.remove(id) {
+		return
+	}
+	c.closeUp = append(append(append(c.closeUp[:0], label...), id...), `"]`...)
+}
+
+// closeSync closes the sync id, if it is open, and frees its place in the
+// client's count; it reports whether it was open.
+func (c *conn) closeSync(id []byte) bool {
+	if !c.syncs.remove(id) {
+		return false
+	}
+	c.g.releaseSyncs(c.who, 1)
+	return true
 }
 
 // replyBuf returns an empty buffer large enough for any refusal of f that

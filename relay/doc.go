@@ -81,7 +81,8 @@
 //
 // Refusals follow NIP-01 (AppendRefusal): an EVENT or AUTH gets
 // ["OK",<id>,false,<reason>] (a NOTICE when its id cannot be found), a REQ
-// or COUNT gets ["CLOSED",<sub id>,<reason>], anything else a NOTICE. The
+// or COUNT gets ["CLOSED",<sub id>,<reason>], a NEG-OPEN or NEG-MSG
+// ["NEG-ERR",<sub id>,<reason>], anything else a NOTICE. The
 // reason is "rate-limited: slow down; retry in Ns" for a limit, the wait
 // rounded up to whole seconds so that a client that waits as told is
 // admitted, or "error: rate limiter unavailable" (ReasonUnavailable) when

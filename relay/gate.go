@@ -165,6 +165,12 @@ type Options struct {
 	// process's own. 0 means DefaultMaxConnections; negative, no cap.
 	// Allow-listed addresses are not counted.
 	MaxConnections int
+	// MaxSyncs caps the NIP-77 syncs (NEG-OPEN) one client holds open at
+	// once through this gate, across its connections; a NEG-OPEN past it
+	// is answered NEG-ERR ("blocked: …") and not forwarded. The count is
+	// this process's own. 0 means DefaultMaxSyncs; negative, no cap.
+	// Allow-listed clients are not counted.
+	MaxSyncs int
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).
 	// "" means the tag's host must be the host the client connected to
@@ -239,6 +245,9 @@ type Gate struct {
 	maxConns     int    // per client; 0: no cap
 	connsMu      sync.Mutex
 	connsOpen    map[string]int // open connections per client key
+	maxSyncs     int            // per client; 0: no cap
+	syncsOpen    map[string]int // open NIP-77 syncs per client key, under connsMu
+	tooManySyncs string
 	relayURL     *url.URL
 	queueBytes   int
 	pingInterval time.Duration
@@ -311,6 +320,14 @@ func New(opts Options) (*Gate, error) {
 		g.maxConns = 0
 	}
 	g.connsOpen = make(map[string]int)
+	switch g.maxSyncs = opts.MaxSyncs; {
+	case g.maxSyncs == 0:
+		g.maxSyncs = DefaultMaxSyncs
+	case g.maxSyncs < 0:
+		g.maxSyncs = 0
+	}
+	g.syncsOpen = make(map[string]int)
+	g.tooManySyncs = fmt.Sprintf("blocked: too many open syncs (at most %d); send NEG-CLOSE for one first", g.maxSyncs)
 	if g.queueBytes <= 0 {
 		g.queueBytes = DefaultQueueBytes
 	}
@@ -361,6 +378,30 @@ func (g *Gate) releaseConn(client string) {
 	defer g.connsMu.Unlock()
 	if g.connsOpen[client]--; g.connsOpen[client] <= 0 {
 		delete(g.connsOpen, client)
+	}
+}
+
+// holdSync counts one more open NIP-77 sync for client, unless it holds
+// the most it may already.
+func (g *Gate) holdSync(client string) bool {
+	g.connsMu.Lock()
+	defer g.connsMu.Unlock()
+	if g.maxSyncs > 0 && g.syncsOpen[client] >= g.maxSyncs {
+		return false
+	}
+	g.syncsOpen[client]++
+	return true
+}
+
+// releaseSyncs counts n syncs of client closed.
+func (g *Gate) releaseSyncs(client string, n int) {
+	if n == 0 {
+		return
+	}
+	g.connsMu.Lock()
+	defer g.connsMu.Unlock()
+	if g.syncsOpen[client] -= n; g.syncsOpen[client] <= 0 {
+		delete(g.syncsOpen, client)
 	}
 }
 
@@ -591,6 +632,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}
 		g.obs.ReportOpen(1)
 		c.run()
+		g.releaseSyncs(client, c.syncs.clear())
 		g.obs.ReportOpen(-1)
 		g.remove(c)
 	}()

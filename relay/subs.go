@@ -141,3 +141,62 @@ func subID(buf *[wire.MaxSubIDBytes]byte, lit []byte) ([]byte, bool) {
 	id, ok := wire.Unquote(buf[:0], lit)
 	return id, ok && len(id) > 0
 }
+
+// DefaultMaxSyncs caps the NIP-77 syncs (NEG-OPEN) one client holds open
+// at the relay at once, across its connections in one gate process. A
+// sync is one reconciliation of a filter, a few rounds long; a client
+// runs one or two at a time. The relay keeps each one's set of events
+// while it lasts (sluice relay: up to max_sync_events, ~10–25 MB at
+// 100,000), and a NEG-MSG every few seconds keeps it alive, so without a
+// cap one client could hold any number of them.
+const DefaultMaxSyncs = 4
+
+// syncTable is the NIP-77 syncs a connection has open at the relay, by id,
+// and counted against its client's cap (Gate.holdSync): opened by a
+// forwarded NEG-OPEN (one reusing an open id replaces that sync at the
+// relay, khatru's as NIP-77's, and takes no new place), closed by a
+// forwarded NEG-CLOSE, by the relay's NEG-ERR, or with the connection.
+// A relay may also drop a sync it has not heard of for a while (khatru:
+// 7 s) without a word; it stays counted until the client closes it, or
+// until a NEG-MSG for it is answered NEG-ERR. Safe for concurrent use
+// (the client reader opens and closes, the relay reader closes).
+type syncTable struct {
+	mu  sync.Mutex
+	ids map[string]struct{}
+}
+
+// has reports whether id is open.
+func (s *syncTable) has(id []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.ids[string(id)]
+	return ok
+}
+
+// add opens id.
+func (s *syncTable) add(id []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil {
+		s.ids = make(map[string]struct{})
+	}
+	s.ids[string(id)] = struct{}{}
+}
+
+// remove closes id and reports whether it was open.
+func (s *syncTable) remove(id []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.ids[string(id)]
+	delete(s.ids, string(id))
+	return ok
+}
+
+// clear closes every sync and returns how many were open.
+func (s *syncTable) clear() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.ids)
+	s.ids = nil
+	return n
+}

@@ -89,6 +89,8 @@ const (
 	// limits.max_connections: past them a cap caps nothing.
 	maxSubscriptions = 10000
 	maxConnections   = 1000000
+	// maxSyncs bounds limits.syncs.
+	maxSyncs = 10000
 	// minFrameSize is the smallest limits.frame_size: a smaller number
 	// bounds nothing a client sends (an AUTH is hundreds of bytes) and is
 	// most likely a size meant in KiB.
@@ -156,6 +158,8 @@ type limitsConfig struct {
 	// MaxConnections the connections one client holds open at once.
 	Subscriptions  integer `yaml:"subscriptions"`
 	MaxConnections integer `yaml:"max_connections"`
+	// Syncs caps the NIP-77 syncs one client holds open at once.
+	Syncs integer `yaml:"syncs"`
 	// FrameSize holds only the types the file names; the others keep
 	// relay.DefaultFrameSize, which for EVENT is read_limit whatever
 	// read_limit is set to (a number in the defaults could not say that).
@@ -306,10 +310,10 @@ type config struct {
 	// MaxFilters is limits.max_filters as configured; the gate may lower
 	// it (relay.Options.MaxFilters).
 	MaxFilters int
-	// Subscriptions and MaxConnections are limits.subscriptions and
-	// limits.max_connections (relay.Options.MaxSubscriptions,
-	// MaxConnections).
-	Subscriptions, MaxConnections int
+	// Subscriptions, MaxConnections and Syncs are limits.subscriptions,
+	// limits.max_connections and limits.syncs
+	// (relay.Options.MaxSubscriptions, MaxConnections, MaxSyncs).
+	Subscriptions, MaxConnections, Syncs int
 	// FrameSize is limits.frame_size by type; 0 means
 	// relay.DefaultFrameSize.
 	FrameSize [relay.NumTypes]int
@@ -355,6 +359,7 @@ func defaultFileConfig() fileConfig {
 			Message:        msg,
 			MaxFilters:     relay.DefaultMaxFilters,
 			Subscriptions:  relay.DefaultMaxSubscriptions,
+			Syncs:          relay.DefaultMaxSyncs,
 			MaxConnections: relay.DefaultMaxConnections,
 			FrameSize:      map[string]integer{},
 			Kinds:          map[string]kindClassConfig{},
@@ -868,6 +873,11 @@ func (fc *fileConfig) validate() (*config, error) {
 		bad("limits.max_connections", "must be between 1 and %d, got %d", maxConnections, n)
 	} else {
 		c.MaxConnections = int(n)
+	}
+	if n := fc.Limits.Syncs; n < 1 || n > maxSyncs {
+		bad("limits.syncs", "must be between 1 and %d, got %d", maxSyncs, n)
+	} else {
+		c.Syncs = int(n)
 	}
 	labels = labels[:0]
 	for label := range fc.Limits.FrameSize {

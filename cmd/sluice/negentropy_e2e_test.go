@@ -32,7 +32,7 @@ func TestE2ESyncMemoryBounded(t *testing.T) {
 	ctx := testCtx(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "c.yaml")
-	writeConfig(t, cfg, "limits: {message: {NEG-OPEN: [{rate: 1000, period: 1s}]}}\n")
+	writeConfig(t, cfg, "limits: {message: {NEG-OPEN: [{rate: 1000, period: 1s}]}, syncs: 10}\n")
 	p := startSluice(t, "relay", "--config", cfg, "--data-dir", filepath.Join(dir, "data"))
 	c := dialRaw(t, ctx, p.url())
 	c.challenge()

@@ -49,6 +49,7 @@ var restartFields = []struct {
 	{"limits.frame_size", func(c *config) any { return c.FrameSize }},
 	{"limits.subscriptions", func(c *config) any { return c.Subscriptions }},
 	{"limits.max_connections", func(c *config) any { return c.MaxConnections }},
+	{"limits.syncs", func(c *config) any { return c.Syncs }},
 	{"log.format", func(c *config) any { return c.LogFormat }},
 	{"log.level", func(c *config) any { return c.LogLevel }},
 	{"store.redis", func(c *config) any { return c.Redis }},
@@ -91,7 +92,7 @@ func (r *reloader) reload() error {
 	eff := *cfg
 	eff.Listen, eff.MetricsListen, eff.DataDir, eff.Upstream = r.start.Listen, r.start.MetricsListen, r.start.DataDir, r.start.Upstream
 	eff.RelayURL, eff.ReadLimit, eff.FrameSize = r.start.RelayURL, r.start.ReadLimit, r.start.FrameSize
-	eff.Subscriptions, eff.MaxConnections = r.start.Subscriptions, r.start.MaxConnections
+	eff.Subscriptions, eff.MaxConnections, eff.Syncs = r.start.Subscriptions, r.start.MaxConnections, r.start.Syncs
 	eff.LogFormat, eff.LogLevel = r.start.LogFormat, r.start.LogLevel
 	eff.Redis, eff.Prefix, eff.StoreTimeout = r.start.Redis, r.start.Prefix, r.start.StoreTimeout
 

@@ -172,6 +172,7 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Ga
 
 		MaxSubscriptions: cfg.Subscriptions,
 		MaxConnections:   cfg.MaxConnections,
+		MaxSyncs:         cfg.Syncs,
 		Observer:         m.observer(),
 		Logger:           logger,
 	})

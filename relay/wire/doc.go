@@ -31,7 +31,11 @@
 //
 // AppendRefusal and its specialised forms write NIP-01 refusals: OK false
 // for EVENT and AUTH, CLOSED for REQ and COUNT, NOTICE for the rest, each
-// carrying the id exactly as the client sent it.
+// carrying the id exactly as the client sent it; and NIP-77's NEG-ERR for
+// NEG-OPEN and NEG-MSG. DESIGN.md's table of replies puts the NEG- types
+// under "anything else: NOTICE", but a client that sent a NEG-OPEN waits
+// for NEG-MSG or NEG-ERR about that sync: a NOTICE left it waiting for a
+// sync the gate had refused.
 //
 // ParseOK and ParseAuthChallenge read the two relay frames the gate acts
 // on: the OK that charges a quota or binds an AUTH, and the relay's NIP-42

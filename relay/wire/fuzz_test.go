@@ -282,6 +282,8 @@ func FuzzAppendRefusal(f *testing.F) {
 			want = []any{"OK", id, false, wantReason}
 		case fr.ID != nil && (fr.Type == TypeREQ || fr.Type == TypeCOUNT):
 			want = []any{"CLOSED", id, wantReason}
+		case fr.ID != nil && (fr.Type == TypeNEGOPEN || fr.Type == TypeNEGMSG):
+			want = []any{"NEG-ERR", id, wantReason}
 		default:
 			want = []any{"NOTICE", wantReason}
 		}
@@ -290,7 +292,13 @@ func FuzzAppendRefusal(f *testing.F) {
 		if !bytes.Equal(gotJSON, wantJSON) {
 			t.Fatalf("reply %s decodes to %s, want %s", reply, gotJSON, wantJSON)
 		}
-		if env := nostr.ParseMessage(string(reply)); env == nil || env.Label() != want[0] {
+		if want[0] == "NEG-ERR" {
+			// (go-nostr's ErrorEnvelope labels itself NEG-ERROR, though it
+			// reads and writes NEG-ERR.)
+			if e, ok := nip77.ParseNegMessage(string(reply)).(*nip77.ErrorEnvelope); !ok || e.SubscriptionID != id || e.Reason != wantReason {
+				t.Fatalf("go-nostr's nip77 reads %s as %v, want NEG-ERR", reply, e)
+			}
+		} else if env := nostr.ParseMessage(string(reply)); env == nil || env.Label() != want[0] {
 			t.Fatalf("go-nostr reads %s as %v, want %s", reply, env, want[0])
 		}
 

@@ -115,7 +115,8 @@ func labelType(b []byte) Type {
 type Frame struct {
 	Type Type
 	// ID is the raw JSON string literal, quotes and escapes included, of the
-	// subscription id (REQ, COUNT, CLOSE) or the event id (EVENT, AUTH), as a
+	// subscription id (REQ, COUNT, CLOSE, and the NIP-77 NEG-OPEN, NEG-MSG
+	// and NEG-CLOSE) or the event id (EVENT, AUTH), as a
 	// sub-slice of the frame; nil when there is none. A reply writes it
 	// verbatim, so the client sees exactly the id it sent.
 	ID []byte
@@ -147,7 +148,8 @@ type Frame struct {
 // relays (khatru) read a binary frame as text, so its label must be charged
 // as the relay will read it.
 //
-// ID is found as Frame.ID describes. For REQ, COUNT and CLOSE it is the
+// ID is found as Frame.ID describes. For REQ, COUNT, CLOSE and the NEG-
+// types it is the
 // second element when that is a well-formed JSON string of valid UTF-8 of at
 // most MaxSubIDLen raw bytes. For EVENT and AUTH it is the value of the
 // event object's top-level "id" key (the key spelled without escapes; an "id"
@@ -243,7 +245,7 @@ func frameID(t Type, frame []byte, rest int) []byte {
 		return nil
 	}
 	switch t {
-	case TypeREQ, TypeCOUNT, TypeCLOSE:
+	case TypeREQ, TypeCOUNT, TypeCLOSE, TypeNEGOPEN, TypeNEGMSG, TypeNEGCLOSE:
 		return subID(frame, rest)
 	case TypeEVENT, TypeAUTH:
 		return eventID(frame, rest)

@@ -84,3 +84,22 @@ func ParseClosed(frame []byte) (sub []byte, ok bool) {
 	}
 	return lit, true
 }
+
+// ParseNegErr reads a relay frame ["NEG-ERR",<sub id>,<reason>] (NIP-77)
+// and returns the subscription id as its JSON literal, quotes included.
+// The label go-nostr's nip77 writes, and so khatru sends, NEG-ERROR, is
+// read too: either way the relay has ended that sync.
+func ParseNegErr(frame []byte) (sub []byte, ok bool) {
+	s := scanner{b: frame}
+	if !s.label(`"NEG-ERR"`) {
+		s = scanner{b: frame}
+		if !s.label(`"NEG-ERROR"`) {
+			return nil, false
+		}
+	}
+	lit, _, ok := s.str()
+	if !ok {
+		return nil, false
+	}
+	return lit, true
+}

@@ -36,9 +36,10 @@ func AppendRateLimitedReason(dst []byte, wait time.Duration) []byte {
 // AppendRefusal appends to dst the reply that refuses frame f with reason,
 // as NIP-01 wants it answered:
 //
-//	EVENT, AUTH with an id   ["OK",<id>,false,"<reason>"]
-//	REQ, COUNT with an id    ["CLOSED",<id>,"<reason>"]
-//	anything else            ["NOTICE","<reason>"]
+//	EVENT, AUTH with an id        ["OK",<id>,false,"<reason>"]
+//	REQ, COUNT with an id         ["CLOSED",<id>,"<reason>"]
+//	NEG-OPEN, NEG-MSG with an id  ["NEG-ERR",<id>,"<reason>"] (NIP-77)
+//	anything else                 ["NOTICE","<reason>"]
 //
 // f.ID is written verbatim (Peek guarantees it is a valid JSON string
 // literal), so the client sees exactly the id it sent. An EVENT or AUTH whose
@@ -78,6 +79,13 @@ func appendRefusalHead(dst []byte, f Frame) []byte {
 			return append(dst, `,false,"`...)
 		case TypeREQ, TypeCOUNT:
 			dst = append(dst, `["CLOSED",`...)
+			dst = append(dst, f.ID...)
+			return append(dst, `,"`...)
+		case TypeNEGOPEN, TypeNEGMSG:
+			// NIP-77's answer to a sync that failed: a client waiting
+			// for NEG-MSG learns its sync is over (a NOTICE would leave
+			// it waiting).
+			dst = append(dst, `["NEG-ERR",`...)
 			dst = append(dst, f.ID...)
 			return append(dst, `,"`...)
 		}

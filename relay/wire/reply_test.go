@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/nbd-wtf/go-nostr/nip77"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
@@ -37,7 +38,9 @@ var refusalShapes = []struct {
 	{"req-noid", `["REQ",7,{}]`, "NOTICE", ""},
 	{"count", `["COUNT","cnt",{"kinds":[3]}]`, "CLOSED", "cnt"},
 	{"close", `["CLOSE","sub:1"]`, "NOTICE", ""},
-	{"neg-open", `["NEG-OPEN","neg",{},"6100"]`, "NOTICE", ""},
+	{"neg-open", `["NEG-OPEN","neg",{},"6100"]`, "NEG-ERR", "neg"},
+	{"neg-msg", `["NEG-MSG","neg","6100"]`, "NEG-ERR", "neg"},
+	{"neg-close", `["NEG-CLOSE","neg"]`, "NOTICE", ""},
 	{"other", `["HELLO","world"]`, "NOTICE", ""},
 }
 
@@ -94,8 +97,8 @@ func checkEnvelope(t *testing.T, reply []byte, label, id, reason string) {
 	switch label {
 	case "OK":
 		want = []any{"OK", id, false, reason}
-	case "CLOSED":
-		want = []any{"CLOSED", id, reason}
+	case "CLOSED", "NEG-ERR":
+		want = []any{label, id, reason}
 	case "NOTICE":
 		want = []any{"NOTICE", reason}
 	}
@@ -105,6 +108,14 @@ func checkEnvelope(t *testing.T, reply []byte, label, id, reason string) {
 		t.Errorf("decoded %s, want %s", gotJSON, wantJSON)
 	}
 
+	if label == "NEG-ERR" {
+		// NIP-77's envelopes are go-nostr's nip77 package's.
+		e, ok := nip77.ParseNegMessage(string(reply)).(*nip77.ErrorEnvelope)
+		if !ok || e.SubscriptionID != id || e.Reason != reason {
+			t.Errorf("go-nostr's nip77 parsed %s as %#v, want NEG-ERR %q %q", reply, e, id, reason)
+		}
+		return
+	}
 	env := nostr.ParseMessage(string(reply))
 	switch e := env.(type) {
 	case *nostr.OKEnvelope:

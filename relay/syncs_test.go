@@ -1,0 +1,143 @@
+package relay
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/wire"
+)
+
+// negOpen is a canonical NEG-OPEN for id (an empty set's first message).
+func negOpen(id string) string { return `["NEG-OPEN","` + id + `",{},"6100000200"]` }
+
+// TestGateSyncCap: the NIP-77 syncs one client holds open at the relay
+// are capped across its connections. A NEG-OPEN reusing an open id
+// replaces that sync and takes no place; a NEG-CLOSE, the relay's NEG-ERR
+// (or go-nostr's NEG-ERROR, which khatru sends) and a closed connection
+// free places; a NEG-OPEN past the cap is answered NEG-ERR and never
+// reaches the relay.
+func TestGateSyncCap(t *testing.T) {
+	rec := newRecorder()
+	url := serve(t, newGate(t, Options{Limits: &Limits{}, MaxSyncs: 2}).Wrap(rec))
+	c1, c2 := dialRaw(t, url), dialRaw(t, url)
+	// forwarded reports whether c's frame reached the relay: a frame the
+	// gate refuses is answered at once; one it forwards is not, and the
+	// echo behind it comes back first.
+	pings := 0
+	forwarded := func(c *websocket.Conn, frame string) bool {
+		t.Helper()
+		_ = c.WriteMessage(websocket.TextMessage, []byte(frame))
+		pings++
+		ping := `["EOSE","ping` + strings.Repeat("!", pings) + `"]`
+		_ = c.WriteMessage(websocket.TextMessage, recorderCmd("echo", ping))
+		_ = c.WriteMessage(websocket.TextMessage, []byte(`["CLOSE","echo"]`))
+		got := readText(t, c)
+		if got == ping {
+			return true
+		}
+		if want := `["NEG-ERR",` + frame[len(`["NEG-OPEN",`):strings.Index(frame, ",{")] + `,"blocked: too many open syncs (at most 2); send NEG-CLOSE for one first"]`; got != want {
+			t.Fatalf("%s answered %s, want %s", frame, got, want)
+		}
+		if next := readText(t, c); next != ping {
+			t.Fatalf("after the refusal: %s", next)
+		}
+		return false
+	}
+	steps := []struct {
+		c    *websocket.Conn
+		name string
+		do   func() bool
+		want bool
+	}{
+		{c1, "a", func() bool { return forwarded(c1, negOpen("a")) }, true},
+		{c1, "a again (replaces a)", func() bool { return forwarded(c1, negOpen("a")) }, true},
+		{c2, "b on the second connection", func() bool { return forwarded(c2, negOpen("b")) }, true},
+		{c2, "c past the cap", func() bool { return forwarded(c2, negOpen("c")) }, false},
+		{c1, "NEG-CLOSE a", func() bool { return forwarded(c1, `["NEG-CLOSE","a"]`) }, true},
+		{c2, "c in a's place", func() bool { return forwarded(c2, negOpen("c")) }, true},
+		{c1, "d past the cap", func() bool { return forwarded(c1, negOpen("d")) }, false},
+	}
+	for _, st := range steps {
+		if got := st.do(); got != st.want {
+			t.Fatalf("%s: forwarded %v, want %v", st.name, got, st.want)
+		}
+	}
+	// The relay ends b (as khatru labels it) and c.
+	for _, end := range []string{`["NEG-ERROR","b","closed"]`, `["NEG-ERR","c","blocked: no"]`} {
+		_ = c2.WriteMessage(websocket.TextMessage, recorderCmd("echo", end))
+		if got := readText(t, c2); got != end {
+			t.Fatalf("relay's %s came back as %s", end, got)
+		}
+	}
+	if !forwarded(c1, negOpen("d")) || !forwarded(c1, negOpen("e")) {
+		t.Fatal("the places the relay freed were not given back")
+	}
+	if forwarded(c1, negOpen("f")) {
+		t.Fatal("f forwarded past the cap")
+	}
+	// A closed connection frees its places: c1 holds d and e; once it is
+	// closed, c2 has both.
+	c1.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for !forwarded(c2, negOpen("g")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the closed connection's syncs still count")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !forwarded(c2, negOpen("h")) || forwarded(c2, negOpen("i")) {
+		t.Fatal("after the close: want exactly two places")
+	}
+	for _, f := range rec.frames(0) {
+		if strings.Contains(f, `"NEG-OPEN","f"`) || strings.Contains(f, `"NEG-OPEN","i"`) {
+			t.Fatalf("a refused NEG-OPEN reached the relay: %s", f)
+		}
+	}
+}
+
+// TestGateRefusedSyncClosedAtRelay: a NEG-OPEN refused (here by its rate
+// limit) whose id names a sync open at the relay is answered NEG-ERR, and
+// the gate sends the relay a NEG-CLOSE for it, so the relay does not go on
+// with what the client was told is over; its place is freed.
+func TestGateRefusedSyncClosedAtRelay(t *testing.T) {
+	var l Limits
+	l.Message[TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	rec := newRecorder()
+	url := serve(t, newGate(t, Options{Limits: &l, MaxSyncs: 1}).Wrap(rec))
+	c := dialRaw(t, url)
+	_ = c.WriteMessage(websocket.TextMessage, []byte(negOpen("x")))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(negOpen("x")))
+	got := readText(t, c)
+	if !strings.HasPrefix(got, `["NEG-ERR","x","rate-limited: slow down; retry in `) {
+		t.Fatalf("second NEG-OPEN x answered %s", got)
+	}
+	frames := rec.frames(2)
+	if want := []string{negOpen("x"), `["NEG-CLOSE","x"]`}; !slices.Equal(frames, want) {
+		t.Fatalf("the relay got %q, want %q", frames, want)
+	}
+}
+
+// TestParseNegErr: NIP-77's NEG-ERR and go-nostr's NEG-ERROR are read;
+// nothing else is.
+func TestParseNegErr(t *testing.T) {
+	for _, tc := range []struct {
+		frame, want string
+	}{
+		{`["NEG-ERR","s","blocked: x"]`, `"s"`},
+		{` [ "NEG-ERROR" , "s\"t" , "closed" ] `, `"s\"t"`},
+		{`["NEG-MSG","s","61"]`, ""},
+		{`["NEG-ERRS","s","x"]`, ""},
+		{`["CLOSED","s","x"]`, ""},
+		{`["NEG-ERR",1,"x"]`, ""},
+	} {
+		lit, ok := wire.ParseNegErr([]byte(tc.frame))
+		if ok != (tc.want != "") || string(lit) != tc.want {
+			t.Errorf("ParseNegErr(%s) = %q, %v; want %q", tc.frame, lit, ok, tc.want)
+		}
+	}
+}
