@@ -23,6 +23,7 @@ import (
 	"github.com/goccy/go-yaml/parser"
 	"github.com/goccy/go-yaml/token"
 	"github.com/nbd-wtf/go-nostr/nip19"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
@@ -791,9 +792,12 @@ func (fc *fileConfig) validate() (*config, error) {
 		}
 	}
 
+	var redisReadTimeout time.Duration // the client's, when store.redis is good
 	if fc.Store.Redis != "" {
-		if err := checkRedisURL(fc.Store.Redis); err != nil {
+		if rt, err := checkRedisURL(fc.Store.Redis); err != nil {
 			bad("store.redis", "%v", err)
+		} else {
+			redisReadTimeout = rt
 		}
 	}
 	switch {
@@ -816,6 +820,11 @@ func (fc *fileConfig) validate() (*config, error) {
 		bad("store.timeout", "%v", err)
 	} else if d < time.Millisecond || d > maxTimeout {
 		bad("store.timeout", "must be between 1ms and %v, got %v", maxTimeout, d)
+	} else if redisReadTimeout > 0 && d > redisReadTimeout {
+		// go-redis bounds each socket read by the earlier of the call's
+		// deadline and its read timeout: a longer store.timeout would be
+		// cut short there, silently.
+		bad("store.timeout", "%v is longer than the Redis client's read timeout (%v), which bounds every call: set read_timeout=%v in store.redis, or store.timeout to at most %v", d, redisReadTimeout, d, redisReadTimeout)
 	} else {
 		c.StoreTimeout = d
 	}
@@ -1268,12 +1277,18 @@ func checkRelayURL(s string) error {
 // checkRedisURL parses the URL the way start-up will, with
 // redisstore.NewClient (which does not dial), and drops the client. Its
 // error never repeats the password.
-func checkRedisURL(s string) error {
+func checkRedisURL(s string) (readTimeout time.Duration, err error) {
 	client, err := redisstore.NewClient(s)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return client.Close()
+	switch c := client.(type) {
+	case *redis.Client:
+		readTimeout = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		readTimeout = c.Options().ReadTimeout
+	}
+	return readTimeout, client.Close()
 }
 
 // checkPrefix asks redisstore.New whether it takes prefix (it refuses
