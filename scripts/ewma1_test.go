@@ -17,9 +17,11 @@ import (
 var ewma1 = redis.NewScript(scripts.EWMA1)
 
 // lean is the ARGV of ewma1.lua deciding one message at instant at with
-// cutoff cut against limits (rate, half-life, cost, ...).
+// cutoff cut against limits (rate, half-life, cost, ...), without a
+// request id, asking for the value with an admission ('s': the reply
+// ewma.lua gives).
 func lean(at, cut string, limits ...any) []any {
-	return []any{pack(append([]any{at, cut}, limits...)...)}
+	return []any{pack(append([]any{at, cut}, limits...)...), "", "s"}
 }
 
 // TestLeanEqualsBatch: over random stored values (decayed, fresh, ahead of
@@ -78,9 +80,7 @@ func TestLeanEqualsBatch(t *testing.T) {
 			tw := ttls(c, ks)
 			seed()
 			largs := lean(now, "0", l...)
-			if id != "" {
-				largs = append(largs, id)
-			}
+			largs[1] = id
 			got, err := ewma1.Run(ctx, c, ks, largs...).Slice()
 			if err != nil {
 				t.Fatal(err)
@@ -129,4 +129,57 @@ func ttls(c *redis.Client, ks []string) []time.Duration {
 		out[i] = c.PTTL(context.Background(), k).Val()
 	}
 	return out
+}
+
+// TestLeanBareAdmission: without 's', ewma1.lua answers an admission (and
+// a repeat of an admitted request id) with the integer 0 alone, and stores
+// exactly what it stores with 's'; a refusal keeps its wait and scores;
+// any other ARGV[3] is refused whole.
+func TestLeanBareAdmission(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		l := []any{2.5, 1000, 1, 240, 60000, 1}
+		run := func(scores bool, id string) (any, string) {
+			t.Helper()
+			args := lean(now, "0", l...)
+			args[1] = id
+			if !scores {
+				args = args[:2]
+			}
+			r, err := ewma1.Run(ctx, c, keys[:1], args...).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r, values(t, c, keys[0])[0]
+		}
+		for _, id := range []string{"", "dddddddddddddddd"} {
+			c.Del(ctx, keys...)
+			withS, vs := run(true, id)
+			c.Del(ctx, keys...)
+			bare, vb := run(false, id)
+			if bare != int64(0) || vb != vs {
+				t.Fatalf("id %q: bare admission %#v stored %q; with 's' %v stored %q", id, bare, vb, withS, vs)
+			}
+			if id != "" {
+				if again, v := run(false, id); again != int64(0) || v != vb {
+					t.Fatalf("a repeated id: %#v stored %q, want 0 and %q", again, v, vb)
+				}
+			}
+		}
+		c.Del(ctx, keys...)
+		run(false, "") // 1 of 2.5
+		if r, _ := run(false, ""); r != int64(0) {
+			t.Fatalf("second of a burst of 2: %#v", r)
+		}
+		refused, _ := run(false, "")
+		if a, ok := refused.([]any); !ok || len(a) != 2 || a[0].(int64) < 1 {
+			t.Fatalf("a refusal without 's': %#v, want {wait, scores}", refused)
+		}
+		for _, bad := range []string{"S", "x", ""} {
+			args := append(lean(now, "0", l...)[:2], bad)
+			if err := ewma1.Run(ctx, c, keys[:1], args...).Err(); err == nil || !strings.HasPrefix(err.Error(), "ERR sluice ewma:") {
+				t.Fatalf("ARGV[3] %q: %v, want a refusal", bad, err)
+			}
+		}
+	})
 }

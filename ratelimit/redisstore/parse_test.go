@@ -27,6 +27,8 @@ func TestParseReplyHostile(t *testing.T) {
 		"nil":                 nil,
 		"string":              "OK",
 		"int":                 int64(1),
+		"int -1":              int64(-1),
+		"int 2^40":            int64(1 << 40),
 		"empty":               []any{},
 		"wait only":           []any{int64(0)},
 		"three elements":      []any{int64(0), sc(1, 1), sc(1, 1)},
@@ -65,6 +67,19 @@ func TestParseReplyHostile(t *testing.T) {
 		if d, err := parseReply(reply, twoWindows.Len(), nil); err == nil || d != (ratelimit.Decision{}) {
 			t.Errorf("%s without scores: %+v, %v", name, d, err)
 		}
+	}
+}
+
+// TestParseReplyBareAdmission: the lean script's bare 0 (an admission
+// whose scores were not asked for) is admitted without scores, and a bad
+// reply when scores were asked for: the script was told to send them.
+func TestParseReplyBareAdmission(t *testing.T) {
+	if d, err := parseReply(int64(0), twoWindows.Len(), nil); err != nil || d != (ratelimit.Decision{Allowed: true}) {
+		t.Fatalf("bare 0 without scores: %+v, %v", d, err)
+	}
+	scores := []float64{-1, -1}
+	if d, err := parseReply(int64(0), twoWindows.Len(), scores); !errors.Is(err, ratelimit.ErrBadReply) || d != (ratelimit.Decision{}) || scores[0] != -1 {
+		t.Fatalf("bare 0 with scores asked: %+v, %v, %v", d, err, scores)
 	}
 }
 

@@ -683,6 +683,7 @@ var (
 	argSource1 any = scripts.EWMA1
 	argSHAX    any = ewmaCluster.Hash()
 	argSourceX any = scripts.EWMACluster
+	argScores  any = "s" // ewma1.lua's ARGV[3]: reply an admission with its scores
 )
 
 // request is one decision's part of a script call: its key (one, holding
@@ -862,7 +863,9 @@ func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any,
 
 // leanArgs returns the EVALSHA of the lean script (scripts/ewma1.lua)
 // deciding req alone with the cutoff (unix ms; 0: none): its key, the
-// instant, the cutoff, its windows' arguments and its request id if any.
+// instant, the cutoff, its windows' arguments and its request id if any,
+// then 's' if req wants its scores (without it an admission is answered
+// with the integer 0 alone, which costs Redis ~6k instructions less).
 // Two allocations: the argument slice and the packed numbers.
 func leanArgs(req *request, cutoff int64) []any {
 	lim := req.windows.ScriptLimits()[8:] // without the window count
@@ -877,7 +880,10 @@ func leanArgs(req *request, cutoff int64) []any {
 		args = append(args, &req.keys[i])
 	}
 	args = append(args, &req.nums)
-	if req.id != "" {
+	switch {
+	case req.scores != nil:
+		args = append(args, &req.id, argScores) // "": no request id
+	case req.id != "":
 		args = append(args, &req.id)
 	}
 	return args
@@ -888,6 +894,10 @@ func leanArgs(req *request, cutoff int64) []any {
 // is an error for every request of the call.
 func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err error)) {
 	reply, err := cmd.Result()
+	if _, bare := reply.(int64); err == nil && bare && len(reqs) == 1 {
+		deliver(0, reply, nil) // a lean call's bare admission (parseReply)
+		return
+	}
 	if err == nil {
 		arr, ok := reply.([]any)
 		switch {
@@ -969,8 +979,19 @@ const maxWaitMs = 1 << 40
 // the script refusing this decision (a malformed stored value): its
 // message comes second, and the error is also a refusal
 // (isScriptRefusal), since Redis did answer. Every score is checked; they
-// are written to scores when it is not nil.
+// are written to scores when it is not nil. The lean script answers an
+// admission whose scores were not asked for (scores nil) with the integer
+// 0 alone; any other integer, or one when scores were asked for, is a bad
+// reply too.
 func parseReply(reply any, n int, scores []float64) (ratelimit.Decision, error) {
+	if w, ok := reply.(int64); ok {
+		// The lean script's admission when the scores were not asked
+		// for (leanArgs): 0 alone, and nothing else.
+		if w != 0 || scores != nil {
+			return ratelimit.Decision{}, badReply("reply is the integer %d", w)
+		}
+		return ratelimit.Decision{Allowed: true}, nil
+	}
 	arr, ok := reply.([]any)
 	if !ok {
 		return ratelimit.Decision{}, badReply("reply is %T, not an array", reply)
