@@ -564,15 +564,19 @@ func (c *conn) admit(frame []byte) bool {
 			c.dropSub(fr)
 			return false
 		case v.Refused:
-			// The store refused: the first refusal of this wait for the
-			// type's windows (the rest are answered from the local table
-			// above), so one log line per client and wait.
-			c.g.log.Info("rate-limited", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.Wait.Round(time.Millisecond).String())
+			// A refusal the store made is the first of its wait (the
+			// rest are answered from the local table: above for the
+			// type's windows, inside Charge for a kind class or an
+			// aggregate, which is Local), so one log line per client,
+			// budget and wait.
+			if !v.Local {
+				c.g.log.Info("rate-limited", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.Wait.Round(time.Millisecond).String())
+			}
 			c.refuseRateLimited(p.Frame(), v.Wait)
 			return false
 		case v.Shadow:
 			shadowed = true
-			if now := time.Now(); !now.Before(c.shadowUntil) {
+			if now := time.Now(); !v.Local && !now.Before(c.shadowUntil) {
 				c.shadowUntil = now.Add(v.ShadowWait)
 				c.g.log.Info("would be rate-limited (shadow)", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
 			}
