@@ -289,9 +289,18 @@ func relayable(ce *websocket.CloseError) (int, string) {
 }
 
 // watch looks at a relay frame for the OK that answers a forwarded EVENT
-// (charging the quota) or AUTH (binding the verified pubkey), and for the
-// relay's NIP-42 challenges. It runs on the relay reader only.
+// (charging the quota) or AUTH (binding the verified pubkey), for the
+// relay's NIP-42 challenges, and for the EOSE, CLOSED and NEG-ERR that
+// answer the client's subscriptions and syncs (subTable, syncTable). It
+// runs on the relay reader only.
 func (c *conn) watch(frame []byte) {
+	if lit, ok := wire.ParseEOSE(frame); ok {
+		var buf [wire.MaxSubIDBytes]byte
+		if id, ok := subID(&buf, lit); ok {
+			c.subs.answered(id)
+		}
+		return
+	}
 	if lit, ok := wire.ParseClosed(frame); ok {
 		var buf [wire.MaxSubIDBytes]byte
 		if id, ok := subID(&buf, lit); ok {
