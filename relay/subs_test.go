@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -119,5 +120,43 @@ func TestParseEOSE(t *testing.T) {
 		if string(lit) != tc.want || ok != (tc.want != "") {
 			t.Errorf("ParseEOSE(%s) = %q, %v; want %q", tc.frame, lit, ok, tc.want)
 		}
+	}
+}
+
+// CLOSE and NEG-CLOSE are free. One that names no subscription or sync
+// open at the relay has nothing to close there and is not forwarded: each
+// costs khatru a goroutine (and a CLOSE the lock every REQ and connection
+// takes), and a client could send them without end. A CLOSE of an open
+// subscription goes once; the same CLOSE again does not.
+func TestGateCloseOfNothingNotForwarded(t *testing.T) {
+	rec := newRecorder()
+	rec.eose = true
+	c := dialRaw(t, serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)))
+	write := func(f string) {
+		t.Helper()
+		if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 1000 {
+		write(`["CLOSE","nothing"]`)
+		write(`["NEG-CLOSE","nothing"]`)
+	}
+	write(`["REQ","a",{}]`)
+	if got := readText(t, c); got != `["EOSE","a"]` {
+		t.Fatalf("REQ a answered %s", got)
+	}
+	write(`["CLOSE","a"]`)
+	write(`["CLOSE","a"]`)
+	write(`["REQ","b",{}]`)
+	if got := readText(t, c); got != `["EOSE","b"]` {
+		t.Fatalf("REQ b answered %s", got)
+	}
+	want := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`}
+	if got := rec.frames(len(want)); strings.Join(got, " ") != strings.Join(want, " ") {
+		if len(got) > 5 {
+			got = append(got[:5], fmt.Sprintf("… (%d frames)", len(got)))
+		}
+		t.Fatalf("relay got %q, want %q", got, want)
 	}
 }
