@@ -150,7 +150,7 @@ func (l *Limiter) AllowAt(ctx context.Context, key string, windows *Windows, now
 
 	if until, ok := bucket.load(fp); ok && nowNs < until {
 		st.localRefusals.Add(1)
-		return Decision{Wait: time.Duration(until - nowNs)}, nil
+		return Decision{Wait: time.Duration(until - nowNs), Local: true}, nil
 	}
 
 	st.storeCalls.Add(1)

@@ -69,8 +69,8 @@ func TestLimiterBlockedFloodCostsNoStoreCalls(t *testing.T) {
 		}
 	}
 	d, err := lim.AllowAt(ctx, key, per3s, t0)
-	if err != nil || d.Allowed || d.Wait != 585*time.Millisecond {
-		t.Fatalf("fourth: %+v %v, want refused for 585ms", d, err)
+	if err != nil || d.Allowed || d.Wait != 585*time.Millisecond || d.Local {
+		t.Fatalf("fourth: %+v %v, want refused by the store for 585ms", d, err)
 	}
 	calls := store.calls.Load()
 
@@ -79,8 +79,8 @@ func TestLimiterBlockedFloodCostsNoStoreCalls(t *testing.T) {
 	for i := range 10_000 {
 		at := t0.Add(time.Duration(i) * 58 * time.Microsecond) // up to t0+580ms
 		d, err := lim.AllowAt(ctx, key, per3s, at)
-		if err != nil || d.Allowed || d.Wait != t3.Sub(at) {
-			t.Fatalf("flood %d at t0+%v: %+v %v, want refused for %v", i, at.Sub(t0), d, err, t3.Sub(at))
+		if err != nil || d.Allowed || d.Wait != t3.Sub(at) || !d.Local {
+			t.Fatalf("flood %d at t0+%v: %+v %v, want refused locally for %v", i, at.Sub(t0), d, err, t3.Sub(at))
 		}
 	}
 	if got := store.calls.Load() - calls; got != 0 {

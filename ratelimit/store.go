@@ -16,6 +16,12 @@ type Decision struct {
 	// least 1 ms. Zero when Allowed. A Limiter's local refusal reports the
 	// part of the store's wait that remains.
 	Wait time.Duration
+	// Local reports a refusal a Limiter answered from its refused-until
+	// table, without asking the store: the key was refused before, and
+	// Wait is what is left of that wait. A caller that logs refusals logs
+	// the ones that are not Local, one per key and wait, however often a
+	// refused client knocks.
+	Local bool
 }
 
 // Store decides all windows of one key in one atomic step. Key is the

@@ -289,9 +289,18 @@ func relayable(ce *websocket.CloseError) (int, string) {
 }
 
 // watch looks at a relay frame for the OK that answers a forwarded EVENT
-// (charging the quota) or AUTH (binding the verified pubkey), and for the
-// relay's NIP-42 challenges. It runs on the relay reader only.
+// (charging the quota) or AUTH (binding the verified pubkey), for the
+// relay's NIP-42 challenges, and for the EOSE, CLOSED and NEG-ERR that
+// answer the client's subscriptions and syncs (subTable, syncTable). It
+// runs on the relay reader only.
 func (c *conn) watch(frame []byte) {
+	if lit, ok := wire.ParseEOSE(frame); ok {
+		var buf [wire.MaxSubIDBytes]byte
+		if id, ok := subID(&buf, lit); ok {
+			c.subs.answered(id)
+		}
+		return
+	}
 	if lit, ok := wire.ParseClosed(frame); ok {
 		var buf [wire.MaxSubIDBytes]byte
 		if id, ok := subID(&buf, lit); ok {
@@ -513,7 +522,8 @@ func readFrame(r io.Reader, buf []byte, m *controlMeter) ([]byte, error) {
 }
 
 // admit decides one client frame. It returns true to forward it; on a
-// refusal it has queued the reply for the client.
+// refusal it has queued the reply for the client (none for a CLOSE or
+// NEG-CLOSE that names nothing open at the relay, which is dropped).
 //
 // The order keeps a refused frame cheap and a forwarded one exact: the
 // type comes from Peek's bounded prefix; a client already refused for
@@ -564,15 +574,19 @@ func (c *conn) admit(frame []byte) bool {
 			c.dropSub(fr)
 			return false
 		case v.Refused:
-			// The store refused: the first refusal of this wait for the
-			// type's windows (the rest are answered from the local table
-			// above), so one log line per client and wait.
-			c.g.log.Info("rate-limited", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.Wait.Round(time.Millisecond).String())
+			// A refusal the store made is the first of its wait (the
+			// rest are answered from the local table: above for the
+			// type's windows, inside Charge for a kind class or an
+			// aggregate, which is Local), so one log line per client,
+			// budget and wait.
+			if !v.Local {
+				c.g.log.Info("rate-limited", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.Wait.Round(time.Millisecond).String())
+			}
 			c.refuseRateLimited(p.Frame(), v.Wait)
 			return false
 		case v.Shadow:
 			shadowed = true
-			if now := time.Now(); !now.Before(c.shadowUntil) {
+			if now := time.Now(); !v.Local && !now.Before(c.shadowUntil) {
 				c.shadowUntil = now.Add(v.ShadowWait)
 				c.g.log.Info("would be rate-limited (shadow)", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
 			}
@@ -584,6 +598,14 @@ func (c *conn) admit(frame []byte) bool {
 		c.refuse(p.Frame(), reason)
 		return false
 	}
+	// A CLOSE or NEG-CLOSE that names nothing open at the relay is
+	// answered by the gate, which is to say not at all (NIP-01 and NIP-77
+	// have no reply to them), and not forwarded: both types are free, so
+	// forwarding every one would let a client send the relay frames
+	// without end at no cost (khatru runs each on a goroutine of its own,
+	// and a CLOSE takes the lock that every REQ, every connection's start
+	// and end, takes).
+	forward := true
 	switch t {
 	case TypeREQ:
 		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs) {
@@ -597,7 +619,9 @@ func (c *conn) admit(frame []byte) bool {
 			return false
 		}
 	case TypeCLOSE:
-		c.subs.remove(facts.SubID[1 : len(facts.SubID)-1])
+		// Not open, or closing already (the gate sends the relay the
+		// CLOSE that follows its answer: subTable).
+		forward = c.subs.remove(facts.SubID[1 : len(facts.SubID)-1])
 	case TypeNEGOPEN:
 		if id := facts.SubID[1 : len(facts.SubID)-1]; !free && !c.syncs.has(id) {
 			if !c.g.holdSync(c.who) {
@@ -609,7 +633,9 @@ func (c *conn) admit(frame []byte) bool {
 			c.syncs.add(id)
 		}
 	case TypeNEGCLOSE:
-		c.closeSync(facts.SubID[1 : len(facts.SubID)-1])
+		// An allow-listed client's syncs are not counted, so not known:
+		// its NEG-CLOSEs all go.
+		forward = c.closeSync(facts.SubID[1:len(facts.SubID)-1]) || free
 	case TypeEVENT:
 		if q := sub.Quota(); q != nil && !free {
 			return c.admitEvent(p.Frame(), &facts.Event, q, shadowed)
@@ -630,7 +656,7 @@ func (c *conn) admit(frame []byte) bool {
 	default:
 		obs.ReportFrame(t, Admitted)
 	}
-	return true
+	return forward
 }
 
 // A client refused from the limiter's local table costs the gate a peek

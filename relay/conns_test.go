@@ -21,31 +21,43 @@ import (
 // the relay; a CLOSE frees all of an id's places; the relay's CLOSED frees
 // them once the gate has sent the relay a CLOSE for the id, before the
 // client's next frame (not before a REQ for that same id, which keeps them).
+// The relay answers every REQ with EOSE, and the client reads each before
+// it goes on: a CLOSE before the EOSE frees nothing yet
+// (TestGateCloseBeforeEOSEKeepsPlace).
 func TestGateSubscriptionCap(t *testing.T) {
 	rec := newRecorder()
+	rec.eose = true
 	g := newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: 3})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	send := func(frame string) { _ = c.WriteMessage(websocket.TextMessage, []byte(frame)) }
+	expect := func(want string) {
+		t.Helper()
+		if got := readText(t, c); got != want {
+			t.Fatalf("got %s, want %s", got, want)
+		}
+	}
+	req := func(id string) { send(`["REQ","` + id + `",{}]`); expect(`["EOSE","` + id + `"]`) }
 	for _, id := range []string{"a", "b", "a"} {
-		send(`["REQ","` + id + `",{}]`)
+		req(id)
 	}
 	send(`["REQ","d",{}]`)
 	if got := readText(t, c); got != `["CLOSED","d","blocked: too many open subscriptions (at most 3); close one first"]` {
 		t.Fatalf("fourth subscription answered %s", got)
 	}
 	send(`["CLOSE","b"]`)
-	send(`["REQ","d",{}]`) // b's place: a, a, d
-	send(`["CLOSE","a"]`)  // both of a's: d
+	req("d")              // b's place: a, a, d
+	send(`["CLOSE","a"]`) // both of a's: d
 	// The relay closes d itself. (The echo command is a REQ of its own,
 	// "echo", which takes a place.)
 	_ = c.WriteMessage(websocket.TextMessage, recorderCmd("echo", `["CLOSED","d","error: gone"]`))
 	if got := readText(t, c); got != `["CLOSED","d","error: gone"]` {
 		t.Fatalf("relay's CLOSED came back as %s", got)
 	}
+	expect(`["EOSE","echo"]`)
 	send(`["CLOSE","echo"]`) // after the gate's CLOSE d: none
-	send(`["REQ","e",{}]`)   // e
-	send(`["REQ","f",{}]`)   // e, f
-	send(`["REQ","g",{}]`)   // e, f, g
+	req("e")                 // e
+	req("f")                 // e, f
+	req("g")                 // e, f, g
 	send(`["REQ","e",{}]`)   // a reuse past the cap
 	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","e","blocked: `) {
 		t.Fatalf("reused REQ past the cap answered %s", got)
@@ -55,7 +67,8 @@ func TestGateSubscriptionCap(t *testing.T) {
 	if got := readText(t, c); got != `["CLOSED","g","error: gone"]` {
 		t.Fatalf("relay's CLOSED came back as %s", got)
 	}
-	send(`["REQ","g",{}]`) // no CLOSE g before it: g, g, echo
+	expect(`["EOSE","echo"]`)
+	req("g") // no CLOSE g before it: g, g, echo
 	send(`["REQ","h",{}]`)
 	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","h","blocked: `) {
 		t.Fatalf("REQ past the cap after the frees answered %s", got)

@@ -47,20 +47,30 @@ func newControlMeter() *controlMeter {
 	return &controlMeter{tokens: controlBurst, last: time.Now()}
 }
 
-// spend takes n bytes read off the wire; false once the balance is spent.
-func (m *controlMeter) spend(n int) bool {
+// solvent repays the balance for the time since it was last asked and
+// reports whether it owes nothing: false (and flooded) once what was read
+// and not credited as payload is more than controlBurst.
+func (m *controlMeter) solvent() bool {
 	now := time.Now()
 	if d := now.Sub(m.last); d > 0 {
 		m.tokens = min(controlBurst, m.tokens+int64(d)*controlRate/int64(time.Second))
 		m.last = now
 	}
-	m.tokens -= int64(n)
 	if m.tokens < 0 {
 		m.flooded.Store(true)
 		return false
 	}
 	return true
 }
+
+// spend takes n bytes read off the wire. The balance may go below zero
+// for the length of one read: a read of a large frame's payload (gorilla
+// reads it straight into the frame buffer, in pieces larger than
+// controlBurst) is credited back as payload only once it has returned, so
+// the balance is judged before the next read (solvent), not after this
+// one, or an honest client sending one event over 16 KiB (a long-form
+// article, a contact list of a few hundred follows) would be cut.
+func (m *controlMeter) spend(n int) { m.tokens -= int64(n) }
 
 // credit gives back n bytes that were message payload.
 func (m *controlMeter) credit(n int) {
@@ -118,10 +128,11 @@ type meteredConn struct {
 
 // Read implements net.Conn.
 func (c *meteredConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 && !c.m.spend(n) {
-		return n, errControlFlood
+	if !c.m.solvent() {
+		return 0, errControlFlood
 	}
+	n, err := c.Conn.Read(p)
+	c.m.spend(n)
 	return n, err
 }
 

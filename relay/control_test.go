@@ -1,11 +1,14 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,8 +151,9 @@ func TestGateControlHonest(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// ["CLOSE","x"] in four fragments.
-		parts := []string{`["CLO`, `SE","`, `x`, `"]`}
+		// ["COUNT","x",{}] in four fragments (a free frame the gate
+		// forwards; a CLOSE of nothing open is not).
+		parts := []string{`["COU`, `NT","`, `x",{`, `}]`}
 		for j, p := range parts {
 			op := byte(0)
 			if j == 0 {
@@ -164,8 +168,80 @@ func TestGateControlHonest(t *testing.T) {
 		t.Fatalf("relay got %d of %d fragmented messages", len(got), n)
 	}
 	for _, f := range rec.frames(n) {
-		if f != `["CLOSE","x"]` {
+		if f != `["COUNT","x",{}]` {
 			t.Fatalf("relay got %q", f)
+		}
+	}
+}
+
+// streamConn is a net.Conn whose reads return as much of its data as the
+// caller asks for, as a socket does when the data has all arrived.
+type streamConn struct {
+	net.Conn
+	data []byte
+}
+
+func (s *streamConn) Read(p []byte) (int, error) {
+	if len(s.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.data)
+	s.data = s.data[n:]
+	return n, nil
+}
+
+// A large frame's payload is read off the socket in pieces larger than
+// the control bound (gorilla reads it straight into the frame buffer) and
+// credited as payload only once each read has returned: the balance must
+// be judged before the next read, or one honest 100 KB event (a contact
+// list, a long-form article) is cut as a control flood.
+func TestMeteredLargePayloadNotFlood(t *testing.T) {
+	payload := bytes.Repeat([]byte("x"), 100_000)
+	m := newControlMeter()
+	mc := &meteredConn{Conn: &streamConn{data: payload}, m: m}
+	buf, err := readFrame(mc, getFrameBuf(), m)
+	if err != nil || len(buf) != len(payload) {
+		t.Fatalf("readFrame: %d bytes, %v; want %d bytes, no error", len(buf), err, len(payload))
+	}
+	if m.flooded.Load() {
+		t.Fatal("a 100 KB payload counted as a control flood")
+	}
+	// What is not payload still counts: 16 KiB and more of it read and
+	// never credited, and the next read is refused.
+	mc = &meteredConn{Conn: &streamConn{data: bytes.Repeat([]byte{0x89, 0x80, 0, 0, 0, 0}, 4000)}, m: newControlMeter()}
+	var b [64]byte
+	for {
+		if _, err := mc.Read(b[:]); err != nil {
+			if !errors.Is(err, errControlFlood) || !mc.m.flooded.Load() {
+				t.Fatalf("unpaid control bytes: %v, want errControlFlood", err)
+			}
+			break
+		}
+	}
+}
+
+// End to end: canonical EVENTs of 30 KB reach the relay, and the client
+// is not cut. (Once the gate's pooled frame buffers have grown, such a
+// frame's payload was read in one piece of 30 KB, and the 4th was cut.)
+func TestGateLargeEventNotCut(t *testing.T) {
+	rec := newRecorder()
+	// Each frame in one socket write, as go-nostr's client sends it
+	// (gorilla's default buffer would write it in 4 KiB pieces).
+	d := websocket.Dialer{WriteBufferSize: 1 << 20}
+	c, _, err := d.Dial(serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 10
+	big := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("x", 30_000)+`hello`, 1) + `]`
+	for i := range n {
+		if err := c.WriteMessage(websocket.TextMessage, []byte(big)); err != nil {
+			t.Fatal(err)
+		}
+		// One at a time, as a client waits for each OK.
+		if got := rec.frames(i + 1); len(got) != i+1 {
+			t.Fatalf("relay got %d of %d 30 KB EVENTs", len(got), n)
 		}
 	}
 }

@@ -551,7 +551,10 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(v.Wait), 10))
 		http.Error(w, RateLimitedReason(v.Wait), http.StatusTooManyRequests)
 		return
-	case v.Shadow:
+	case v.Shadow && !v.Local:
+		// Once per client and wait: the shadow refusals that follow are
+		// answered from the limiter's local table (Local), and a client
+		// that knocks on the door must not write a log line per knock.
 		g.log.Info("upgrade would be rate-limited (shadow)", "client", client, "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
 	}
 	if !freeIP && !g.holdConn(client) {

@@ -308,6 +308,9 @@ type recorder struct {
 	// challenge, when set, is sent as ["AUTH",challenge] on every
 	// connection (NIP-42), as sluice relay does.
 	challenge string
+	// eose makes the recorder answer every REQ with ["EOSE",<id>], as a
+	// NIP-01 relay does (after the command's answer, for a command).
+	eose bool
 
 	mu       sync.Mutex
 	closes   []int // close codes received
@@ -367,6 +370,12 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rec.mu.Unlock()
 		}
 		cmd, arg := recorderCommand(data)
+		var eose []byte
+		if rec.eose {
+			if f, reason := wire.Scan(data, DefaultMaxFilters); reason == "" && f.Type == TypeREQ {
+				eose = []byte(`["EOSE",` + string(f.SubID) + `]`)
+			}
+		}
 		switch {
 		case cmd == "bye": // close 4000, after arg's frame if any
 			if arg != "" {
@@ -402,6 +411,9 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				reply := fmt.Sprintf(`["OK","%x",%v,"%s"]`, id[:], rec.answerOK(id), reason)
 				_ = c.WriteMessage(websocket.TextMessage, []byte(reply))
 			}
+		}
+		if eose != nil {
+			_ = c.WriteMessage(websocket.TextMessage, eose)
 		}
 	}
 }

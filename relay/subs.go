@@ -41,6 +41,18 @@ const DefaultMaxConnections = 64
 // keeps the listeners of the filters before it. It marks the id instead;
 // the client reader sends the relay a CLOSE for it before it reads the
 // client's next frame (takeClosed), and only that frees its places.
+//
+// Nor does a CLOSE that reaches the relay before the relay has answered
+// every REQ under its id (EOSE or CLOSED): khatru adds a filter's listener
+// only once that filter's stored events are sent, on a goroutine of the
+// REQ's own, so a CLOSE handled in the meantime finds nothing to remove
+// and the listeners added after it stay until the connection ends. The
+// gate forwards such a CLOSE (it removes what is there already and ends
+// the query) but keeps the id's places, marked closing; the relay's last
+// answer under the id marks it closed, and the CLOSE the gate then sends
+// (takeClosed) frees them. A REQ that the relay never answers keeps its
+// places after a CLOSE until the connection ends: NIP-01 relays answer
+// every REQ they accept with EOSE, and every one they refuse with CLOSED.
 type subTable struct {
 	mu     sync.Mutex
 	ids    map[string]subEntry
@@ -49,8 +61,10 @@ type subTable struct {
 }
 
 type subEntry struct {
-	places int  // REQs forwarded under the id since its last CLOSE
-	closed bool // the relay said CLOSED; the gate has not sent CLOSE yet
+	places     int  // REQs forwarded under the id since its last CLOSE
+	unanswered int  // of those, the ones the relay has not answered (EOSE, CLOSED)
+	closing    bool // the client closed it before the relay answered them all
+	closed     bool // the relay said CLOSED, or answered a closing id; the gate has not sent CLOSE yet
 }
 
 // open takes a place for a REQ under id unless limit are taken, and
@@ -69,20 +83,32 @@ func (s *subTable) open(id []byte, limit int) bool {
 		e.closed = false
 		s.marked.Add(-1)
 	}
+	// A REQ reusing a closing id opens it again: a CLOSE sent now would
+	// remove the new REQ's listeners too, so the leftovers stay counted.
+	e.closing = false
 	e.places++
+	e.unanswered++
 	s.places++
 	s.ids[string(id)] = e
 	return true
 }
 
-// remove frees id's places (its CLOSE is on its way to the relay) and
-// reports whether it had any.
+// remove closes id for the client (a CLOSE, or a refusal that told it
+// CLOSED) and reports whether a CLOSE must go to the relay for it: false
+// when the id is not open, or already closing. Its places are freed,
+// unless the relay has yet to answer a REQ under it: then it is closing
+// until the relay does (see subTable).
 func (s *subTable) remove(id []byte) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.ids[string(id)]
-	if !ok {
+	if !ok || e.closing {
 		return false
+	}
+	if e.unanswered > 0 {
+		e.closing = true
+		s.ids[string(id)] = e
+		return true
 	}
 	s.places -= e.places
 	if e.closed {
@@ -92,16 +118,41 @@ func (s *subTable) remove(id []byte) bool {
 	return true
 }
 
-// closedByRelay marks id as closed by the relay's CLOSED; its places stay
-// taken until the gate has sent the relay a CLOSE for it (takeClosed).
+// answered records the relay's EOSE for a REQ under id: when it was the
+// last unanswered one of a closing id, the id is marked closed, for the
+// gate to CLOSE again now that the relay's listeners are all there.
+func (s *subTable) answered(id []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.answerLocked(id, false)
+}
+
+// closedByRelay marks id as closed by the relay's CLOSED (an answer to one
+// of its REQs); its places stay taken until the gate has sent the relay a
+// CLOSE for it (takeClosed), which waits, like a client's CLOSE, for the
+// relay to answer every REQ under the id.
 func (s *subTable) closedByRelay(id []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.ids[string(id)]; ok && !e.closed {
+	s.answerLocked(id, true)
+}
+
+func (s *subTable) answerLocked(id []byte, closed bool) {
+	e, ok := s.ids[string(id)]
+	if !ok {
+		return
+	}
+	if e.unanswered > 0 {
+		e.unanswered--
+	}
+	if closed && e.unanswered > 0 {
+		e.closing = true // closed once the rest are answered
+	}
+	if (closed || e.closing) && e.unanswered == 0 && !e.closed {
 		e.closed = true
-		s.ids[string(id)] = e
 		s.marked.Add(1)
 	}
+	s.ids[string(id)] = e
 }
 
 // takeClosed removes the ids the relay closed and appends them to dst,

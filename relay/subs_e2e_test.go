@@ -81,3 +81,44 @@ func TestE2ESubscriptionCapPartialCLOSED(t *testing.T) {
 		t.Fatalf("the relay holds %d listeners for one connection, past the cap of %d", n, max)
 	}
 }
+
+// A CLOSE khatru handles while the REQ's query runs removes nothing: the
+// listener is added when the query ends and stays, so REQ then CLOSE,
+// repeated, held any number of listeners past the cap (each costing the
+// relay a match on every event it accepts). The gate keeps the place
+// until khatru's EOSE and closes the subscription there again.
+func TestE2ESubscriptionCapCloseBeforeEOSE(t *testing.T) {
+	const max = 1
+	kr := newKhatru(t)
+	release := make(chan struct{})
+	kr.QueryEvents = append([]func(context.Context, nostr.Filter) (chan *nostr.Event, error){
+		func(_ context.Context, f nostr.Filter) (chan *nostr.Event, error) {
+			ch := make(chan *nostr.Event)
+			if f.Search != "slow" {
+				close(ch)
+				return ch, nil
+			}
+			go func() { <-release; close(ch) }() // a query that takes its time
+			return ch, nil
+		}}, kr.QueryEvents...)
+	url := serve(t, newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: max}).Wrap(kr))
+	c := dialRaw(t, url)
+	for _, f := range []string{`["REQ","a",{"search":"slow"}]`, `["CLOSE","a"]`} {
+		if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := send(t, c, []byte(`["REQ","b",{"kinds":[1]}]`)); !strings.HasPrefix(got, `["CLOSED","b","blocked:`) {
+		t.Fatalf("REQ b with a closed before its EOSE, cap %d: %s, want CLOSED blocked", max, got)
+	}
+	close(release)
+	if got := strings.TrimSpace(readText(t, c)); got != `["EOSE","a"]` {
+		t.Fatalf("got %s, want khatru's EOSE for a", got)
+	}
+	if got := strings.TrimSpace(send(t, c, []byte(`["REQ","b",{"kinds":[1]}]`))); got != `["EOSE","b"]` {
+		t.Fatalf("REQ b after a's EOSE: %s, want EOSE", got)
+	}
+	if n := listenersFor(t, url, c); n > max {
+		t.Fatalf("the relay holds %d listeners for one connection, past the cap of %d", n, max)
+	}
+}

@@ -178,6 +178,14 @@ type Verdict struct {
 	// frame passes.
 	Shadow     bool
 	ShadowWait time.Duration
+	// Local: the refusal (with Shadow, the shadow refusal) was answered
+	// from the limiter's local table (ratelimit.Decision.Local): this
+	// payer was refused by that budget before and is within its wait.
+	// The gate logs only refusals that are not Local, so a client
+	// refused by a later budget (a kind class, an aggregate), which
+	// Refused does not answer for, costs one log line per wait, not one
+	// per frame.
+	Local bool
 }
 
 // Pass reports whether the frame may go on.
@@ -296,7 +304,7 @@ func decide(ctx context.Context, lim *ratelimit.Limiter, cs []charge) Verdict {
 			return Verdict{Err: err, Budget: c.budget}
 		}
 		if !d.Allowed {
-			return Verdict{Refused: true, Wait: d.Wait, Budget: c.budget}
+			return Verdict{Refused: true, Wait: d.Wait, Budget: c.budget, Local: d.Local}
 		}
 	}
 	var v Verdict
@@ -311,7 +319,7 @@ func decide(ctx context.Context, lim *ratelimit.Limiter, cs []charge) Verdict {
 			continue
 		}
 		if !d.Allowed && !v.Shadow {
-			v.Shadow, v.ShadowWait, v.Budget = true, d.Wait, c.budget
+			v.Shadow, v.ShadowWait, v.Budget, v.Local = true, d.Wait, c.budget, d.Local
 		}
 	}
 	return v

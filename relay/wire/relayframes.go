@@ -85,6 +85,20 @@ func ParseClosed(frame []byte) (sub []byte, ok bool) {
 	return lit, true
 }
 
+// ParseEOSE reads a relay frame ["EOSE",<sub id>] and returns the
+// subscription id as its JSON literal, quotes included.
+func ParseEOSE(frame []byte) (sub []byte, ok bool) {
+	s := scanner{b: frame}
+	if !s.label(`"EOSE"`) {
+		return nil, false
+	}
+	lit, _, ok := s.str()
+	if !ok {
+		return nil, false
+	}
+	return lit, true
+}
+
 // ParseNegErr reads a relay frame ["NEG-ERR",<sub id>,<reason>] (NIP-77)
 // and returns the subscription id as its JSON literal, quotes included.
 // The label go-nostr's nip77 writes, and so khatru sends, NEG-ERROR, is

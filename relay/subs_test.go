@@ -1,0 +1,162 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/relay/wire"
+)
+
+// eoseRelay is an upstream that records the frames it receives and
+// answers a COUNT whose id is "eose-<id>" with ["EOSE","<id>"]: the test
+// says when the relay has answered a REQ.
+type eoseRelay struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	got  []string
+}
+
+func newEOSERelay() *eoseRelay {
+	r := &eoseRelay{}
+	r.cond = sync.NewCond(&r.mu)
+	return r
+}
+
+func (r *eoseRelay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	c, err := (&websocket.Upgrader{}).Upgrade(w, req, nil)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	for {
+		_, data, err := c.ReadMessage()
+		if err != nil {
+			return
+		}
+		r.mu.Lock()
+		r.got = append(r.got, string(data))
+		r.cond.Broadcast()
+		r.mu.Unlock()
+		const ask = `["COUNT","eose-`
+		if s := string(data); strings.HasPrefix(s, ask) {
+			id := s[len(ask) : strings.IndexByte(s[len(ask):], '"')+len(ask)]
+			_ = c.WriteMessage(websocket.TextMessage, []byte(`["EOSE","`+id+`"]`))
+		}
+	}
+}
+
+// frames waits until the relay has received n frames, for at most 5s,
+// and returns what it has.
+func (r *eoseRelay) frames(n int) []string {
+	timeout := time.AfterFunc(5*time.Second, func() {
+		r.mu.Lock()
+		r.got = append(r.got, "(timed out)")
+		r.cond.Broadcast()
+		r.mu.Unlock()
+	})
+	defer timeout.Stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.got) < n {
+		r.cond.Wait()
+	}
+	return append([]string(nil), r.got...)
+}
+
+// khatru adds a REQ's listeners only once their stored events are sent,
+// so a CLOSE it handles before then removes nothing and the listeners
+// stay. A CLOSE that comes before the relay's EOSE must therefore not free
+// the subscription's place: it stays taken until the relay has answered,
+// and the gate then sends the relay another CLOSE, which frees it. (The
+// place was freed at once: REQ then CLOSE, repeated, held any number of
+// listeners at khatru past max_subscriptions.)
+func TestGateCloseBeforeEOSEKeepsPlace(t *testing.T) {
+	rel := newEOSERelay()
+	g := newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: 2})
+	c := dialRaw(t, serve(t, g.Wrap(rel)))
+	write := func(f string) {
+		t.Helper()
+		if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`["REQ","a",{}]`)
+	write(`["CLOSE","a"]`) // before the relay's EOSE
+	write(`["REQ","b",{}]`)
+	write(`["REQ","c",{}]`)        // a's place is still taken: refused
+	write(`["COUNT","eose-a",{}]`) // the relay answers a now
+	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","c","blocked: too many open subscriptions`) {
+		t.Fatalf("REQ c past the cap, a closed before its EOSE: got %s first, want CLOSED c blocked", got)
+	}
+	if got := readText(t, c); got != `["EOSE","a"]` {
+		t.Fatalf("got %s, want the relay's EOSE for a", got)
+	}
+	// The relay has answered a: the gate closes it there again before
+	// the client's next frame, and that frees its place.
+	write(`["REQ","c",{}]`)
+	got := rel.frames(6)
+	want := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["COUNT","eose-a",{}]`, `["CLOSE","a"]`, `["REQ","c",{}]`}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("relay got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestParseEOSE(t *testing.T) {
+	for _, tc := range []struct{ frame, want string }{
+		{`["EOSE","a"]`, `"a"`},
+		{` [ "EOSE" , "a\"b" ] `, `"a\"b"`},
+		{`["EOSE"]`, ""},
+		{`["EOSE",1]`, ""},
+		{`["CLOSED","a",""]`, ""},
+		{`["EOSEX","a"]`, ""},
+	} {
+		lit, ok := wire.ParseEOSE([]byte(tc.frame))
+		if string(lit) != tc.want || ok != (tc.want != "") {
+			t.Errorf("ParseEOSE(%s) = %q, %v; want %q", tc.frame, lit, ok, tc.want)
+		}
+	}
+}
+
+// CLOSE and NEG-CLOSE are free. One that names no subscription or sync
+// open at the relay has nothing to close there and is not forwarded: each
+// costs khatru a goroutine (and a CLOSE the lock every REQ and connection
+// takes), and a client could send them without end. A CLOSE of an open
+// subscription goes once; the same CLOSE again does not.
+func TestGateCloseOfNothingNotForwarded(t *testing.T) {
+	rec := newRecorder()
+	rec.eose = true
+	c := dialRaw(t, serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)))
+	write := func(f string) {
+		t.Helper()
+		if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 1000 {
+		write(`["CLOSE","nothing"]`)
+		write(`["NEG-CLOSE","nothing"]`)
+	}
+	write(`["REQ","a",{}]`)
+	if got := readText(t, c); got != `["EOSE","a"]` {
+		t.Fatalf("REQ a answered %s", got)
+	}
+	write(`["CLOSE","a"]`)
+	write(`["CLOSE","a"]`)
+	write(`["REQ","b",{}]`)
+	if got := readText(t, c); got != `["EOSE","b"]` {
+		t.Fatalf("REQ b answered %s", got)
+	}
+	want := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`}
+	if got := rec.frames(len(want)); strings.Join(got, " ") != strings.Join(want, " ") {
+		if len(got) > 5 {
+			got = append(got[:5], fmt.Sprintf("… (%d frames)", len(got)))
+		}
+		t.Fatalf("relay got %q, want %q", got, want)
+	}
+}
