@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"github.com/nbd-wtf/go-nostr/nip77/negentropy"
-	"github.com/nbd-wtf/go-nostr/nip77/negentropy/storage/vector"
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/wire"
@@ -141,39 +139,5 @@ func TestParseNegErr(t *testing.T) {
 		if ok != (tc.want != "") || string(lit) != tc.want {
 			t.Errorf("ParseNegErr(%s) = %q, %v; want %q", tc.frame, lit, ok, tc.want)
 		}
-	}
-}
-
-// TestE2ESyncCapKhatru: the cap against a real khatru (negentropy on), in
-// relay and proxy mode: two syncs answered by khatru's NEG-MSG, a third
-// refused by the gate with NEG-ERR, and after a NEG-CLOSE a new one is
-// khatru's again. A NEG-MSG for a sync khatru does not hold is answered by
-// khatru's NEG-ERROR, which the client receives as sent.
-func TestE2ESyncCapKhatru(t *testing.T) {
-	v := vector.New()
-	v.Seal()
-	start := negentropy.New(v, 1024*1024).Start()
-	open := func(id string) string { return `["NEG-OPEN","` + id + `",{"kinds":[1]},"` + start + `"]` }
-	for _, mode := range []string{"relay", "proxy"} {
-		t.Run(mode, func(t *testing.T) {
-			url := hostileTarget(t, mode, negKhatru(t), Options{Limits: generous(), MaxSyncs: 2})
-			c := dialRaw(t, url)
-			if got := readText(t, c); !strings.HasPrefix(got, `["AUTH",`) {
-				t.Fatalf("first frame %s, want khatru's challenge", got)
-			}
-			step := func(frame, wantPrefix string) {
-				t.Helper()
-				_ = c.WriteMessage(websocket.TextMessage, []byte(frame))
-				if got := readText(t, c); !strings.HasPrefix(got, wantPrefix) {
-					t.Fatalf("%.60s… answered %.120s, want %s…", frame, got, wantPrefix)
-				}
-			}
-			step(open("a"), `["NEG-MSG","a",`)
-			step(open("b"), `["NEG-MSG","b",`)
-			step(open("c"), `["NEG-ERR","c","blocked: too many open syncs (at most 2)`)
-			_ = c.WriteMessage(websocket.TextMessage, []byte(`["NEG-CLOSE","a"]`))
-			step(open("c"), `["NEG-MSG","c",`)
-			step(`["NEG-MSG","zz","6100000200"]`, `["NEG-ERROR","zz","CLOSED"]`)
-		})
 	}
 }

@@ -1,3 +1,7 @@
+//go:build !race
+
+// Left out of -race builds with the other end-to-end tests (see e2e_test.go).
+
 package main
 
 import (
