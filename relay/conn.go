@@ -327,7 +327,7 @@ func (c *conn) watch(frame []byte) {
 		return
 	}
 	if actor, ok := c.pending.take(id); ok {
-		if q := c.subject(c.g.current().p).Quota(); accepted && !duplicate && q != nil {
+		if q := c.subject(c.g.current().p).Quota(); accepted && !duplicate && q != nil && (c.g.stored == nil || c.g.stored(id)) {
 			now := c.g.now()
 			if !c.charged.seen(id, now, q.Window()) {
 				// A failed charge leaves an accepted event uncounted:

@@ -171,6 +171,17 @@ type Options struct {
 	// this process's own. 0 means DefaultMaxSyncs; negative, no cap.
 	// Allow-listed clients are not counted.
 	MaxSyncs int
+	// Stored, when set, reports whether the relay stored the event with
+	// this id (32 bytes, as in the event's "id") since Stored was last
+	// asked about it: the first answer for a stored event is true, any
+	// later one false. The actor quota is charged only for an accepted
+	// event the relay did store. khatru answers an event it already has with OK true and no
+	// "duplicate:" prefix, and one it keeps a newer replacement of with
+	// OK true too: without Stored anyone could spend any pubkey's quota by
+	// sending its public events again (a few addresses silenced a pubkey
+	// at the default quota). sluice relay sets it from its event store.
+	// Nil: every accepted event but a "duplicate:" one is charged.
+	Stored func(id [32]byte) bool
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).
 	// "" means the tag's host must be the host the client connected to
@@ -244,9 +255,10 @@ type Gate struct {
 	tooManySubs  string // the refusal of a REQ past maxSubs
 	maxConns     int    // per client; 0: no cap
 	connsMu      sync.Mutex
-	connsOpen    map[string]int // open connections per client key
-	maxSyncs     int            // per client; 0: no cap
-	syncsOpen    map[string]int // open NIP-77 syncs per client key, under connsMu
+	connsOpen    map[string]int         // open connections per client key
+	stored       func(id [32]byte) bool // Options.Stored
+	maxSyncs     int                    // per client; 0: no cap
+	syncsOpen    map[string]int         // open NIP-77 syncs per client key, under connsMu
 	tooManySyncs string
 	relayURL     *url.URL
 	queueBytes   int
@@ -276,6 +288,7 @@ func New(opts Options) (*Gate, error) {
 		obs:          opts.Observer,
 		log:          opts.Logger,
 		conns:        make(map[*conn]struct{}),
+		stored:       opts.Stored,
 	}
 	if opts.RelayURL != "" {
 		u, err := url.Parse(opts.RelayURL)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -199,4 +200,49 @@ func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
 	for i := 3; i < 8; i++ {
 		step(eventFrame(i, trusted), okReply(i, true, ""))
 	}
+}
+
+// TestGateQuotaChargesOnlyStored: with Options.Stored, an accepted event
+// the relay did not store (khatru's OK true for a duplicate, or for an older
+// replaceable event it keeps a newer one of) costs its author nothing, so
+// sending someone's public events again cannot spend their quota; one it
+// stored is charged as before.
+func TestGateQuotaChargesOnlyStored(t *testing.T) {
+	clk := nostrtest.NewClock()
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[[32]byte]bool{}
+	var mu sync.Mutex
+	rec := newRecorder()
+	rec.answerOK = func(hex32) bool { return true }
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now),
+		Stored: func(id [32]byte) bool { mu.Lock(); defer mu.Unlock(); ok := stored[id]; delete(stored, id); return ok }}).Wrap(rec))
+	victim := apartPubkeys(q, clk.Now(), 1)[0]
+	store := func(id int) {
+		var k [32]byte
+		k[31] = byte(id)
+		mu.Lock()
+		stored[k] = true
+		mu.Unlock()
+	}
+	step := func(c *websocket.Conn, id int, want string) {
+		t.Helper()
+		_ = c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, victim)))
+		if got := readText(t, c); got != want {
+			t.Fatalf("event %d\n got %s\nwant %s", id, got, want)
+		}
+	}
+	c := dialRaw(t, url)
+	store(1)
+	step(c, 1, okReply(1, true, "")) // stored: 1 of 2
+	for range 3 {                    // the same event again, from fresh connections: the relay has it
+		step(dialRaw(t, url), 1, okReply(1, true, ""))
+	}
+	step(c, 2, okReply(2, true, "")) // not stored (an older replaceable, say): free
+	store(3)
+	step(c, 3, okReply(3, true, "")) // stored: 2 of 2
+	store(4)
+	step(c, 4, okReply(4, false, "rate-limited: slow down; retry in 60s"))
 }

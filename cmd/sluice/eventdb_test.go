@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"runtime"
 	"testing"
@@ -43,7 +44,7 @@ func (b *blockingDB) QueryEvents(context.Context, nostr.Filter) (chan *nostr.Eve
 // save khatru began has returned, and calls after close began are refused.
 func TestGuardedStoreWaitsForSave(t *testing.T) {
 	db := &blockingDB{entered: make(chan struct{}), release: make(chan struct{}), readerDone: make(chan struct{})}
-	g := newGuardedStore(db)
+	g := newGuardedStore(db, newSavedIDs())
 
 	saved := make(chan error, 1)
 	go func() { saved <- g.SaveEvent(context.Background(), &nostr.Event{}) }()
@@ -81,7 +82,7 @@ func TestGuardedStoreWaitsForSave(t *testing.T) {
 // channel; close still completes, and the store's reader is drained first.
 func TestGuardedStoreAbandonedQuery(t *testing.T) {
 	db := &blockingDB{n: 5, readerDone: make(chan struct{})}
-	g := newGuardedStore(db)
+	g := newGuardedStore(db, newSavedIDs())
 	ch, err := g.QueryEvents(context.Background(), nostr.Filter{})
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +104,7 @@ func TestGuardedStoreAbandonedQuery(t *testing.T) {
 // open and close reports it, instead of hanging or closing under it.
 func TestGuardedStoreCloseTimeout(t *testing.T) {
 	db := &blockingDB{entered: make(chan struct{}), release: make(chan struct{})}
-	g := newGuardedStore(db)
+	g := newGuardedStore(db, newSavedIDs())
 	go func() { _ = g.SaveEvent(context.Background(), &nostr.Event{}) }()
 	<-db.entered
 	ctx, cancel := context.WithCancel(context.Background())
@@ -116,4 +117,41 @@ func TestGuardedStoreCloseTimeout(t *testing.T) {
 		t.Fatal("closed under a running save")
 	}
 	close(db.release)
+}
+
+// TestSavedIDs: an id saved is taken once; one of two generations back is
+// forgotten; a malformed id is ignored.
+func TestSavedIDs(t *testing.T) {
+	s := newSavedIDs()
+	id := func(i int) (string, [32]byte) {
+		var k [32]byte
+		k[0], k[1] = byte(i>>8), byte(i)
+		return hex.EncodeToString(k[:]), k
+	}
+	h0, k0 := id(0)
+	s.add(h0)
+	if !s.take(k0) || s.take(k0) {
+		t.Fatal("a saved id is not taken exactly once")
+	}
+	s.add(h0)
+	for i := 1; i <= savedIDsGen; i++ { // k0 goes to the previous generation
+		h, _ := id(i)
+		s.add(h)
+	}
+	if !s.take(k0) {
+		t.Fatal("forgotten one generation back")
+	}
+	s.add(h0)
+	for i := 1; i <= 2*savedIDsGen; i++ {
+		h, _ := id(i % 60000)
+		s.add(h)
+	}
+	if s.take(k0) {
+		t.Fatal("remembered two generations back")
+	}
+	s.add("zz" + h0[2:])
+	s.add(h0[:63])
+	if len(s.cur)+len(s.prev) > 2*savedIDsGen {
+		t.Fatal("grew past two generations")
+	}
 }

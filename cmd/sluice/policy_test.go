@@ -439,7 +439,7 @@ func TestReloadInProcess(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	gate, parts, m, err := newGate(t.Context(), cfg, logger)
+	gate, parts, m, err := newGate(t.Context(), cfg, logger, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

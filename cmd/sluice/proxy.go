@@ -32,7 +32,7 @@ func proxyFront(info, gated http.Handler) http.Handler {
 // the info section of the config.
 // load re-reads the configuration at SIGHUP (nil: no reload).
 func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func() (*config, error)) error {
-	gate, parts, m, err := newGate(ctx, cfg, logger)
+	gate, parts, m, err := newGate(ctx, cfg, logger, nil)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,8 @@ const sluiceURL = "https://github.com/sluice-relay/sluice"
 //
 // load re-reads the configuration at SIGHUP (nil: no reload).
 func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func() (*config, error)) error {
-	gate, parts, m, err := newGate(ctx, cfg, logger)
+	saved := newSavedIDs()
+	gate, parts, m, err := newGate(ctx, cfg, logger, saved.take)
 	if err != nil {
 		return err
 	}
@@ -58,7 +59,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	kr.MaxMessageSize = cfg.ReadLimit // the gate reads no more; khatru need not either
 	// khatru's message goroutines outlive the gate's drain; the guard
 	// lets shutdown wait for their store calls before closing badger.
-	store := newGuardedStore(db)
+	store := newGuardedStore(db, saved)
 	kr.StoreEvent = append(kr.StoreEvent, store.SaveEvent)
 	kr.QueryEvents = append(kr.QueryEvents, store.QueryEvents)
 	kr.CountEvents = append(kr.CountEvents, store.CountEvents)

@@ -148,9 +148,11 @@ func (p *limiterParts) close() error {
 
 // newGate builds the metrics, the limiter (newLimiter) and the gate on
 // them with cfg's limits, identity, read limit, frame sizes, filter bound
-// and relay URL: the wiring that proxy and relay mode share. On error nothing is left open; otherwise the
-// caller closes p after the gate has shut down.
-func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Gate, p *limiterParts, m *metrics, err error) {
+// and relay URL: the wiring that proxy and relay mode share; stored is the
+// relay's word on which events it stored (relay.Options.Stored; nil in
+// proxy mode). On error nothing is left open; otherwise the caller closes p
+// after the gate has shut down.
+func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(id [32]byte) bool) (g *relay.Gate, p *limiterParts, m *metrics, err error) {
 	m = newMetrics()
 	p, err = newLimiter(ctx, cfg, m, logger)
 	if err != nil {
@@ -173,6 +175,7 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger) (g *relay.Ga
 		MaxSubscriptions: cfg.Subscriptions,
 		MaxConnections:   cfg.MaxConnections,
 		MaxSyncs:         cfg.Syncs,
+		Stored:           stored,
 		Observer:         m.observer(),
 		Logger:           logger,
 	})
