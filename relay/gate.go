@@ -326,19 +326,9 @@ func New(opts Options) (*Gate, error) {
 		g.maxSubs = DefaultMaxSubscriptions
 	}
 	g.tooManySubs = fmt.Sprintf("blocked: too many open subscriptions (at most %d); close one first", g.maxSubs)
-	switch g.maxConns = opts.MaxConnections; {
-	case g.maxConns == 0:
-		g.maxConns = DefaultMaxConnections
-	case g.maxConns < 0:
-		g.maxConns = 0
-	}
+	g.maxConns = perClientCap(opts.MaxConnections, DefaultMaxConnections)
 	g.connsOpen = make(map[string]int)
-	switch g.maxSyncs = opts.MaxSyncs; {
-	case g.maxSyncs == 0:
-		g.maxSyncs = DefaultMaxSyncs
-	case g.maxSyncs < 0:
-		g.maxSyncs = 0
-	}
+	g.maxSyncs = perClientCap(opts.MaxSyncs, DefaultMaxSyncs)
 	g.syncsOpen = make(map[string]int)
 	g.tooManySyncs = fmt.Sprintf("blocked: too many open syncs (at most %d); send NEG-CLOSE for one first", g.maxSyncs)
 	if g.queueBytes <= 0 {
@@ -392,6 +382,19 @@ func (g *Gate) releaseConn(client string) {
 	if g.connsOpen[client]--; g.connsOpen[client] <= 0 {
 		delete(g.connsOpen, client)
 	}
+}
+
+// perClientCap is an Options cap per client as the gate keeps it: 0 (the
+// option's zero value) means def, negative no cap, which the gate keeps
+// as 0.
+func perClientCap(n, def int) int {
+	switch {
+	case n == 0:
+		return def
+	case n < 0:
+		return 0
+	}
+	return n
 }
 
 // holdSync counts one more open NIP-77 sync for client, unless it holds

@@ -73,47 +73,33 @@ func (s *scanner) literal(lit string) bool {
 
 // ParseClosed reads a relay frame ["CLOSED",<sub id>,<reason>] and returns
 // the subscription id as its JSON literal, quotes included.
-func ParseClosed(frame []byte) (sub []byte, ok bool) {
-	s := scanner{b: frame}
-	if !s.label(`"CLOSED"`) {
-		return nil, false
+func ParseClosed(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"CLOSED"`) }
+
+// subFrame reads the subscription id literal that follows label, the first
+// of labels that frame starts with.
+func subFrame(frame []byte, labels ...string) (sub []byte, ok bool) {
+	for _, label := range labels {
+		s := scanner{b: frame}
+		if !s.label(label) {
+			continue
+		}
+		lit, _, ok := s.str()
+		if !ok {
+			return nil, false
+		}
+		return lit, true
 	}
-	lit, _, ok := s.str()
-	if !ok {
-		return nil, false
-	}
-	return lit, true
+	return nil, false
 }
 
 // ParseEOSE reads a relay frame ["EOSE",<sub id>] and returns the
 // subscription id as its JSON literal, quotes included.
-func ParseEOSE(frame []byte) (sub []byte, ok bool) {
-	s := scanner{b: frame}
-	if !s.label(`"EOSE"`) {
-		return nil, false
-	}
-	lit, _, ok := s.str()
-	if !ok {
-		return nil, false
-	}
-	return lit, true
-}
+func ParseEOSE(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"EOSE"`) }
 
 // ParseNegErr reads a relay frame ["NEG-ERR",<sub id>,<reason>] (NIP-77)
 // and returns the subscription id as its JSON literal, quotes included.
 // The label go-nostr's nip77 writes, and so khatru sends, NEG-ERROR, is
 // read too: either way the relay has ended that sync.
 func ParseNegErr(frame []byte) (sub []byte, ok bool) {
-	s := scanner{b: frame}
-	if !s.label(`"NEG-ERR"`) {
-		s = scanner{b: frame}
-		if !s.label(`"NEG-ERROR"`) {
-			return nil, false
-		}
-	}
-	lit, _, ok := s.str()
-	if !ok {
-		return nil, false
-	}
-	return lit, true
+	return subFrame(frame, `"NEG-ERR"`, `"NEG-ERROR"`)
 }
