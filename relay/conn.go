@@ -705,12 +705,15 @@ func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 }
 
 // dropSub is called for every refused frame: when it is a REQ whose id
-// names a subscription open at the relay, or a NEG-OPEN whose id names a
-// sync open there, the client has just been told (CLOSED, NEG-ERR) that it
-// is closed, so the gate closes it at the relay too (readClient sends the
-// CLOSE or NEG-CLOSE).
+// names a subscription open at the relay, or a NEG-OPEN or NEG-MSG whose
+// id names a sync open there, the client has just been told (CLOSED,
+// NEG-ERR) that it is closed, so the gate closes it at the relay too
+// (readClient sends the CLOSE or NEG-CLOSE). After a NEG-ERR a NIP-77
+// client takes its sync as over and sends no NEG-CLOSE: without this, a
+// refused NEG-MSG's sync would hold its place in the client's count until
+// the connection ended.
 func (c *conn) dropSub(f Frame) {
-	if (f.Type != TypeREQ && f.Type != TypeNEGOPEN) || f.ID == nil {
+	if (f.Type != TypeREQ && f.Type != TypeNEGOPEN && f.Type != TypeNEGMSG) || f.ID == nil {
 		return
 	}
 	var buf [wire.MaxSubIDBytes]byte
@@ -719,7 +722,7 @@ func (c *conn) dropSub(f Frame) {
 		return
 	}
 	label := `["CLOSE","`
-	if f.Type == TypeNEGOPEN {
+	if f.Type != TypeREQ {
 		if !c.closeSync(id) {
 			return
 		}

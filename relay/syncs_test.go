@@ -141,3 +141,30 @@ func TestParseNegErr(t *testing.T) {
 		}
 	}
 }
+
+// TestGateRefusedNegMsgClosesSync: a NEG-MSG the gate refuses (here by its
+// rate limit) is answered NEG-ERR, after which NIP-77 has the client take
+// its sync as closed: it sends no NEG-CLOSE for it. So the gate closes the
+// sync at the relay (NEG-CLOSE) and frees its place in the client's count;
+// kept, every refused NEG-MSG would have held a place until the connection
+// ended, and a client at the cap could sync no more on any connection.
+func TestGateRefusedNegMsgClosesSync(t *testing.T) {
+	var l Limits
+	l.Message[TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	rec := newRecorder()
+	url := serve(t, newGate(t, Options{Limits: &l, MaxSyncs: 1}).Wrap(rec))
+	c := dialRaw(t, url)
+	negMsg := `["NEG-MSG","x","6100000200"]`
+	for _, f := range []string{negOpen("x"), negMsg, negMsg} {
+		_ = c.WriteMessage(websocket.TextMessage, []byte(f))
+	}
+	if got := readText(t, c); !strings.HasPrefix(got, `["NEG-ERR","x","rate-limited: slow down; retry in `) {
+		t.Fatalf("second NEG-MSG x answered %s", got)
+	}
+	// x is over for the client: its place is free for y.
+	_ = c.WriteMessage(websocket.TextMessage, []byte(negOpen("y")))
+	frames := rec.frames(4)
+	if want := []string{negOpen("x"), negMsg, `["NEG-CLOSE","x"]`, negOpen("y")}; !slices.Equal(frames, want) {
+		t.Fatalf("the relay got %q, want %q", frames, want)
+	}
+}
