@@ -632,6 +632,19 @@ func (c *conn) admit(frame []byte) bool {
 			}
 			c.syncs.add(id)
 		}
+	case TypeNEGMSG:
+		// A NEG-MSG keeps a sync alive at the relay, so one for a sync
+		// the gate does not count must not reach it: khatru handles each
+		// frame on a goroutine of its own, and a NEG-CLOSE sent right
+		// behind its NEG-OPEN is handled first (it only deletes), so the
+		// sync the NEG-OPEN then stores is one the gate has freed; kept
+		// alive by NEG-MSGs, any number of them stayed open. Unfed, khatru
+		// drops it after 7 s. An allow-listed client's syncs are not
+		// known: its NEG-MSGs all go.
+		if !free && !c.syncs.has(facts.SubID[1:len(facts.SubID)-1]) {
+			c.refuse(p.Frame(), reasonNoSync)
+			return false
+		}
 	case TypeNEGCLOSE:
 		// An allow-listed client's syncs are not counted, so not known:
 		// its NEG-CLOSEs all go.
@@ -658,6 +671,11 @@ func (c *conn) admit(frame []byte) bool {
 	}
 	return forward
 }
+
+// reasonNoSync answers a NEG-MSG whose id names no sync the gate counts
+// open at the relay (never opened, or closed by a NEG-CLOSE or a NEG-ERR):
+// NIP-77's "closed:", which a relay sends for a sync it has dropped.
+const reasonNoSync = "closed: no sync open under this id; send NEG-OPEN first"
 
 // A client refused from the limiter's local table costs the gate a peek
 // and a reply, but a client that keeps knocking learns nothing new: its

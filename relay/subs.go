@@ -211,7 +211,10 @@ const DefaultMaxSyncs = 4
 // relay: conn.dropSub), or with the connection. A relay may also drop a
 // sync it has not heard of for a while (khatru: 7 s) without a word; it
 // stays counted until the client closes it, or until a NEG-MSG for it is
-// answered NEG-ERR. Safe for concurrent use
+// answered NEG-ERR. A relay may also hold a sync the table has closed (a
+// NEG-CLOSE handled before the NEG-OPEN it follows): a NEG-MSG for an id
+// not open here is therefore not forwarded (conn.admit), and the relay
+// drops such a sync unfed. Safe for concurrent use
 // (the client reader opens and closes, the relay reader closes).
 type syncTable struct {
 	mu  sync.Mutex
