@@ -726,10 +726,10 @@ func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 // names a subscription open at the relay, or a NEG-OPEN or NEG-MSG whose
 // id names a sync open there, the client has just been told (CLOSED,
 // NEG-ERR) that it is closed, so the gate closes it at the relay too
-// (readClient sends the CLOSE or NEG-CLOSE). After a NEG-ERR a NIP-77
-// client takes its sync as over and sends no NEG-CLOSE: without this, a
-// refused NEG-MSG's sync would hold its place in the client's count until
-// the connection ended.
+// (readClient sends the CLOSE or NEG-CLOSE). After a NEG-ERR NIP-77 has
+// the sync closed, so a client need not send a NEG-CLOSE (go-nostr's does,
+// others may not): without this, a refused NEG-MSG's sync would hold its
+// place in the client's count until the connection ended.
 func (c *conn) dropSub(f Frame) {
 	if (f.Type != TypeREQ && f.Type != TypeNEGOPEN && f.Type != TypeNEGMSG) || f.ID == nil {
 		return

@@ -143,11 +143,12 @@ func TestParseNegErr(t *testing.T) {
 }
 
 // TestGateRefusedNegMsgClosesSync: a NEG-MSG the gate refuses (here by its
-// rate limit) is answered NEG-ERR, after which NIP-77 has the client take
-// its sync as closed: it sends no NEG-CLOSE for it. So the gate closes the
-// sync at the relay (NEG-CLOSE) and frees its place in the client's count;
-// kept, every refused NEG-MSG would have held a place until the connection
-// ended, and a client at the cap could sync no more on any connection.
+// rate limit) is answered NEG-ERR, after which NIP-77 has the sync closed:
+// a client need send no NEG-CLOSE for it (this one does not). So the gate
+// closes the sync at the relay (NEG-CLOSE) and frees its place in the
+// client's count; kept, every refused NEG-MSG would have held a place until
+// the connection ended, and a client at the cap could sync no more on any
+// connection.
 func TestGateRefusedNegMsgClosesSync(t *testing.T) {
 	var l Limits
 	l.Message[TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
