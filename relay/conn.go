@@ -632,6 +632,19 @@ func (c *conn) admit(frame []byte) bool {
 			}
 			c.syncs.add(id)
 		}
+	case TypeNEGMSG:
+		// A NEG-MSG keeps a sync alive at the relay, so one for a sync
+		// the gate does not count must not reach it: khatru handles each
+		// frame on a goroutine of its own, and a NEG-CLOSE sent right
+		// behind its NEG-OPEN is handled first (it only deletes), so the
+		// sync the NEG-OPEN then stores is one the gate has freed; kept
+		// alive by NEG-MSGs, any number of them stayed open. Unfed, khatru
+		// drops it after 7 s. An allow-listed client's syncs are not
+		// known: its NEG-MSGs all go.
+		if !free && !c.syncs.has(facts.SubID[1:len(facts.SubID)-1]) {
+			c.refuse(p.Frame(), reasonNoSync)
+			return false
+		}
 	case TypeNEGCLOSE:
 		// An allow-listed client's syncs are not counted, so not known:
 		// its NEG-CLOSEs all go.
@@ -658,6 +671,11 @@ func (c *conn) admit(frame []byte) bool {
 	}
 	return forward
 }
+
+// reasonNoSync answers a NEG-MSG whose id names no sync the gate counts
+// open at the relay (never opened, or closed by a NEG-CLOSE or a NEG-ERR):
+// NIP-77's "closed:", which a relay sends for a sync it has dropped.
+const reasonNoSync = "closed: no sync open under this id; send NEG-OPEN first"
 
 // A client refused from the limiter's local table costs the gate a peek
 // and a reply, but a client that keeps knocking learns nothing new: its
@@ -705,12 +723,15 @@ func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 }
 
 // dropSub is called for every refused frame: when it is a REQ whose id
-// names a subscription open at the relay, or a NEG-OPEN whose id names a
-// sync open there, the client has just been told (CLOSED, NEG-ERR) that it
-// is closed, so the gate closes it at the relay too (readClient sends the
-// CLOSE or NEG-CLOSE).
+// names a subscription open at the relay, or a NEG-OPEN or NEG-MSG whose
+// id names a sync open there, the client has just been told (CLOSED,
+// NEG-ERR) that it is closed, so the gate closes it at the relay too
+// (readClient sends the CLOSE or NEG-CLOSE). After a NEG-ERR NIP-77 has
+// the sync closed, so a client need not send a NEG-CLOSE (go-nostr's does,
+// others may not): without this, a refused NEG-MSG's sync would hold its
+// place in the client's count until the connection ended.
 func (c *conn) dropSub(f Frame) {
-	if (f.Type != TypeREQ && f.Type != TypeNEGOPEN) || f.ID == nil {
+	if (f.Type != TypeREQ && f.Type != TypeNEGOPEN && f.Type != TypeNEGMSG) || f.ID == nil {
 		return
 	}
 	var buf [wire.MaxSubIDBytes]byte
@@ -719,7 +740,7 @@ func (c *conn) dropSub(f Frame) {
 		return
 	}
 	label := `["CLOSE","`
-	if f.Type == TypeNEGOPEN {
+	if f.Type != TypeREQ {
 		if !c.closeSync(id) {
 			return
 		}

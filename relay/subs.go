@@ -206,10 +206,15 @@ const DefaultMaxSyncs = 4
 // and counted against its client's cap (Gate.holdSync): opened by a
 // forwarded NEG-OPEN (one reusing an open id replaces that sync at the
 // relay, khatru's as NIP-77's, and takes no new place), closed by a
-// forwarded NEG-CLOSE, by the relay's NEG-ERR, or with the connection.
-// A relay may also drop a sync it has not heard of for a while (khatru:
-// 7 s) without a word; it stays counted until the client closes it, or
-// until a NEG-MSG for it is answered NEG-ERR. Safe for concurrent use
+// forwarded NEG-CLOSE, by the relay's NEG-ERR, by a refusal of a NEG-OPEN
+// or NEG-MSG under its id (the gate's NEG-ERR, and a NEG-CLOSE to the
+// relay: conn.dropSub), or with the connection. A relay may also drop a
+// sync it has not heard of for a while (khatru: 7 s) without a word; it
+// stays counted until the client closes it, or until a NEG-MSG for it is
+// answered NEG-ERR. A relay may also hold a sync the table has closed (a
+// NEG-CLOSE handled before the NEG-OPEN it follows): a NEG-MSG for an id
+// not open here is therefore not forwarded (conn.admit), and the relay
+// drops such a sync unfed. Safe for concurrent use
 // (the client reader opens and closes, the relay reader closes).
 type syncTable struct {
 	mu  sync.Mutex

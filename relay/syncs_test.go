@@ -141,3 +141,69 @@ func TestParseNegErr(t *testing.T) {
 		}
 	}
 }
+
+// TestGateRefusedNegMsgClosesSync: a NEG-MSG the gate refuses (here by its
+// rate limit) is answered NEG-ERR, after which NIP-77 has the sync closed:
+// a client need send no NEG-CLOSE for it (this one does not). So the gate
+// closes the sync at the relay (NEG-CLOSE) and frees its place in the
+// client's count; kept, every refused NEG-MSG would have held a place until
+// the connection ended, and a client at the cap could sync no more on any
+// connection.
+func TestGateRefusedNegMsgClosesSync(t *testing.T) {
+	var l Limits
+	l.Message[TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	rec := newRecorder()
+	url := serve(t, newGate(t, Options{Limits: &l, MaxSyncs: 1}).Wrap(rec))
+	c := dialRaw(t, url)
+	negMsg := `["NEG-MSG","x","6100000200"]`
+	for _, f := range []string{negOpen("x"), negMsg, negMsg} {
+		_ = c.WriteMessage(websocket.TextMessage, []byte(f))
+	}
+	if got := readText(t, c); !strings.HasPrefix(got, `["NEG-ERR","x","rate-limited: slow down; retry in `) {
+		t.Fatalf("second NEG-MSG x answered %s", got)
+	}
+	// x is over for the client: its place is free for y.
+	_ = c.WriteMessage(websocket.TextMessage, []byte(negOpen("y")))
+	frames := rec.frames(4)
+	if want := []string{negOpen("x"), negMsg, `["NEG-CLOSE","x"]`, negOpen("y")}; !slices.Equal(frames, want) {
+		t.Fatalf("the relay got %q, want %q", frames, want)
+	}
+}
+
+// TestGateNegMsgOfNothingNotForwarded: a NEG-MSG whose id names no sync
+// the gate counts open (never opened, or closed by a NEG-CLOSE) is answered
+// NEG-ERR "closed: …" and never reaches the relay, where it would keep
+// alive a sync the gate no longer counts (a NEG-CLOSE right behind its
+// NEG-OPEN reaches khatru's handler first: TestE2ESyncCapKhatru). An
+// allow-listed client's syncs are not counted, so its NEG-MSGs all go.
+func TestGateNegMsgOfNothingNotForwarded(t *testing.T) {
+	const closed = `["NEG-ERR","x","` + reasonNoSync + `"]`
+	msg := `["NEG-MSG","x","6100000200"]`
+	rec := newRecorder()
+	c := dialRaw(t, serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)))
+	for _, f := range []string{msg, negOpen("x"), msg, `["NEG-CLOSE","x"]`, msg} {
+		_ = c.WriteMessage(websocket.TextMessage, []byte(f))
+	}
+	for range 2 {
+		if got := readText(t, c); got != closed {
+			t.Fatalf("NEG-MSG of no open sync answered %s, want %s", got, closed)
+		}
+	}
+	// The echo behind them: the relay has had all it will get.
+	_ = c.WriteMessage(websocket.TextMessage, recorderCmd("echo", `["EOSE","ping"]`))
+	if got := readText(t, c); got != `["EOSE","ping"]` {
+		t.Fatalf("echo answered %s", got)
+	}
+	want := []string{negOpen("x"), msg, `["NEG-CLOSE","x"]`}
+	if got := rec.frames(4); !slices.Equal(got[:min(3, len(got))], want) || len(got) != 4 {
+		t.Fatalf("the relay got %q, want %q and the echo", got, want)
+	}
+
+	al, _ := NewAllowList([]string{"127.0.0.1"}, nil)
+	rec = newRecorder()
+	c = dialRaw(t, serve(t, newGate(t, Options{Limits: &Limits{}, Identity: &Identity{Allow: al}}).Wrap(rec)))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(msg))
+	if got := rec.frames(1); !slices.Equal(got, []string{msg}) {
+		t.Fatalf("allow-listed: the relay got %q, want %q", got, msg)
+	}
+}
