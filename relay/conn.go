@@ -173,7 +173,7 @@ func (c *conn) send(typ int, data []byte) bool {
 // cutSlow ends a connection whose client did not take a write within the
 // write timeout: it has stopped reading.
 func (c *conn) cutSlow() {
-	c.g.log.Info("closing slow client", "client", c.who, "queued_bytes", c.out.queued())
+	c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "queued_bytes", c.out.queued())
 	c.g.obs.ReportCut(CutSlowReader)
 	c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 }
@@ -392,7 +392,7 @@ func (c *conn) readClient() {
 			buf, err = readFrame(r, getFrameBuf(), c.meter)
 		}
 		if err != nil && c.meter.flooded.Load() {
-			c.g.log.Info("closing client", "client", c.who, "reason", "too many control frames")
+			c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many control frames")
 			c.g.obs.ReportCut(CutControlFlood)
 			c.end(true, true, closeSlowClient, "sluice: too many control frames")
 			return
@@ -416,7 +416,7 @@ func (c *conn) readClient() {
 		if !c.admit(buf) {
 			putFrameBuf(buf)
 			if c.knocked > 0 {
-				c.g.log.Info("closing client", "client", c.who, "reason", "too many refused frames")
+				c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many refused frames")
 				c.g.obs.ReportCut(CutKnocking)
 				c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(ratelimit.RetrySeconds(c.knocked), 10)+"s")
 				return

@@ -266,6 +266,7 @@ type Gate struct {
 	writeTimeout time.Duration
 	obs          *Observer
 	log          *slog.Logger
+	cutLog       cutLog // bounds the log lines of cut connections
 	upgrader     websocket.Upgrader
 
 	mu     sync.Mutex
