@@ -72,7 +72,10 @@ func (cb *clusterBatch) sendAndCompare(t *testing.T, round int, batch []*call, k
 	cb.s.batch.send(batch, &batchScratch{})
 	for i, c := range orig {
 		r := <-c.res
-		wd, wscores, _ := ref(context.Background(), keys[i], ws, now)
+		wd, wscores, err := ref(context.Background(), keys[i], ws, now)
+		if err != nil {
+			t.Fatalf("round %d, %s: the reference: %v", round, keys[i], err)
+		}
 		if r.err != nil || r.d != wd || !slices.Equal(c.req.scores, wscores) {
 			t.Errorf("round %d, %s: got %+v %v %v, memory store %+v %v", round, keys[i], r.d, r.err, c.req.scores, wd, wscores)
 		}
@@ -240,7 +243,10 @@ func TestRingBatchOneCallPerDecision(t *testing.T) {
 	// where the ring looks for it.
 	now := storetest.T0.Add(30 * time.Millisecond)
 	for _, k := range keys {
-		wd, _, _ := ref(ctx, k, ws, now)
+		wd, _, err := ref(ctx, k, ws, now)
+		if err != nil {
+			t.Fatalf("%s: the reference: %v", k, err)
+		}
 		if d, err := s.Decide(ctx, k, ws, now); err != nil || d != wd {
 			t.Errorf("%s alone after the batches: %+v %v, memory store %+v", k, d, err, wd)
 		}
@@ -323,7 +329,10 @@ func TestClusterSplitHungMaster(t *testing.T) {
 			refused++
 			continue
 		}
-		wd, wscores, _ := ref(ctx, keys[i], ws, now)
+		wd, wscores, err := ref(ctx, keys[i], ws, now)
+		if err != nil {
+			t.Fatalf("%s: the reference: %v", keys[i], err)
+		}
 		if r.err != nil || r.d != wd || !slices.Equal(call.req.scores, wscores) {
 			t.Errorf("%s on a healthy master: %+v %v %v, memory store %+v %v", keys[i], r.d, r.err, call.req.scores, wd, wscores)
 		}
