@@ -274,3 +274,28 @@ func TestObserverRefusal(t *testing.T) {
 		t.Fatalf("offenders %+v, want 203.0.113.7 with 4 rate-limited REQs and 1 invalid frame", top)
 	}
 }
+
+// BenchmarkWatch: what the relay reader spends on each relay frame looking
+// for the few it acts on, for the frames a relay sends most (an EVENT of a
+// subscription, an EOSE) and one it acts on (an OK), with a quota on (so
+// OKs and AUTHs are watched).
+func BenchmarkWatch(b *testing.B) {
+	quota, err := ratelimit.NewQuota(ratelimit.MaxQuotaEvents, time.Minute)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := admitConn(b, Options{Limits: &Limits{}, Quota: quota.Local(nil)})
+	for _, bm := range []struct{ name, frame string }{
+		{"EVENT", `["EVENT","sub:1",` + nostrToolsEvent + `]`},
+		{"EOSE", `["EOSE","sub:1"]`},
+		{"OK", `["OK","` + testID + `",true,""]`},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			frame := []byte(bm.frame)
+			b.ReportAllocs()
+			for b.Loop() {
+				c.watch(frame)
+			}
+		})
+	}
+}

@@ -294,6 +294,9 @@ func relayable(ce *websocket.CloseError) (int, string) {
 // answer the client's subscriptions and syncs (subTable, syncTable). It
 // runs on the relay reader only.
 func (c *conn) watch(frame []byte) {
+	if wire.IsEvent(frame) {
+		return
+	}
 	if lit, ok := wire.ParseEOSE(frame); ok {
 		var buf [wire.MaxSubIDBytes]byte
 		if id, ok := subID(&buf, lit); ok {
@@ -462,7 +465,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 	}
 	for _, id := range c.subs.takeClosed(nil, keep) {
 		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
-		if err := c.up.WriteMessage(websocket.TextMessage, append(append([]byte(`["CLOSE","`), id...), `"]`...)); err != nil {
+		if err := c.up.WriteMessage(websocket.TextMessage, closeFrame(nil, `["CLOSE","`, id)); err != nil {
 			c.end(true, false, closeGoingAway, "relay connection lost")
 			return false
 		}
@@ -748,7 +751,14 @@ func (c *conn) dropSub(f Frame) {
 	} else if !c.subs.remove(id) {
 		return
 	}
-	c.closeUp = append(append(append(c.closeUp[:0], label...), id...), `"]`...)
+	c.closeUp = closeFrame(c.closeUp[:0], label, id)
+}
+
+// closeFrame appends to dst the frame that closes subscription or sync id
+// (canonical: no escapes) at the relay: head is `["CLOSE","` or
+// `["NEG-CLOSE","`.
+func closeFrame(dst []byte, head string, id []byte) []byte {
+	return append(append(append(dst, head...), id...), `"]`...)
 }
 
 // closeSync closes the sync id, if it is open, and frees its place in the

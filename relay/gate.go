@@ -252,13 +252,10 @@ type Gate struct {
 	frameSize    [NumTypes]int
 	tooLarge     [NumTypes]string // the refusal of a frame over frameSize
 	maxSubs      int
-	tooManySubs  string // the refusal of a REQ past maxSubs
-	maxConns     int    // per client; 0: no cap
-	connsMu      sync.Mutex
-	connsOpen    map[string]int         // open connections per client key
+	tooManySubs  string                 // the refusal of a REQ past maxSubs
+	connCounts   clientCounts           // open connections per client key
 	stored       func(id [32]byte) bool // Options.Stored
-	maxSyncs     int                    // per client; 0: no cap
-	syncsOpen    map[string]int         // open NIP-77 syncs per client key, under connsMu
+	syncCounts   clientCounts           // open NIP-77 syncs per client key
 	tooManySyncs string
 	relayURL     *url.URL
 	queueBytes   int
@@ -327,11 +324,9 @@ func New(opts Options) (*Gate, error) {
 		g.maxSubs = DefaultMaxSubscriptions
 	}
 	g.tooManySubs = fmt.Sprintf("blocked: too many open subscriptions (at most %d); close one first", g.maxSubs)
-	g.maxConns = perClientCap(opts.MaxConnections, DefaultMaxConnections)
-	g.connsOpen = make(map[string]int)
-	g.maxSyncs = perClientCap(opts.MaxSyncs, DefaultMaxSyncs)
-	g.syncsOpen = make(map[string]int)
-	g.tooManySyncs = fmt.Sprintf("blocked: too many open syncs (at most %d); send NEG-CLOSE for one first", g.maxSyncs)
+	g.connCounts.init(opts.MaxConnections, DefaultMaxConnections)
+	g.syncCounts.init(opts.MaxSyncs, DefaultMaxSyncs)
+	g.tooManySyncs = fmt.Sprintf("blocked: too many open syncs (at most %d); send NEG-CLOSE for one first", g.syncCounts.max)
 	if g.queueBytes <= 0 {
 		g.queueBytes = DefaultQueueBytes
 	}
@@ -360,65 +355,62 @@ func New(opts Options) (*Gate, error) {
 
 // holdConn counts one more open connection for client, unless it holds
 // the most it may already.
-func (g *Gate) holdConn(client string) bool {
-	if g.maxConns == 0 {
-		return true
-	}
-	g.connsMu.Lock()
-	defer g.connsMu.Unlock()
-	if g.connsOpen[client] >= g.maxConns {
-		return false
-	}
-	g.connsOpen[client]++
-	return true
-}
+func (g *Gate) holdConn(client string) bool { return g.connCounts.hold(client) }
 
 // releaseConn counts one connection of client closed.
-func (g *Gate) releaseConn(client string) {
-	if g.maxConns == 0 {
-		return
-	}
-	g.connsMu.Lock()
-	defer g.connsMu.Unlock()
-	if g.connsOpen[client]--; g.connsOpen[client] <= 0 {
-		delete(g.connsOpen, client)
-	}
-}
-
-// perClientCap is an Options cap per client as the gate keeps it: 0 (the
-// option's zero value) means def, negative no cap, which the gate keeps
-// as 0.
-func perClientCap(n, def int) int {
-	switch {
-	case n == 0:
-		return def
-	case n < 0:
-		return 0
-	}
-	return n
-}
+func (g *Gate) releaseConn(client string) { g.connCounts.release(client, 1) }
 
 // holdSync counts one more open NIP-77 sync for client, unless it holds
 // the most it may already.
-func (g *Gate) holdSync(client string) bool {
-	g.connsMu.Lock()
-	defer g.connsMu.Unlock()
-	if g.maxSyncs > 0 && g.syncsOpen[client] >= g.maxSyncs {
+func (g *Gate) holdSync(client string) bool { return g.syncCounts.hold(client) }
+
+// releaseSyncs counts n syncs of client closed.
+func (g *Gate) releaseSyncs(client string, n int) { g.syncCounts.release(client, n) }
+
+// clientCounts counts what each client (its key) holds open through this
+// gate process, against a cap: an entry only while something is held.
+// With no cap (max 0) nothing is counted. Safe for concurrent use.
+type clientCounts struct {
+	max  int
+	mu   sync.Mutex
+	open map[string]int
+}
+
+// init sets the cap from an Options cap per client: 0 (the option's zero
+// value) means def, negative no cap.
+func (c *clientCounts) init(n, def int) {
+	switch {
+	case n == 0:
+		n = def
+	case n < 0:
+		n = 0
+	}
+	c.max, c.open = n, make(map[string]int)
+}
+
+// hold counts one more for client unless it holds max already.
+func (c *clientCounts) hold(client string) bool {
+	if c.max == 0 {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open[client] >= c.max {
 		return false
 	}
-	g.syncsOpen[client]++
+	c.open[client]++
 	return true
 }
 
-// releaseSyncs counts n syncs of client closed.
-func (g *Gate) releaseSyncs(client string, n int) {
-	if n == 0 {
+// release counts n of client's released.
+func (c *clientCounts) release(client string, n int) {
+	if c.max == 0 || n == 0 {
 		return
 	}
-	g.connsMu.Lock()
-	defer g.connsMu.Unlock()
-	if g.syncsOpen[client] -= n; g.syncsOpen[client] <= 0 {
-		delete(g.syncsOpen, client)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open[client] -= n; c.open[client] <= 0 {
+		delete(c.open, client)
 	}
 }
 
@@ -577,7 +569,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	if !freeIP && !g.holdConn(client) {
 		g.obs.ReportConnection(OverCap)
 		g.obs.ReportRefusal(client, NumTypes, OverCap)
-		http.Error(w, fmt.Sprintf("blocked: too many open connections from your address (at most %d)", g.maxConns), http.StatusTooManyRequests)
+		http.Error(w, fmt.Sprintf("blocked: too many open connections from your address (at most %d)", g.connCounts.max), http.StatusTooManyRequests)
 		return
 	}
 	if !freeIP {

@@ -197,8 +197,8 @@ func subID(buf *[wire.MaxSubIDBytes]byte, lit []byte) ([]byte, bool) {
 // at the relay at once, across its connections in one gate process. A
 // sync is one reconciliation of a filter, a few rounds long; a client
 // runs one or two at a time. The relay keeps each one's set of events
-// while it lasts (sluice relay: up to max_sync_events, ~10–25 MB at
-// 100,000), and a NEG-MSG every few seconds keeps it alive, so without a
+// while it lasts (sluice relay: ~8 MB for one over 100,000 events,
+// BenchmarkSyncCost in cmd/sluice), and a NEG-MSG every few seconds keeps it alive, so without a
 // cap one client could hold any number of them.
 const DefaultMaxSyncs = 4
 

@@ -53,7 +53,7 @@ func DefaultLimits() Limits {
 	l.Message[wire.TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}
 	// NEG-OPEN builds a negentropy set over a query that may cover far
 	// more events than a REQ returns (sluice relay: up to
-	// max_sync_events, 100,000, at ~1 s of CPU for them all, where a
+	// max_sync_events, 100,000, at ~0.4 s of CPU for them all, where a
 	// REQ filter returns at most 1,000), and the relay keeps the set
 	// while the sync lasts. 4 in a burst (a client syncing a few filters
 	// at start-up), then about one every 4 s.

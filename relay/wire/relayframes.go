@@ -71,6 +71,14 @@ func (s *scanner) literal(lit string) bool {
 	return true
 }
 
+// IsEvent reports whether a relay frame is an ["EVENT",…]: most of what a
+// relay sends, and nothing the gate acts on, so the relay reader tells it
+// apart first, with one look at its label.
+func IsEvent(frame []byte) bool {
+	s := scanner{b: frame}
+	return s.label(`"EVENT"`)
+}
+
 // ParseClosed reads a relay frame ["CLOSED",<sub id>,<reason>] and returns
 // the subscription id as its JSON literal, quotes included.
 func ParseClosed(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"CLOSED"`) }

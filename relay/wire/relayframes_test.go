@@ -46,3 +46,21 @@ func TestParseAuthChallenge(t *testing.T) {
 		}
 	}
 }
+
+// TestIsEvent: a relay's EVENT, spaced or not, is told apart; nothing
+// else is taken for one.
+func TestIsEvent(t *testing.T) {
+	for frame, want := range map[string]bool{
+		`["EVENT","s",{}]`:      true,
+		` [ "EVENT" , "s",{}]`:  true,
+		`["EOSE","s"]`:          false,
+		`["EVENTS","s",{}]`:     false,
+		`["\u0045VENT","s",{}]`: false,
+		`{"EVENT":1}`:           false,
+		``:                      false,
+	} {
+		if got := IsEvent([]byte(frame)); got != want {
+			t.Errorf("IsEvent(%s) = %v, want %v", frame, got, want)
+		}
+	}
+}
