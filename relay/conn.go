@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/gorilla/websocket"
 
@@ -40,6 +41,10 @@ type conn struct {
 	g      *Gate
 	client *websocket.Conn
 	up     upConn
+	// tap, in Wrap mode, is the client's socket as the in-process relay
+	// reads and writes it (tapConn); client, up, out and wire are then
+	// unused and no goroutine of the gate's runs.
+	tap    *tapConn
 	out    *outQueue
 	wire   *meteredConn    // the client's socket, for coalescing writes
 	ctx    context.Context // cancelled when the connection ends
@@ -119,6 +124,12 @@ const (
 // ctx. Safe from any goroutine; only the first call does anything.
 func (c *conn) end(toClient, toUp bool, code int, text string) {
 	c.once.Do(func() {
+		if c.tap != nil {
+			// To the relay, its connection's reads fail: it lets the
+			// connection go as for a client gone.
+			c.tap.shut(toClient, toUp, code, text)
+			return
+		}
 		deadline := time.Now().Add(time.Second)
 		msg := websocket.FormatCloseMessage(code, text)
 		if toClient {
@@ -162,6 +173,9 @@ func (c *conn) run() {
 // bound (see outQueue.push), and reports whether it did: false once the
 // connection is ending.
 func (c *conn) send(typ int, data []byte) bool {
+	if c.tap != nil {
+		return c.tap.reply(data)
+	}
 	select {
 	case <-c.closing:
 		return false
@@ -412,24 +426,17 @@ func (c *conn) readClient() {
 			}
 			return
 		}
-		if !c.closeClosed(buf) {
+		fwd, ok := c.decide(buf)
+		if fwd == nil || !ok {
 			putFrameBuf(buf)
-			return
-		}
-		if !c.admit(buf) {
-			putFrameBuf(buf)
-			if c.knocked > 0 {
-				c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many refused frames")
-				c.g.obs.ReportCut(CutKnocking)
-				c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(ratelimit.RetrySeconds(c.knocked), 10)+"s")
+			if !ok {
 				return
 			}
-			if c.closeUp == nil {
-				continue
-			}
-			// The client was told its subscription is closed: so is the
-			// relay, or it would go on streaming to it.
-			buf, c.closeUp = c.closeUp, nil
+			continue
+		}
+		if !sameBuf(fwd, buf) {
+			putFrameBuf(buf)
+			buf = fwd
 		}
 		// While the client is behind on the answers, its next request
 		// waits (see outQueue.wait).
@@ -448,6 +455,48 @@ func (c *conn) readClient() {
 	}
 }
 
+// decide decides one client frame, buf: it returns the frame to forward
+// to the relay (buf itself, or the CLOSE a refusal calls for, or nil for
+// none) and whether the connection goes on (false: it has been ended).
+// The caller keeps buf, and a returned CLOSE is a frame buffer of its own.
+func (c *conn) decide(buf []byte) (fwd []byte, ok bool) {
+	if !c.closeClosed(buf) {
+		return nil, false
+	}
+	if c.admit(buf) {
+		return buf, true
+	}
+	if c.knocked > 0 {
+		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many refused frames")
+		c.g.obs.ReportCut(CutKnocking)
+		c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(ratelimit.RetrySeconds(c.knocked), 10)+"s")
+		return nil, false
+	}
+	// The client was told its subscription is closed: so is the relay, or
+	// it would go on streaming to it.
+	fwd, c.closeUp = c.closeUp, nil
+	return fwd, true
+}
+
+// sameBuf reports whether a and b share their storage: whether decide
+// returned the frame it was given.
+func sameBuf(a, b []byte) bool { return unsafe.SliceData(a) == unsafe.SliceData(b) }
+
+// toRelay sends the relay a text frame of the gate's own (a CLOSE) and
+// reports whether the connection goes on.
+func (c *conn) toRelay(frame []byte) bool {
+	if c.tap != nil {
+		c.tap.toRelay(frame)
+		return true
+	}
+	_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
+	if err := c.up.WriteMessage(websocket.TextMessage, frame); err != nil {
+		c.end(true, false, closeGoingAway, "relay connection lost")
+		return false
+	}
+	return true
+}
+
 // closeClosed sends the relay a CLOSE for each subscription it closed
 // itself (subTable.takeClosed) before the client's next frame, frame, is
 // decided, and reports whether the connection goes on. The client reader
@@ -464,9 +513,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 		}
 	}
 	for _, id := range c.subs.takeClosed(nil, keep) {
-		_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
-		if err := c.up.WriteMessage(websocket.TextMessage, closeFrame(nil, `["CLOSE","`, id)); err != nil {
-			c.end(true, false, closeGoingAway, "relay connection lost")
+		if !c.toRelay(closeFrame(nil, `["CLOSE","`, id)) {
 			return false
 		}
 	}
@@ -485,8 +532,11 @@ func getFrameBuf() []byte {
 	if b, ok := frameBufs.Get().(*[]byte); ok {
 		return (*b)[:0]
 	}
-	return make([]byte, 0, 4096)
+	return make([]byte, 0, frameBufSize)
 }
+
+// frameBufSize is the size of a new frame buffer.
+const frameBufSize = 4096
 
 func putFrameBuf(b []byte) {
 	if cap(b) == 0 || cap(b) > maxKeptFrameBuf {
@@ -505,7 +555,7 @@ func readFrame(r io.Reader, buf []byte, m *controlMeter) ([]byte, error) {
 		buf = nil
 	}
 	if cap(buf) == 0 {
-		buf = make([]byte, 0, 4096)
+		buf = make([]byte, 0, frameBufSize)
 	}
 	for {
 		if len(buf) == cap(buf) {

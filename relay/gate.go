@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -269,7 +270,6 @@ type Gate struct {
 	mu     sync.Mutex
 	closed bool
 	conns  map[*conn]struct{}
-	stops  []func() // in-process servers started by Wrap
 	wg     sync.WaitGroup
 }
 
@@ -481,15 +481,7 @@ func (o *Options) policyConfig() (policy.Config, error) {
 // believes, it is the gate's word; bridged requests also have RemoteAddr
 // set to the client's address. Shutdown waits for h's calls to return.
 func (g *Gate) Wrap(h http.Handler) http.Handler {
-	local := newInProcess(h, g.log)
-	up, stop := &upstream{local: local}, local.stop
-	g.mu.Lock()
-	if g.closed { // nothing would stop it: every upgrade gets 503 anyway
-		stop()
-	} else {
-		g.stops = append(g.stops, stop)
-	}
-	g.mu.Unlock()
+	up := &upstream{local: h}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !wire.IsUpgrade(r.Header) {
 			_, addr, _, _ := g.client(r)
@@ -592,8 +584,38 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		return
 	}
 	trusted := g.fromTrustedProxy(r)
+	_, host := requestOrigin(r, trusted)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	c := &conn{
+		g:       g,
+		ctx:     ctx,
+		cancel:  cancel,
+		closing: make(chan struct{}),
+		who:     client,
+		host:    host,
+		meter:   newControlMeter(),
+		addr:    ip,
+	}
+	c.sub.Store(sub)
+	// Once the connection has been handed over, its cleanups are done
+	// where it ends.
+	cleanup := func() {
+		g.releaseSyncs(client, c.syncs.clear())
+		g.obs.ReportOpen(-1)
+		g.remove(c)
+		if !freeIP {
+			g.releaseConn(client)
+		}
+		g.track(-1)
+	}
+	if up.local != nil {
+		handedOff = true
+		g.serveTapped(w, r, up.local, c, addr, trusted, cleanup)
+		return
+	}
 	upConn, resp, err := up.dial(r.Context(), r, addr, trusted)
 	if err != nil {
+		cancel()
 		if resp != nil {
 			// The relay refused the handshake itself: pass its answer on.
 			relayRefusal(w, resp)
@@ -603,31 +625,16 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
 		return
 	}
-	mc := &meteredConn{m: newControlMeter(), stall: g.writeTimeout}
+	mc := &meteredConn{m: c.meter, stall: g.writeTimeout}
 	clientConn, err := g.upgrader.Upgrade(meteredWriter{w, mc}, r, nil)
 	if err != nil {
+		cancel()
 		_ = upConn.Close()
 		return // the upgrader has answered
 	}
 	clientConn.SetReadLimit(g.readLimit)
-
-	_, host := requestOrigin(r, trusted)
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &conn{
-		g:       g,
-		client:  clientConn,
-		up:      upConn,
-		out:     newOutQueue(g.queueBytes),
-		ctx:     ctx,
-		cancel:  cancel,
-		closing: make(chan struct{}),
-		who:     client,
-		host:    host,
-		meter:   mc.m,
-		wire:    mc,
-		addr:    ip,
-	}
-	c.sub.Store(sub)
+	c.client, c.up, c.wire = clientConn, upConn, mc
+	c.out = newOutQueue(g.queueBytes)
 	if !g.add(c) {
 		c.end(true, true, closeGoingAway, "sluice: shutting down")
 		return
@@ -638,16 +645,54 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	// handshakes, are not held for the connection's life.
 	handedOff = true
 	go func() {
-		defer g.track(-1)
-		if !freeIP {
-			defer g.releaseConn(client)
-		}
 		g.obs.ReportOpen(1)
 		c.run()
-		g.releaseSyncs(client, c.syncs.clear())
-		g.obs.ReportOpen(-1)
-		g.remove(c)
+		cleanup()
 	}()
+}
+
+// serveTapped hands an admitted upgrade to the in-process handler h, with
+// the client's socket tapped (tapConn): h upgrades the client itself and
+// serves it on goroutines of its own, and cleanup runs once both h's call
+// has returned and the connection has ended.
+func (g *Gate) serveTapped(w http.ResponseWriter, r *http.Request, h http.Handler, c *conn, addr string, trusted bool, cleanup func()) {
+	t := newTap(c, g.writeTimeout)
+	c.tap = t
+	t.cleanup = cleanup
+	g.obs.ReportOpen(1)
+	if !g.add(c) {
+		// Shutting down: refused before anything reached the handler.
+		http.Error(w, "sluice: shutting down", http.StatusServiceUnavailable)
+		c.cancel()
+		t.unref()
+		t.unref()
+		return
+	}
+	tw := &tapResponse{ResponseWriter: w, c: c}
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				buf := make([]byte, 16<<10)
+				buf = buf[:runtime.Stack(buf, false)]
+				g.log.Error("in-process relay panicked", "panic", v, "stack", string(buf))
+			}
+			if tw.hijacked == nil {
+				http.Error(w, "sluice: relay failed", http.StatusBadGateway)
+			} else {
+				c.end(true, true, websocket.CloseInternalServerErr, "")
+				_ = t.Close() // for the handler, which will not
+
+			}
+		}
+		if tw.hijacked == nil {
+			// Refused (its answer went to the client), or it panicked:
+			// there is no connection to end.
+			c.cancel()
+			t.unref()
+		}
+		t.unref()
+	}()
+	h.ServeHTTP(tw, handlerRequest(c.ctx, r, addr, forwardedHeader(r, addr, trusted)))
 }
 
 // handshakeOK reports whether r has what the upgrader requires of a
@@ -720,7 +765,6 @@ func (g *Gate) Shutdown(ctx context.Context) error {
 	for c := range g.conns {
 		conns = append(conns, c)
 	}
-	stops := g.stops
 	g.mu.Unlock()
 
 	// Each goodbye may wait up to a second for a slow peer: say them all
@@ -737,9 +781,6 @@ func (g *Gate) Shutdown(ctx context.Context) error {
 	go func() {
 		ends.Wait()
 		g.wg.Wait()
-		for _, stop := range stops {
-			stop()
-		}
 		close(done)
 	}()
 	select {

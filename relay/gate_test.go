@@ -900,15 +900,19 @@ func TestGateRelayRefusalPassesThrough(t *testing.T) {
 	}
 }
 
-// A relay that stops answering (no frames, no pongs) is dropped after two
-// ping intervals, and the client is told.
+// A relay behind Proxy that stops answering (no frames, no pongs) is
+// dropped after two ping intervals, and the client is told. (In Wrap mode
+// the relay serves the client's socket itself: its keepalive is its own.)
 func TestGateStalledRelayDropped(t *testing.T) {
 	rec := newRecorder()
 	g := newGate(t, Options{Limits: &Limits{}, PingInterval: 50 * time.Millisecond})
-	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	h, err := g.Proxy(serve(t, rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, serve(t, h))
 	_ = c.WriteMessage(websocket.TextMessage, recorderCmd("stall", ""))
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var err error
 	for err == nil {
 		_, _, err = c.ReadMessage() // answers the gate's pings meanwhile
 	}

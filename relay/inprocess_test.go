@@ -4,11 +4,9 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -106,22 +104,32 @@ func TestWrapHandlerPanic(t *testing.T) {
 	c.Close()
 }
 
-// A handler that never answers an upgrade fails the gate's dial after
-// inProcessHandshakeTimeout, and stop ends the call (its request's context
-// is cancelled).
-func TestInProcessHandshakeTimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		p := newInProcess(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			<-r.Context().Done()
-		}), quietLogger())
-		start := time.Now()
-		_, _, err := p.dial(context.Background(), httptest.NewRequest(http.MethodGet, "/", nil), "192.0.2.1", http.Header{})
-		if err == nil {
-			t.Fatal("dial to a handler that never answers succeeded")
+// A handler that never answers an upgrade holds its client as an
+// http.Server's would, and Shutdown ends the call: the request's context
+// is cancelled.
+func TestWrapHandlerNeverAnswers(t *testing.T) {
+	called, returned := make(chan struct{}), make(chan struct{})
+	g := newGate(t, Options{Limits: &Limits{}})
+	url := serve(t, g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(called)
+		<-r.Context().Done()
+		close(returned)
+	})))
+	go func() {
+		d := websocket.Dialer{HandshakeTimeout: time.Minute}
+		if c, _, err := d.Dial(url, nil); err == nil {
+			c.Close()
 		}
-		if waited := time.Since(start); waited != inProcessHandshakeTimeout {
-			t.Errorf("dial gave up after %v, want %v", waited, inProcessHandshakeTimeout)
-		}
-		p.stop()
-	})
+	}()
+	<-called
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	select {
+	case <-returned:
+	default:
+		t.Fatal("Shutdown returned before the handler's call")
+	}
 }

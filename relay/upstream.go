@@ -13,21 +13,21 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-// upstream is where a gated connection is bridged to: a relay at a URL or
-// an in-process handler reached over in-memory connections.
+// upstream is where a gated connection goes: a relay at a URL, bridged
+// to (Proxy), or an in-process handler that serves the client's socket
+// through the gate's tap (Wrap, tap.go).
 type upstream struct {
 	dialer *websocket.Dialer
 	// target returns the WebSocket URL to dial for client request r.
 	target func(r *http.Request) string
-	// local, when set, is the in-process handler dialed instead.
-	local *inProcess
+	// local, when set, is the in-process handler.
+	local http.Handler
 }
 
-// upConn is the gate's side of a WebSocket to the relay: a gorilla client
-// connection to a relay at a URL (Proxy), or the gate's own framer over an
-// in-memory connection to an in-process handler (Wrap, memws.go). Its
-// methods are gorilla's, with gorilla's meaning: one reader, one writer of
-// messages, control frames from any goroutine.
+// upConn is the gate's side of a WebSocket to the relay at a URL: a
+// gorilla client connection. Its methods are gorilla's, with gorilla's
+// meaning: one reader, one writer of messages, control frames from any
+// goroutine.
 type upConn interface {
 	ReadMessage() (messageType int, p []byte, err error)
 	WriteMessage(messageType int, data []byte) error
@@ -42,7 +42,19 @@ type upConn interface {
 // address is addr. The relay learns addr from X-Forwarded-For and
 // X-Real-IP, which replace whatever the client sent.
 func (u *upstream) dial(ctx context.Context, r *http.Request, addr string, trustedPeer bool) (upConn, *http.Response, error) {
-	h := make(http.Header, len(r.Header)+4)
+	h := forwardedHeader(r, addr, trustedPeer)
+	c, resp, err := u.dialer.DialContext(ctx, u.target(r), h)
+	if err != nil {
+		return nil, resp, err // not a nil *websocket.Conn in an upConn
+	}
+	return c, resp, nil
+}
+
+// forwardedHeader returns the headers of client request r that the relay
+// is given: all but the hop-by-hop and WebSocket handshake ones, with the
+// gate's word on the client's address (setForwarded).
+func forwardedHeader(r *http.Request, addr string, trustedPeer bool) http.Header {
+	h := make(http.Header, len(r.Header)+6)
 	for k, vs := range r.Header {
 		if hopHeader(k) {
 			continue
@@ -50,14 +62,7 @@ func (u *upstream) dial(ctx context.Context, r *http.Request, addr string, trust
 		h[k] = vs
 	}
 	setForwarded(h, r, addr, trustedPeer)
-	if u.local != nil {
-		return u.local.dial(ctx, r, addr, h)
-	}
-	c, resp, err := u.dialer.DialContext(ctx, u.target(r), h)
-	if err != nil {
-		return nil, resp, err // not a nil *websocket.Conn in an upConn
-	}
-	return c, resp, nil
+	return h
 }
 
 // writeBuffers lends gorilla a write buffer for the length of one message

@@ -1,0 +1,1107 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gorilla/websocket"
+)
+
+// tapConn is how Wrap gates an in-process relay: the relay's own
+// WebSocket code serves the client's socket, and the gate sits inside that
+// socket. The handler is called with the client's request (the gate's
+// headers, no extension offered) and a ResponseWriter whose Hijack hands it
+// a tapConn over the client's connection:
+//
+//   - what the handler reads is never the client's bytes. The gate reads
+//     the client's frames itself (RFC 6455's server side: masked frames,
+//     fragments joined up to the read limit, control frames bounded by the
+//     control meter), decides each message as the bridge does (conn.decide)
+//     and hands the handler only what it forwards, re-framed: one final
+//     text frame per message with a zero masking key, and before it the
+//     CLOSE frames the gate owes the relay. Pings and pongs are passed on as
+//     frames of the gate's own; a close is passed on with a code that may
+//     be sent.
+//   - what the handler writes goes to the client's socket as written, after
+//     the gate has read it: the 101 (which must not take an extension), then
+//     frames, each relay message whose frame it has to see (not EVENT)
+//     gathered and watched (conn.watch) before its last byte goes out. A
+//     fragmented message is held until it is whole and written with one
+//     system call. The gate's own replies (refusals) go out between the
+//     relay's messages, never inside one.
+//   - every write to the socket has the write timeout to make progress; a
+//     client whose socket stays blocked past it is cut as a slow reader.
+//
+// So a gated connection in relay mode costs the relay's WebSocket
+// connection and no more goroutines: no second handshake, no second
+// connection, no frame read twice by two WebSocket stacks. The bridge
+// (conn.run, over gorilla) stays for Proxy, whose relay is a socket away.
+//
+// The relay's keepalive is its own (khatru pings every 30 s and drops a
+// client silent for 60 s); the gate's ping interval applies to Proxy.
+type tapConn struct {
+	c   *conn
+	raw net.Conn     // the client's socket
+	mc  *meteredConn // raw, metered: the reader reads through it
+	br  *bufio.Reader
+
+	// The read side: the handler's reading goroutine only.
+	pre     []byte // frames for the handler before rq (CLOSEs the gate owes)
+	preN    int    // how much of pre has been read
+	rq      []byte // the rest of the forwarded message's frame
+	rqBuf   []byte // rq's buffer, returned to frameBufs once rq is read
+	readErr error
+	head    [tapHeadroom]byte
+	// upClose is the close frame the handler reads once the gate has
+	// ended the connection (shut), before its reads fail.
+	upClose atomic.Pointer[[]byte]
+
+	// The write side, under wmu (a channel so that a goodbye can give up
+	// waiting for it).
+	wmu     chan struct{}
+	wt      frameTrack
+	headBuf []byte // the handler's 101, until it is whole
+	held    *[]byte
+	replies []byte // the gate's replies waiting for a message boundary
+	flushed chan struct{}
+	limit   atomic.Int64 // the handler's write deadline (SetWriteDeadline), Unix ns; 0: none
+	sockDL  time.Time    // the write deadline set on raw
+	// sockMid: the bytes on the socket end inside a frame (so no frame of
+	// the gate's may follow them).
+	sockMid bool
+	// notWS: the handler answered with something other than a 101.
+	notWS atomic.Bool
+
+	dead     atomic.Bool  // shut: every read and write fails
+	refs     atomic.Int32 // the handler's call and the connection
+	closedBy atomic.Bool  // the handler has called Close
+	cleanup  func()       // run when refs reaches 0
+}
+
+// tapHeadroom is the room kept before a message read from the client for
+// the frame header the handler reads it under: 10 bytes of header and a
+// masking key.
+const tapHeadroom = 14
+
+// tapReadBuffer is the buffer of a tapped client's reader: frame headers
+// and small frames.
+const tapReadBuffer = 1024
+
+// maxHold is the most of a relay message held back for one system call.
+const maxHold = 64 << 10
+
+// maxWatched is the longest relay message (not an EVENT) the gate reads
+// for the replies it acts on (OK, EOSE, CLOSED, NEG-ERR, AUTH): each of
+// them is a line of JSON.
+const maxWatched = 64 << 10
+
+// maxRepliesHeld is how much of the gate's replies may wait for the relay
+// to finish a message before the client's reader waits too.
+const maxRepliesHeld = 64 << 10
+
+// maxHandshakeResponse bounds the handler's answer to the upgrade.
+const maxHandshakeResponse = 4 << 10
+
+// Opcodes and header bits of RFC 6455 5.2.
+const (
+	opContinuation = 0x0
+	opText         = 0x1
+	opBinary       = 0x2
+	opClose        = 0x8
+	opPing         = 0x9
+	opPong         = 0xa
+
+	bitFin  = 0x80
+	bitsRSV = 0x70
+	bitMask = 0x80
+
+	maxControlPayload = 125
+)
+
+var (
+	// errTapClosed is every read and write of a connection the gate or
+	// the handler has closed.
+	errTapClosed = net.ErrClosed
+	// errClientProtocol is wrapped by a read that failed on a client
+	// frame breaking RFC 6455 (the client has been told 1002).
+	errClientProtocol = errors.New("relay: protocol error in a client frame")
+	// errClientTooLarge: a client message over the read limit (told 1009).
+	errClientTooLarge = errors.New("relay: client message over the read limit")
+	// errHandlerFrames: the handler wrote something that is not a server's
+	// WebSocket stream the gate can read (a masked or compressed frame, an
+	// extension in its 101).
+	errHandlerFrames = errors.New("relay: the in-process relay wrote frames the gate cannot read")
+)
+
+// frameTrack follows the frames the handler writes.
+type frameTrack struct {
+	hdr   [14]byte
+	hn    int    // header bytes gathered
+	left  uint64 // payload bytes of the current frame still to come
+	op    byte   // the current frame's opcode
+	fin   bool
+	inMsg bool // a fragmented data message is open
+	// watch: the current data message is gathered into msg for conn.watch
+	// (text, not an EVENT, not over maxWatched).
+	watch     bool
+	decided   bool // whether watch was decided for the current message
+	msg       []byte
+	closeSeen bool // the handler's close frame has been written
+}
+
+// frameBoundary reports whether the stream is between frames.
+func (f *frameTrack) frameBoundary() bool { return f.hn == 0 && f.left == 0 }
+
+// boundary reports whether the stream is between messages: where a data
+// frame of the gate's may go.
+func (f *frameTrack) boundary() bool { return f.frameBoundary() && !f.inMsg }
+
+// tapResponse is the ResponseWriter of a gated handler call in Wrap mode:
+// a response written without hijacking (a refused upgrade) goes to the
+// client as written; Hijack hands the handler the client's connection,
+// tapped.
+type tapResponse struct {
+	http.ResponseWriter
+	c        *conn
+	hijacked *tapConn
+}
+
+// Hijack implements http.Hijacker.
+func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.hijacked != nil {
+		return nil, nil, http.ErrHijacked
+	}
+	h, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("relay: response does not implement http.Hijacker")
+	}
+	raw, brw, err := h.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	t := w.c.tap
+	t.raw = raw
+	t.mc.Conn = raw
+	if n := brw.Reader.Buffered(); n > 0 {
+		// Frames sent before the 101 (a client that does not wait):
+		// read first, then the socket.
+		early, _ := brw.Reader.Peek(n)
+		t.br = bufio.NewReader(io.MultiReader(bytes.NewReader(bytes.Clone(early)), t.mc))
+	} else {
+		// Smaller than net/http's 4 KiB: a payload longer than the buffer
+		// is read past it, straight into its message.
+		t.br = bufio.NewReaderSize(t.mc, tapReadBuffer)
+	}
+	w.hijacked = t
+	return t, bufio.NewReadWriter(bufio.NewReaderSize(t, 16), bufio.NewWriterSize(t, 16)), nil
+}
+
+// newTap returns the tap of c, whose socket Hijack fills in.
+func newTap(c *conn, stall time.Duration) *tapConn {
+	t := &tapConn{
+		c:       c,
+		mc:      &meteredConn{m: c.meter},
+		wmu:     make(chan struct{}, 1),
+		flushed: make(chan struct{}, 1),
+	}
+	t.mc.stall = stall
+	t.wt.op = 0xff // before the 101
+	t.refs.Store(2)
+	return t
+}
+
+// handlerRequest builds the request the in-process handler is called
+// with for client request r: r's path, query and Host, the forwarded
+// headers h (see upstream.dial) with the client's own WebSocket key and
+// version and no extension offered, addr (the client's address, "" when
+// unknown) as RemoteAddr, and ctx.
+func handlerRequest(ctx context.Context, r *http.Request, addr string, h http.Header) *http.Request {
+	h["Upgrade"] = []string{"websocket"}
+	h["Connection"] = []string{"Upgrade"}
+	h["Sec-Websocket-Version"] = []string{"13"}
+	h["Sec-Websocket-Key"] = []string{r.Header.Get("Sec-Websocket-Key")}
+	u := &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+	if u.Path == "" {
+		u.Path = "/"
+	}
+	remoteAddr := r.RemoteAddr
+	if addr != "" {
+		remoteAddr = net.JoinHostPort(addr, "0")
+	}
+	req := &http.Request{
+		Method:     http.MethodGet,
+		URL:        u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     h,
+		Body:       http.NoBody,
+		Host:       r.Host,
+		RemoteAddr: remoteAddr,
+		RequestURI: u.RequestURI(),
+		TLS:        r.TLS,
+	}
+	return req.WithContext(ctx)
+}
+
+// unref drops one of the tap's two references (the handler's call, the
+// connection); the last runs the cleanup.
+func (t *tapConn) unref() {
+	if t.refs.Add(-1) == 0 {
+		t.cleanup()
+	}
+}
+
+// --- the read side -------------------------------------------------------
+
+// Read implements net.Conn for the handler: the frames the gate forwards.
+func (t *tapConn) Read(p []byte) (int, error) {
+	for {
+		if t.preN < len(t.pre) {
+			n := copy(p, t.pre[t.preN:])
+			t.preN += n
+			return n, nil
+		}
+		if len(t.rq) > 0 {
+			n := copy(p, t.rq)
+			t.rq = t.rq[n:]
+			if len(t.rq) == 0 {
+				putFrameBuf(t.rqBuf)
+				t.rqBuf = nil
+			}
+			return n, nil
+		}
+		if cl := t.upClose.Swap(nil); cl != nil {
+			t.pre, t.preN = *cl, 0
+			t.readErr = errTapClosed
+			continue
+		}
+		if t.readErr != nil {
+			return 0, t.readErr
+		}
+		if t.dead.Load() || t.notWS.Load() {
+			t.readErr = errTapClosed
+			continue
+		}
+		t.pre, t.preN = t.pre[:0], 0
+		if cap(t.pre) > 4<<10 {
+			t.pre = nil
+		}
+		if err := t.next(); err != nil {
+			t.readErr = err
+		}
+	}
+}
+
+// next reads the client's next message (or control frame) and leaves in
+// pre and rq what the handler is to read for it, possibly nothing.
+func (t *tapConn) next() error {
+	c := t.c
+	var hdr [8]byte
+	typ := 0
+	var msg []byte // from frameBufs, tapHeadroom bytes of room first
+	fail := func(err error) error {
+		if msg != nil {
+			putFrameBuf(msg)
+		}
+		return err
+	}
+	for {
+		if _, err := io.ReadFull(t.br, hdr[:2]); err != nil {
+			return fail(t.readFailed(err))
+		}
+		fin, op := hdr[0]&bitFin != 0, hdr[0]&0x0f
+		if hdr[0]&bitsRSV != 0 {
+			return fail(t.protocolError("reserved bits set"))
+		}
+		if hdr[1]&bitMask == 0 {
+			return fail(t.protocolError("unmasked frame from a client"))
+		}
+		n := uint64(hdr[1] &^ bitMask)
+		switch n {
+		case 126:
+			if _, err := io.ReadFull(t.br, hdr[:2]); err != nil {
+				return fail(t.readFailed(err))
+			}
+			n = uint64(binary.BigEndian.Uint16(hdr[:2]))
+		case 127:
+			if _, err := io.ReadFull(t.br, hdr[:8]); err != nil {
+				return fail(t.readFailed(err))
+			}
+			n = binary.BigEndian.Uint64(hdr[:8])
+			if n>>63 != 0 {
+				return fail(t.protocolError("frame length with its top bit set"))
+			}
+		}
+		var key [4]byte
+		if _, err := io.ReadFull(t.br, key[:]); err != nil {
+			return fail(t.readFailed(err))
+		}
+		switch op {
+		case opClose, opPing, opPong:
+			if !fin {
+				return fail(t.protocolError("fragmented control frame"))
+			}
+			if n > maxControlPayload {
+				return fail(t.protocolError("control frame longer than 125 bytes"))
+			}
+			var payload [maxControlPayload]byte
+			p := payload[:n]
+			if _, err := io.ReadFull(t.br, p); err != nil {
+				return fail(t.readFailed(err))
+			}
+			maskBytes(key, 0, p, p)
+			if op == opClose {
+				return fail(t.clientClose(p))
+			}
+			// Passed on as they come; inside a fragmented message, after
+			// the message's frames so far (which the handler has not been
+			// given: they go with the whole message).
+			t.pre = appendClientFrame(t.pre, op, p)
+			if typ == 0 {
+				return nil
+			}
+			continue
+		case opText, opBinary:
+			if typ != 0 {
+				return fail(t.protocolError("data frame inside a fragmented message"))
+			}
+			typ = int(op)
+		case opContinuation:
+			if typ == 0 {
+				return fail(t.protocolError("continuation frame without a message"))
+			}
+		default:
+			return fail(t.protocolError("unknown opcode"))
+		}
+		have := 0
+		if msg != nil {
+			have = len(msg) - tapHeadroom
+		}
+		if n > uint64(c.g.readLimit)-uint64(have) {
+			t.closeClient(websocket.CloseMessageTooBig, "")
+			return fail(errClientTooLarge)
+		}
+		if msg == nil {
+			if fin && tapHeadroom+int(n) > frameBufSize {
+				msg = make([]byte, tapHeadroom, tapHeadroom+int(n))
+			} else {
+				msg = getFrameBuf()[:tapHeadroom]
+			}
+		}
+		start := len(msg)
+		msg = append(msg, make([]byte, n)...)[:start+int(n)]
+		if _, err := io.ReadFull(t.br, msg[start:]); err != nil {
+			return fail(t.readFailed(err))
+		}
+		c.meter.credit(int(n))
+		maskBytes(key, 0, msg[start:], msg[start:]) // each frame has a key of its own
+		if fin {
+			break
+		}
+	}
+	c.meter.credit(messageAllowance)
+	payload := msg[tapHeadroom:]
+	fwd, ok := c.decide(payload)
+	if !ok {
+		putFrameBuf(msg)
+		return errTapClosed
+	}
+	if fwd == nil {
+		putFrameBuf(msg)
+		return nil
+	}
+	// While the client is behind on the gate's replies, its next request
+	// waits.
+	if !t.waitReplies() {
+		putFrameBuf(msg)
+		if !sameBuf(fwd, payload) {
+			putFrameBuf(fwd)
+		}
+		return errTapClosed
+	}
+	if !sameBuf(fwd, payload) {
+		// A CLOSE in place of a refused frame.
+		t.pre = appendClientFrame(t.pre, opText, fwd)
+		putFrameBuf(fwd)
+		putFrameBuf(msg)
+		return nil
+	}
+	h := appendClientHeader(t.head[:0], opText, len(payload))
+	copy(msg[tapHeadroom-len(h):], h)
+	t.rq, t.rqBuf = msg[tapHeadroom-len(h):], msg
+	return nil
+}
+
+// toRelay queues frame, a text frame the gate sends the relay (a CLOSE),
+// for the handler to read before the message being decided.
+func (t *tapConn) toRelay(frame []byte) {
+	t.pre = appendClientFrame(t.pre, opText, frame)
+}
+
+// appendClientHeader appends the header of a final client frame of opcode
+// op and n bytes of payload, masked with the zero key (a masking that
+// changes nothing: RFC 6455 requires the mask bit, not a random key, of
+// the frames a server reads, and these frames go no further than this
+// process).
+func appendClientHeader(b []byte, op byte, n int) []byte {
+	b = append(b, bitFin|op)
+	switch {
+	case n <= 125:
+		b = append(b, bitMask|byte(n))
+	case n <= 0xffff:
+		b = append(b, bitMask|126)
+		b = binary.BigEndian.AppendUint16(b, uint16(n))
+	default:
+		b = append(b, bitMask|127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	return append(b, 0, 0, 0, 0)
+}
+
+// appendClientFrame appends a whole client frame of opcode op (see
+// appendClientHeader).
+func appendClientFrame(b []byte, op byte, payload []byte) []byte {
+	return append(appendClientHeader(b, op, len(payload)), payload...)
+}
+
+// readFailed ends the connection after a failed read of the client's
+// socket and returns the read's error: a control flood is cut with 1008;
+// anything else is a client gone.
+func (t *tapConn) readFailed(err error) error {
+	c := t.c
+	if c.meter.flooded.Load() {
+		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many control frames")
+		c.g.obs.ReportCut(CutControlFlood)
+		c.end(true, true, closeSlowClient, "sluice: too many control frames")
+		return errControlFlood
+	}
+	c.end(false, true, closeGoingAway, "client connection lost")
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// protocolError tells the client 1002 and ends the connection.
+func (t *tapConn) protocolError(what string) error {
+	t.closeClient(websocket.CloseProtocolError, what)
+	return errors.Join(errClientProtocol, errors.New(what))
+}
+
+// closeClient ends the connection with a close frame of code and text to
+// the client.
+func (t *tapConn) closeClient(code int, text string) { t.c.end(true, true, code, text) }
+
+// clientClose handles the client's close frame, payload p: checked as
+// gorilla checks it, then passed on to the handler (which answers the
+// client) with a code that may be sent; after it the handler reads EOF.
+func (t *tapConn) clientClose(p []byte) error {
+	code, text := websocket.CloseNoStatusReceived, ""
+	switch {
+	case len(p) == 1:
+		return t.protocolError("close frame of one byte")
+	case len(p) >= 2:
+		code, text = int(binary.BigEndian.Uint16(p)), string(p[2:])
+		if !validReceivedCloseCode(code) {
+			return t.protocolError("invalid close code")
+		}
+		if !utf8.ValidString(text) {
+			return t.protocolError("invalid UTF-8 in a close frame")
+		}
+	}
+	code, text = relayable(&websocket.CloseError{Code: code, Text: text})
+	t.pre = appendClientFrame(t.pre, opClose, websocket.FormatCloseMessage(code, text))
+	return io.EOF
+}
+
+// validReceivedCloseCode reports whether code may arrive in a close frame
+// (RFC 6455 7.4), as gorilla judges it.
+func validReceivedCloseCode(code int) bool {
+	switch code {
+	case 1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014:
+		return true
+	}
+	return code >= 3000 && code <= 4999
+}
+
+// maskBytes writes src masked with key into dst (as long as src; they may
+// be the same), pos being src's offset in the payload (RFC 6455 5.3).
+func maskBytes(key [4]byte, pos int, dst, src []byte) {
+	if key == [4]byte{} {
+		copy(dst, src)
+		return
+	}
+	// Rotate the key so that dst[0] takes key[0].
+	var k [8]byte
+	for i := range k {
+		k[i] = key[(pos+i)&3]
+	}
+	kw := binary.LittleEndian.Uint64(k[:])
+	i := 0
+	for ; i+8 <= len(src); i += 8 {
+		binary.LittleEndian.PutUint64(dst[i:], binary.LittleEndian.Uint64(src[i:])^kw)
+	}
+	for ; i < len(src); i++ {
+		dst[i] = src[i] ^ k[i&7]
+	}
+}
+
+// --- the write side ------------------------------------------------------
+
+func (t *tapConn) lock()   { t.wmu <- struct{}{} }
+func (t *tapConn) unlock() { <-t.wmu }
+
+// lockBy takes the write lock, waiting until deadline at most.
+func (t *tapConn) lockBy(deadline time.Time) bool {
+	select {
+	case t.wmu <- struct{}{}:
+		return true
+	default:
+	}
+	tm := time.NewTimer(time.Until(deadline))
+	defer tm.Stop()
+	select {
+	case t.wmu <- struct{}{}:
+		return true
+	case <-tm.C:
+		return false
+	}
+}
+
+// Write implements net.Conn for the handler: its 101, then its frames.
+func (t *tapConn) Write(p []byte) (int, error) {
+	t.lock()
+	defer t.unlock()
+	if t.dead.Load() {
+		return 0, errTapClosed
+	}
+	if t.notWS.Load() {
+		return t.raw.Write(p)
+	}
+	n := len(p)
+	p, err := t.track(p)
+	if err != nil {
+		t.c.g.log.Warn("closing client", "client", t.c.who, "err", err)
+		t.c.once.Do(func() { t.shutLocked(true, websocket.CloseInternalServerErr, "") })
+		return 0, err
+	}
+	if len(p) == 0 {
+		return n, nil // the 101, written or not whole yet
+	}
+	if !t.wt.boundary() {
+		if h := t.holdBuf(); len(*h)+len(p) <= maxHold {
+			*h = append(*h, p...)
+			return n, nil
+		}
+	}
+	var bufs net.Buffers
+	if t.held != nil {
+		bufs = append(bufs, *t.held)
+	}
+	bufs = append(bufs, p)
+	atBoundary := t.wt.boundary()
+	if atBoundary && len(t.replies) > 0 {
+		bufs = append(bufs, t.replies)
+	}
+	if err := t.writeSock(bufs); err != nil {
+		t.writeFailed(err)
+		return 0, err
+	}
+	t.sockMid = !t.wt.frameBoundary()
+	t.dropHeld()
+	if atBoundary && len(t.replies) > 0 {
+		t.replies = t.replies[:0]
+		if cap(t.replies) > 4<<10 {
+			t.replies = nil
+		}
+		select {
+		case t.flushed <- struct{}{}:
+		default:
+		}
+	}
+	return n, nil
+}
+
+// holdBufs lends the write side the buffer that holds a message back.
+var holdBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+func (t *tapConn) holdBuf() *[]byte {
+	if t.held == nil {
+		t.held = holdBufs.Get().(*[]byte)
+	}
+	return t.held
+}
+
+func (t *tapConn) dropHeld() {
+	if t.held == nil {
+		return
+	}
+	if cap(*t.held) <= maxHold {
+		*t.held = (*t.held)[:0]
+		holdBufs.Put(t.held)
+	}
+	t.held = nil
+}
+
+// writeSock writes bufs to the client's socket. Each piece of up to
+// maxCoalesce bytes has the write timeout to go (the deadline is moved at
+// most once per quarter of it, so it lies between one and one and a
+// quarter timeouts ahead), capped by the handler's own deadline.
+func (t *tapConn) writeSock(bufs net.Buffers) error {
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	if total <= maxCoalesce {
+		if err := t.renew(); err != nil {
+			return err
+		}
+		_, err := bufs.WriteTo(t.raw)
+		return err
+	}
+	for _, b := range bufs {
+		for len(b) > 0 {
+			piece := b[:min(len(b), maxCoalesce)]
+			if err := t.renew(); err != nil {
+				return err
+			}
+			n, err := t.raw.Write(piece)
+			if err != nil {
+				return err
+			}
+			b = b[n:]
+		}
+	}
+	return nil
+}
+
+// renew moves the socket's write deadline ahead when it is due.
+func (t *tapConn) renew() error {
+	stall := t.mc.stall
+	now := time.Now()
+	d := now.Add(stall)
+	if ns := t.limit.Load(); ns != 0 && ns < d.UnixNano() {
+		t.sockDL = time.Time{}
+		return t.raw.SetWriteDeadline(time.Unix(0, ns))
+	}
+	if !t.sockDL.IsZero() && !t.sockDL.Before(d) {
+		return nil
+	}
+	t.sockDL = d.Add(stall / 4)
+	return t.raw.SetWriteDeadline(t.sockDL)
+}
+
+// writeFailed ends the connection after a failed write to the client,
+// under the write lock: cut as a slow reader when the write timed out,
+// gone otherwise.
+func (t *tapConn) writeFailed(err error) {
+	c := t.c
+	var ne net.Error
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who)
+		c.g.obs.ReportCut(CutSlowReader)
+	}
+	c.once.Do(func() { t.shutLocked(false, 0, "") })
+}
+
+// track reads p, the next bytes the handler writes: the 101 first, then
+// frames, watching the relay messages the gate acts on. It returns the
+// frames' part of p: what is left to write.
+func (t *tapConn) track(p []byte) ([]byte, error) {
+	if !t.wt.started() {
+		if err := t.trackHead(&p); err != nil || len(p) == 0 {
+			return nil, err
+		}
+	}
+	out := p
+	f := &t.wt
+	for len(p) > 0 {
+		if f.left == 0 && f.hn == 0 || f.hn > 0 {
+			// A header, or the rest of one.
+			f.hdr[f.hn] = p[0]
+			f.hn++
+			p = p[1:]
+			need := 2
+			if f.hn >= 2 {
+				switch f.hdr[1] & 0x7f {
+				case 126:
+					need = 4
+				case 127:
+					need = 10
+				}
+				if f.hdr[1]&bitMask != 0 || f.hdr[0]&bitsRSV != 0 {
+					return nil, errHandlerFrames
+				}
+			}
+			if f.hn < need {
+				continue
+			}
+			if err := f.begin(need); err != nil {
+				return nil, err
+			}
+			if f.left == 0 {
+				t.frameDone()
+			}
+			continue
+		}
+		n := min(uint64(len(p)), f.left)
+		if f.watch {
+			f.gather(t.c, p[:n])
+		}
+		p = p[n:]
+		f.left -= n
+		if f.left == 0 {
+			t.frameDone()
+		}
+	}
+	return out, nil
+}
+
+// started reports whether the 101 has been read.
+func (f *frameTrack) started() bool { return f.op != 0xff }
+
+// begin starts the frame whose header of need bytes is in hdr.
+func (f *frameTrack) begin(need int) error {
+	f.hn = 0
+	f.fin, f.op = f.hdr[0]&bitFin != 0, f.hdr[0]&0x0f
+	switch need {
+	case 2:
+		f.left = uint64(f.hdr[1] & 0x7f)
+	case 4:
+		f.left = uint64(binary.BigEndian.Uint16(f.hdr[2:4]))
+	default:
+		f.left = binary.BigEndian.Uint64(f.hdr[2:10])
+	}
+	switch f.op {
+	case opText, opBinary:
+		if f.inMsg {
+			return errHandlerFrames
+		}
+		f.inMsg = true
+		f.watch, f.decided = f.op == opText, false
+		f.msg = f.msg[:0]
+	case opContinuation:
+		if !f.inMsg {
+			return errHandlerFrames
+		}
+	case opClose, opPing, opPong:
+		if !f.fin || f.left > maxControlPayload {
+			return errHandlerFrames
+		}
+	default:
+		return errHandlerFrames
+	}
+	return nil
+}
+
+// gather adds b to the message being watched, deciding early that an
+// EVENT is not.
+func (f *frameTrack) gather(c *conn, b []byte) {
+	if f.op == opClose || f.op == opPing || f.op == opPong {
+		return
+	}
+	if len(f.msg)+len(b) > maxWatched {
+		f.watch = false
+		f.msg = nil
+		return
+	}
+	f.msg = append(f.msg, b...)
+	if !f.decided && len(f.msg) >= len(`["EVENT",`) {
+		f.decided = true
+		if eventLabel(f.msg) {
+			f.watch = false
+		}
+	}
+}
+
+// eventLabel reports whether a relay message starts as ["EVENT", does
+// (the label alone: a prefix is enough).
+func eventLabel(b []byte) bool { return bytes.HasPrefix(b, []byte(`["EVENT",`)) }
+
+// frameDone ends the current frame: a data message's final frame hands a
+// watched message to conn.watch (before its last byte reaches the
+// client); a close frame means the gate sends nothing after it.
+func (t *tapConn) frameDone() {
+	f := &t.wt
+	switch f.op {
+	case opClose:
+		f.closeSeen = true
+		return
+	case opPing, opPong:
+		return
+	}
+	if !f.fin {
+		return
+	}
+	f.inMsg = false
+	if f.watch {
+		t.c.watch(f.msg)
+	}
+	f.watch = false
+	if cap(f.msg) > 4<<10 {
+		f.msg = nil
+	} else {
+		f.msg = f.msg[:0]
+	}
+}
+
+// trackHead reads the handler's answer to the upgrade from *p, gathering
+// it until whole, and leaves in *p what follows it. A 101 must not take an
+// extension (none was offered); anything else is passed on as it is and
+// the connection is no WebSocket to the gate.
+func (t *tapConn) trackHead(p *[]byte) error {
+	const switching = "HTTP/1.1 101 "
+	b := *p
+	if len(t.headBuf) > 0 {
+		b = append(t.headBuf, b...)
+	}
+	end := bytes.Index(b, []byte("\r\n\r\n"))
+	if end < 0 {
+		if len(b) > maxHandshakeResponse {
+			return errHandlerFrames
+		}
+		if len(b) >= len(switching) && string(b[:len(switching)]) != switching {
+			t.notWS.Store(true)
+			t.headBuf = nil
+			_, err := t.raw.Write(b)
+			*p = nil
+			return err
+		}
+		t.headBuf = append(t.headBuf[:0], b...)
+		*p = nil
+		return nil
+	}
+	head := b[:end+4]
+	if !bytes.HasPrefix(head, []byte(switching)) {
+		t.notWS.Store(true)
+		t.headBuf = nil
+		_, err := t.raw.Write(b)
+		*p = nil
+		return err
+	}
+	for _, line := range bytes.Split(head, []byte("\r\n")) {
+		k, _, ok := bytes.Cut(line, []byte(":"))
+		if ok && bytes.EqualFold(bytes.TrimSpace(k), []byte("Sec-WebSocket-Extensions")) {
+			return errHandlerFrames
+		}
+	}
+	t.wt.op = 0
+	if err := t.writeSock(net.Buffers{head}); err != nil {
+		return err
+	}
+	t.headBuf = nil
+	*p = b[end+4:]
+	return nil
+}
+
+// reply sends the client a frame of the gate's own (a refusal): now when
+// the relay's stream is between messages, else as soon as it is.
+func (t *tapConn) reply(data []byte) bool {
+	t.lock()
+	defer t.unlock()
+	if t.dead.Load() || t.wt.closed() {
+		return false
+	}
+	t.replies = appendServerFrame(t.replies, opText, data)
+	if !t.wt.boundary() || len(t.headBuf) > 0 || t.held != nil {
+		return true
+	}
+	err := t.writeSock(net.Buffers{t.replies})
+	t.replies = t.replies[:0]
+	if cap(t.replies) > 4<<10 {
+		t.replies = nil
+	}
+	if err != nil {
+		t.writeFailed(err)
+		return false
+	}
+	return true
+}
+
+// closed reports whether the handler has sent its close frame: nothing
+// of the gate's may follow it.
+func (f *frameTrack) closed() bool { return f.closeSeen }
+
+// waitReplies waits while more of the gate's replies wait for a message
+// boundary than maxRepliesHeld; false once the connection is shut.
+func (t *tapConn) waitReplies() bool {
+	for {
+		t.lock()
+		n := len(t.replies)
+		t.unlock()
+		if t.dead.Load() {
+			return false
+		}
+		if n <= maxRepliesHeld {
+			return true
+		}
+		select {
+		case <-t.flushed:
+		case <-t.c.closing:
+			return false
+		}
+	}
+}
+
+// appendServerFrame appends a final, unmasked frame.
+func appendServerFrame(b []byte, op byte, payload []byte) []byte {
+	b = append(b, bitFin|op)
+	switch n := len(payload); {
+	case n <= 125:
+		b = append(b, byte(n))
+	case n <= 0xffff:
+		b = append(b, 126)
+		b = binary.BigEndian.AppendUint16(b, uint16(n))
+	default:
+		b = append(b, 127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	return append(b, payload...)
+}
+
+// --- ending --------------------------------------------------------------
+
+// shut ends the tapped connection, once (conn.end): a close frame of code
+// and text to the client when toClient (if the stream is between frames
+// and the lock comes within a second), then the socket closed, so that the
+// handler's writes fail and, after a close frame when toUp (see
+// relayClose), its reads.
+func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
+	if toUp {
+		cl := appendClientFrame(nil, opClose, relayClose(code, text))
+		t.upClose.Store(&cl)
+	}
+	if !t.lockBy(time.Now().Add(time.Second)) {
+		t.finish()
+		return
+	}
+	defer t.unlock()
+	t.shutLocked(toClient, code, text)
+}
+
+func (t *tapConn) shutLocked(toClient bool, code int, text string) {
+	if toClient && code != 0 && !t.wt.closed() && !t.sockMid && t.raw != nil && !t.notWS.Load() && len(t.headBuf) == 0 {
+		// What is held (part of a message) is dropped: a close frame may
+		// not go inside a frame, but may inside a fragmented message.
+		t.dropHeld()
+		out := t.replies
+		out = appendServerFrame(out, opClose, websocket.FormatCloseMessage(code, text))
+		_ = t.raw.SetWriteDeadline(time.Now().Add(time.Second))
+		_, err := t.raw.Write(out)
+		t.replies = nil
+		if err == nil {
+			t.linger()
+			return
+		}
+	}
+	t.finish()
+}
+
+// linger is finish after a close frame to a client: the socket is shut
+// for writing and closed a second later, so that what the client is still
+// sending (a flood, most likely) does not make the close an RST, which
+// can cost the client the close frame and the replies before it. Reads
+// fail at once.
+func (t *tapConn) linger() {
+	t.dead.Store(true)
+	close(t.c.closing)
+	t.c.cancel()
+	_ = t.raw.SetReadDeadline(time.Now())
+	if cw, ok := t.raw.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		raw := t.raw
+		time.AfterFunc(time.Second, func() { _ = raw.Close() })
+		return
+	}
+	_ = t.raw.Close()
+}
+
+// relayClose is the close payload the relay is told when the gate ends a
+// client's connection with code and text: its own cut (1008) and the
+// client's protocol errors read to the relay as a client gone (1001: a
+// 1008 or 1002 would read as the client's own error there, and khatru
+// logs every one), anything else as it is.
+func relayClose(code int, text string) []byte {
+	switch code {
+	case closeSlowClient:
+		return websocket.FormatCloseMessage(closeGoingAway, "sluice: client cut")
+	case websocket.CloseProtocolError, websocket.CloseMessageTooBig:
+		return websocket.FormatCloseMessage(closeGoingAway, "client connection lost")
+	}
+	return websocket.FormatCloseMessage(code, text)
+}
+
+// finish marks the connection shut and closes the socket.
+func (t *tapConn) finish() {
+	t.dead.Store(true)
+	close(t.c.closing)
+	t.c.cancel()
+	if t.raw != nil {
+		_ = t.raw.Close()
+	}
+}
+
+// Close implements net.Conn for the handler: what it wrote and the gate
+// held is written (as far as a second allows), then the socket closed.
+func (t *tapConn) Close() error {
+	t.c.once.Do(func() {
+		if t.lockBy(time.Now().Add(time.Second)) {
+			if t.held != nil && !t.dead.Load() {
+				_ = t.raw.SetWriteDeadline(time.Now().Add(time.Second))
+				_, _ = t.raw.Write(*t.held)
+			}
+			t.dropHeld()
+			t.unlock()
+		}
+		t.finish()
+	})
+	if t.closedBy.CompareAndSwap(false, true) {
+		t.unref()
+	}
+	return nil
+}
+
+// LocalAddr implements net.Conn.
+func (t *tapConn) LocalAddr() net.Addr { return t.raw.LocalAddr() }
+
+// RemoteAddr implements net.Conn.
+func (t *tapConn) RemoteAddr() net.Addr { return t.raw.RemoteAddr() }
+
+// SetDeadline implements net.Conn.
+func (t *tapConn) SetDeadline(d time.Time) error {
+	_ = t.SetWriteDeadline(d)
+	return t.SetReadDeadline(d)
+}
+
+// SetReadDeadline implements net.Conn: the client's socket's, until the
+// connection is shut.
+func (t *tapConn) SetReadDeadline(d time.Time) error {
+	if t.dead.Load() {
+		return nil
+	}
+	return t.raw.SetReadDeadline(d)
+}
+
+// SetWriteDeadline implements net.Conn: it caps the deadline of the
+// socket's writes (see renew), which the gate sets itself.
+func (t *tapConn) SetWriteDeadline(d time.Time) error {
+	var ns int64
+	if !d.IsZero() {
+		ns = d.UnixNano()
+	}
+	t.limit.Store(ns)
+	return nil
+}
