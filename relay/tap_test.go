@@ -1,0 +1,244 @@
+package relay
+
+import (
+	"bytes"
+	"crypto/sha1"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// rawHandler is an in-process relay that writes its frames by hand on the
+// connection the gate's tap gives it, as a relay's WebSocket code would in
+// pieces of any size: script runs once the handler has upgraded, with the
+// gorilla connection (for reads) and the raw connection (for writes).
+func rawHandler(script func(ws *websocket.Conn, raw net.Conn)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		up := websocket.Upgrader{}
+		c, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		script(c, c.NetConn())
+	})
+}
+
+// serverFrame is an unmasked server frame of opcode op with payload p.
+func serverFrame(op byte, fin bool, p []byte) []byte {
+	f := appendServerFrame(nil, op, p)
+	if !fin {
+		f[0] &^= bitFin
+	}
+	return f
+}
+
+// acceptKey is the Sec-WebSocket-Accept that answers key (RFC 6455 4.2.2).
+func acceptKey(key string) string {
+	h := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	return base64.StdEncoding.EncodeToString(h[:])
+}
+
+// The gate's own replies go between the relay's messages, never inside
+// one: a refusal made while the relay is halfway through a fragmented
+// message, or through a frame it writes in two pieces, reaches the client
+// after that message, and both arrive whole (a reply inside them would be
+// a protocol error to the client, or corrupt the relay's frame).
+func TestTapReplyNotInsideRelayMessage(t *testing.T) {
+	for _, split := range []string{"fragments", "one frame in two writes"} {
+		t.Run(split, func(t *testing.T) {
+			h := rawHandler(func(ws *websocket.Conn, raw net.Conn) {
+				f := serverFrame(opText, true, []byte(`["NOTICE","part2"]`))
+				if split == "fragments" {
+					_, _ = raw.Write(serverFrame(opText, false, []byte(`["NOTICE","`)))
+					_, _ = raw.Write(serverFrame(opPing, true, []byte("p")))
+				} else {
+					_, _ = raw.Write(f[:7])
+				}
+				// The client's refused frame, then one the gate forwards:
+				// reading the second says the first was decided.
+				if _, _, err := ws.ReadMessage(); err != nil {
+					return
+				}
+				if split == "fragments" {
+					_, _ = raw.Write(serverFrame(opContinuation, true, []byte(`part2"]`)))
+				} else {
+					_, _ = raw.Write(f[7:])
+				}
+				_, _, _ = ws.ReadMessage()
+			})
+			g := newGate(t, Options{Limits: &Limits{}})
+			c := dialRaw(t, serve(t, g.Wrap(h)))
+			_ = c.WriteMessage(websocket.TextMessage, []byte(`not json`))
+			_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","x",{}]`))
+			var got []string
+			for len(got) < 2 {
+				got = append(got, readText(t, c))
+			}
+			if got[0] != `["NOTICE","part2"]` || !strings.HasPrefix(got[1], `["NOTICE","invalid:`) {
+				t.Fatalf("client read %q, want the relay's message whole, then the gate's refusal", got)
+			}
+		})
+	}
+}
+
+// The relay's answers are read however the relay writes them: a CLOSED
+// in three fragments with a ping among them, written a byte at a time, is
+// seen, and the gate closes the subscription at the relay (its CLOSE)
+// before the client's next frame.
+func TestTapWatchesRelayFramesInPieces(t *testing.T) {
+	reads := make(chan string, 4)
+	h := rawHandler(func(ws *websocket.Conn, raw net.Conn) {
+		_, req, err := ws.ReadMessage()
+		if err != nil {
+			return
+		}
+		reads <- string(req)
+		var out []byte
+		out = append(out, serverFrame(opText, false, []byte(`["CLOSED",`))...)
+		out = append(out, serverFrame(opPing, true, nil)...)
+		out = append(out, serverFrame(opContinuation, false, []byte(`"x","error: `))...)
+		out = append(out, serverFrame(opContinuation, true, []byte(`bye"]`))...)
+		for i := range out {
+			if _, err := raw.Write(out[i : i+1]); err != nil {
+				return
+			}
+		}
+		for {
+			_, b, err := ws.ReadMessage()
+			if err != nil {
+				return
+			}
+			reads <- string(b)
+		}
+	})
+	g := newGate(t, Options{Limits: &Limits{}})
+	c := dialRaw(t, serve(t, g.Wrap(h)))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["REQ","x",{}]`))
+	if got := <-reads; got != `["REQ","x",{}]` {
+		t.Fatalf("relay read %q", got)
+	}
+	if got := readText(t, c); got != `["CLOSED","x","error: bye"]` {
+		t.Fatalf("client read %q", got)
+	}
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","y",{}]`))
+	for _, want := range []string{`["CLOSE","x"]`, `["COUNT","y",{}]`} {
+		select {
+		case got := <-reads:
+			if got != want {
+				t.Fatalf("relay read %q, want %q", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("relay did not read %q", want)
+		}
+	}
+}
+
+// A relay whose 101 takes an extension (which the gate did not offer:
+// compressed frames it could not read) gets no client: the handshake
+// never reaches it.
+func TestTapRefusesExtension(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer raw.Close()
+		_, _ = raw.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Accept: " + acceptKey(r.Header.Get("Sec-Websocket-Key")) + "\r\n" +
+			"Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n"))
+		_, _ = raw.Read(make([]byte, 1))
+	})
+	g := newGate(t, Options{Limits: &Limits{}})
+	d := websocket.Dialer{HandshakeTimeout: 5 * time.Second}
+	if c, _, err := d.Dial(serve(t, g.Wrap(h)), nil); err == nil {
+		c.Close()
+		t.Fatal("the client was upgraded to a relay speaking an extension")
+	}
+}
+
+// What a client sends that breaks RFC 6455 is answered with 1002 (1009 for
+// a message over the read limit, however it is fragmented) and reaches the
+// relay as a client gone (1001), never as a frame.
+func TestTapClientProtocolErrors(t *testing.T) {
+	long := func(n uint64) []byte { // a masked text frame header claiming n bytes
+		b := []byte{0x81, 0x80 | 127}
+		b = binary.BigEndian.AppendUint64(b, n)
+		return append(b, 1, 2, 3, 4)
+	}
+	unmasked := []byte{0x81, 2, '[', ']'}
+	half := bytes.Repeat([]byte("a"), 100)
+	for _, tc := range []struct {
+		name string
+		send []byte
+		code int
+	}{
+		{"unmasked", unmasked, websocket.CloseProtocolError},
+		{"reserved bit", append([]byte{0xc1}, rawFrame(opText, true, []byte("[]"))[1:]...), websocket.CloseProtocolError},
+		{"length top bit", long(1 << 63), websocket.CloseProtocolError},
+		{"length past the limit", long(1 << 40), websocket.CloseMessageTooBig},
+		{"fragments past the limit", append(rawFrame(opText, false, half), rawFrame(opContinuation, true, half)...), websocket.CloseMessageTooBig},
+		{"continuation first", rawFrame(opContinuation, true, []byte("[]")), websocket.CloseProtocolError},
+		{"text inside a message", append(rawFrame(opText, false, []byte("[")), rawFrame(opText, true, []byte("]"))...), websocket.CloseProtocolError},
+		{"fragmented ping", rawFrame(opPing, false, nil), websocket.CloseProtocolError},
+		{"unknown opcode", rawFrame(0x3, true, []byte("[]")), websocket.CloseProtocolError},
+		{"close of one byte", rawFrame(opClose, true, []byte{3}), websocket.CloseProtocolError},
+		{"close code 1005", rawFrame(opClose, true, []byte{0x03, 0xed}), websocket.CloseProtocolError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := newRecorder()
+			g := newGate(t, Options{Limits: &Limits{}, ReadLimit: 150})
+			c := dialRaw(t, serve(t, g.Wrap(rec)))
+			if _, err := c.NetConn().Write(tc.send); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, _, err := c.ReadMessage()
+			var ce *websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != tc.code {
+				t.Fatalf("client got %v, want close %d", err, tc.code)
+			}
+			if code := rec.closed(); code != websocket.CloseGoingAway {
+				t.Errorf("relay saw close %d, want 1001", code)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if len(rec.got) != 0 {
+				t.Errorf("relay read %q", rec.got)
+			}
+		})
+	}
+}
+
+// A client's close reaches the relay with its code (one that may be sent:
+// none becomes 1000), and the relay's answer reaches the client.
+func TestTapPassesClientClose(t *testing.T) {
+	for _, tc := range []struct {
+		payload []byte
+		want    int
+	}{
+		{websocket.FormatCloseMessage(4001, "done"), 4001},
+		{nil, websocket.CloseNormalClosure},
+	} {
+		rec := newRecorder()
+		g := newGate(t, Options{Limits: &Limits{}})
+		c := dialRaw(t, serve(t, g.Wrap(rec)))
+		if _, err := c.NetConn().Write(rawFrame(opClose, true, tc.payload)); err != nil {
+			t.Fatal(err)
+		}
+		if code := rec.closed(); code != tc.want {
+			t.Errorf("close %v: relay saw %d, want %d", tc.payload, code, tc.want)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, _, err := c.ReadMessage(); !websocket.IsCloseError(err, tc.want) {
+			t.Errorf("close %v: client got %v, want the relay's close %d", tc.payload, err, tc.want)
+		}
+	}
+}
