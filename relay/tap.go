@@ -176,6 +176,19 @@ type tapResponse struct {
 	http.ResponseWriter
 	c        *conn
 	hijacked *tapConn
+	// switching: the handler set status 101 before hijacking (coder's
+	// websocket does): the head goes out at Hijack, through the tap, as
+	// net/http would have written it.
+	switching bool
+}
+
+// WriteHeader implements http.ResponseWriter.
+func (w *tapResponse) WriteHeader(code int) {
+	if code == http.StatusSwitchingProtocols && w.hijacked == nil {
+		w.switching = true
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
 }
 
 // Hijack implements http.Hijacker.
@@ -205,6 +218,16 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		t.br = bufio.NewReaderSize(t.mc, tapReadBuffer)
 	}
 	w.hijacked = t
+	if w.switching {
+		var head bytes.Buffer
+		head.WriteString("HTTP/1.1 101 Switching Protocols\r\n")
+		_ = w.ResponseWriter.Header().Write(&head)
+		head.WriteString("\r\n")
+		if _, err := t.Write(head.Bytes()); err != nil {
+			_ = t.Close()
+			return nil, nil, err
+		}
+	}
 	return t, bufio.NewReadWriter(bufio.NewReaderSize(t, 16), bufio.NewWriterSize(t, 16)), nil
 }
 

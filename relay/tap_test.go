@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha1"
 	"encoding/base64"
 	"encoding/binary"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	cws "github.com/coder/websocket"
 	"github.com/gorilla/websocket"
 )
 
@@ -240,5 +242,31 @@ func TestTapPassesClientClose(t *testing.T) {
 		if _, _, err := c.ReadMessage(); !websocket.IsCloseError(err, tc.want) {
 			t.Errorf("close %v: client got %v, want the relay's close %d", tc.payload, err, tc.want)
 		}
+	}
+}
+
+// A relay whose WebSocket code sets status 101 before it hijacks (coder's
+// websocket, which go-nostr uses) has its handshake written through the
+// tap as net/http would have written it, and works behind the gate.
+func TestTapSwitchingBeforeHijack(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := cws.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		ctx := context.Background()
+		_, b, err := c.Read(ctx)
+		if err != nil {
+			return
+		}
+		_ = c.Write(ctx, cws.MessageText, []byte(`["NOTICE","got `+string(b[2:7])+`"]`))
+		_, _, _ = c.Read(ctx)
+	})
+	g := newGate(t, Options{Limits: &Limits{}})
+	c := dialRaw(t, serve(t, g.Wrap(h)))
+	_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","x",{}]`))
+	if got := readText(t, c); got != `["NOTICE","got COUNT"]` {
+		t.Fatalf("client read %q", got)
 	}
 }
