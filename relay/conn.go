@@ -20,8 +20,10 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// conn is one gated connection: a client WebSocket bridged to an upstream
-// WebSocket. It runs three goroutines:
+// conn is one gated connection. In Wrap mode (tap set) it is the gate's
+// state inside the client's socket as the in-process relay serves it
+// (tapConn), and runs no goroutine of its own. Behind Proxy it is a client
+// WebSocket bridged to an upstream WebSocket, and runs three goroutines:
 //
 //   - the client reader (the HTTP handler's own goroutine) reads a frame,
 //     charges it and either writes it to the upstream itself (it is the

@@ -6,20 +6,25 @@
 //
 // A Gate (New) is an http.Handler factory. Wrap serves a Go relay that is
 // an http.Handler in the same process (http.ListenAndServe(addr,
-// gate.Wrap(relay))), bridged over buffered in-memory connections, with
-// no TCP port and no second HTTP request: the gate builds the relay's
-// upgrade request itself and calls the handler with it, on a goroutine of
-// its own, reads the handler's 101 itself and speaks WebSocket to it with
-// a framer of its own (client frames masked, relay messages read whole up
-// to 16 MiB: a longer one closes the connection, the relay told 1009).
-// Proxy serves any relay at a ws:// or wss:// URL. Plain HTTP requests
-// (NIP-11, web pages) pass to the relay ungated.
+// gate.Wrap(relay))) by tapping the client's socket (see tapConn): the
+// relay's own WebSocket code upgrades and serves the client, and the gate
+// sits inside the connection it hijacks. The relay reads only frames the
+// gate wrote: the gate reads the client's frames itself, decides each
+// message and hands the relay what it forwards, re-framed; the relay's
+// frames go to the client as the relay wrote them, read by the gate on
+// their way (its answers watched, its fragmented messages sent whole, the
+// gate's own replies put between its messages). No second connection, no
+// second handshake and no goroutine of the gate's: a connection costs what
+// the relay's own does (khatru: two goroutines). Proxy serves any relay at
+// a ws:// or wss:// URL, bridging two WebSockets with three goroutines per
+// connection. Plain HTTP requests (NIP-11, web pages) pass to the relay
+// ungated.
 //
 // Per WebSocket upgrade the gate charges the client's connection limit. A
 // refusal is HTTP 429 with a Retry-After header; a store that cannot decide
 // gets HTTP 503 with the body "error: rate limiter unavailable". Only then
 // does it open the relay's side, and only when the relay accepts does it
-// upgrade the client.
+// upgrade the client (Wrap: the relay upgrades it, or refuses).
 //
 // Per client frame, text or binary (khatru reads binary frames as text),
 // it learns the message type with Peek (package relay/wire): the first
@@ -56,14 +61,20 @@
 // answers OK true to an EVENT the gate forwarded, once per event id per
 // connection and window however often it is re-sent.
 //
-// Each connection has one writer per socket, keepalive pings both ways, a
-// read limit, and a queue towards the client bounded in bytes: when it is
-// full the connection waits (the relay's next answers in the relay's
-// socket, the client's next requests in the client's), so a client that
-// reads slowly slows its own relay connection rather than being cut, and
-// a client whose socket takes nothing for the write timeout is cut as a
-// slow reader; a slow relay holds up only its own connection. Shutdown closes every connection
-// on both sides and waits for its goroutines.
+// Behind Proxy, each connection has one writer per socket, keepalive pings
+// both ways, a read limit, and a queue towards the client bounded in bytes:
+// when it is full the connection waits (the relay's next answers in the
+// relay's socket, the client's next requests in the client's), so a client
+// that reads slowly slows its own relay connection rather than being cut,
+// and a client whose socket takes nothing for the write timeout is cut as
+// a slow reader; a slow relay holds up only its own connection. In Wrap
+// mode the relay writes to the client's socket itself, so a client that
+// reads slowly slows the relay's writes to it (as it would without the
+// gate), and the gate gives every write the write timeout to make
+// progress: a client whose socket takes nothing that long is cut as a slow
+// reader (plain khatru sets no write deadline and would wait for ever);
+// the keepalive is the relay's own. Shutdown closes every connection on
+// both sides and waits for its goroutines.
 //
 // # Identity
 //

@@ -191,16 +191,18 @@ type Options struct {
 	// for a policy that grants by pubkey, which New and Reload refuse
 	// without it (ErrNoRelayURL).
 	RelayURL string
-	// QueueBytes bounds the bytes queued for one client (relay frames and
-	// the gate's own replies). When the queue is full the connection waits
-	// for the client to read: the relay's next frames stay in the relay's
-	// socket and the client's next requests in the client's. A client
-	// whose socket takes nothing for WriteTimeout is closed (1008) as a
-	// slow reader. 0 means DefaultQueueBytes.
+	// QueueBytes bounds the bytes queued for one client behind Proxy
+	// (relay frames and the gate's own replies). When the queue is full the
+	// connection waits for the client to read: the relay's next frames stay
+	// in the relay's socket and the client's next requests in the client's.
+	// A client whose socket takes nothing for WriteTimeout is closed (1008)
+	// as a slow reader. 0 means DefaultQueueBytes. In Wrap mode the relay
+	// writes to the client's socket itself (see the package doc).
 	QueueBytes int
-	// PingInterval is the keepalive period towards clients and relays; a
-	// side that sends nothing, not even a pong, for two intervals is
-	// closed. 0 means DefaultPingInterval.
+	// PingInterval is the keepalive period towards clients and relays
+	// behind Proxy; a side that sends nothing, not even a pong, for two
+	// intervals is closed. 0 means DefaultPingInterval. In Wrap mode the
+	// keepalive is the relay's own (khatru pings every 30 s).
 	PingInterval time.Duration
 	// WriteTimeout bounds how long a write to a client may make no
 	// progress (every 64 KiB of it gets the whole timeout), and one write
