@@ -68,12 +68,13 @@
 // that reads slowly slows its own relay connection rather than being cut,
 // and a client whose socket takes nothing for the write timeout is cut as
 // a slow reader; a slow relay holds up only its own connection. In Wrap
-// mode the relay writes to the client's socket itself, so a client that
-// reads slowly slows the relay's writes to it (as it would without the
-// gate), and the gate gives every write the write timeout to make
-// progress: a client whose socket takes nothing that long is cut as a slow
-// reader (plain khatru sets no write deadline and would wait for ever);
-// the keepalive is the relay's own. Shutdown closes every connection on
+// mode the relay writes to the client's socket through the gate, which
+// writes what the socket takes at once and queues the rest, up to the
+// same bound, for a goroutine that runs only while the queue holds
+// anything; past the bound the relay's writer waits. Every queued write
+// has the write timeout to make progress: a client whose socket takes
+// nothing that long is cut as a slow reader (plain khatru sets no write
+// deadline and would wait for ever). The keepalive is the relay's own. Shutdown closes every connection on
 // both sides and waits for its goroutines.
 //
 // # Identity

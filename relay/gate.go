@@ -191,13 +191,15 @@ type Options struct {
 	// for a policy that grants by pubkey, which New and Reload refuse
 	// without it (ErrNoRelayURL).
 	RelayURL string
-	// QueueBytes bounds the bytes queued for one client behind Proxy
-	// (relay frames and the gate's own replies). When the queue is full the
-	// connection waits for the client to read: the relay's next frames stay
-	// in the relay's socket and the client's next requests in the client's.
-	// A client whose socket takes nothing for WriteTimeout is closed (1008)
-	// as a slow reader. 0 means DefaultQueueBytes. In Wrap mode the relay
-	// writes to the client's socket itself (see the package doc).
+	// QueueBytes bounds the bytes queued for one client. Behind Proxy the
+	// queue holds relay frames and the gate's own replies; when it is full
+	// the connection waits for the client to read: the relay's next frames
+	// stay in the relay's socket and the client's next requests in the
+	// client's. In Wrap mode it holds what the client's socket did not take
+	// at once of the relay's writes and the gate's replies; past it the
+	// relay's writer waits. A client whose socket takes nothing for
+	// WriteTimeout is closed (1008) as a slow reader. 0 means
+	// DefaultQueueBytes.
 	QueueBytes int
 	// PingInterval is the keepalive period towards clients and relays
 	// behind Proxy; a side that sends nothing, not even a pong, for two

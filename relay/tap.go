@@ -13,6 +13,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -41,8 +42,12 @@ import (
 //     fragmented message is held until it is whole and written with one
 //     system call. The gate's own replies (refusals) go out between the
 //     relay's messages, never inside one.
-//   - every write to the socket has the write timeout to make progress; a
-//     client whose socket stays blocked past it is cut as a slow reader.
+//   - what the client's socket takes at once is written at once (no
+//     deadline, no wait); the rest is queued up to Options.QueueBytes and
+//     written by a goroutine that runs only while the queue holds anything
+//     (writeSock). Every queued write has the write timeout to make
+//     progress: a client whose socket stays blocked past it is cut as a
+//     slow reader. Past the bound the relay's writer waits.
 //
 // So a gated connection in relay mode costs the relay's WebSocket
 // connection and no more goroutines: no second handshake, no second
@@ -81,6 +86,15 @@ type tapConn struct {
 	// sockMid: the bytes on the socket end inside a frame (so no frame of
 	// the gate's may follow them).
 	sockMid bool
+	// rc writes to the client's socket without waiting (tryWrite); nil
+	// for a connection without a file descriptor.
+	rc syscall.RawConn
+
+	// The queue of what the socket did not take at once (writeSock).
+	omu      sync.Mutex
+	ocond    sync.Cond // on omu: the queue shrank, or flushing ended
+	over     []byte
+	flushing bool // a flush goroutine runs: every write is queued
 	// notWS: the handler answered with something other than a 101.
 	notWS atomic.Bool
 
@@ -207,6 +221,11 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	t := w.c.tap
 	t.raw = raw
 	t.mc.Conn = raw
+	if sc, ok := raw.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			t.rc = rc
+		}
+	}
 	if n := brw.Reader.Buffered(); n > 0 {
 		// Frames sent before the 101 (a client that does not wait):
 		// read first, then the socket.
@@ -240,6 +259,7 @@ func newTap(c *conn, stall time.Duration) *tapConn {
 		flushed: make(chan struct{}, 1),
 	}
 	t.mc.stall = stall
+	t.ocond.L = &t.omu
 	t.wt.op = 0xff // before the 101
 	t.refs.Store(2)
 	return t
@@ -679,17 +699,151 @@ func (t *tapConn) dropHeld() {
 	t.held = nil
 }
 
-// writeSock writes bufs to the client's socket. Each piece of up to
-// maxCoalesce bytes has the write timeout to go (the deadline is moved at
-// most once per quarter of it, so it lies between one and one and a
-// quarter timeouts ahead), capped by the handler's own deadline.
+// writeSock sends bufs to the client. What the socket takes at once is
+// written at once, without waiting (one system call per buffer, and no
+// deadline); the rest is queued, up to the queue bound (Options.QueueBytes),
+// and written by a goroutine started for as long as the queue holds
+// anything (flush), each piece of up to maxCoalesce bytes with the write
+// timeout to go. Past the bound the caller waits: the relay's writer slows
+// down for that client only once its queue is full, as behind Proxy. On a
+// connection without a file descriptor (TLS in front of the gate, say)
+// every write blocks, each piece with the write timeout.
 func (t *tapConn) writeSock(bufs net.Buffers) error {
+	if t.rc == nil {
+		return t.writeBlocking(bufs, true)
+	}
+	t.omu.Lock()
+	if t.flushing {
+		err := t.enqueueLocked(bufs)
+		t.omu.Unlock()
+		return err
+	}
+	t.omu.Unlock()
+	rest, err := t.tryWrite(bufs)
+	if err != nil || len(rest) == 0 {
+		return err
+	}
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	t.flushing = true
+	for _, b := range rest {
+		t.over = append(t.over, b...)
+	}
+	go t.flush()
+	return nil
+}
+
+// tryWrite writes what of bufs the socket takes without waiting and
+// returns the rest.
+func (t *tapConn) tryWrite(bufs net.Buffers) (net.Buffers, error) {
+	var werr error
+	err := t.rc.Write(func(fd uintptr) bool {
+		for len(bufs) > 0 {
+			b := bufs[0]
+			if len(b) == 0 {
+				bufs = bufs[1:]
+				continue
+			}
+			n, e := syscall.Write(int(fd), b)
+			if e == syscall.EINTR {
+				continue
+			}
+			if e != nil {
+				if e != syscall.EAGAIN {
+					werr = e
+				}
+				return true
+			}
+			bufs[0] = b[n:]
+			if n < len(b) {
+				return true // the socket is full
+			}
+			bufs = bufs[1:]
+		}
+		return true
+	})
+	if err == nil {
+		err = werr
+	}
+	return bufs, err
+}
+
+// enqueueLocked adds bufs to the queue, waiting while it is past its
+// bound; omu is held.
+func (t *tapConn) enqueueLocked(bufs net.Buffers) error {
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	for t.flushing && len(t.over) > 0 && len(t.over)+total > t.c.g.queueBytes && !t.dead.Load() {
+		t.ocond.Wait()
+	}
+	if t.dead.Load() {
+		return errTapClosed
+	}
+	for _, b := range bufs {
+		t.over = append(t.over, b...)
+	}
+	if !t.flushing {
+		t.flushing = true
+		go t.flush()
+	}
+	return nil
+}
+
+// flush writes the queue until it is empty, then clears the socket's
+// write deadline and returns; a write that makes no progress for the write
+// timeout cuts the client as a slow reader.
+func (t *tapConn) flush() {
+	var spare []byte
+	for {
+		t.omu.Lock()
+		if len(t.over) == 0 || t.dead.Load() {
+			t.flushing = false
+			t.over = nil
+			t.sockDL = time.Time{}
+			_ = t.raw.SetWriteDeadline(time.Time{})
+			t.ocond.Broadcast()
+			t.omu.Unlock()
+			return
+		}
+		out := t.over
+		t.over = spare[:0]
+		t.omu.Unlock()
+		err := t.writeBlocking(net.Buffers{out}, false)
+		t.omu.Lock()
+		if cap(out) <= maxCoalesce {
+			spare = out
+		} else {
+			spare = nil
+		}
+		t.ocond.Broadcast()
+		t.omu.Unlock()
+		if err != nil {
+			t.writeFailed(err)
+			t.omu.Lock()
+			t.flushing = false
+			t.over = nil
+			t.ocond.Broadcast()
+			t.omu.Unlock()
+			return
+		}
+	}
+}
+
+// writeBlocking writes bufs to the client's socket, waiting as long as it
+// takes. Each piece of up to maxCoalesce bytes has the write timeout to go
+// (the deadline is moved at most once per quarter of it, so it lies between
+// one and one and a quarter timeouts ahead), capped by the handler's own
+// deadline when capped (not for the queue: the handler's writes to it are
+// long done).
+func (t *tapConn) writeBlocking(bufs net.Buffers, capped bool) error {
 	total := 0
 	for _, b := range bufs {
 		total += len(b)
 	}
 	if total <= maxCoalesce {
-		if err := t.renew(); err != nil {
+		if err := t.renew(capped); err != nil {
 			return err
 		}
 		_, err := bufs.WriteTo(t.raw)
@@ -698,7 +852,7 @@ func (t *tapConn) writeSock(bufs net.Buffers) error {
 	for _, b := range bufs {
 		for len(b) > 0 {
 			piece := b[:min(len(b), maxCoalesce)]
-			if err := t.renew(); err != nil {
+			if err := t.renew(capped); err != nil {
 				return err
 			}
 			n, err := t.raw.Write(piece)
@@ -712,11 +866,11 @@ func (t *tapConn) writeSock(bufs net.Buffers) error {
 }
 
 // renew moves the socket's write deadline ahead when it is due.
-func (t *tapConn) renew() error {
+func (t *tapConn) renew(capped bool) error {
 	stall := t.mc.stall
 	now := time.Now()
 	d := now.Add(stall)
-	if ns := t.limit.Load(); ns != 0 && ns < d.UnixNano() {
+	if ns := t.limit.Load(); capped && ns != 0 && ns < d.UnixNano() {
 		t.sockDL = time.Time{}
 		return t.raw.SetWriteDeadline(time.Unix(0, ns))
 	}
@@ -727,9 +881,9 @@ func (t *tapConn) renew() error {
 	return t.raw.SetWriteDeadline(t.sockDL)
 }
 
-// writeFailed ends the connection after a failed write to the client,
-// under the write lock: cut as a slow reader when the write timed out,
-// gone otherwise.
+// writeFailed ends the connection after a failed write to the client (no
+// close frame: the socket is blocked or broken): cut as a slow reader when
+// the write timed out, gone otherwise.
 func (t *tapConn) writeFailed(err error) {
 	c := t.c
 	var ne net.Error
@@ -1016,7 +1170,7 @@ func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
 }
 
 func (t *tapConn) shutLocked(toClient bool, code int, text string) {
-	if toClient && code != 0 && !t.wt.closed() && !t.sockMid && t.raw != nil && !t.notWS.Load() && len(t.headBuf) == 0 {
+	if toClient && code != 0 && !t.wt.closed() && !t.sockMid && t.raw != nil && !t.notWS.Load() && len(t.headBuf) == 0 && !t.queued() {
 		// What is held (part of a message) is dropped: a close frame may
 		// not go inside a frame, but may inside a fragmented message.
 		t.dropHeld()
@@ -1052,6 +1206,14 @@ func (t *tapConn) linger() {
 	_ = t.raw.Close()
 }
 
+// queued reports whether the socket has a queue being written (then
+// nothing may be written to it but through the queue).
+func (t *tapConn) queued() bool {
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	return t.flushing
+}
+
 // relayClose is the close payload the relay is told when the gate ends a
 // client's connection with code and text: its own cut (1008) and the
 // client's protocol errors read to the relay as a client gone (1001: a
@@ -1082,7 +1244,7 @@ func (t *tapConn) finish() {
 func (t *tapConn) Close() error {
 	t.c.once.Do(func() {
 		if t.lockBy(time.Now().Add(time.Second)) {
-			if t.held != nil && !t.dead.Load() {
+			if t.held != nil && !t.dead.Load() && !t.queued() {
 				_ = t.raw.SetWriteDeadline(time.Now().Add(time.Second))
 				_, _ = t.raw.Write(*t.held)
 			}

@@ -270,3 +270,51 @@ func TestTapSwitchingBeforeHijack(t *testing.T) {
 		t.Fatalf("client read %q", got)
 	}
 }
+
+// What a client's socket does not take at once is queued, up to the queue
+// bound, so a client that pauses reading holds up the relay's writes to
+// it (khatru's broadcasts among them) only once its queue is full: here
+// the relay writes 6 MiB to a client that reads nothing until the relay
+// is done, with a 16 MiB queue and a write timeout of a minute (without the
+// queue, the relay's writes would wait in the kernel's buffers until the
+// client read). All of it arrives, in order.
+func TestTapQueuesForPausedClient(t *testing.T) {
+	const frames, size = 96, 64 << 10
+	done := make(chan struct{})
+	h := rawHandler(func(ws *websocket.Conn, raw net.Conn) {
+		payload := make([]byte, size)
+		for i := range frames {
+			binary.BigEndian.PutUint32(payload, uint32(i))
+			if err := ws.WriteMessage(websocket.BinaryMessage, payload); err != nil {
+				return
+			}
+		}
+		close(done)
+		_, _, _ = ws.ReadMessage()
+	})
+	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 16 << 20, WriteTimeout: time.Minute})
+	d := websocket.Dialer{NetDial: func(network, addr string) (net.Conn, error) {
+		c, err := net.Dial(network, addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(64 << 10) // the kernel keeps little for it
+		}
+		return c, err
+	}}
+	c, _, err := d.Dial(serve(t, g.Wrap(h)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay's writes waited for a client that had not read yet")
+	}
+	for i := range frames {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		typ, data, err := c.ReadMessage()
+		if err != nil || typ != websocket.BinaryMessage || len(data) != size || binary.BigEndian.Uint32(data) != uint32(i) {
+			t.Fatalf("frame %d: %d bytes, %v", i, len(data), err)
+		}
+	}
+}
