@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
@@ -561,4 +562,37 @@ func FuzzTapClientStream(f *testing.F) {
 		delete(rec.conns, id)
 		rec.mu.Unlock()
 	})
+}
+
+// --- Finding 6 -------------------------------------------------------------
+
+// A message's payload is charged to the control meter as it is read off
+// the socket (meteredConn.Read) but credited back only once the whole
+// frame has been read (next: io.ReadFull, then credit). A frame whose
+// payload arrives in more than one read, the first of them over the
+// control burst (16 KiB), finds the meter in debt at its second read and
+// the client is cut as a control flood: any honest EVENT of a few tens of
+// KB that the network delivers in pieces (a long-form article, a contact
+// list). The bridge credits each read as it returns (readFrame).
+func TestTapAttackLargeFrameInPiecesNotFlood(t *testing.T) {
+	rec := newRecorder()
+	log := &floodLog{}
+	url := serve(t, newGate(t, Options{Limits: &Limits{}, Logger: slog.New(log)}).Wrap(rec))
+	nc, br, _ := rawUpgrade(t, url, "", nil)
+	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
+		t.Fatalf("handshake: %q %v", head, err)
+	}
+	big := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("x", 100_000)+`hello`, 1) + `]`
+	f := zeroKeyFrame(opText, true, []byte(big))
+	// As a network delivers it: 40 KB, then the rest a moment later.
+	if _, err := nc.Write(f[:40_000]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := nc.Write(f[40_000:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.frames(1); len(got) != 1 || got[0] != big {
+		t.Fatalf("relay got %d frames (flood cuts logged: %d), want the 100 KB EVENT", len(got), log.n.Load())
+	}
 }
