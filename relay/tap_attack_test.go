@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -514,6 +515,13 @@ func FuzzTapClientStream(f *testing.F) {
 	var seq atomic.Int64
 	f.Fuzz(func(t *testing.T, stream []byte, pipelined bool) {
 		id := fmt.Sprint(seq.Add(1))
+		// A hang past every deadline below crashes the worker with every
+		// goroutine's stack, for the report.
+		watchdog := time.AfterFunc(30*time.Second, func() {
+			debug.SetTraceback("all")
+			panic("FuzzTapClientStream: input " + id + " hung")
+		})
+		defer watchdog.Stop()
 		var extra []byte
 		if pipelined {
 			extra = stream
