@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -192,8 +193,17 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	t := w.c.tap
+	t.lock()
 	t.raw = raw
 	t.mc.Conn = raw
+	dead := t.dead.Load()
+	t.unlock()
+	if dead {
+		// Ended before the handler took the socket (Shutdown): nothing
+		// will close it but this.
+		_ = raw.Close()
+		return nil, nil, errTapClosed
+	}
 	if n := brw.Reader.Buffered(); n > 0 {
 		// Frames sent before the 101 (a client that does not wait):
 		// read first, then the socket.
@@ -395,18 +405,25 @@ func (t *tapConn) next() error {
 			return fail(errClientTooLarge)
 		}
 		if msg == nil {
-			if fin && tapHeadroom+int(n) > frameBufSize {
-				msg = make([]byte, tapHeadroom, tapHeadroom+int(n))
-			} else {
-				msg = getFrameBuf()[:tapHeadroom]
+			msg = getFrameBuf()[:tapHeadroom]
+		}
+		// The buffer grows with what arrives (at most doubling), never
+		// with what a header declares; each read is credited as payload
+		// as it returns (as readFrame does), so that the meter judges
+		// the next read on what is not payload only.
+		start := len(msg)
+		for left := int(n); left > 0; {
+			if len(msg) == cap(msg) {
+				msg = slices.Grow(msg, min(left, max(cap(msg), frameBufSize)))
+			}
+			k, err := t.br.Read(msg[len(msg) : len(msg)+min(left, cap(msg)-len(msg))])
+			msg = msg[:len(msg)+k]
+			c.meter.credit(k)
+			left -= k
+			if err != nil {
+				return fail(t.readFailed(err))
 			}
 		}
-		start := len(msg)
-		msg = append(msg, make([]byte, n)...)[:start+int(n)]
-		if _, err := io.ReadFull(t.br, msg[start:]); err != nil {
-			return fail(t.readFailed(err))
-		}
-		c.meter.credit(int(n))
 		maskBytes(key, 0, msg[start:], msg[start:]) // each frame has a key of its own
 		if fin {
 			break
@@ -599,7 +616,12 @@ func (t *tapConn) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	if len(p) == 0 {
-		return n, nil // the 101, written or not whole yet
+		// The 101, written or not whole yet; replies queued before it
+		// (a handler that read first) go once it is.
+		if t.wt.started() && t.wt.boundary() && t.held == nil && len(t.replies) > 0 && !t.flushReplies() {
+			return 0, errTapClosed
+		}
+		return n, nil
 	}
 	if !t.wt.boundary() {
 		if h := t.holdBuf(); len(*h)+len(p) <= maxHold {
@@ -616,7 +638,7 @@ func (t *tapConn) Write(p []byte) (int, error) {
 	if atBoundary && len(t.replies) > 0 {
 		bufs = append(bufs, t.replies)
 	}
-	if err := t.writeSock(bufs); err != nil {
+	if err := t.writeSock(bufs, true); err != nil {
 		t.writeFailed(err)
 		return 0, err
 	}
@@ -659,14 +681,18 @@ func (t *tapConn) dropHeld() {
 // writeSock writes bufs to the client's socket. Each piece of up to
 // maxCoalesce bytes has the write timeout to go (the deadline is moved at
 // most once per quarter of it, so it lies between one and one and a
-// quarter timeouts ahead), capped by the handler's own deadline.
-func (t *tapConn) writeSock(bufs net.Buffers) error {
+// quarter timeouts ahead), capped by the handler's own deadline when
+// capped (the handler's writes; not the gate's replies, which the handler's
+// last deadline has nothing to do with: gorilla leaves the one of its last
+// control frame, a pong's second, on the connection until its next data
+// write).
+func (t *tapConn) writeSock(bufs net.Buffers, capped bool) error {
 	total := 0
 	for _, b := range bufs {
 		total += len(b)
 	}
 	if total <= maxCoalesce {
-		if err := t.renew(); err != nil {
+		if err := t.renew(capped); err != nil {
 			return err
 		}
 		_, err := bufs.WriteTo(t.raw)
@@ -675,7 +701,7 @@ func (t *tapConn) writeSock(bufs net.Buffers) error {
 	for _, b := range bufs {
 		for len(b) > 0 {
 			piece := b[:min(len(b), maxCoalesce)]
-			if err := t.renew(); err != nil {
+			if err := t.renew(capped); err != nil {
 				return err
 			}
 			n, err := t.raw.Write(piece)
@@ -689,11 +715,11 @@ func (t *tapConn) writeSock(bufs net.Buffers) error {
 }
 
 // renew moves the socket's write deadline ahead when it is due.
-func (t *tapConn) renew() error {
+func (t *tapConn) renew(capped bool) error {
 	stall := t.mc.stall
 	now := time.Now()
 	d := now.Add(stall)
-	if ns := t.limit.Load(); ns != 0 && ns < d.UnixNano() {
+	if ns := t.limit.Load(); capped && ns != 0 && ns < d.UnixNano() {
 		t.sockDL = time.Time{}
 		return t.raw.SetWriteDeadline(time.Unix(0, ns))
 	}
@@ -899,7 +925,7 @@ func (t *tapConn) trackHead(p *[]byte) error {
 		}
 	}
 	t.wt.op = 0
-	if err := t.writeSock(net.Buffers{head}); err != nil {
+	if err := t.writeSock(net.Buffers{head}, true); err != nil {
 		return err
 	}
 	t.headBuf = nil
@@ -916,13 +942,23 @@ func (t *tapConn) reply(data []byte) bool {
 		return false
 	}
 	t.replies = appendServerFrame(t.replies, opText, data)
-	if !t.wt.boundary() || len(t.headBuf) > 0 || t.held != nil {
+	if !t.wt.started() || !t.wt.boundary() || t.held != nil {
 		return true
 	}
-	err := t.writeSock(net.Buffers{t.replies})
+	return t.flushReplies()
+}
+
+// flushReplies writes the replies waiting, under the write lock, with the
+// stream between messages, and reports whether the connection goes on.
+func (t *tapConn) flushReplies() bool {
+	err := t.writeSock(net.Buffers{t.replies}, false)
 	t.replies = t.replies[:0]
 	if cap(t.replies) > 4<<10 {
 		t.replies = nil
+	}
+	select {
+	case t.flushed <- struct{}{}:
+	default:
 	}
 	if err != nil {
 		t.writeFailed(err)
@@ -993,11 +1029,15 @@ func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
 }
 
 func (t *tapConn) shutLocked(toClient bool, code int, text string) {
-	if toClient && code != 0 && !t.wt.closed() && !t.sockMid && t.raw != nil && !t.notWS.Load() && len(t.headBuf) == 0 {
+	if toClient && code != 0 && t.wt.started() && !t.wt.closed() && !t.sockMid && t.raw != nil && !t.notWS.Load() && len(t.headBuf) == 0 {
 		// What is held (part of a message) is dropped: a close frame may
-		// not go inside a frame, but may inside a fragmented message.
+		// not go inside a frame, but may inside a fragmented message,
+		// where the replies waiting for its end (data frames) may not.
+		var out []byte
+		if t.wt.boundary() {
+			out = t.replies
+		}
 		t.dropHeld()
-		out := t.replies
 		out = appendServerFrame(out, opClose, websocket.FormatCloseMessage(code, text))
 		_ = t.raw.SetWriteDeadline(time.Now().Add(time.Second))
 		_, err := t.raw.Write(out)
