@@ -604,3 +604,26 @@ func TestTapAttackLargeFrameInPiecesNotFlood(t *testing.T) {
 		t.Fatalf("relay got %d frames (flood cuts logged: %d), want the 100 KB EVENT", len(got), log.n.Load())
 	}
 }
+
+// --- Finding 7 (found by FuzzTapClientStream) ---------------------------------
+
+// The gate passes a client's close on to the handler when its code is one
+// validReceivedCloseCode accepts, "as gorilla judges it"; but it accepts
+// 1014 (Bad Gateway), which gorilla and fasthttp (khatru) do not: the
+// handler's read fails with a protocol error ("bad close code 1014")
+// instead of the client's close, and it answers the client 1002. The
+// handler reads a frame of the gate's it cannot read.
+func TestTapAttackClientCloseCodeRelayReads(t *testing.T) {
+	rec := newRecorder()
+	url := serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec))
+	nc, br, _ := rawUpgrade(t, url, "", nil)
+	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
+		t.Fatalf("handshake: %q %v", head, err)
+	}
+	if _, err := nc.Write(zeroKeyFrame(opClose, true, websocket.FormatCloseMessage(1014, "upstream down"))); err != nil {
+		t.Fatal(err)
+	}
+	if code := rec.closed(); code == 0 {
+		t.Fatal("the relay read no close frame: it failed on the one the gate passed on")
+	}
+}
