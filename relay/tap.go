@@ -188,6 +188,12 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if !ok {
 		return nil, nil, errors.New("relay: response does not implement http.Hijacker")
 	}
+	if w.c.tap.dead.Load() {
+		// Ended already (Shutdown): the server keeps the connection,
+		// answers the handler's refusal and closes it.
+		w.Header().Set("Connection", "close")
+		return nil, nil, errTapClosed
+	}
 	raw, brw, err := h.Hijack()
 	if err != nil {
 		return nil, nil, err
@@ -540,9 +546,18 @@ func (t *tapConn) clientClose(p []byte) error {
 		}
 	}
 	code, text = relayable(&websocket.CloseError{Code: code, Text: text})
+	if code == closeBadGateway {
+		// Registered (IANA), but gorilla and fasthttp fail a read on it
+		// as a protocol error: to the relay the client has gone.
+		code = closeGoingAway
+	}
 	t.pre = appendClientFrame(t.pre, opClose, websocket.FormatCloseMessage(code, text))
 	return io.EOF
 }
+
+// closeBadGateway is close code 1014, which a client may send and the
+// handler's WebSocket stack does not read.
+const closeBadGateway = 1014
 
 // validReceivedCloseCode reports whether code may arrive in a close frame
 // (RFC 6455 7.4), as gorilla judges it.
