@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -108,6 +109,11 @@ type tapConn struct {
 // the frame header the handler reads it under: 10 bytes of header and a
 // masking key.
 const tapHeadroom = 14
+
+// maxHeldControl is how much of the control frames a client sends inside
+// a fragmented message the gate holds for the handler (they go with the
+// whole message) before it cuts the client as a control flood.
+const maxHeldControl = 4 << 10
 
 // tapReadBuffer is the buffer of a tapped client's reader: frame headers
 // and small frames.
@@ -214,13 +220,28 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if !ok {
 		return nil, nil, errors.New("relay: response does not implement http.Hijacker")
 	}
+	if w.c.tap.dead.Load() {
+		// Ended already (Shutdown): the server keeps the connection,
+		// answers the handler's refusal and closes it.
+		w.Header().Set("Connection", "close")
+		return nil, nil, errTapClosed
+	}
 	raw, brw, err := h.Hijack()
 	if err != nil {
 		return nil, nil, err
 	}
 	t := w.c.tap
+	t.lock()
 	t.raw = raw
 	t.mc.Conn = raw
+	dead := t.dead.Load()
+	t.unlock()
+	if dead {
+		// Ended before the handler took the socket (Shutdown): nothing
+		// will close it but this.
+		_ = raw.Close()
+		return nil, nil, errTapClosed
+	}
 	if sc, ok := raw.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			t.rc = rc
@@ -416,6 +437,12 @@ func (t *tapConn) next() error {
 			if typ == 0 {
 				return nil
 			}
+			if len(t.pre) > maxHeldControl {
+				// Held for a message that does not end: no client needs
+				// more than a few pings inside one message.
+				c.meter.flooded.Store(true)
+				return fail(t.readFailed(errControlFlood))
+			}
 			continue
 		case opText, opBinary:
 			if typ != 0 {
@@ -438,18 +465,25 @@ func (t *tapConn) next() error {
 			return fail(errClientTooLarge)
 		}
 		if msg == nil {
-			if fin && tapHeadroom+int(n) > frameBufSize {
-				msg = make([]byte, tapHeadroom, tapHeadroom+int(n))
-			} else {
-				msg = getFrameBuf()[:tapHeadroom]
+			msg = getFrameBuf()[:tapHeadroom]
+		}
+		// The buffer grows with what arrives (at most doubling), never
+		// with what a header declares; each read is credited as payload
+		// as it returns (as readFrame does), so that the meter judges
+		// the next read on what is not payload only.
+		start := len(msg)
+		for left := int(n); left > 0; {
+			if len(msg) == cap(msg) {
+				msg = slices.Grow(msg, min(left, max(cap(msg), frameBufSize)))
+			}
+			k, err := t.br.Read(msg[len(msg) : len(msg)+min(left, cap(msg)-len(msg))])
+			msg = msg[:len(msg)+k]
+			c.meter.credit(k)
+			left -= k
+			if err != nil {
+				return fail(t.readFailed(err))
 			}
 		}
-		start := len(msg)
-		msg = append(msg, make([]byte, n)...)[:start+int(n)]
-		if _, err := io.ReadFull(t.br, msg[start:]); err != nil {
-			return fail(t.readFailed(err))
-		}
-		c.meter.credit(int(n))
 		maskBytes(key, 0, msg[start:], msg[start:]) // each frame has a key of its own
 		if fin {
 			break
@@ -566,9 +600,18 @@ func (t *tapConn) clientClose(p []byte) error {
 		}
 	}
 	code, text = relayable(&websocket.CloseError{Code: code, Text: text})
+	if code == closeBadGateway {
+		// Registered (IANA), but gorilla and fasthttp fail a read on it
+		// as a protocol error: to the relay the client has gone.
+		code = closeGoingAway
+	}
 	t.pre = appendClientFrame(t.pre, opClose, websocket.FormatCloseMessage(code, text))
 	return io.EOF
 }
+
+// closeBadGateway is close code 1014, which a client may send and the
+// handler's WebSocket stack does not read.
+const closeBadGateway = 1014
 
 // validReceivedCloseCode reports whether code may arrive in a close frame
 // (RFC 6455 7.4), as gorilla judges it.
@@ -642,7 +685,12 @@ func (t *tapConn) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	if len(p) == 0 {
-		return n, nil // the 101, written or not whole yet
+		// The 101, written or not whole yet; replies queued before it
+		// (a handler that read first) go once it is.
+		if t.wt.started() && t.wt.boundary() && t.held == nil && len(t.replies) > 0 && !t.flushReplies() {
+			return 0, errTapClosed
+		}
+		return n, nil
 	}
 	if !t.wt.boundary() {
 		if h := t.holdBuf(); len(*h)+len(p) <= maxHold {
@@ -659,7 +707,7 @@ func (t *tapConn) Write(p []byte) (int, error) {
 	if atBoundary && len(t.replies) > 0 {
 		bufs = append(bufs, t.replies)
 	}
-	if err := t.writeSock(bufs); err != nil {
+	if err := t.writeSock(bufs, true); err != nil {
 		t.writeFailed(err)
 		return 0, err
 	}
@@ -707,10 +755,14 @@ func (t *tapConn) dropHeld() {
 // timeout to go. Past the bound the caller waits: the relay's writer slows
 // down for that client only once its queue is full, as behind Proxy. On a
 // connection without a file descriptor (TLS in front of the gate, say)
-// every write blocks, each piece with the write timeout.
-func (t *tapConn) writeSock(bufs net.Buffers) error {
+// every write blocks, each piece with the write timeout, capped by the
+// handler's own deadline when capped (the handler's writes; not the gate's
+// replies, which the handler's last deadline has nothing to do with:
+// gorilla leaves the one of its last control frame, a pong's second, on
+// the connection until its next data write).
+func (t *tapConn) writeSock(bufs net.Buffers, capped bool) error {
 	if t.rc == nil {
-		return t.writeBlocking(bufs, true)
+		return t.writeBlocking(bufs, capped)
 	}
 	t.omu.Lock()
 	if t.flushing {
@@ -1076,7 +1128,7 @@ func (t *tapConn) trackHead(p *[]byte) error {
 		}
 	}
 	t.wt.op = 0
-	if err := t.writeSock(net.Buffers{head}); err != nil {
+	if err := t.writeSock(net.Buffers{head}, true); err != nil {
 		return err
 	}
 	t.headBuf = nil
@@ -1093,13 +1145,23 @@ func (t *tapConn) reply(data []byte) bool {
 		return false
 	}
 	t.replies = appendServerFrame(t.replies, opText, data)
-	if !t.wt.boundary() || len(t.headBuf) > 0 || t.held != nil {
+	if !t.wt.started() || !t.wt.boundary() || t.held != nil {
 		return true
 	}
-	err := t.writeSock(net.Buffers{t.replies})
+	return t.flushReplies()
+}
+
+// flushReplies writes the replies waiting, under the write lock, with the
+// stream between messages, and reports whether the connection goes on.
+func (t *tapConn) flushReplies() bool {
+	err := t.writeSock(net.Buffers{t.replies}, false)
 	t.replies = t.replies[:0]
 	if cap(t.replies) > 4<<10 {
 		t.replies = nil
+	}
+	select {
+	case t.flushed <- struct{}{}:
+	default:
 	}
 	if err != nil {
 		t.writeFailed(err)
@@ -1170,11 +1232,15 @@ func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
 }
 
 func (t *tapConn) shutLocked(toClient bool, code int, text string) {
-	if toClient && code != 0 && !t.wt.closed() && !t.sockMid && t.raw != nil && !t.notWS.Load() && len(t.headBuf) == 0 && !t.queued() {
+	if toClient && code != 0 && t.wt.started() && !t.wt.closed() && !t.sockMid && t.raw != nil && !t.notWS.Load() && len(t.headBuf) == 0 && !t.queued() {
 		// What is held (part of a message) is dropped: a close frame may
-		// not go inside a frame, but may inside a fragmented message.
+		// not go inside a frame, but may inside a fragmented message,
+		// where the replies waiting for its end (data frames) may not.
+		var out []byte
+		if t.wt.boundary() {
+			out = t.replies
+		}
 		t.dropHeld()
-		out := t.replies
 		out = appendServerFrame(out, opClose, websocket.FormatCloseMessage(code, text))
 		_ = t.raw.SetWriteDeadline(time.Now().Add(time.Second))
 		_, err := t.raw.Write(out)

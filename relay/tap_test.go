@@ -318,3 +318,25 @@ func TestTapQueuesForPausedClient(t *testing.T) {
 		}
 	}
 }
+
+// Pings inside a fragmented message that never ends are held for the
+// relay (they go with the message) only up to a bound: then the client
+// is cut as a control flood, before the control meter's own budget.
+func TestTapPingsInsideMessageBounded(t *testing.T) {
+	rec := newRecorder()
+	g := newGate(t, Options{Limits: &Limits{}})
+	c := dialRaw(t, serve(t, g.Wrap(rec)))
+	out := rawFrame(opText, false, []byte(`["COUNT","x",`))
+	for range 40 { // 40 × 131 bytes: past 4 KiB, well within the meter's 16 KiB
+		out = append(out, rawFrame(opPing, true, bytes.Repeat([]byte("p"), 125))...)
+	}
+	if _, err := c.NetConn().Write(out); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _, err := c.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != "sluice: too many control frames" {
+		t.Fatalf("client got %v, want 1008 too many control frames", err)
+	}
+}

@@ -1,0 +1,629 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/relay/wire"
+)
+
+// Attacks on the tap (tap.go): what a client that has read the source can
+// make the gate do in Wrap mode.
+
+// rawUpgrade opens a TCP connection to the ws:// url, sends a WebSocket
+// handshake (and extra, pipelined behind it), and returns the connection
+// and a reader positioned after the response's headers, with the status
+// line. It does not fail on a refused upgrade: the caller judges status.
+func rawUpgrade(t testing.TB, url string, hdr string, extra []byte) (net.Conn, *bufio.Reader, string) {
+	t.Helper()
+	host := strings.TrimPrefix(url, "ws://")
+	host, path, _ := strings.Cut(host, "/")
+	nc, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	req := "GET /" + path + " HTTP/1.1\r\nHost: " + host + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n" + hdr + "\r\n"
+	if _, err := nc.Write(append([]byte(req), extra...)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	return nc, br, ""
+}
+
+// readHead reads an HTTP response head from br (until the blank line) and
+// returns it, or what came before the connection ended.
+func readHead(br *bufio.Reader) (string, error) {
+	var b strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		b.WriteString(line)
+		if err != nil {
+			return b.String(), err
+		}
+		if line == "\r\n" {
+			return b.String(), nil
+		}
+	}
+}
+
+// zeroKeyFrame is a client frame masked with the zero key: its payload is
+// on the wire as it is. Any length.
+func zeroKeyFrame(op byte, fin bool, p []byte) []byte {
+	b := appendClientHeader(nil, op, len(p))
+	if !fin {
+		b[0] &^= bitFin
+	}
+	return append(b, p...)
+}
+
+// wireFrame is one frame read from the gate's side of the wire.
+type wireFrame struct {
+	op      byte
+	fin     bool
+	payload []byte
+}
+
+// parseServerFrames parses b, the bytes a client received after the 101,
+// as server frames, and reports the first violation of RFC 6455 a client
+// would fail the connection for: a masked frame, reserved bits, an
+// unknown opcode, a fragmented or long control frame, a data frame inside
+// a fragmented message, a continuation outside one. A truncated last
+// frame is not a violation (the socket was closed).
+func parseServerFrames(b []byte) ([]wireFrame, error) {
+	var out []wireFrame
+	inMsg := false
+	for len(b) > 0 {
+		if len(b) < 2 {
+			return out, nil
+		}
+		fin, op := b[0]&0x80 != 0, b[0]&0x0f
+		if b[0]&0x70 != 0 {
+			return out, fmt.Errorf("frame %d: reserved bits", len(out))
+		}
+		if b[1]&0x80 != 0 {
+			return out, fmt.Errorf("frame %d: masked", len(out))
+		}
+		n, h := uint64(b[1]&0x7f), 2
+		switch n {
+		case 126:
+			if len(b) < 4 {
+				return out, nil
+			}
+			n, h = uint64(binary.BigEndian.Uint16(b[2:])), 4
+		case 127:
+			if len(b) < 10 {
+				return out, nil
+			}
+			n, h = binary.BigEndian.Uint64(b[2:]), 10
+		}
+		switch op {
+		case opText, opBinary:
+			if inMsg {
+				return out, fmt.Errorf("frame %d: data frame (op %d) inside a fragmented message", len(out), op)
+			}
+			inMsg = !fin
+		case opContinuation:
+			if !inMsg {
+				return out, fmt.Errorf("frame %d: continuation outside a message", len(out))
+			}
+			inMsg = !fin
+		case opClose, opPing, opPong:
+			if !fin || n > 125 {
+				return out, fmt.Errorf("frame %d: bad control frame", len(out))
+			}
+		default:
+			return out, fmt.Errorf("frame %d: opcode %d", len(out), op)
+		}
+		if uint64(len(b)-h) < n {
+			return out, nil
+		}
+		out = append(out, wireFrame{op, fin, b[h : h+int(n)]})
+		b = b[h+int(n):]
+	}
+	return out, nil
+}
+
+// --- Finding 1 -------------------------------------------------------------
+
+// The gate's own replies are written with the deadline the handler last
+// set for its own write. gorilla and fasthttp (khatru) answer a client's
+// ping with WriteControl(pong, now+1s) and leave that deadline on the
+// connection until their next data write resets it; a refusal the gate
+// sends more than a second later, before the relay has written a data
+// message, then goes out with a deadline in the past: the write fails at
+// once and the client is cut as a slow reader. Any client that pings
+// (go-nostr does, every 29 s) and is then refused something (a
+// rate-limited EVENT, an invalid frame, a REQ over the subscription cap)
+// is disconnected instead of answered.
+func TestTapAttackReplyAfterPongNotCut(t *testing.T) {
+	var cuts atomic.Int64
+	obs := &Observer{Cut: func(r CutReason) {
+		if r == CutSlowReader {
+			cuts.Add(1)
+		}
+	}}
+	g := newGate(t, Options{Limits: &Limits{}, Observer: obs})
+	c := dialRaw(t, serve(t, g.Wrap(newRecorder())))
+	// Reads run on a goroutine of their own so that the pong is handled.
+	msgs := make(chan string, 4)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			_, b, err := c.ReadMessage()
+			if err != nil {
+				errc <- err
+				return
+			}
+			msgs <- string(b)
+		}
+	}()
+	pong := make(chan struct{}, 1)
+	c.SetPongHandler(func(string) error { pong <- struct{}{}; return nil })
+	if err := c.WriteControl(websocket.PingMessage, []byte("hi"), time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-pong:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no pong")
+	}
+	time.Sleep(1500 * time.Millisecond) // past the pong's deadline
+	// Not a Nostr message: the gate answers it itself.
+	if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ"]`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-msgs:
+		if !strings.Contains(m, "invalid") {
+			t.Errorf("reply %q, want the gate's refusal", m)
+		}
+	case err := <-errc:
+		t.Fatalf("connection ended instead of the refusal: %v (slow-reader cuts: %d)", err, cuts.Load())
+	case <-time.After(5 * time.Second):
+		t.Fatal("no reply")
+	}
+	if n := cuts.Load(); n != 0 {
+		t.Errorf("%d slow-reader cuts, want 0", n)
+	}
+}
+
+// --- Finding 2 -------------------------------------------------------------
+
+// tapHeap is the live heap after a collection.
+func tapHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// A frame header is all it takes to make the gate allocate the frame's
+// whole declared length: next sizes the message's buffer from the header
+// (make(…, n) or append(…, make([]byte, n)…)) before a byte of payload has
+// come. 14 bytes per connection hold 512 KiB each (the read limit) for as
+// long as the relay's read deadline allows (khatru: 60 s; a handler
+// without one: for ever); one address's 64 connections hold 32 MiB for
+// under a kilobyte sent. The bridge (readFrame) and gorilla grow a
+// message's buffer as its bytes arrive.
+func TestTapAttackDeclaredLengthNotPreallocated(t *testing.T) {
+	g := newGate(t, Options{Limits: &Limits{}})
+	url := serve(t, g.Wrap(newRecorder()))
+	const conns = 32
+	cs := make([]*websocket.Conn, conns)
+	for i := range cs {
+		cs[i] = dialRaw(t, url)
+	}
+	// A text frame of the read limit, then one of half of it that is the
+	// first fragment of a message: headers and masks, no payload.
+	hdr := func(fin bool, n uint64) []byte {
+		b := []byte{0x01, 0x80 | 127}
+		if fin {
+			b[0] |= 0x80
+		}
+		return append(binary.BigEndian.AppendUint64(b, n), 1, 2, 3, 4)
+	}
+	time.Sleep(100 * time.Millisecond)
+	before := tapHeap()
+	for i, c := range cs {
+		h := hdr(true, DefaultReadLimit)
+		if i%2 == 1 {
+			h = hdr(false, DefaultReadLimit/2)
+		}
+		if _, err := c.NetConn().Write(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	after := tapHeap()
+	grown := int64(after) - int64(before)
+	t.Logf("heap grew %d KiB for %d headers of %d bytes", grown>>10, conns, 14)
+	if limit := int64(conns) * 32 << 10; grown > limit {
+		t.Errorf("%d frame headers made the gate hold %d KiB (more than %d KiB): a message's buffer must grow with what arrives, not with what a header declares",
+			conns, grown>>10, limit>>10)
+	}
+	runtime.KeepAlive(cs)
+}
+
+// --- Finding 3 -------------------------------------------------------------
+
+// A connection the gate ends before the handler has hijacked it
+// (Shutdown while the handler is still deciding, e.g. in a khatru
+// RejectConnection hook) is marked dead with no socket to close; when the
+// handler then hijacks, tapConn.Close finds conn.once spent and the
+// hijacked socket is never closed: the client's TCP connection (and the
+// gate's file descriptor) stays open for ever, after Shutdown has
+// returned.
+func TestTapAttackEndedBeforeHijackClosesSocket(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	returned := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(returned)
+		close(entered)
+		<-release
+		c, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for {
+			if _, _, err := c.ReadMessage(); err != nil {
+				return
+			}
+		}
+	})
+	g := newGate(t, Options{Limits: &Limits{}, Logger: quietLogger()})
+	url := serve(t, g.Wrap(h))
+	nc, br, _ := rawUpgrade(t, url, "", nil)
+	<-entered
+	g.mu.Lock()
+	var c *conn
+	for k := range g.conns {
+		c = k
+	}
+	g.mu.Unlock()
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- g.Shutdown(ctx)
+	}()
+	<-c.closing // the goodbye has run
+	close(release)
+	<-returned
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(3 * time.Second))
+	b, err := io.ReadAll(br)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the client's socket is still open 3 s after Shutdown returned (read %q)", b)
+	}
+}
+
+// --- Finding 4 -------------------------------------------------------------
+
+// The gate's goodbye (shutLocked) and replies (reply) check that the relay
+// is between frames, not that it has sent its 101: a connection ended
+// after the hijack and before the handler's answer gets a bare WebSocket
+// close frame as its HTTP response. Here the handler hijacks and panics
+// (the gate recovers and ends the connection with 1011); Shutdown in the
+// same window, or a refusal to a handler that reads before it answers, do
+// the same.
+func TestTapAttackNoFrameBeforeHandshake(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, _, err := w.(http.Hijacker).Hijack(); err != nil {
+			return
+		}
+		panic("relay bug after hijack")
+	})
+	url := serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(h))
+	nc, br, _ := rawUpgrade(t, url, "", nil)
+	_ = nc.SetReadDeadline(time.Now().Add(3 * time.Second))
+	b, _ := io.ReadAll(br)
+	if len(b) > 0 && !strings.HasPrefix(string(b), "HTTP/1.1 ") {
+		t.Fatalf("the client's HTTP response is % x: WebSocket frames before (without) a 101", b)
+	}
+}
+
+// --- Finding 5 -------------------------------------------------------------
+
+// A refusal queued while the relay is inside a fragmented message waits
+// for the message's end (Write); but when the gate ends the connection
+// before that end (a protocol error, a knock or flood cut, Shutdown),
+// shutLocked writes the queued replies, data frames, in front of its close
+// frame, inside the fragmented message whose first fragments are on the
+// client's socket already: a client fails the connection on them ("data
+// frame inside a fragmented message") and misses the close. khatru sends
+// every message over 1 KiB fragmented (its write buffer is 1 KiB); one
+// over 64 KiB reaches the socket before its end.
+func TestTapAttackShutRepliesNotInsideFragmentedMessage(t *testing.T) {
+	started := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if _, _, err := c.ReadMessage(); err != nil {
+			return
+		}
+		go func() { // the gate reads the client as the handler reads
+			for {
+				if _, _, err := c.ReadMessage(); err != nil {
+					return
+				}
+			}
+		}()
+		// A first fragment of 100 KiB, and a pause before the last one.
+		mw, err := c.NextWriter(websocket.TextMessage)
+		if err != nil {
+			return
+		}
+		_, _ = mw.Write([]byte(`["NOTICE","` + strings.Repeat("x", 100<<10)))
+		close(started)
+		<-r.Context().Done()
+		_, _ = mw.Write([]byte(`"]`))
+		_ = mw.Close()
+	})
+	url := serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(h))
+	nc, br, _ := rawUpgrade(t, url, "", nil)
+	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
+		t.Fatalf("handshake: %q %v", head, err)
+	}
+	if _, err := nc.Write(zeroKeyFrame(opText, true, []byte(`["REQ","go",{}]`))); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	// A frame the gate refuses (its reply waits for the message's end),
+	// then an unmasked frame: a protocol error, which ends the connection.
+	out := zeroKeyFrame(opText, true, []byte(`["REQ"]`))
+	out = append(out, 0x81, 0x01, 'x')
+	if _, err := nc.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _ := io.ReadAll(br)
+	frames, err := parseServerFrames(b)
+	if err != nil {
+		t.Fatalf("the client's stream breaks RFC 6455: %v (after %d frames)", err, len(frames))
+	}
+	if len(frames) == 0 || frames[len(frames)-1].op != opClose {
+		t.Errorf("no close frame at the end of %d frames", len(frames))
+	}
+}
+
+// --- Fuzzing ---------------------------------------------------------------
+
+// fuzzRelay is the handler behind the fuzzed gate: it records, per
+// connection (its X-Fuzz-Id header), every message it reads and the error
+// its reads end with.
+type fuzzRelay struct {
+	mu    sync.Mutex
+	conns map[string]*fuzzConn
+}
+
+type fuzzConn struct {
+	msgs  [][]byte
+	types []int
+	err   error
+	done  chan struct{}
+}
+
+func (f *fuzzRelay) conn(id string) *fuzzConn {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fc := f.conns[id]
+	if fc == nil {
+		fc = &fuzzConn{done: make(chan struct{})}
+		f.conns[id] = fc
+	}
+	return fc
+}
+
+func (f *fuzzRelay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	fc := f.conn(r.Header.Get("X-Fuzz-Id"))
+	defer close(fc.done)
+	c, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+	if err != nil {
+		fc.err = err
+		return
+	}
+	defer c.Close()
+	for {
+		typ, b, err := c.ReadMessage()
+		if err != nil {
+			fc.err = err
+			return
+		}
+		fc.msgs = append(fc.msgs, b)
+		fc.types = append(fc.types, typ)
+		// Something to write back now and then, so that the gate's
+		// replies meet the relay's frames.
+		if len(fc.msgs)%2 == 0 {
+			_ = c.WriteMessage(websocket.TextMessage, []byte(`["NOTICE","seen"]`))
+		}
+	}
+}
+
+// FuzzTapClientStream feeds arbitrary bytes to the gate as a client's
+// stream after a successful upgrade (pipelined behind the handshake, or
+// after the 101) and checks that the gate neither panics nor hangs, that
+// the relay reads only messages the gate forwards (canonical text:
+// wire.Scan finds nothing wrong) and ends with a close frame, and that
+// what the client receives is a valid stream of server frames.
+func FuzzTapClientStream(f *testing.F) {
+	frame := func(op byte, fin bool, p string) []byte { return zeroKeyFrame(op, fin, []byte(p)) }
+	cat := func(bs ...[]byte) []byte {
+		var out []byte
+		for _, b := range bs {
+			out = append(out, b...)
+		}
+		return out
+	}
+	req := frame(opText, true, `["REQ","a",{}]`)
+	ev := frame(opText, true, `["EVENT",`+goNostrEvent+`]`) // 126: a 16-bit length
+	long127 := append([]byte{0x81, 0x80 | 127, 0, 0, 0, 0, 0, 0, 0, 14, 0, 0, 0, 0}, `["REQ","b",{}]`...)
+	closeF := frame(opClose, true, "\x03\xe8bye")
+	for _, s := range [][]byte{
+		req,
+		ev,
+		long127,
+		rawFrame(opText, true, []byte(`["REQ","m",{}]`)), // a real mask
+		cat(frame(opText, false, `["REQ",`), frame(opPing, true, "p"), frame(opContinuation, false, ""), frame(opContinuation, true, `"f",{}]`)),
+		cat(frame(opText, false, `["REQ",`), closeF, req),
+		cat(frame(opContinuation, true, `["REQ","c",{}]`)),
+		cat(req, closeF, req, ev),
+		cat(frame(opBinary, true, `["CLOSE","a"]`), frame(opPong, true, "x"), frame(opText, true, `["REQ"]`)),
+		cat(req, []byte{0x81, 0x0e}, []byte(`["REQ","u",{}]`)),         // unmasked
+		cat([]byte{0x81, 0xff, 0x80, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4}), // top bit
+		cat([]byte{0x81, 0xff, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}),    // over the read limit
+		cat(frame(opPing, false, "x")),                                 // fragmented ping
+		cat(frame(opClose, true, "\x03")),                              // one-byte close
+		cat(frame(opClose, true, "\x03\xed")),                          // 1005
+		cat(frame(opText, true, `["EVENT",{}]`), frame(opText, true, `["AUTH",{}]`), req, req),
+		cat(frame(opText, false, ""), frame(opContinuation, false, ""), frame(opContinuation, true, `["REQ","z",{}]`)),
+	} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+
+	rec := &fuzzRelay{conns: map[string]*fuzzConn{}}
+	g, err := New(Options{Limits: &Limits{}, ReadLimit: 8 << 10, MaxConnections: -1, Logger: quietLogger(), WriteTimeout: 2 * time.Second})
+	if err != nil {
+		f.Fatal(err)
+	}
+	url := serve(f, g.Wrap(rec))
+	var seq atomic.Int64
+	f.Fuzz(func(t *testing.T, stream []byte, pipelined bool) {
+		id := fmt.Sprint(seq.Add(1))
+		// A hang past every deadline below crashes the worker with every
+		// goroutine's stack, for the report.
+		watchdog := time.AfterFunc(30*time.Second, func() {
+			debug.SetTraceback("all")
+			panic("FuzzTapClientStream: input " + id + " hung")
+		})
+		defer watchdog.Stop()
+		var extra []byte
+		if pipelined {
+			extra = stream
+		}
+		nc, br, _ := rawUpgrade(t, url, "X-Fuzz-Id: "+id+"\r\n", extra)
+		deadline := time.Now().Add(10 * time.Second)
+		_ = nc.SetDeadline(deadline)
+		head, err := readHead(br)
+		if err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
+			t.Fatalf("handshake: %q %v", head, err)
+		}
+		if !pipelined {
+			if _, err := nc.Write(stream); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The client has said all it will: the gate reads EOF after it.
+		_ = nc.(*net.TCPConn).CloseWrite()
+		got, err := io.ReadAll(br)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the gate did not end the connection within 10 s (%d bytes read)", len(got))
+		}
+		fc := rec.conn(id)
+		select {
+		case <-fc.done:
+		case <-time.After(time.Until(deadline)):
+			t.Fatal("the handler's call did not return within 10 s")
+		}
+		for i, m := range fc.msgs {
+			if fc.types[i] != websocket.TextMessage {
+				t.Errorf("relay read message %d as type %d, want text", i, fc.types[i])
+			}
+			if _, reason := wire.Scan(m, DefaultMaxFilters); reason != "" {
+				t.Errorf("relay read %q, which the gate does not forward (%s)", m, reason)
+			}
+		}
+		var ce *websocket.CloseError
+		if !errors.As(fc.err, &ce) && !errors.Is(fc.err, net.ErrClosed) {
+			t.Errorf("relay's reads ended with %v, want a close frame", fc.err)
+		}
+		if frames, err := parseServerFrames(got); err != nil {
+			t.Errorf("client's stream: %v (after %d frames)", err, len(frames))
+		}
+		rec.mu.Lock()
+		delete(rec.conns, id)
+		rec.mu.Unlock()
+	})
+}
+
+// --- Finding 6 -------------------------------------------------------------
+
+// A message's payload is charged to the control meter as it is read off
+// the socket (meteredConn.Read) but credited back only once the whole
+// frame has been read (next: io.ReadFull, then credit). A frame whose
+// payload arrives in more than one read, the first of them over the
+// control burst (16 KiB), finds the meter in debt at its second read and
+// the client is cut as a control flood: any honest EVENT of a few tens of
+// KB that the network delivers in pieces (a long-form article, a contact
+// list). The bridge credits each read as it returns (readFrame).
+func TestTapAttackLargeFrameInPiecesNotFlood(t *testing.T) {
+	rec := newRecorder()
+	log := &floodLog{}
+	url := serve(t, newGate(t, Options{Limits: &Limits{}, Logger: slog.New(log)}).Wrap(rec))
+	nc, br, _ := rawUpgrade(t, url, "", nil)
+	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
+		t.Fatalf("handshake: %q %v", head, err)
+	}
+	big := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("x", 100_000)+`hello`, 1) + `]`
+	f := zeroKeyFrame(opText, true, []byte(big))
+	// As a network delivers it: 40 KB, then the rest a moment later.
+	if _, err := nc.Write(f[:40_000]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := nc.Write(f[40_000:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.frames(1); len(got) != 1 || got[0] != big {
+		t.Fatalf("relay got %d frames (flood cuts logged: %d), want the 100 KB EVENT", len(got), log.n.Load())
+	}
+}
+
+// --- Finding 7 (found by FuzzTapClientStream) ---------------------------------
+
+// The gate passes a client's close on to the handler when its code is one
+// validReceivedCloseCode accepts, "as gorilla judges it"; but it accepts
+// 1014 (Bad Gateway), which gorilla and fasthttp (khatru) do not: the
+// handler's read fails with a protocol error ("bad close code 1014")
+// instead of the client's close, and it answers the client 1002. The
+// handler reads a frame of the gate's it cannot read.
+func TestTapAttackClientCloseCodeRelayReads(t *testing.T) {
+	rec := newRecorder()
+	url := serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec))
+	nc, br, _ := rawUpgrade(t, url, "", nil)
+	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
+		t.Fatalf("handshake: %q %v", head, err)
+	}
+	if _, err := nc.Write(zeroKeyFrame(opClose, true, websocket.FormatCloseMessage(1014, "upstream down"))); err != nil {
+		t.Fatal(err)
+	}
+	if code := rec.closed(); code == 0 {
+		t.Fatal("the relay read no close frame: it failed on the one the gate passed on")
+	}
+}
