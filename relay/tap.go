@@ -714,16 +714,22 @@ func (t *tapConn) Write(p []byte) (int, error) {
 	t.sockMid = !t.wt.frameBoundary()
 	t.dropHeld()
 	if atBoundary && len(t.replies) > 0 {
-		t.replies = t.replies[:0]
-		if cap(t.replies) > 4<<10 {
-			t.replies = nil
-		}
-		select {
-		case t.flushed <- struct{}{}:
-		default:
-		}
+		t.repliesSent()
 	}
 	return n, nil
+}
+
+// repliesSent empties the replies waiting, now written, and wakes a
+// client reader waiting for them to go (waitReplies).
+func (t *tapConn) repliesSent() {
+	t.replies = t.replies[:0]
+	if cap(t.replies) > 4<<10 {
+		t.replies = nil
+	}
+	select {
+	case t.flushed <- struct{}{}:
+	default:
+	}
 }
 
 // holdBufs lends the write side the buffer that holds a message back.
@@ -1155,14 +1161,7 @@ func (t *tapConn) reply(data []byte) bool {
 // stream between messages, and reports whether the connection goes on.
 func (t *tapConn) flushReplies() bool {
 	err := t.writeSock(net.Buffers{t.replies}, false)
-	t.replies = t.replies[:0]
-	if cap(t.replies) > 4<<10 {
-		t.replies = nil
-	}
-	select {
-	case t.flushed <- struct{}{}:
-	default:
-	}
+	t.repliesSent()
 	if err != nil {
 		t.writeFailed(err)
 		return false
