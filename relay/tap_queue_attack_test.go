@@ -132,3 +132,33 @@ func closeWritesQueue(t *testing.T, unread bool) {
 		t.Fatalf("client got %v, want the relay's close 4000", err)
 	}
 }
+
+// The Close that writes the queue (Finding 1) does not wait for ever on a
+// client that has stopped reading: the queue's write timeout cuts it, and
+// its flush ends the connection although the handler's Close waits for it.
+func TestTapQueueAttackCloseCutsStoppedClient(t *testing.T) {
+	closed := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			closed <- err
+			return
+		}
+		if _, err := fillQueue(ws, ws.NetConn().(*tapConn), 4); err != nil {
+			closed <- err
+			return
+		}
+		closed <- ws.NetConn().Close()
+	})
+	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: time.Second})
+	c := dialSmall(t, serve(t, g.Wrap(h)))
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close hung on a client that does not read")
+	}
+	_ = c.Close()
+}
