@@ -1252,11 +1252,12 @@ func (t *tapConn) shutLocked(toClient bool, code int, text string) {
 	t.finish()
 }
 
-// linger is finish after a close frame to a client: the socket is shut
+// linger is finish after the last bytes to a client (the gate's close
+// frame, or what the handler wrote before its Close): the socket is shut
 // for writing and closed a second later, so that what the client is still
-// sending (a flood, most likely) does not make the close an RST, which
-// can cost the client the close frame and the replies before it. Reads
-// fail at once.
+// sending (a flood, or requests the relay will not read) does not make the
+// close an RST, which can cost the client those last bytes and what the
+// kernel still holds before them. Reads fail at once.
 func (t *tapConn) linger() {
 	t.dead.Store(true)
 	close(t.c.closing)
@@ -1269,6 +1270,19 @@ func (t *tapConn) linger() {
 		return
 	}
 	_ = t.raw.Close()
+}
+
+// drain waits, with the write lock held, until the queue is written (or
+// its flush has failed, or the connection is shut), and reports whether
+// there was a queue.
+func (t *tapConn) drain() bool {
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	was := t.flushing
+	for t.flushing && !t.dead.Load() {
+		t.ocond.Wait()
+	}
+	return was
 }
 
 // queued reports whether the socket has a queue being written (then
@@ -1304,20 +1318,46 @@ func (t *tapConn) finish() {
 	}
 }
 
-// Close implements net.Conn for the handler: what it wrote and the gate
-// held is written (as far as a second allows), then the socket closed.
+// Close implements net.Conn for the handler: what it wrote is written
+// (the queue as any queued write: for as long as the client's socket takes
+// it, each piece within the write timeout; what the gate held, as far as a
+// second allows), then the socket closed: a second after it was shut for
+// writing (linger) when the client was behind.
 func (t *tapConn) Close() error {
+	// The lock within a second (a handler's writer may wait for room in
+	// the queue meanwhile), and then the queue written, outside c.once:
+	// a flush that fails ends the connection through it.
+	locked := t.lockBy(time.Now().Add(time.Second))
+	behind := locked && t.drain()
 	t.c.once.Do(func() {
-		if t.lockBy(time.Now().Add(time.Second)) {
-			if t.held != nil && !t.dead.Load() && !t.queued() {
-				_ = t.raw.SetWriteDeadline(time.Now().Add(time.Second))
-				_, _ = t.raw.Write(*t.held)
-			}
-			t.dropHeld()
-			t.unlock()
+		if !locked {
+			t.finish()
+			return
+		}
+		var err error
+		if t.dead.Load() || t.queued() {
+			err = errTapClosed
+		} else if t.held != nil {
+			_ = t.raw.SetWriteDeadline(time.Now().Add(time.Second))
+			_, err = t.raw.Write(*t.held)
+		}
+		t.dropHeld()
+		if err != nil {
+			t.finish()
+			return
+		}
+		if behind {
+			// The client was behind: the kernel still holds a socket
+			// buffer of what the handler wrote, which closing at once
+			// with requests of the client's unread (a reset) would lose.
+			t.linger()
+			return
 		}
 		t.finish()
 	})
+	if locked {
+		t.unlock()
+	}
 	if t.closedBy.CompareAndSwap(false, true) {
 		t.unref()
 	}

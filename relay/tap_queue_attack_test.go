@@ -1,0 +1,164 @@
+package relay
+
+import (
+	"encoding/binary"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// Attacks on the tap's write side (tap.go): the queue towards the client
+// (writeSock, flush), the gate's replies, and the connection's end.
+
+// smallReadDialer dials with a client receive buffer of 64 KiB, so that
+// the gate's socket fills while the client does not read.
+var smallReadDialer = websocket.Dialer{
+	HandshakeTimeout: 5 * time.Second,
+	NetDial: func(network, addr string) (net.Conn, error) {
+		c, err := net.Dial(network, addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(64 << 10)
+		}
+		return c, err
+	},
+}
+
+// dialSmall dials url with smallReadDialer.
+func dialSmall(t *testing.T, url string) *websocket.Conn {
+	t.Helper()
+	c, _, err := smallReadDialer.Dial(url, nil)
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// fillQueue writes numbered 64 KiB binary messages on ws until the tap's
+// queue is in use, then extra more, and returns how many it wrote.
+func fillQueue(ws *websocket.Conn, tc *tapConn, extra int) (int, error) {
+	payload := make([]byte, 64<<10)
+	n := 0
+	for more := -1; more != 0; n++ {
+		binary.BigEndian.PutUint32(payload, uint32(n))
+		if err := ws.WriteMessage(websocket.BinaryMessage, payload); err != nil {
+			return n, err
+		}
+		if more < 0 && tc.queued() {
+			more = extra
+		}
+		if more > 0 {
+			more--
+		}
+	}
+	return n, nil
+}
+
+// --- Finding 1 -------------------------------------------------------------
+
+// The handler's Close closes the client's socket at once, whatever the
+// queue still holds: everything the relay wrote that the client's socket
+// had not taken yet (its last messages, its close frame) is accepted by
+// Write and never sent. A relay that says goodbye (a last NOTICE, a close
+// frame) to a client that is a little behind, or answers a client's close
+// while its stream to that client is queued, has its last words cut off
+// and the client sees its connection reset, where behind Proxy (and
+// without the gate) everything arrives. Close must let the queue be
+// written (each write with the write timeout to make progress, as any
+// queued write) before it closes the socket.
+func TestTapQueueAttackCloseWritesQueue(t *testing.T) {
+	t.Run("client silent", func(t *testing.T) { closeWritesQueue(t, false) })
+	t.Run("client requests unread", func(t *testing.T) { closeWritesQueue(t, true) })
+}
+
+func closeWritesQueue(t *testing.T, unread bool) {
+	type result struct {
+		n      int
+		queued bool
+		err    error
+	}
+	written := make(chan result, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			written <- result{err: err}
+			return
+		}
+		tc := ws.NetConn().(*tapConn)
+		n, err := fillQueue(ws, tc, 4)
+		if err == nil {
+			err = ws.WriteMessage(websocket.TextMessage, []byte(`["NOTICE","bye"]`))
+		}
+		if err == nil {
+			err = ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(4000, "bye"))
+		}
+		written <- result{n, tc.queued(), err}
+		_ = ws.Close()
+	})
+	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: 10 * time.Second})
+	c := dialSmall(t, serve(t, g.Wrap(h)))
+	if unread {
+		// Requests the relay never reads: closed with them unread, the
+		// socket is reset, and what the kernel still holds for the client
+		// is lost.
+		for range 4 {
+			_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","x",{}]`))
+		}
+	}
+	var res result
+	select {
+	case res = <-written:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay's writes hung")
+	}
+	if res.err != nil || !res.queued {
+		t.Fatalf("setup: %d messages written, queued %v, %v", res.n, res.queued, res.err)
+	}
+	for i := range res.n {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		typ, data, err := c.ReadMessage()
+		if err != nil || typ != websocket.BinaryMessage || len(data) != 64<<10 || binary.BigEndian.Uint32(data) != uint32(i) {
+			t.Fatalf("message %d of %d: %d bytes, %v: the relay's queued writes were dropped at Close", i, res.n, len(data), err)
+		}
+	}
+	if got := readText(t, c); got != `["NOTICE","bye"]` {
+		t.Fatalf("last message %q", got)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, _, err := c.ReadMessage(); !websocket.IsCloseError(err, 4000) {
+		t.Fatalf("client got %v, want the relay's close 4000", err)
+	}
+}
+
+// The Close that writes the queue (Finding 1) does not wait for ever on a
+// client that has stopped reading: the queue's write timeout cuts it, and
+// its flush ends the connection although the handler's Close waits for it.
+func TestTapQueueAttackCloseCutsStoppedClient(t *testing.T) {
+	closed := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			closed <- err
+			return
+		}
+		if _, err := fillQueue(ws, ws.NetConn().(*tapConn), 4); err != nil {
+			closed <- err
+			return
+		}
+		closed <- ws.NetConn().Close()
+	})
+	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: time.Second})
+	c := dialSmall(t, serve(t, g.Wrap(h)))
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close hung on a client that does not read")
+	}
+	_ = c.Close()
+}
