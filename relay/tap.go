@@ -89,7 +89,10 @@ type tapConn struct {
 	sockMid bool
 	// rc writes to the client's socket without waiting (tryWrite); nil
 	// for a connection without a file descriptor.
-	rc syscall.RawConn
+	rc      syscall.RawConn
+	writeFD func(uintptr) bool // t.writeOn, made once
+	wv      net.Buffers        // what writeFD is to write (tryWrite)
+	werr    error
 
 	// The queue of what the socket did not take at once (writeSock).
 	omu      sync.Mutex
@@ -281,6 +284,7 @@ func newTap(c *conn, stall time.Duration) *tapConn {
 	}
 	t.mc.stall = stall
 	t.ocond.L = &t.omu
+	t.writeFD = t.writeOn
 	t.wt.op = 0xff // before the 101
 	t.refs.Store(2)
 	return t
@@ -794,36 +798,43 @@ func (t *tapConn) writeSock(bufs net.Buffers, capped bool) error {
 // tryWrite writes what of bufs the socket takes without waiting and
 // returns the rest.
 func (t *tapConn) tryWrite(bufs net.Buffers) (net.Buffers, error) {
-	var werr error
-	err := t.rc.Write(func(fd uintptr) bool {
-		for len(bufs) > 0 {
-			b := bufs[0]
-			if len(b) == 0 {
-				bufs = bufs[1:]
-				continue
-			}
-			n, e := syscall.Write(int(fd), b)
-			if e == syscall.EINTR {
-				continue
-			}
-			if e != nil {
-				if e != syscall.EAGAIN {
-					werr = e
-				}
-				return true
-			}
-			bufs[0] = b[n:]
-			if n < len(b) {
-				return true // the socket is full
-			}
-			bufs = bufs[1:]
-		}
-		return true
-	})
+	t.wv, t.werr = bufs, nil
+	err := t.rc.Write(t.writeFD)
+	bufs, t.wv = t.wv, nil
 	if err == nil {
-		err = werr
+		err = t.werr
 	}
 	return bufs, err
+}
+
+// writeOn is tryWrite's write on the socket's descriptor: t.wv, as far as
+// the socket takes it without waiting, the rest left in t.wv. A method
+// value made once per connection (newTap), so that a write allocates no
+// closure.
+func (t *tapConn) writeOn(fd uintptr) bool {
+	for len(t.wv) > 0 {
+		b := t.wv[0]
+		if len(b) == 0 {
+			t.wv = t.wv[1:]
+			continue
+		}
+		n, e := syscall.Write(int(fd), b)
+		if e == syscall.EINTR {
+			continue
+		}
+		if e != nil {
+			if e != syscall.EAGAIN {
+				t.werr = e
+			}
+			return true
+		}
+		t.wv[0] = b[n:]
+		if n < len(b) {
+			return true // the socket is full
+		}
+		t.wv = t.wv[1:]
+	}
+	return true
 }
 
 // enqueueLocked adds bufs to the queue, waiting while it is past its
