@@ -98,6 +98,7 @@ type tapConn struct {
 	omu      sync.Mutex
 	ocond    sync.Cond // on omu: the queue shrank, or flushing ended
 	over     []byte
+	flying   int  // bytes of the queue the flush goroutine is writing
 	flushing bool // a flush goroutine runs: every write is queued
 	// notWS: the handler answered with something other than a 101.
 	notWS atomic.Bool
@@ -844,7 +845,7 @@ func (t *tapConn) enqueueLocked(bufs net.Buffers) error {
 	for _, b := range bufs {
 		total += len(b)
 	}
-	for t.flushing && len(t.over) > 0 && len(t.over)+total > t.c.g.queueBytes && !t.dead.Load() {
+	for t.flushing && len(t.over)+t.flying > 0 && len(t.over)+t.flying+total > t.c.g.queueBytes && !t.dead.Load() {
 		t.ocond.Wait()
 	}
 	if t.dead.Load() {
@@ -878,9 +879,11 @@ func (t *tapConn) flush() {
 		}
 		out := t.over
 		t.over = spare[:0]
+		t.flying = len(out)
 		t.omu.Unlock()
 		err := t.writeBlocking(net.Buffers{out}, false)
 		t.omu.Lock()
+		t.flying = 0
 		if cap(out) <= maxCoalesce {
 			spare = out
 		} else {
