@@ -95,8 +95,8 @@ type authState struct {
 }
 
 // readDeadline keeps a side's read deadline two ping intervals ahead,
-// moving it at most once per half interval: on an in-memory pipe every
-// SetReadDeadline allocates a timer. A side is thus dropped after 1.5 to 2
+// moving it at most once per half interval: every SetReadDeadline costs a
+// timer update. A side is thus dropped after 1.5 to 2
 // intervals of silence. Used by one reader goroutine only.
 type readDeadline struct{ next time.Time }
 

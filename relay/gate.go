@@ -475,14 +475,18 @@ func (o *Options) policyConfig() (policy.Config, error) {
 }
 
 // Wrap returns a handler that serves h behind the gate in-process: plain
-// HTTP requests (NIP-11, web pages) go to h ungated, WebSocket upgrades
-// are gated and bridged to h over in-memory connections, without a TCP
-// port or a second HTTP request: the gate builds h's request itself.
+// HTTP requests (NIP-11, web pages) go to h ungated; a WebSocket upgrade
+// is gated, then h is called with it and upgrades the client itself on
+// the client's own connection, which the gate taps (see tapConn): h reads
+// only the frames the gate forwards, and the gate reads what h writes.
+// The request h gets is the gate's: the client's path, query, Host and
+// handshake key, no extension offered, and a context that ends with the
+// connection.
 //
 // h sees every request with X-Forwarded-For and X-Real-IP set to the
 // client's address and every other client-address header (Forwarded,
 // True-Client-IP, CF-Connecting-IP, …) removed, so whichever one h
-// believes, it is the gate's word; bridged requests also have RemoteAddr
+// believes, it is the gate's word; upgrade requests also have RemoteAddr
 // set to the client's address. Shutdown waits for h's calls to return.
 func (g *Gate) Wrap(h http.Handler) http.Handler {
 	up := &upstream{local: h}
