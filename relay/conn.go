@@ -260,13 +260,18 @@ func (c *conn) writeFrames(frames []outFrame) bool {
 // writeFailed ends the connection after a failed write to the client: cut
 // as a slow reader when the write timed out, gone otherwise.
 func (c *conn) writeFailed(err error) {
-	// gorilla hands a timeout back as a net.Error of its own, not wrapped.
-	var ne net.Error
-	if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+	if isTimeout(err) {
 		c.cutSlow()
 		return
 	}
 	c.end(false, true, closeGoingAway, "client connection lost")
+}
+
+// isTimeout reports whether a write to a client failed at its deadline
+// (gorilla hands a timeout back as a net.Error of its own, not wrapped).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 func (c *conn) readUpstream() {

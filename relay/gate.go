@@ -689,7 +689,6 @@ func (g *Gate) serveTapped(w http.ResponseWriter, r *http.Request, h http.Handle
 			} else {
 				c.end(true, true, websocket.CloseInternalServerErr, "")
 				_ = t.Close() // for the handler, which will not
-
 			}
 		}
 		if tw.hijacked == nil {

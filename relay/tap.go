@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -19,6 +18,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // tapConn is how Wrap gates an in-process relay: the relay's own
@@ -69,7 +70,6 @@ type tapConn struct {
 	rq      []byte // the rest of the forwarded message's frame
 	rqBuf   []byte // rq's buffer, returned to frameBufs once rq is read
 	readErr error
-	head    [tapHeadroom]byte
 	// upClose is the close frame the handler reads once the gate has
 	// ended the connection (shut), before its reads fail.
 	upClose atomic.Pointer[[]byte]
@@ -81,9 +81,12 @@ type tapConn struct {
 	headBuf []byte // the handler's 101, until it is whole
 	held    *[]byte
 	replies []byte // the gate's replies waiting for a message boundary
-	flushed chan struct{}
-	limit   atomic.Int64 // the handler's write deadline (SetWriteDeadline), Unix ns; 0: none
-	sockDL  time.Time    // the write deadline set on raw
+	// nReplies is len(replies), for the client's reader to look at
+	// without the write lock (waitReplies).
+	nReplies atomic.Int64
+	flushed  chan struct{}
+	limit    atomic.Int64 // the handler's write deadline (SetWriteDeadline), Unix ns; 0: none
+	sockDL   time.Time    // the write deadline set on raw
 	// sockMid: the bytes on the socket end inside a frame (so no frame of
 	// the gate's may follow them).
 	sockMid bool
@@ -431,7 +434,7 @@ func (t *tapConn) next() error {
 			if _, err := io.ReadFull(t.br, p); err != nil {
 				return fail(t.readFailed(err))
 			}
-			maskBytes(key, 0, p, p)
+			maskBytes(key, p)
 			if op == opClose {
 				return fail(t.clientClose(p))
 			}
@@ -489,7 +492,7 @@ func (t *tapConn) next() error {
 				return fail(t.readFailed(err))
 			}
 		}
-		maskBytes(key, 0, msg[start:], msg[start:]) // each frame has a key of its own
+		maskBytes(key, msg[start:]) // each frame has a key of its own
 		if fin {
 			break
 		}
@@ -521,7 +524,8 @@ func (t *tapConn) next() error {
 		putFrameBuf(msg)
 		return nil
 	}
-	h := appendClientHeader(t.head[:0], opText, len(payload))
+	var head [tapHeadroom]byte
+	h := appendClientHeader(head[:0], opText, len(payload))
 	copy(msg[tapHeadroom-len(h):], h)
 	t.rq, t.rqBuf = msg[tapHeadroom-len(h):], msg
 	return nil
@@ -539,18 +543,20 @@ func (t *tapConn) toRelay(frame []byte) {
 // the frames a server reads, and these frames go no further than this
 // process).
 func appendClientHeader(b []byte, op byte, n int) []byte {
+	return append(appendFrameHeader(b, op, bitMask, n), 0, 0, 0, 0)
+}
+
+// appendFrameHeader appends the first bytes of a final frame's header:
+// opcode op, the length n, with mask (bitMask or 0) in its mask bit.
+func appendFrameHeader(b []byte, op, mask byte, n int) []byte {
 	b = append(b, bitFin|op)
 	switch {
 	case n <= 125:
-		b = append(b, bitMask|byte(n))
+		return append(b, mask|byte(n))
 	case n <= 0xffff:
-		b = append(b, bitMask|126)
-		b = binary.BigEndian.AppendUint16(b, uint16(n))
-	default:
-		b = append(b, bitMask|127)
-		b = binary.BigEndian.AppendUint64(b, uint64(n))
+		return binary.BigEndian.AppendUint16(append(b, mask|126), uint16(n))
 	}
-	return append(b, 0, 0, 0, 0)
+	return binary.BigEndian.AppendUint64(append(b, mask|127), uint64(n))
 }
 
 // appendClientFrame appends a whole client frame of opcode op (see
@@ -628,25 +634,23 @@ func validReceivedCloseCode(code int) bool {
 	return code >= 3000 && code <= 4999
 }
 
-// maskBytes writes src masked with key into dst (as long as src; they may
-// be the same), pos being src's offset in the payload (RFC 6455 5.3).
-func maskBytes(key [4]byte, pos int, dst, src []byte) {
+// maskBytes unmasks (or masks) a frame's whole payload p in place with
+// key (RFC 6455 5.3).
+func maskBytes(key [4]byte, p []byte) {
 	if key == [4]byte{} {
-		copy(dst, src)
 		return
 	}
-	// Rotate the key so that dst[0] takes key[0].
 	var k [8]byte
 	for i := range k {
-		k[i] = key[(pos+i)&3]
+		k[i] = key[i&3]
 	}
 	kw := binary.LittleEndian.Uint64(k[:])
 	i := 0
-	for ; i+8 <= len(src); i += 8 {
-		binary.LittleEndian.PutUint64(dst[i:], binary.LittleEndian.Uint64(src[i:])^kw)
+	for ; i+8 <= len(p); i += 8 {
+		binary.LittleEndian.PutUint64(p[i:], binary.LittleEndian.Uint64(p[i:])^kw)
 	}
-	for ; i < len(src); i++ {
-		dst[i] = src[i] ^ k[i&7]
+	for ; i < len(p); i++ {
+		p[i] ^= k[i&7]
 	}
 }
 
@@ -731,6 +735,7 @@ func (t *tapConn) repliesSent() {
 	if cap(t.replies) > 4<<10 {
 		t.replies = nil
 	}
+	t.nReplies.Store(0)
 	select {
 	case t.flushed <- struct{}{}:
 	default:
@@ -892,13 +897,7 @@ func (t *tapConn) flush() {
 		t.ocond.Broadcast()
 		t.omu.Unlock()
 		if err != nil {
-			t.writeFailed(err)
-			t.omu.Lock()
-			t.flushing = false
-			t.over = nil
-			t.ocond.Broadcast()
-			t.omu.Unlock()
-			return
+			t.writeFailed(err) // shut: the loop ends at its top
 		}
 	}
 }
@@ -958,8 +957,7 @@ func (t *tapConn) renew(capped bool) error {
 // the write timed out, gone otherwise.
 func (t *tapConn) writeFailed(err error) {
 	c := t.c
-	var ne net.Error
-	if errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+	if isTimeout(err) {
 		c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who)
 		c.g.obs.ReportCut(CutSlowReader)
 	}
@@ -1008,7 +1006,7 @@ func (t *tapConn) track(p []byte) ([]byte, error) {
 		}
 		n := min(uint64(len(p)), f.left)
 		if f.watch {
-			f.gather(t.c, p[:n])
+			f.gather(p[:n])
 		}
 		p = p[n:]
 		f.left -= n
@@ -1058,7 +1056,7 @@ func (f *frameTrack) begin(need int) error {
 
 // gather adds b to the message being watched, deciding early that an
 // EVENT is not.
-func (f *frameTrack) gather(c *conn, b []byte) {
+func (f *frameTrack) gather(b []byte) {
 	if f.op == opClose || f.op == opPing || f.op == opPong {
 		return
 	}
@@ -1070,15 +1068,11 @@ func (f *frameTrack) gather(c *conn, b []byte) {
 	f.msg = append(f.msg, b...)
 	if !f.decided && len(f.msg) >= len(`["EVENT",`) {
 		f.decided = true
-		if eventLabel(f.msg) {
+		if wire.IsEvent(f.msg) { // its label and comma are enough
 			f.watch = false
 		}
 	}
 }
-
-// eventLabel reports whether a relay message starts as ["EVENT", does
-// (the label alone: a prefix is enough).
-func eventLabel(b []byte) bool { return bytes.HasPrefix(b, []byte(`["EVENT",`)) }
 
 // frameDone ends the current frame: a data message's final frame hands a
 // watched message to conn.watch (before its last byte reaches the
@@ -1123,11 +1117,7 @@ func (t *tapConn) trackHead(p *[]byte) error {
 			return errHandlerFrames
 		}
 		if len(b) >= len(switching) && string(b[:len(switching)]) != switching {
-			t.notWS.Store(true)
-			t.headBuf = nil
-			_, err := t.raw.Write(b)
-			*p = nil
-			return err
+			return t.notSwitching(b, p)
 		}
 		t.headBuf = append(t.headBuf[:0], b...)
 		*p = nil
@@ -1135,11 +1125,7 @@ func (t *tapConn) trackHead(p *[]byte) error {
 	}
 	head := b[:end+4]
 	if !bytes.HasPrefix(head, []byte(switching)) {
-		t.notWS.Store(true)
-		t.headBuf = nil
-		_, err := t.raw.Write(b)
-		*p = nil
-		return err
+		return t.notSwitching(b, p)
 	}
 	for _, line := range bytes.Split(head, []byte("\r\n")) {
 		k, _, ok := bytes.Cut(line, []byte(":"))
@@ -1156,6 +1142,17 @@ func (t *tapConn) trackHead(p *[]byte) error {
 	return nil
 }
 
+// notSwitching passes on b, the start of an answer to the upgrade that is
+// not a 101: from now on the handler's bytes go to the client as they are,
+// and it reads nothing of the client's.
+func (t *tapConn) notSwitching(b []byte, p *[]byte) error {
+	t.notWS.Store(true)
+	t.headBuf = nil
+	*p = nil
+	_, err := t.raw.Write(b)
+	return err
+}
+
 // reply sends the client a frame of the gate's own (a refusal): now when
 // the relay's stream is between messages, else as soon as it is.
 func (t *tapConn) reply(data []byte) bool {
@@ -1165,6 +1162,7 @@ func (t *tapConn) reply(data []byte) bool {
 		return false
 	}
 	t.replies = appendServerFrame(t.replies, opText, data)
+	t.nReplies.Store(int64(len(t.replies)))
 	if !t.wt.started() || !t.wt.boundary() || t.held != nil {
 		return true
 	}
@@ -1191,13 +1189,10 @@ func (f *frameTrack) closed() bool { return f.closeSeen }
 // boundary than maxRepliesHeld; false once the connection is shut.
 func (t *tapConn) waitReplies() bool {
 	for {
-		t.lock()
-		n := len(t.replies)
-		t.unlock()
 		if t.dead.Load() {
 			return false
 		}
-		if n <= maxRepliesHeld {
+		if t.nReplies.Load() <= maxRepliesHeld {
 			return true
 		}
 		select {
@@ -1210,18 +1205,7 @@ func (t *tapConn) waitReplies() bool {
 
 // appendServerFrame appends a final, unmasked frame.
 func appendServerFrame(b []byte, op byte, payload []byte) []byte {
-	b = append(b, bitFin|op)
-	switch n := len(payload); {
-	case n <= 125:
-		b = append(b, byte(n))
-	case n <= 0xffff:
-		b = append(b, 126)
-		b = binary.BigEndian.AppendUint16(b, uint16(n))
-	default:
-		b = append(b, 127)
-		b = binary.BigEndian.AppendUint64(b, uint64(n))
-	}
-	return append(b, payload...)
+	return append(appendFrameHeader(b, op, 0, len(payload)), payload...)
 }
 
 // --- ending --------------------------------------------------------------
@@ -1273,9 +1257,7 @@ func (t *tapConn) shutLocked(toClient bool, code int, text string) {
 // close an RST, which can cost the client those last bytes and what the
 // kernel still holds before them. Reads fail at once.
 func (t *tapConn) linger() {
-	t.dead.Store(true)
-	close(t.c.closing)
-	t.c.cancel()
+	t.markShut()
 	_ = t.raw.SetReadDeadline(time.Now())
 	if cw, ok := t.raw.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
@@ -1322,11 +1304,17 @@ func relayClose(code int, text string) []byte {
 	return websocket.FormatCloseMessage(code, text)
 }
 
-// finish marks the connection shut and closes the socket.
-func (t *tapConn) finish() {
+// markShut marks the connection shut (once, inside conn.end's once):
+// every read and write fails from now on, and the connection's context ends.
+func (t *tapConn) markShut() {
 	t.dead.Store(true)
 	close(t.c.closing)
 	t.c.cancel()
+}
+
+// finish marks the connection shut and closes the socket.
+func (t *tapConn) finish() {
+	t.markShut()
 	if t.raw != nil {
 		_ = t.raw.Close()
 	}

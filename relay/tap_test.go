@@ -145,7 +145,8 @@ func TestTapWatchesRelayFramesInPieces(t *testing.T) {
 
 // A relay whose 101 takes an extension (which the gate did not offer:
 // compressed frames it could not read) gets no client: the handshake
-// never reaches it.
+// never reaches it. The extension is one gorilla's client accepts
+// unoffered, so only the gate's check fails the dial.
 func TestTapRefusesExtension(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		raw, _, err := w.(http.Hijacker).Hijack()
@@ -155,7 +156,7 @@ func TestTapRefusesExtension(t *testing.T) {
 		defer raw.Close()
 		_, _ = raw.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
 			"Sec-WebSocket-Accept: " + acceptKey(r.Header.Get("Sec-Websocket-Key")) + "\r\n" +
-			"Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n"))
+			"Sec-WebSocket-Extensions: permessage-deflate; server_no_context_takeover; client_no_context_takeover\r\n\r\n"))
 		_, _ = raw.Read(make([]byte, 1))
 	})
 	g := newGate(t, Options{Limits: &Limits{}})
