@@ -607,13 +607,15 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	c.sub.Store(sub)
 	// Once the connection has been handed over, its cleanups are done
 	// where it ends.
+	// The connection is reported closed only once its places are free,
+	// so what an observer sees closed can be opened again.
 	cleanup := func() {
 		g.releaseSyncs(client, c.syncs.clear())
-		g.obs.ReportOpen(-1)
 		g.remove(c)
 		if !freeIP {
 			g.releaseConn(client)
 		}
+		g.obs.ReportOpen(-1)
 		g.track(-1)
 	}
 	if up.local != nil {
