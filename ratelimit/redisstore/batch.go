@@ -57,13 +57,19 @@ type callResult struct {
 // trips without goroutines of its own.
 //
 // A decision goes straight out from its caller's goroutine, alone, as long
-// as nothing is queued and fewer than flight round trips are in flight:
-// at low concurrency there is nothing to batch, and a hand-off would only
-// add latency. Past that it queues, and each round trip that completes
-// hands its slot to the oldest queued caller, which takes up to max queued
-// decisions (the queue built up during the round trip) and sends them as
-// one pipeline — on a plain client as one script call. So at high
-// concurrency decisions go in full batches, flight at a time.
+// as nothing is queued and fewer than directFlight (directPerFlight ×
+// flight) round trips are in flight, all of them straight out: at low
+// concurrency there is nothing to batch, and a hand-off would only add
+// latency (at 4 callers and 2 in flight, half of them queued into batches
+// of two or three, and each such decision cost both sides more CPU than
+// going alone: BenchmarkRedisConcurrency). Past that it queues, and each
+// round trip that completes hands its slot to the oldest queued caller —
+// at once while no batch is in flight, else only while at most flight are
+// in flight — which takes up to max queued decisions (the queue built up
+// during the round trip) and sends them as one pipeline, on a plain client
+// as one script call. While a batch is in flight, decisions go straight
+// out only below flight. So at high concurrency decisions go in full
+// batches, flight at a time.
 //
 // Each decision keeps its own whole deadline, from the moment it was asked
 // (the store's Timeout, or the caller's context if shorter), and waiting
@@ -76,23 +82,25 @@ type callResult struct {
 // more than patience. A decision found past its deadline when taken is
 // failed unsent, with ErrOverloaded: our queue, not Redis, was slow.
 type batcher struct {
-	client     redis.UniversalClient
-	shared     bool // decisions of any keys may share a script call (see exec)
-	cluster    bool // a *redis.ClusterClient: decisions of one master may (see exec)
-	max        int
-	flight     int
-	hardFlight int
-	patience   time.Duration
-	margin     time.Duration                     // see Store.margin
-	trip       func(br *breaker, probe, ok bool) // once per node a round trip reached for
-	stop       chan struct{}
-	timer      *time.Timer
+	client       redis.UniversalClient
+	shared       bool // decisions of any keys may share a script call (see exec)
+	cluster      bool // a *redis.ClusterClient: decisions of one master may (see exec)
+	max          int
+	flight       int
+	directFlight int
+	hardFlight   int
+	patience     time.Duration
+	margin       time.Duration                     // see Store.margin
+	trip         func(br *breaker, probe, ok bool) // once per node a round trip reached for
+	stop         chan struct{}
+	timer        *time.Timer
 
 	mu       sync.Mutex
 	q        []*call // q[head:] are queued (some abandoned)
 	head     int
 	live     int // queued, not abandoned
 	inflight int
+	leaders  int  // of inflight, the batched round trips
 	armed    bool // timer set
 	closed   bool
 
@@ -109,6 +117,10 @@ type batcher struct {
 	noCluster atomic.Bool
 }
 
+// directPerFlight × flight round trips may be in flight, each of a
+// decision sent alone, before decisions queue (see batcher).
+const directPerFlight = 2
+
 // hardFlightPerFlight bounds the round trips started past flight for
 // decisions that waited out their patience (Redis slow, not busy).
 const hardFlightPerFlight = 16
@@ -118,14 +130,15 @@ func newBatcher(client redis.UniversalClient, shared bool, max, flight int, pati
 		patience = time.Millisecond
 	}
 	b := &batcher{
-		client:     client,
-		shared:     shared,
-		max:        max,
-		flight:     flight,
-		hardFlight: flight * hardFlightPerFlight,
-		patience:   patience,
-		trip:       trip,
-		stop:       make(chan struct{}),
+		client:       client,
+		shared:       shared,
+		max:          max,
+		flight:       flight,
+		directFlight: flight * directPerFlight,
+		hardFlight:   flight * hardFlightPerFlight,
+		patience:     patience,
+		trip:         trip,
+		stop:         make(chan struct{}),
 	}
 	if b.trip == nil {
 		b.trip = func(*breaker, bool, bool) {}
@@ -143,13 +156,13 @@ func (b *batcher) do(ctx context.Context, c *call, direct func() (ratelimit.Deci
 		b.mu.Unlock()
 		return ratelimit.Decision{}, ErrClosed
 	}
-	if b.live == 0 && b.inflight < b.flight {
+	if b.live == 0 && b.inflight < b.directCapLocked() {
 		b.inflight++
 		b.mu.Unlock()
 		b.direct.Add(1)
 		c.directed = true
 		d, err := direct()
-		b.finish()
+		b.finish(false)
 		return d, err
 	}
 	return b.queueLocked(ctx, c)
@@ -162,7 +175,7 @@ func (b *batcher) do(ctx context.Context, c *call, direct func() (ratelimit.Deci
 // path (do allocates the call and its channel).
 func (b *batcher) tryDirect() bool {
 	b.mu.Lock()
-	if !b.closed && b.live == 0 && b.inflight < b.flight {
+	if !b.closed && b.live == 0 && b.inflight < b.directCapLocked() {
 		b.inflight++
 		b.mu.Unlock()
 		b.direct.Add(1)
@@ -223,6 +236,7 @@ func (b *batcher) startLocked() {
 		return
 	}
 	b.inflight++
+	b.leaders++
 	c.state = leading
 	c.res <- callResult{lead: true}
 }
@@ -256,14 +270,19 @@ func (b *batcher) peekLocked() *call {
 	return nil
 }
 
-// finish hands a finished round trip's slot to the oldest queued call, or
-// frees it. A slot beyond flight is freed unless the oldest call has
+// finish hands a finished round trip's slot (a batch's when lead) to the
+// oldest queued call, or frees it. A slot beyond flight is freed unless no
+// batch is in flight (decisions queued behind round trips that all went
+// straight out: the first batch starts at once) or the oldest call has
 // already waited out its patience.
-func (b *batcher) finish() {
+func (b *batcher) finish(lead bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if lead {
+		b.leaders--
+	}
 	if b.live > 0 && !b.closed {
-		if b.inflight <= b.flight || time.Since(b.peekLocked().asked) >= b.patience {
+		if b.inflight <= b.flight || b.leaders == 0 || time.Since(b.peekLocked().asked) >= b.patience {
 			b.inflight--
 			b.startLocked()
 			return
@@ -317,7 +336,7 @@ func (b *batcher) abandon(c *call) {
 		if r := <-c.res; !r.lead {
 			return // cannot happen: a leading call's res holds only the token
 		}
-		b.finish()
+		b.finish(true)
 		return
 	}
 	b.mu.Unlock()
@@ -363,7 +382,7 @@ func (b *batcher) lead(first *call) {
 	clear(batch)
 	sc.batch = batch[:0]
 	b.scratch.Put(sc)
-	b.finish()
+	b.finish(true)
 }
 
 // send fails the calls already past their deadline, unsent, and executes
@@ -737,4 +756,14 @@ func clusterRefusal(err error) (refused, unsupported bool) {
 
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// directCapLocked is how many round trips may be in flight for a decision
+// to go straight out: directFlight while every round trip in flight went
+// straight out, flight once a batch is in flight. b.mu is held.
+func (b *batcher) directCapLocked() int {
+	if b.leaders > 0 {
+		return b.flight
+	}
+	return b.directFlight
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,5 +158,106 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBatchStraightOutUpToTwiceFlight: with nothing queued, decisions go
+// straight out alone up to twice flight round trips at once (at 4 callers
+// and 2 in flight, queueing half of them cost more than it saved); the next
+// one queues, and the first of those round trips to finish starts its
+// batch at once, although more than flight are still in flight; while that
+// batch is in flight, decisions go straight out only below flight.
+func TestBatchStraightOutUpToTwiceFlight(t *testing.T) {
+	_, c := realRedis(t)
+	s := newStore(t, c, Options{Timeout: slow.Timeout})
+	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
+	// Patience an hour: only a finished round trip can start a batch.
+	b := newBatcher(c, true, 32, 2, time.Hour, nil)
+	t.Cleanup(b.close)
+	newCall := func(i int) *call {
+		req := s.request("{twice-"+strconv.Itoa(i)+"}:message:EVENT", limits, storetest.T0)
+		return &call{req: req, asked: time.Now(), deadline: time.Now().Add(slow.Timeout)}
+	}
+	state := func() (inflight, leaders, live int) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.inflight, b.leaders, b.live
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); !ok(); { // a liveness bound, not a timing assertion
+			if time.Now().After(deadline) {
+				in, le, li := state()
+				t.Fatalf("%s: never (inflight %d, leaders %d, queued %d)", what, in, le, li)
+			}
+			runtime.Gosched()
+		}
+	}
+
+	release := make(chan struct{})
+	var entered atomic.Int64
+	held := func() (ratelimit.Decision, error) {
+		entered.Add(1)
+		<-release
+		return ratelimit.Decision{Allowed: true}, nil
+	}
+	notDirect := func() (ratelimit.Decision, error) {
+		t.Error("went straight out while a round trip of its own would pass the cap")
+		return ratelimit.Decision{}, errors.New("not direct")
+	}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.do(context.Background(), newCall(i), held); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	waitFor("4 decisions straight out at once with flight 2", func() bool { return entered.Load() == 4 })
+	queued := make(chan error, 2)
+	for i := 4; i < 6; i++ {
+		go func() {
+			_, err := b.do(context.Background(), newCall(i), notDirect)
+			queued <- err
+		}()
+	}
+	waitFor("2 more queued", func() bool { _, _, li := state(); return li == 2 })
+
+	// One of the four finishes: with no batch in flight, its slot goes to
+	// the queue at once, though 3 are still in flight (more than flight).
+	release <- struct{}{}
+	for range 2 {
+		select {
+		case err := <-queued:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(time.Minute): // a liveness bound, not a timing assertion
+			close(release)
+			t.Fatal("the queued decisions waited for more round trips to finish")
+		}
+	}
+	if got := b.pipelines.Load(); got != 1 || b.calls.Load() != 2 {
+		t.Errorf("%d batches carrying %d decisions, want the 2 queued in 1", got, b.calls.Load())
+	}
+	if in, _, _ := state(); in != 3 {
+		t.Errorf("%d round trips in flight after the batch, want the 3 held", in)
+	}
+
+	// With a batch in flight, the cap is flight: none goes straight out.
+	b.mu.Lock()
+	b.leaders++
+	capped := b.directCapLocked()
+	b.leaders--
+	b.mu.Unlock()
+	if capped != b.flight {
+		t.Errorf("cap with a batch in flight: %d, want flight %d", capped, b.flight)
+	}
+	close(release)
+	wg.Wait()
+	if got := b.direct.Load(); got != 4 {
+		t.Errorf("%d decisions went straight out, want 4", got)
 	}
 }

@@ -123,8 +123,10 @@
 // # Batching
 //
 // With Options.Batch, a decision goes straight out from its caller, alone,
-// while nothing is queued and fewer than Options.BatchWorkers round trips
-// are in flight; past that, decisions queue and go in shared round trips:
+// while nothing is queued and fewer than twice Options.BatchWorkers round
+// trips are in flight, all of them sent alone (or fewer than BatchWorkers,
+// once a batch is in flight); past that, decisions queue and go in shared
+// round trips:
 // one write and one read per batch instead of per decision, on both sides.
 // On a plain client (one Redis, or a sentinel's master) a batch is also one
 // script call — the script decides them in order, each atomically, with one
@@ -246,7 +248,9 @@ type Options struct {
 	// 0 means every decision is its own round trip. Call Close when done.
 	Batch int
 	// BatchWorkers is how many round trips may be in flight before
-	// decisions queue for a shared one; 0 means 2. Decisions that waited a
+	// decisions queue for a shared one (twice as many while every one in
+	// flight is a decision sent alone; see Batching); 0 means 2. Decisions
+	// that waited a
 	// twentieth of the Timeout start more (up to 16 × BatchWorkers), so a
 	// slow Redis does not eat their deadlines in the queue. With Batch the
 	// Store owns no goroutines; Close fails what is queued.
@@ -547,7 +551,7 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 	switch {
 	case s.batch != nil && s.batch.tryDirect():
 		d, err = s.direct(ctx, deadline, br, probe, req)
-		s.batch.finish()
+		s.batch.finish(false)
 	case s.batch != nil:
 		c := &call{req: req, asked: start, deadline: deadline, br: br, probe: probe}
 		d, err = s.batch.queueLocked(ctx, c) // tryDirect left b.mu held
