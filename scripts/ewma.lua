@@ -52,7 +52,10 @@
 --             charged).
 -- ARGV[2]     two bytes per decision, in order: the index (1..L) of its
 --             limit list (its windows are its key's), a little-endian
---             uint16. The decisions are m = #ARGV[2]/2 >= 1 = #KEYS.
+--             uint16, with its top bit (32768) set when its admission is
+--             to be replied with the value written (see Reply; only
+--             sluice's conformance tests ask). The decisions are
+--             m = #ARGV[2]/2 >= 1 = #KEYS.
 -- ARGV[3...]  either nothing (no request ids) or one request id per
 --             decision, "" for none.
 --             Any of this violated is an error reply for the whole call
@@ -84,10 +87,14 @@
 -- the MGET's.
 --
 -- Reply: one flat array, two entries per decision, in order:
---   admitted        0, the value written (see "Stored value")
+--   admitted        0, the value written (see "Stored value") if its index
+--                   has the top bit, else 0, 0 (a bulk string less to
+--                   build, send and read per admission: the gate needs
+--                   only the verdict)
 --   refused         wait_ms, the decayed scores (unwritten) in a value's
 --                   layout: the stored t, then a score per window
---   a seen id       0, the stored value (nothing charged)
+--   a seen id       0, the stored value (nothing charged), or 0, 0 as an
+--                   admission
 --   an error        -1, a message: a malformed stored value ('ERR sluice
 --                   ewma: malformed value at <key>', also a value shorter
 --                   than the list's windows). That decision writes
@@ -216,8 +223,14 @@ if not (m >= 1 and m == nk and (na == 2 or na == 2 + m)) then
   return redis.error_reply('ERR sluice ewma: want one key and one list index per decision, and a request id for each or none')
 end
 local sum, most = 0, 0 -- the windows of all decisions; of the largest one
+local keep -- keep[d]: decision d's admission is replied with its value
 for d = 1, m do
   local l, h = byte(ix, 2 * d - 1, 2 * d)
+  if h >= 128 then
+    h = h - 128
+    keep = keep or {}
+    keep[d] = true
+  end
   l = l + 256 * h
   if not (l >= 1 and l <= nl) then
     return redis.error_reply('ERR sluice ewma: bad limit list index of decision ' .. d)
@@ -341,7 +354,7 @@ for dn = 1, m do
     reply[o - 1], reply[o] = -1, err
   elseif seen then
     -- A repeat of an admitted request: its stored value, nothing charged.
-    reply[o - 1], reply[o] = 0, v
+    reply[o - 1], reply[o] = 0, keep and keep[dn] and v or 0
   elseif not allowed then
     if not waitms then
       -- waitms returns the smallest w >= 1 such that score s written at ms at
@@ -478,7 +491,7 @@ for dn = 1, m do
       val = val .. sub(v, idat)
     end
     redis.call('SET', key, val, 'PX', format('%d', ttl))
-    reply[o - 1], reply[o] = 0, val
+    reply[o - 1], reply[o] = 0, keep and keep[dn] and val or 0
     if dn < m then
       -- A later decision of this call may read this key.
       if not wr then

@@ -54,9 +54,19 @@ func callArgs(at, cut string, lists [][]any, idx []int, ids []string) []any {
 }
 
 // indices packs list indices as ewma.lua's ARGV[2] reads them.
-func indices(idx ...int) string {
+// Every admission is replied with its value (the top bit, withValue).
+func indices(idx ...int) string { return packIndices(withValue, idx) }
+
+// bareIndices is indices with admissions replied 0, 0, as the store sends.
+func bareIndices(idx ...int) string { return packIndices(0, idx) }
+
+// withValue is the index bit that asks for an admission's value.
+const withValue = 1 << 15
+
+func packIndices(bit int, idx []int) string {
 	b := make([]byte, 0, 2*len(idx))
 	for _, i := range idx {
+		i |= bit
 		b = append(b, byte(i), byte(i>>8))
 	}
 	return string(b)
@@ -748,4 +758,72 @@ func TestClusterVariantArguments(t *testing.T) {
 	if err := ewmaCluster.Run(ctx, c, []string{"t:{a}:x"}, append(append([]any{}, args...), 1)...).Err(); err != nil {
 		t.Errorf("the same call with the right count: %v", err)
 	}
+}
+
+// TestBareAdmissionsInOneCall: a decision whose list index lacks the top
+// bit (withValue) has its admission, and a repeat of a kept id, replied
+// 0, 0 instead of 0 and the value; it is decided and written exactly as one
+// with the bit (the same stored values, the same refusal), in a call where
+// the two kinds are mixed too, and on the cluster variant.
+func TestBareAdmissionsInOneCall(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		lists := [][]any{{2.5, 1000, 1, 50, 60000, 1}}
+		const at = 1767322799700
+		// Per key: admitted x1, x1 again (a kept id), admitted x2, refused.
+		ids := []string{"x1", "x1", "x2", "x3"}
+		call := func(sc *redis.Script, key string, bits []int, cluster bool) [][]any {
+			t.Helper()
+			c.Set(ctx, key, value(at, []float64{0.25, 7.25}, "zz"), 0)
+			ks := []string{key, key, key, key}
+			b := make([]byte, 0, 8)
+			for _, bit := range bits {
+				b = append(b, 1, byte((1|bit)>>8))
+			}
+			args := callArgs(now, "0", lists, []int{1, 1, 1, 1}, ids)
+			args[1] = string(b)
+			if cluster {
+				args = append(args, ks[1], ks[2], ks[3], 3)
+				ks = ks[:1]
+			}
+			v, err := sc.Run(ctx, c, ks, args...).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(v) != 8 {
+				t.Fatalf("%d entries: %v", len(v), v)
+			}
+			return [][]any{v[0:2], v[2:4], v[4:6], v[6:8]}
+		}
+		all := []int{withValue, withValue, withValue, withValue}
+		none := []int{0, 0, 0, 0}
+		mixed := []int{0, withValue, 0, withValue}
+		scs := []*redis.Script{ewma, ewmaCluster}
+		for i, sc := range scs {
+			if i == 1 && ewmaCluster.Load(ctx, c).Err() != nil {
+				continue // a server without the shebang
+			}
+			tag := strconv.Itoa(i)
+			full := call(sc, "t:{w"+tag+"}:message:EVENT:1000:60000", all, i == 1)
+			for name, bits := range map[string][]int{"bare": none, "mixed": mixed} {
+				key := "t:{" + name + tag + "}:message:EVENT:1000:60000"
+				got := call(sc, key, bits, i == 1)
+				for d := range got {
+					want := full[d]
+					if bits[d] == 0 && want[0] == int64(0) {
+						want = []any{int64(0), int64(0)}
+					}
+					if !slices.Equal(got[d], want) {
+						t.Errorf("script %d, %s, decision %d: %q, want %q", i, name, d+1, got[d], want)
+					}
+				}
+				if vf, vg := values(t, c, "t:{w"+tag+"}:message:EVENT:1000:60000")[0], values(t, c, key)[0]; vg != vf {
+					t.Errorf("script %d, %s: stored %q, with every value replied %q", i, name, vg, vf)
+				}
+			}
+			if full[0][0] != int64(0) || full[1][0] != int64(0) || full[2][0] != int64(0) || full[3][0] == int64(0) {
+				t.Errorf("script %d: want admitted, repeat, admitted, refused: %q", i, full)
+			}
+		}
+	})
 }

@@ -147,6 +147,7 @@ func BenchmarkScriptInstructions(b *testing.B) {
 				ids = append(ids, id(j))
 			}
 			args := callArgs("0", strconv.FormatInt(cut(), 10), [][]any{lim}, idx, ids)
+			args[1] = bareIndices(idx...) // admissions as the store asks for them
 			if clustered {
 				for _, key := range keys[1:] {
 					args = append(args, key)

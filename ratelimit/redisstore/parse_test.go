@@ -81,6 +81,19 @@ func TestParseReplyBareAdmission(t *testing.T) {
 	if d, err := parseReply(int64(0), twoWindows.Len(), scores); !errors.Is(err, ratelimit.ErrBadReply) || d != (ratelimit.Decision{}) || scores[0] != -1 {
 		t.Fatalf("bare 0 with scores asked: %+v, %v, %v", d, err, scores)
 	}
+	// The batch script's bare admission: 0, 0 — and nothing like it.
+	if d, err := parseReply([]any{int64(0), int64(0)}, twoWindows.Len(), nil); err != nil || d != (ratelimit.Decision{Allowed: true}) {
+		t.Fatalf("0, 0 without scores: %+v, %v", d, err)
+	}
+	for _, bad := range [][]any{{int64(0), int64(0)}, {int64(5), int64(0)}, {int64(0), int64(1)}} {
+		var sc []float64
+		if bad[0] == int64(0) && bad[1] == int64(0) {
+			sc = scores // 0, 0 when the scores were asked for
+		}
+		if d, err := parseReply(bad, twoWindows.Len(), sc); !errors.Is(err, ratelimit.ErrBadReply) || d != (ratelimit.Decision{}) {
+			t.Errorf("%v (scores asked: %v): %+v, %v, want a bad reply", bad, sc != nil, d, err)
+		}
+	}
 }
 
 func TestParseReplyGood(t *testing.T) {
@@ -127,10 +140,11 @@ func (h replaceReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestWrongShapeThroughClient(t *testing.T) {
 	m, _ := realRedis(t)
 	for name, v := range map[string]any{
-		"truncated":    []any{int64(0), sc(1)},
-		"integer zero": []any{int64(0), int64(0)},
-		"nan":          []any{int64(0), sc(math.NaN(), 1)},
-		"status":       "OK",
+		"truncated":   []any{int64(0), sc(1)},
+		"integer one": []any{int64(0), int64(1)}, // 0, 0 is a bare admission
+		"wait, zero":  []any{int64(7), int64(0)},
+		"nan":         []any{int64(0), sc(math.NaN(), 1)},
+		"status":      "OK",
 	} {
 		c := client(t, m.Addr())
 		c.AddHook(replaceReply{v})

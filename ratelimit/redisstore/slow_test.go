@@ -193,19 +193,25 @@ func oneFailedBatch(t *testing.T, addr string, admin *redis.Client, try int) boo
 	if _, err := s.Decide(context.Background(), "{batch-warm-"+tag+"}:message:EVENT", twoWindows, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	// The slot is held by a decision whose reply is slow, so the next 40
-	// queue behind it and go out in one batch, whose reply is dropped.
+	// The slots decisions go straight out on (twice BatchWorkers) are held
+	// by decisions whose replies are slow, so the next 40 queue behind
+	// them and go out in one batch, whose reply is dropped.
 	p.SetLatency(300 * time.Millisecond)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_, _ = s.Decide(context.Background(), "{batch-hold-"+tag+"}:message:EVENT", twoWindows, time.Time{})
-	}()
-	// Once Redis has decided the holder's call, its reply is on its way
-	// through the proxy (due in 300 ms), and the next reply is the batch's.
-	for admin.Exists(context.Background(), DefaultPrefix+"{batch-hold-"+tag+"}:message:EVENT"+twoWindows.KeySuffix()+valueTag).Val() == 0 {
-		runtime.Gosched()
+	for h := range directPerFlight { // BatchWorkers 1
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = s.Decide(context.Background(), "{batch-hold-"+tag+"-"+strconv.Itoa(h)+"}:message:EVENT", twoWindows, time.Time{})
+		}()
+	}
+	// Once Redis has decided the holders' calls, their replies are on their
+	// way through the proxy (due in 300 ms), and the next reply is the
+	// batch's.
+	for h := range directPerFlight { // BatchWorkers 1
+		for admin.Exists(context.Background(), DefaultPrefix+"{batch-hold-"+tag+"-"+strconv.Itoa(h)+"}:message:EVENT"+twoWindows.KeySuffix()+valueTag).Val() == 0 {
+			runtime.Gosched()
+		}
 	}
 	p.SetLatency(0)
 	p.DropReplies(1)

@@ -761,7 +761,11 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	}
 	nums := len(b)
 	for _, r := range reqs {
-		b = binary.LittleEndian.AppendUint16(b, uint16(index(r.windows)))
+		ix := uint16(index(r.windows))
+		if r.scores != nil {
+			ix |= withValue // reply its admission with the value written
+		}
+		b = binary.LittleEndian.AppendUint16(b, ix)
 	}
 	lead := reqs[0]
 	packed := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
@@ -795,6 +799,11 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	}
 	return args
 }
+
+// withValue is the bit of a decision's list index (scripts/ewma.lua's
+// ARGV[2]) that asks for its admission to be replied with the value
+// written; without it an admission is 0, 0.
+const withValue = 1 << 15
 
 // appendFloat appends f as the scripts read a packed number: a
 // little-endian IEEE double (Lua's struct "<d").
@@ -986,8 +995,8 @@ const maxWaitMs = 1 << 40
 // (isScriptRefusal), since Redis did answer. Every score is checked; they
 // are written to scores when it is not nil. The lean script answers an
 // admission whose scores were not asked for (scores nil) with the integer
-// 0 alone; any other integer, or one when scores were asked for, is a bad
-// reply too.
+// 0 alone, the batch script with 0, 0; any other integer there, or one
+// when scores were asked for, is a bad reply too.
 func parseReply(reply any, n int, scores []float64) (ratelimit.Decision, error) {
 	if w, ok := reply.(int64); ok {
 		// The lean script's admission when the scores were not asked
@@ -1012,6 +1021,14 @@ func parseReply(reply any, n int, scores []float64) (ratelimit.Decision, error) 
 	}
 	if !ok || wait < 0 || wait > maxWaitMs {
 		return ratelimit.Decision{}, badReply("wait is %#v", arr[0])
+	}
+	if w, ok := arr[1].(int64); ok {
+		// The batch script's admission when the scores were not asked
+		// for (commandOf): 0, 0, and nothing else.
+		if w != 0 || wait != 0 || scores != nil {
+			return ratelimit.Decision{}, badReply("wait %d, then the integer %d", wait, w)
+		}
+		return ratelimit.Decision{Allowed: true}, nil
 	}
 	v, ok := arr[1].(string)
 	if !ok || len(v) < 8+8*n {
