@@ -58,7 +58,8 @@ type callResult struct {
 //
 // A decision goes straight out from its caller's goroutine, alone, as long
 // as nothing is queued and fewer than directFlight (directPerFlight ×
-// flight) round trips are in flight, all of them straight out: at low
+// flight) round trips are in flight, all of them straight out, and none has
+// queued since (directCapLocked): at low
 // concurrency there is nothing to batch, and a hand-off would only add
 // latency (at 4 callers and 2 in flight, half of them queued into batches
 // of two or three, and each such decision cost both sides more CPU than
@@ -67,9 +68,10 @@ type callResult struct {
 // at once while no batch is in flight, else only while at most flight are
 // in flight — which takes up to max queued decisions (the queue built up
 // during the round trip) and sends them as one pipeline, on a plain client
-// as one script call. While a batch is in flight, decisions go straight
-// out only below flight. So at high concurrency decisions go in full
-// batches, flight at a time.
+// as one script call. From then on decisions go straight out only below
+// flight, until the last round trip in flight finishes with nothing
+// queued. So at high concurrency decisions go in full batches, flight at a
+// time.
 //
 // Each decision keeps its own whole deadline, from the moment it was asked
 // (the store's Timeout, or the caller's context if shorter), and waiting
@@ -101,6 +103,7 @@ type batcher struct {
 	live     int // queued, not abandoned
 	inflight int
 	leaders  int  // of inflight, the batched round trips
+	busy     bool // a decision queued since the last time nothing was in flight
 	armed    bool // timer set
 	closed   bool
 
@@ -199,6 +202,7 @@ func (b *batcher) queueLocked(ctx context.Context, c *call) (ratelimit.Decision,
 	c.res = make(chan callResult, 1)
 	b.q = append(b.q, c)
 	b.live++
+	b.busy = true
 	switch {
 	case b.inflight < b.flight || (b.live >= b.max && b.inflight < b.hardFlight):
 		// A slot is free (its holder is handing it over), or a full batch
@@ -287,6 +291,9 @@ func (b *batcher) finish(lead bool) {
 			b.startLocked()
 			return
 		}
+	}
+	if b.live == 0 && b.inflight == 1 {
+		b.busy = false // the last round trip in flight, and nothing waits
 	}
 	b.inflight--
 }
@@ -759,10 +766,17 @@ func isNoScript(err error) bool {
 }
 
 // directCapLocked is how many round trips may be in flight for a decision
-// to go straight out: directFlight while every round trip in flight went
-// straight out, flight once a batch is in flight. b.mu is held.
+// to go straight out: directFlight while decisions have gone straight out
+// without queueing, flight from the first that queued until the last round
+// trip in flight finishes with nothing queued. So more than directFlight
+// callers deciding at once go in batches, flight at a time, exactly as
+// they would with no directFlight at all: ending that on a moment with no
+// batch in flight, which high concurrency has often, let decisions go
+// alone there, each a call of its own for Redis and fewer for the next
+// batch (at 16 goroutines batches of 9.6 instead of 11.7, and 0.1 less of
+// redis_rate's rate). b.mu is held.
 func (b *batcher) directCapLocked() int {
-	if b.leaders > 0 {
+	if b.leaders > 0 || b.busy {
 		return b.flight
 	}
 	return b.directFlight

@@ -224,6 +224,12 @@ func TestBatchStraightOutUpToTwiceFlight(t *testing.T) {
 		}()
 	}
 	waitFor("2 more queued", func() bool { _, _, li := state(); return li == 2 })
+	b.mu.Lock()
+	queuedCap := b.directCapLocked()
+	b.mu.Unlock()
+	if queuedCap != b.flight {
+		t.Errorf("cap once a decision queued: %d, want flight %d", queuedCap, b.flight)
+	}
 
 	// One of the four finishes: with no batch in flight, its slot goes to
 	// the queue at once, though 3 are still in flight (more than flight).
@@ -257,6 +263,12 @@ func TestBatchStraightOutUpToTwiceFlight(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
+	b.mu.Lock()
+	idleCap := b.directCapLocked()
+	b.mu.Unlock()
+	if idleCap != b.directFlight {
+		t.Errorf("cap with nothing queued or in flight: %d, want %d", idleCap, b.directFlight)
+	}
 	if got := b.direct.Load(); got != 4 {
 		t.Errorf("%d decisions went straight out, want 4", got)
 	}

@@ -124,9 +124,9 @@
 //
 // With Options.Batch, a decision goes straight out from its caller, alone,
 // while nothing is queued and fewer than twice Options.BatchWorkers round
-// trips are in flight, all of them sent alone (or fewer than BatchWorkers,
-// once a batch is in flight); past that, decisions queue and go in shared
-// round trips:
+// trips are in flight (fewer than BatchWorkers, from the first decision
+// that queued until nothing is in flight again); past that, decisions queue
+// and go in shared round trips:
 // one write and one read per batch instead of per decision, on both sides.
 // On a plain client (one Redis, or a sentinel's master) a batch is also one
 // script call — the script decides them in order, each atomically, with one
@@ -248,8 +248,8 @@ type Options struct {
 	// 0 means every decision is its own round trip. Call Close when done.
 	Batch int
 	// BatchWorkers is how many round trips may be in flight before
-	// decisions queue for a shared one (twice as many while every one in
-	// flight is a decision sent alone; see Batching); 0 means 2. Decisions
+	// decisions queue for a shared one (twice as many while none has
+	// queued since nothing was in flight; see Batching); 0 means 2. Decisions
 	// that waited a
 	// twentieth of the Timeout start more (up to 16 × BatchWorkers), so a
 	// slow Redis does not eat their deadlines in the queue. With Batch the
