@@ -185,13 +185,19 @@ func TestOneFailedBatchDoesNotTrip(t *testing.T) {
 func oneFailedBatch(t *testing.T, addr string, admin *redis.Client, try int) bool {
 	t.Helper()
 	p := faultproxy.Start(t, addr)
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	// Two connections open before the latency, one per holder below: a
+	// holder dialling through the slow proxy would be sent only after the
+	// other's reply is back, which frees a slot for one of the 40.
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, MinIdleConns: directPerFlight})
 	defer c.Close()
 	s := newStore(t, c, Options{Batch: 32, BatchWorkers: 1, Timeout: slow.Timeout})
 	defer s.Close()
 	tag := strconv.Itoa(try)
 	if _, err := s.Decide(context.Background(), "{batch-warm-"+tag+"}:message:EVENT", twoWindows, time.Time{}); err != nil {
 		t.Fatal(err)
+	}
+	for c.PoolStats().IdleConns < directPerFlight {
+		runtime.Gosched()
 	}
 	// The slots decisions go straight out on (twice BatchWorkers) are held
 	// by decisions whose replies are slow, so the next 40 queue behind
@@ -213,7 +219,9 @@ func oneFailedBatch(t *testing.T, addr string, admin *redis.Client, try int) boo
 			runtime.Gosched()
 		}
 	}
-	p.SetLatency(0)
+	// The latency stays: a holder whose reply the proxy read after this
+	// point would otherwise come back at once and free its slot for one of
+	// the 40 to go straight out, alone, and have its reply dropped.
 	p.DropReplies(1)
 	var failed atomic.Int64
 	for i := range 40 {
