@@ -33,11 +33,12 @@ const redisPingTimeout = 2 * time.Second
 
 // The Redis store's batching: up to redisBatch decisions per round trip
 // (and per script call: on a cluster, per master), up to redisBatchWorkers
-// round trips of batches in flight (twice as many of decisions sent alone
-// while no batch is, and more only for decisions that waited a twentieth
-// of the timeout); one in flight did worse at 1 goroutine on a standalone
-// Redis and at 4 on a cluster, better at 64 and 256 (docs/BENCHMARKS.md,
-// "Cluster: one script call per master"): not a clear win, so two.
+// round trips in flight (twice as many of decisions sent alone while none
+// has had to queue since nothing was in flight, and more only for
+// decisions that waited a twentieth of the timeout); one in flight did
+// worse at 1 goroutine on a standalone Redis and at 4 on a cluster, better
+// at 64 and 256 (docs/BENCHMARKS.md, "Cluster: one script call per
+// master"): not a clear win, so two.
 const (
 	redisBatch        = 32
 	redisBatchWorkers = 2

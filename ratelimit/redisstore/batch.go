@@ -776,7 +776,7 @@ func isNoScript(err error) bool {
 // batch (at 16 goroutines batches of 9.6 instead of 11.7, and 0.1 less of
 // redis_rate's rate). b.mu is held.
 func (b *batcher) directCapLocked() int {
-	if b.leaders > 0 || b.busy {
+	if b.busy { // also whenever a batch is in flight: its calls queued
 		return b.flight
 	}
 	return b.directFlight

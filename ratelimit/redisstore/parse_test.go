@@ -85,13 +85,16 @@ func TestParseReplyBareAdmission(t *testing.T) {
 	if d, err := parseReply([]any{int64(0), int64(0)}, twoWindows.Len(), nil); err != nil || d != (ratelimit.Decision{Allowed: true}) {
 		t.Fatalf("0, 0 without scores: %+v, %v", d, err)
 	}
-	for _, bad := range [][]any{{int64(0), int64(0)}, {int64(5), int64(0)}, {int64(0), int64(1)}} {
-		var sc []float64
-		if bad[0] == int64(0) && bad[1] == int64(0) {
-			sc = scores // 0, 0 when the scores were asked for
-		}
-		if d, err := parseReply(bad, twoWindows.Len(), sc); !errors.Is(err, ratelimit.ErrBadReply) || d != (ratelimit.Decision{}) {
-			t.Errorf("%v (scores asked: %v): %+v, %v, want a bad reply", bad, sc != nil, d, err)
+	for _, bad := range []struct {
+		reply  []any
+		scores []float64
+	}{
+		{[]any{int64(0), int64(0)}, scores}, // 0, 0 when the scores were asked for
+		{[]any{int64(5), int64(0)}, nil},
+		{[]any{int64(0), int64(1)}, nil},
+	} {
+		if d, err := parseReply(bad.reply, twoWindows.Len(), bad.scores); !errors.Is(err, ratelimit.ErrBadReply) || d != (ratelimit.Decision{}) {
+			t.Errorf("%v (scores asked: %v): %+v, %v, want a bad reply", bad.reply, bad.scores != nil, d, err)
 		}
 	}
 }
