@@ -125,13 +125,16 @@
 -- value and packs the one it writes. Every string made and every call into
 -- C costs Redis about 0.1 us, measured: hence the numbers packed, the
 -- windows' values held in one table for the call, the TTL handed to SET as
--- digits, the request ids searched and cut in place, and the limits
--- unpacked once per list. The exact decay is the one cost taken on
--- knowingly: Go's steps and a function call cost 0.18 to 0.28 us a decay
--- where an inline C pow cost 0.04 to 0.07 (BenchmarkLuaDecay, Redis 7.0 on
--- a loaded 2-core machine), so about +0.3 us on an admitted two-window
--- decision (two decays) and +0.5 us on a refused one (its wait search
--- decays twice more).
+-- digits, the request ids searched and cut in place, the limits
+-- unpacked once per list, and a stored value of one or two windows
+-- unpacked in one call (BenchmarkScriptInstructions: 0.9k of a lean
+-- call's 83k instructions, 0.4-0.7k of a batched decision's 52-67k).
+-- The exact decay is the one cost taken on knowingly: Go's steps and a
+-- function call cost 0.18 to 0.28 us a decay where an inline C pow cost
+-- 0.04 to 0.07 (BenchmarkLuaDecay, Redis 7.0 on a loaded 2-core
+-- machine), so about +0.3 us on an admitted two-window decision (two
+-- decays) and +0.5 us on a refused one (its wait search decays twice
+-- more).
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local EXACT = 9007199254740992 -- 2^53: whole numbers of ms below it are exact
@@ -309,11 +312,21 @@ for dn = 1, m do
     -- fractional t) fails this decision and is never read as a score.
     local l, bad = #v, true
     if l >= 8 * n + 8 then
-      t = unpack('<d', v)
+      -- t and the scores: one or two windows in one unpack (a call
+      -- into C each)
+      if n == 2 then
+        t, win[4], win[9] = unpack('<ddd', v)
+      elseif n == 1 then
+        t, win[4] = unpack('<dd', v)
+      else
+        t = unpack('<d', v)
+        for i = 1, n do
+          win[5 * i - 1] = unpack('<d', v, 8 * i + 1)
+        end
+      end
       bad = not (t >= 0 and t < EXACT and t % 1 == 0)
       for i = 1, n do
-        local s = unpack('<d', v, 8 * i + 1)
-        win[5 * i - 1] = s
+        local s = win[5 * i - 1]
         if not (s >= 0 and s < HUGE) then bad = true end
       end
       if l > 8 * n + 8 then idat = 8 * n + 9 end

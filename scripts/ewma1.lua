@@ -84,18 +84,33 @@ end
 local reqid = ARGV[2] or ''
 -- win holds per window i at 5i-4 .. 5i: rate, half-life, cost, stored
 -- score, decayed score.
-local win = n == 1 and {0, 0, 0, 0, 0} or n == 2 and {0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {}
+-- One or two windows (every limit sluice ships) are unpacked with now and
+-- the cutoff in one call: a call into C is a cost of its own (see
+-- ewma.lua's "Cost").
+local win, now, cutoff
+if n == 2 then
+  win = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  now, cutoff, win[1], win[2], win[3], win[6], win[7], win[8] = unpack('<dddddddd', a)
+elseif n == 1 then
+  win = {0, 0, 0, 0, 0}
+  now, cutoff, win[1], win[2], win[3] = unpack('<ddddd', a)
+else
+  win = {}
+  now, cutoff = unpack('<dd', a)
+  for i = 1, n do
+    local k = 5 * i
+    win[k - 4], win[k - 3], win[k - 2] = unpack('<ddd', a, 24 * i - 7)
+  end
+end
 for i = 1, n do
   local k = 5 * i
   -- What ratelimit.Limit.Validate accepts (see ewma.lua).
-  local r, p, c = unpack('<ddd', a, 24 * i - 7)
+  local r, p, c = win[k - 4], win[k - 3], win[k - 2]
   if not (r < HUGE and p >= 1 and p % 1 == 0 and p < EXACT and c > 0 and r - c > 0) then
     return redis.error_reply('ERR sluice ewma: bad limit in limit list 1')
   end
-  win[k - 4], win[k - 3], win[k - 2] = r, p, c
 end
 
-local now, cutoff = unpack('<dd', a)
 if not (now % 1 == 0 and now < EXACT) then
   return redis.error_reply('ERR sluice ewma: want now in whole unix ms (0: Redis TIME)')
 end
@@ -127,11 +142,21 @@ if v then
   -- window, then optionally ids; anything else fails.
   local l, bad = #v, true
   if l >= 8 * n + 8 then
-    t = unpack('<d', v)
+    -- t and the scores: one or two windows in one unpack (a call
+    -- into C each)
+    if n == 2 then
+      t, win[4], win[9] = unpack('<ddd', v)
+    elseif n == 1 then
+      t, win[4] = unpack('<dd', v)
+    else
+      t = unpack('<d', v)
+      for i = 1, n do
+        win[5 * i - 1] = unpack('<d', v, 8 * i + 1)
+      end
+    end
     bad = not (t >= 0 and t < EXACT and t % 1 == 0)
     for i = 1, n do
-      local s = unpack('<d', v, 8 * i + 1)
-      win[5 * i - 1] = s
+      local s = win[5 * i - 1]
       if not (s >= 0 and s < HUGE) then bad = true end
     end
     if l > 8 * n + 8 then idat = 8 * n + 9 end
