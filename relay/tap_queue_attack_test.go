@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -168,39 +169,46 @@ func TestTapQueueAttackCloseCutsStoppedClient(t *testing.T) {
 // write waits (it once went in, so that a client reading in bursts could
 // hold twice the bound), and goes in once the batch is written.
 func TestTapQueueBoundCountsWhatIsBeingWritten(t *testing.T) {
-	const bound = 256 << 10
-	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: bound})
-	c := &conn{g: g, closing: make(chan struct{}), meter: newControlMeter()}
-	tc := newTap(c, time.Second)
-	tc.omu.Lock()
-	tc.flushing = true
-	tc.flying = bound         // a whole queue being written
-	tc.over = make([]byte, 0) // nothing waiting behind it
-	tc.omu.Unlock()
-	done := make(chan error, 1)
-	go func() {
+	synctest.Test(t, func(t *testing.T) {
+		const bound = 256 << 10
+		g := newGate(t, Options{Limits: &Limits{}, QueueBytes: bound})
+		c := &conn{g: g, closing: make(chan struct{}), meter: newControlMeter()}
+		tc := newTap(c, time.Second)
 		tc.omu.Lock()
-		defer tc.omu.Unlock()
-		done <- tc.enqueueLocked(net.Buffers{make([]byte, 64<<10)})
-	}()
-	select {
-	case <-done:
-		t.Fatal("a write went into the queue past its bound while a full batch was being written")
-	case <-time.After(200 * time.Millisecond):
-	}
-	tc.omu.Lock()
-	tc.flying = 0 // the batch is written (as flush does)
-	tc.ocond.Broadcast()
-	tc.omu.Unlock()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
+		tc.flushing = true
+		tc.flying = bound         // a whole queue being written
+		tc.over = make([]byte, 0) // nothing waiting behind it
+		tc.omu.Unlock()
+		done := make(chan error, 1)
+		go func() {
+			tc.omu.Lock()
+			defer tc.omu.Unlock()
+			done <- tc.enqueueLocked(net.Buffers{make([]byte, 64<<10)})
+		}()
+		synctest.Wait() // the write is in, or waits on the queue's cond
+		select {
+		case <-done:
+			t.Fatal("a write went into the queue past its bound while a full batch was being written")
+		default:
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the write did not go in once the batch was written")
-	}
-	if n := len(tc.over); n != 64<<10 {
-		t.Fatalf("queue holds %d bytes, want the write's %d", n, 64<<10)
-	}
+		tc.omu.Lock()
+		tc.flying = 0 // the batch is written (as flush does)
+		tc.ocond.Broadcast()
+		tc.omu.Unlock()
+		synctest.Wait()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatal("the write did not go in once the batch was written")
+		}
+		tc.omu.Lock()
+		n := len(tc.over)
+		tc.omu.Unlock()
+		if n != 64<<10 {
+			t.Fatalf("queue holds %d bytes, want the write's %d", n, 64<<10)
+		}
+	})
 }
