@@ -1211,8 +1211,9 @@ func appendServerFrame(b []byte, op byte, payload []byte) []byte {
 // --- ending --------------------------------------------------------------
 
 // shut ends the tapped connection, once (conn.end): a close frame of code
-// and text to the client when toClient (if the stream is between frames
-// and the lock comes within a second), then the socket closed, so that the
+// and text to the client when toClient (if the stream is between frames,
+// and the lock comes and a queue being written is written within a second:
+// the close frame may only follow it), then the socket closed, so that the
 // handler's writes fail and, after a close frame when toUp (see
 // relayClose), its reads.
 func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
@@ -1220,11 +1221,15 @@ func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
 		cl := appendClientFrame(nil, opClose, relayClose(code, text))
 		t.upClose.Store(&cl)
 	}
-	if !t.lockBy(time.Now().Add(time.Second)) {
+	by := time.Now().Add(time.Second)
+	if !t.lockBy(by) {
 		t.finish()
 		return
 	}
 	defer t.unlock()
+	if toClient && code != 0 {
+		t.drainBy(by)
+	}
 	t.shutLocked(toClient, code, text)
 }
 
@@ -1279,6 +1284,29 @@ func (t *tapConn) drain() bool {
 		t.ocond.Wait()
 	}
 	return was
+}
+
+// drainBy is drain until deadline at the latest: with the write lock held,
+// the queue only shrinks, and a client that reads takes it within the
+// second shut gives it (what a client that does not read holds is cut
+// with the socket, as before).
+func (t *tapConn) drainBy(deadline time.Time) {
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	if !t.flushing {
+		return
+	}
+	late := false
+	tm := time.AfterFunc(time.Until(deadline), func() {
+		t.omu.Lock()
+		late = true
+		t.ocond.Broadcast()
+		t.omu.Unlock()
+	})
+	defer tm.Stop()
+	for t.flushing && !t.dead.Load() && !late {
+		t.ocond.Wait()
+	}
 }
 
 // queued reports whether the socket has a queue being written (then

@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/http"
 	"testing"
@@ -211,4 +213,59 @@ func TestTapQueueBoundCountsWhatIsBeingWritten(t *testing.T) {
 			t.Fatalf("queue holds %d bytes, want the write's %d", n, 64<<10)
 		}
 	})
+}
+
+// The gate's own goodbye (here its shutdown's 1001) to a client whose
+// queue is being written follows that queue: the client reads every
+// message the relay wrote and then the close frame with the gate's reason,
+// where the gate used to close the socket at once, without a close frame
+// (the client saw the connection drop, 1006, and never learnt why).
+func TestTapGateCloseFollowsQueue(t *testing.T) {
+	type result struct {
+		n   int
+		err error
+	}
+	written := make(chan result, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			written <- result{err: err}
+			return
+		}
+		n, err := fillQueue(ws, ws.NetConn().(*tapConn), 4)
+		written <- result{n, err}
+		for err == nil {
+			_, _, err = ws.ReadMessage() // until the gate's close reaches the relay
+		}
+		_ = ws.Close()
+	})
+	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: 10 * time.Second})
+	c := dialSmall(t, serve(t, g.Wrap(h)))
+	var res result
+	select {
+	case res = <-written:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay's writes hung")
+	}
+	if res.err != nil {
+		t.Fatalf("setup: %d messages written, %v", res.n, res.err)
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- g.Shutdown(context.Background()) }()
+	for i := range res.n {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		typ, data, err := c.ReadMessage()
+		if err != nil || typ != websocket.BinaryMessage || len(data) != 64<<10 || binary.BigEndian.Uint32(data) != uint32(i) {
+			t.Fatalf("message %d of %d: %d bytes, %v", i, res.n, len(data), err)
+		}
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, _, err := c.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.CloseGoingAway || ce.Text != "sluice: shutting down" {
+		t.Fatalf("after the queue the client got %v, want the gate's close 1001 \"sluice: shutting down\"", err)
+	}
+	if err := <-shut; err != nil {
+		t.Fatal(err)
+	}
 }
