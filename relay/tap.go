@@ -684,7 +684,7 @@ func (t *tapConn) Write(p []byte) (int, error) {
 		return 0, errTapClosed
 	}
 	if t.notWS.Load() {
-		return t.raw.Write(p)
+		return t.writeAnswer(p)
 	}
 	n := len(p)
 	p, err := t.track(p)
@@ -1149,8 +1149,19 @@ func (t *tapConn) notSwitching(b []byte, p *[]byte) error {
 	t.notWS.Store(true)
 	t.headBuf = nil
 	*p = nil
-	_, err := t.raw.Write(b)
+	_, err := t.writeAnswer(b)
 	return err
+}
+
+// writeAnswer writes b, part of a handler's answer that is not a 101, as
+// the frames are written: each piece with the write timeout to make
+// progress, capped by the handler's deadline, so that a client that does
+// not read the answer cannot hold the handler for ever.
+func (t *tapConn) writeAnswer(b []byte) (int, error) {
+	if err := t.writeBlocking(net.Buffers{b}, true); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 // reply sends the client a frame of the gate's own (a refusal): now when

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"os"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -267,5 +268,49 @@ func TestTapGateCloseFollowsQueue(t *testing.T) {
 	}
 	if err := <-shut; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A handler that takes the socket and answers with something other than a
+// 101 writes under the write timeout, as frames are written: a client that
+// sent the upgrade and never reads the answer does not hold the handler
+// (it used to: those writes went to the socket with no deadline at all).
+func TestTapAnswerNotSwitchingHasWriteTimeout(t *testing.T) {
+	type result struct {
+		wrote int
+		err   error
+	}
+	done := make(chan result, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		nc, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			done <- result{-1, err}
+			return
+		}
+		defer nc.Close()
+		n, err := nc.Write([]byte("HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n"))
+		chunk := make([]byte, 1<<20)
+		for i := 0; i < 256 && err == nil; i++ {
+			var k int
+			k, err = nc.Write(chunk)
+			n += k
+		}
+		done <- result{n, err}
+	})
+	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: time.Second})
+	nc, _, _ := rawUpgrade(t, serve(t, g.Wrap(h)), "", nil)
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(64 << 10)
+	}
+	select {
+	case res := <-done:
+		if res.wrote < 0 {
+			t.Fatalf("setup: %v", res.err)
+		}
+		if !errors.Is(res.err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the handler wrote %d bytes to a client that reads nothing, then %v; want its write timed out", res.wrote, res.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler's answer to a client that does not read was still being written after 30 s (write timeout 1 s)")
 	}
 }
