@@ -103,8 +103,12 @@ type tapConn struct {
 	over     []byte
 	flying   int  // bytes of the queue the flush goroutine is writing
 	flushing bool // a flush goroutine runs: every write is queued
+	failed   bool // the flush's write failed: the queue will not be written
 	// notWS: the handler answered with something other than a 101.
 	notWS atomic.Bool
+	// answered: of the Write that found the answer not a 101, how much
+	// of its bytes the socket took (notSwitching).
+	answered int
 
 	dead     atomic.Bool  // shut: every read and write fails
 	refs     atomic.Int32 // the handler's call and the connection
@@ -688,6 +692,11 @@ func (t *tapConn) Write(p []byte) (int, error) {
 	}
 	n := len(p)
 	p, err := t.track(p)
+	if err != nil && t.notWS.Load() {
+		// Writing the start of an answer that is not a 101 failed (the
+		// client does not read it): a failed write, as writeAnswer's.
+		return t.answered, err
+	}
 	if err != nil {
 		t.c.g.log.Warn("closing client", "client", t.c.who, "err", err)
 		t.c.once.Do(func() { t.shutLocked(true, websocket.CloseInternalServerErr, "") })
@@ -778,7 +787,8 @@ func (t *tapConn) dropHeld() {
 // the connection until its next data write).
 func (t *tapConn) writeSock(bufs net.Buffers, capped bool) error {
 	if t.rc == nil {
-		return t.writeBlocking(bufs, capped)
+		_, err := t.writeBlocking(bufs, capped)
+		return err
 	}
 	t.omu.Lock()
 	if t.flushing {
@@ -886,9 +896,12 @@ func (t *tapConn) flush() {
 		t.over = spare[:0]
 		t.flying = len(out)
 		t.omu.Unlock()
-		err := t.writeBlocking(net.Buffers{out}, false)
+		_, err := t.writeBlocking(net.Buffers{out}, false)
 		t.omu.Lock()
 		t.flying = 0
+		if err != nil {
+			t.failed = true // what waits for the queue need not (drainBy)
+		}
 		if cap(out) <= maxCoalesce {
 			spare = out
 		} else {
@@ -908,32 +921,34 @@ func (t *tapConn) flush() {
 // one and one and a quarter timeouts ahead), capped by the handler's own
 // deadline when capped (not for the queue: the handler's writes to it are
 // long done).
-func (t *tapConn) writeBlocking(bufs net.Buffers, capped bool) error {
+func (t *tapConn) writeBlocking(bufs net.Buffers, capped bool) (int, error) {
 	total := 0
 	for _, b := range bufs {
 		total += len(b)
 	}
 	if total <= maxCoalesce {
 		if err := t.renew(capped); err != nil {
-			return err
+			return 0, err
 		}
-		_, err := bufs.WriteTo(t.raw)
-		return err
+		n, err := bufs.WriteTo(t.raw)
+		return int(n), err
 	}
+	written := 0
 	for _, b := range bufs {
 		for len(b) > 0 {
 			piece := b[:min(len(b), maxCoalesce)]
 			if err := t.renew(capped); err != nil {
-				return err
+				return written, err
 			}
 			n, err := t.raw.Write(piece)
+			written += n
 			if err != nil {
-				return err
+				return written, err
 			}
 			b = b[n:]
 		}
 	}
-	return nil
+	return written, nil
 }
 
 // renew moves the socket's write deadline ahead when it is due.
@@ -957,11 +972,15 @@ func (t *tapConn) renew(capped bool) error {
 // the write timed out, gone otherwise.
 func (t *tapConn) writeFailed(err error) {
 	c := t.c
-	if isTimeout(err) {
-		c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who)
-		c.g.obs.ReportCut(CutSlowReader)
-	}
-	c.once.Do(func() { t.shutLocked(false, 0, "") })
+	c.once.Do(func() {
+		// Only when the failure ends the connection: one the gate is
+		// already ending (its goodbye waiting for the queue) is not cut.
+		if isTimeout(err) {
+			c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who)
+			c.g.obs.ReportCut(CutSlowReader)
+		}
+		t.shutLocked(false, 0, "")
+	})
 }
 
 // track reads p, the next bytes the handler writes: the 101 first, then
@@ -1148,8 +1167,10 @@ func (t *tapConn) trackHead(p *[]byte) error {
 func (t *tapConn) notSwitching(b []byte, p *[]byte) error {
 	t.notWS.Store(true)
 	t.headBuf = nil
+	held := len(b) - len(*p) // gathered from earlier writes, reported written then
 	*p = nil
-	_, err := t.writeAnswer(b)
+	k, err := t.writeAnswer(b)
+	t.answered = max(k-held, 0)
 	return err
 }
 
@@ -1158,10 +1179,7 @@ func (t *tapConn) notSwitching(b []byte, p *[]byte) error {
 // progress, capped by the handler's deadline, so that a client that does
 // not read the answer cannot hold the handler for ever.
 func (t *tapConn) writeAnswer(b []byte) (int, error) {
-	if err := t.writeBlocking(net.Buffers{b}, true); err != nil {
-		return 0, err
-	}
-	return len(b), nil
+	return t.writeBlocking(net.Buffers{b}, true)
 }
 
 // reply sends the client a frame of the gate's own (a refusal): now when
@@ -1315,7 +1333,7 @@ func (t *tapConn) drainBy(deadline time.Time) {
 		t.omu.Unlock()
 	})
 	defer tm.Stop()
-	for t.flushing && !t.dead.Load() && !late {
+	for t.flushing && !t.dead.Load() && !late && !t.failed {
 		t.ocond.Wait()
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -59,6 +60,57 @@ func fillQueue(ws *websocket.Conn, tc *tapConn, extra int) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// queueFilled is what fillingHandler wrote: n messages, or err.
+type queueFilled struct {
+	n   int
+	err error
+}
+
+// fillingHandler upgrades, fills the tap's queue (fillQueue, 4 more),
+// says so on written, and reads until the connection ends.
+func fillingHandler(written chan<- queueFilled) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			written <- queueFilled{err: err}
+			return
+		}
+		n, err := fillQueue(ws, ws.NetConn().(*tapConn), 4)
+		written <- queueFilled{n, err}
+		for err == nil {
+			_, _, err = ws.ReadMessage() // until the gate's close reaches the relay
+		}
+		_ = ws.Close()
+	})
+}
+
+// waitFilled waits for fillingHandler's report and fails on its error.
+func waitFilled(t *testing.T, written <-chan queueFilled) queueFilled {
+	t.Helper()
+	select {
+	case res := <-written:
+		if res.err != nil {
+			t.Fatalf("setup: %d messages written, %v", res.n, res.err)
+		}
+		return res
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay's writes hung")
+	}
+	return queueFilled{}
+}
+
+// readQueued reads the n numbered messages fillQueue wrote, in order.
+func readQueued(t *testing.T, c *websocket.Conn, n int) {
+	t.Helper()
+	for i := range n {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		typ, data, err := c.ReadMessage()
+		if err != nil || typ != websocket.BinaryMessage || len(data) != 64<<10 || binary.BigEndian.Uint32(data) != uint32(i) {
+			t.Fatalf("message %d of %d: %d bytes, %v: the relay's queued writes were lost", i, n, len(data), err)
+		}
+	}
 }
 
 // --- Finding 1 -------------------------------------------------------------
@@ -121,13 +173,7 @@ func closeWritesQueue(t *testing.T, unread bool) {
 	if res.err != nil || !res.queued {
 		t.Fatalf("setup: %d messages written, queued %v, %v", res.n, res.queued, res.err)
 	}
-	for i := range res.n {
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		typ, data, err := c.ReadMessage()
-		if err != nil || typ != websocket.BinaryMessage || len(data) != 64<<10 || binary.BigEndian.Uint32(data) != uint32(i) {
-			t.Fatalf("message %d of %d: %d bytes, %v: the relay's queued writes were dropped at Close", i, res.n, len(data), err)
-		}
-	}
+	readQueued(t, c, res.n)
 	if got := readText(t, c); got != `["NOTICE","bye"]` {
 		t.Fatalf("last message %q", got)
 	}
@@ -222,44 +268,13 @@ func TestTapQueueBoundCountsWhatIsBeingWritten(t *testing.T) {
 // where the gate used to close the socket at once, without a close frame
 // (the client saw the connection drop, 1006, and never learnt why).
 func TestTapGateCloseFollowsQueue(t *testing.T) {
-	type result struct {
-		n   int
-		err error
-	}
-	written := make(chan result, 1)
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
-		if err != nil {
-			written <- result{err: err}
-			return
-		}
-		n, err := fillQueue(ws, ws.NetConn().(*tapConn), 4)
-		written <- result{n, err}
-		for err == nil {
-			_, _, err = ws.ReadMessage() // until the gate's close reaches the relay
-		}
-		_ = ws.Close()
-	})
+	written := make(chan queueFilled, 1)
 	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: 10 * time.Second})
-	c := dialSmall(t, serve(t, g.Wrap(h)))
-	var res result
-	select {
-	case res = <-written:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the relay's writes hung")
-	}
-	if res.err != nil {
-		t.Fatalf("setup: %d messages written, %v", res.n, res.err)
-	}
+	c := dialSmall(t, serve(t, g.Wrap(fillingHandler(written))))
+	res := waitFilled(t, written)
 	shut := make(chan error, 1)
 	go func() { shut <- g.Shutdown(context.Background()) }()
-	for i := range res.n {
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		typ, data, err := c.ReadMessage()
-		if err != nil || typ != websocket.BinaryMessage || len(data) != 64<<10 || binary.BigEndian.Uint32(data) != uint32(i) {
-			t.Fatalf("message %d of %d: %d bytes, %v", i, res.n, len(data), err)
-		}
-	}
+	readQueued(t, c, res.n)
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	_, _, err := c.ReadMessage()
 	var ce *websocket.CloseError
@@ -275,7 +290,15 @@ func TestTapGateCloseFollowsQueue(t *testing.T) {
 // 101 writes under the write timeout, as frames are written: a client that
 // sent the upgrade and never reads the answer does not hold the handler
 // (it used to: those writes went to the socket with no deadline at all).
+// The write that times out is the handler's failed write, whether it is
+// the answer's first (which the gate reads for a 101) or a later one: not
+// a handler fault, logged and closed 1011.
 func TestTapAnswerNotSwitchingHasWriteTimeout(t *testing.T) {
+	t.Run("many writes", func(t *testing.T) { answerNotSwitching(t, false) })
+	t.Run("one write", func(t *testing.T) { answerNotSwitching(t, true) })
+}
+
+func answerNotSwitching(t *testing.T, oneWrite bool) {
 	type result struct {
 		wrote int
 		err   error
@@ -288,7 +311,13 @@ func TestTapAnswerNotSwitchingHasWriteTimeout(t *testing.T) {
 			return
 		}
 		defer nc.Close()
-		n, err := nc.Write([]byte("HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n"))
+		head := []byte("HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n")
+		if oneWrite {
+			n, err := nc.Write(append(head, make([]byte, 64<<20)...))
+			done <- result{n, err}
+			return
+		}
+		n, err := nc.Write(head)
 		chunk := make([]byte, 1<<20)
 		for i := 0; i < 256 && err == nil; i++ {
 			var k int
@@ -297,7 +326,8 @@ func TestTapAnswerNotSwitchingHasWriteTimeout(t *testing.T) {
 		}
 		done <- result{n, err}
 	})
-	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: time.Second})
+	var logs logBuffer
+	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: time.Second, Logger: logs.logger()})
 	nc, _, _ := rawUpgrade(t, serve(t, g.Wrap(h)), "", nil)
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(64 << 10)
@@ -310,7 +340,37 @@ func TestTapAnswerNotSwitchingHasWriteTimeout(t *testing.T) {
 		if !errors.Is(res.err, os.ErrDeadlineExceeded) {
 			t.Fatalf("the handler wrote %d bytes to a client that reads nothing, then %v; want its write timed out", res.wrote, res.err)
 		}
+		if res.wrote <= 0 || res.wrote >= 64<<20 {
+			t.Errorf("the timed-out write reports %d bytes written, want what the socket took", res.wrote)
+		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the handler's answer to a client that does not read was still being written after 30 s (write timeout 1 s)")
+	}
+	if n := logs.count("closing client"); n != 0 {
+		t.Errorf("%d \"closing client\" lines: the answer's timed-out write was taken for a handler fault", n)
+	}
+}
+
+// The gate's goodbye waiting for a queue to a client that has stopped
+// reading ends when the queue's write fails, not a second later, and the
+// client is not also counted as cut for reading too slowly: the gate was
+// ending the connection already.
+func TestTapGoodbyeToStoppedClientIsNoSlowCut(t *testing.T) {
+	var cuts atomic.Int64
+	obs := &Observer{Cut: func(r CutReason) {
+		if r == CutSlowReader {
+			cuts.Add(1)
+		}
+	}}
+	written := make(chan queueFilled, 1)
+	// The queue's write fails 0.4-0.5 s into the goodbye's second.
+	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: 400 * time.Millisecond, Observer: obs})
+	_ = dialSmall(t, serve(t, g.Wrap(fillingHandler(written)))) // never read
+	waitFilled(t, written)
+	if err := g.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := cuts.Load(); n != 0 {
+		t.Fatalf("%d slow-reader cuts reported for a connection the gate's shutdown was ending", n)
 	}
 }
