@@ -66,16 +66,20 @@
 // when it is full the connection waits (the relay's next answers in the
 // relay's socket, the client's next requests in the client's), so a client
 // that reads slowly slows its own relay connection rather than being cut,
-// and a client whose socket takes nothing for the write timeout is cut as
-// a slow reader; a slow relay holds up only its own connection. In Wrap
+// and a client whose socket takes less than 64 KiB in the write timeout,
+// while there is more to send, is cut as a slow reader; a slow relay holds
+// up only its own connection. In Wrap
 // mode the relay writes to the client's socket through the gate, which
 // writes what the socket takes at once and queues the rest, up to the
 // same bound, for a goroutine that runs only while the queue holds
-// anything; past the bound the relay's writer waits. Every queued write
-// has the write timeout to make progress: a client whose socket takes
-// nothing that long is cut as a slow reader (plain khatru sets no write
-// deadline and would wait for ever). The keepalive is the relay's own. Shutdown closes every connection on
-// both sides and waits for its goroutines.
+// anything; past the bound the relay's writer waits. Every 64 KiB of a
+// queued write has the write timeout to go: a client whose socket takes
+// less is cut as a slow reader (plain khatru sets no write deadline and
+// would wait for ever). The gate's own goodbye (a close code of its own:
+// shutdown, a knocking client) follows what is queued, written within a
+// second, or the socket is closed without it. The keepalive is the
+// relay's own. Shutdown closes every connection on both sides and waits
+// for its goroutines.
 //
 // # Identity
 //
