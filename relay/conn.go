@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -351,6 +352,9 @@ func (c *conn) watch(frame []byte) {
 		return
 	}
 	if actor, ok := c.pending.take(id); ok {
+		if c.g.stored != nil {
+			c.g.takeInflight(actor)
+		}
 		if q := c.subject(c.g.current().p).Quota(); accepted && !duplicate && q != nil && (c.g.stored == nil || c.g.stored(id)) {
 			now := c.g.now()
 			if !c.charged.seen(id, now, q.Window()) {
@@ -835,6 +839,70 @@ func replyBuf(f Frame) []byte {
 	return make([]byte, 0, 96+len(f.ID))
 }
 
+// reasonPending refuses an EVENT while DefaultPending of the connection's
+// are awaiting the relay's OK.
+var reasonPending = fmt.Sprintf("blocked: too many events awaiting the relay's answer (at most %d); wait for an OK first", DefaultPending)
+
+// reasonActorPending refuses an EVENT while MaxActorPending of its actor's
+// are awaiting the relay's OK.
+var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events awaiting the relay's answer (at most %d); wait for an OK first", MaxActorPending)
+
+// settlePending charges, once the connection has ended, the events it
+// forwarded whose OK the gate never saw but that the relay stored (see
+// DefaultPending), asking the relay's store at each of settleAfter. Only
+// with Options.Stored; a goroutine for at most settleAfter's last delay,
+// holding the connection's pending table and nothing else of it.
+func (c *conn) settlePending() {
+	if c.g.stored == nil || c.pending.len() == 0 {
+		return
+	}
+	left := c.pending.drain()
+	q := c.subject(c.g.current().p).Quota()
+	go func() {
+		defer func() {
+			for _, e := range left {
+				c.g.takeInflight(e.v) // never seen stored (refused, or not yet): given up
+			}
+		}()
+		if q == nil {
+			return // the quota was reloaded away
+		}
+		var waited time.Duration
+		for _, d := range settleAfter {
+			if d > waited {
+				select {
+				case <-time.After(d - waited):
+				case <-c.g.stopped:
+					return
+				}
+				waited = d
+			}
+			keep := left[:0]
+			for _, e := range left {
+				if !c.g.stored(e.id) {
+					keep = append(keep, e)
+					continue
+				}
+				c.g.takeInflight(e.v)
+				now := c.g.now()
+				if c.charged.seen(e.id, now, q.Window()) {
+					continue
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), c.g.writeTimeout)
+				if _, err := q.Add(ctx, e.v); err != nil {
+					c.g.log.Debug("quota charge failed", "client", c.who, "err", err)
+				}
+				cancel()
+				c.charged.add(e.id, now)
+			}
+			left = keep
+			if len(left) == 0 {
+				return
+			}
+		}
+	}()
+}
+
 // admitEvent applies the actor quota to a canonical EVENT the limits
 // admitted.
 func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shadowed bool) bool {
@@ -850,6 +918,23 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		}
 	}
 	over, wait, err := q.Exceeded(c.ctx, actor)
+	_, again := c.pending.get(ev.ID) // sent again before its OK: counted once
+	if err == nil && !over && c.g.stored != nil && !again {
+		// Not one more without an answer past the tables (see
+		// DefaultPending and MaxActorPending): an event forwarded past
+		// them would be charged late or by nobody.
+		reason := reasonPending
+		full := !c.pending.room()
+		if !full && !c.g.addInflight(actor) {
+			full, reason = true, reasonActorPending
+		}
+		if full {
+			c.g.obs.ReportFrame(f.Type, OverCap)
+			c.g.obs.ReportRefusal(c.who, f.Type, OverCap)
+			c.send(websocket.TextMessage, wire.AppendRefusal(replyBuf(f), f, reason))
+			return false
+		}
+	}
 	if err != nil {
 		c.g.obs.ReportFrame(f.Type, Unavailable)
 		c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(f), f))
@@ -861,7 +946,9 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 		return false
 	}
-	c.pending.add(ev.ID, actor)
+	if !again {
+		c.pending.add(ev.ID, actor)
+	}
 	if shadowed {
 		c.g.obs.ReportFrame(f.Type, Shadowed)
 	} else {

@@ -181,7 +181,12 @@ type Options struct {
 	// OK true too: without Stored anyone could spend any pubkey's quota by
 	// sending its public events again (a few addresses silenced a pubkey
 	// at the default quota). sluice relay sets it from its event store.
-	// Nil: every accepted event but a "duplicate:" one is charged.
+	// With Stored, the events a connection forwarded whose OK the gate
+	// never saw are charged when it ends if the relay stored them, and an
+	// actor (a connection) has at most MaxActorPending (DefaultPending)
+	// events awaiting their OK (see DefaultPending).
+	// Nil: every accepted event but a "duplicate:" one is charged, on
+	// its OK only.
 	Stored func(id [32]byte) bool
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).
@@ -271,10 +276,17 @@ type Gate struct {
 	cutLog       cutLog // bounds the log lines of cut connections
 	upgrader     websocket.Upgrader
 
-	mu     sync.Mutex
-	closed bool
-	conns  map[*conn]struct{}
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	closed  bool
+	stopped chan struct{} // closed by Shutdown
+	conns   map[*conn]struct{}
+	wg      sync.WaitGroup
+
+	// inflight counts, per actor, the events forwarded on every
+	// connection and not yet settled (answered, or charged or given up
+	// after the connection ended: settlePending); only with Stored.
+	inflightMu sync.Mutex
+	inflight   map[string]int
 }
 
 // New returns a Gate. It validates every configured limit and returns an
@@ -291,6 +303,8 @@ func New(opts Options) (*Gate, error) {
 		log:          opts.Logger,
 		conns:        make(map[*conn]struct{}),
 		stored:       opts.Stored,
+		stopped:      make(chan struct{}),
+		inflight:     make(map[string]int),
 	}
 	if opts.RelayURL != "" {
 		u, err := url.Parse(opts.RelayURL)
@@ -610,6 +624,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	// The connection is reported closed only once its places are free,
 	// so what an observer sees closed can be opened again.
 	cleanup := func() {
+		c.settlePending()
 		g.releaseSyncs(client, c.syncs.clear())
 		g.remove(c)
 		if !freeIP {
@@ -770,6 +785,7 @@ func (g *Gate) Shutdown(ctx context.Context) error {
 		return ErrClosed
 	}
 	g.closed = true
+	close(g.stopped)
 	conns := make([]*conn, 0, len(g.conns))
 	for c := range g.conns {
 		conns = append(conns, c)

@@ -16,11 +16,58 @@ import (
 type hex32 = wire.Hex32
 
 // DefaultPending is how many forwarded EVENTs per connection the gate
-// remembers while it waits for the relay's OK. A client that has more in
-// flight than this loses the oldest entries: those events, if accepted,
-// are not charged to the quota. 256 covers any honest client (relays
-// answer in milliseconds) and bounds the table at ~25 KiB per connection.
+// remembers while it waits for the relay's OK. 256 covers any honest
+// client (relays answer in milliseconds) and bounds the table at ~25 KiB
+// per connection. When the relay says which events it stored
+// (Options.Stored, as in sluice relay), an EVENT past it is refused
+// ("blocked: too many events awaiting the relay's answer") rather than
+// forwarded, and the events still awaiting their OK when the connection
+// ends are charged if the relay stored them (settlePending): khatru stores
+// an event before it writes the OK, and a client can keep the OKs from
+// the gate (a reply it does not read ahead of them, then hang up). Without
+// Stored (behind Proxy) the gate cannot tell which of them the relay
+// stored: the oldest entries past the bound, and those left at the end,
+// are not charged.
 const DefaultPending = 256
+
+// MaxActorPending is how many events of one actor (an authenticated
+// pubkey, else the event's author) may await the relay's OK at once across
+// the gate's connections, with Options.Stored: the quota is charged when
+// the relay has answered or, if the connection ended first, when the
+// relay's store says it stored them (settlePending), so events in flight
+// have passed the quota's check without counting yet. A further EVENT of
+// the actor is refused ("blocked: …") until one is answered. 64 is more
+// than an honest client has in flight (relays answer in milliseconds) and
+// bounds what one actor's events can exceed its quota by, per gate process.
+const MaxActorPending = 64
+
+// addInflight counts one more event of actor in flight (see
+// MaxActorPending), or reports false, counting nothing, when the actor has
+// MaxActorPending already; takeInflight counts one settled.
+func (g *Gate) addInflight(actor string) bool {
+	g.inflightMu.Lock()
+	defer g.inflightMu.Unlock()
+	if g.inflight[actor] >= MaxActorPending {
+		return false
+	}
+	g.inflight[actor]++
+	return true
+}
+
+func (g *Gate) takeInflight(actor string) {
+	g.inflightMu.Lock()
+	defer g.inflightMu.Unlock()
+	if n := g.inflight[actor]; n > 1 {
+		g.inflight[actor] = n - 1
+	} else {
+		delete(g.inflight, actor)
+	}
+}
+
+// settleAfter are the delays, after a connection ended, at which the gate
+// asks the relay's store (Options.Stored) about the events still awaiting
+// their OK: the relay may still be storing the last of them.
+var settleAfter = [...]time.Duration{0, 100 * time.Millisecond, time.Second, 5 * time.Second}
 
 // idTable is a bounded table of event ids and a value each, holding the
 // DefaultPending ids added last: adding past that evicts the oldest. Its
@@ -78,6 +125,37 @@ func (t *idTable[V]) take(id hex32) (V, bool) {
 		delete(t.byID, id)
 	}
 	return e.v, ok
+}
+
+// room reports whether add would keep every id held: not full, or the
+// oldest slot's id already taken.
+func (t *idTable[V]) room() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.full {
+		return true
+	}
+	e, ok := t.byID[t.ring[t.next]]
+	return !ok || e.slot != t.next
+}
+
+// idValue is one entry of an idTable.
+type idValue[V any] struct {
+	id hex32
+	v  V
+}
+
+// drain returns every entry and empties the table.
+func (t *idTable[V]) drain() []idValue[V] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]idValue[V], 0, len(t.byID))
+	for id, e := range t.byID {
+		out = append(out, idValue[V]{id, e.v})
+	}
+	clear(t.byID)
+	t.next, t.full = 0, false
+	return out
 }
 
 // len returns the number of ids held.

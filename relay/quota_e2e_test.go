@@ -3,10 +3,19 @@
 package relay
 
 import (
+	"context"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"log"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/fiatjaf/eventstore/slicestore"
+	"github.com/fiatjaf/khatru"
+	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
@@ -95,5 +104,88 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 	}
 	if got := query(t, r, nostr.Filter{IDs: stored}); len(got) != 0 {
 		t.Fatalf("%d of B's events stored past its quota", len(got))
+	}
+}
+
+// The attack that spent no quota (issue 13, the third review): a client
+// keeps khatru's writer busy with a reply it does not read (a REQ for
+// large stored events into a small receive buffer), publishes, and hangs
+// up. khatru stores each event before it writes the OK, the OKs wait
+// behind the unread reply and die with the connection, and the gate,
+// which charged the quota on the OK it sees, charged nothing: 90 events of
+// one actor stored against a quota of 2 in three rounds. With the relay's
+// store telling the gate what it stored (Options.Stored, as sluice relay
+// has it), the events left unanswered are charged when the connection
+// ends, and the actor's next event is refused.
+func TestE2EQuotaUnansweredEventsCharged(t *testing.T) {
+	clk := nostrtest.NewClock()
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	saved := map[[32]byte]bool{}
+	stored := func(id [32]byte) bool { mu.Lock(); defer mu.Unlock(); ok := saved[id]; delete(saved, id); return ok }
+	kr := khatru.NewRelay()
+	kr.Log = log.New(io.Discard, "", 0)
+	st := &slicestore.SliceStore{}
+	if err := st.Init(); err != nil {
+		t.Fatal(err)
+	}
+	kr.StoreEvent = append(kr.StoreEvent, st.SaveEvent, func(_ context.Context, ev *nostr.Event) error {
+		var k [32]byte
+		if _, err := hex.Decode(k[:], []byte(ev.ID)); err == nil {
+			mu.Lock()
+			saved[k] = true
+			mu.Unlock()
+		}
+		return nil
+	})
+	kr.QueryEvents = append(kr.QueryEvents, st.QueryEvents)
+	// What the attacker's REQ fetches: 200 events of 60 KB from another key.
+	other := nostr.GeneratePrivateKey()
+	big := strings.Repeat("x", 60000)
+	for i := range 200 {
+		ev := nostrtest.Note(t, other, fmt.Sprint(i, big))
+		if err := st.SaveEvent(context.Background(), &ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored}).Wrap(kr))
+	sk := nostrtest.ApartKeys(q, clk.Now(), 1)[0]
+	pk, _ := nostr.GetPublicKey(sk)
+	c := dialSmall(t, url)
+	if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","fill",{"limit":200}]`)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the attack's own pacing: khatru's writer blocks on the unread reply
+	for i := range 30 {
+		b, err := nostr.EventEnvelope{Event: nostrtest.Note(t, sk, fmt.Sprint("event ", i))}.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.WriteMessage(websocket.TextMessage, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // khatru stores them; their OKs wait
+	_ = c.NetConn().Close()
+	r := connect(t, url)
+	ql := q.Local(clk.Now)
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		over, _, err := ql.Exceeded(context.Background(), pk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if over {
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			got := query(t, r, nostr.Filter{Authors: []string{pk}, Limit: 500})
+			t.Fatalf("20 s after the attack, %d events of the actor stored and its quota of 2 not spent", len(got))
+		}
+	}
+	if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "after")); err == nil || !strings.Contains(err.Error(), "rate-limited: ") {
+		t.Fatalf("the actor's first event after the attack: %v, want the quota's refusal", err)
 	}
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -245,4 +246,116 @@ func TestGateQuotaChargesOnlyStored(t *testing.T) {
 	step(c, 3, okReply(3, true, "")) // stored: 2 of 2
 	store(4)
 	step(c, 4, okReply(4, false, "rate-limited: slow down; retry in 60s"))
+}
+
+// storedSet is Options.Stored over a set the test fills: true once for
+// each id marked.
+type storedSet struct {
+	mu  sync.Mutex
+	ids map[[32]byte]bool
+}
+
+func (s *storedSet) mark(id int) {
+	var k [32]byte
+	k[31] = byte(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil {
+		s.ids = map[[32]byte]bool{}
+	}
+	s.ids[k] = true
+}
+
+func (s *storedSet) take(id [32]byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := s.ids[id]
+	delete(s.ids, id)
+	return ok
+}
+
+// Events the relay stored but whose OK the gate never saw (the client kept
+// the OKs behind a reply it did not read, then hung up: khatru stores an
+// event before it writes the OK) are charged once the connection has
+// ended. They were free: quota 2, and an actor published without end.
+func TestGateQuotaChargesStoredEventsLeftUnanswered(t *testing.T) {
+	clk := nostrtest.NewClock()
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored storedSet
+	rec := newRecorder() // answers no EVENT: the OKs the client kept from the gate
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}).Wrap(rec))
+	actor := apartPubkeys(q, clk.Now(), 1)[0]
+	c := dialRaw(t, url)
+	for id := 1; id <= 5; id++ {
+		stored.mark(id)
+		if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, actor))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := rec.frames(5); len(got) != 5 {
+		t.Fatalf("the relay got %d of the 5 events (nothing was charged yet: all pass the quota)", len(got))
+	}
+	_ = c.Close()
+	ql := q.Local(clk.Now)
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		over, _, err := ql.Exceeded(context.Background(), actor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if over {
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatal("20 s after the connection ended, its 5 stored events have not spent the actor's quota of 2")
+		}
+	}
+	c2 := dialRaw(t, url)
+	_ = c2.WriteMessage(websocket.TextMessage, []byte(eventFrame(6, actor)))
+	if got, want := readText(t, c2), okReply(6, false, "rate-limited: slow down; retry in 60s"); got != want {
+		t.Fatalf("the actor's next event:\n got %s\nwant %s", got, want)
+	}
+}
+
+// With Options.Stored, an actor has at most MaxActorPending events awaiting
+// the relay's OK across the gate's connections: each has passed the
+// quota's check without counting yet, so more would let the actor past its
+// quota by as many as it can keep unanswered.
+func TestGateQuotaBoundsActorsUnansweredEvents(t *testing.T) {
+	clk := nostrtest.NewClock()
+	q, err := ratelimit.NewQuota(1000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored storedSet
+	rec := newRecorder() // answers no EVENT
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}).Wrap(rec))
+	keys := apartPubkeys(q, clk.Now(), 2)
+	actor, other := keys[0], keys[1]
+	a, b := dialRaw(t, url), dialRaw(t, url)
+	for id := 1; id <= MaxActorPending; id++ {
+		c := a
+		if id%2 == 0 {
+			c = b // across connections
+		}
+		if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, actor))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := rec.frames(MaxActorPending); len(got) != MaxActorPending {
+		t.Fatalf("the relay got %d of the actor's first %d events", len(got), MaxActorPending)
+	}
+	_ = a.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+1, actor)))
+	if got, want := readText(t, a), okReply(MaxActorPending+1, false, reasonActorPending); got != want {
+		t.Fatalf("the actor's event past %d unanswered:\n got %s\nwant %s", MaxActorPending, got, want)
+	}
+	// Another actor is not held up, and the same event sent again before
+	// its OK is not counted twice.
+	_ = b.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+2, other)))
+	_ = b.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+2, other)))
+	if got := rec.frames(MaxActorPending + 2); len(got) != MaxActorPending+2 {
+		t.Fatalf("the relay got %d events, want the other actor's two as well", len(got))
+	}
 }

@@ -23,8 +23,10 @@ const (
 	// frame bound, or an AUTH the gate could not verify.
 	Invalid
 	// OverCap: refused by a cap on what a client holds open at once: an
-	// upgrade past Options.MaxConnections for its client, or a REQ past
-	// Options.MaxSubscriptions on its connection.
+	// upgrade past Options.MaxConnections for its client, a REQ past
+	// Options.MaxSubscriptions on its connection, or an EVENT past the
+	// events awaiting the relay's OK (relay.MaxActorPending,
+	// relay.DefaultPending).
 	OverCap
 	// Shadowed: forwarded, but a window in shadow (mode: shadow, or
 	// shadow: true on the window) would have refused it.
