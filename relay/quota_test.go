@@ -299,18 +299,8 @@ func TestGateQuotaChargesStoredEventsLeftUnanswered(t *testing.T) {
 		t.Fatalf("the relay got %d of the 5 events (nothing was charged yet: all pass the quota)", len(got))
 	}
 	_ = c.Close()
-	ql := q.Local(clk.Now)
-	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-		over, _, err := ql.Exceeded(context.Background(), actor)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if over {
-			break
-		}
-		if time.Since(start) > 20*time.Second {
-			t.Fatal("20 s after the connection ended, its 5 stored events have not spent the actor's quota of 2")
-		}
+	if !quotaSpent(t, q.Local(clk.Now), actor) {
+		t.Fatal("20 s after the connection ended, its 5 stored events have not spent the actor's quota of 2")
 	}
 	c2 := dialRaw(t, url)
 	_ = c2.WriteMessage(websocket.TextMessage, []byte(eventFrame(6, actor)))
@@ -358,4 +348,20 @@ func TestGateQuotaBoundsActorsUnansweredEvents(t *testing.T) {
 	if got := rec.frames(MaxActorPending + 2); len(got) != MaxActorPending+2 {
 		t.Fatalf("the relay got %d events, want the other actor's two as well", len(got))
 	}
+}
+
+// quotaSpent waits up to 20 s for actor to be over quota ql and reports
+// whether it is.
+func quotaSpent(t *testing.T, ql ratelimit.ActorQuota, actor string) bool {
+	t.Helper()
+	for start := time.Now(); time.Since(start) < 20*time.Second; time.Sleep(10 * time.Millisecond) {
+		over, _, err := ql.Exceeded(context.Background(), actor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if over {
+			return true
+		}
+	}
+	return false
 }
