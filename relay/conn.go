@@ -353,7 +353,7 @@ func (c *conn) watch(frame []byte) {
 	}
 	if actor, ok := c.pending.take(id); ok {
 		if c.g.stored != nil {
-			c.g.takeInflight(actor)
+			c.g.takeInflight(c.inflightKey(actor))
 		}
 		if q := c.subject(c.g.current().p).Quota(); accepted && !duplicate && q != nil && (c.g.stored == nil || c.g.stored(id)) {
 			now := c.g.now()
@@ -839,6 +839,13 @@ func replyBuf(f Frame) []byte {
 	return make([]byte, 0, 96+len(f.ID))
 }
 
+// inflightKey is what the gate counts an event in flight under (see
+// MaxActorPending): its actor from this connection's client, so that
+// events that name a pubkey they do not come from (the gate does not
+// check signatures; khatru refuses them, in an OK that may be kept from
+// the gate) hold up that pubkey only from the sender's address.
+func (c *conn) inflightKey(actor string) string { return c.who + " " + actor }
+
 // reasonPending refuses an EVENT while DefaultPending of the connection's
 // are awaiting the relay's OK.
 var reasonPending = fmt.Sprintf("blocked: too many events awaiting the relay's answer (at most %d); wait for an OK first", DefaultPending)
@@ -861,7 +868,7 @@ func (c *conn) settlePending() {
 	go func() {
 		defer func() {
 			for _, e := range left {
-				c.g.takeInflight(e.v) // never seen stored (refused, or not yet): given up
+				c.g.takeInflight(c.inflightKey(e.v)) // never seen stored (refused, or not yet): given up
 			}
 		}()
 		if q == nil {
@@ -883,7 +890,7 @@ func (c *conn) settlePending() {
 					keep = append(keep, e)
 					continue
 				}
-				c.g.takeInflight(e.v)
+				c.g.takeInflight(c.inflightKey(e.v))
 				now := c.g.now()
 				if c.charged.seen(e.id, now, q.Window()) {
 					continue
@@ -925,7 +932,7 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		// them would be charged late or by nobody.
 		reason := reasonPending
 		full := !c.pending.room()
-		if !full && !c.g.addInflight(actor) {
+		if !full && !c.g.addInflight(c.inflightKey(actor)) {
 			full, reason = true, reasonActorPending
 		}
 		if full {

@@ -183,8 +183,8 @@ type Options struct {
 	// at the default quota). sluice relay sets it from its event store.
 	// With Stored, the events a connection forwarded whose OK the gate
 	// never saw are charged when it ends if the relay stored them, and an
-	// actor (a connection) has at most MaxActorPending (DefaultPending)
-	// events awaiting their OK (see DefaultPending).
+	// actor from one client (a connection) has at most MaxActorPending
+	// (DefaultPending) events awaiting their OK (see DefaultPending).
 	// Nil: every accepted event but a "duplicate:" one is charged, on
 	// its OK only.
 	Stored func(id [32]byte) bool

@@ -31,14 +31,19 @@ type hex32 = wire.Hex32
 const DefaultPending = 256
 
 // MaxActorPending is how many events of one actor (an authenticated
-// pubkey, else the event's author) may await the relay's OK at once across
-// the gate's connections, with Options.Stored: the quota is charged when
-// the relay has answered or, if the connection ended first, when the
-// relay's store says it stored them (settlePending), so events in flight
-// have passed the quota's check without counting yet. A further EVENT of
-// the actor is refused ("blocked: …") until one is answered. 64 is more
-// than an honest client has in flight (relays answer in milliseconds) and
-// bounds what one actor's events can exceed its quota by, per gate process.
+// pubkey, else the event's author) from one client (its address, as
+// Identity keys it) may await the relay's OK at once across the gate's
+// connections, with Options.Stored: the quota is charged when the relay
+// has answered or, if the connection ended first, when the relay's store
+// says it stored them (settlePending), so events in flight have passed the
+// quota's check without counting yet. A further EVENT of the actor from
+// that client is refused ("blocked: …") until one is answered. 64 is more
+// than an honest client has in flight (relays answer in milliseconds); it
+// bounds what one actor's events can exceed its quota by to 64 per client
+// address and gate process. Counted per client, not per actor alone: the
+// gate does not check signatures, and events forged in a victim's name
+// whose OKs a client keeps from the gate would otherwise hold the victim
+// up everywhere.
 const MaxActorPending = 64
 
 // addInflight counts one more event of actor in flight (see

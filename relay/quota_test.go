@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -321,7 +322,8 @@ func TestGateQuotaBoundsActorsUnansweredEvents(t *testing.T) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}).Wrap(rec))
+	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take, Identity: id}).Wrap(rec))
 	keys := apartPubkeys(q, clk.Now(), 2)
 	actor, other := keys[0], keys[1]
 	a, b := dialRaw(t, url), dialRaw(t, url)
@@ -347,6 +349,18 @@ func TestGateQuotaBoundsActorsUnansweredEvents(t *testing.T) {
 	_ = b.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+2, other)))
 	if got := rec.frames(MaxActorPending + 2); len(got) != MaxActorPending+2 {
 		t.Fatalf("the relay got %d events, want the other actor's two as well", len(got))
+	}
+	// The count is per client: the gate does not check signatures, so
+	// events in the actor's name from elsewhere (forged, their OKs kept
+	// from the gate) do not hold up the actor's own, from its address.
+	own, _, err := websocket.DefaultDialer.Dial(url, http.Header{"X-Forwarded-For": {"203.0.113.9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	_ = own.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+3, actor)))
+	if got := rec.frames(MaxActorPending + 3); len(got) != MaxActorPending+3 {
+		t.Fatalf("the relay got %d events: the actor's event from another address was held up", len(got))
 	}
 }
 
