@@ -860,10 +860,13 @@ var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events 
 // with Options.Stored; a goroutine for at most settleAfter's last delay,
 // holding the connection's pending table and nothing else of it.
 func (c *conn) settlePending() {
-	if c.g.stored == nil || c.pending.len() == 0 {
+	if c.g.stored == nil {
 		return
 	}
-	left := c.pending.drain()
+	left := c.pending.drain() // and no more: an EVENT decided meanwhile is not forwarded
+	if len(left) == 0 {
+		return
+	}
 	q := c.subject(c.g.current().p).Quota()
 	go func() {
 		defer func() {
@@ -953,8 +956,13 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 		return false
 	}
-	if !again {
-		c.pending.add(ev.ID, actor)
+	if !again && !c.pending.addOpen(ev.ID, actor) {
+		// The connection has ended (settlePending took its table) while
+		// this frame was being decided: nothing is forwarded any more.
+		if c.g.stored != nil {
+			c.g.takeInflight(c.inflightKey(actor))
+		}
+		return false
 	}
 	if shadowed {
 		c.g.obs.ReportFrame(f.Type, Shadowed)

@@ -79,11 +79,12 @@ var settleAfter = [...]time.Duration{0, 100 * time.Millisecond, time.Second, 5 *
 // ring is allocated by the first add (most connections only read, and
 // 8 KiB each would add up). It is safe for concurrent use.
 type idTable[V any] struct {
-	mu   sync.Mutex
-	byID map[hex32]idEntry[V]
-	ring *[DefaultPending]hex32
-	next int // the ring slot written next, and evicted first
-	full bool
+	mu      sync.Mutex
+	byID    map[hex32]idEntry[V]
+	ring    *[DefaultPending]hex32
+	next    int // the ring slot written next, and evicted first
+	full    bool
+	drained bool // by drain: addOpen adds nothing more
 }
 
 type idEntry[V any] struct {
@@ -95,6 +96,22 @@ type idEntry[V any] struct {
 func (t *idTable[V]) add(id hex32, v V) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.addLocked(id, v)
+}
+
+// addOpen is add unless the table was drained (its connection has ended):
+// then it adds nothing and reports false.
+func (t *idTable[V]) addOpen(id hex32, v V) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.drained {
+		return false
+	}
+	t.addLocked(id, v)
+	return true
+}
+
+func (t *idTable[V]) addLocked(id hex32, v V) {
 	if t.byID == nil {
 		t.byID = make(map[hex32]idEntry[V], 16)
 		t.ring = new([DefaultPending]hex32)
@@ -150,10 +167,11 @@ type idValue[V any] struct {
 	v  V
 }
 
-// drain returns every entry and empties the table.
+// drain returns every entry and empties the table for good (addOpen).
 func (t *idTable[V]) drain() []idValue[V] {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.drained = true
 	out := make([]idValue[V], 0, len(t.byID))
 	for id, e := range t.byID {
 		out = append(out, idValue[V]{id, e.v})

@@ -379,3 +379,20 @@ func quotaSpent(t *testing.T, ql ratelimit.ActorQuota, actor string) bool {
 	}
 	return false
 }
+
+// A connection's pending table, once drained at its end (settlePending),
+// takes no more: an EVENT its reader was still deciding would otherwise be
+// added after the drain, and its actor's count in flight never released.
+func TestPendingDrainedTakesNoMore(t *testing.T) {
+	var p pending
+	a, b := hex32{1}, hex32{2}
+	if !p.addOpen(a, "x") {
+		t.Fatal("an open table refused an entry")
+	}
+	if got := p.drain(); len(got) != 1 || got[0].id != a || got[0].v != "x" {
+		t.Fatalf("drained %v, want the one entry", got)
+	}
+	if p.addOpen(b, "y") || p.len() != 0 {
+		t.Fatalf("a drained table took an entry (len %d)", p.len())
+	}
+}
