@@ -76,8 +76,12 @@ type conn struct {
 	knocked time.Duration
 
 	pending pending // forwarded EVENTs awaiting the relay's OK (quota only)
-	charged charged // EVENTs charged to the quota (relay reader only)
-	auths   auths   // NIP-42 challenges seen and verified AUTHs in flight
+	// settling: settleAged is due (a timer), with Options.Stored.
+	settleMu sync.Mutex
+	settling *time.Timer
+	ended    bool    // settlePending ran: no timer any more
+	charged  charged // EVENTs charged to the quota (relay reader only)
+	auths    auths   // NIP-42 challenges seen and verified AUTHs in flight
 	// authed is what the relay accepted (NIP-42); nil before. Read on
 	// every frame, written once per accepted AUTH.
 	authed atomic.Pointer[authState]
@@ -351,21 +355,12 @@ func (c *conn) watch(frame []byte) {
 	if !isOK {
 		return
 	}
-	if actor, ok := c.pending.take(id); ok {
+	if pe, ok := c.pending.take(id); ok {
 		if c.g.stored != nil {
-			c.g.takeInflight(c.inflightKey(actor))
+			c.g.takeInflight(c.inflightKey(pe.actor))
 		}
 		if q := c.subject(c.g.current().p).Quota(); accepted && !duplicate && q != nil && (c.g.stored == nil || c.g.stored(id)) {
-			now := c.g.now()
-			if !c.charged.seen(id, now, q.Window()) {
-				// A failed charge leaves an accepted event uncounted:
-				// the relay has it already, and refusing later events
-				// for it would punish the actor for our outage.
-				if _, err := q.Add(c.ctx, actor); err != nil {
-					c.g.log.Debug("quota charge failed", "client", c.who, "err", err)
-				}
-				c.charged.add(id, now)
-			}
+			c.charge(c.ctx, q, id, pe.actor)
 		}
 		return
 	}
@@ -846,6 +841,62 @@ func replyBuf(f Frame) []byte {
 // the gate) hold up that pubkey only from the sender's address.
 func (c *conn) inflightKey(actor string) string { return c.who + " " + actor }
 
+// charge charges actor's quota q for event id, which the relay accepted
+// (and stored, with Options.Stored), unless this connection charged it
+// within the quota's window. A failed charge leaves the event uncounted:
+// the relay has it already, and refusing later events for it would punish
+// the actor for our outage.
+func (c *conn) charge(ctx context.Context, q ratelimit.ActorQuota, id hex32, actor string) {
+	now := c.g.now()
+	if c.charged.seen(id, now, q.Window()) {
+		return
+	}
+	if _, err := q.Add(ctx, actor); err != nil {
+		c.g.log.Debug("quota charge failed", "client", c.who, "err", err)
+	}
+	c.charged.add(id, now)
+}
+
+// armSettle makes settleAged due in settleAge, unless it is already or the
+// connection has ended.
+func (c *conn) armSettle() {
+	c.settleMu.Lock()
+	defer c.settleMu.Unlock()
+	if c.settling == nil && !c.ended {
+		c.settling = time.AfterFunc(settleAge, c.settleAged)
+	}
+}
+
+// settleAged charges the events that have awaited the relay's OK for
+// settleAge or more and that the relay's store says it stored (see
+// settleAge), and is due again while any event awaits its OK.
+func (c *conn) settleAged() {
+	c.settleMu.Lock()
+	c.settling = nil
+	c.settleMu.Unlock()
+	q := c.subject(c.g.current().p).Quota()
+	cut := time.Now().Add(-settleAge)
+	var due []idValue[pendingEvent]
+	c.pending.takeIf(func(id hex32, pe pendingEvent) bool {
+		if pe.at.After(cut) || !c.g.stored(id) {
+			return false
+		}
+		due = append(due, idValue[pendingEvent]{id, pe})
+		return true
+	})
+	for _, e := range due {
+		c.g.takeInflight(c.inflightKey(e.v.actor))
+		if q != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), c.g.writeTimeout)
+			c.charge(ctx, q, e.id, e.v.actor)
+			cancel()
+		}
+	}
+	if c.pending.len() > 0 {
+		c.armSettle()
+	}
+}
+
 // reasonPending refuses an EVENT while DefaultPending of the connection's
 // are awaiting the relay's OK.
 var reasonPending = fmt.Sprintf("blocked: too many events awaiting the relay's answer (at most %d); wait for an OK first", DefaultPending)
@@ -863,6 +914,13 @@ func (c *conn) settlePending() {
 	if c.g.stored == nil {
 		return
 	}
+	c.settleMu.Lock()
+	c.ended = true
+	if c.settling != nil {
+		c.settling.Stop()
+		c.settling = nil
+	}
+	c.settleMu.Unlock()
 	left := c.pending.drain() // and no more: an EVENT decided meanwhile is not forwarded
 	if len(left) == 0 {
 		return
@@ -871,7 +929,7 @@ func (c *conn) settlePending() {
 	go func() {
 		defer func() {
 			for _, e := range left {
-				c.g.takeInflight(c.inflightKey(e.v)) // never seen stored (refused, or not yet): given up
+				c.g.takeInflight(c.inflightKey(e.v.actor)) // never seen stored (refused, or not yet): given up
 			}
 		}()
 		if q == nil {
@@ -893,17 +951,10 @@ func (c *conn) settlePending() {
 					keep = append(keep, e)
 					continue
 				}
-				c.g.takeInflight(c.inflightKey(e.v))
-				now := c.g.now()
-				if c.charged.seen(e.id, now, q.Window()) {
-					continue
-				}
+				c.g.takeInflight(c.inflightKey(e.v.actor))
 				ctx, cancel := context.WithTimeout(context.Background(), c.g.writeTimeout)
-				if _, err := q.Add(ctx, e.v); err != nil {
-					c.g.log.Debug("quota charge failed", "client", c.who, "err", err)
-				}
+				c.charge(ctx, q, e.id, e.v.actor)
 				cancel()
-				c.charged.add(e.id, now)
 			}
 			left = keep
 			if len(left) == 0 {
@@ -956,13 +1007,16 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 		return false
 	}
-	if !again && !c.pending.addOpen(ev.ID, actor) {
+	if !again && !c.pending.addOpen(ev.ID, pendingEvent{actor, time.Now()}) {
 		// The connection has ended (settlePending took its table) while
 		// this frame was being decided: nothing is forwarded any more.
 		if c.g.stored != nil {
 			c.g.takeInflight(c.inflightKey(actor))
 		}
 		return false
+	}
+	if c.g.stored != nil && !again {
+		c.armSettle()
 	}
 	if shadowed {
 		c.g.obs.ReportFrame(f.Type, Shadowed)

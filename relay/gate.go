@@ -181,8 +181,9 @@ type Options struct {
 	// OK true too: without Stored anyone could spend any pubkey's quota by
 	// sending its public events again (a few addresses silenced a pubkey
 	// at the default quota). sluice relay sets it from its event store.
-	// With Stored, the events a connection forwarded whose OK the gate
-	// never saw are charged when it ends if the relay stored them, and an
+	// With Stored, an event whose OK the gate has not seen a second after
+	// forwarding it, or when its connection ends, is charged if the relay
+	// stored it, and an
 	// actor from one client (a connection) has at most MaxActorPending
 	// (DefaultPending) events awaiting their OK (see DefaultPending).
 	// Nil: every accepted event but a "duplicate:" one is charged, on

@@ -35,7 +35,7 @@ func TestPendingBounded(t *testing.T) {
 	var p pending
 	idOf := func(i int) hex32 { var h hex32; h[0], h[1] = byte(i), byte(i>>8); return h }
 	for i := 0; i < 3*DefaultPending; i++ {
-		p.add(idOf(i), "actor")
+		p.add(idOf(i), pendingEvent{actor: "actor"})
 	}
 	if n := p.len(); n != DefaultPending {
 		t.Fatalf("pending holds %d ids, want the bound %d", n, DefaultPending)
@@ -43,7 +43,7 @@ func TestPendingBounded(t *testing.T) {
 	if _, ok := p.take(idOf(0)); ok {
 		t.Error("oldest id survived eviction")
 	}
-	if a, ok := p.take(idOf(3*DefaultPending - 1)); !ok || a != "actor" {
+	if a, ok := p.take(idOf(3*DefaultPending - 1)); !ok || a.actor != "actor" {
 		t.Error("newest id lost")
 	}
 	if _, ok := p.take(idOf(3*DefaultPending - 1)); ok {
@@ -52,15 +52,15 @@ func TestPendingBounded(t *testing.T) {
 	// An id taken and added again keeps its new slot when its old slot is
 	// overwritten.
 	var q pending
-	q.add(idOf(1000), "a")
+	q.add(idOf(1000), pendingEvent{actor: "a"})
 	q.take(idOf(1000))
 	for i := 0; i < DefaultPending-1; i++ {
-		q.add(idOf(i), "x")
+		q.add(idOf(i), pendingEvent{actor: "x"})
 	}
-	q.add(idOf(1000), "b") // the ring wraps: slot 0 next
-	q.add(idOf(2000), "y") // evicts slot 0, which once held 1000
-	if a, ok := q.take(idOf(1000)); !ok || a != "b" {
-		t.Errorf("re-added id evicted with its old slot: %q %v", a, ok)
+	q.add(idOf(1000), pendingEvent{actor: "b"}) // the ring wraps: slot 0 next
+	q.add(idOf(2000), pendingEvent{actor: "y"}) // evicts slot 0, which once held 1000
+	if a, ok := q.take(idOf(1000)); !ok || a.actor != "b" {
+		t.Errorf("re-added id evicted with its old slot: %q %v", a.actor, ok)
 	}
 }
 

@@ -21,10 +21,11 @@ type hex32 = wire.Hex32
 // per connection. When the relay says which events it stored
 // (Options.Stored, as in sluice relay), an EVENT past it is refused
 // ("blocked: too many events awaiting the relay's answer") rather than
-// forwarded, and the events still awaiting their OK when the connection
-// ends are charged if the relay stored them (settlePending): khatru stores
-// an event before it writes the OK, and a client can keep the OKs from
-// the gate (a reply it does not read ahead of them, then hang up). Without
+// forwarded, and an event awaiting its OK for settleAge (settleAged), or
+// still awaiting it when the connection ends (settlePending), is charged
+// if the relay stored it: khatru stores an event before it writes the OK,
+// and a client can keep the OKs from the gate (behind a reply it does not
+// read) for as long as it likes, or hang up. Without
 // Stored (behind Proxy) the gate cannot tell which of them the relay
 // stored: the oldest entries past the bound, and those left at the end,
 // are not charged.
@@ -68,6 +69,13 @@ func (g *Gate) takeInflight(actor string) {
 		delete(g.inflight, actor)
 	}
 }
+
+// settleAge is how long an event may await the relay's OK, with
+// Options.Stored, before the gate asks the relay's store whether it stored
+// it, and charges it if so: khatru writes the OK after the save, and a
+// client can keep the OK from the gate for as long as it keeps the relay's
+// writer waiting on it, longer than the store remembers its saves.
+const settleAge = time.Second
 
 // settleAfter are the delays, after a connection ended, at which the gate
 // asks the relay's store (Options.Stored) about the events still awaiting
@@ -161,6 +169,18 @@ func (t *idTable[V]) room() bool {
 	return !ok || e.slot != t.next
 }
 
+// takeIf forgets every entry for which take, called with the table
+// locked, reports true.
+func (t *idTable[V]) takeIf(take func(id hex32, v V) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, e := range t.byID {
+		if take(id, e.v) {
+			delete(t.byID, id)
+		}
+	}
+}
+
 // idValue is one entry of an idTable.
 type idValue[V any] struct {
 	id hex32
@@ -188,9 +208,16 @@ func (t *idTable[V]) len() int {
 	return len(t.byID)
 }
 
-// pending holds the forwarded EVENTs awaiting the relay's OK and the actor
-// each will be charged to: the client reader adds, the relay reader takes.
-type pending = idTable[string]
+// pending holds the forwarded EVENTs awaiting the relay's OK, the actor
+// each will be charged to and when it was forwarded: the client reader
+// adds, the relay reader takes (and, with Options.Stored, settleAged and
+// settlePending).
+type pending = idTable[pendingEvent]
+
+type pendingEvent struct {
+	actor string
+	at    time.Time // forwarded (the host's monotonic clock)
+}
 
 // charged holds the event ids charged to the quota on one connection and
 // when, so that the relay accepting the same event again (khatru answers a

@@ -276,10 +276,16 @@ func (s *storedSet) take(id [32]byte) bool {
 }
 
 // Events the relay stored but whose OK the gate never saw (the client kept
-// the OKs behind a reply it did not read, then hung up: khatru stores an
-// event before it writes the OK) are charged once the connection has
-// ended. They were free: quota 2, and an actor published without end.
+// the OKs behind a reply it did not read, then hung up, or holds them
+// there: khatru stores an event before it writes the OK) are charged once
+// the connection has ended, or once they have waited settleAge. They were
+// free: quota 2, and an actor published without end.
 func TestGateQuotaChargesStoredEventsLeftUnanswered(t *testing.T) {
+	t.Run("connection ends", func(t *testing.T) { chargesUnanswered(t, true) })
+	t.Run("connection stays", func(t *testing.T) { chargesUnanswered(t, false) })
+}
+
+func chargesUnanswered(t *testing.T, end bool) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
 	if err != nil {
@@ -299,9 +305,11 @@ func TestGateQuotaChargesStoredEventsLeftUnanswered(t *testing.T) {
 	if got := rec.frames(5); len(got) != 5 {
 		t.Fatalf("the relay got %d of the 5 events (nothing was charged yet: all pass the quota)", len(got))
 	}
-	_ = c.Close()
+	if end {
+		_ = c.Close()
+	}
 	if !quotaSpent(t, q.Local(clk.Now), actor) {
-		t.Fatal("20 s after the connection ended, its 5 stored events have not spent the actor's quota of 2")
+		t.Fatalf("20 s on (connection ended: %v), the 5 stored events have not spent the actor's quota of 2", end)
 	}
 	c2 := dialRaw(t, url)
 	_ = c2.WriteMessage(websocket.TextMessage, []byte(eventFrame(6, actor)))
@@ -386,13 +394,13 @@ func quotaSpent(t *testing.T, ql ratelimit.ActorQuota, actor string) bool {
 func TestPendingDrainedTakesNoMore(t *testing.T) {
 	var p pending
 	a, b := hex32{1}, hex32{2}
-	if !p.addOpen(a, "x") {
+	if !p.addOpen(a, pendingEvent{actor: "x"}) {
 		t.Fatal("an open table refused an entry")
 	}
-	if got := p.drain(); len(got) != 1 || got[0].id != a || got[0].v != "x" {
+	if got := p.drain(); len(got) != 1 || got[0].id != a || got[0].v.actor != "x" {
 		t.Fatalf("drained %v, want the one entry", got)
 	}
-	if p.addOpen(b, "y") || p.len() != 0 {
+	if p.addOpen(b, pendingEvent{actor: "y"}) || p.len() != 0 {
 		t.Fatalf("a drained table took an entry (len %d)", p.len())
 	}
 }
