@@ -80,7 +80,7 @@ type conn struct {
 	settleMu sync.Mutex
 	settling *time.Timer
 	ended    bool    // settlePending ran: no timer any more
-	charged  charged // EVENTs charged to the quota (relay reader only)
+	charged  charged // EVENTs charged to the quota (its own lock: the relay reader and the settling)
 	auths    auths   // NIP-42 challenges seen and verified AUTHs in flight
 	// authed is what the relay accepted (NIP-42); nil before. Read on
 	// every frame, written once per accepted AUTH.

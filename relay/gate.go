@@ -181,11 +181,11 @@ type Options struct {
 	// OK true too: without Stored anyone could spend any pubkey's quota by
 	// sending its public events again (a few addresses silenced a pubkey
 	// at the default quota). sluice relay sets it from its event store.
-	// With Stored, an event whose OK the gate has not seen a second after
-	// forwarding it, or when its connection ends, is charged if the relay
-	// stored it, and an
-	// actor from one client (a connection) has at most MaxActorPending
-	// (DefaultPending) events awaiting their OK (see DefaultPending).
+	// With Stored, an event whose OK the gate has not seen one to two
+	// seconds after forwarding it, or when its connection ends, is charged
+	// if the relay stored it, and an actor from one client (a connection)
+	// has at most MaxActorPending (DefaultPending) events awaiting their
+	// OK (see DefaultPending).
 	// Nil: every accepted event but a "duplicate:" one is charged, on
 	// its OK only.
 	Stored func(id [32]byte) bool
@@ -283,9 +283,10 @@ type Gate struct {
 	conns   map[*conn]struct{}
 	wg      sync.WaitGroup
 
-	// inflight counts, per actor, the events forwarded on every
-	// connection and not yet settled (answered, or charged or given up
-	// after the connection ended: settlePending); only with Stored.
+	// inflight counts, per actor and client, the events forwarded on
+	// every connection and not yet settled (answered, charged as stored
+	// by settleAged, or charged or given up after the connection ended by
+	// settlePending); only with Stored.
 	inflightMu sync.Mutex
 	inflight   map[string]int
 }

@@ -35,9 +35,10 @@ const DefaultPending = 256
 // pubkey, else the event's author) from one client (its address, as
 // Identity keys it) may await the relay's OK at once across the gate's
 // connections, with Options.Stored: the quota is charged when the relay
-// has answered or, if the connection ended first, when the relay's store
-// says it stored them (settlePending), so events in flight have passed the
-// quota's check without counting yet. A further EVENT of the actor from
+// has answered or, if it has not, when the relay's store says it stored
+// them (settleAged, one to two seconds on; settlePending, when the
+// connection ends), so events in flight have passed the quota's check
+// without counting yet. A further EVENT of the actor from
 // that client is refused ("blocked: …") until one is answered. 64 is more
 // than an honest client has in flight (relays answer in milliseconds); it
 // bounds what one actor's events can exceed its quota by to 64 per client
@@ -70,9 +71,10 @@ func (g *Gate) takeInflight(actor string) {
 	}
 }
 
-// settleAge is how long an event may await the relay's OK, with
+// settleAge is how long at least an event may await the relay's OK, with
 // Options.Stored, before the gate asks the relay's store whether it stored
-// it, and charges it if so: khatru writes the OK after the save, and a
+// it, and charges it if so (at most twice that: one timer per connection,
+// due settleAge after it is armed, takes every event at least this old): khatru writes the OK after the save, and a
 // client can keep the OK from the gate for as long as it keeps the relay's
 // writer waiting on it, longer than the store remembers its saves.
 const settleAge = time.Second

@@ -109,7 +109,9 @@ func (g *guardedStore) replaces(ctx context.Context, evt *nostr.Event) bool {
 // the relay stored (relay.Options.Stored): khatru answers a duplicate, or
 // an older replaceable event it does not keep, with OK true as well. Two
 // generations of savedIDsGen ids each; the gate asks right after khatru's
-// OK, which follows the save. Safe for concurrent use.
+// OK, which follows the save, or, for an event whose OK it has not seen,
+// one to two seconds after forwarding it and when its connection ends.
+// Safe for concurrent use.
 type savedIDs struct {
 	mu        sync.Mutex
 	cur, prev map[[32]byte]struct{}
