@@ -59,7 +59,11 @@
 // With an actor quota (Options.Quota) the gate also caps the events each
 // pubkey may have accepted per window, charging an actor when the relay
 // answers OK true to an EVENT the gate forwarded, once per event id per
-// connection and window however often it is re-sent.
+// connection and window however often it is re-sent. With Options.Stored
+// an accepted event is one the relay stored, and it is charged whether or
+// not its OK reaches the gate (a client can keep the OKs behind a reply
+// it does not read): after one to two seconds without an OK, or when the
+// connection ends, the relay's store is asked (see DefaultPending).
 //
 // Behind Proxy, each connection has one writer per socket, keepalive pings
 // both ways, a read limit, and a queue towards the client bounded in bytes:
