@@ -867,15 +867,25 @@ func (c *conn) armSettle() {
 	}
 }
 
-// settleAged charges the events that have awaited the relay's OK for
-// settleAge or more and that the relay's store says it stored (see
-// settleAge), and is due again while any event awaits its OK.
+// settleAged settles the events that have awaited the relay's OK for
+// settleAge or more (see settleAge), and is due again while any event
+// awaits its OK.
 func (c *conn) settleAged() {
 	c.settleMu.Lock()
 	c.settling = nil
 	c.settleMu.Unlock()
+	c.settleStored(settleAge)
+	if c.pending.len() > 0 {
+		c.armSettle()
+	}
+}
+
+// settleStored charges every pending event that has awaited its OK for age
+// or more and that the relay's store says it stored, taking it from the
+// table and from its actor's count in flight.
+func (c *conn) settleStored(age time.Duration) {
 	q := c.subject(c.g.current().p).Quota()
-	cut := time.Now().Add(-settleAge)
+	cut := time.Now().Add(-age)
 	var due []idValue[pendingEvent]
 	c.pending.takeIf(func(id hex32, pe pendingEvent) bool {
 		if pe.at.After(cut) || !c.g.stored(id) {
@@ -892,9 +902,6 @@ func (c *conn) settleAged() {
 			cancel()
 		}
 	}
-	if c.pending.len() > 0 {
-		c.armSettle()
-	}
 }
 
 // reasonPending refuses an EVENT while DefaultPending of the connection's
@@ -907,9 +914,10 @@ var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events 
 
 // settlePending charges, once the connection has ended, the events it
 // forwarded whose OK the gate never saw but that the relay stored (see
-// DefaultPending), asking the relay's store at each of settleAfter. Only
-// with Options.Stored; a goroutine for at most settleAfter's last delay,
-// holding the connection's pending table and nothing else of it.
+// DefaultPending), asking the relay's store at each of settleAfter, and
+// gives up on the rest. Only with Options.Stored; a goroutine for at most
+// settleAfter's last delay, holding the connection's pending table and
+// nothing else of it.
 func (c *conn) settlePending() {
 	if c.g.stored == nil {
 		return
@@ -921,20 +929,16 @@ func (c *conn) settlePending() {
 		c.settling = nil
 	}
 	c.settleMu.Unlock()
-	left := c.pending.drain() // and no more: an EVENT decided meanwhile is not forwarded
-	if len(left) == 0 {
+	c.pending.close() // an EVENT decided meanwhile is not forwarded
+	if c.pending.len() == 0 {
 		return
 	}
-	q := c.subject(c.g.current().p).Quota()
 	go func() {
 		defer func() {
-			for _, e := range left {
+			for _, e := range c.pending.drain() {
 				c.g.takeInflight(c.inflightKey(e.v.actor)) // never seen stored (refused, or not yet): given up
 			}
 		}()
-		if q == nil {
-			return // the quota was reloaded away
-		}
 		var waited time.Duration
 		for _, d := range settleAfter {
 			if d > waited {
@@ -945,19 +949,7 @@ func (c *conn) settlePending() {
 				}
 				waited = d
 			}
-			keep := left[:0]
-			for _, e := range left {
-				if !c.g.stored(e.id) {
-					keep = append(keep, e)
-					continue
-				}
-				c.g.takeInflight(c.inflightKey(e.v.actor))
-				ctx, cancel := context.WithTimeout(context.Background(), c.g.writeTimeout)
-				c.charge(ctx, q, e.id, e.v.actor)
-				cancel()
-			}
-			left = keep
-			if len(left) == 0 {
+			if c.settleStored(0); c.pending.len() == 0 {
 				return
 			}
 		}
@@ -1008,8 +1000,9 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		return false
 	}
 	if !again && !c.pending.addOpen(ev.ID, pendingEvent{actor, time.Now()}) {
-		// The connection has ended (settlePending took its table) while
-		// this frame was being decided: nothing is forwarded any more.
+		// The connection has ended (settlePending closed its table)
+		// while this frame was being decided: nothing is forwarded any
+		// more.
 		if c.g.stored != nil {
 			c.g.takeInflight(c.inflightKey(actor))
 		}

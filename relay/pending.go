@@ -25,10 +25,9 @@ type hex32 = wire.Hex32
 // still awaiting it when the connection ends (settlePending), is charged
 // if the relay stored it: khatru stores an event before it writes the OK,
 // and a client can keep the OKs from the gate (behind a reply it does not
-// read) for as long as it likes, or hang up. Without
-// Stored (behind Proxy) the gate cannot tell which of them the relay
-// stored: the oldest entries past the bound, and those left at the end,
-// are not charged.
+// read) for as long as it likes, or hang up. Without Stored (behind Proxy)
+// the gate cannot tell which of them the relay stored: the oldest entries
+// past the bound, and those left at the end, are not charged.
 const DefaultPending = 256
 
 // MaxActorPending is how many events of one actor (an authenticated
@@ -38,8 +37,8 @@ const DefaultPending = 256
 // has answered or, if it has not, when the relay's store says it stored
 // them (settleAged, one to two seconds on; settlePending, when the
 // connection ends), so events in flight have passed the quota's check
-// without counting yet. A further EVENT of the actor from
-// that client is refused ("blocked: …") until one is answered. 64 is more
+// without counting yet. A further EVENT of the actor from that client is
+// refused ("blocked: …") until one is answered. 64 is more
 // than an honest client has in flight (relays answer in milliseconds); it
 // bounds what one actor's events can exceed its quota by to 64 per client
 // address and gate process. Counted per client, not per actor alone: the
@@ -74,9 +73,10 @@ func (g *Gate) takeInflight(actor string) {
 // settleAge is how long at least an event may await the relay's OK, with
 // Options.Stored, before the gate asks the relay's store whether it stored
 // it, and charges it if so (at most twice that: one timer per connection,
-// due settleAge after it is armed, takes every event at least this old): khatru writes the OK after the save, and a
-// client can keep the OK from the gate for as long as it keeps the relay's
-// writer waiting on it, longer than the store remembers its saves.
+// due settleAge after it is armed, takes every event at least this old).
+// khatru writes the OK after the save, and a client can keep the OK from
+// the gate for as long as it keeps the relay's writer waiting on it,
+// longer than the store remembers its saves.
 const settleAge = time.Second
 
 // settleAfter are the delays, after a connection ended, at which the gate
@@ -89,12 +89,12 @@ var settleAfter = [...]time.Duration{0, 100 * time.Millisecond, time.Second, 5 *
 // ring is allocated by the first add (most connections only read, and
 // 8 KiB each would add up). It is safe for concurrent use.
 type idTable[V any] struct {
-	mu      sync.Mutex
-	byID    map[hex32]idEntry[V]
-	ring    *[DefaultPending]hex32
-	next    int // the ring slot written next, and evicted first
-	full    bool
-	drained bool // by drain: addOpen adds nothing more
+	mu     sync.Mutex
+	byID   map[hex32]idEntry[V]
+	ring   *[DefaultPending]hex32
+	next   int // the ring slot written next, and evicted first
+	full   bool
+	closed bool // by close or drain: addOpen adds nothing more
 }
 
 type idEntry[V any] struct {
@@ -109,12 +109,12 @@ func (t *idTable[V]) add(id hex32, v V) {
 	t.addLocked(id, v)
 }
 
-// addOpen is add unless the table was drained (its connection has ended):
+// addOpen is add unless the table was closed (its connection has ended):
 // then it adds nothing and reports false.
 func (t *idTable[V]) addOpen(id hex32, v V) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.drained {
+	if t.closed {
 		return false
 	}
 	t.addLocked(id, v)
@@ -189,11 +189,18 @@ type idValue[V any] struct {
 	v  V
 }
 
+// close makes addOpen add nothing more.
+func (t *idTable[V]) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+}
+
 // drain returns every entry and empties the table for good (addOpen).
 func (t *idTable[V]) drain() []idValue[V] {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.drained = true
+	t.closed = true
 	out := make([]idValue[V], 0, len(t.byID))
 	for id, e := range t.byID {
 		out = append(out, idValue[V]{id, e.v})

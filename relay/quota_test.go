@@ -404,3 +404,38 @@ func TestPendingDrainedTakesNoMore(t *testing.T) {
 		t.Fatalf("a drained table took an entry (len %d)", p.len())
 	}
 }
+
+// When a connection ends, the events it left unanswered that the relay
+// never stored (refused, say, in an OK the client kept from the gate) are
+// given up after the last look (settleAfter): their actor's count in
+// flight is released, and nothing keeps asking about them.
+func TestGateQuotaGivesUpUnstoredEventsAtEnd(t *testing.T) {
+	clk := nostrtest.NewClock()
+	q, err := ratelimit.NewQuota(1000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored storedSet // nothing is stored
+	rec := newRecorder() // answers no EVENT
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take})
+	url := serve(t, g.Wrap(rec))
+	actor := apartPubkeys(q, clk.Now(), 1)[0]
+	c := dialRaw(t, url)
+	for id := 1; id <= 3; id++ {
+		_ = c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, actor)))
+	}
+	if got := rec.frames(3); len(got) != 3 {
+		t.Fatalf("the relay got %d of the 3 events", len(got))
+	}
+	_ = c.Close()
+	inflight := func() int {
+		g.inflightMu.Lock()
+		defer g.inflightMu.Unlock()
+		return len(g.inflight)
+	}
+	for start := time.Now(); inflight() != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("20 s after the connection ended, %d actors still have events counted in flight", inflight())
+		}
+	}
+}
