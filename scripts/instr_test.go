@@ -181,6 +181,22 @@ func BenchmarkScriptInstructions(b *testing.B) {
 	for _, k := range []int{4, 16, 32} {
 		vs = append(vs, variant{"cluster" + strconv.Itoa(k), k, batchCall(cluster, "d"+strconv.Itoa(k)+":", k, true)})
 	}
+	if os.Getenv("SLUICE_LEAN_PIECES") != "" {
+		// The lean call by piece (docs/BENCHMARKS.md): scripts that do
+		// part of its work, and ewma1.lua with one piece left out or
+		// done another way, each called as lean+id is.
+		for j, pc := range leanPieces(b) {
+			sc := redis.NewScript(pc.src)
+			pfx := "p" + strconv.Itoa(j) + ":"
+			vs = append(vs, variant{"piece-" + pc.name, 1, func(i int) error {
+				err := sc.Run(ctx, c, []string{pfx + client(i) + ":1000:60000"}, pack(append([]any{0, cut()}, lim...)...), id(i)).Err()
+				if err == redis.Nil {
+					return nil
+				}
+				return err
+			}})
+		}
+	}
 	for b.Loop() {
 		var peer float64
 		for _, v := range vs {
@@ -193,5 +209,29 @@ func BenchmarkScriptInstructions(b *testing.B) {
 				b.ReportMetric(x/peer, v.name+"/redis_rate")
 			}
 		}
+	}
+}
+
+// leanPieces returns the scripts of SLUICE_LEAN_PIECES: part of the lean
+// call's work alone, and ewma1.lua with one change each.
+func leanPieces(b *testing.B) []struct{ name, src string } {
+	edit := func(name, old, new string) struct{ name, src string } {
+		if !strings.Contains(scripts.EWMA1, old) {
+			b.Fatalf("piece %s: ewma1.lua no longer has %q", name, old)
+		}
+		return struct{ name, src string }{name, strings.Replace(scripts.EWMA1, old, new, 1)}
+	}
+	const set = "redis.call('SET', key, val, 'PX', format('%d', ttl))"
+	return []struct{ name, src string }{
+		{"return0", "return 0"},
+		{"get", "redis.call('GET', KEYS[1]) return 0"},
+		{"time+get+set", "redis.call('TIME') redis.call('GET', KEYS[1]) redis.call('SET', KEYS[1], 'abcdefghabcdefghabcdefgh0123456789abcdef', 'PX', '60000') return 0"},
+		{"whole", scripts.EWMA1},
+		edit("no-id", "local reqid = ARGV[2] or ''", "local reqid = ''"),
+		edit("no-decay", "local function decay(s, t, now, p)\n", "local function decay(s, t, now, p)\n  do return s * 0.5 end\n"),
+		edit("no-ttl", "  local x = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1\n", "  local x = 60000\n"),
+		edit("psetex", set, "redis.call('PSETEX', key, format('%d', ttl), val)"),
+		edit("pxat", set, "redis.call('SET', key, val, 'PXAT', format('%d', clock + ttl))"),
+		edit("one-id", "local IDS = 4", "local IDS = 1"),
 	}
 }
