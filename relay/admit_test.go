@@ -191,20 +191,28 @@ func BenchmarkAdmit(b *testing.B) {
 		opts  Options
 		frame []byte
 		admit bool
+		sub   string // the REQ's subscription, closed after each
 	}{
-		{"EVENT", Options{Limits: wide()}, event, true},
-		{"EVENT-quota", Options{Limits: wide(), Quota: quota.Local(nil)}, event, true},
-		{"REQ", Options{Limits: wide()}, req, true},
-		{"EVENT-blocked", Options{Limits: tight()}, event, false},
+		{"EVENT", Options{Limits: wide()}, event, true, ""},
+		{"EVENT-quota", Options{Limits: wide(), Quota: quota.Local(nil)}, event, true, ""},
+		{"REQ", Options{Limits: wide()}, req, true, "sub:1"},
+		{"EVENT-blocked", Options{Limits: tight()}, event, false, ""},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			c := admitConn(b, bm.opts)
+			sub := []byte(bm.sub)
 			b.ReportAllocs()
 			for b.Loop() {
 				if c.admit(bm.frame) != bm.admit && bm.admit {
 					b.Fatal("refused")
 				}
 				c.out.pop()
+				if len(sub) > 0 {
+					// The relay's EOSE and the client's CLOSE: the
+					// subscription's place is free for the next REQ.
+					c.subs.answered(sub)
+					c.subs.remove(sub)
+				}
 			}
 		})
 	}

@@ -2,6 +2,8 @@ package wire
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"unicode/utf8"
 )
 
@@ -244,6 +246,23 @@ var strClass = func() (t [256]bool) {
 	return t
 }()
 
+// Bytes of eight, one per byte lane, for strSpecial and allLowerHex.
+const (
+	lanes01 = 0x0101010101010101
+	lanes80 = 0x8080808080808080
+)
+
+// strSpecial returns a mask whose lowest set bit is the top bit of the
+// first byte of w (little-endian: w's lowest byte first) that strClass
+// marks — a control character, a quote or a backslash — or 0 when there
+// is none. Bits above the lowest may be set for bytes that are not marked
+// (a borrow runs upward from a marked byte), so only the lowest is read.
+func strSpecial(w uint64) uint64 {
+	quote := w ^ (lanes01 * '"')
+	slash := w ^ (lanes01 * '\\')
+	return ((w-lanes01*0x20) & ^w | (quote-lanes01) & ^quote | (slash-lanes01) & ^slash) & lanes80
+}
+
 // str consumes a strict JSON string (valid escapes, no raw control
 // characters; UTF-8 is checked once for the whole frame) and returns its
 // literal, quotes included, and whether it holds an escape.
@@ -254,6 +273,16 @@ func (s *scanner) str() (lit []byte, escaped, ok bool) {
 	start := s.i
 	i := s.i + 1
 	for i < len(s.b) {
+		if i+8 <= len(s.b) {
+			// Eight bytes at a time up to the first that ends the fast
+			// part (strSpecial finds it exactly).
+			if m := strSpecial(binary.LittleEndian.Uint64(s.b[i:])); m == 0 {
+				i += 8
+				continue
+			} else {
+				i += bits.TrailingZeros64(m) >> 3
+			}
+		}
 		c := s.b[i]
 		if !strClass[c] {
 			i++
