@@ -108,6 +108,7 @@ type batcher struct {
 	closed   bool
 
 	scratch sync.Pool
+	ctxs    callPool // the deadlines of batches (callCtx)
 
 	// pipelines and calls count the batched round trips and the decisions
 	// they carried, for the benchmarks' mean batch size; direct counts the
@@ -495,9 +496,9 @@ type group struct {
 func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchScratch) bool {
 	ctx := context.Background()
 	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
+		cc := b.ctxs.withDeadline(ctx, deadline)
+		defer cc.release()
+		ctx = cc
 	}
 	cluster := b.cluster && !b.noCluster.Load()
 	if cluster {

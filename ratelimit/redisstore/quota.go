@@ -194,6 +194,12 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 		s.br.record(probe, outcomeIgnored)
 		return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrOverloaded)
 	}
+	if err := ctx.Err(); err != nil {
+		// The caller gave up before the call went out (its round trip
+		// would not see it: callCtx).
+		s.br.record(probe, outcomeIgnored)
+		return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+	}
 
 	key, id := q.key(actor, op == argOpAdd && !s.lean)
 	var nowMs, cut int64
@@ -205,19 +211,21 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	if id != "" {
 		args[9] = &id
 	}
-	callCtx, cancel := ctx, context.CancelFunc(nil)
+	var cc *callCtx
+	rctx := ctx
 	if !deadline.IsZero() {
-		callCtx, cancel = context.WithDeadline(ctx, deadline)
+		cc = s.ctxs.withDeadline(ctx, deadline)
+		rctx = cc
 	}
-	cmd := newCmd(callCtx, args[:])
-	_ = s.client.Process(callCtx, cmd)
+	cmd := newCmd(rctx, args[:])
+	_ = s.client.Process(rctx, cmd)
 	if isNoScript(cmd.Err()) {
 		args[0], args[1] = argEval, argQuotaSource
-		cmd = newCmd(callCtx, args[:])
-		_ = s.client.Process(callCtx, cmd)
+		cmd = newCmd(rctx, args[:])
+		_ = s.client.Process(rctx, cmd)
 	}
-	if cancel != nil {
-		cancel()
+	if cc != nil {
+		cc.release()
 	}
 	reply, err := cmd.Result()
 	var flag bool

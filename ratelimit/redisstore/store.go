@@ -284,6 +284,8 @@ type Store struct {
 	// client.)
 	lean bool
 
+	ctxs callPool // the deadlines of direct and quota calls (callCtx)
+
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
 }
@@ -592,13 +594,20 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 		br.record(probe, outcomeIgnored)
 		return ratelimit.Decision{}, ErrOverloaded
 	}
-	callCtx, cancel := ctx, context.CancelFunc(nil)
-	if !deadline.IsZero() {
-		callCtx, cancel = context.WithDeadline(ctx, deadline)
+	if err := ctx.Err(); err != nil {
+		// The caller gave up before the call went out (its round trip
+		// would not see it: callCtx).
+		br.record(probe, outcomeIgnored)
+		return ratelimit.Decision{}, err
 	}
-	reply, err := runLean(callCtx, s.client, req, cutoff(deadline, s.margin))
-	if cancel != nil {
-		cancel()
+	var reply any
+	var err error
+	if deadline.IsZero() {
+		reply, err = runLean(ctx, s.client, req, 0)
+	} else {
+		cc := s.ctxs.withDeadline(ctx, deadline)
+		reply, err = runLean(cc, s.client, req, cutoff(deadline, s.margin))
+		cc.release()
 	}
 	d, err := decision(reply, err, req)
 	s.trips.Add(1)
