@@ -229,9 +229,13 @@ type Options struct {
 	// contain '{' or '}': the client part of the key carries the Redis
 	// Cluster hash tag, and a brace in the prefix would become the tag.
 	Prefix string
-	// Timeout bounds each call to Redis (context.WithTimeout on the caller's
-	// context); 0 means DefaultTimeout, a negative value means no deadline
-	// of the store's own (the caller's context still applies).
+	// Timeout bounds each decision, from the moment Decide is called (the
+	// caller's context's deadline when that is earlier); 0 means
+	// DefaultTimeout, a negative value means no deadline of the store's
+	// own (the caller's context's deadline still applies). A caller's
+	// context cancelled before the call goes out refuses it; one
+	// cancelled during the round trip does not cut it short: it ends by
+	// its deadline at the latest.
 	Timeout time.Duration
 	// Breaker configures the circuit breaker; the zero value means its defaults.
 	Breaker BreakerOptions
