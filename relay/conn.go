@@ -356,9 +356,7 @@ func (c *conn) watch(frame []byte) {
 		return
 	}
 	if pe, ok := c.pending.take(id); ok {
-		if c.g.stored != nil {
-			c.g.takeInflight(c.inflightKey(pe.actor))
-		}
+		c.g.takeInflight(c.inflightKey(pe.actor))
 		if q := c.subject(c.g.current().p).Quota(); accepted && !duplicate && q != nil && (c.g.stored == nil || c.g.stored(id)) {
 			c.charge(c.ctx, q, id, pe.actor)
 		}
@@ -914,14 +912,12 @@ var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events 
 
 // settlePending charges, once the connection has ended, the events it
 // forwarded whose OK the gate never saw but that the relay stored (see
-// DefaultPending), asking the relay's store at each of settleAfter, and
-// gives up on the rest. Only with Options.Stored; a goroutine for at most
-// settleAfter's last delay, holding the connection's pending table and
-// nothing else of it.
+// DefaultPending): with Options.Stored asking the relay's store at each of
+// settleAfter, and giving up on the rest; without it (behind Proxy: the
+// gate cannot ask) charging them all, as if stored. A goroutine for at
+// most settleAfter's last delay, holding the connection's pending table
+// and nothing else of it.
 func (c *conn) settlePending() {
-	if c.g.stored == nil {
-		return
-	}
 	c.settleMu.Lock()
 	c.ended = true
 	if c.settling != nil {
@@ -931,6 +927,10 @@ func (c *conn) settlePending() {
 	c.settleMu.Unlock()
 	c.pending.close() // an EVENT decided meanwhile is not forwarded
 	if c.pending.len() == 0 {
+		return
+	}
+	if c.g.stored == nil {
+		go c.chargeUnanswered()
 		return
 	}
 	go func() {
@@ -956,6 +956,24 @@ func (c *conn) settlePending() {
 	}()
 }
 
+// chargeUnanswered charges, without Options.Stored, every event the
+// ended connection left without an OK, as if the relay stored it: a client
+// that keeps the relay's answers from the gate (behind a reply it does not
+// read) and hangs up would otherwise publish past its quota for nothing.
+// An honest client that leaves before an OK false arrives is charged for
+// that event too: the gate cannot tell, and errs on the quota's side.
+func (c *conn) chargeUnanswered() {
+	q := c.subject(c.g.current().p).Quota()
+	for _, e := range c.pending.drain() {
+		c.g.takeInflight(c.inflightKey(e.v.actor))
+		if q != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), c.g.writeTimeout)
+			c.charge(ctx, q, e.id, e.v.actor)
+			cancel()
+		}
+	}
+}
+
 // admitEvent applies the actor quota to a canonical EVENT the limits
 // admitted.
 func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shadowed bool) bool {
@@ -972,7 +990,7 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 	}
 	over, wait, err := q.Exceeded(c.ctx, actor)
 	_, again := c.pending.get(ev.ID) // sent again before its OK: counted once
-	if err == nil && !over && c.g.stored != nil && !again {
+	if err == nil && !over && !again {
 		// Not one more without an answer past the tables (see
 		// DefaultPending and MaxActorPending): an event forwarded past
 		// them would be charged late or by nobody.
@@ -1003,9 +1021,7 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		// The connection has ended (settlePending closed its table)
 		// while this frame was being decided: nothing is forwarded any
 		// more.
-		if c.g.stored != nil {
-			c.g.takeInflight(c.inflightKey(actor))
-		}
+		c.g.takeInflight(c.inflightKey(actor))
 		return false
 	}
 	if c.g.stored != nil && !again {

@@ -183,11 +183,12 @@ type Options struct {
 	// at the default quota). sluice relay sets it from its event store.
 	// With Stored, an event whose OK the gate has not seen one to two
 	// seconds after forwarding it, or when its connection ends, is charged
-	// if the relay stored it, and an actor from one client (a connection)
-	// has at most MaxActorPending (DefaultPending) events awaiting their
-	// OK (see DefaultPending).
-	// Nil: every accepted event but a "duplicate:" one is charged, on
-	// its OK only.
+	// if the relay stored it.
+	// Nil: every accepted event but a "duplicate:" one is charged on its
+	// OK, and every event left without an OK when its connection ends is
+	// charged then, as if stored. Either way an actor from one client
+	// (a connection) has at most MaxActorPending (DefaultPending) events
+	// awaiting their OK (see DefaultPending).
 	Stored func(id [32]byte) bool
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).

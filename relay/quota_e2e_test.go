@@ -116,8 +116,14 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 // one actor stored against a quota of 2 in three rounds. With the relay's
 // store telling the gate what it stored (Options.Stored, as sluice relay
 // has it), the events left unanswered are charged when the connection
-// ends, and the actor's next event is refused.
+// ends, and the actor's next event is refused. Behind Proxy the gate has
+// no store to ask, and charges every event left unanswered as if stored.
 func TestE2EQuotaUnansweredEventsCharged(t *testing.T) {
+	t.Run("relay", func(t *testing.T) { unansweredEventsCharged(t, false) })
+	t.Run("proxy", func(t *testing.T) { unansweredEventsCharged(t, true) })
+}
+
+func unansweredEventsCharged(t *testing.T, proxy bool) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
 	if err != nil {
@@ -151,7 +157,16 @@ func TestE2EQuotaUnansweredEventsCharged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored}).Wrap(kr))
+	var url string
+	if proxy {
+		h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)}).Proxy(serve(t, kr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		url = serve(t, h)
+	} else {
+		url = serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored}).Wrap(kr))
+	}
 	sk := nostrtest.ApartKeys(q, clk.Now(), 1)[0]
 	pk, _ := nostr.GetPublicKey(sk)
 	c := dialSmall(t, url)

@@ -281,11 +281,14 @@ func (s *storedSet) take(id [32]byte) bool {
 // the connection has ended, or once they have waited settleAge. They were
 // free: quota 2, and an actor published without end.
 func TestGateQuotaChargesStoredEventsLeftUnanswered(t *testing.T) {
-	t.Run("connection ends", func(t *testing.T) { chargesUnanswered(t, true) })
-	t.Run("connection stays", func(t *testing.T) { chargesUnanswered(t, false) })
+	t.Run("connection ends", func(t *testing.T) { chargesUnanswered(t, true, true) })
+	t.Run("connection stays", func(t *testing.T) { chargesUnanswered(t, false, true) })
+	// Without Stored (behind Proxy) the gate cannot ask, and charges every
+	// event left unanswered when the connection ends, as if stored.
+	t.Run("without Stored, connection ends", func(t *testing.T) { chargesUnanswered(t, true, false) })
 }
 
-func chargesUnanswered(t *testing.T, end bool) {
+func chargesUnanswered(t *testing.T, end, withStored bool) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
 	if err != nil {
@@ -293,7 +296,11 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT: the OKs the client kept from the gate
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}).Wrap(rec))
+	opts := Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}
+	if !withStored {
+		opts.Stored = nil
+	}
+	url := serve(t, newGate(t, opts).Wrap(rec))
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := dialRaw(t, url)
 	for id := 1; id <= 5; id++ {
@@ -318,11 +325,16 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 }
 
-// With Options.Stored, an actor has at most MaxActorPending events awaiting
-// the relay's OK across the gate's connections: each has passed the
-// quota's check without counting yet, so more would let the actor past its
-// quota by as many as it can keep unanswered.
+// An actor has at most MaxActorPending events awaiting the relay's OK
+// across the gate's connections, with Options.Stored or without: each has
+// passed the quota's check without counting yet, so more would let the
+// actor past its quota by as many as it can keep unanswered.
 func TestGateQuotaBoundsActorsUnansweredEvents(t *testing.T) {
+	t.Run("Stored", func(t *testing.T) { boundsUnanswered(t, true) })
+	t.Run("without Stored", func(t *testing.T) { boundsUnanswered(t, false) })
+}
+
+func boundsUnanswered(t *testing.T, withStored bool) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(1000, time.Minute)
 	if err != nil {
@@ -331,7 +343,11 @@ func TestGateQuotaBoundsActorsUnansweredEvents(t *testing.T) {
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT
 	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take, Identity: id}).Wrap(rec))
+	opts := Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take, Identity: id}
+	if !withStored {
+		opts.Stored = nil
+	}
+	url := serve(t, newGate(t, opts).Wrap(rec))
 	keys := apartPubkeys(q, clk.Now(), 2)
 	actor, other := keys[0], keys[1]
 	a, b := dialRaw(t, url), dialRaw(t, url)
