@@ -59,6 +59,10 @@ type conn struct {
 
 	clientRD readDeadline // owned by the client reader
 	upRD     readDeadline // owned by the upstream reader
+	// draining: the client has gone with events awaiting the relay's OK
+	// (behind Proxy): the upstream reader reads the relay's answers on
+	// for up to drainAnswers before it closes the relay's side (see end).
+	draining atomic.Bool
 
 	// Set before the goroutines start, read-only after.
 	who  string     // the client's budget key, for logs
@@ -142,6 +146,19 @@ func (c *conn) end(toClient, toUp bool, code int, text string) {
 		if toClient {
 			_ = c.client.WriteControl(websocket.CloseMessage, msg, deadline)
 		}
+		if toUp && !toClient && c.pending.len() > 0 {
+			// The client has gone with events the relay has yet to
+			// answer, perhaps held back behind a reply it would not
+			// read: the upstream reader reads the answers on, charging
+			// the quota for what the relay accepted, and closes the
+			// relay's side after (readUpstream).
+			c.draining.Store(true)
+			_ = c.up.SetReadDeadline(time.Now().Add(drainAnswers))
+			close(c.closing)
+			c.cancel()
+			_ = c.client.Close()
+			return
+		}
 		if toUp {
 			if code == closeSlowClient {
 				// The gate's own cut: to the relay the client has simply
@@ -174,6 +191,7 @@ func (c *conn) run() {
 	go c.readUpstream()
 	c.readClient()
 	c.wg.Wait()
+	_ = c.up.Close() // if the upstream reader ended before it could drain (see end)
 }
 
 // send queues a frame for the client, waiting while the queue is at its
@@ -282,8 +300,14 @@ func isTimeout(err error) bool {
 func (c *conn) readUpstream() {
 	defer c.wg.Done()
 	for {
-		c.upRD.extend(c.up, c.g.pingInterval)
+		if !c.draining.Load() { // draining: end set the last deadline
+			c.upRD.extend(c.up, c.g.pingInterval)
+		}
 		typ, data, err := c.up.ReadMessage()
+		if err != nil && c.draining.Load() {
+			c.endUp()
+			return
+		}
 		if err != nil {
 			code, text := closeGoingAway, "relay connection lost"
 			var ce *websocket.CloseError
@@ -299,7 +323,49 @@ func (c *conn) readUpstream() {
 			c.watch(data)
 		}
 		if !c.send(typ, data) {
+			if c.draining.Load() {
+				c.drainUpstream()
+			}
 			return
+		}
+	}
+}
+
+// endUp ends the relay's side after a drain: the client has gone.
+func (c *conn) endUp() {
+	msg := websocket.FormatCloseMessage(closeGoingAway, "client connection lost")
+	_ = c.up.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
+	_ = c.up.Close()
+}
+
+// drainAnswers is how long, after a client went with events the relay had
+// yet to answer, the gate reads the relay's answers on (behind Proxy).
+const drainAnswers = 2 * time.Second
+
+// drainUpstream reads the relay's frames after the client has gone,
+// discarding them but for the OKs of the events it left awaiting one
+// (watch charges the quota for those the relay accepted), until none is
+// left, drainAnswers has passed since the client went (end set the read
+// deadline) or the gate shuts down; then it closes the relay's side. Behind Proxy there is no store to ask (see
+// Options.Stored), and the relay's answers are what says which events it
+// took: a client that kept them from the gate behind a reply it did not
+// read, and hung up, would otherwise have published past its quota for
+// nothing. Charging the events as if stored instead would let anyone spend
+// a pubkey's quota with its public events sent again and hung up on.
+func (c *conn) drainUpstream() {
+	defer c.endUp()
+	for c.pending.len() > 0 {
+		select {
+		case <-c.g.stopped:
+			return
+		default:
+		}
+		typ, data, err := c.up.ReadMessage()
+		if err != nil {
+			return
+		}
+		if typ == websocket.TextMessage {
+			c.watch(data)
 		}
 	}
 }
@@ -913,10 +979,10 @@ var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events 
 // settlePending charges, once the connection has ended, the events it
 // forwarded whose OK the gate never saw but that the relay stored (see
 // DefaultPending): with Options.Stored asking the relay's store at each of
-// settleAfter, and giving up on the rest; without it (behind Proxy: the
-// gate cannot ask) charging them all, as if stored. A goroutine for at
-// most settleAfter's last delay, holding the connection's pending table
-// and nothing else of it.
+// settleAfter, and giving up on the rest (a goroutine for at most
+// settleAfter's last delay, holding the connection's pending table and
+// nothing else of it); without it (behind Proxy) giving up at once on
+// those drainUpstream did not see answered.
 func (c *conn) settlePending() {
 	c.settleMu.Lock()
 	c.ended = true
@@ -930,7 +996,11 @@ func (c *conn) settlePending() {
 		return
 	}
 	if c.g.stored == nil {
-		go c.chargeUnanswered()
+		// Behind Proxy the relay's answers were read on after the
+		// client went (drainUpstream); what is left is given up.
+		for _, e := range c.pending.drain() {
+			c.g.takeInflight(c.inflightKey(e.v.actor))
+		}
 		return
 	}
 	go func() {
@@ -954,24 +1024,6 @@ func (c *conn) settlePending() {
 			}
 		}
 	}()
-}
-
-// chargeUnanswered charges, without Options.Stored, every event the
-// ended connection left without an OK, as if the relay stored it: a client
-// that keeps the relay's answers from the gate (behind a reply it does not
-// read) and hangs up would otherwise publish past its quota for nothing.
-// An honest client that leaves before an OK false arrives is charged for
-// that event too: the gate cannot tell, and errs on the quota's side.
-func (c *conn) chargeUnanswered() {
-	q := c.subject(c.g.current().p).Quota()
-	for _, e := range c.pending.drain() {
-		c.g.takeInflight(c.inflightKey(e.v.actor))
-		if q != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), c.g.writeTimeout)
-			c.charge(ctx, q, e.id, e.v.actor)
-			cancel()
-		}
-	}
 }
 
 // admitEvent applies the actor quota to a canonical EVENT the limits

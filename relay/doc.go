@@ -64,8 +64,9 @@
 // not its OK reaches the gate (a client can keep the OKs behind a reply
 // it does not read): after one to two seconds without an OK, or when the
 // connection ends, the relay's store is asked (see DefaultPending).
-// Without it (Proxy) the events left without an OK when a connection ends
-// are charged then, as if stored.
+// Without it (Proxy) the gate reads the relay's answers on for up to 2 s
+// after a client has gone with events awaiting their OK, and charges
+// those the relay accepted.
 //
 // Behind Proxy, each connection has one writer per socket, keepalive pings
 // both ways, a read limit, and a queue towards the client bounded in bytes:

@@ -185,10 +185,12 @@ type Options struct {
 	// seconds after forwarding it, or when its connection ends, is charged
 	// if the relay stored it.
 	// Nil: every accepted event but a "duplicate:" one is charged on its
-	// OK, and every event left without an OK when its connection ends is
-	// charged then, as if stored. Either way an actor from one client
-	// (a connection) has at most MaxActorPending (DefaultPending) events
-	// awaiting their OK (see DefaultPending).
+	// OK; behind Proxy the relay's answers are read on for a while after
+	// a client has gone with events awaiting theirs, while in Wrap mode
+	// the OKs a client kept from the gate are lost with it, uncharged
+	// (set Stored there). Either way an actor
+	// from one client (a connection) has at most MaxActorPending
+	// (DefaultPending) events awaiting their OK (see DefaultPending).
 	Stored func(id [32]byte) bool
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).

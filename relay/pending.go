@@ -27,9 +27,10 @@ type hex32 = wire.Hex32
 // and a client can keep the OKs from the gate (behind a reply it does not
 // read) for as long as it likes, or hang up. Without Stored (behind Proxy)
 // the gate cannot tell which of them the relay stored: an EVENT past the
-// bound is refused the same way, and the events left without an OK when
-// the connection ends are all charged, as if stored (chargeUnanswered);
-// there is no timer.
+// bound is refused the same way, and when the client goes with events
+// awaiting their OK the gate reads the relay's answers on for up to
+// drainAnswers, charging those it accepted (drainUpstream); there is no
+// timer.
 const DefaultPending = 256
 
 // MaxActorPending is how many events of one actor (an authenticated
@@ -38,8 +39,9 @@ const DefaultPending = 256
 // connections: the quota is charged when the relay has answered or, if it
 // has not, when the relay's store says it stored them (Options.Stored:
 // settleAged, one to two seconds on; settlePending, when the connection
-// ends), or, without Stored, when the connection ends, so events in flight
-// have passed the quota's check without counting yet. A further EVENT of the actor from that client is
+// ends), or, without Stored, when its OK arrives, read after the client
+// has gone if need be (drainUpstream), so events in flight have passed the
+// quota's check without counting yet. A further EVENT of the actor from that client is
 // refused ("blocked: …") until one is answered. 64 is more
 // than an honest client has in flight (relays answer in milliseconds); it
 // bounds what one actor's events can exceed its quota by to 64 per client

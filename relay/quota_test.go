@@ -281,14 +281,11 @@ func (s *storedSet) take(id [32]byte) bool {
 // the connection has ended, or once they have waited settleAge. They were
 // free: quota 2, and an actor published without end.
 func TestGateQuotaChargesStoredEventsLeftUnanswered(t *testing.T) {
-	t.Run("connection ends", func(t *testing.T) { chargesUnanswered(t, true, true) })
-	t.Run("connection stays", func(t *testing.T) { chargesUnanswered(t, false, true) })
-	// Without Stored (behind Proxy) the gate cannot ask, and charges every
-	// event left unanswered when the connection ends, as if stored.
-	t.Run("without Stored, connection ends", func(t *testing.T) { chargesUnanswered(t, true, false) })
+	t.Run("connection ends", func(t *testing.T) { chargesUnanswered(t, true) })
+	t.Run("connection stays", func(t *testing.T) { chargesUnanswered(t, false) })
 }
 
-func chargesUnanswered(t *testing.T, end, withStored bool) {
+func chargesUnanswered(t *testing.T, end bool) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
 	if err != nil {
@@ -296,11 +293,7 @@ func chargesUnanswered(t *testing.T, end, withStored bool) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT: the OKs the client kept from the gate
-	opts := Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}
-	if !withStored {
-		opts.Stored = nil
-	}
-	url := serve(t, newGate(t, opts).Wrap(rec))
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}).Wrap(rec))
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := dialRaw(t, url)
 	for id := 1; id <= 5; id++ {
@@ -453,5 +446,38 @@ func TestGateQuotaGivesUpUnstoredEventsAtEnd(t *testing.T) {
 		if time.Since(start) > 20*time.Second {
 			t.Fatalf("20 s after the connection ended, %d actors still have events counted in flight", inflight())
 		}
+	}
+}
+
+// Behind Proxy, when a client goes with events the relay has not
+// answered, the gate reads the relay's answers on (drainUpstream), but not
+// for ever: a relay that never answers gets the close within drainAnswers
+// and a little, not at its read deadline two ping intervals on.
+func TestProxyDrainEndsWhenTheRelayNeverAnswers(t *testing.T) {
+	clk := nostrtest.NewClock()
+	q, err := ratelimit.NewQuota(10, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder() // answers no EVENT
+	h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)}).Proxy(serve(t, rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, serve(t, h))
+	actor := apartPubkeys(q, clk.Now(), 1)[0]
+	if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(1, actor))); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.frames(1); len(got) != 1 {
+		t.Fatalf("the relay got %d events", len(got))
+	}
+	start := time.Now()
+	_ = c.Close()
+	if code := rec.closed(); code != closeGoingAway {
+		t.Fatalf("the relay's side: close %d after %v, want %d within %v and a little", code, time.Since(start).Round(time.Millisecond), closeGoingAway, drainAnswers)
+	}
+	if took := time.Since(start); took < drainAnswers-100*time.Millisecond {
+		t.Fatalf("closed %v after the client, before drainAnswers: no drain", took)
 	}
 }
