@@ -146,20 +146,16 @@ func (c *conn) end(toClient, toUp bool, code int, text string) {
 		if toClient {
 			_ = c.client.WriteControl(websocket.CloseMessage, msg, deadline)
 		}
-		if toUp && !toClient && c.pending.len() > 0 {
-			// The client has gone with events the relay has yet to
-			// answer, perhaps held back behind a reply it would not
-			// read: the upstream reader reads the answers on, charging
-			// the quota for what the relay accepted, and closes the
-			// relay's side after (readUpstream).
+		// The client has gone with events the relay has yet to answer,
+		// perhaps held back behind a reply it would not read: the
+		// upstream reader reads the answers on, charging the quota for
+		// what the relay accepted, and closes the relay's side after
+		// (drainUpstream).
+		drain := toUp && !toClient && c.pending.len() > 0
+		if drain {
 			c.draining.Store(true)
 			_ = c.up.SetReadDeadline(time.Now().Add(drainAnswers))
-			close(c.closing)
-			c.cancel()
-			_ = c.client.Close()
-			return
-		}
-		if toUp {
+		} else if toUp {
 			if code == closeSlowClient {
 				// The gate's own cut: to the relay the client has simply
 				// gone. A 1008 would read as the client's protocol error
@@ -172,7 +168,9 @@ func (c *conn) end(toClient, toUp bool, code int, text string) {
 		close(c.closing)
 		c.cancel()
 		_ = c.client.Close()
-		_ = c.up.Close()
+		if !drain {
+			_ = c.up.Close()
+		}
 	})
 }
 
@@ -346,9 +344,9 @@ const drainAnswers = 2 * time.Second
 // discarding them but for the OKs of the events it left awaiting one
 // (watch charges the quota for those the relay accepted), until none is
 // left, drainAnswers has passed since the client went (end set the read
-// deadline) or the gate shuts down; then it closes the relay's side. Behind Proxy there is no store to ask (see
-// Options.Stored), and the relay's answers are what says which events it
-// took: a client that kept them from the gate behind a reply it did not
+// deadline) or the gate shuts down; then it closes the relay's side.
+// Behind Proxy there is no store to ask (see Options.Stored), and the
+// relay's answers are what says which events it took: a client that kept them from the gate behind a reply it did not
 // read, and hung up, would otherwise have published past its quota for
 // nothing. Charging the events as if stored instead would let anyone spend
 // a pubkey's quota with its public events sent again and hung up on.
@@ -998,17 +996,11 @@ func (c *conn) settlePending() {
 	if c.g.stored == nil {
 		// Behind Proxy the relay's answers were read on after the
 		// client went (drainUpstream); what is left is given up.
-		for _, e := range c.pending.drain() {
-			c.g.takeInflight(c.inflightKey(e.v.actor))
-		}
+		c.giveUpPending()
 		return
 	}
 	go func() {
-		defer func() {
-			for _, e := range c.pending.drain() {
-				c.g.takeInflight(c.inflightKey(e.v.actor)) // never seen stored (refused, or not yet): given up
-			}
-		}()
+		defer c.giveUpPending() // never seen stored (refused, or not yet)
 		var waited time.Duration
 		for _, d := range settleAfter {
 			if d > waited {
@@ -1024,6 +1016,14 @@ func (c *conn) settlePending() {
 			}
 		}
 	}()
+}
+
+// giveUpPending empties the ended connection's table of events awaiting
+// their OK, uncharged, and releases their actors' counts in flight.
+func (c *conn) giveUpPending() {
+	for _, e := range c.pending.drain() {
+		c.g.takeInflight(c.inflightKey(e.v.actor))
+	}
 }
 
 // admitEvent applies the actor quota to a canonical EVENT the limits

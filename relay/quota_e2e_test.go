@@ -117,7 +117,8 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 // store telling the gate what it stored (Options.Stored, as sluice relay
 // has it), the events left unanswered are charged when the connection
 // ends, and the actor's next event is refused. Behind Proxy the gate has
-// no store to ask, and charges every event left unanswered as if stored.
+// no store to ask: it reads the relay's answers on after the client has
+// gone (drainUpstream), and charges the events the relay accepted.
 func TestE2EQuotaUnansweredEventsCharged(t *testing.T) {
 	t.Run("relay", func(t *testing.T) { unansweredEventsCharged(t, false) })
 	t.Run("proxy", func(t *testing.T) { unansweredEventsCharged(t, true) })

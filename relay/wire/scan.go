@@ -246,7 +246,7 @@ var strClass = func() (t [256]bool) {
 	return t
 }()
 
-// Bytes of eight, one per byte lane, for strSpecial and allLowerHex.
+// Bytes of eight, one per byte lane, for strSpecial and lowerHex8.
 const (
 	lanes01 = 0x0101010101010101
 	lanes80 = 0x8080808080808080
@@ -276,12 +276,12 @@ func (s *scanner) str() (lit []byte, escaped, ok bool) {
 		if i+8 <= len(s.b) {
 			// Eight bytes at a time up to the first that ends the fast
 			// part (strSpecial finds it exactly).
-			if m := strSpecial(binary.LittleEndian.Uint64(s.b[i:])); m == 0 {
+			m := strSpecial(binary.LittleEndian.Uint64(s.b[i:]))
+			if m == 0 {
 				i += 8
 				continue
-			} else {
-				i += bits.TrailingZeros64(m) >> 3
 			}
+			i += bits.TrailingZeros64(m) >> 3
 		}
 		c := s.b[i]
 		if !strClass[c] {

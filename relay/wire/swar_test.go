@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -149,6 +150,40 @@ func TestNibbles(t *testing.T) {
 			if _, ok := DecodeHex32(b); ok {
 				t.Fatalf("DecodeHex32(%q) ok", b)
 			}
+		}
+	}
+}
+
+// Scan reads a content string the same wherever in an eight-byte lane its
+// special bytes fall: a raw control byte, a lone backslash or a bad escape
+// after 0 to 40 plain bytes is refused, a valid escape or a quote
+// accepted, and an unterminated string refused (str's word-at-a-time walk
+// must stop exactly at the first byte it cannot skip).
+func TestScanContentAtEveryLaneOffset(t *testing.T) {
+	for n := range 41 {
+		plain := strings.Repeat("a", n)
+		for _, tc := range []struct {
+			content string
+			ok      bool
+		}{
+			{plain, true},
+			{plain + `\"`, true},
+			{plain + `\\` + plain, true},
+			{plain + `\u00e9` + plain, true},
+			{plain + "\x01" + plain, false},
+			{plain + "\x1f", false},
+			{plain + `\x`, false},
+			{plain + `\u12`, false},
+			{plain + "é" + plain, true},
+		} {
+			frame := `["EVENT",` + evWith("content", `"content":"`+tc.content+`"`) + `]`
+			if _, reason := Scan([]byte(frame), scanMaxFilters); (reason == "") != tc.ok {
+				t.Fatalf("content %q after %d plain bytes: reason %q, want ok %v", tc.content, n, reason, tc.ok)
+			}
+		}
+		frame := `["EVENT",` + evWith("content", `"content":"`+plain) // no closing quote, no end
+		if _, reason := Scan([]byte(frame), scanMaxFilters); reason == "" {
+			t.Fatalf("an unterminated content of %d bytes accepted", n)
 		}
 	}
 }
