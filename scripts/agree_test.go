@@ -80,13 +80,14 @@ func mustInt(s string) int64 {
 	return n
 }
 
-// TestLeanSharesPieces: ewma1.lua's decay, its reading of a stored value,
-// its search for a kept request id and its wait search are ewma.lua's, line for line (indentation aside), so
-// that a fix to one cannot miss the other.
+// TestLeanSharesPieces: ewma1.lua's decay, its search for a kept request
+// id and its wait search are ewma.lua's, line for line (indentation
+// aside), so that a fix to one cannot miss the other. (Its reading of a
+// stored value, written for one or two windows, is pinned by
+// TestLeanEqualsBatch instead.)
 func TestLeanSharesPieces(t *testing.T) {
 	for name, re := range map[string]*regexp.Regexp{
 		"decay":   regexp.MustCompile(`(?s)\nlocal function decay\(.*?\nend\n`),
-		"reading": regexp.MustCompile(`(?s)\n\s*local l, bad = #v, true\n.*?if l > 8 \* n \+ 8 then idat = 8 \* n \+ 9 end\n`),
 		"ids":     regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`),
 		"waitms":  regexp.MustCompile(`(?s)\n\s*waitms = function\(now, s, at, p, c, r\)\n.*?\n\s*return hi\n\s*end\n`),
 	} {
@@ -302,9 +303,18 @@ func TestScriptsAgreeWithGo(t *testing.T) {
 				after[k] = c.Get(ctx, k).Val()
 				c.Set(ctx, k, before[k], 0)
 			}
-			leanReply, err := ewma1.Run(ctx, c, ks, lean(atStr, "0", args...)...).Slice()
-			if err != nil {
-				t.Fatal(err)
+			// ewma1.lua decides one or two windows; with three, ewma.lua's
+			// writes stand (the store sends such a decision as ewma.lua's).
+			leanReply := batchReply
+			if len(list) <= 2 {
+				leanReply, err = ewma1.Run(ctx, c, ks, lean(atStr, "0", args...)...).Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				for _, k := range ks {
+					c.Set(ctx, k, after[k], 0)
+				}
 			}
 			for _, k := range ks {
 				if v := c.Get(ctx, k).Val(); v != after[k] {

@@ -127,8 +127,8 @@
 -- windows' values held in one table for the call, the TTL handed to SET as
 -- digits, the request ids searched and cut in place, the limits
 -- unpacked once per list, and a stored value of one or two windows
--- unpacked in one call (BenchmarkScriptInstructions: 0.9k of a lean
--- call's 83k instructions, 0.4-0.7k of a batched decision's 52-67k).
+-- unpacked in one call (BenchmarkScriptInstructions: 0.9k of what was a
+-- lean call's 83k instructions, 0.4-0.7k of a batched decision's 52-67k).
 -- The exact decay is the one cost taken on knowingly: Go's steps and a
 -- function call cost 0.18 to 0.28 us a decay where an inline C pow cost
 -- 0.04 to 0.07 (BenchmarkLuaDecay, Redis 7.0 on a loaded 2-core

@@ -1,31 +1,34 @@
--- ewma1.lua: decide ONE message against every window of its client: the
--- lean call of ewma.lua for a decision sent alone (nothing else queued).
--- The arithmetic, the stored values, the TTLs, the request ids and the
--- reply are exactly ewma.lua's for a call of one decision
+-- ewma1.lua: decide ONE message against its client's one or two windows:
+-- the lean call of ewma.lua for a decision sent alone (nothing else
+-- queued). The arithmetic, the stored values, the TTLs, the request ids and
+-- the reply are exactly ewma.lua's for a call of one decision
 -- (TestLeanEqualsBatch pins it); what it leaves out is the batch: no limit
--- lists, no list index, no table of values written earlier in the call.
--- One GET and one SET of the decision's one key. A store sends every
--- decision that goes out alone as this call: with a request id when its
--- client may resend a command (go-redis retries on), without one when it
--- never does (retries off: the id guards a retry, and without retries there
--- is none to guard; ids another gate keeps in the value are kept as they
+-- lists, no list index, no table of values written earlier in the call,
+-- and no window count but one or two (every limit sluice ships, and most an
+-- operator writes), so that the windows are locals, not a table indexed in
+-- loops. One GET and one SET of the decision's one key. A store sends every
+-- decision of one or two windows that goes out alone as this call (one of
+-- more windows as ewma.lua deciding one): with a request id when its client
+-- may resend a command (go-redis retries on), without one when it never
+-- does (retries off: the id guards a retry, and without retries there is
+-- none to guard; ids another gate keeps in the value are kept as they
 -- are).
 --
--- KEYS     one key, holding every window of the decision (see ewma.lua's
+-- KEYS     one key, holding both windows of the decision (see ewma.lua's
 --          "Stored value").
 -- ARGV[1]  the call, packed as little-endian doubles (see ewma.lua's
 --          "Packed"): now in whole unix ms (0, or a negative whole
 --          number: Redis TIME); the cutoff in whole unix ms, 0 (or less)
 --          for none: if Redis TIME is past it, nothing is decided or
 --          written, and the reply is 'ERR sluice late: ...' (see
---          ewma.lua); then per window: rate R (finite), half-life T in
---          whole ms (>= 1), cost c (> 0, < R), what
---          ratelimit.Limit.Validate accepts. 16 + 24n bytes.
+--          ewma.lua); then per window, one or two: rate R (finite),
+--          half-life T in whole ms (>= 1), cost c (> 0, < R), what
+--          ratelimit.Limit.Validate accepts. 40 or 64 bytes.
 -- ARGV[2]  optionally the request id (as in ewma.lua; "" or none: none).
 -- ARGV[3]  optionally 's': reply an admission with the value, as ewma.lua
 --          does; without it an admission is the bare integer 0 (a table
 --          and a bulk string less to build and send: ~6k of Redis's
---          ~84k instructions per call, BenchmarkScriptInstructions).
+--          ~80k instructions per call, BenchmarkScriptInstructions).
 --
 -- Reply: wait, value: 0 and the written value (admitted, with ARGV[3]
 -- 's'; or the stored value, nothing charged, for a request id already
@@ -36,8 +39,16 @@
 --
 -- Its pieces are ewma.lua's, line for line (TestLeanSharesPieces compares
 -- them): decay, which is bit for bit Go's decision (see ewma.lua), the
--- strict reading of a stored value, the search for a kept request id and
--- the wait search waitms.
+-- search for a kept request id and the wait search waitms. Its reading of
+-- a stored value is ewma.lua's rule (t, a score per window, then
+-- optionally ids; anything else fails) written for one or two windows.
+--
+-- Cost: a table of windows indexed in loops, as ewma.lua holds any number
+-- of them, cost this call ~9k of its ~83k Redis instructions per
+-- two-window decision with a request id (BenchmarkScriptInstructions: 83k
+-- then, 74k with the windows in locals, redis_rate's one-window call 75k
+-- in the same runs): here they are locals, the second window's work
+-- skipped by one test when there is none.
 
 local MAX_WAIT = 1099511627776
 local EXACT = 9007199254740992
@@ -76,39 +87,26 @@ local function decay(s, t, now, p)
 end
 
 local a = ARGV[1]
-local n = a and (#a - 16) / 24
+local la = a and #a
 local scores = ARGV[3]
-if not (#KEYS == 1 and n and n >= 1 and n % 1 == 0 and #ARGV <= 3 and (scores == nil or scores == 's')) then
-  return redis.error_reply("ERR sluice ewma: want one key, then now, cutoff and three numbers per window packed, then optionally a request id and 's'")
+if not ((la == 64 or la == 40) and #KEYS == 1 and #ARGV <= 3 and (scores == nil or scores == 's')) then
+  return redis.error_reply("ERR sluice ewma: want one key, then now, cutoff and three numbers for each of one or two windows packed, then optionally a request id and 's'")
 end
 local reqid = ARGV[2] or ''
--- win holds per window i at 5i-4 .. 5i: rate, half-life, cost, stored
--- score, decayed score.
--- One or two windows (every limit sluice ships) are unpacked with now and
--- the cutoff in one call: a call into C is a cost of its own (see
--- ewma.lua's "Cost").
-local win, now, cutoff
-if n == 2 then
-  win = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-  now, cutoff, win[1], win[2], win[3], win[6], win[7], win[8] = unpack('<dddddddd', a)
-elseif n == 1 then
-  win = {0, 0, 0, 0, 0}
-  now, cutoff, win[1], win[2], win[3] = unpack('<ddddd', a)
+-- The windows: rate, half-life and cost of the first (r1, p1, c1) and, when
+-- two, of the second (r2, p2, c2), unpacked with now and the cutoff in one
+-- call (a call into C is a cost of its own).
+local two = la == 64
+local now, cutoff, r1, p1, c1, r2, p2, c2
+if two then
+  now, cutoff, r1, p1, c1, r2, p2, c2 = unpack('<dddddddd', a)
 else
-  win = {}
-  now, cutoff = unpack('<dd', a)
-  for i = 1, n do
-    local k = 5 * i
-    win[k - 4], win[k - 3], win[k - 2] = unpack('<ddd', a, 24 * i - 7)
-  end
+  now, cutoff, r1, p1, c1 = unpack('<ddddd', a)
 end
-for i = 1, n do
-  local k = 5 * i
-  -- What ratelimit.Limit.Validate accepts (see ewma.lua).
-  local r, p, c = win[k - 4], win[k - 3], win[k - 2]
-  if not (r < HUGE and p >= 1 and p % 1 == 0 and p < EXACT and c > 0 and r - c > 0) then
-    return redis.error_reply('ERR sluice ewma: bad limit in limit list 1')
-  end
+-- What ratelimit.Limit.Validate accepts (see ewma.lua).
+if not (r1 < HUGE and p1 >= 1 and p1 % 1 == 0 and p1 < EXACT and c1 > 0 and r1 - c1 > 0) or
+    two and not (r2 < HUGE and p2 >= 1 and p2 % 1 == 0 and p2 < EXACT and c2 > 0 and r2 - c2 > 0) then
+  return redis.error_reply('ERR sluice ewma: bad limit in limit list 1')
 end
 
 if not (now % 1 == 0 and now < EXACT) then
@@ -135,45 +133,30 @@ if now <= 0 then
   now = clock
 end
 
-local allowed = true
-local t, idat = 0, nil -- the value's write time; where its ids begin, if any
+-- The stored value: its write time t, a score per window (s1, s2), where
+-- its ids begin if any (idat); read strictly, by ewma.lua's rule.
+local t, s1, s2, idat = 0, 0, 0, nil
 if v then
-  -- Read strictly, as ewma.lua reads (the same lines): t, then a score per
-  -- window, then optionally ids; anything else fails.
-  local l, bad = #v, true
-  if l >= 8 * n + 8 then
-    -- t and the scores: one or two windows in one unpack (a call
-    -- into C each)
-    if n == 2 then
-      t, win[4], win[9] = unpack('<ddd', v)
-    elseif n == 1 then
-      t, win[4] = unpack('<dd', v)
+  local l, w = #v, two and 24 or 16
+  local bad = l < w
+  if not bad then
+    if two then
+      t, s1, s2 = unpack('<ddd', v)
     else
-      t = unpack('<d', v)
-      for i = 1, n do
-        win[5 * i - 1] = unpack('<d', v, 8 * i + 1)
-      end
+      t, s1 = unpack('<dd', v)
     end
-    bad = not (t >= 0 and t < EXACT and t % 1 == 0)
-    for i = 1, n do
-      local s = win[5 * i - 1]
-      if not (s >= 0 and s < HUGE) then bad = true end
-    end
-    if l > 8 * n + 8 then idat = 8 * n + 9 end
+    bad = not (t >= 0 and t < EXACT and t % 1 == 0 and s1 >= 0 and s1 < HUGE and s2 >= 0 and s2 < HUGE)
+    if l > w then idat = w + 1 end
   end
   if bad then
     return {-1, 'ERR sluice ewma: malformed value at ' .. key}
   end
-else
-  for i = 1, n do win[5 * i - 1] = 0 end
 end
-for i = 1, n do
-  local k = 5 * i
-  local d = decay(win[k - 1], t, now, win[k - 3])
-  win[k] = d
-  if not (d + win[k - 2] <= win[k - 4]) then
-    allowed = false
-  end
+local d1, d2 = decay(s1, t, now, p1), 0
+local allowed = d1 + c1 <= r1
+if two then
+  d2 = decay(s2, t, now, p2)
+  allowed = allowed and d2 + c2 <= r2
 end
 
 local seen -- whether reqid is one of v's ids (a repeat: charge nothing)
@@ -260,49 +243,43 @@ if not allowed then
     return hi
   end
   local wait = 0
-  local val = pack('<d', t)
-  for i = 1, n do
-    local k = 5 * i
-    local r, p, c, s, d = win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k]
-    if not (d + c <= r) then
-      local x = waitms(now, s, t, p, c, r)
+  if not (d1 + c1 <= r1) then
+    wait = waitms(now, s1, t, p1, c1, r1)
+  end
+  if two then
+    if not (d2 + c2 <= r2) then
+      local x = waitms(now, s2, t, p2, c2, r2)
       if x > wait then wait = x end
     end
-    val = val .. pack('<d', d)
+    return {wait, pack('<ddd', t, d1, d2)}
   end
-  return {wait, val}
+  return {wait, pack('<dd', t, d1)}
 end
 
 if now > t then
   t = now
 end
-local ttl = 0
-for i = 1, n do
-  local k = 5 * i
-  local r, p, c = win[k - 4], win[k - 3], win[k - 2]
-  local s = win[k] + c
-  win[k] = s
-  -- The TTL as ewma.lua writes it (see there): the longest of the windows'.
-  local eps = r - c
-  if c < eps then eps = c end
-  eps = eps / 1024
-  local x = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
-  if x > 2 * MAX_WAIT then x = 2 * MAX_WAIT end
-  x = x + (t - now)
-  if x > ttl then ttl = x end
-end
--- The value as ewma.lua writes it (see there): t, the scores, the ids.
+-- The TTL as ewma.lua writes it (see there): the longest of the windows'.
+s1 = d1 + c1
+local eps = r1 - c1
+if c1 < eps then eps = c1 end
+eps = eps / 1024
+local ttl = ceil(p1 * log((s1 > eps and s1 or eps) / eps) / LN2) + 1
 local val
-if n == 1 then
-  val = pack('<dd', t, win[5])
-elseif n == 2 then
-  val = pack('<ddd', t, win[5], win[10])
+if two then
+  s2 = d2 + c2
+  eps = r2 - c2
+  if c2 < eps then eps = c2 end
+  eps = eps / 1024
+  local x = ceil(p2 * log((s2 > eps and s2 or eps) / eps) / LN2) + 1
+  if x > ttl then ttl = x end
+  val = pack('<ddd', t, s1, s2)
 else
-  val = pack('<d', t)
-  for i = 1, n do
-    val = val .. pack('<d', win[5 * i])
-  end
+  val = pack('<dd', t, s1)
 end
+if ttl > 2 * MAX_WAIT then ttl = 2 * MAX_WAIT end
+ttl = ttl + (t - now)
+-- The value as ewma.lua writes it (see there): t, the scores, the ids.
 if reqid ~= '' then
   if idat then
     val = val .. reqid .. sub(v, idat, idat + (IDS - 1) * #reqid - 1)

@@ -2,6 +2,7 @@ package scripts_test
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -25,10 +26,11 @@ func lean(at, cut string, limits ...any) []any {
 }
 
 // TestLeanEqualsBatch: over random stored values (decayed, fresh, ahead of
-// now, junk, a window short, carrying request ids) and limit lists of one
-// to three windows, ewma1.lua replies and stores exactly what ewma.lua does
-// for one decision, without a request id, with a new one and with one
-// already kept.
+// now, junk, a window short, a window long, carrying request ids) and limit
+// lists of one and two windows, ewma1.lua replies and stores exactly what
+// ewma.lua does for one decision, without a request id, with a new one and
+// with one already kept; a list of three windows it refuses whole, writing
+// nothing (the store sends such a decision as ewma.lua's).
 func TestLeanEqualsBatch(t *testing.T) {
 	servers(t, func(t *testing.T, c *redis.Client) {
 		ctx := context.Background()
@@ -52,11 +54,21 @@ func TestLeanEqualsBatch(t *testing.T) {
 			}
 			at := nowms - int64(rng.IntN(5000)) + 300
 			seeds := []string{""}
-			switch x := rng.IntN(12); {
+			switch x := rng.IntN(14); {
 			case x == 0:
 				seeds[0] = "junk"
 			case x == 1 && n > 1:
 				seeds[0] = value(at, scores[:n-1]) // a window short
+			case x == 2 && n == 1:
+				seeds[0] = value(at, append(scores, 3)) // a window long: its 8 bytes read as ids
+			case x == 12:
+				// a score no gate writes, in either window
+				bad := slices.Clone(scores)
+				bad[rng.IntN(n)] = []float64{math.Inf(1), math.NaN(), -1}[rng.IntN(3)]
+				seeds[0] = value(at, bad)
+			case x == 13:
+				seeds[0] = value(at, scores)
+				seeds[0] = pack(float64(at)+0.5) + seeds[0][8:] // a write time not in whole ms
 			case x < 4:
 				seeds[0] = value(at, scores, "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb")
 			case x < 9:
@@ -82,6 +94,15 @@ func TestLeanEqualsBatch(t *testing.T) {
 			largs := lean(now, "0", l...)
 			largs[1] = id
 			got, err := ewma1.Run(ctx, c, ks, largs...).Slice()
+			if n > 2 {
+				if err == nil || !strings.HasPrefix(err.Error(), "ERR sluice ewma: want one key") {
+					t.Fatalf("round %d: three windows: %v %v, want the call refused", round, got, err)
+				}
+				if vg := values(t, c, ks...); !slices.Equal(vg, seeds) {
+					t.Fatalf("round %d: three windows refused, yet stored %q (seeded %q)", round, vg, seeds)
+				}
+				continue
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,9 +16,9 @@ import (
 var EWMA string
 
 // EWMA1 is the source of ewma1.lua: the lean call of EWMA for one decision
-// sent alone, without a request id (for a client that never resends a
-// command). Same decisions, stored values and reply as EWMA deciding one
-// message with request id "".
+// of one or two windows sent alone, with a request id or without (for a
+// client that never resends a command). Same decisions, stored values and
+// reply as EWMA deciding that one message.
 //
 //go:embed ewma1.lua
 var EWMA1 string

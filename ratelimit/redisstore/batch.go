@@ -490,7 +490,7 @@ type group struct {
 // at one instant go in one EVALSHA of scripts.EWMACluster (one GET per
 // key; see round for a master refusing it), unless the servers cannot run
 // it (noCluster): then each decision is its own call. A call of one
-// decision is the lean script. The EVALSHAs go in one pipeline (one per
+// decision is the lean script (leanArgs). The EVALSHAs go in one pipeline (one per
 // master on a cluster), and those that find the script missing (a
 // restarted Redis, SCRIPT FLUSH) go again as EVAL, which also reloads it.
 func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchScratch) bool {

@@ -67,9 +67,10 @@
 // lost after the script ran), and there is no retry to guard. On such a
 // client the store sends no request id, and a decision that goes out alone
 // is the lean single-decision script without an id (scripts.EWMA1: one
-// key, no batch loop; the same decisions and stored values). A decision
-// that goes out alone on a client that retries is the lean script too,
-// with its request id.
+// key, no batch loop, its one or two windows in locals; the same decisions
+// and stored values). A decision that goes out alone on a client that
+// retries is the lean script too, with its request id; one of three or
+// more windows goes alone as the batch script deciding one.
 //
 // # Refused as unavailable, not charged
 //
@@ -215,8 +216,9 @@ var (
 // ewma is shared by every Store: the SHA is a property of the source.
 var ewma = redis.NewScript(scripts.EWMA)
 
-// ewma1 is the lean call for one decision sent alone: every direct call,
-// with a request id unless the client never retries (see Store.lean).
+// ewma1 is the lean call for one decision of one or two windows sent
+// alone: every direct call, with a request id unless the client never
+// retries (see Store.lean); see leanArgs.
 var ewma1 = redis.NewScript(scripts.EWMA1)
 
 // ewmaCluster decides the messages of several clients on one master of a
@@ -828,14 +830,19 @@ func appendFloat(b []byte, f float64) []byte {
 // batch script's or the lean one's), for the fallback on NOSCRIPT.
 func evalArgs(args []any) []any {
 	a := append([]any(nil), args...)
-	a[0], a[1] = argEval, argSource
-	switch args[1] {
-	case argSHA1:
-		a[1] = argSource1
-	case argSHAX:
-		a[1] = argSourceX
-	}
+	a[0], a[1] = argEval, sourceOf(args[1])
 	return a
+}
+
+// sourceOf returns the source of the script whose SHA is sha.
+func sourceOf(sha any) any {
+	switch sha {
+	case argSHA1:
+		return argSource1
+	case argSHAX:
+		return argSourceX
+	}
+	return argSource
 }
 
 // newCmd returns the script call for args; the cluster client routes it
@@ -868,16 +875,16 @@ func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, e
 	return reply, err
 }
 
-// runLean decides req alone with the lean script (scripts/ewma1.lua): no
-// limit list index, the request id last when there is one (its windows'
-// three args each tell the script it is there); EVAL on NOSCRIPT as
-// runBy. It costs Redis about a sixth less than ewma.lua deciding one.
+// runLean decides req alone with the lean script (scripts/ewma1.lua; a
+// decision of more than two windows with the batch script, see leanArgs):
+// no limit list index, the request id after the packed numbers when there
+// is one; EVAL on NOSCRIPT as runBy.
 func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any, error) {
 	args := leanArgs(req, cutoff)
 	cmd := newCmd(ctx, args)
 	_ = c.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
-		args[0], args[1] = argEval, argSource1
+		args[0], args[1] = argEval, sourceOf(args[1])
 		cmd = newCmd(ctx, args)
 		_ = c.Process(ctx, cmd)
 	}
@@ -893,9 +900,15 @@ func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any,
 // instant, the cutoff, its windows' arguments and its request id if any,
 // then 's' if req wants its scores (without it an admission is answered
 // with the integer 0 alone, which costs Redis ~6k instructions less).
-// Two allocations: the argument slice and the packed numbers.
+// Two allocations: the argument slice and the packed numbers. The lean
+// script decides one or two windows; a decision of more goes alone as
+// the batch script deciding one (commandBy), which replies alike.
 func leanArgs(req *request, cutoff int64) []any {
 	lim := req.windows.ScriptLimits()[8:] // without the window count
+	if len(lim) > 2*24 {
+		reqs := [1]*request{req}
+		return commandBy(reqs[:], cutoff)
+	}
 	b := make([]byte, 0, 16+len(lim))
 	b = appendFloat(b, float64(req.now))
 	b = appendFloat(b, float64(cutoff))
