@@ -87,9 +87,9 @@ func mustInt(s string) int64 {
 // TestLeanEqualsBatch instead.)
 func TestLeanSharesPieces(t *testing.T) {
 	for name, re := range map[string]*regexp.Regexp{
-		"decay":   regexp.MustCompile(`(?s)\nlocal function decay\(.*?\nend\n`),
-		"ids":     regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`),
-		"waitms":  regexp.MustCompile(`(?s)\n\s*waitms = function\(now, s, at, p, c, r\)\n.*?\n\s*return hi\n\s*end\n`),
+		"decay":  regexp.MustCompile(`(?s)\nlocal function decay\(.*?\nend\n`),
+		"ids":    regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`),
+		"waitms": regexp.MustCompile(`(?s)\n\s*waitms = function\(now, s, at, p, c, r\)\n.*?\n\s*return hi\n\s*end\n`),
 	} {
 		a, b := unindent(re.FindString(scripts.EWMA)), unindent(re.FindString(scripts.EWMA1))
 		if a == "" || a != b {
