@@ -34,8 +34,10 @@ import (
 //	                  (here on one standalone server: the work of a
 //	                  cluster master, less its slot checks)
 //
+// The small K say from how many decisions a shared call costs Redis less
+// than a lean call each (redisstore's minCall and minClusterCall).
 // Needs valgrind (its callgrind_control too); skipped without it. Slow:
-// about a minute.
+// about two minutes.
 func BenchmarkScriptInstructions(b *testing.B) {
 	vg, err := exec.LookPath("valgrind")
 	if err != nil {
@@ -175,10 +177,10 @@ func BenchmarkScriptInstructions(b *testing.B) {
 			return lean.Run(ctx, c, []string{"b:" + client(i) + ":1000:60000"}, pack(append([]any{0, cut()}, lim...)...), id(i)).Err()
 		}},
 	}
-	for _, k := range []int{4, 16, 32} {
+	for _, k := range []int{2, 3, 4, 5, 6, 16, 32} {
 		vs = append(vs, variant{"batch" + strconv.Itoa(k), k, batchCall(batch, "c"+strconv.Itoa(k)+":", k, false)})
 	}
-	for _, k := range []int{4, 16, 32} {
+	for _, k := range []int{2, 3, 4, 5, 6, 16, 32} {
 		vs = append(vs, variant{"cluster" + strconv.Itoa(k), k, batchCall(cluster, "d"+strconv.Itoa(k)+":", k, true)})
 	}
 	if os.Getenv("SLUICE_LEAN_PIECES") != "" {
@@ -215,11 +217,16 @@ func BenchmarkScriptInstructions(b *testing.B) {
 // leanPieces returns the scripts of SLUICE_LEAN_PIECES: part of the lean
 // call's work alone, and ewma1.lua with one change each.
 func leanPieces(b *testing.B) []struct{ name, src string } {
-	edit := func(name, old, new string) struct{ name, src string } {
-		if !strings.Contains(scripts.EWMA1, old) {
-			b.Fatalf("piece %s: ewma1.lua no longer has %q", name, old)
+	// edit replaces each old (every one given in pairs) with its new.
+	edit := func(name string, oldnew ...string) struct{ name, src string } {
+		src := scripts.EWMA1
+		for i := 0; i < len(oldnew); i += 2 {
+			if !strings.Contains(src, oldnew[i]) {
+				b.Fatalf("piece %s: ewma1.lua no longer has %q", name, oldnew[i])
+			}
+			src = strings.Replace(src, oldnew[i], oldnew[i+1], 1)
 		}
-		return struct{ name, src string }{name, strings.Replace(scripts.EWMA1, old, new, 1)}
+		return struct{ name, src string }{name, src}
 	}
 	const set = "redis.call('SET', key, val, 'PX', format('%d', ttl))"
 	return []struct{ name, src string }{
@@ -229,7 +236,8 @@ func leanPieces(b *testing.B) []struct{ name, src string } {
 		{"whole", scripts.EWMA1},
 		edit("no-id", "local reqid = ARGV[2] or ''", "local reqid = ''"),
 		edit("no-decay", "local function decay(s, t, now, p)\n", "local function decay(s, t, now, p)\n  do return s * 0.5 end\n"),
-		edit("no-ttl", "  local x = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1\n", "  local x = 60000\n"),
+		edit("no-ttl", "ceil(p1 * log((s1 > eps and s1 or eps) / eps) / LN2) + 1\n", "60000\n",
+			"ceil(p2 * log((s2 > eps and s2 or eps) / eps) / LN2) + 1\n", "60000\n"),
 		edit("psetex", set, "redis.call('PSETEX', key, format('%d', ttl), val)"),
 		edit("pxat", set, "redis.call('SET', key, val, 'PXAT', format('%d', clock + ttl))"),
 		edit("one-id", "local IDS = 4", "local IDS = 1"),

@@ -131,8 +131,10 @@ func TestClusterBatchOneCallPerMaster(t *testing.T) {
 	// Every master has the script already: a first EVALSHA answered
 	// NOSCRIPT and sent again as EVAL would count two calls.
 	for _, m := range cb.masters {
-		if err := m.ScriptLoad(context.Background(), scripts.EWMACluster).Err(); err != nil {
-			t.Fatal(err)
+		for _, src := range []string{scripts.EWMACluster, scripts.EWMA1} {
+			if err := m.ScriptLoad(context.Background(), src).Err(); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	ref := memory()
@@ -156,6 +158,45 @@ func TestClusterBatchOneCallPerMaster(t *testing.T) {
 	if n := cb.s.batch.splits.Load(); n != 0 {
 		t.Errorf("%d calls split with a fresh slot map, want 0", n)
 	}
+
+	// Fewer than minClusterCall decisions for one master go to it as a
+	// lean call each (cheaper for Redis than one call of them); that many
+	// in one call.
+	var same []string
+	var first *node
+	for i := 0; len(same) < minClusterCall; i++ {
+		k := ratelimit.MessageKey("10.2.0."+strconv.Itoa(i), "EVENT")
+		nd, err := cb.s.nodes.of(context.Background(), time.Now().Add(time.Second), routeKey(k), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = nd
+		}
+		if nd == first {
+			same = append(same, k)
+		}
+	}
+	for n := 1; n <= minClusterCall; n++ {
+		now := storetest.T0.Add(time.Duration(10+n) * time.Second)
+		cb.reset(t)
+		cb.sendAndCompare(t, 10+n, cb.calls(t, same[:n], ws, now, false), same[:n], ws, now, ref)
+		want := n
+		if n >= minClusterCall {
+			want = 1
+		}
+		if calls := cb.scriptCalls(t); slices.Max(calls) != want || total(calls) != want {
+			t.Errorf("%d decisions for one master: script calls %v, want %d on it", n, calls, want)
+		}
+	}
+}
+
+func total(ns []int) int {
+	t := 0
+	for _, n := range ns {
+		t += n
+	}
+	return t
 }
 
 // TestClusterBatchSplitsWhatAMasterRefuses: a batch grouped by a stale

@@ -142,9 +142,11 @@
 // map went stale) or one is missing from a slot migrating away; its
 // decisions then go again one per call, each routed by go-redis, which
 // follows MOVED and ASK. On an older cluster every decision is its own
-// call, pipelined. Either way one pipeline per master (see Cluster). Each
-// decision keeps its
-// own whole deadline from the moment it was asked: a queued decision waits
+// call, pipelined. Either way one pipeline per master (see Cluster). A
+// shared call pays for itself from three decisions (four on a cluster):
+// fewer go in the pipeline as a lean call each, which costs Redis less
+// (minCall). Each decision keeps its own whole deadline from the moment it
+// was asked: a queued decision waits
 // for a free round trip at most a twentieth of the Timeout before another
 // is started for it (see batcher). go-redis's auto-pipeliner would
 // pipeline too but does not honour a call's context (a decision waited
