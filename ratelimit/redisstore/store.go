@@ -29,9 +29,10 @@
 // Redis a Lua string and a strtod, one written a sprintf, and packing the
 // call's numbers in one argument and the value in doubles took a lone
 // two-window decision from 1.73× redis_rate's one-window call to 1.12× in
-// Redis instructions (1.05× since an admission is answered with a bare 0),
-// and a decision in a batch of 16 from 1.06× to 0.75×
-// (docs/BENCHMARKS.md, "Redis instructions per decision"). The price: the
+// Redis instructions (1.05× since an admission is answered with a bare 0,
+// 0.99–1.00× since the lean script holds its windows in locals), and a
+// decision in a batch of 16 from 1.06× to 0.75× (docs/BENCHMARKS.md,
+// "Redis instructions per decision"). The price: the
 // scripts need Lua's struct library, which Redis (2.6 and later), Valkey
 // and KeyDB have and miniredis does not. The ":bin" ending tells the packed
 // value from the digits of earlier versions, which wrote under the name
