@@ -320,7 +320,16 @@ func (c *conn) readUpstream() {
 		if typ == websocket.TextMessage {
 			c.watch(data)
 		}
-		if !c.send(typ, data) {
+		// Looked at and queued under order: a reply that tells the client
+		// a subscription is closed is queued after every frame under it
+		// that was let through (subTable).
+		sent := true
+		c.subs.order.Lock()
+		if c.delivers(data) {
+			sent = c.send(typ, data)
+		}
+		c.subs.order.Unlock()
+		if !sent {
 			if c.draining.Load() {
 				c.drainUpstream()
 			}
@@ -366,6 +375,26 @@ func (c *conn) drainUpstream() {
 			c.watch(data)
 		}
 	}
+}
+
+// delivers reports whether a relay frame may go to the client: not an
+// EVENT or EOSE under a subscription id closed for it since its last
+// forwarded REQ (subTable). Only the frame's start is read; it is cheap
+// while the connection remembers no closed id.
+func (c *conn) delivers(frame []byte) bool {
+	if c.subs.nGone.Load() == 0 {
+		return true
+	}
+	lit, ok := wire.ParseAddressed(frame)
+	return !ok || c.deliversUnder(lit)
+}
+
+// deliversUnder reports whether a relay frame under the subscription id
+// literal lit (an EVENT's or EOSE's) may go to the client.
+func (c *conn) deliversUnder(lit []byte) bool {
+	var buf [wire.MaxSubIDBytes]byte
+	id, ok := subID(&buf, lit)
+	return !ok || !c.subs.isGone(id)
 }
 
 // relayable maps a received close onto one that may be sent: 1005 and
@@ -691,8 +720,8 @@ func (c *conn) admit(frame []byte) bool {
 		case v.Err != nil:
 			fr := p.Frame()
 			obs.ReportFrame(t, Unavailable)
-			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
 			c.dropSub(fr)
+			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
 			return false
 		case v.Refused:
 			// A refusal the store made is the first of its wait (the
@@ -732,11 +761,11 @@ func (c *conn) admit(frame []byte) bool {
 		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs) {
 			obs.ReportFrame(t, OverCap)
 			obs.ReportRefusal(c.who, t, OverCap)
+			// A REQ reusing an open id is told CLOSED: close it at the
+			// relay too.
 			f := p.Frame()
-			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), f, c.g.tooManySubs))
-			// A REQ reusing an open id was told CLOSED: close it at
-			// the relay too.
 			c.dropSub(f)
+			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), f, c.g.tooManySubs))
 			return false
 		}
 	case TypeCLOSE:
@@ -829,8 +858,8 @@ func (k *knockMeter) allow(now time.Time) bool {
 func (c *conn) refuse(f Frame, reason string) {
 	c.g.obs.ReportFrame(f.Type, Invalid)
 	c.g.obs.ReportRefusal(c.who, f.Type, Invalid)
-	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
 	c.dropSub(f)
+	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
 }
 
 // refuseRateLimited answers f refused by a limit whose wait is wait. Like
@@ -839,14 +868,16 @@ func (c *conn) refuse(f Frame, reason string) {
 func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 	c.g.obs.ReportFrame(f.Type, RateLimited)
 	c.g.obs.ReportRefusal(c.who, f.Type, RateLimited)
-	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 	c.dropSub(f)
+	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
 }
 
-// dropSub is called for every refused frame: when it is a REQ whose id
-// names a subscription open at the relay, or a NEG-OPEN or NEG-MSG whose
-// id names a sync open there, the client has just been told (CLOSED,
-// NEG-ERR) that it is closed, so the gate closes it at the relay too
+// dropSub is called for every refused frame, before its reply is queued:
+// when it is a REQ whose id names a subscription open at the relay, or a
+// NEG-OPEN or NEG-MSG whose id names a sync open there, the client is
+// about to be told (CLOSED, NEG-ERR) that it is closed — from then on
+// nothing the relay sends under a closed subscription reaches it
+// (subTable) — so the gate closes it at the relay too
 // (readClient sends the CLOSE or NEG-CLOSE). After a NEG-ERR NIP-77 has
 // the sync closed, so a client need not send a NEG-CLOSE (go-nostr's does,
 // others may not): without this, a refused NEG-MSG's sync would hold its

@@ -21,35 +21,43 @@ import (
 
 // A REQ refused while its id names an open subscription is answered
 // CLOSED, and the relay is told to CLOSE it: no EVENT for that id arrives
-// afterwards. (khatru kept streaming the old subscription, which the
-// client had dropped.)
+// afterwards, in either mode. khatru handles the CLOSE on a goroutine of
+// its own, so an event published meanwhile can still reach the old
+// subscription's listener; the gate drops what the relay sends under an
+// id it told the client is closed (63 of 1,000 runs of the relay mode got
+// the EVENT before it did).
 func TestE2EZombieSubscription(t *testing.T) {
-	clk := nostrtest.NewClock()
-	var l Limits
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &l}).Wrap(newKhatru(t)))
-	c := dialRaw(t, url)
-	send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)) // EOSE
-	if got := send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
-		t.Fatalf("second REQ s answered %s", got)
-	}
-	ev := nostrtest.Note(t, nostr.GeneratePrivateKey(), "after the CLOSED")
-	if err := nostrtest.Publish(t, connect(t, url), ev); err != nil {
-		t.Fatal(err)
-	}
-	// khatru writes an event to its listeners before it answers OK, so
-	// anything for s is already on its way; the COUNT's answer comes after.
-	if err := c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","sync",{"ids":["`+ev.ID+`"]}]`)); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		got := readText(t, c)
-		if strings.HasPrefix(got, `["EVENT","s",`) {
-			t.Fatalf("the relay streamed %s to a subscription the client was told is closed", got)
-		}
-		if strings.HasPrefix(got, `["COUNT","sync",`) {
-			break
-		}
+	for _, mode := range []string{"relay", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			clk := nostrtest.NewClock()
+			var l Limits
+			l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+			url := hostileTarget(t, mode, newKhatru(t), Options{Limiter: memLimiter(clk), Limits: &l})
+			c := dialRaw(t, url)
+			send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)) // EOSE
+			if got := send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
+				t.Fatalf("second REQ s answered %s", got)
+			}
+			ev := nostrtest.Note(t, nostr.GeneratePrivateKey(), "after the CLOSED")
+			if err := nostrtest.Publish(t, connect(t, url), ev); err != nil {
+				t.Fatal(err)
+			}
+			// khatru writes an event to its listeners before it answers
+			// OK, so anything for s is already on its way; the COUNT's
+			// answer comes after.
+			if err := c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","sync",{"ids":["`+ev.ID+`"]}]`)); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				got := readText(t, c)
+				if strings.HasPrefix(got, `["EVENT","s",`) {
+					t.Fatalf("the relay streamed %s to a subscription the client was told is closed", got)
+				}
+				if strings.HasPrefix(got, `["COUNT","sync",`) {
+					break
+				}
+			}
+		})
 	}
 }
 

@@ -53,12 +53,39 @@ const DefaultMaxConnections = 64
 // (takeClosed) frees them. A REQ that the relay never answers keeps its
 // places after a CLOSE until the connection ends: NIP-01 relays answer
 // every REQ they accept with EOSE, and every one they refuse with CLOSED.
+//
+// Closing an id for the client does not stop the relay at once: the
+// relay handles the CLOSE when it gets to it (khatru on a goroutine of its
+// own per frame, while another connection's event is being written to the
+// id's listeners), and leftover listeners stream on until the gate's CLOSE
+// (above). So the table also remembers the last maxGone ids closed for the
+// client — by its CLOSE, by a refusal of a REQ under an open id (the
+// gate's CLOSED) or by the relay's CLOSED — and the relay's EVENT and
+// EOSE under them are not passed on (conn.delivers) until a REQ under the
+// id is forwarded again: a client told that s is closed hears nothing more
+// of s. An id pushed out of the last maxGone is forgotten; what the relay
+// still sends under it then is the client's own doing (it closed maxGone
+// others since) and reaches only it.
 type subTable struct {
+	// order is held by a relay reader (Proxy's) from its look at gone to
+	// the frame's place in the client's queue, and by every change to
+	// gone: a reply queued after an id is gone follows every frame under
+	// it that was let through. (Wrap's tap looks under its write lock,
+	// which the gate's replies take too.)
+	order  sync.Mutex
 	mu     sync.Mutex
 	ids    map[string]subEntry
 	places int          // the sum of the entries' places
 	marked atomic.Int32 // entries closed by the relay, not yet CLOSEd
+
+	gone  [maxGone]string // ids closed for the client, gone[:nGone], oldest first
+	nGone atomic.Int32
 }
+
+// maxGone is how many ids closed for the client a connection remembers
+// (subTable): a relay handles a CLOSE in well under the time a client
+// takes to close this many more.
+const maxGone = 16
 
 type subEntry struct {
 	places     int  // REQs forwarded under the id since its last CLOSE
@@ -70,11 +97,14 @@ type subEntry struct {
 // open takes a place for a REQ under id unless limit are taken, and
 // reports whether it did.
 func (s *subTable) open(id []byte, limit int) bool {
+	s.order.Lock()
+	defer s.order.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.places >= limit {
 		return false
 	}
+	s.forgetGoneLocked(id)
 	if s.ids == nil {
 		s.ids = make(map[string]subEntry)
 	}
@@ -99,12 +129,15 @@ func (s *subTable) open(id []byte, limit int) bool {
 // unless the relay has yet to answer a REQ under it: then it is closing
 // until the relay does (see subTable).
 func (s *subTable) remove(id []byte) bool {
+	s.order.Lock()
+	defer s.order.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.ids[string(id)]
 	if !ok || e.closing {
 		return false
 	}
+	s.goneLocked(id)
 	if e.unanswered > 0 {
 		e.closing = true
 		s.ids[string(id)] = e
@@ -132,9 +165,57 @@ func (s *subTable) answered(id []byte) {
 // CLOSE for it (takeClosed), which waits, like a client's CLOSE, for the
 // relay to answer every REQ under the id.
 func (s *subTable) closedByRelay(id []byte) {
+	s.order.Lock()
+	defer s.order.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, ok := s.ids[string(id)]; ok {
+		s.goneLocked(id)
+	}
 	s.answerLocked(id, true)
+}
+
+// goneLocked remembers id as closed for the client, forgetting the oldest
+// when maxGone are remembered. s.mu is held.
+func (s *subTable) goneLocked(id []byte) {
+	s.forgetGoneLocked(id)
+	n := int(s.nGone.Load())
+	if n == maxGone {
+		copy(s.gone[:], s.gone[1:])
+		n--
+	}
+	s.gone[n] = string(id)
+	s.nGone.Store(int32(n + 1))
+}
+
+// forgetGoneLocked forgets id as closed for the client: a REQ under it is
+// forwarded. s.mu is held.
+func (s *subTable) forgetGoneLocked(id []byte) {
+	n := int(s.nGone.Load())
+	for i := range n {
+		if s.gone[i] == string(id) {
+			copy(s.gone[i:n], s.gone[i+1:n])
+			s.gone[n-1] = ""
+			s.nGone.Store(int32(n - 1))
+			return
+		}
+	}
+}
+
+// isGone reports whether id was closed for the client and not opened
+// again since; it is cheap while none is remembered.
+func (s *subTable) isGone(id []byte) bool {
+	if s.nGone.Load() == 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.gone[:s.nGone.Load()] {
+		if g == string(id) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *subTable) answerLocked(id []byte, closed bool) {

@@ -4,6 +4,7 @@ package relay
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 
@@ -112,13 +113,125 @@ func TestE2ESubscriptionCapCloseBeforeEOSE(t *testing.T) {
 		t.Fatalf("REQ b with a closed before its EOSE, cap %d: %s, want CLOSED blocked", max, got)
 	}
 	close(release)
-	if got := strings.TrimSpace(readText(t, c)); got != `["EOSE","a"]` {
-		t.Fatalf("got %s, want khatru's EOSE for a", got)
-	}
-	if got := strings.TrimSpace(send(t, c, []byte(`["REQ","b",{"kinds":[1]}]`))); got != `["EOSE","b"]` {
-		t.Fatalf("REQ b after a's EOSE: %s, want EOSE", got)
+	// khatru's EOSE for a frees its place; the client closed a, so the
+	// EOSE does not reach it, and REQ b is refused until the gate has read
+	// it.
+	for {
+		got := strings.TrimSpace(send(t, c, []byte(`["REQ","b",{"kinds":[1]}]`)))
+		if got == `["EOSE","b"]` {
+			break
+		}
+		if !strings.HasPrefix(got, `["CLOSED","b","blocked:`) {
+			t.Fatalf("REQ b after a's query ended: %s, want EOSE or CLOSED blocked", got)
+		}
 	}
 	if n := listenersFor(t, url, c); n > max {
 		t.Fatalf("the relay holds %d listeners for one connection, past the cap of %d", n, max)
+	}
+}
+
+// What the relay sends under a subscription the client was told is
+// closed — by its own CLOSE or by the relay's CLOSED — does not reach the
+// client, in either mode, however the relay writes it: an EVENT in three
+// fragments with a ping among them written a byte at a time, one whose id
+// is escaped, one of 100 KiB in one write, an EOSE; the ping, and what the
+// relay sends under other ids or that names none (a NOTICE past what the
+// gate reads to decide), reach it whole, and a REQ under the id opens it
+// again.
+func TestGateDropsWhatFollowsClosed(t *testing.T) {
+	big := `["EVENT","s",{"content":"` + strings.Repeat("x", 100<<10) + `"}]`
+	notice := `["NOTICE","` + strings.Repeat("n", 2*judgeBytes) + `"]`
+	for _, mode := range []string{"relay", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			reads := make(chan string, 8)
+			h := rawHandler(func(ws *websocket.Conn, raw net.Conn) {
+				next := func(want string) bool {
+					_, b, err := ws.ReadMessage()
+					if err != nil {
+						return false
+					}
+					reads <- string(b)
+					return string(b) == want
+				}
+				write := func(b []byte) bool { _, err := raw.Write(b); return err == nil }
+				if !next(`["REQ","s",{}]`) || !write(serverFrame(opText, true, []byte(`["EOSE","s"]`))) {
+					return
+				}
+				if !next(`["REQ","u",{}]`) || !write(serverFrame(opText, true, []byte(`["CLOSED","u","error: no"]`))) {
+					return
+				}
+				if !next(`["CLOSE","u"]`) || !next(`["CLOSE","s"]`) {
+					return
+				}
+				var out []byte
+				out = append(out, serverFrame(opText, false, []byte(`["EVENT",`))...)
+				out = append(out, serverFrame(opPing, true, []byte("p"))...)
+				out = append(out, serverFrame(opContinuation, false, []byte(`"s",{"id":"a"`))...)
+				out = append(out, serverFrame(opContinuation, true, []byte(`}]`))...)
+				for i := range out {
+					if !write(out[i : i+1]) {
+						return
+					}
+				}
+				other := serverFrame(opText, true, []byte(`["EVENT","t",{"id":"b"}]`))
+				if !write(other[:7]) || !write(other[7:]) {
+					return
+				}
+				for _, m := range []string{`["EVENT","\u0073",{"id":"c"}]`, notice, `["EOSE","s"]`, big, `["EVENT","u",{"id":"d"}]`, `["NOTICE","end"]`} {
+					if !write(serverFrame(opText, true, []byte(m))) {
+						return
+					}
+				}
+				if !next(`["REQ","s",{}]`) || !write(serverFrame(opText, true, []byte(`["EVENT","s",{"id":"e"}]`))) {
+					return
+				}
+				_, _, _ = ws.ReadMessage()
+			})
+			c := dialRaw(t, hostileTarget(t, mode, h, Options{Limits: &Limits{}}))
+			pings := make(chan string, 1)
+			c.SetPingHandler(func(p string) error {
+				select {
+				case pings <- p:
+				default:
+				}
+				return nil
+			})
+			if got := send(t, c, []byte(`["REQ","s",{}]`)); got != `["EOSE","s"]` {
+				t.Fatalf("REQ s answered %s", got)
+			}
+			if got := send(t, c, []byte(`["REQ","u",{}]`)); got != `["CLOSED","u","error: no"]` {
+				t.Fatalf("REQ u answered %s", got)
+			}
+			// The gate sends the relay CLOSE u before it reads this.
+			if err := c.WriteMessage(websocket.TextMessage, []byte(`["CLOSE","s"]`)); err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{`["EVENT","t",{"id":"b"}]`, notice, `["NOTICE","end"]`} {
+				if got := readText(t, c); got != want {
+					if len(got) > 80 {
+						got = got[:80] + "…"
+					}
+					t.Fatalf("client read %s, want %.80s", got, want)
+				}
+			}
+			if mode == "relay" {
+				select {
+				case p := <-pings:
+					if p != "p" {
+						t.Errorf("ping %q", p)
+					}
+				default:
+					t.Error("the ping inside the dropped EVENT did not reach the client")
+				}
+			}
+			if got := send(t, c, []byte(`["REQ","s",{}]`)); got != `["EVENT","s",{"id":"e"}]` {
+				t.Fatalf("REQ s again answered %s", got)
+			}
+			for _, want := range []string{`["REQ","s",{}]`, `["REQ","u",{}]`, `["CLOSE","u"]`, `["CLOSE","s"]`, `["REQ","s",{}]`} {
+				if got := <-reads; got != want {
+					t.Fatalf("relay read %s, want %s", got, want)
+				}
+			}
+		})
 	}
 }

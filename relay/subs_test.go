@@ -91,18 +91,23 @@ func TestGateCloseBeforeEOSEKeepsPlace(t *testing.T) {
 	write(`["REQ","b",{}]`)
 	write(`["REQ","c",{}]`)        // a's place is still taken: refused
 	write(`["COUNT","eose-a",{}]`) // the relay answers a now
+	write(`["COUNT","eose-z",{}]`) // and then z, which was never opened
 	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","c","blocked: too many open subscriptions`) {
 		t.Fatalf("REQ c past the cap, a closed before its EOSE: got %s first, want CLOSED c blocked", got)
 	}
-	if got := readText(t, c); got != `["EOSE","a"]` {
-		t.Fatalf("got %s, want the relay's EOSE for a", got)
+	// The client closed a: the relay's EOSE for it does not reach it.
+	if got := readText(t, c); got != `["EOSE","z"]` {
+		t.Fatalf("got %s, want the relay's EOSE for z (and none for a, closed)", got)
 	}
 	// The relay has answered a: the gate closes it there again before
 	// the client's next frame, and that frees its place.
 	write(`["REQ","c",{}]`)
-	got := rel.frames(6)
-	want := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["COUNT","eose-a",{}]`, `["CLOSE","a"]`, `["REQ","c",{}]`}
-	if strings.Join(got, " ") != strings.Join(want, " ") {
+	got := rel.frames(7)
+	// The second CLOSE a goes before the client's next frame once the
+	// gate has read the EOSE: before COUNT eose-z or after it.
+	want := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["COUNT","eose-a",{}]`, `["COUNT","eose-z",{}]`, `["CLOSE","a"]`, `["REQ","c",{}]`}
+	early := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["COUNT","eose-a",{}]`, `["CLOSE","a"]`, `["COUNT","eose-z",{}]`, `["REQ","c",{}]`}
+	if g := strings.Join(got, " "); g != strings.Join(want, " ") && g != strings.Join(early, " ") {
 		t.Fatalf("relay got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
@@ -158,5 +163,49 @@ func TestGateCloseOfNothingNotForwarded(t *testing.T) {
 			got = append(got[:5], fmt.Sprintf("… (%d frames)", len(got)))
 		}
 		t.Fatalf("relay got %q, want %q", got, want)
+	}
+}
+
+// A connection remembers the last maxGone ids closed for its client, and
+// no more: the oldest is forgotten first, a REQ under an id forgets it, and
+// an id the gate never opened is not remembered.
+func TestSubTableGoneBounded(t *testing.T) {
+	var s subTable
+	id := func(i int) []byte { return []byte(fmt.Sprint("sub-", i)) }
+	for i := range maxGone + 1 {
+		if !s.open(id(i), 100) {
+			t.Fatalf("open %d refused", i)
+		}
+		s.answered(id(i))
+	}
+	if s.remove([]byte("never")) || s.isGone([]byte("never")) {
+		t.Fatal("an id never opened was removed or remembered")
+	}
+	for i := range maxGone + 1 {
+		if !s.remove(id(i)) {
+			t.Fatalf("remove %d: not open", i)
+		}
+	}
+	if s.isGone(id(0)) {
+		t.Errorf("the oldest of %d closed ids is still remembered", maxGone+1)
+	}
+	for i := 1; i <= maxGone; i++ {
+		if !s.isGone(id(i)) {
+			t.Errorf("closed id %d forgotten", i)
+		}
+	}
+	if n := s.nGone.Load(); n != maxGone {
+		t.Errorf("%d ids remembered, want %d", n, maxGone)
+	}
+	// Closed again and again, an id takes one place among them.
+	s.open(id(5), 100)
+	if s.isGone(id(5)) {
+		t.Error("an id opened again is still remembered as closed")
+	}
+	s.remove(id(5))
+	s.open(id(5), 100)
+	s.remove(id(5))
+	if n := s.nGone.Load(); n != maxGone || !s.isGone(id(5)) || !s.isGone(id(1)) {
+		t.Errorf("after closing one id twice: %d remembered, 5 %v, 1 %v", n, s.isGone(id(5)), s.isGone(id(1)))
 	}
 }

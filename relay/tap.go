@@ -80,6 +80,7 @@ type tapConn struct {
 	wt      frameTrack
 	headBuf []byte // the handler's 101, until it is whole
 	held    *[]byte
+	outBuf  []byte // track's output when it is not p's prefix (tapOut)
 	replies []byte // the gate's replies waiting for a message boundary
 	// nReplies is len(replies), for the client's reader to look at
 	// without the write lock (waitReplies).
@@ -190,6 +191,11 @@ type frameTrack struct {
 	decided   bool // whether watch was decided for the current message
 	msg       []byte
 	closeSeen bool // the handler's close frame has been written
+	// sift: how the current data message goes to the client (siftNone,
+	// siftJudging, siftDrop); pre holds what of it is held back while it
+	// is judged, head the first judgeBytes of its payload.
+	sift      int
+	pre, head []byte
 }
 
 // frameBoundary reports whether the stream is between frames.
@@ -702,9 +708,11 @@ func (t *tapConn) Write(p []byte) (int, error) {
 		t.c.once.Do(func() { t.shutLocked(true, websocket.CloseInternalServerErr, "") })
 		return 0, err
 	}
-	if len(p) == 0 {
-		// The 101, written or not whole yet; replies queued before it
-		// (a handler that read first) go once it is.
+	if len(p) == 0 && (t.held == nil || !t.wt.boundary()) {
+		// The 101, written or not whole yet (replies queued before it, by
+		// a handler that read first, go once it is), or frames all held
+		// back or dropped (what was held before them goes with the next
+		// write that ends on a boundary).
 		if t.wt.started() && t.wt.boundary() && t.held == nil && len(t.replies) > 0 && !t.flushReplies() {
 			return 0, errTapClosed
 		}
@@ -984,22 +992,33 @@ func (t *tapConn) writeFailed(err error) {
 }
 
 // track reads p, the next bytes the handler writes: the 101 first, then
-// frames, watching the relay messages the gate acts on. It returns the
-// frames' part of p: what is left to write.
+// frames, watching the relay messages the gate acts on. It returns what is
+// left to write: p's frames, less the relay messages the client must not
+// get (sift), and with a message the gate is still deciding on, or a
+// frame header not whole yet, held back for a later call (in t.wt).
 func (t *tapConn) track(p []byte) ([]byte, error) {
 	if !t.wt.started() {
 		if err := t.trackHead(&p); err != nil || len(p) == 0 {
 			return nil, err
 		}
 	}
-	out := p
+	o := tapOut{p: p, buf: t.outBuf[:0]}
+	defer func() {
+		if cap(o.buf) <= maxHold {
+			t.outBuf = o.buf[:0]
+		}
+	}()
 	f := &t.wt
-	for len(p) > 0 {
+	hdrAt := -1 // where in p the header being read began; -1: before p
+	for i := 0; i < len(p); {
 		if f.left == 0 && f.hn == 0 || f.hn > 0 {
 			// A header, or the rest of one.
-			f.hdr[f.hn] = p[0]
+			if f.hn == 0 {
+				hdrAt = i
+			}
+			f.hdr[f.hn] = p[i]
 			f.hn++
-			p = p[1:]
+			i++
 			need := 2
 			if f.hn >= 2 {
 				switch f.hdr[1] & 0x7f {
@@ -1018,22 +1037,153 @@ func (t *tapConn) track(p []byte) ([]byte, error) {
 			if err := f.begin(need); err != nil {
 				return nil, err
 			}
+			if (f.op == opText || f.op == opBinary) && f.sift == siftNone && t.c.subs.nGone.Load() > 0 {
+				f.sift = siftJudging
+				if hdrAt >= 0 {
+					// Decided at once when what of the message is in p
+					// says enough: nothing held back, nothing copied.
+					n := int(min(uint64(len(p)-i), f.left))
+					if lit, ok := wire.ParseAddressed(p[i : i+n]); ok {
+						f.sift = t.verdict(lit)
+					} else if f.fin && uint64(n) == f.left || n >= judgeBytes {
+						f.sift = siftNone
+					}
+				}
+			}
+			switch {
+			case hdrAt < 0:
+				t.route(&o, f.hdr[:need], -1, false)
+			case f.sift == siftNone && !o.copied && hdrAt == o.same:
+				o.same = i // the common case, inline
+			default:
+				t.route(&o, p[hdrAt:i], hdrAt, false)
+			}
+			hdrAt = -1
 			if f.left == 0 {
-				t.frameDone()
+				t.frameDone(&o)
 			}
 			continue
 		}
-		n := min(uint64(len(p)), f.left)
+		n := int(min(uint64(len(p)-i), f.left))
 		if f.watch {
-			f.gather(p[:n])
+			f.gather(p[i : i+n])
 		}
-		p = p[n:]
-		f.left -= n
+		if f.sift == siftNone && !o.copied && i == o.same {
+			o.same = i + n // the common case, inline
+		} else {
+			t.route(&o, p[i:i+n], i, true)
+		}
+		i += n
+		f.left -= uint64(n)
 		if f.left == 0 {
-			t.frameDone()
+			t.frameDone(&o)
 		}
 	}
-	return out, nil
+	return o.bytes(), nil
+}
+
+// Sifting (see subTable): a data message the relay starts while the
+// connection remembers subscription ids closed for the client is held
+// back whole from its first byte until the gate has read enough of it to
+// know whether it is an EVENT or EOSE under one of them (conn.delivers);
+// then it is let through, or dropped to its last frame. Control frames
+// inside a fragmented message go as they come. Nothing of a message is
+// written before it is decided, so a dropped one leaves no part of itself
+// on the client's stream.
+const (
+	siftNone    = iota // the message goes as it comes
+	siftJudging        // held back (frameTrack.pre) until decided
+	siftDrop           // decided: none of it goes
+)
+
+// judgeBytes is how much of a message's payload the gate reads at most
+// to decide on it: its label and subscription id, even escaped and padded
+// (a relay writes them in its first hundred bytes); one it cannot place
+// by then is let through.
+const judgeBytes = 1 << 10
+
+// tapOut builds what track returns: p itself, or the part of it up to
+// the first byte held back or dropped, while nothing else is to go;
+// otherwise a copy of what goes, in buf.
+type tapOut struct {
+	p      []byte
+	same   int // while !copied, the output is p[:same]
+	copied bool
+	buf    []byte
+}
+
+// emit adds b to the output; at is where b starts in p (-1: not in p).
+func (o *tapOut) emit(b []byte, at int) {
+	if !o.copied && at == o.same {
+		o.same += len(b)
+		return
+	}
+	if !o.copied {
+		o.copied = true
+		o.buf = append(o.buf, o.p[:o.same]...)
+	}
+	o.buf = append(o.buf, b...)
+}
+
+func (o *tapOut) bytes() []byte {
+	if o.copied {
+		return o.buf
+	}
+	return o.p[:o.same]
+}
+
+// route sends b, the bytes of the current frame's header or (payload)
+// of its payload, where the current message's sifting says: out, held
+// back, or nowhere. Control frames always go out. at is where b starts in
+// p (-1: not in p).
+func (t *tapConn) route(o *tapOut, b []byte, at int, payload bool) {
+	f := &t.wt
+	if f.op == opClose || f.op == opPing || f.op == opPong {
+		o.emit(b, at)
+		return
+	}
+	switch f.sift {
+	case siftNone:
+		o.emit(b, at)
+	case siftJudging:
+		f.pre = append(f.pre, b...)
+		if !payload {
+			return
+		}
+		f.head = append(f.head, b[:min(len(b), judgeBytes-len(f.head))]...)
+		if lit, ok := wire.ParseAddressed(f.head); ok {
+			t.judge(o, t.verdict(lit))
+		} else if len(f.head) >= judgeBytes {
+			t.judge(o, siftNone)
+		}
+	}
+}
+
+// judge ends the sifting of the current message with how it goes, sift:
+// the held-back bytes go out, or the message is dropped.
+func (t *tapConn) judge(o *tapOut, sift int) {
+	f := &t.wt
+	if f.sift = sift; sift == siftNone {
+		o.emit(f.pre, -1)
+	}
+	f.pre, f.head = resetBuf(f.pre), resetBuf(f.head)
+}
+
+// verdict is how a message under the subscription id literal lit goes:
+// siftNone or siftDrop (conn.deliversUnder).
+func (t *tapConn) verdict(lit []byte) int {
+	if t.c.deliversUnder(lit) {
+		return siftNone
+	}
+	return siftDrop
+}
+
+// resetBuf empties b for reuse, letting go of a large one.
+func resetBuf(b []byte) []byte {
+	if cap(b) > 4<<10 {
+		return nil
+	}
+	return b[:0]
 }
 
 // started reports whether the 101 has been read.
@@ -1096,7 +1246,7 @@ func (f *frameTrack) gather(b []byte) {
 // frameDone ends the current frame: a data message's final frame hands a
 // watched message to conn.watch (before its last byte reaches the
 // client); a close frame means the gate sends nothing after it.
-func (t *tapConn) frameDone() {
+func (t *tapConn) frameDone(o *tapOut) {
 	f := &t.wt
 	switch f.op {
 	case opClose:
@@ -1109,6 +1259,11 @@ func (t *tapConn) frameDone() {
 		return
 	}
 	f.inMsg = false
+	if f.sift == siftJudging {
+		// The whole message is read and names no subscription.
+		t.judge(o, siftNone)
+	}
+	f.sift = siftNone
 	if f.watch {
 		t.c.watch(f.msg)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -339,5 +340,44 @@ func TestTapPingsInsideMessageBounded(t *testing.T) {
 	var ce *websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != "sluice: too many control frames" {
 		t.Fatalf("client got %v, want 1008 too many control frames", err)
+	}
+}
+
+// BenchmarkTapTrack is what the gate does with a relay's stream of EVENTs
+// in relay mode before they go to the client (tapConn.track): 64 of them
+// of ~400 bytes in one write. "open" is a connection that never closed a
+// subscription; "closed-other" one that closed one whose EVENTs are not
+// among them (each message is decided from its start: sifting); "dropped"
+// one whose EVENTs are all under the id it closed.
+//
+//	go test ./relay/ -run '^$' -bench TapTrack -count 6
+func BenchmarkTapTrack(b *testing.B) {
+	var stream []byte
+	for i := range 64 {
+		ev := fmt.Sprintf(`["EVENT","feed",{"id":"%064d","pubkey":"%064d","created_at":1700000000,"kind":1,"tags":[],"content":"%s","sig":"%0128d"}]`, i, i, strings.Repeat("x", 40), i)
+		stream = append(stream, serverFrame(opText, true, []byte(ev))...)
+	}
+	for _, mode := range []string{"open", "closed-other", "dropped"} {
+		b.Run(mode, func(b *testing.B) {
+			t := newTap(&conn{}, 0)
+			t.wt.op = 0 // past the 101
+			switch mode {
+			case "closed-other":
+				t.c.subs.open([]byte("old"), 10)
+				t.c.subs.answered([]byte("old"))
+				t.c.subs.remove([]byte("old"))
+			case "dropped":
+				t.c.subs.open([]byte("feed"), 10)
+				t.c.subs.answered([]byte("feed"))
+				t.c.subs.remove([]byte("feed"))
+			}
+			b.SetBytes(int64(len(stream)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := t.track(stream); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -79,6 +79,14 @@ func IsEvent(frame []byte) bool {
 	return s.label(`"EVENT"`)
 }
 
+// ParseAddressed reads the subscription id of a relay frame
+// ["EVENT",<sub id>,…] or ["EOSE",<sub id>] as its JSON literal, quotes
+// included: what a relay sends under a subscription. It reads only as far
+// as the literal, so the start of a frame is enough.
+func ParseAddressed(frame []byte) (sub []byte, ok bool) {
+	return subFrame(frame, `"EVENT"`, `"EOSE"`)
+}
+
 // ParseClosed reads a relay frame ["CLOSED",<sub id>,<reason>] and returns
 // the subscription id as its JSON literal, quotes included.
 func ParseClosed(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"CLOSED"`) }
