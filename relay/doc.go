@@ -112,6 +112,13 @@
 // the store could not decide: the gate fails closed, and never calls an
 // outage of its own a rate limit.
 //
+// A client told that a subscription is closed — by the gate's CLOSED, by
+// the relay's, or by its own CLOSE — hears nothing more under it: the
+// relay may still be streaming to it (khatru handles the CLOSE the gate
+// sends on a goroutine of its own), so the gate drops the relay's EVENT
+// and EOSE under the id until a REQ under it is forwarded again (the last
+// 16 such ids per connection; see subTable).
+//
 // # Beside the gate
 //
 // The charging rules are compiled once by package relay/policy (Compile),
