@@ -748,10 +748,7 @@ func (t *tapConn) Write(p []byte) (int, error) {
 // repliesSent empties the replies waiting, now written, and wakes a
 // client reader waiting for them to go (waitReplies).
 func (t *tapConn) repliesSent() {
-	t.replies = t.replies[:0]
-	if cap(t.replies) > 4<<10 {
-		t.replies = nil
-	}
+	t.replies = resetBuf(t.replies)
 	t.nReplies.Store(0)
 	select {
 	case t.flushed <- struct{}{}:
@@ -1003,11 +1000,6 @@ func (t *tapConn) track(p []byte) ([]byte, error) {
 		}
 	}
 	o := tapOut{p: p, buf: t.outBuf[:0]}
-	defer func() {
-		if cap(o.buf) <= maxHold {
-			t.outBuf = o.buf[:0]
-		}
-	}()
 	f := &t.wt
 	hdrAt := -1 // where in p the header being read began; -1: before p
 	for i := 0; i < len(p); {
@@ -1078,6 +1070,9 @@ func (t *tapConn) track(p []byte) ([]byte, error) {
 		if f.left == 0 {
 			t.frameDone(&o)
 		}
+	}
+	if o.copied && cap(o.buf) <= maxHold {
+		t.outBuf = o.buf[:0] // for the next call: what is returned is written or copied first
 	}
 	return o.bytes(), nil
 }
@@ -1268,11 +1263,7 @@ func (t *tapConn) frameDone(o *tapOut) {
 		t.c.watch(f.msg)
 	}
 	f.watch = false
-	if cap(f.msg) > 4<<10 {
-		f.msg = nil
-	} else {
-		f.msg = f.msg[:0]
-	}
+	f.msg = resetBuf(f.msg)
 }
 
 // trackHead reads the handler's answer to the upgrade from *p, gathering
