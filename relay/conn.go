@@ -425,8 +425,15 @@ func (c *conn) watch(frame []byte) {
 	}
 	if lit, ok := wire.ParseClosed(frame); ok {
 		var buf [wire.MaxSubIDBytes]byte
-		if id, ok := subID(&buf, lit); ok {
+		if id, ok := subID(&buf, lit); ok && !c.subs.counted(id) {
 			c.subs.closedByRelay(id)
+		}
+		return
+	}
+	if lit, ok := wire.ParseCountReply(frame); ok {
+		var buf [wire.MaxSubIDBytes]byte
+		if id, ok := subID(&buf, lit); ok {
+			c.subs.counted(id)
 		}
 		return
 	}
@@ -743,8 +750,12 @@ func (c *conn) admit(frame []byte) bool {
 		}
 	}
 	if reason != "" {
-		// Charged (to its type) but not forwarded: the relay could read
-		// it otherwise than the gate did (wire.Scan says how).
+		// Charged (to its type, or the catch-all when that is free) but
+		// not forwarded: the relay could read it otherwise than the gate
+		// did (wire.Scan says how).
+		if !free && !charge && !c.chargeAnswered(sub, p.Frame()) {
+			return false
+		}
 		c.refuse(p.Frame(), reason)
 		return false
 	}
@@ -758,14 +769,28 @@ func (c *conn) admit(frame []byte) bool {
 	forward := true
 	switch t {
 	case TypeREQ:
-		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs) {
-			obs.ReportFrame(t, OverCap)
-			obs.ReportRefusal(c.who, t, OverCap)
-			// A REQ reusing an open id is told CLOSED: close it at the
-			// relay too.
-			f := p.Frame()
-			c.dropSub(f)
-			c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySubs)), f, c.g.tooManySubs))
+		// The frame's bytes are what the relay keeps as listeners while
+		// the subscription is open: held in the client's count first, so
+		// that connections of one address racing each other never pass
+		// the cap together.
+		held := 0
+		if !free {
+			held = len(frame)
+			if !c.g.filterBytes.holdN(c.who, held) {
+				c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManyBytes)
+				return false
+			}
+		}
+		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs, held) {
+			c.g.filterBytes.release(c.who, held)
+			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
+			return false
+		}
+	case TypeCOUNT:
+		// A COUNT runs the query of a REQ: it takes a place among the
+		// connection's subscriptions until the relay answers it.
+		if !c.subs.openCount(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs, time.Now()) {
+			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
 			return false
 		}
 	case TypeCLOSE:
@@ -812,6 +837,13 @@ func (c *conn) admit(frame []byte) bool {
 		}
 	}
 	switch {
+	case !forward:
+		// A CLOSE or NEG-CLOSE naming nothing open: the gate's to answer,
+		// so charged like every frame it answers.
+		if !free && !charge && !c.chargeAnswered(sub, p.Frame()) {
+			return false
+		}
+		obs.ReportFrame(t, Unmatched)
 	case free:
 		obs.ReportFrame(t, Allowlisted)
 	case shadowed:
@@ -820,6 +852,39 @@ func (c *conn) admit(frame []byte) bool {
 		obs.ReportFrame(t, Admitted)
 	}
 	return forward
+}
+
+// chargeAnswered charges f, a frame of a free type that the gate answers
+// itself (invalid, or a CLOSE naming nothing open), to the catch-all
+// budget, and reports whether it was admitted; a refusal is answered
+// here. Free types are free so that closing never waits; a frame that
+// closes nothing has no such claim, and the relay is not the only one
+// that pays for reading it: without a charge a client could have the
+// gate read and answer such frames as fast as its socket takes them. A
+// refusal from the local table counts toward the knocking cut, as for
+// every type.
+func (c *conn) chargeAnswered(sub *policy.Subject, f Frame) bool {
+	if wait, refused := sub.Refused(c.g.limiter, TypeOther); refused {
+		c.refuseRateLimited(f, wait)
+		if !c.knocks.allow(time.Now()) {
+			c.knocked = wait
+		}
+		return false
+	}
+	v := sub.Charge(c.ctx, c.g.limiter, TypeOther, 0, -1)
+	switch {
+	case v.Err != nil:
+		c.g.obs.ReportFrame(f.Type, Unavailable)
+		c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(f), f))
+		return false
+	case v.Refused:
+		if !v.Local {
+			c.g.log.Info("rate-limited", "client", c.who, "type", f.Type.String(), "limit", v.Budget, "wait", v.Wait.Round(time.Millisecond).String())
+		}
+		c.refuseRateLimited(f, v.Wait)
+		return false
+	}
+	return true
 }
 
 // reasonNoSync answers a NEG-MSG whose id names no sync the gate counts
@@ -852,6 +917,16 @@ func (k *knockMeter) allow(now time.Time) bool {
 	k.last = now
 	k.spent++
 	return k.spent <= knockBurst
+}
+
+// refuseOverCap answers f (a REQ or COUNT under the id literal lit) refused
+// by a cap on what the connection or its client holds open. A REQ reusing
+// an open id is told CLOSED: dropSub closes it at the relay too.
+func (c *conn) refuseOverCap(f Frame, lit []byte, reason string) {
+	c.g.obs.ReportFrame(f.Type, OverCap)
+	c.g.obs.ReportRefusal(c.who, f.Type, OverCap)
+	c.dropSub(f)
+	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(lit)+len(reason)), f, reason))
 }
 
 // refuse answers f with an "invalid:" reason of the gate's own.

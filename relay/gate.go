@@ -172,6 +172,14 @@ type Options struct {
 	// this process's own. 0 means DefaultMaxSyncs; negative, no cap.
 	// Allow-listed clients are not counted.
 	MaxSyncs int
+	// MaxFilterBytes caps the bytes of the REQs whose subscriptions one
+	// client holds open at the relay, across its connections through this
+	// gate: the relay keeps every such filter as a listener, and matches
+	// every new event against all of them. A REQ that would take the
+	// client past it is answered CLOSED ("blocked: …") and not forwarded.
+	// The count is this process's own. 0 means DefaultMaxFilterBytes;
+	// negative, no cap. Allow-listed clients are not counted.
+	MaxFilterBytes int
 	// Stored, when set, reports whether the relay stored the event with
 	// this id (32 bytes, as in the event's "id") since Stored was last
 	// asked about it: the first answer for a stored event is true, any
@@ -271,6 +279,8 @@ type Gate struct {
 	stored       func(id [32]byte) bool // Options.Stored
 	syncCounts   clientCounts           // open NIP-77 syncs per client key
 	tooManySyncs string
+	filterBytes  clientCounts // bytes of REQs held open at the relay per client key
+	tooManyBytes string
 	relayURL     *url.URL
 	queueBytes   int
 	pingInterval time.Duration
@@ -350,6 +360,8 @@ func New(opts Options) (*Gate, error) {
 	g.connCounts.init(opts.MaxConnections, DefaultMaxConnections)
 	g.syncCounts.init(opts.MaxSyncs, DefaultMaxSyncs)
 	g.tooManySyncs = fmt.Sprintf("blocked: too many open syncs (at most %d); send NEG-CLOSE for one first", g.syncCounts.max)
+	g.filterBytes.init(opts.MaxFilterBytes, DefaultMaxFilterBytes)
+	g.tooManyBytes = fmt.Sprintf("blocked: the subscriptions open from your address hold too many filter bytes (at most %d); close one first", g.filterBytes.max)
 	if g.queueBytes <= 0 {
 		g.queueBytes = DefaultQueueBytes
 	}
@@ -412,16 +424,20 @@ func (c *clientCounts) init(n, def int) {
 }
 
 // hold counts one more for client unless it holds max already.
-func (c *clientCounts) hold(client string) bool {
+func (c *clientCounts) hold(client string) bool { return c.holdN(client, 1) }
+
+// holdN counts n more for client unless that would make it hold more
+// than max.
+func (c *clientCounts) holdN(client string, n int) bool {
 	if c.max == 0 {
 		return true
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.open[client] >= c.max {
+	if c.open[client]+n > c.max {
 		return false
 	}
-	c.open[client]++
+	c.open[client] += n
 	return true
 }
 
@@ -628,9 +644,13 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	// where it ends.
 	// The connection is reported closed only once its places are free,
 	// so what an observer sees closed can be opened again.
+	if !freeIP {
+		c.subs.release = func(n int) { g.filterBytes.release(client, n) }
+	}
 	cleanup := func() {
 		c.settlePending()
 		g.releaseSyncs(client, c.syncs.clear())
+		c.subs.clear()
 		g.remove(c)
 		if !freeIP {
 			g.releaseConn(client)

@@ -44,6 +44,7 @@ const (
 	Invalid       = policy.Invalid
 	OverCap       = policy.OverCap
 	Shadowed      = policy.Shadowed
+	Unmatched     = policy.Unmatched
 	NumOutcomes   = policy.NumOutcomes
 
 	CutSlowReader   = policy.CutSlowReader

@@ -3,6 +3,7 @@ package relay
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -22,6 +23,17 @@ const DefaultMaxSubscriptions = 50
 // each; 64 leaves a large NAT room while 5,000 idle sockets from one
 // address (322 MB on the relay side) are out of reach.
 const DefaultMaxConnections = 64
+
+// DefaultMaxFilterBytes caps the bytes of REQs one client (an IPv4
+// address, an IPv6 prefix) holds open at the relay across its
+// connections (Options.MaxFilterBytes). The relay keeps each open filter
+// parsed (khatru: several times its JSON size) and matches every new
+// event against every one of them, so this bounds both what one address
+// makes it hold and what it adds to each broadcast. 1 MiB holds sixteen
+// REQs at the REQ frame bound (a follow feed of ~900 authors each), more
+// than any client keeps open on one relay, and a few such clients
+// behind one NAT.
+const DefaultMaxFilterBytes = 1 << 20
 
 // subTable is what a connection may still hold open at the relay: a place
 // for every REQ forwarded, under its id, since that id was last closed by
@@ -80,7 +92,31 @@ type subTable struct {
 
 	gone  [maxGone]string // ids closed for the client, gone[:nGone], oldest first
 	nGone atomic.Int32
+
+	// counting holds the COUNTs forwarded and not yet answered, by id
+	// (see openCount); each takes a place while it runs.
+	counting map[string]countEntry
+
+	// bytes is the sum of the entries' bytes: the REQ frames whose
+	// filters the relay holds as listeners. release, when set, gives
+	// freed bytes back to the client's count across its connections
+	// (Gate.filterBytes); it is called with s.mu held and must not call
+	// back into the table.
+	bytes   int
+	release func(n int)
 }
+
+// countEntry is the COUNTs running under one id.
+type countEntry struct {
+	n    int       // forwarded and unanswered
+	last time.Time // when the latest was forwarded
+}
+
+// countHold is how long a COUNT keeps its place without an answer: a
+// relay that does not speak NIP-45 may answer with a NOTICE or nothing,
+// and the place must come back. A relay still counting after it has its
+// work bounded by the filter bounds the gate checked before forwarding.
+const countHold = 30 * time.Second
 
 // maxGone is how many ids closed for the client a connection remembers
 // (subTable): a relay handles a CLOSE in well under the time a client
@@ -88,15 +124,18 @@ type subTable struct {
 const maxGone = 16
 
 type subEntry struct {
+	bytes      int  // the bytes of those REQs (their filters, as the relay holds them)
 	places     int  // REQs forwarded under the id since its last CLOSE
 	unanswered int  // of those, the ones the relay has not answered (EOSE, CLOSED)
 	closing    bool // the client closed it before the relay answered them all
 	closed     bool // the relay said CLOSED, or answered a closing id; the gate has not sent CLOSE yet
 }
 
-// open takes a place for a REQ under id unless limit are taken, and
-// reports whether it did.
-func (s *subTable) open(id []byte, limit int) bool {
+// open takes a place for a REQ of n bytes under id unless limit are
+// taken, and reports whether it did. The n bytes are the caller's, held
+// in the client's count already: they are the table's once open returns
+// true, and stay the caller's otherwise.
+func (s *subTable) open(id []byte, limit, n int) bool {
 	s.order.Lock()
 	defer s.order.Unlock()
 	s.mu.Lock()
@@ -109,6 +148,8 @@ func (s *subTable) open(id []byte, limit int) bool {
 		s.ids = make(map[string]subEntry)
 	}
 	e := s.ids[string(id)]
+	e.bytes += n
+	s.bytes += n
 	if e.closed {
 		e.closed = false
 		s.marked.Add(-1)
@@ -144,10 +185,77 @@ func (s *subTable) remove(id []byte) bool {
 		return true
 	}
 	s.places -= e.places
+	s.freeLocked(e.bytes)
 	if e.closed {
 		s.marked.Add(-1)
 	}
 	delete(s.ids, string(id))
+	return true
+}
+
+// freeLocked gives n of the table's bytes back. s.mu is held.
+func (s *subTable) freeLocked(n int) {
+	if n == 0 {
+		return
+	}
+	s.bytes -= n
+	if s.release != nil {
+		s.release(n)
+	}
+}
+
+// clear frees every place and byte: the connection has ended, and the
+// relay with it has let go of its listeners.
+func (s *subTable) clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.freeLocked(s.bytes)
+	s.ids, s.counting, s.places = nil, nil, 0
+	s.marked.Store(0)
+}
+
+// openCount takes a place for a COUNT under id at now unless limit are
+// taken, and reports whether it did. The place is freed by the relay's
+// answer (counted), or countHold after the id's latest COUNT when none
+// comes.
+func (s *subTable) openCount(id []byte, limit int, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, e := range s.counting {
+		if now.Sub(e.last) >= countHold {
+			s.places -= e.n
+			delete(s.counting, k)
+		}
+	}
+	if s.places >= limit {
+		return false
+	}
+	if s.counting == nil {
+		s.counting = make(map[string]countEntry)
+	}
+	e := s.counting[string(id)]
+	e.n++
+	e.last = now
+	s.counting[string(id)] = e
+	s.places++
+	return true
+}
+
+// counted records the relay's answer to a COUNT under id (its COUNT, or a
+// CLOSED refusing it) and reports whether one was running.
+func (s *subTable) counted(id []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.counting[string(id)]
+	if !ok {
+		return false
+	}
+	s.places--
+	if e.n--; e.n == 0 {
+		delete(s.counting, string(id))
+	} else {
+		s.counting[string(id)] = e
+	}
 	return true
 }
 
@@ -260,6 +368,7 @@ func (s *subTable) takeClosed(dst [][]byte, keep []byte) [][]byte {
 			continue
 		}
 		s.places -= e.places
+		s.freeLocked(e.bytes)
 		delete(s.ids, id)
 		dst = append(dst, []byte(id))
 	}

@@ -14,8 +14,9 @@ import (
 )
 
 // eoseRelay is an upstream that records the frames it receives and
-// answers a COUNT whose id is "eose-<id>" with ["EOSE","<id>"]: the test
-// says when the relay has answered a REQ.
+// answers a NEG-OPEN whose id is "eose-<id>" with ["EOSE","<id>"]: the
+// test says when the relay has answered a REQ. (A NEG-OPEN, because it
+// takes no place among the subscriptions the test fills.)
 type eoseRelay struct {
 	mu   sync.Mutex
 	cond *sync.Cond
@@ -43,7 +44,7 @@ func (r *eoseRelay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.got = append(r.got, string(data))
 		r.cond.Broadcast()
 		r.mu.Unlock()
-		const ask = `["COUNT","eose-`
+		const ask = `["NEG-OPEN","eose-`
 		if s := string(data); strings.HasPrefix(s, ask) {
 			id := s[len(ask) : strings.IndexByte(s[len(ask):], '"')+len(ask)]
 			_ = c.WriteMessage(websocket.TextMessage, []byte(`["EOSE","`+id+`"]`))
@@ -89,9 +90,9 @@ func TestGateCloseBeforeEOSEKeepsPlace(t *testing.T) {
 	write(`["REQ","a",{}]`)
 	write(`["CLOSE","a"]`) // before the relay's EOSE
 	write(`["REQ","b",{}]`)
-	write(`["REQ","c",{}]`)        // a's place is still taken: refused
-	write(`["COUNT","eose-a",{}]`) // the relay answers a now
-	write(`["COUNT","eose-z",{}]`) // and then z, which was never opened
+	write(`["REQ","c",{}]`)                // a's place is still taken: refused
+	write(`["NEG-OPEN","eose-a",{},"61"]`) // the relay answers a now
+	write(`["NEG-OPEN","eose-z",{},"61"]`) // and then z, which was never opened
 	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","c","blocked: too many open subscriptions`) {
 		t.Fatalf("REQ c past the cap, a closed before its EOSE: got %s first, want CLOSED c blocked", got)
 	}
@@ -104,9 +105,9 @@ func TestGateCloseBeforeEOSEKeepsPlace(t *testing.T) {
 	write(`["REQ","c",{}]`)
 	got := rel.frames(7)
 	// The second CLOSE a goes before the client's next frame once the
-	// gate has read the EOSE: before COUNT eose-z or after it.
-	want := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["COUNT","eose-a",{}]`, `["COUNT","eose-z",{}]`, `["CLOSE","a"]`, `["REQ","c",{}]`}
-	early := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["COUNT","eose-a",{}]`, `["CLOSE","a"]`, `["COUNT","eose-z",{}]`, `["REQ","c",{}]`}
+	// gate has read the EOSE: before NEG-OPEN eose-z or after it.
+	want := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["NEG-OPEN","eose-a",{},"61"]`, `["NEG-OPEN","eose-z",{},"61"]`, `["CLOSE","a"]`, `["REQ","c",{}]`}
+	early := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["NEG-OPEN","eose-a",{},"61"]`, `["CLOSE","a"]`, `["NEG-OPEN","eose-z",{},"61"]`, `["REQ","c",{}]`}
 	if g := strings.Join(got, " "); g != strings.Join(want, " ") && g != strings.Join(early, " ") {
 		t.Fatalf("relay got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
@@ -173,7 +174,7 @@ func TestSubTableGoneBounded(t *testing.T) {
 	var s subTable
 	id := func(i int) []byte { return []byte(fmt.Sprint("sub-", i)) }
 	for i := range maxGone + 1 {
-		if !s.open(id(i), 100) {
+		if !s.open(id(i), 100, 0) {
 			t.Fatalf("open %d refused", i)
 		}
 		s.answered(id(i))
@@ -198,12 +199,12 @@ func TestSubTableGoneBounded(t *testing.T) {
 		t.Errorf("%d ids remembered, want %d", n, maxGone)
 	}
 	// Closed again and again, an id takes one place among them.
-	s.open(id(5), 100)
+	s.open(id(5), 100, 0)
 	if s.isGone(id(5)) {
 		t.Error("an id opened again is still remembered as closed")
 	}
 	s.remove(id(5))
-	s.open(id(5), 100)
+	s.open(id(5), 100, 0)
 	s.remove(id(5))
 	if n := s.nGone.Load(); n != maxGone || !s.isGone(id(5)) || !s.isGone(id(1)) {
 		t.Errorf("after closing one id twice: %d remembered, 5 %v, 1 %v", n, s.isGone(id(5)), s.isGone(id(1)))

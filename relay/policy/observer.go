@@ -31,11 +31,15 @@ const (
 	// Shadowed: forwarded, but a window in shadow (mode: shadow, or
 	// shadow: true on the window) would have refused it.
 	Shadowed
+	// Unmatched: a CLOSE or NEG-CLOSE naming nothing open at the relay,
+	// charged (to the catch-all when its type is free) and answered by
+	// the gate, which is to say not at all: it is not forwarded.
+	Unmatched
 	// NumOutcomes is the number of outcomes, for arrays indexed by Outcome.
 	NumOutcomes
 )
 
-var outcomeNames = [NumOutcomes]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid", "over_cap", "shadow_limited"}
+var outcomeNames = [NumOutcomes]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid", "over_cap", "shadow_limited", "unmatched"}
 
 // CutReason is why the gate closed a client's connection on its own
 // account.

@@ -108,6 +108,11 @@ func subFrame(frame []byte, labels ...string) (sub []byte, ok bool) {
 	return nil, false
 }
 
+// ParseCountReply reads a relay frame ["COUNT",<sub id>,{…}] (NIP-45's
+// answer) and returns the subscription id as its JSON literal, quotes
+// included.
+func ParseCountReply(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"COUNT"`) }
+
 // ParseEOSE reads a relay frame ["EOSE",<sub id>] and returns the
 // subscription id as its JSON literal, quotes included.
 func ParseEOSE(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"EOSE"`) }
