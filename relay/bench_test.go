@@ -3,6 +3,7 @@
 package relay
 
 import (
+	"bytes"
 	"fmt"
 	"runtime"
 	"strings"
@@ -284,4 +285,79 @@ func modeURL(b *testing.B, mode string) string {
 		return serve(b, h)
 	}
 	return serve(b, kr)
+}
+
+// BenchmarkPublishUnderHeldFilters publishes a note with a hashtag through
+// the gate (Wrap) to khatru and waits for its OK, with nothing else open
+// ("idle"), and with one other address holding open as many filters as
+// DefaultMaxFilterBytes lets it, each of the kind khatru takes longest to
+// reject for such a note (a "#t" list of 1,000 short values, scanned in
+// full for the note's tag), on 64 connections ("held"). khatru matches
+// every new event against every open filter before it answers, so "held"
+// over "idle" is what one address's open filters add to an honest
+// publish. "unbounded" holds 8 times as much with the bound off.
+//
+//	go test ./relay/ -run '^$' -bench PublishUnderHeldFilters -benchtime 2000x -count 5
+func BenchmarkPublishUnderHeldFilters(b *testing.B) {
+	for _, mode := range []string{"idle", "held", "unbounded"} {
+		b.Run(mode, func(b *testing.B) {
+			opts := Options{Limits: &Limits{}, MaxConnections: -1, MaxSubscriptions: 1000}
+			hold := 0
+			switch mode {
+			case "held":
+				hold = DefaultMaxFilterBytes
+			case "unbounded":
+				opts.MaxFilterBytes = -1
+				hold = 8 * DefaultMaxFilterBytes
+			}
+			url := serve(b, newGate(b, opts).Wrap(newKhatru(b)))
+			var req strings.Builder
+			held, n := 0, 0
+			for conns := 0; held < hold && conns < 64*8; conns++ {
+				c, _, err := websocket.DefaultDialer.Dial(url, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				for k := 0; k < 50 && held < hold; k++ {
+					req.Reset()
+					fmt.Fprintf(&req, `["REQ","h%d",{"#t":[`, n)
+					for i := range 1000 {
+						if i > 0 {
+							req.WriteByte(',')
+						}
+						fmt.Fprintf(&req, `"%03x"`, i)
+					}
+					req.WriteString(`]}]`)
+					if held+req.Len() > hold {
+						held = hold // as much as fits
+						break
+					}
+					if err := c.WriteMessage(websocket.TextMessage, []byte(req.String())); err != nil {
+						b.Fatal(err)
+					}
+					if _, m, err := c.ReadMessage(); err != nil || !bytes.HasPrefix(m, []byte(`["EOSE"`)) {
+						b.Fatalf("filler REQ %d: %s %v", n, m, err)
+					}
+					held += req.Len()
+					n++
+				}
+			}
+			r := connect(b, url)
+			sk := nostr.GeneratePrivateKey()
+			ev := nostr.Event{Kind: 1, Content: "honest", Tags: nostr.Tags{{"t", "nostr"}}}
+			b.ResetTimer()
+			for i := range b.N {
+				ev.CreatedAt = nostr.Timestamp(1_700_000_000 + i)
+				ev.ID, ev.Sig = "", ""
+				if err := ev.Sign(sk); err != nil {
+					b.Fatal(err)
+				}
+				if err := nostrtest.Publish(b, r, ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(held), "held-B")
+		})
+	}
 }
