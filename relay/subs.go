@@ -28,12 +28,12 @@ const DefaultMaxConnections = 64
 // address, an IPv6 prefix) holds open at the relay across its
 // connections (Options.MaxFilterBytes). The relay keeps each open filter
 // parsed (khatru: several times its JSON size) and matches every new
-// event against every one of them, so this bounds both what one address
-// makes it hold and what it adds to each broadcast. 1 MiB holds sixteen
-// REQs at the REQ frame bound (a follow feed of ~900 authors each), more
-// than any client keeps open on one relay, and a few such clients
-// behind one NAT.
-const DefaultMaxFilterBytes = 1 << 20
+// event against every one of them before it answers the publisher, so
+// this bounds both what one address makes it hold and what it adds to
+// every honest publish (docs/BENCHMARKS.md, "Open filters"). 512 KiB
+// holds eight REQs at the REQ frame bound (a follow feed of ~900 authors
+// each), more than a client keeps open on one relay.
+const DefaultMaxFilterBytes = 512 << 10
 
 // subTable is what a connection may still hold open at the relay: a place
 // for every REQ forwarded, under its id, since that id was last closed by
