@@ -71,6 +71,7 @@ type conn struct {
 	host  string        // the host the client asked for, for NIP-42's relay tag
 	meter *controlMeter // what the client's stream owes in control frames
 
+	owed  owed      // requests forwarded and not yet answered by the relay
 	subs  subTable  // subscriptions open at the relay
 	syncs syncTable // NIP-77 syncs open at the relay
 	// Owned by the client reader: a CLOSE to send the relay after a
@@ -204,10 +205,22 @@ func (c *conn) send(typ int, data []byte) bool {
 		return false
 	default:
 	}
-	return c.out.push(outFrame{typ, data}, c.closing)
+	if !c.out.push(outFrame{typ, data}) {
+		c.cutBacklog()
+		return false
+	}
+	return true
 }
 
-// cutSlow ends a connection whose client did not take a write within the
+// cutBacklog ends a connection whose client is further behind than the
+// queue's bound (Options.QueueBytes), however recently it read.
+func (c *conn) cutBacklog() {
+	c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "backlog over the queue bound", "queued_bytes", c.out.queued())
+	c.g.obs.ReportCut(CutSlowReader)
+	c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
+}
+
+// cutSlow ends a connection whose client took nothing of a write for the
 // write timeout: it has stopped reading.
 func (c *conn) cutSlow() {
 	c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "queued_bytes", c.out.queued())
@@ -227,6 +240,7 @@ func (c *conn) writeClient() {
 			if !c.writeFrames(frames) {
 				return
 			}
+			c.out.wrote()
 			clear(frames) // drop the payloads; keep the slice
 			spare = frames
 		case <-ping.C:
@@ -416,6 +430,9 @@ func (c *conn) watch(frame []byte) {
 	if wire.IsEvent(frame) {
 		return
 	}
+	if wire.IsAnswer(frame) {
+		c.owed.answered()
+	}
 	if lit, ok := wire.ParseEOSE(frame); ok {
 		var buf [wire.MaxSubIDBytes]byte
 		if id, ok := subID(&buf, lit); ok {
@@ -544,7 +561,7 @@ func (c *conn) readClient() {
 		}
 		// While the client is behind on the answers, its next request
 		// waits (see outQueue.wait).
-		if !c.out.wait(c.closing) {
+		if _, ok := c.owed.wait(c.closing, owedWait); !ok || !c.out.wait(c.closing) {
 			putFrameBuf(buf)
 			return
 		}
@@ -826,7 +843,11 @@ func (c *conn) admit(frame []byte) bool {
 		forward = c.closeSync(facts.SubID[1:len(facts.SubID)-1]) || free
 	case TypeEVENT:
 		if q := sub.Quota(); q != nil && !free {
-			return c.admitEvent(p.Frame(), &facts.Event, q, shadowed)
+			ok := c.admitEvent(p.Frame(), &facts.Event, q, shadowed)
+			if ok {
+				c.owed.add()
+			}
+			return ok
 		}
 	case TypeAUTH:
 		if gp.watchOK {
@@ -835,6 +856,10 @@ func (c *conn) admit(frame []byte) bool {
 				return false
 			}
 		}
+	}
+	switch t {
+	case TypeEVENT, TypeREQ, TypeCOUNT, TypeAUTH, TypeNEGOPEN, TypeNEGMSG:
+		c.owed.add() // the relay answers each (see owed)
 	}
 	switch {
 	case !forward:

@@ -110,10 +110,9 @@ const maxCoalesce = 64 << 10
 type meteredConn struct {
 	net.Conn
 	m *controlMeter
-	// stall, when set, is how long one write may make no progress: data
-	// goes out in pieces of maxCoalesce, each with a write deadline of its
-	// own, so a client that reads slowly is never timed out by a large
-	// write, and one that stops reading is within stall.
+	// stall, when set, is how long one write may make no progress at all
+	// (writeProgressing): a client that reads slowly is never timed out by
+	// a large write, and one that stops reading is within stall.
 	stall time.Duration
 	// limit is the deadline last set by SetWriteDeadline (zero: none), which
 	// caps stall's: gorilla sets one before every write, the zero time for
@@ -150,29 +149,13 @@ func (c *meteredConn) Write(p []byte) (int, error) {
 	return c.write(p)
 }
 
-// write writes p, renewing the write deadline for every piece of it when
-// stall is set.
+// write writes p; with stall set, it waits as long as the client makes
+// progress (writeProgressing), capped by limit.
 func (c *meteredConn) write(p []byte) (int, error) {
 	if c.stall <= 0 {
 		return c.Conn.Write(p)
 	}
-	done := 0
-	for done < len(p) {
-		piece := p[done:min(len(p), done+maxCoalesce)]
-		d := time.Now().Add(c.stall)
-		if !c.limit.IsZero() && c.limit.Before(d) {
-			d = c.limit
-		}
-		if err := c.Conn.SetWriteDeadline(d); err != nil {
-			return done, err
-		}
-		n, err := c.Conn.Write(piece)
-		done += n
-		if err != nil {
-			return done, err
-		}
-	}
-	return done, nil
+	return writeProgressing(c.Conn, p, c.stall, c.limit)
 }
 
 // coalesce starts gathering writes (on) or writes what was gathered and

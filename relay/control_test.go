@@ -140,9 +140,9 @@ func TestGateControlFlood(t *testing.T) {
 // messages split into several fragments, all reach the relay.
 func TestGateControlHonest(t *testing.T) {
 	rec := newRecorder()
-	var l Limits // nothing charged: only the control bound applies
-	// The recorder answers nothing, so every COUNT keeps its place.
-	url := serve(t, newGate(t, Options{Limits: &l, MaxSubscriptions: 1000}).Wrap(rec))
+	rec.eose = true // answers every COUNT, as a relay does
+	var l Limits    // nothing charged: only the control bound applies
+	url := serve(t, newGate(t, Options{Limits: &l}).Wrap(rec))
 	c := dialRaw(t, url)
 	nc := c.NetConn()
 	const n = 300
@@ -226,6 +226,7 @@ func TestMeteredLargePayloadNotFlood(t *testing.T) {
 // frame's payload was read in one piece of 30 KB, and the 4th was cut.)
 func TestGateLargeEventNotCut(t *testing.T) {
 	rec := newRecorder()
+	rec.answerOK = func(hex32) bool { return true }
 	// Each frame in one socket write, as go-nostr's client sends it
 	// (gorilla's default buffer would write it in 4 KiB pieces).
 	d := websocket.Dialer{WriteBufferSize: 1 << 20}

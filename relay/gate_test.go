@@ -308,7 +308,8 @@ type recorder struct {
 	// challenge, when set, is sent as ["AUTH",challenge] on every
 	// connection (NIP-42), as sluice relay does.
 	challenge string
-	// eose makes the recorder answer every REQ with ["EOSE",<id>], as a
+	// eose makes the recorder answer every REQ with ["EOSE",<id>] (and
+	// every COUNT with a count of 0), as a
 	// NIP-01 relay does (after the command's answer, for a command).
 	eose bool
 
@@ -372,8 +373,11 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cmd, arg := recorderCommand(data)
 		var eose []byte
 		if rec.eose {
-			if f, reason := wire.Scan(data, DefaultMaxFilters); reason == "" && f.Type == TypeREQ {
+			switch f, reason := wire.Scan(data, DefaultMaxFilters); {
+			case reason == "" && f.Type == TypeREQ:
 				eose = []byte(`["EOSE",` + string(f.SubID) + `]`)
+			case reason == "" && f.Type == TypeCOUNT:
+				eose = []byte(`["COUNT",` + string(f.SubID) + `,{"count":0}]`)
 			}
 		}
 		switch {
@@ -390,6 +394,13 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case cmd == "stall": // stop reading: no pongs, nothing
 			<-r.Context().Done()
 			return
+		case cmd == "burst": // 8 MiB in 64 KiB binary frames, then nothing
+			big := make([]byte, 64<<10)
+			for range 128 {
+				if c.WriteMessage(websocket.BinaryMessage, big) != nil {
+					return
+				}
+			}
 		case cmd == "flood":
 			big := make([]byte, 64<<10)
 			for {
@@ -768,10 +779,10 @@ func TestGateShutdown(t *testing.T) {
 	}
 }
 
-// A client that stops reading is cut as a slow reader once a write to it
-// makes no progress for the write timeout; the relay's flood towards it is
-// held up meanwhile (the queue is full and its reader waits: memory stays
-// at the bound) and ends with the cut; other clients are unaffected.
+// A client that stops reading while the relay floods it is cut as a slow
+// reader once its backlog would pass the queue's bound: the relay's writer
+// never waits for it (memory stays at the bound), its flood ends with the
+// cut, and other clients are unaffected.
 func TestGateSlowClientDisconnected(t *testing.T) {
 	rec := newRecorder()
 	var cuts atomic.Int64
@@ -799,14 +810,15 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 	}
 }
 
-// A client that reads, however slowly, is not cut: a flood far larger than
-// the queue and the write timeout's worth of a fast client reaches a
-// client that takes a pause now and then, whole and in order.
+// A client that reads, however slowly, is not cut while its backlog stays
+// under the queue's bound: 8 MiB, far more than the write timeout's worth
+// of a fast client, reaches a client that takes a pause now and then,
+// whole and in order.
 func TestGateSlowReaderNotCut(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: 500 * time.Millisecond})
+	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 16 << 20, WriteTimeout: 500 * time.Millisecond})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
-	if err := c.WriteMessage(websocket.TextMessage, recorderCmd("flood", "")); err != nil {
+	if err := c.WriteMessage(websocket.TextMessage, recorderCmd("burst", "")); err != nil {
 		t.Fatal(err)
 	}
 	// 8 MiB in 64 KiB frames: 32 times the queue, read 2 MiB at a time

@@ -5,60 +5,65 @@ import (
 	"testing/synctest"
 )
 
-// TestOutQueueBackpressure: a sender waits while the queue is at its bound
-// (no frame is dropped, none is queued past it), is let through by the
-// writer's take, and gives up, unqueued, when the connection ends.
-func TestOutQueueBackpressure(t *testing.T) {
+// TestOutQueueBound: a frame that would take the backlog (queued and being
+// written) past the bound is refused at once, never waited for; the
+// client reader's wait returns only once the backlog is down to
+// backlogLow, which the writer's wrote brings about, and gives up when the
+// connection ends.
+func TestOutQueueBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := newOutQueue(100)
+		const max = 4 * backlogLow
+		q := newOutQueue(max)
 		done := make(chan struct{})
-		if !q.push(outFrame{data: make([]byte, 60)}, done) {
+		if !q.push(outFrame{data: make([]byte, 3*backlogLow)}) {
 			t.Fatal("first frame refused")
 		}
-		if !q.push(outFrame{data: make([]byte, 40)}, done) {
+		if !q.push(outFrame{data: make([]byte, backlogLow)}) {
 			t.Fatal("second frame (at the bound) refused")
 		}
-		pushed := make(chan bool)
-		go func() { pushed <- q.push(outFrame{data: make([]byte, 10)}, done) }()
+		if q.push(outFrame{data: make([]byte, 1)}) {
+			t.Fatal("a frame was queued past the bound")
+		}
 		waited := make(chan bool)
 		go func() { waited <- q.wait(done) }()
 		synctest.Wait()
 		select {
-		case <-pushed:
-			t.Fatal("a frame was queued past the bound")
 		case <-waited:
-			t.Fatal("wait returned with the queue at its bound")
+			t.Fatal("wait returned with the client behind")
 		default:
-		}
-		if n := q.queued(); n != 100 {
-			t.Fatalf("queued %d bytes, want 100", n)
 		}
 		if got := q.take(nil); len(got) != 2 {
 			t.Fatalf("took %d frames, want 2", len(got))
 		}
+		// Taken is not written: still the client's backlog.
+		if n := q.queued(); n != max {
+			t.Fatalf("backlog %d bytes while the batch is written, want %d", n, max)
+		}
+		if q.push(outFrame{data: make([]byte, 1)}) {
+			t.Fatal("a frame was queued past the bound while the batch is written")
+		}
 		synctest.Wait()
-		if ok := <-pushed; !ok {
-			t.Fatal("the waiting frame was dropped after take")
+		select {
+		case <-waited:
+			t.Fatal("wait returned while the batch is being written")
+		default:
 		}
+		q.wrote()
 		if ok := <-waited; !ok {
-			t.Fatal("wait failed after take")
+			t.Fatal("wait failed after the batch was written")
 		}
-		if n := q.queued(); n != 10 {
-			t.Fatalf("queued %d bytes after take, want the waiting frame's 10", n)
+		// A frame larger than the bound fits an empty backlog only.
+		if !q.push(outFrame{data: make([]byte, 2*max)}) {
+			t.Fatal("a large frame refused by an empty backlog")
 		}
-		// A frame larger than the bound fits an empty queue only.
-		q.take(nil)
-		if !q.push(outFrame{data: make([]byte, 500)}, done) {
-			t.Fatal("a large frame refused by an empty queue")
+		if q.push(outFrame{data: make([]byte, 1)}) {
+			t.Fatal("a frame queued behind one larger than the bound")
 		}
-		go func() { pushed <- q.push(outFrame{data: make([]byte, 1)}, done) }()
+		go func() { waited <- q.wait(done) }()
 		synctest.Wait()
 		close(done)
-		if ok := <-pushed; ok {
-			t.Fatal("a frame was queued after the connection ended")
-		}
-		if q.wait(done) {
-			t.Fatal("wait succeeded after the connection ended, with the queue full")
+		if ok := <-waited; ok {
+			t.Fatal("wait succeeded after the connection ended, with the client behind")
 		}
 	})
 }

@@ -118,7 +118,10 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 // has it), the events left unanswered are charged when the connection
 // ends, and the actor's next event is refused. Behind Proxy the gate has
 // no store to ask: it reads the relay's answers on after the client has
-// gone (drainUpstream), and charges the events the relay accepted.
+// gone (drainUpstream), and charges the events the relay accepted. Since
+// the gate stops reading a client that is behind on its answers, the
+// events now mostly wait in the client's socket and die with it: either
+// way no more than the quota's worth may be stored uncharged.
 func TestE2EQuotaUnansweredEventsCharged(t *testing.T) {
 	t.Run("relay", func(t *testing.T) { unansweredEventsCharged(t, false) })
 	t.Run("proxy", func(t *testing.T) { unansweredEventsCharged(t, true) })
@@ -160,13 +163,13 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 	}
 	var url string
 	if proxy {
-		h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)}).Proxy(serve(t, kr))
+		h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), QueueBytes: 64 << 20}).Proxy(serve(t, kr))
 		if err != nil {
 			t.Fatal(err)
 		}
 		url = serve(t, h)
 	} else {
-		url = serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored}).Wrap(kr))
+		url = serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored, QueueBytes: 64 << 20}).Wrap(kr))
 	}
 	sk := nostrtest.ApartKeys(q, clk.Now(), 1)[0]
 	pk, _ := nostr.GetPublicKey(sk)
@@ -174,7 +177,7 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 	if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","fill",{"limit":200}]`)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // the attack's own pacing: khatru's writer blocks on the unread reply
+	time.Sleep(time.Second) // the attack's own pacing: the reply waits unread (the queue's bound is raised so that the client is not cut for it)
 	for i := range 30 {
 		b, err := nostr.EventEnvelope{Event: nostrtest.Note(t, sk, fmt.Sprint("event ", i))}.MarshalJSON()
 		if err != nil {
@@ -187,8 +190,13 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 	time.Sleep(500 * time.Millisecond) // khatru stores them; their OKs wait
 	_ = c.NetConn().Close()
 	r := connect(t, url)
+	// The gate stops reading a client that is behind on its answers, so
+	// the events may never reach the relay; those that do are charged.
+	got := query(t, r, nostr.Filter{Authors: []string{pk}, Limit: 500})
+	if len(got) <= 2 {
+		return
+	}
 	if !quotaSpent(t, q.Local(clk.Now), pk) {
-		got := query(t, r, nostr.Filter{Authors: []string{pk}, Limit: 500})
 		t.Fatalf("20 s after the attack, %d events of the actor stored and its quota of 2 not spent", len(got))
 	}
 	if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "after")); err == nil || !strings.Contains(err.Error(), "rate-limited: ") {

@@ -343,12 +343,15 @@ func boundsUnanswered(t *testing.T, withStored bool) {
 	url := serve(t, newGate(t, opts).Wrap(rec))
 	keys := apartPubkeys(q, clk.Now(), 2)
 	actor, other := keys[0], keys[1]
-	a, b := dialRaw(t, url), dialRaw(t, url)
+	// Across connections, each with fewer than maxOwed unanswered (past
+	// that the gate stops reading the connection for a while).
+	var conns []*websocket.Conn
+	for range MaxActorPending/(maxOwed-1) + 1 {
+		conns = append(conns, dialRaw(t, url))
+	}
+	a, b := conns[0], conns[1]
 	for id := 1; id <= MaxActorPending; id++ {
-		c := a
-		if id%2 == 0 {
-			c = b // across connections
-		}
+		c := conns[id%len(conns)]
 		if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, actor))); err != nil {
 			t.Fatal(err)
 		}

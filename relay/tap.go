@@ -70,6 +70,9 @@ type tapConn struct {
 	rq      []byte // the rest of the forwarded message's frame
 	rqBuf   []byte // rq's buffer, returned to frameBufs once rq is read
 	readErr error
+	// rdSpan is how far ahead the handler last set its read deadline (0:
+	// none), to set it again after waiting for the client (waitBacklog).
+	rdSpan atomic.Int64
 	// upClose is the close frame the handler reads once the gate has
 	// ended the connection (shut), before its reads fail.
 	upClose atomic.Pointer[[]byte]
@@ -87,7 +90,6 @@ type tapConn struct {
 	nReplies atomic.Int64
 	flushed  chan struct{}
 	limit    atomic.Int64 // the handler's write deadline (SetWriteDeadline), Unix ns; 0: none
-	sockDL   time.Time    // the write deadline set on raw
 	// sockMid: the bytes on the socket end inside a frame (so no frame of
 	// the gate's may follow them).
 	sockMid bool
@@ -391,6 +393,22 @@ func (t *tapConn) Read(p []byte) (int, error) {
 // pre and rq what the handler is to read for it, possibly nothing.
 func (t *tapConn) next() error {
 	c := t.c
+	waited, ok := t.waitBacklog()
+	if ok {
+		var w bool
+		w, ok = c.owed.wait(c.closing, owedWait)
+		waited = waited || w
+	}
+	if !ok {
+		return errTapClosed
+	} else if waited {
+		// The time the client took to catch up is not silence (the flush
+		// cuts a client that reads nothing): the handler's read deadline
+		// starts again from now.
+		if span := time.Duration(t.rdSpan.Load()); span > 0 {
+			_ = t.raw.SetReadDeadline(time.Now().Add(span))
+		}
+	}
 	var hdr [8]byte
 	typ := 0
 	var msg []byte // from frameBufs, tapHeadroom bytes of room first
@@ -733,7 +751,7 @@ func (t *tapConn) Write(p []byte) (int, error) {
 	if atBoundary && len(t.replies) > 0 {
 		bufs = append(bufs, t.replies)
 	}
-	if err := t.writeSock(bufs, true); err != nil {
+	if err := t.writeSock(bufs); err != nil {
 		t.writeFailed(err)
 		return 0, err
 	}
@@ -777,26 +795,18 @@ func (t *tapConn) dropHeld() {
 	t.held = nil
 }
 
-// writeSock sends bufs to the client. What the socket takes at once is
-// written at once, without waiting (one system call per buffer, and no
-// deadline); the rest is queued, up to the queue bound (Options.QueueBytes),
-// and written by a goroutine started for as long as the queue holds
-// anything (flush), each piece of up to maxCoalesce bytes with the write
-// timeout to go. Past the bound the caller waits: the relay's writer slows
-// down for that client only once its queue is full, as behind Proxy. On a
-// connection without a file descriptor (TLS in front of the gate, say)
-// every write blocks, each piece with the write timeout, capped by the
-// handler's own deadline when capped (the handler's writes; not the gate's
-// replies, which the handler's last deadline has nothing to do with:
-// gorilla leaves the one of its last control frame, a pong's second, on
-// the connection until its next data write).
-func (t *tapConn) writeSock(bufs net.Buffers, capped bool) error {
-	if t.rc == nil {
-		_, err := t.writeBlocking(bufs, capped)
-		return err
-	}
+// writeSock sends bufs to the client without waiting. What the socket
+// takes at once is written at once (one system call per buffer, and no
+// deadline); the rest is queued and written by a goroutine started for as
+// long as the queue holds anything (flush), which waits as long as the
+// client makes progress (writeProgressing). The relay's writer never
+// waits for one client: a client whose backlog would pass the queue bound
+// (Options.QueueBytes) is cut instead (errBacklog), however recently it
+// read. On a connection without a file descriptor (TLS in front of the
+// gate, say) everything goes through the queue.
+func (t *tapConn) writeSock(bufs net.Buffers) error {
 	t.omu.Lock()
-	if t.flushing {
+	if t.flushing || t.rc == nil {
 		err := t.enqueueLocked(bufs)
 		t.omu.Unlock()
 		return err
@@ -808,13 +818,12 @@ func (t *tapConn) writeSock(bufs net.Buffers, capped bool) error {
 	}
 	t.omu.Lock()
 	defer t.omu.Unlock()
-	t.flushing = true
-	for _, b := range rest {
-		t.over = append(t.over, b...)
-	}
-	go t.flush()
-	return nil
+	return t.enqueueLocked(rest)
 }
+
+// errBacklog is a write that would take a client's backlog past the queue
+// bound: the client is cut.
+var errBacklog = errors.New("relay: client backlog over the queue bound")
 
 // tryWrite writes what of bufs the socket takes without waiting and
 // returns the rest.
@@ -858,18 +867,20 @@ func (t *tapConn) writeOn(fd uintptr) bool {
 	return true
 }
 
-// enqueueLocked adds bufs to the queue, waiting while it is past its
-// bound; omu is held.
+// enqueueLocked adds bufs to the queue, unless that would take the
+// backlog (queued and being written) past the bound: errBacklog, nothing
+// queued. A piece larger than the bound fits an empty backlog (the relay
+// decides how large its messages are). omu is held.
 func (t *tapConn) enqueueLocked(bufs net.Buffers) error {
+	if t.dead.Load() {
+		return errTapClosed
+	}
 	total := 0
 	for _, b := range bufs {
 		total += len(b)
 	}
-	for t.flushing && len(t.over)+t.flying > 0 && len(t.over)+t.flying+total > t.c.g.queueBytes && !t.dead.Load() {
-		t.ocond.Wait()
-	}
-	if t.dead.Load() {
-		return errTapClosed
+	if have := len(t.over) + t.flying; have > 0 && have+total > t.c.g.queueBytes {
+		return errBacklog
 	}
 	for _, b := range bufs {
 		t.over = append(t.over, b...)
@@ -881,9 +892,32 @@ func (t *tapConn) enqueueLocked(bufs net.Buffers) error {
 	return nil
 }
 
-// flush writes the queue until it is empty, then clears the socket's
-// write deadline and returns; a write that makes no progress for the write
-// timeout cuts the client as a slow reader.
+// backlog returns the bytes waiting for the client: queued and being
+// written.
+func (t *tapConn) backlog() int {
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	return len(t.over) + t.flying
+}
+
+// waitBacklog waits, before the client's next message is read, while the
+// client is behind (more than backlogLow waits for it): its requests wait
+// in its own socket, and the relay, whose answers would only add to the
+// backlog, is not handed more work. It reports whether it waited, and
+// false in ok once the connection is shut. The flush cuts a client that
+// reads nothing, which ends the wait.
+func (t *tapConn) waitBacklog() (waited, ok bool) {
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	for len(t.over)+t.flying > backlogLow && !t.dead.Load() {
+		waited = true
+		t.ocond.Wait()
+	}
+	return waited, !t.dead.Load()
+}
+
+// flush writes the queue until it is empty, then returns; a client that
+// takes nothing of a write for the write timeout is cut as a slow reader.
 func (t *tapConn) flush() {
 	var spare []byte
 	for {
@@ -891,8 +925,6 @@ func (t *tapConn) flush() {
 		if len(t.over) == 0 || t.dead.Load() {
 			t.flushing = false
 			t.over = nil
-			t.sockDL = time.Time{}
-			_ = t.raw.SetWriteDeadline(time.Time{})
 			t.ocond.Broadcast()
 			t.omu.Unlock()
 			return
@@ -901,7 +933,7 @@ func (t *tapConn) flush() {
 		t.over = spare[:0]
 		t.flying = len(out)
 		t.omu.Unlock()
-		_, err := t.writeBlocking(net.Buffers{out}, false)
+		_, err := writeProgressing(t.raw, out, t.mc.stall, time.Time{})
 		t.omu.Lock()
 		t.flying = 0
 		if err != nil {
@@ -920,58 +952,6 @@ func (t *tapConn) flush() {
 	}
 }
 
-// writeBlocking writes bufs to the client's socket, waiting as long as it
-// takes. Each piece of up to maxCoalesce bytes has the write timeout to go
-// (the deadline is moved at most once per quarter of it, so it lies between
-// one and one and a quarter timeouts ahead), capped by the handler's own
-// deadline when capped (not for the queue: the handler's writes to it are
-// long done).
-func (t *tapConn) writeBlocking(bufs net.Buffers, capped bool) (int, error) {
-	total := 0
-	for _, b := range bufs {
-		total += len(b)
-	}
-	if total <= maxCoalesce {
-		if err := t.renew(capped); err != nil {
-			return 0, err
-		}
-		n, err := bufs.WriteTo(t.raw)
-		return int(n), err
-	}
-	written := 0
-	for _, b := range bufs {
-		for len(b) > 0 {
-			piece := b[:min(len(b), maxCoalesce)]
-			if err := t.renew(capped); err != nil {
-				return written, err
-			}
-			n, err := t.raw.Write(piece)
-			written += n
-			if err != nil {
-				return written, err
-			}
-			b = b[n:]
-		}
-	}
-	return written, nil
-}
-
-// renew moves the socket's write deadline ahead when it is due.
-func (t *tapConn) renew(capped bool) error {
-	stall := t.mc.stall
-	now := time.Now()
-	d := now.Add(stall)
-	if ns := t.limit.Load(); capped && ns != 0 && ns < d.UnixNano() {
-		t.sockDL = time.Time{}
-		return t.raw.SetWriteDeadline(time.Unix(0, ns))
-	}
-	if !t.sockDL.IsZero() && !t.sockDL.Before(d) {
-		return nil
-	}
-	t.sockDL = d.Add(stall / 4)
-	return t.raw.SetWriteDeadline(t.sockDL)
-}
-
 // writeFailed ends the connection after a failed write to the client (no
 // close frame: the socket is blocked or broken): cut as a slow reader when
 // the write timed out, gone otherwise.
@@ -980,8 +960,12 @@ func (t *tapConn) writeFailed(err error) {
 	c.once.Do(func() {
 		// Only when the failure ends the connection: one the gate is
 		// already ending (its goodbye waiting for the queue) is not cut.
-		if isTimeout(err) {
-			c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who)
+		switch {
+		case errors.Is(err, errBacklog):
+			c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "backlog over the queue bound")
+			c.g.obs.ReportCut(CutSlowReader)
+		case isTimeout(err):
+			c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "reads nothing")
 			c.g.obs.ReportCut(CutSlowReader)
 		}
 		t.shutLocked(false, 0, "")
@@ -1299,7 +1283,7 @@ func (t *tapConn) trackHead(p *[]byte) error {
 		}
 	}
 	t.wt.op = 0
-	if err := t.writeSock(net.Buffers{head}, true); err != nil {
+	if err := t.writeSock(net.Buffers{head}); err != nil {
 		return err
 	}
 	t.headBuf = nil
@@ -1325,7 +1309,11 @@ func (t *tapConn) notSwitching(b []byte, p *[]byte) error {
 // progress, capped by the handler's deadline, so that a client that does
 // not read the answer cannot hold the handler for ever.
 func (t *tapConn) writeAnswer(b []byte) (int, error) {
-	return t.writeBlocking(net.Buffers{b}, true)
+	var limit time.Time
+	if ns := t.limit.Load(); ns != 0 {
+		limit = time.Unix(0, ns)
+	}
+	return writeProgressing(t.raw, b, t.mc.stall, limit)
 }
 
 // reply sends the client a frame of the gate's own (a refusal): now when
@@ -1347,7 +1335,7 @@ func (t *tapConn) reply(data []byte) bool {
 // flushReplies writes the replies waiting, under the write lock, with the
 // stream between messages, and reports whether the connection goes on.
 func (t *tapConn) flushReplies() bool {
-	err := t.writeSock(net.Buffers{t.replies}, false)
+	err := t.writeSock(net.Buffers{t.replies})
 	t.repliesSent()
 	if err != nil {
 		t.writeFailed(err)
@@ -1448,20 +1436,9 @@ func (t *tapConn) linger() {
 	_ = t.raw.Close()
 }
 
-// drain waits, with the write lock held, until the queue is written (or
-// its flush has failed, or the connection is shut), and reports whether
-// there was a queue.
-func (t *tapConn) drain() bool {
-	t.omu.Lock()
-	defer t.omu.Unlock()
-	was := t.flushing
-	for t.flushing && !t.dead.Load() {
-		t.ocond.Wait()
-	}
-	return was
-}
-
-// drainBy is drain until deadline at the latest: with the write lock held,
+// drainBy waits, with the write lock held, until the queue is written (or
+// its flush has failed, or the connection is shut), until deadline at the
+// latest: with the write lock held,
 // the queue only shrinks, and a client that reads takes it within the
 // second shut gives it (what a client that does not read holds is cut
 // with the socket, as before).
@@ -1513,6 +1490,10 @@ func (t *tapConn) markShut() {
 	t.dead.Store(true)
 	close(t.c.closing)
 	t.c.cancel()
+	// Wakes a client reader waiting for the backlog (waitBacklog).
+	t.omu.Lock()
+	t.ocond.Broadcast()
+	t.omu.Unlock()
 }
 
 // finish marks the connection shut and closes the socket.
@@ -1533,7 +1514,13 @@ func (t *tapConn) Close() error {
 	// the queue meanwhile), and then the queue written, outside c.once:
 	// a flush that fails ends the connection through it.
 	locked := t.lockBy(time.Now().Add(time.Second))
-	behind := locked && t.drain()
+	// The queue goes out as long as the client reads it, for a write
+	// timeout at most: a client reading slowly must not hold the handler's
+	// Close for as long as its backlog takes.
+	behind := locked && t.queued()
+	if behind {
+		t.drainBy(time.Now().Add(t.mc.stall))
+	}
 	t.c.once.Do(func() {
 		if !locked {
 			t.finish()
@@ -1587,6 +1574,11 @@ func (t *tapConn) SetReadDeadline(d time.Time) error {
 	if t.dead.Load() {
 		return nil
 	}
+	var span time.Duration
+	if !d.IsZero() {
+		span = time.Until(d)
+	}
+	t.rdSpan.Store(int64(span))
 	return t.raw.SetReadDeadline(d)
 }
 

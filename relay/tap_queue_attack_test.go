@@ -9,7 +9,6 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -215,51 +214,29 @@ func TestTapQueueAttackCloseCutsStoppedClient(t *testing.T) {
 
 // The queue's bound counts the batch the flush goroutine is writing, not
 // only what waits behind it: with a full batch in flight, a handler's
-// write waits (it once went in, so that a client reading in bursts could
-// hold twice the bound), and goes in once the batch is written.
+// write is refused at once (errBacklog: the client is cut), never waited
+// for — the relay's writer does not wait for one client — and nothing of
+// it is queued.
 func TestTapQueueBoundCountsWhatIsBeingWritten(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const bound = 256 << 10
-		g := newGate(t, Options{Limits: &Limits{}, QueueBytes: bound})
-		c := &conn{g: g, closing: make(chan struct{}), meter: newControlMeter()}
-		tc := newTap(c, time.Second)
-		tc.omu.Lock()
-		tc.flushing = true
-		tc.flying = bound         // a whole queue being written
-		tc.over = make([]byte, 0) // nothing waiting behind it
-		tc.omu.Unlock()
-		done := make(chan error, 1)
-		go func() {
-			tc.omu.Lock()
-			defer tc.omu.Unlock()
-			done <- tc.enqueueLocked(net.Buffers{make([]byte, 64<<10)})
-		}()
-		synctest.Wait() // the write is in, or waits on the queue's cond
-		select {
-		case <-done:
-			t.Fatal("a write went into the queue past its bound while a full batch was being written")
-		default:
-		}
-		tc.omu.Lock()
-		tc.flying = 0 // the batch is written (as flush does)
-		tc.ocond.Broadcast()
-		tc.omu.Unlock()
-		synctest.Wait()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		default:
-			t.Fatal("the write did not go in once the batch was written")
-		}
-		tc.omu.Lock()
-		n := len(tc.over)
-		tc.omu.Unlock()
-		if n != 64<<10 {
-			t.Fatalf("queue holds %d bytes, want the write's %d", n, 64<<10)
-		}
-	})
+	const bound = 256 << 10
+	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: bound})
+	c := &conn{g: g, closing: make(chan struct{}), meter: newControlMeter()}
+	tc := newTap(c, time.Second)
+	tc.omu.Lock()
+	defer tc.omu.Unlock()
+	tc.flushing = true
+	tc.flying = bound         // a whole queue being written
+	tc.over = make([]byte, 0) // nothing waiting behind it
+	if err := tc.enqueueLocked(net.Buffers{make([]byte, 64<<10)}); !errors.Is(err, errBacklog) {
+		t.Fatalf("a write past the bound with a full batch in flight: %v, want errBacklog", err)
+	}
+	if len(tc.over) != 0 {
+		t.Fatalf("%d bytes queued past the bound", len(tc.over))
+	}
+	tc.flying = 0 // the batch is written (as flush does)
+	if err := tc.enqueueLocked(net.Buffers{make([]byte, 64<<10)}); err != nil {
+		t.Fatalf("a write once the batch is written: %v", err)
+	}
 }
 
 // The gate's own goodbye (here its shutdown's 1001) to a client whose

@@ -108,6 +108,24 @@ func subFrame(frame []byte, labels ...string) (sub []byte, ok bool) {
 	return nil, false
 }
 
+// answerLabels are the labels of the relay frames that answer a client's
+// request: OK (EVENT, AUTH), EOSE and CLOSED (REQ), COUNT and CLOSED
+// (COUNT), NEG-MSG and NEG-ERR (NEG-OPEN, NEG-MSG; go-nostr writes
+// NEG-ERROR).
+var answerLabels = [...]string{`"OK"`, `"EOSE"`, `"CLOSED"`, `"COUNT"`, `"NEG-MSG"`, `"NEG-ERR"`, `"NEG-ERROR"`}
+
+// IsAnswer reports whether a relay frame answers a client's request (see
+// answerLabels), reading only its label.
+func IsAnswer(frame []byte) bool {
+	for _, l := range answerLabels {
+		s := scanner{b: frame}
+		if s.label(l) {
+			return true
+		}
+	}
+	return false
+}
+
 // ParseCountReply reads a relay frame ["COUNT",<sub id>,{…}] (NIP-45's
 // answer) and returns the subscription id as its JSON literal, quotes
 // included.

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package relay
+
+import "net"
+
+// unsentBytes cannot tell on this system: a blocked write shows progress
+// only by the bytes it takes (writeProgressing).
+func unsentBytes(net.Conn) (int, bool) { return 0, false }
