@@ -372,7 +372,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cmd, arg := recorderCommand(data)
 		var eose []byte
 		if rec.eose {
-			if f, reason := wire.Scan(data, DefaultMaxFilters); reason == "" && f.Type == TypeREQ {
+			if f, reason := wire.Scan(data, nil); reason == "" && f.Type == TypeREQ {
 				eose = []byte(`["EOSE",` + string(f.SubID) + `]`)
 			}
 		}
@@ -402,7 +402,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case rec.answerOK != nil:
-			if f, reason := wire.Scan(data, DefaultMaxFilters); reason == "" && (f.Type == TypeEVENT || f.Type == TypeAUTH) {
+			if f, reason := wire.Scan(data, nil); reason == "" && (f.Type == TypeEVENT || f.Type == TypeAUTH) {
 				id := f.Event.ID
 				reason := ""
 				if rec.okReason != nil {
