@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/bits"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -620,7 +621,7 @@ func authTagName(lit []byte, escaped bool) authTag {
 	if escaped {
 		n, ok := unquote(lit, buf[:])
 		if !ok {
-			return authTagOther // longer than either name, or not ASCII
+			return authTagOther // longer than either name
 		}
 		name = buf[:n]
 	}
@@ -751,10 +752,14 @@ func tagBit(c byte) uint {
 }
 
 // Unquote decodes the JSON string literal lit (quotes included, as Facts
-// holds them) into dst and returns the decoded bytes; ok is false when lit
-// is malformed or decodes to more than cap(dst) bytes. Escapes outside
-// ASCII are refused: nothing sluice compares (challenges, relay URLs, ids)
-// needs them.
+// and the relay's frames hold them) into dst and returns the decoded bytes,
+// exactly as encoding/json reads the literal into a string: every escape,
+// \uXXXX of any code point and surrogate pairs to UTF-8, a lone surrogate
+// and an invalid UTF-8 byte to U+FFFD. ok is false when encoding/json would
+// not read lit as a string (a raw control character or quote, a bad
+// escape, missing quotes) or when it decodes to more than cap(dst) bytes.
+// Relays escape what they write back (khatru writes U+2028 as \u2028), so
+// the gate must read every escape to match a subscription id.
 func Unquote(dst, lit []byte) ([]byte, bool) {
 	n, ok := unquote(lit, dst[:cap(dst)])
 	if !ok {
@@ -763,28 +768,83 @@ func Unquote(dst, lit []byte) ([]byte, bool) {
 	return dst[:n], true
 }
 
-// unquote decodes the JSON string literal lit into dst and returns the
-// decoded length; ok is false when lit is malformed, decodes to more than
-// len(dst) bytes, or holds a \u escape outside ASCII.
+// unquote decodes the JSON string literal lit into dst as Unquote does and
+// returns the decoded length; ok is false when lit is malformed or decodes
+// to more than len(dst) bytes.
 func unquote(lit, dst []byte) (n int, ok bool) {
 	if len(lit) < 2 || lit[0] != '"' || lit[len(lit)-1] != '"' {
 		return 0, false
 	}
-	lit = lit[1 : len(lit)-1]
-	for i := 0; i < len(lit); i++ {
-		c := lit[i]
-		if c == '\\' {
-			var k int
-			if c, k, ok = unescapeASCII(lit, i); !ok {
+	s := lit[1 : len(lit)-1]
+	put := func(r rune) bool {
+		if n+utf8.RuneLen(r) > len(dst) {
+			return false
+		}
+		n += utf8.EncodeRune(dst[n:], r)
+		return true
+	}
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c == '\\':
+			if i+1 >= len(s) {
 				return 0, false
 			}
-			i += k - 1
-		}
-		if n >= len(dst) {
+			if s[i+1] != 'u' {
+				b, k, ok := unescapeASCII(s, i)
+				if !ok || n >= len(dst) {
+					return 0, false
+				}
+				dst[n] = b
+				n++
+				i += k
+				continue
+			}
+			r, ok := hex4(s, i+2)
+			if !ok {
+				return 0, false
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				// A pair is two escapes; anything else is U+FFFD, and
+				// what follows is read on its own (encoding/json).
+				r2 := rune(-1)
+				if i+1 < len(s) && s[i] == '\\' && s[i+1] == 'u' {
+					r2, _ = hex4(s, i+2)
+				}
+				if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+					r = d
+					i += 6
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			if !put(r) {
+				return 0, false
+			}
+		case c == '"' || c < 0x20:
 			return 0, false
+		case c < utf8.RuneSelf:
+			if n >= len(dst) {
+				return 0, false
+			}
+			dst[n] = c
+			n++
+			i++
+		default:
+			r, size := utf8.DecodeRune(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				if !put(r) {
+					return 0, false
+				}
+			} else {
+				if n+size > len(dst) {
+					return 0, false
+				}
+				n += copy(dst[n:], s[i:i+size])
+			}
+			i += size
 		}
-		dst[n] = c
-		n++
 	}
 	return n, true
 }

@@ -520,7 +520,7 @@ func TestScanMaxFilters(t *testing.T) {
 	}
 }
 
-// TestUnquote: the AUTH literals decode as a relay would read them.
+// TestUnquote: literals decode as encoding/json reads them, within dst.
 func TestUnquote(t *testing.T) {
 	for _, tc := range []struct {
 		lit, want string
@@ -530,19 +530,62 @@ func TestUnquote(t *testing.T) {
 		{`""`, "", true},
 		{`"a\"b\\c\/d\n\t"`, "a\"b\\c/d\n\t", true},
 		{`"\u0041\u007f"`, "A\x7f", true},
-		{`"\u00e9"`, "", false},
-		{`"\ud83d\ude00"`, "", false},
+		{`"\u00e9"`, "é", true},
+		{`"\u2028\u2029"`, "\u2028\u2029", true},
+		{`"\ud83d\ude00"`, "😀", true},
+		{`"\ud83d"`, "\ufffd", true},
+		{`"\ude00\ud83d"`, "\ufffd\ufffd", true},
+		{`"\ud83dx"`, "\ufffdx", true},
+		{`"\ud83d\u0041"`, "\ufffdA", true},
+		{"\"\xff\"", "\ufffd", true},
 		{`"abc`, "", false},
 		{`abc"`, "", false},
 		{`"`, "", false},
+		{`"\"`, "", false},
 		{`"\x"`, "", false},
+		{`"\u12"`, "", false},
+		{"\"a\nb\"", "", false},
+		{`"a"b"`, "", false},
 		{`"` + strings.Repeat("x", 17) + `"`, "", false},
+		{`"` + strings.Repeat("x", 15) + `\u00e9"`, "", false},
+		{`"` + strings.Repeat("x", 13) + `\ud83d\ude00"`, "", false},
 	} {
 		got, ok := Unquote(make([]byte, 0, 16), []byte(tc.lit))
 		if ok != tc.ok || string(got) != tc.want {
 			t.Errorf("Unquote(%s) = %q %v, want %q %v", tc.lit, got, ok, tc.want, tc.ok)
 		}
+		checkUnquote(t, []byte(tc.lit), 16)
 	}
+}
+
+// checkUnquote is Unquote's differential property: it reads lit as
+// encoding/json does, or refuses it exactly when encoding/json does not
+// read it as a string or it decodes to more than capacity bytes.
+func checkUnquote(t *testing.T, lit []byte, capacity int) {
+	t.Helper()
+	got, ok := Unquote(make([]byte, 0, capacity), lit)
+	var want string
+	exact := len(lit) >= 2 && lit[0] == '"' && lit[len(lit)-1] == '"'
+	jsonOK := exact && json.Unmarshal(lit, &want) == nil
+	switch {
+	case ok && !jsonOK:
+		t.Fatalf("Unquote(%q) = %q, encoding/json refuses it", lit, got)
+	case ok && string(got) != want:
+		t.Fatalf("Unquote(%q) = %q, encoding/json reads %q", lit, got, want)
+	case !ok && jsonOK && len(want) <= capacity:
+		t.Fatalf("Unquote(%q) refuses what encoding/json reads as %q", lit, want)
+	}
+}
+
+// FuzzUnquote: Unquote agrees with encoding/json on any literal.
+func FuzzUnquote(f *testing.F) {
+	for _, s := range []string{`"abc"`, `"\u2028 \u2029"`, `"\ud83d\ude00"`, `"\ud83d"`, `"\udc00\ud800"`, `"\"\\\/\b\f\n\r\t"`, "\"\u2028\xe2\x80\"", `"\u0000"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, lit []byte) {
+		checkUnquote(t, lit, 64)
+		checkUnquote(t, lit, 4096)
+	})
 }
 
 func TestScanAllocs(t *testing.T) {
