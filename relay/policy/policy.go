@@ -415,6 +415,14 @@ func (p *Policy) MaxFilters() int { return p.maxFilters }
 // set (MaxFilters as MaxFilters returns it). The caller must not modify it.
 func (p *Policy) Bounds() *wire.Bounds { return &p.bounds }
 
+// CheckBounds validates b (Config.Bounds): each field 0 (its default) to
+// its Max…. The error wraps ErrPolicy and names the field by its
+// configuration and NIP-11 name.
+func CheckBounds(b wire.Bounds) error {
+	_, err := compileBounds(b, 0)
+	return err
+}
+
 // compileBounds validates b, each field 0 (its default) to its Max…, and
 // returns it with every field set.
 func compileBounds(b wire.Bounds, maxFilters int) (wire.Bounds, error) {
@@ -428,7 +436,7 @@ func compileBounds(b wire.Bounds, maxFilters int) (wire.Bounds, error) {
 		{"max_filter_fanout", b.MaxFanout, MaxMaxFanout},
 	} {
 		if f.v < 0 || f.v > f.max {
-			return wire.Bounds{}, fmt.Errorf("%w: %s %d, want 0 (the default) to %d", ErrPolicy, f.name, f.v, f.max)
+			return wire.Bounds{}, fmt.Errorf("%w: %s must be between 0 (its default) and %d, got %d", ErrPolicy, f.name, f.max, f.v)
 		}
 	}
 	def := func(v *int, d int) {

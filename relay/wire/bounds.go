@@ -17,8 +17,9 @@ const (
 	// DefaultMaxFilterValues is the most values one field of a filter may
 	// list (ids, authors, kinds, each #<letter>). A follow feed lists the
 	// follows as authors: a few hundred for most accounts, a few thousand
-	// for the largest, so 5,000 passes every one we know of; the
-	// default read limit already bounds a filter to about 7,800 authors.
+	// for the largest, so 5,000 passes every one we know of (the gate's
+	// default 64 KiB REQ already holds fewer than 1,000 authors). It
+	// stops short values: 16,000 kinds fit a 64 KiB REQ.
 	DefaultMaxFilterValues = 5000
 	// DefaultMaxFanout is the most index scans one filter may make the
 	// relay's store open (see Fanout): a follow feed of 2,500 authors
