@@ -726,7 +726,7 @@ func (c *conn) admit(frame []byte) bool {
 	var facts wire.Facts
 	reason := c.g.tooLarge[t]
 	if len(frame) <= c.g.frameSize[t] {
-		facts, reason = wire.Scan(frame, gp.p.MaxFilters())
+		facts, reason = wire.Scan(frame, gp.p.Bounds())
 		if reason == wire.ReasonFilters {
 			reason = gp.tooManyFilters
 		}

@@ -373,7 +373,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cmd, arg := recorderCommand(data)
 		var eose []byte
 		if rec.eose {
-			switch f, reason := wire.Scan(data, DefaultMaxFilters); {
+			switch f, reason := wire.Scan(data, nil); {
 			case reason == "" && f.Type == TypeREQ:
 				eose = []byte(`["EOSE",` + string(f.SubID) + `]`)
 			case reason == "" && f.Type == TypeCOUNT:
@@ -413,7 +413,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case rec.answerOK != nil:
-			if f, reason := wire.Scan(data, DefaultMaxFilters); reason == "" && (f.Type == TypeEVENT || f.Type == TypeAUTH) {
+			if f, reason := wire.Scan(data, nil); reason == "" && (f.Type == TypeEVENT || f.Type == TypeAUTH) {
 				id := f.Event.ID
 				reason := ""
 				if rec.okReason != nil {

@@ -108,9 +108,11 @@ func printShape(w io.Writer, cfg *config) {
 	// The gate lowers the bound to what every REQ window admits at once,
 	// the tiers' included.
 	maxFilters := policy.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])
+	b := cfg.Bounds
 	if pc, err := buildPolicy(cfg, localQuotas(nil)); err == nil {
 		if p, err := policy.Compile(pc); err == nil {
 			maxFilters = p.MaxFilters()
+			b = *p.Bounds() // every zero field at its default
 		}
 	}
 	lowered := ""
@@ -118,6 +120,8 @@ func printShape(w io.Writer, cfg *config) {
 		lowered = fmt.Sprintf("; limits.max_filters %d, lowered so that every REQ window admits a REQ of %d at once", cfg.MaxFilters, maxFilters)
 	}
 	fmt.Fprintf(w, "REQ: at most %d filters (NIP-11 max_filters%s), each filter charged as one REQ; COUNT: one filter\n", maxFilters, lowered)
+	fmt.Fprintf(w, "EVENT: at most %d tags (NIP-11 max_event_tags), none empty; a one-letter tag has a value of at most %d bytes (max_tag_value_bytes)\n", b.MaxTags, b.MaxTagValueBytes)
+	fmt.Fprintf(w, "filters (REQ, COUNT, NEG-OPEN): at most %d values per field (max_filter_values) and %d index scans, such as authors x kinds (max_filter_fanout)\n", b.MaxFilterValues, b.MaxFanout)
 
 	fmt.Fprintln(w, "largest frame forwarded, in bytes (a larger one is answered \"invalid: …\"):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

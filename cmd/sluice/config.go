@@ -155,6 +155,12 @@ type limitsConfig struct {
 	Connection []limitConfig            `yaml:"connection"`
 	Message    map[string][]limitConfig `yaml:"message"`
 	MaxFilters integer                  `yaml:"max_filters"`
+	// MaxEventTags, MaxTagValueBytes, MaxFilterValues and MaxFilterFanout
+	// are wire.Bounds: what one frame may make the relay index or scan.
+	MaxEventTags     integer `yaml:"max_event_tags"`
+	MaxTagValueBytes integer `yaml:"max_tag_value_bytes"`
+	MaxFilterValues  integer `yaml:"max_filter_values"`
+	MaxFilterFanout  integer `yaml:"max_filter_fanout"`
 	// Subscriptions caps the subscriptions one connection holds open;
 	// MaxConnections the connections one client holds open at once.
 	Subscriptions  integer `yaml:"subscriptions"`
@@ -311,6 +317,10 @@ type config struct {
 	// MaxFilters is limits.max_filters as configured; the gate may lower
 	// it (relay.Options.MaxFilters).
 	MaxFilters int
+	// Bounds are limits.max_event_tags, max_tag_value_bytes,
+	// max_filter_values and max_filter_fanout (policy.Config.Bounds;
+	// MaxFilters is not read).
+	Bounds wire.Bounds
 	// Subscriptions, MaxConnections and Syncs are limits.subscriptions,
 	// limits.max_connections and limits.syncs
 	// (relay.Options.MaxSubscriptions, MaxConnections, MaxSyncs).
@@ -356,14 +366,18 @@ func defaultFileConfig() fileConfig {
 		},
 		Store: storeConfig{Prefix: "sluice:", Timeout: "100ms"},
 		Limits: limitsConfig{
-			Connection:     toLimitConfigs(def.Connection),
-			Message:        msg,
-			MaxFilters:     relay.DefaultMaxFilters,
-			Subscriptions:  relay.DefaultMaxSubscriptions,
-			Syncs:          relay.DefaultMaxSyncs,
-			MaxConnections: relay.DefaultMaxConnections,
-			FrameSize:      map[string]integer{},
-			Kinds:          map[string]kindClassConfig{},
+			Connection:       toLimitConfigs(def.Connection),
+			Message:          msg,
+			MaxFilters:       relay.DefaultMaxFilters,
+			MaxEventTags:     wire.DefaultMaxTags,
+			MaxTagValueBytes: wire.DefaultMaxTagValueBytes,
+			MaxFilterValues:  wire.DefaultMaxFilterValues,
+			MaxFilterFanout:  wire.DefaultMaxFanout,
+			Subscriptions:    relay.DefaultMaxSubscriptions,
+			Syncs:            relay.DefaultMaxSyncs,
+			MaxConnections:   relay.DefaultMaxConnections,
+			FrameSize:        map[string]integer{},
+			Kinds:            map[string]kindClassConfig{},
 		},
 		Quota: quotaConfig{Events: 600, Window: "60s"},
 		Identity: identityConfig{IPv6Prefix: 64, TrustedProxies: []string{}, Header: "X-Forwarded-For",
@@ -872,6 +886,17 @@ func (fc *fileConfig) validate() (*config, error) {
 		bad("limits.max_filters", "must be between 1 and %d, got %d", maxFilters, n)
 	} else {
 		c.MaxFilters = int(n)
+	}
+	c.Bounds = wire.Bounds{
+		MaxTags:          int(fc.Limits.MaxEventTags),
+		MaxTagValueBytes: int(fc.Limits.MaxTagValueBytes),
+		MaxFilterValues:  int(fc.Limits.MaxFilterValues),
+		MaxFanout:        int(fc.Limits.MaxFilterFanout),
+	}
+	if err := policy.CheckBounds(c.Bounds); err != nil {
+		// The library names the field; the file nests it under limits.
+		field, why, _ := strings.Cut(strings.TrimPrefix(err.Error(), policy.ErrPolicy.Error()+": "), " ")
+		bad("limits."+field, "%s", why)
 	}
 	if n := fc.Limits.Subscriptions; n < 1 || n > maxSubscriptions {
 		bad("limits.subscriptions", "must be between 1 and %d, got %d", maxSubscriptions, n)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 const examplePath = "../../sluice.example.yaml"
@@ -143,10 +144,17 @@ relay_url: wss://relay.example.com/nostr
 read_limit: 131072
 limits:
   max_filters: 25
+  max_event_tags: 500
+  max_tag_value_bytes: 256
+  max_filter_values: 1000
+  max_filter_fanout: 20000
   frame_size: {EVENT: 131072, REQ: 4096, AUTH: 2048, NEG-CLOSE: 64}
 `))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if want := (wire.Bounds{MaxTags: 500, MaxTagValueBytes: 256, MaxFilterValues: 1000, MaxFanout: 20000}); cfg.Bounds != want {
+		t.Errorf("Bounds = %+v, want %+v", cfg.Bounds, want)
 	}
 	if cfg.RelayURL != "wss://relay.example.com/nostr" || cfg.MaxFilters != 25 {
 		t.Errorf("relay_url %q max_filters %d", cfg.RelayURL, cfg.MaxFilters)
@@ -260,6 +268,8 @@ func TestHostileConfigs(t *testing.T) {
 		{"null connection", "limits: {connection: }", "limits.connection (line 1, column 10): must be a list of windows; write [] for no connection limit"},
 		{"message not a map", "limits: {message: [1]}", "limits.message (line 1, column 19): expected a mapping, got !!seq"},
 		{"max filters zero", "limits: {max_filters: 0}", "limits.max_filters (line 1, column 10): must be between 1 and 1000, got 0"},
+		{"max event tags negative", "limits: {max_event_tags: -1}", "limits.max_event_tags (line 1, column 10): must be between 0 (its default) and 100000, got -1"},
+		{"max filter fanout huge", "limits: {max_filter_fanout: 1000001}", "limits.max_filter_fanout (line 1, column 10): must be between 0 (its default) and 1000000, got 1000001"},
 		{"max filters negative", "limits: {max_filters: -3}", "limits.max_filters (line 1, column 10): must be between 1 and 1000, got -3"},
 		{"max filters too many", "limits: {max_filters: 1001}", "limits.max_filters (line 1, column 10): must be between 1 and 1000, got 1001"},
 		{"max filters not an integer", "limits: {max_filters: 2.5}", "limits.max_filters (line 1, column 23): expected a whole number, got !!float `2.5`"},

@@ -457,6 +457,7 @@ func buildPolicy(c *config, mk quotaMaker) (policy.Config, error) {
 	pc := policy.Config{
 		Limits:     c.Limits,
 		MaxFilters: c.MaxFilters,
+		Bounds:     c.Bounds,
 		Kinds:      c.Kinds,
 		Aggregates: c.Aggregates,
 		Shadow:     c.Shadow,

@@ -81,6 +81,12 @@ type Limitation struct {
 	// max_subscriptions the same way: the smaller of the document's and
 	// these; 0 leaves a field as it is.
 	MaxFilters, MaxSubidLength, MaxSubscriptions int64
+	// Bounds, when not nil, are the gate's bounds on what a frame may ask
+	// of the relay (policy.Policy.Bounds), written the same way to
+	// limitation.max_event_tags (NIP-11's name) and to the sluice-specific
+	// max_tag_value_bytes, max_filter_values and max_filter_fanout.
+	// MaxFilters is not read from it.
+	Bounds *wire.Bounds
 	// Limits, when not nil, are published as the top-level "rate_limits"
 	// object (not part of NIP-11: clients that do not know it ignore it).
 	Limits *policy.Limits
@@ -147,7 +153,8 @@ func nip11Windows(ls []ratelimit.Limit, shadow bool) []nip11Window {
 
 // Merge returns doc, a JSON object, with lim merged in. Every field of
 // doc other than limitation.max_message_length, max_filters,
-// max_subid_length, max_subscriptions and rate_limits is kept byte for
+// max_subid_length, max_subscriptions, the Bounds fields and rate_limits
+// is kept byte for
 // byte, including fields this package does not know, except empty string
 // fields and zero created_at limits, which are dropped (dropEmpty).
 func Merge(doc []byte, lim Limitation) ([]byte, error) {
@@ -155,7 +162,11 @@ func Merge(doc []byte, lim Limitation) ([]byte, error) {
 	if err := json.Unmarshal(doc, &top); err != nil || top == nil {
 		return nil, fmt.Errorf("%w: not a JSON object", ErrDocument)
 	}
-	if lim.MaxMessageLength > 0 || lim.MaxFilters > 0 || lim.MaxSubidLength > 0 || lim.MaxSubscriptions > 0 {
+	var b wire.Bounds
+	if lim.Bounds != nil {
+		b = *lim.Bounds
+	}
+	if lim.MaxMessageLength > 0 || lim.MaxFilters > 0 || lim.MaxSubidLength > 0 || lim.MaxSubscriptions > 0 || lim.Bounds != nil {
 		var limitation map[string]json.RawMessage
 		if raw, ok := top["limitation"]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 			if err := json.Unmarshal(raw, &limitation); err != nil || limitation == nil {
@@ -169,7 +180,10 @@ func Merge(doc []byte, lim Limitation) ([]byte, error) {
 		for _, f := range []struct {
 			key  string
 			ours int64
-		}{{"max_message_length", lim.MaxMessageLength}, {"max_filters", lim.MaxFilters}, {"max_subid_length", lim.MaxSubidLength}, {"max_subscriptions", lim.MaxSubscriptions}} {
+		}{
+			{"max_message_length", lim.MaxMessageLength}, {"max_filters", lim.MaxFilters}, {"max_subid_length", lim.MaxSubidLength}, {"max_subscriptions", lim.MaxSubscriptions},
+			{"max_event_tags", int64(b.MaxTags)}, {"max_tag_value_bytes", int64(b.MaxTagValueBytes)}, {"max_filter_values", int64(b.MaxFilterValues)}, {"max_filter_fanout", int64(b.MaxFanout)},
+		} {
 			if f.ours <= 0 {
 				continue
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 func TestIsNIP11Request(t *testing.T) {
@@ -161,6 +162,30 @@ func TestMergeNIP11REQBounds(t *testing.T) {
 	}
 	if _, ok := got.Limitation["max_message_length"]; ok {
 		t.Errorf("max_message_length written though not set: %s", out)
+	}
+	if _, ok := got.Limitation["max_event_tags"]; ok {
+		t.Errorf("max_event_tags written though no Bounds: %s", out)
+	}
+}
+
+// TestMergeNIP11Bounds: the gate's bounds on a frame are published, the
+// smaller of the document's and the gate's.
+func TestMergeNIP11Bounds(t *testing.T) {
+	doc := `{"limitation":{"max_event_tags":100}}`
+	b := &wire.Bounds{MaxTags: 2000, MaxTagValueBytes: 1024, MaxFilterValues: 5000, MaxFanout: 50000}
+	out, err := Merge([]byte(doc), Limitation{Bounds: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Limitation map[string]float64 }
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"max_event_tags": 100, "max_tag_value_bytes": 1024, "max_filter_values": 5000, "max_filter_fanout": 50000}
+	for k, v := range want {
+		if got.Limitation[k] != v {
+			t.Errorf("%s = %v, want %v (document %s)", k, got.Limitation[k], v, out)
+		}
 	}
 }
 

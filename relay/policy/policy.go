@@ -15,7 +15,18 @@ import (
 // configuration says nothing: 10. NIP-11's example says 100, but every
 // filter is a query the relay runs and is charged as one REQ; clients send
 // one to a few.
-const DefaultMaxFilters = 10
+const DefaultMaxFilters = wire.DefaultMaxFilters
+
+// The largest value each field of Config.Bounds takes. Past them a bound
+// no longer bounds: a frame of the gate's read limit fits fewer tags,
+// values or bytes, and the planner's scans past a million cost a relay
+// gigabytes.
+const (
+	MaxMaxTags          = 100000
+	MaxMaxTagValueBytes = 1 << 20
+	MaxMaxFilterValues  = 100000
+	MaxMaxFanout        = 1000000
+)
 
 // MaxClasses bounds the kind classes of one policy, MaxTiers its tiers and
 // MaxAggregates its prefix aggregates: each is a charge some frames pay.
@@ -37,6 +48,12 @@ type Config struct {
 	// MaxFilters bounds a forwarded REQ's filters (0 or less:
 	// DefaultMaxFilters), lowered by EffectiveMaxFilters.
 	MaxFilters int
+	// Bounds are the rest of what one frame may ask of the relay: tags
+	// per event, the length of an indexed tag's value, values per filter
+	// field and a filter's index fan-out (wire.Bounds; each zero field
+	// means its wire default). Bounds.MaxFilters is not read: MaxFilters
+	// above is the one bound on filters.
+	Bounds wire.Bounds
 	// Kinds are named classes of event kinds with windows of their own,
 	// charged to an EVENT of such a kind in addition to EVENT's windows.
 	// A kind belongs to at most one class; one in none pays EVENT's alone.
@@ -122,6 +139,7 @@ type Policy struct {
 	budget     budget // the address budget
 	conn       split
 	maxFilters int
+	bounds     wire.Bounds
 	classes    []class
 	kindClass  []uint8 // kind → class index + 1; 0: none
 	tiers      []*tier
@@ -186,6 +204,9 @@ func Compile(cfg Config) (*Policy, error) {
 		}
 	}
 	if p.budget, err = compileBudget(cfg.Limits, p.maxFilters, cfg.Shadow); err != nil {
+		return nil, err
+	}
+	if p.bounds, err = compileBounds(cfg.Bounds, p.maxFilters); err != nil {
 		return nil, err
 	}
 	if q := cfg.Quota; q != nil && q.Events() > 0 {
@@ -389,6 +410,47 @@ func (p *Policy) Message(t wire.Type) *ratelimit.Windows { return p.budget.msg[t
 
 // MaxFilters returns the most filters a forwarded REQ may hold.
 func (p *Policy) MaxFilters() int { return p.maxFilters }
+
+// Bounds returns what wire.Scan holds a forwarded frame to, every field
+// set (MaxFilters as MaxFilters returns it). The caller must not modify it.
+func (p *Policy) Bounds() *wire.Bounds { return &p.bounds }
+
+// CheckBounds validates b (Config.Bounds): each field 0 (its default) to
+// its Max…. The error wraps ErrPolicy and names the field by its
+// configuration and NIP-11 name.
+func CheckBounds(b wire.Bounds) error {
+	_, err := compileBounds(b, 0)
+	return err
+}
+
+// compileBounds validates b, each field 0 (its default) to its Max…, and
+// returns it with every field set.
+func compileBounds(b wire.Bounds, maxFilters int) (wire.Bounds, error) {
+	for _, f := range []struct {
+		name   string
+		v, max int
+	}{
+		{"max_event_tags", b.MaxTags, MaxMaxTags},
+		{"max_tag_value_bytes", b.MaxTagValueBytes, MaxMaxTagValueBytes},
+		{"max_filter_values", b.MaxFilterValues, MaxMaxFilterValues},
+		{"max_filter_fanout", b.MaxFanout, MaxMaxFanout},
+	} {
+		if f.v < 0 || f.v > f.max {
+			return wire.Bounds{}, fmt.Errorf("%w: %s must be between 0 (its default) and %d, got %d", ErrPolicy, f.name, f.max, f.v)
+		}
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&b.MaxTags, wire.DefaultMaxTags)
+	def(&b.MaxTagValueBytes, wire.DefaultMaxTagValueBytes)
+	def(&b.MaxFilterValues, wire.DefaultMaxFilterValues)
+	def(&b.MaxFanout, wire.DefaultMaxFanout)
+	b.MaxFilters = maxFilters
+	return b, nil
+}
 
 // Quota returns the actor quota of the address budget; nil for none.
 func (p *Policy) Quota() ratelimit.ActorQuota { return p.quota }

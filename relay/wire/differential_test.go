@@ -25,6 +25,8 @@ var scanReasons = map[string]bool{
 	ReasonNotNostr: true, ReasonUnknownType: true, ReasonNotUTF8: true, ReasonShape: true,
 	ReasonEvent: true, ReasonAuthKind: true, ReasonEventKind: true, ReasonSubID: true,
 	ReasonFilter: true, ReasonFilters: true, ReasonCountOne: true, ReasonNegentropy: true,
+	ReasonTagEmpty: true, ReasonTagNoValue: true, ReasonTags: true, ReasonTagValue: true,
+	ReasonFilterValues: true, ReasonFanout: true,
 }
 
 // khatruParse reads frame as khatru v0.19.1 does (handlers.go, from line
@@ -74,7 +76,7 @@ type jsonEvent struct {
 func checkScan(t *testing.T, frame []byte) {
 	t.Helper()
 	orig := bytes.Clone(frame)
-	f, reason := Scan(frame, scanMaxFilters)
+	f, reason := Scan(frame, scanBounds)
 	if !bytes.Equal(frame, orig) {
 		t.Fatalf("Scan modified its input")
 	}
@@ -163,12 +165,16 @@ func checkScan(t *testing.T, frame []byte) {
 		if e.SubscriptionID != sub || len(e.Filters) != f.Filters {
 			t.Fatalf("khatru reads REQ %q with %d filters, Scan %s with %d: %q", e.SubscriptionID, len(e.Filters), f.SubID, f.Filters, frame)
 		}
+		for _, fl := range e.Filters {
+			checkGoNostrFilter(t, frame, fl)
+		}
 	case *nostr.CountEnvelope:
 		// A filter of the shape of a NIP-45 reply would make go-nostr
 		// read a count instead of counting.
 		if e.SubscriptionID != sub || e.Count != nil || f.Filters != 1 {
 			t.Fatalf("khatru reads COUNT %q, count %v, Scan %s with %d filters: %q", e.SubscriptionID, e.Count, f.SubID, f.Filters, frame)
 		}
+		checkGoNostrFilter(t, frame, e.Filter)
 	case *nostr.CloseEnvelope:
 		if string(*e) != sub {
 			t.Fatalf("khatru reads CLOSE %q, Scan %s: %q", string(*e), f.SubID, frame)
@@ -177,6 +183,7 @@ func checkScan(t *testing.T, frame []byte) {
 		if e.SubscriptionID != sub || e.Message != string(f.Neg) {
 			t.Fatalf("khatru reads NEG-OPEN %q %q, Scan %s %q: %q", e.SubscriptionID, e.Message, f.SubID, f.Neg, frame)
 		}
+		checkGoNostrFilter(t, frame, e.Filter)
 	case *nip77.MessageEnvelope:
 		if e.SubscriptionID != sub || e.Message != string(f.Neg) {
 			t.Fatalf("khatru reads NEG-MSG %q %q, Scan %s %q: %q", e.SubscriptionID, e.Message, f.SubID, f.Neg, frame)
@@ -225,6 +232,22 @@ func checkJSONEvent(t *testing.T, frame []byte, f Facts, raw json.RawMessage) {
 // AUTH the first challenge and relay tags, as nip42 finds them.
 func checkGoNostrEvent(t *testing.T, frame []byte, f Facts, ev *nostr.Event) {
 	t.Helper()
+	if len(ev.Tags) > DefaultMaxTags {
+		t.Fatalf("go-nostr reads %d tags, the bound is %d: %.200q", len(ev.Tags), DefaultMaxTags, frame)
+	}
+	for _, tag := range ev.Tags {
+		letter := len(tag) > 0 && len(tag[0]) == 1 && isLetter(tag[0][0])
+		switch {
+		case len(tag) == 0:
+			t.Fatalf("go-nostr reads an empty tag in a forwarded event: %.200q", frame)
+		case letter && len(tag) < 2:
+			t.Fatalf("go-nostr reads the one-letter tag %q without a value: %.200q", tag, frame)
+		case letter && len(tag[1]) > DefaultMaxTagValueBytes:
+			// Scan bounds the value as written, so the decoded one can
+			// only be shorter.
+			t.Fatalf("go-nostr reads a %d-byte %s value: %.200q", len(tag[1]), tag[0], frame)
+		}
+	}
 	if ev.ID != f.Event.ID.String() || ev.PubKey != f.Event.Pubkey.String() || ev.Kind != f.Event.Kind || int64(ev.CreatedAt) != f.Event.CreatedAt {
 		t.Fatalf("khatru reads id %s pubkey %s kind %d created_at %d; Scan %s %s %d %d: %q",
 			ev.ID, ev.PubKey, ev.Kind, ev.CreatedAt, f.Event.ID, f.Event.Pubkey, f.Event.Kind, f.Event.CreatedAt, frame)
@@ -429,4 +452,74 @@ func TestScanFuzzCorpora(t *testing.T) {
 			}
 		}
 	}
+}
+
+// checkGoNostrFilter checks a filter Scan forwarded against the bounds as
+// go-nostr reads it: values per field, and the index scans eventstore's
+// badger planner opens for it (plannerFanout).
+func checkGoNostrFilter(t *testing.T, frame []byte, fl nostr.Filter) {
+	t.Helper()
+	fields := map[string]int{"ids": len(fl.IDs), "authors": len(fl.Authors), "kinds": len(fl.Kinds)}
+	for k, v := range fl.Tags {
+		fields["#"+k] = len(v)
+	}
+	for name, n := range fields {
+		if n > DefaultMaxFilterValues {
+			t.Fatalf("go-nostr reads %d %s, the bound is %d: %.200q", n, name, DefaultMaxFilterValues, frame)
+		}
+	}
+	if n := plannerFanout(fl); n > DefaultMaxFanout {
+		t.Fatalf("eventstore's planner opens %d scans for a forwarded filter, the bound is %d: %.200q", n, DefaultMaxFanout, frame)
+	}
+}
+
+// plannerFanout is the most iterators eventstore v0.17.2's badger
+// prepareQueries can open for fl, written from its source apart from
+// Scan's counting: ChooseNarrowestTag's ranking is run over every order of
+// two keys by taking, among the keys of the best rank, the most values.
+func plannerFanout(fl nostr.Filter) int {
+	if len(fl.IDs) > 0 {
+		return len(fl.IDs)
+	}
+	rank := func(k string) int {
+		switch k {
+		case "e", "E", "q":
+			return 9
+		case "a", "A", "i", "I", "g", "r":
+			return 8
+		case "d":
+			if len(fl.Authors) > 0 {
+				return 7
+			}
+			return 4
+		case "h", "t", "l", "k", "K":
+			return 6
+		case "p":
+			return 2
+		}
+		return 0
+	}
+	if len(fl.Tags) > 0 {
+		best, most := 0, 0
+		for k := range fl.Tags {
+			best = max(best, rank(k))
+		}
+		for k, v := range fl.Tags {
+			if rank(k) >= 3 || best < 3 {
+				most = max(most, len(v))
+			}
+		}
+		if best >= 3 || len(fl.Authors) == 0 && len(fl.Kinds) == 0 {
+			return most
+		}
+	}
+	switch {
+	case len(fl.Authors) > 0 && len(fl.Kinds) > 0:
+		return len(fl.Authors) * len(fl.Kinds)
+	case len(fl.Authors) > 0:
+		return len(fl.Authors)
+	case len(fl.Kinds) > 0:
+		return len(fl.Kinds)
+	}
+	return 1
 }

@@ -208,7 +208,7 @@ func TestCheckNegentropyGoNostr(t *testing.T) {
 				if i == 0 {
 					label, frame = "NEG-OPEN", `["NEG-OPEN","s",{"kinds":[1]},"`+m+`"]`
 				}
-				if f, reason := Scan([]byte(frame), 10); reason != "" || string(f.Neg) != m {
+				if f, reason := Scan([]byte(frame), nil); reason != "" || string(f.Neg) != m {
 					t.Fatalf("Scan of %s %d: %q, Neg %.40q", label, i, reason, f.Neg)
 				}
 			}
@@ -348,7 +348,7 @@ func TestGoNostrNegentropyPanics(t *testing.T) {
 				`["NEG-OPEN","s",{},"` + tc.msg + `"]`,
 				`["NEG-MSG","s","` + tc.msg + `"]`,
 			} {
-				if _, reason := Scan([]byte(frame), 10); reason != ReasonNegentropy {
+				if _, reason := Scan([]byte(frame), nil); reason != ReasonNegentropy {
 					t.Errorf("Scan(%s) = %q, want %q", frame, reason, ReasonNegentropy)
 				}
 			}
@@ -403,7 +403,7 @@ func TestGoNostrNegentropyStoredTimestamps(t *testing.T) {
 		t.Errorf("go-nostr no longer panics on stored events of created_at 2^57: maxCreatedAt could go")
 	}
 	frame := `["EVENT",` + evWith("created_at", `"created_at":144115188075855872`) + `]`
-	if _, reason := Scan([]byte(frame), scanMaxFilters); reason != ReasonEvent {
+	if _, reason := Scan([]byte(frame), scanBounds); reason != ReasonEvent {
 		t.Errorf("Scan of an event of created_at 2^57 = %q, want %q", reason, ReasonEvent)
 	}
 }

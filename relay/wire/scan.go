@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/bits"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -58,6 +59,20 @@ const (
 	ReasonFilters     = "invalid: too many filters"
 	ReasonCountOne    = "invalid: COUNT takes exactly one filter"
 	ReasonNegentropy  = "invalid: negentropy message is malformed"
+	// ReasonTagEmpty refuses the tag []: a tag is its name and values,
+	// and relays read a nameless one by position (tag[0]) without
+	// checking, each in its own way.
+	ReasonTagEmpty = "invalid: a tag must have a name"
+	// ReasonTagNoValue refuses a tag named by one letter without a value,
+	// such as ["d"]: relays index these tags by position and read tag[1]
+	// (khatru's check of an addressable event panics on ["d"]).
+	ReasonTagNoValue = "invalid: a tag named by one letter must have a value"
+	ReasonTags       = "invalid: too many tags (max_event_tags)"
+	ReasonTagValue   = "invalid: a one-letter tag's value is too long (max_tag_value_bytes)"
+	// ReasonFilterValues and ReasonFanout name the bound a filter passed:
+	// what it would make the relay's store do.
+	ReasonFilterValues = "invalid: filter asks too much: too many values in one field (max_filter_values)"
+	ReasonFanout       = "invalid: filter asks too much: too many index scans, such as authors times kinds (max_filter_fanout)"
 )
 
 // MaxSubIDBytes is the longest subscription id a canonical frame may
@@ -86,7 +101,7 @@ var prefixes = func() (p [NumTypes][]byte) {
 //
 //	["EVENT",{event}]                   one event, kind ≠ 22242
 //	["AUTH",{event}]                    one event of kind 22242
-//	["REQ","sub",{filter},…]            1 to maxFilters filters
+//	["REQ","sub",{filter},…]            1 to MaxFilters filters
 //	["COUNT","sub",{filter}]            one filter
 //	["CLOSE","sub"]
 //	["NEG-OPEN","sub",{filter},"hex"]   hex checked by CheckNegentropy
@@ -105,12 +120,18 @@ var prefixes = func() (p [NumTypes][]byte) {
 // "#" followed by one ASCII letter, each at most once, unescaped, and of
 // the type go-nostr reads them as (no nulls). Keys are matched exactly: a
 // decoder that folds case (encoding/json) could otherwise read "ID" as the
-// id. Scan allocates nothing and never panics.
+// id.
+//
+// Beyond the shape, Scan holds the frame to b (nil: every default): an
+// event has at most MaxTags tags, none empty, and a tag named by one ASCII
+// letter has a value of at most MaxTagValueBytes; a filter lists at most
+// MaxFilterValues values in each field and asks for at most MaxFanout
+// index scans. Scan allocates nothing and never panics.
 //
 // Frames that are not arrays led by a label (Peek's "shaped") get
 // ReasonNotNostr; frames whose label is not one of the types above get
 // ReasonUnknownType.
-func Scan(frame []byte, maxFilters int) (f Facts, reason string) {
+func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 	p := PeekType(frame)
 	f.Type = p.Type
 	switch {
@@ -125,7 +146,7 @@ func Scan(frame []byte, maxFilters int) (f Facts, reason string) {
 	if !utf8.Valid(frame) {
 		return f, ReasonNotUTF8
 	}
-	s := scanner{b: frame, i: len(prefixes[f.Type])}
+	s := scanner{b: frame, i: len(prefixes[f.Type]), lim: b.resolved()}
 	s.ws()
 	switch f.Type {
 	case TypeEVENT, TypeAUTH:
@@ -152,7 +173,7 @@ func Scan(frame []byte, maxFilters int) (f Facts, reason string) {
 				return f, r
 			}
 			f.Filters++
-			if f.Filters > maxFilters {
+			if f.Filters > s.lim.MaxFilters {
 				return f, ReasonFilters
 			}
 		}
@@ -202,8 +223,18 @@ func Scan(frame []byte, maxFilters int) (f Facts, reason string) {
 // scanner walks strict JSON without building anything. Every method stops
 // at the end of the input; a truncated frame is simply not ok.
 type scanner struct {
-	b []byte
-	i int
+	b   []byte
+	i   int
+	lim Bounds
+	// why is the reason a bound refused the frame, set where it was
+	// found; the object or array around it then simply fails.
+	why string
+}
+
+// refuse records why and fails the walk.
+func (s *scanner) refuse(why string) bool {
+	s.why = why
+	return false
 }
 
 func (s *scanner) ws() { s.i = skipWS(s.b, s.i) }
@@ -501,6 +532,9 @@ func (s *scanner) event(ev *Event, auth bool) string {
 		seen |= bit
 		return true
 	})
+	if s.why != "" {
+		return s.why
+	}
 	if !ok || seen != evAll {
 		return ReasonEvent
 	}
@@ -508,30 +542,66 @@ func (s *scanner) event(ev *Event, auth bool) string {
 	return ""
 }
 
-// tags consumes an event's tags: an array of arrays of strings. With auth
-// it records the first "challenge" and "relay" tag values in ev, the tag
-// names compared decoded: a relay reads ["\u0072elay",…] as a relay tag,
-// so the first relay tag is the first whatever its spelling.
+// tags consumes an event's tags: an array of at most MaxTags arrays of
+// strings, none empty, where a tag named by one ASCII letter has a value
+// of at most MaxTagValueBytes. With auth it records the first "challenge"
+// and "relay" tag values in ev, the tag names compared decoded: a relay
+// reads ["\u0072elay",…] as a relay tag, so the first relay tag is the
+// first whatever its spelling.
 func (s *scanner) tags(ev *Event, auth bool) bool {
-	return s.array(func(int) bool {
+	return s.array(func(n int) bool {
+		if n >= s.lim.MaxTags {
+			return s.refuse(ReasonTags)
+		}
 		var name authTag
-		return s.array(func(i int) bool {
+		letter := false
+		elems := 0
+		if !s.array(func(i int) bool {
+			elems = i + 1
 			lit, escaped, ok := s.str()
 			if !ok {
 				return false
 			}
 			switch {
-			case !auth:
 			case i == 0:
-				name = authTagName(lit, escaped)
+				letter = letterName(lit, escaped)
+				if auth {
+					name = authTagName(lit, escaped)
+				}
+			case i == 1 && letter && len(lit)-2 > s.lim.MaxTagValueBytes:
+				return s.refuse(ReasonTagValue)
+			}
+			switch {
+			case !auth:
 			case i == 1 && name == authTagChallenge && ev.Challenge == nil:
 				ev.Challenge = lit
 			case i == 1 && name == authTagRelay && ev.Relay == nil:
 				ev.Relay = lit
 			}
 			return true
-		})
+		}) {
+			return false
+		}
+		switch {
+		case elems == 0:
+			return s.refuse(ReasonTagEmpty)
+		case elems == 1 && letter:
+			return s.refuse(ReasonTagNoValue)
+		}
+		return true
 	})
+}
+
+// letterName reports whether the tag name literal lit decodes to one ASCII
+// letter: a name relays index by position. Other one-character names
+// (NIP-70's ["-"]) stand alone.
+func letterName(lit []byte, escaped bool) bool {
+	if !escaped {
+		return len(lit) == 3 && isLetter(lit[1])
+	}
+	var buf [1]byte
+	n, ok := unquote(lit, buf[:])
+	return ok && n == 1 && isLetter(buf[0])
 }
 
 // authTag names the tags of an AUTH event that Scan records.
@@ -551,7 +621,7 @@ func authTagName(lit []byte, escaped bool) authTag {
 	if escaped {
 		n, ok := unquote(lit, buf[:])
 		if !ok {
-			return authTagOther // longer than either name, or not ASCII
+			return authTagOther // longer than either name
 		}
 		name = buf[:n]
 	}
@@ -575,27 +645,44 @@ const (
 	fSearch
 )
 
-// filter consumes one canonical filter object.
+// filter consumes one canonical filter object, at most MaxFilterValues
+// values in each field and MaxFanout index scans.
 func (s *scanner) filter() string {
 	var seen uint16
 	var tags uint64 // one bit per tag letter
-	strs := func(int) bool { _, _, ok := s.str(); return ok }
+	var c filterCounts
+	// values consumes an array whose elements elem consumes, and returns
+	// how many there were; more than MaxFilterValues fails it.
+	values := func(elem func() bool) (int, bool) {
+		n := 0
+		ok := s.array(func(i int) bool {
+			if i >= s.lim.MaxFilterValues {
+				return s.refuse(ReasonFilterValues)
+			}
+			n = i + 1
+			return elem()
+		})
+		return n, ok
+	}
+	str := func() bool { _, _, ok := s.str(); return ok }
+	kind := func() bool { k, ok := s.uint(5); return ok && k <= 65535 }
 	ok := s.object(func(key []byte) bool {
 		var bit uint16
+		var ok bool
 		switch string(key) {
 		case "ids":
 			bit = fIDs
-			if !s.array(strs) {
+			if c.ids, ok = values(str); !ok {
 				return false
 			}
 		case "authors":
 			bit = fAuthors
-			if !s.array(strs) {
+			if c.authors, ok = values(str); !ok {
 				return false
 			}
 		case "kinds":
 			bit = fKinds
-			if !s.array(func(int) bool { k, ok := s.uint(5); return ok && k <= 65535 }) {
+			if c.kinds, ok = values(kind); !ok {
 				return false
 			}
 		case "since", "until":
@@ -621,10 +708,20 @@ func (s *scanner) filter() string {
 				return false
 			}
 			tb := uint64(1) << tagBit(key[1])
-			if tags&tb != 0 || !s.array(strs) {
+			if tags&tb != 0 {
+				return false
+			}
+			n, ok := values(str)
+			if !ok {
 				return false
 			}
 			tags |= tb
+			c.tags = true
+			c.tagMax = max(c.tagMax, n)
+			if narrowTag(key[1]) {
+				c.narrow = true
+				c.narrowMax = max(c.narrowMax, n)
+			}
 			return true
 		}
 		if seen&bit != 0 {
@@ -633,8 +730,13 @@ func (s *scanner) filter() string {
 		seen |= bit
 		return true
 	})
-	if !ok {
+	switch {
+	case s.why != "":
+		return s.why
+	case !ok:
 		return ReasonFilter
+	case c.fanout() > s.lim.MaxFanout:
+		return ReasonFanout
 	}
 	return ""
 }
@@ -650,10 +752,14 @@ func tagBit(c byte) uint {
 }
 
 // Unquote decodes the JSON string literal lit (quotes included, as Facts
-// holds them) into dst and returns the decoded bytes; ok is false when lit
-// is malformed or decodes to more than cap(dst) bytes. Escapes outside
-// ASCII are refused: nothing sluice compares (challenges, relay URLs, ids)
-// needs them.
+// and the relay's frames hold them) into dst and returns the decoded bytes,
+// exactly as encoding/json reads the literal into a string: every escape,
+// \uXXXX of any code point and surrogate pairs to UTF-8, a lone surrogate
+// and an invalid UTF-8 byte to U+FFFD. ok is false when encoding/json would
+// not read lit as a string (a raw control character or quote, a bad
+// escape, missing quotes) or when it decodes to more than cap(dst) bytes.
+// Relays escape what they write back (khatru writes U+2028 as \u2028), so
+// the gate must read every escape to match a subscription id.
 func Unquote(dst, lit []byte) ([]byte, bool) {
 	n, ok := unquote(lit, dst[:cap(dst)])
 	if !ok {
@@ -662,28 +768,83 @@ func Unquote(dst, lit []byte) ([]byte, bool) {
 	return dst[:n], true
 }
 
-// unquote decodes the JSON string literal lit into dst and returns the
-// decoded length; ok is false when lit is malformed, decodes to more than
-// len(dst) bytes, or holds a \u escape outside ASCII.
+// unquote decodes the JSON string literal lit into dst as Unquote does and
+// returns the decoded length; ok is false when lit is malformed or decodes
+// to more than len(dst) bytes.
 func unquote(lit, dst []byte) (n int, ok bool) {
 	if len(lit) < 2 || lit[0] != '"' || lit[len(lit)-1] != '"' {
 		return 0, false
 	}
-	lit = lit[1 : len(lit)-1]
-	for i := 0; i < len(lit); i++ {
-		c := lit[i]
-		if c == '\\' {
-			var k int
-			if c, k, ok = unescapeASCII(lit, i); !ok {
+	s := lit[1 : len(lit)-1]
+	put := func(r rune) bool {
+		if n+utf8.RuneLen(r) > len(dst) {
+			return false
+		}
+		n += utf8.EncodeRune(dst[n:], r)
+		return true
+	}
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c == '\\':
+			if i+1 >= len(s) {
 				return 0, false
 			}
-			i += k - 1
-		}
-		if n >= len(dst) {
+			if s[i+1] != 'u' {
+				b, k, ok := unescapeASCII(s, i)
+				if !ok || n >= len(dst) {
+					return 0, false
+				}
+				dst[n] = b
+				n++
+				i += k
+				continue
+			}
+			r, ok := hex4(s, i+2)
+			if !ok {
+				return 0, false
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				// A pair is two escapes; anything else is U+FFFD, and
+				// what follows is read on its own (encoding/json).
+				r2 := rune(-1)
+				if i+1 < len(s) && s[i] == '\\' && s[i+1] == 'u' {
+					r2, _ = hex4(s, i+2)
+				}
+				if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+					r = d
+					i += 6
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			if !put(r) {
+				return 0, false
+			}
+		case c == '"' || c < 0x20:
 			return 0, false
+		case c < utf8.RuneSelf:
+			if n >= len(dst) {
+				return 0, false
+			}
+			dst[n] = c
+			n++
+			i++
+		default:
+			r, size := utf8.DecodeRune(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				if !put(r) {
+					return 0, false
+				}
+			} else {
+				if n+size > len(dst) {
+					return 0, false
+				}
+				n += copy(dst[n:], s[i:i+size])
+			}
+			i += size
 		}
-		dst[n] = c
-		n++
 	}
 	return n, true
 }

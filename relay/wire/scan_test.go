@@ -2,6 +2,10 @@ package wire
 
 import (
 	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -10,6 +14,9 @@ import (
 
 // scanMaxFilters is the filter bound the Scan tests run with.
 const scanMaxFilters = 10
+
+// scanBounds are the bounds the tests scan with: the defaults.
+var scanBounds = &Bounds{MaxFilters: scanMaxFilters}
 
 const (
 	scanPub = "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"
@@ -22,7 +29,7 @@ const (
 	fID      = `"id":"` + testID + `"`
 	fPubkey  = `"pubkey":"` + scanPub + `"`
 	fCreated = `"created_at":1673347337`
-	fTags    = `"tags":[["e","` + testID2 + `"],["p","` + scanPub + `"],[],["t","caf\u00e9","\"\\/\b\f\n\r\t"]]`
+	fTags    = `"tags":[["e","` + testID2 + `"],["p","` + scanPub + `"],["-"],["t","caf\u00e9","\"\\/\b\f\n\r\t"]]`
 	fContent = `"content":"hello \"id\":\"x\" world \ud83d\ude00 ünïcødé"`
 	fSig     = `"sig":"` + scanSig + `"`
 )
@@ -105,13 +112,16 @@ var scanCanonical = []struct {
 	{"event nostr-tools order", `["EVENT",` + scanNostrTools + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
 	{"event id last", `["EVENT",` + scanIDLast + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
 	{"event python spelling", `["EVENT", ` + scanPython + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
-	{"event whitespace everywhere allowed", "[\"EVENT\",\r\n\t { \"kind\" :\t0 ,\n" + fID + " , " + fPubkey + ",\"created_at\": 0,\"tags\" : [ [ \"a\" , \"b\" ] , [ ] ] ,\"content\":\"\"," + fSig + "\n}\n]\r\n", scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub}},
+	{"event whitespace everywhere allowed", "[\"EVENT\",\r\n\t { \"kind\" :\t0 ,\n" + fID + " , " + fPubkey + ",\"created_at\": 0,\"tags\" : [ [ \"a\" , \"b\" ] , [ \"-\" ] ] ,\"content\":\"\"," + fSig + "\n}\n]\r\n", scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub}},
 	{"event kind 65535, empty tags", `["EVENT",` + obj(`"kind":65535`, fID, fPubkey, fCreated, `"tags":[]`, fContent, fSig) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 65535, createdAt: 1673347337}},
 	{"event created_at 2^56-2", `["EVENT",` + evWith("created_at", `"created_at":72057594037927934`) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1<<56 - 2}},
 	{"event created_at 0", `["EVENT",` + evWith("created_at", `"created_at":0`) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1}},
 	{"req one filter", `["REQ","sub:1",` + scanFilter + `]`, scanWant{typ: TypeREQ, sub: `"sub:1"`, filters: 1}},
 	{"req empty filter", `["REQ","s",{}]`, scanWant{typ: TypeREQ, sub: `"s"`, filters: 1}},
 	{"req maxFilters filters", `["REQ","many",` + repeatJoin(scanFilter, scanMaxFilters, ",") + `]`, scanWant{typ: TypeREQ, sub: `"many"`, filters: scanMaxFilters}},
+	{"req follow feed at the fan-out bound", `["REQ","feed",{"authors":[` + repeatJoin(`"`+scanPub+`"`, 2500, ",") + `],"kinds":[` + repeatJoin(`1`, DefaultMaxFanout/2500, ",") + `],"limit":500}]`, scanWant{typ: TypeREQ, sub: `"feed"`, filters: 1}},
+	{"req values at the bound, narrow tag", `["REQ","s",{"#e":["` + testID2 + `"],"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFilterValues, ",") + `],"kinds":[` + repeatJoin(`1`, 100, ",") + `]}]`, scanWant{typ: TypeREQ, sub: `"s"`, filters: 1}},
+	{"event tags at the bounds", `["EVENT",` + evWith("tags", `"tags":[["r","`+strings.Repeat("x", DefaultMaxTagValueBytes)+`"],["d",""],["-"],["client"],`+repeatJoin(`["t","x"]`, DefaultMaxTags-4, ",")+`]`) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
 	{"req python spelling", `["REQ", "sub", {"kinds": [1], "limit": 10}, {"#e": ["` + testID2 + `"]}]`, scanWant{typ: TypeREQ, sub: `"sub"`, filters: 2}},
 	{"req whitespace", "[\"REQ\", \"s\" ,\n{ } , {\"limit\":0}\t]\n", scanWant{typ: TypeREQ, sub: `"s"`, filters: 2}},
 	{"req sub id of 64 bytes", `["REQ","` + strings.Repeat("x", 64) + `",{}]`, scanWant{typ: TypeREQ, sub: `"` + strings.Repeat("x", 64) + `"`, filters: 1}},
@@ -208,7 +218,21 @@ var scanHostile = []struct {
 	{"tags with a number", `["EVENT",` + evWith("tags", `"tags":[["e",1]]`) + `]`, ReasonEvent},
 	{"tags with null", `["EVENT",` + evWith("tags", `"tags":[["e",null]]`) + `]`, ReasonEvent},
 	{"tags with null tag", `["EVENT",` + evWith("tags", `"tags":[null]`) + `]`, ReasonEvent},
-	{"tags with an object", `["EVENT",` + evWith("tags", `"tags":[["e"],{"id":"`+testID2+`"}]`) + `]`, ReasonEvent},
+	{"tags with an object", `["EVENT",` + evWith("tags", `"tags":[["e","x"],{"id":"`+testID2+`"}]`) + `]`, ReasonEvent},
+	// What relays index by position, and what an index costs.
+	{"tag empty", `["EVENT",` + evWith("tags", `"tags":[["t","x"],[]]`) + `]`, ReasonTagEmpty},
+	{"tag d without value", `["EVENT",` + evWith("tags", `"tags":[["d"]]`) + `]`, ReasonTagNoValue},
+	{"tag escaped d without value", `["EVENT",` + evWith("tags", `"tags":[["\u0064"]]`) + `]`, ReasonTagNoValue},
+	{"tag P without value", `["EVENT",` + evWith("tags", `"tags":[["e","x"],["P"]]`) + `]`, ReasonTagNoValue},
+	{"tags one too many", `["EVENT",` + evWith("tags", `"tags":[`+repeatJoin(`["t","x"]`, DefaultMaxTags+1, ",")+`]`) + `]`, ReasonTags},
+	{"tag value too long", `["EVENT",` + evWith("tags", `"tags":[["r","`+strings.Repeat("x", DefaultMaxTagValueBytes+1)+`"]]`) + `]`, ReasonTagValue},
+	{"tag value too long as written", `["EVENT",` + evWith("tags", `"tags":[["t","`+strings.Repeat(`\n`, DefaultMaxTagValueBytes/2)+`x"]]`) + `]`, ReasonTagValue},
+	{"filter too many authors", `["REQ","s",{"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFilterValues+1, ",") + `]}]`, ReasonFilterValues},
+	{"filter too many kinds", `["REQ","s",{"kinds":[` + repeatJoin(`1`, DefaultMaxFilterValues+1, ",") + `]}]`, ReasonFilterValues},
+	{"filter too many tag values", `["COUNT","s",{"#t":[` + repeatJoin(`"x"`, DefaultMaxFilterValues+1, ",") + `]}]`, ReasonFilterValues},
+	{"filter too many ids NEG-OPEN", `["NEG-OPEN","s",{"ids":[` + repeatJoin(`"`+testID+`"`, DefaultMaxFilterValues+1, ",") + `]},"` + negOpenMsg + `"]`, ReasonFilterValues},
+	{"filter fan-out authors x kinds", `["REQ","s",{"authors":[` + repeatJoin(`"`+scanPub+`"`, 480, ",") + `],"kinds":[` + repeatJoin(`1`, 4000, ",") + `]}]`, ReasonFanout},
+	{"filter fan-out one over", `["REQ","s",{"kinds":[` + repeatJoin(`7`, 11, ",") + `],"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFanout/10, ",") + `],"#p":["x"]}]`, ReasonFanout},
 	{"tags with a nested array", `["EVENT",` + evWith("tags", `"tags":[["e",["x"]]]`) + `]`, ReasonEvent},
 	{"tags of strings", `["EVENT",` + evWith("tags", `"tags":["e","x"]`) + `]`, ReasonEvent},
 	{"tags as object", `["EVENT",` + evWith("tags", `"tags":{"e":"x"}`) + `]`, ReasonEvent},
@@ -348,7 +372,7 @@ func TestScanCanonical(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			frame := []byte(tc.frame)
 			orig := bytes.Clone(frame)
-			f, reason := Scan(frame, scanMaxFilters)
+			f, reason := Scan(frame, scanBounds)
 			if reason != "" {
 				t.Fatalf("Scan(%s) = %q, want canonical", frame, reason)
 			}
@@ -448,7 +472,7 @@ func TestScanGoNostrFrames(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, reason := Scan(frame, scanMaxFilters)
+		f, reason := Scan(frame, scanBounds)
 		if reason != "" || f.Type != tc.typ || f.Filters != tc.want {
 			t.Errorf("Scan(%s) = %v %d %q, want %v %d canonical", frame, f.Type, f.Filters, reason, tc.typ, tc.want)
 		}
@@ -467,7 +491,7 @@ func TestScanHostile(t *testing.T) {
 	for _, tc := range scanHostile {
 		t.Run(tc.name, func(t *testing.T) {
 			frame := []byte(tc.frame)
-			f, reason := Scan(frame, scanMaxFilters)
+			f, reason := Scan(frame, scanBounds)
 			if reason != tc.reason {
 				t.Errorf("Scan(%.300q) = %q, want %q", frame, reason, tc.reason)
 			}
@@ -482,17 +506,21 @@ func TestScanHostile(t *testing.T) {
 // TestScanMaxFilters: the bound is the caller's.
 func TestScanMaxFilters(t *testing.T) {
 	frame := []byte(`["REQ","s",{},{},{}]`)
-	for max, want := range []string{ReasonFilters, ReasonFilters, ReasonFilters, "", ""} {
-		if _, reason := Scan(frame, max); reason != want {
-			t.Errorf("Scan with maxFilters %d = %q, want %q", max, reason, want)
+	for max, want := range []string{"", ReasonFilters, ReasonFilters, "", ""} {
+		if _, reason := Scan(frame, &Bounds{MaxFilters: max}); reason != want {
+			t.Errorf("Scan with MaxFilters %d = %q, want %q", max, reason, want)
 		}
 	}
-	if _, reason := Scan([]byte(`["NEG-OPEN","s",{},"61"]`), 0); reason != "" {
-		t.Errorf("NEG-OPEN with maxFilters 0 = %q: its one filter is not bounded by it", reason)
+	if _, reason := Scan([]byte(`["NEG-OPEN","s",{},"61"]`), &Bounds{MaxFilters: 1}); reason != "" {
+		t.Errorf("NEG-OPEN with MaxFilters 1 = %q", reason)
+	}
+	many := []byte(`["REQ","s",` + repeatJoin(`{}`, DefaultMaxFilters+1, ",") + `]`)
+	if _, reason := Scan(many, nil); reason != ReasonFilters {
+		t.Errorf("%d filters with nil Bounds = %q, want %q", DefaultMaxFilters+1, reason, ReasonFilters)
 	}
 }
 
-// TestUnquote: the AUTH literals decode as a relay would read them.
+// TestUnquote: literals decode as encoding/json reads them, within dst.
 func TestUnquote(t *testing.T) {
 	for _, tc := range []struct {
 		lit, want string
@@ -502,19 +530,62 @@ func TestUnquote(t *testing.T) {
 		{`""`, "", true},
 		{`"a\"b\\c\/d\n\t"`, "a\"b\\c/d\n\t", true},
 		{`"\u0041\u007f"`, "A\x7f", true},
-		{`"\u00e9"`, "", false},
-		{`"\ud83d\ude00"`, "", false},
+		{`"\u00e9"`, "é", true},
+		{`"\u2028\u2029"`, "\u2028\u2029", true},
+		{`"\ud83d\ude00"`, "😀", true},
+		{`"\ud83d"`, "\ufffd", true},
+		{`"\ude00\ud83d"`, "\ufffd\ufffd", true},
+		{`"\ud83dx"`, "\ufffdx", true},
+		{`"\ud83d\u0041"`, "\ufffdA", true},
+		{"\"\xff\"", "\ufffd", true},
 		{`"abc`, "", false},
 		{`abc"`, "", false},
 		{`"`, "", false},
+		{`"\"`, "", false},
 		{`"\x"`, "", false},
+		{`"\u12"`, "", false},
+		{"\"a\nb\"", "", false},
+		{`"a"b"`, "", false},
 		{`"` + strings.Repeat("x", 17) + `"`, "", false},
+		{`"` + strings.Repeat("x", 15) + `\u00e9"`, "", false},
+		{`"` + strings.Repeat("x", 13) + `\ud83d\ude00"`, "", false},
 	} {
 		got, ok := Unquote(make([]byte, 0, 16), []byte(tc.lit))
 		if ok != tc.ok || string(got) != tc.want {
 			t.Errorf("Unquote(%s) = %q %v, want %q %v", tc.lit, got, ok, tc.want, tc.ok)
 		}
+		checkUnquote(t, []byte(tc.lit), 16)
 	}
+}
+
+// checkUnquote is Unquote's differential property: it reads lit as
+// encoding/json does, or refuses it exactly when encoding/json does not
+// read it as a string or it decodes to more than capacity bytes.
+func checkUnquote(t *testing.T, lit []byte, capacity int) {
+	t.Helper()
+	got, ok := Unquote(make([]byte, 0, capacity), lit)
+	var want string
+	exact := len(lit) >= 2 && lit[0] == '"' && lit[len(lit)-1] == '"'
+	jsonOK := exact && json.Unmarshal(lit, &want) == nil
+	switch {
+	case ok && !jsonOK:
+		t.Fatalf("Unquote(%q) = %q, encoding/json refuses it", lit, got)
+	case ok && string(got) != want:
+		t.Fatalf("Unquote(%q) = %q, encoding/json reads %q", lit, got, want)
+	case !ok && jsonOK && len(want) <= capacity:
+		t.Fatalf("Unquote(%q) refuses what encoding/json reads as %q", lit, want)
+	}
+}
+
+// FuzzUnquote: Unquote agrees with encoding/json on any literal.
+func FuzzUnquote(f *testing.F) {
+	for _, s := range []string{`"abc"`, `"\u2028 \u2029"`, `"\ud83d\ude00"`, `"\ud83d"`, `"\udc00\ud800"`, `"\"\\\/\b\f\n\r\t"`, "\"\u2028\xe2\x80\"", `"\u0000"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, lit []byte) {
+		checkUnquote(t, lit, 64)
+		checkUnquote(t, lit, 4096)
+	})
 }
 
 func TestScanAllocs(t *testing.T) {
@@ -527,7 +598,7 @@ func TestScanAllocs(t *testing.T) {
 	}
 	for name, frame := range frames {
 		var sink Facts
-		n := testing.AllocsPerRun(100, func() { sink, _ = Scan(frame, scanMaxFilters) })
+		n := testing.AllocsPerRun(100, func() { sink, _ = Scan(frame, scanBounds) })
 		if n != 0 {
 			t.Errorf("Scan of %s allocates %v times", name, n)
 		}
@@ -547,7 +618,7 @@ func BenchmarkScan(b *testing.B) {
 		{"hostile-1000-filters", `["REQ","many",` + repeatJoin(`{}`, 1000, ",") + `]`},
 	} {
 		frame := []byte(bm.frame)
-		if _, reason := Scan(frame, scanMaxFilters); reason != "" && !strings.HasPrefix(bm.name, "hostile") {
+		if _, reason := Scan(frame, scanBounds); reason != "" && !strings.HasPrefix(bm.name, "hostile") {
 			b.Fatalf("%s: %s", bm.name, reason)
 		}
 		b.Run(bm.name, func(b *testing.B) {
@@ -555,9 +626,44 @@ func BenchmarkScan(b *testing.B) {
 			b.SetBytes(int64(len(frame)))
 			var f Facts
 			for b.Loop() {
-				f, _ = Scan(frame, scanMaxFilters)
+				f, _ = Scan(frame, scanBounds)
 			}
 			_ = f
 		})
+	}
+}
+
+// TestScanHostileCorpus: every frame of the shared corpus
+// (testdata/hostile/frames.json) is refused by Scan with the reason its
+// answer carries, or is not one Scan is given (a frame Peek cannot shape
+// is answered before it).
+func TestScanHostileCorpus(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "hostile", "frames.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frames []struct {
+		Name, Frame, Want string
+		FrameHex          string `json:"frame_hex"`
+	}
+	if err := json.Unmarshal(b, &frames); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range frames {
+		frame := []byte(h.Frame)
+		if h.FrameHex != "" {
+			if frame, err = hex.DecodeString(h.FrameHex); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var want []any
+		if err := json.Unmarshal([]byte(h.Want), &want); err != nil || len(want) < 2 {
+			t.Fatalf("%s: answer %s: %v", h.Name, h.Want, err)
+		}
+		reason, _ := want[len(want)-1].(string)
+		if _, got := Scan(frame, nil); got == "" || !strings.HasPrefix(reason, got) {
+			t.Errorf("%s: Scan = %q, the corpus answers %q", h.Name, got, reason)
+		}
+		checkScan(t, frame)
 	}
 }

@@ -177,12 +177,12 @@ func TestScanContentAtEveryLaneOffset(t *testing.T) {
 			{plain + "é" + plain, true},
 		} {
 			frame := `["EVENT",` + evWith("content", `"content":"`+tc.content+`"`) + `]`
-			if _, reason := Scan([]byte(frame), scanMaxFilters); (reason == "") != tc.ok {
+			if _, reason := Scan([]byte(frame), scanBounds); (reason == "") != tc.ok {
 				t.Fatalf("content %q after %d plain bytes: reason %q, want ok %v", tc.content, n, reason, tc.ok)
 			}
 		}
 		frame := `["EVENT",` + evWith("content", `"content":"`+plain) // no closing quote, no end
-		if _, reason := Scan([]byte(frame), scanMaxFilters); reason == "" {
+		if _, reason := Scan([]byte(frame), scanBounds); reason == "" {
 			t.Fatalf("an unterminated content of %d bytes accepted", n)
 		}
 	}
