@@ -11,6 +11,7 @@ import (
 	badgerdb "github.com/dgraph-io/badger/v4"
 	"github.com/fiatjaf/eventstore/badger"
 	"github.com/fiatjaf/khatru"
+	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/sluice-relay/sluice/relay/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
@@ -58,13 +59,11 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	kr.Log = slog.NewLogLogger(logger.With("component", "khatru").Handler(), slog.LevelWarn)
 	kr.MaxMessageSize = cfg.ReadLimit // the gate reads no more; khatru need not either
 	// khatru's message goroutines outlive the gate's drain; the guard
-	// lets shutdown wait for their store calls before closing badger.
+	// lets shutdown wait for their store calls before closing badger,
+	// and keeps khatru up and NIP-09/NIP-40 true (see guardedStore).
 	store := newGuardedStore(db, saved)
-	kr.StoreEvent = append(kr.StoreEvent, store.SaveEvent)
-	kr.QueryEvents = append(kr.QueryEvents, store.QueryEvents)
-	kr.CountEvents = append(kr.CountEvents, store.CountEvents)
-	kr.DeleteEvent = append(kr.DeleteEvent, store.DeleteEvent)
-	kr.ReplaceEvent = append(kr.ReplaceEvent, store.ReplaceEvent)
+	store.logger = logger.With("component", "eventstore")
+	hookStore(kr, store)
 	kr.Negentropy = true
 	// NIP-42: khatru sends its challenge only when a hook asks for auth,
 	// which none of sluice's does; without one no client could prove a
@@ -112,15 +111,27 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	)
 }
 
+// hookStore gives khatru the guarded store and its hooks. RejectEvent
+// comes first, before any hook that reads the event's tags.
+func hookStore(kr *khatru.Relay, store *guardedStore) {
+	kr.RejectEvent = append([]func(context.Context, *nostr.Event) (bool, string){store.RejectEvent}, kr.RejectEvent...)
+	kr.StoreEvent = append(kr.StoreEvent, store.SaveEvent)
+	kr.QueryEvents = append(kr.QueryEvents, store.QueryEvents)
+	kr.CountEvents = append(kr.CountEvents, store.CountEvents)
+	kr.DeleteEvent = append(kr.DeleteEvent, store.DeleteEvent)
+	kr.ReplaceEvent = append(kr.ReplaceEvent, store.ReplaceEvent)
+	kr.OnEventSaved = append(kr.OnEventSaved, store.completeDeletion)
+}
+
 // relaySupportedNIPs are the NIPs sluice relay serves end to end: khatru
 // with the gate in front and the hooks sluice sets. Not NIP-86 (khatru
 // lists it by default): sluice relay configures no management API and its
 // front answers a POST 405.
 var relaySupportedNIPs = []any{
 	1,  // the protocol
-	9,  // deletion: khatru with DeleteEvent set
+	9,  // deletion: khatru deletes, guardedStore refuses what was deleted and completes deletions by address
 	11, // this document
-	40, // expiration: khatru's expiration manager
+	40, // expiration: guardedStore refuses an expired event, and never serves or counts one
 	42, // AUTH: the challenge on connect, verified by the gate and khatru
 	45, // COUNT: CountEvents set
 	70, // protected events: khatru refuses them from anyone but their authenticated author
