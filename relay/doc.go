@@ -17,8 +17,10 @@
 // second handshake and no goroutine of the gate's: a connection costs what
 // the relay's own does (khatru: two goroutines). Proxy serves any relay at
 // a ws:// or wss:// URL, bridging two WebSockets with three goroutines per
-// connection. Plain HTTP requests (NIP-11, web pages) pass to the relay
-// ungated.
+// connection. A WebSocket upgrade is what IsUpgrade says (GET, Connection:
+// upgrade, Upgrade: websocket); every other request is plain HTTP (NIP-11,
+// web pages) and passes to the relay ungated on GET, HEAD, OPTIONS and
+// Options.PlainMethods only, its body bounded by Options.PlainBodyLimit.
 //
 // Per WebSocket upgrade the gate charges the client's connection limit. A
 // refusal is HTTP 429 with a Retry-After header; a store that cannot decide

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +72,10 @@ const (
 	// DefaultCloseFrameSize is the largest CLOSE or NEG-CLOSE: a label
 	// and a subscription id.
 	DefaultCloseFrameSize = 1 << 10
+	// DefaultPlainBodyLimit is the largest body of a plain HTTP request
+	// the gate passes to the relay: a NIP-86 management call is a JSON
+	// method and a few parameters, and a NIP-11 or page GET has none.
+	DefaultPlainBodyLimit = 64 << 10
 )
 
 // DefaultFrameSize returns the largest frame of type t the gate forwards
@@ -228,6 +233,23 @@ type Options struct {
 	// to the relay; a side that stays blocked longer is closed. 0 means
 	// DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// PlainMethods are the methods of plain HTTP requests (anything but
+	// a WebSocket upgrade as IsUpgrade reads it) that Wrap and Proxy pass
+	// to the relay besides GET, HEAD and OPTIONS (NIP-11, pages, CORS
+	// preflights), which always pass: for example "POST" for a relay
+	// that serves NIP-86 management. A request of any other method is
+	// answered 405 with an Allow header, and not a byte of its body is
+	// read. Nil means none: POST is refused, since a relay's NIP-86
+	// handler may read the whole body before it checks the caller
+	// (khatru's does).
+	PlainMethods []string
+	// PlainBodyLimit bounds the body of a plain HTTP request passed to
+	// the relay, in bytes, whatever its method: one that declares a
+	// longer Content-Length is answered 413 unread, and a longer one sent
+	// without (chunked) fails the relay's read past the bound
+	// (http.MaxBytesReader; the server then closes the connection, and
+	// Proxy answers 413). 0 means DefaultPlainBodyLimit.
+	PlainBodyLimit int64
 	// Policy, when not nil, is the whole policy: limits, kind classes,
 	// tiers, aggregates, shadow mode, quota, identity and filter bound
 	// (policy.Config). Limits, MaxFilters, Quota and Identity must then be
@@ -289,6 +311,9 @@ type Gate struct {
 	log          *slog.Logger
 	cutLog       cutLog // bounds the log lines of cut connections
 	upgrader     websocket.Upgrader
+	plainMethods map[string]bool // Options.PlainMethods, GET, HEAD and OPTIONS
+	plainAllow   string          // the Allow header of a 405
+	plainBody    int64           // Options.PlainBodyLimit
 
 	mu      sync.Mutex
 	closed  bool
@@ -373,6 +398,19 @@ func New(opts Options) (*Gate, error) {
 	}
 	if g.log == nil {
 		g.log = slog.Default()
+	}
+	g.plainMethods = map[string]bool{http.MethodGet: true, http.MethodHead: true, http.MethodOptions: true}
+	allow := []string{http.MethodGet, http.MethodHead, http.MethodOptions}
+	for _, m := range opts.PlainMethods {
+		if !g.plainMethods[m] {
+			g.plainMethods[m] = true
+			allow = append(allow, m)
+		}
+	}
+	g.plainAllow = strings.Join(allow, ", ")
+	g.plainBody = opts.PlainBodyLimit
+	if g.plainBody <= 0 {
+		g.plainBody = DefaultPlainBodyLimit
 	}
 	g.upgrader = websocket.Upgrader{
 		// Nostr clients are web pages on any origin; a relay is public.
@@ -509,14 +547,19 @@ func (o *Options) policyConfig() (policy.Config, error) {
 	return policy.Assemble(o.Policy, o.Limits, o.MaxFilters, o.Quota, o.Identity)
 }
 
-// Wrap returns a handler that serves h behind the gate in-process: plain
-// HTTP requests (NIP-11, web pages) go to h ungated; a WebSocket upgrade
-// is gated, then h is called with it and upgrades the client itself on
-// the client's own connection, which the gate taps (see tapConn): h reads
-// only the frames the gate forwards, and the gate reads what h writes.
-// The request h gets is the gate's: the client's path, query, Host and
-// handshake key, no extension offered, and a context that ends with the
-// connection.
+// Wrap returns a handler that serves h behind the gate in-process. A
+// WebSocket upgrade (IsUpgrade) is gated, then h is called with it and
+// upgrades the client itself on the client's own connection, which the
+// gate taps (see tapConn): h reads only the frames the gate forwards, and
+// the gate reads what h writes. The request h gets is the gate's: the
+// client's path, query, Host and handshake key, no extension offered, and
+// a context that ends with the connection.
+//
+// Every other request is plain HTTP (NIP-11, web pages) and goes to h
+// ungated, on GET, HEAD, OPTIONS and Options.PlainMethods only, with its
+// body bounded by Options.PlainBodyLimit and without its Connection and
+// Upgrade headers (so h cannot read it as an upgrade); any other method is
+// answered 405 without reading the body (see Options.PlainMethods).
 //
 // h sees every request with X-Forwarded-For and X-Real-IP set to the
 // client's address and every other client-address header (Forwarded,
@@ -525,23 +568,29 @@ func (o *Options) policyConfig() (policy.Config, error) {
 // set to the client's address. Shutdown waits for h's calls to return.
 func (g *Gate) Wrap(h http.Handler) http.Handler {
 	up := &upstream{local: h}
+	plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, addr, _, _ := g.client(r)
+		setForwarded(r.Header, r, addr, g.fromTrustedProxy(r))
+		h.ServeHTTP(w, r)
+	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !wire.IsUpgrade(r.Header) {
-			_, addr, _, _ := g.client(r)
-			r = r.Clone(r.Context())
-			setForwarded(r.Header, r, addr, g.fromTrustedProxy(r))
-			h.ServeHTTP(w, r)
+		if !wire.IsUpgrade(r) {
+			g.servePlain(w, r, plain)
 			return
 		}
 		g.serveWS(w, r, up)
 	})
 }
 
-// Proxy returns a handler that gates WebSocket upgrades and forwards them
-// to the relay at upstream, a ws:// or wss:// URL. The client's path and
-// query are appended to upstream's path. Non-WebSocket requests (NIP-11,
-// web pages) are reverse-proxied ungated to the same host over http:// or
-// https://.
+// Proxy returns a handler that gates WebSocket upgrades (IsUpgrade) and
+// forwards them to the relay at upstream, a ws:// or wss:// URL. The
+// client's path and query are appended to upstream's path. Every other
+// request is plain HTTP (NIP-11, web pages) and is reverse-proxied
+// ungated to the same host over http:// or https://, on the methods and
+// with the body bound that Wrap passes (Options.PlainMethods,
+// Options.PlainBodyLimit), and never as an upgrade: the Connection and
+// Upgrade headers are removed, so no plain request can open an ungated
+// tunnel to the relay.
 //
 // Upstream requests carry X-Forwarded-For and X-Real-IP set to the
 // client's address; every client-address header the client sent
@@ -554,12 +603,36 @@ func (g *Gate) Proxy(upstream string) (http.Handler, error) {
 	}
 	plain := g.httpProxy(u)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !wire.IsUpgrade(r.Header) {
-			plain.ServeHTTP(w, r)
+		if !wire.IsUpgrade(r) {
+			g.servePlain(w, r, plain)
 			return
 		}
 		g.serveWS(w, r, up)
 	}), nil
+}
+
+// servePlain hands a plain HTTP request to h when its method is one the
+// gate passes, on a copy of r without the Connection and Upgrade headers
+// and with its body bounded by the plain body limit; otherwise it answers
+// 405 or 413 itself, before anything reads the body (the server discards
+// a bounded part of what was sent and then closes the connection).
+func (g *Gate) servePlain(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	if !g.plainMethods[r.Method] {
+		w.Header().Set("Allow", g.plainAllow)
+		http.Error(w, "sluice: method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if r.ContentLength > g.plainBody {
+		http.Error(w, "sluice: request body too large", http.StatusRequestEntityTooLarge)
+		return
+	}
+	r = r.Clone(r.Context())
+	r.Header.Del("Connection")
+	r.Header.Del("Upgrade")
+	if r.Body != nil {
+		r.Body = http.MaxBytesReader(w, r.Body, g.plainBody)
+	}
+	h.ServeHTTP(w, r)
 }
 
 // serveWS gates one upgrade: the connection limit, then the upstream

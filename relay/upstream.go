@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httputil"
@@ -185,6 +186,19 @@ func (g *Gate) httpProxy(u *url.URL) http.Handler {
 		// Streamed responses (server-sent events, long polls) reach the
 		// client as the relay writes them.
 		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// A body past the plain body limit (servePlain) stops at it:
+			// the relay got no more, and the client is told why.
+			if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+				http.Error(w, "sluice: request body too large", http.StatusRequestEntityTooLarge)
+				return
+			}
+			if errors.Is(err, context.Canceled) {
+				return // the client left
+			}
+			g.log.Debug("relay unreachable for a plain HTTP request", "path", r.URL.Path, "err", err)
+			http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
+		},
 	}
 }
 

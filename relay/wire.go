@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"net/http"
 	"time"
 
 	"github.com/sluice-relay/sluice/relay/wire"
@@ -33,6 +34,11 @@ const (
 // ReasonUnavailable is the refusal reason when the limiter could not
 // decide (wire.ReasonUnavailable).
 const ReasonUnavailable = wire.ReasonUnavailable
+
+// IsUpgrade reports whether r asks for a WebSocket (wire.IsUpgrade): a GET
+// with Connection: upgrade and Upgrade: websocket. Wrap and Proxy gate
+// exactly these; every other request is plain HTTP (Options.PlainMethods).
+func IsUpgrade(r *http.Request) bool { return wire.IsUpgrade(r) }
 
 // ParseType maps a config or wire label onto a Type (wire.ParseType).
 func ParseType(s string) (Type, bool) { return wire.ParseType(s) }

@@ -14,32 +14,43 @@ import (
 	"github.com/sluice-relay/sluice/relay/nip11"
 )
 
-// In proxy mode every plain HTTP request reaches the upstream unchanged —
-// a NIP-86 management call (POST, application/nostr+json+rpc, a body), other
-// paths and methods — with the gate's client-address headers; only NIP-11
-// is answered by sluice (the upstream's document with sluice's limits).
-func TestProxyPassesHTTPThrough(t *testing.T) {
-	type seen struct{ method, path, ctype, body, xff string }
-	got := make(chan seen, 4)
+// proxyUpstream is an upstream for proxy-mode tests: NIP-11 answered,
+// every other request's body read whole (as a NIP-86 handler does) and
+// reported on got, answered 202.
+type upstreamSeen struct {
+	method, path, ctype, body, xff, upgrade string
+	n                                       int64 // body bytes received
+}
+
+func proxyUpstream(t *testing.T) (url string, got chan upstreamSeen) {
+	got = make(chan upstreamSeen, 16)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if nip11.IsRequest(r) {
 			w.Header().Set("Content-Type", "application/nostr+json")
 			_, _ = io.WriteString(w, `{"name":"upstream"}`)
 			return
 		}
-		b, _ := io.ReadAll(r.Body)
-		got <- seen{r.Method, r.URL.Path, r.Header.Get("Content-Type"), string(b), r.Header.Get("X-Forwarded-For")}
+		var b bytes.Buffer
+		n, _ := io.Copy(&b, io.LimitReader(r.Body, 1<<10))
+		m, _ := io.Copy(io.Discard, r.Body)
+		got <- upstreamSeen{r.Method, r.URL.Path, r.Header.Get("Content-Type"), b.String(), r.Header.Get("X-Forwarded-For"), r.Header.Get("Connection") + r.Header.Get("Upgrade"), n + m}
 		w.Header().Set("Content-Type", "application/nostr+json+rpc")
 		w.WriteHeader(http.StatusAccepted)
 		_, _ = io.WriteString(w, `{"result":true}`)
 	}))
-	defer up.Close()
-	g, err := relay.New(relay.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	t.Cleanup(up.Close)
+	return "ws" + strings.TrimPrefix(up.URL, "http"), got
+}
+
+// proxyServer is sluice proxy's front over a gate with opts in front of
+// upstream.
+func proxyServer(t *testing.T, opts relay.Options, upstream string) *httptest.Server {
+	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	g, err := relay.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.Shutdown(context.Background())
-	upstream := "ws" + strings.TrimPrefix(up.URL, "http")
+	t.Cleanup(func() { g.Shutdown(context.Background()) })
 	gated, err := g.Proxy(upstream)
 	if err != nil {
 		t.Fatal(err)
@@ -50,31 +61,87 @@ func TestProxyPassesHTTPThrough(t *testing.T) {
 		Fallback:   []byte(`{}`),
 	}
 	srv := httptest.NewServer(proxyFront(info, gated))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return srv
+}
 
-	for _, req := range []struct{ method, path, ctype, body string }{
+type plainReq struct{ method, path, ctype, body string }
+
+func doPlain(t *testing.T, srv *httptest.Server, req plainReq, hdr ...string) (int, string) {
+	t.Helper()
+	r, _ := http.NewRequest(req.method, srv.URL+req.path, bytes.NewBufferString(req.body))
+	if req.ctype != "" {
+		r.Header.Set("Content-Type", req.ctype)
+	}
+	r.Header.Set("X-Forwarded-For", "6.6.6.6") // not believed: no trusted proxy
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(body)
+}
+
+// In proxy mode plain HTTP reaches the upstream on GET, HEAD and OPTIONS
+// only by default: a POST (a NIP-86 management call, whose handler may
+// read the whole body before checking the caller) or a DELETE is answered
+// 405 by the gate and never sent on, whatever its Upgrade header says.
+func TestProxyPlainHTTPMethods(t *testing.T) {
+	upstream, got := proxyUpstream(t)
+	srv := proxyServer(t, relay.Options{}, upstream)
+	for _, c := range []struct {
+		req plainReq
+		hdr []string
+	}{
+		{plainReq{"POST", "/", "application/nostr+json+rpc", `{"method":"banpubkey","params":["x"]}`}, nil},
+		{plainReq{"POST", "/", "application/nostr+json+rpc", `{}`}, []string{"Upgrade", "anything"}},
+		{plainReq{"POST", "/", "application/nostr+json+rpc", `{}`}, []string{"Connection", "Upgrade", "Upgrade", "websocket"}},
+		{plainReq{"DELETE", "/x", "text/plain", "gone"}, nil},
+	} {
+		if code, body := doPlain(t, srv, c.req, c.hdr...); code != http.StatusMethodNotAllowed {
+			t.Errorf("%s %s %v: %d %q, want 405 from the gate", c.req.method, c.req.path, c.hdr, code, body)
+		}
+	}
+	req := plainReq{"GET", "/admin/page", "", ""}
+	if code, _ := doPlain(t, srv, req, "Upgrade", "websocket"); code != http.StatusAccepted {
+		t.Errorf("GET /admin/page: %d, want the upstream's 202", code)
+	}
+	if s := <-got; s.method != "GET" || s.path != "/admin/page" || s.upgrade != "" {
+		t.Errorf("upstream saw %+v first, want the GET without Connection or Upgrade (refused requests never reach it)", s)
+	}
+}
+
+// With PlainMethods the operator lets NIP-86 (and any method) through to
+// the upstream unchanged, with the gate's client-address headers, and
+// bodies bounded; only NIP-11 is answered by sluice (the upstream's
+// document with sluice's limits).
+func TestProxyPassesHTTPThrough(t *testing.T) {
+	upstream, got := proxyUpstream(t)
+	srv := proxyServer(t, relay.Options{PlainMethods: []string{"POST", "DELETE"}}, upstream)
+	for _, req := range []plainReq{
 		{"POST", "/", "application/nostr+json+rpc", `{"method":"banpubkey","params":["x"]}`},
 		{"GET", "/admin/page", "", ""},
 		{"DELETE", "/x", "text/plain", "gone"},
 	} {
-		r, _ := http.NewRequest(req.method, srv.URL+req.path, bytes.NewBufferString(req.body))
-		if req.ctype != "" {
-			r.Header.Set("Content-Type", req.ctype)
-		}
-		r.Header.Set("X-Forwarded-For", "6.6.6.6") // not believed: no trusted proxy
-		resp, err := http.DefaultClient.Do(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusAccepted || string(body) != `{"result":true}` || resp.Header.Get("Content-Type") != "application/nostr+json+rpc" {
-			t.Errorf("%s %s: %d %q %q, want the upstream's answer", req.method, req.path, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		if code, body := doPlain(t, srv, req); code != http.StatusAccepted || body != `{"result":true}` {
+			t.Errorf("%s %s: %d %q, want the upstream's answer", req.method, req.path, code, body)
 		}
 		s := <-got
 		if s.method != req.method || s.path != req.path || s.ctype != req.ctype || s.body != req.body || s.xff != "127.0.0.1" {
 			t.Errorf("upstream saw %+v, want %+v from 127.0.0.1", s, req)
 		}
+	}
+	if code, _ := doPlain(t, srv, plainReq{"POST", "/", "application/nostr+json+rpc", strings.Repeat("x", relay.DefaultPlainBodyLimit+1)}); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("POST of a declared body past the bound: %d, want 413", code)
+	}
+	select {
+	case s := <-got:
+		t.Errorf("upstream saw %+v, want nothing of a body declared past the bound", s)
+	default:
 	}
 
 	r, _ := http.NewRequest("GET", srv.URL+"/", nil)

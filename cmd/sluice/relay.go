@@ -19,6 +19,9 @@ import (
 
 const sluiceURL = "https://github.com/sluice-relay/sluice"
 
+// relayPage is what sluice relay answers a plain GET with.
+const relayPage = "This is a Nostr relay (" + sluiceURL + ").\nConnect to it with a Nostr client over WebSocket at this address.\n"
+
 // runRelay runs khatru on a badger event store under cfg.DataDir with the
 // gate in front, until ctx is done.
 //
@@ -103,7 +106,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 		go rl.run(ctx)
 	}
 
-	handler := front(info, gate.Wrap(kr), "This is a Nostr relay ("+sluiceURL+").\nConnect to it with a Nostr client over WebSocket at this address.\n")
+	handler := front(info, gate.Wrap(kr), relayPage)
 	logger.Info("sluice relay", "version", buildVersion(), "store", parts.store, "data", dir)
 	return serve(ctx, cfg, logger, handler, m, gate, []readyCheck{parts.ready},
 		func(ctx context.Context) error { return store.close(ctx, db.Close) },

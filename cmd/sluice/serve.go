@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -208,8 +207,10 @@ func nip11Limitation(cfg *config, pc policy.Config) nip11.Limitation {
 	}
 }
 
-// front routes a request: NIP-11 to info, WebSocket upgrades to gated,
-// anything else to a short page saying what this is.
+// front routes a request: NIP-11 to info, WebSocket upgrades (as the gate
+// reads them, relay.IsUpgrade) to gated, a GET or HEAD of anything else to
+// a short page saying what this is; every other method is answered 405
+// without reading the body.
 func front(info, gated http.Handler, page string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
@@ -217,7 +218,7 @@ func front(info, gated http.Handler, page string) http.Handler {
 			info.ServeHTTP(w, r)
 		case r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "":
 			info.ServeHTTP(w, r) // CORS preflight for NIP-11
-		case headerHasToken(r.Header, "Connection", "upgrade") || r.Header.Get("Upgrade") != "":
+		case relay.IsUpgrade(r):
 			gated.ServeHTTP(w, r)
 		case r.Method == http.MethodGet || r.Method == http.MethodHead:
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -232,15 +233,41 @@ func front(info, gated http.Handler, page string) http.Handler {
 	})
 }
 
-func headerHasToken(h http.Header, name, token string) bool {
-	for _, v := range h.Values(name) {
-		for _, t := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), token) {
-				return true
-			}
-		}
+// serverLimits bound what one client can make an HTTP server hold before
+// its handler answers: a request's header (its time and size), the whole
+// request, its body included, and an idle keep-alive connection. A
+// WebSocket is not cut by them: net/http clears a connection's deadlines
+// when a handler hijacks it (and gorilla's upgrader does again), and the
+// gate then keeps its own.
+type serverLimits struct {
+	readHeader time.Duration // ReadHeaderTimeout
+	read       time.Duration // ReadTimeout: header and body
+	idle       time.Duration // IdleTimeout between keep-alive requests
+	maxHeader  int           // MaxHeaderBytes
+}
+
+// defaultServerLimits are every sluice server's: a header takes a client
+// at most 10 s and 64 KiB, a whole plain request 30 s (its body is at
+// most the gate's plain body limit, 64 KiB), and a keep-alive connection
+// idles 2 minutes.
+var defaultServerLimits = serverLimits{
+	readHeader: 10 * time.Second,
+	read:       30 * time.Second,
+	idle:       2 * time.Minute,
+	maxHeader:  64 << 10,
+}
+
+// server returns an http.Server of handler with the limits l; its error
+// log goes to logger at Debug (a client's broken request is no news).
+func (l serverLimits) server(handler http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: l.readHeader,
+		ReadTimeout:       l.read,
+		IdleTimeout:       l.idle,
+		MaxHeaderBytes:    l.maxHeader,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
-	return false
 }
 
 // serve runs handler on cfg.Listen and the metrics, /healthz, /readyz
@@ -268,13 +295,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.H
 			return fmt.Errorf("metrics listen: %w", err)
 		}
 	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
-	}
+	srv := defaultServerLimits.server(handler, logger)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 
@@ -282,7 +303,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, handler http.H
 	if mln != nil {
 		status := newStatusPage(m, checks, nil)
 		go status.run(ctx)
-		msrv = &http.Server{Handler: m.handler(status, checks...), ReadHeaderTimeout: 10 * time.Second}
+		msrv = defaultServerLimits.server(m.handler(status, checks...), logger)
 		go func() { errc <- msrv.Serve(mln) }()
 		logger.Info("metrics", "addr", mln.Addr().String(), "path", "/metrics")
 	}

@@ -289,3 +289,33 @@ func ApartKeys(q *ratelimit.Quota, now time.Time, n int, avoid ...string) []stri
 	}
 	return keys
 }
+
+// CountingBody is a request body of n bytes made as they are read, which
+// counts how many were: a test sends a body of hundreds of MiB without
+// holding it, and sees how much of it the server read. Safe for
+// concurrent use.
+type CountingBody struct {
+	left int64
+	read atomic.Int64
+}
+
+// NewCountingBody returns a body of n bytes.
+func NewCountingBody(n int64) *CountingBody { return &CountingBody{left: n} }
+
+// Read implements io.Reader.
+func (b *CountingBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	n := int64(len(p))
+	if n > b.left {
+		n = b.left
+	}
+	clear(p[:n])
+	b.left -= n
+	b.read.Add(n)
+	return int(n), nil
+}
+
+// N returns how many bytes were read so far.
+func (b *CountingBody) N() int64 { return b.read.Load() }

@@ -578,7 +578,7 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 	}
 	return RelyHooks[C, S]{
 		Connection: func(_ S, r *http.Request) error {
-			if !wire.IsUpgrade(r.Header) {
+			if !wire.IsUpgrade(r) {
 				return nil
 			}
 			return h.connection(r.Context(), requestIP(r)).refusal()

@@ -52,7 +52,7 @@ func IsRequest(r *http.Request) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return false
 	}
-	if wire.IsUpgrade(r.Header) {
+	if wire.IsUpgrade(r) {
 		return false
 	}
 	for _, v := range r.Header.Values("Accept") {

@@ -5,13 +5,16 @@ import (
 	"strings"
 )
 
-// IsUpgrade reports whether a request with header h asks for a WebSocket:
-// its Connection header lists the token "upgrade" and its Upgrade header
-// the token "websocket", both case-insensitive, as RFC 6455 and gorilla's
-// upgrader read them. It is the one such check: the gate, the hooks and the
-// NIP-11 router all ask it, so none can see an upgrade the others do not.
-func IsUpgrade(h http.Header) bool {
-	return hasToken(h, "Connection", "upgrade") && hasToken(h, "Upgrade", "websocket")
+// IsUpgrade reports whether r asks for a WebSocket: a GET whose Connection
+// header lists the token "upgrade" and whose Upgrade header lists the token
+// "websocket", both case-insensitive, as RFC 6455 and gorilla's upgrader
+// read them (websocket.IsWebSocketUpgrade, plus the method, which the
+// upgrader refuses otherwise). It is the one such check: the gate, the
+// hooks, the NIP-11 router and sluice's front all ask it, so none can see
+// an upgrade the others do not. Every other request is plain HTTP.
+func IsUpgrade(r *http.Request) bool {
+	return r.Method == http.MethodGet &&
+		hasToken(r.Header, "Connection", "upgrade") && hasToken(r.Header, "Upgrade", "websocket")
 }
 
 // hasToken reports whether the comma-separated values of header name list
