@@ -375,9 +375,10 @@ func (s *subTable) takeClosed(dst [][]byte, keep []byte) [][]byte {
 	return dst
 }
 
-// subID returns the decoded id of a subscription id literal (Peek's or
-// Scan's); ok is false when it does not decode (an escape outside ASCII),
-// and then names no subscription the gate opened.
+// subID returns the decoded id of a subscription id literal (Peek's, Scan's
+// or the relay's, which may escape what the client wrote raw: khatru writes
+// U+2028 as \u2028); ok is false when it does not decode into an id of at
+// most MaxSubIDBytes, and then names no subscription the gate opened.
 func subID(buf *[wire.MaxSubIDBytes]byte, lit []byte) ([]byte, bool) {
 	id, ok := wire.Unquote(buf[:0], lit)
 	return id, ok && len(id) > 0

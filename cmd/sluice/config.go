@@ -92,6 +92,8 @@ const (
 	maxConnections   = 1000000
 	// maxSyncs bounds limits.syncs.
 	maxSyncs = 10000
+	// maxFilterBytes bounds limits.max_filter_bytes (1 GiB).
+	maxFilterBytes = 1 << 30
 	// minFrameSize is the smallest limits.frame_size: a smaller number
 	// bounds nothing a client sends (an AUTH is hundreds of bytes) and is
 	// most likely a size meant in KiB.
@@ -167,6 +169,9 @@ type limitsConfig struct {
 	MaxConnections integer `yaml:"max_connections"`
 	// Syncs caps the NIP-77 syncs one client holds open at once.
 	Syncs integer `yaml:"syncs"`
+	// MaxFilterBytes caps the bytes of REQs one client holds open at the
+	// relay across its connections.
+	MaxFilterBytes integer `yaml:"max_filter_bytes"`
 	// FrameSize holds only the types the file names; the others keep
 	// relay.DefaultFrameSize, which for EVENT is read_limit whatever
 	// read_limit is set to (a number in the defaults could not say that).
@@ -325,6 +330,9 @@ type config struct {
 	// limits.max_connections and limits.syncs
 	// (relay.Options.MaxSubscriptions, MaxConnections, MaxSyncs).
 	Subscriptions, MaxConnections, Syncs int
+	// MaxFilterBytes is limits.max_filter_bytes
+	// (relay.Options.MaxFilterBytes).
+	MaxFilterBytes int
 	// FrameSize is limits.frame_size by type; 0 means
 	// relay.DefaultFrameSize.
 	FrameSize [relay.NumTypes]int
@@ -375,6 +383,7 @@ func defaultFileConfig() fileConfig {
 			MaxFilterFanout:  wire.DefaultMaxFanout,
 			Subscriptions:    relay.DefaultMaxSubscriptions,
 			Syncs:            relay.DefaultMaxSyncs,
+			MaxFilterBytes:   relay.DefaultMaxFilterBytes,
 			MaxConnections:   relay.DefaultMaxConnections,
 			FrameSize:        map[string]integer{},
 			Kinds:            map[string]kindClassConfig{},
@@ -912,6 +921,11 @@ func (fc *fileConfig) validate() (*config, error) {
 		bad("limits.syncs", "must be between 1 and %d, got %d", maxSyncs, n)
 	} else {
 		c.Syncs = int(n)
+	}
+	if n := fc.Limits.MaxFilterBytes; n < 1 || n > maxFilterBytes {
+		bad("limits.max_filter_bytes", "must be between 1 and %d, got %d", maxFilterBytes, n)
+	} else {
+		c.MaxFilterBytes = int(n)
 	}
 	labels = labels[:0]
 	for label := range fc.Limits.FrameSize {

@@ -585,7 +585,7 @@ func TestCheckPrintsShape(t *testing.T) {
 		"  NEG-OPEN   524288  (read_limit)\n",
 		"  NEG-MSG    524288  (read_limit)\n",
 		"  NEG-CLOSE  1024\n",
-		"open at once: at most 50 subscriptions per connection (NIP-11 max_subscriptions), 64 connections and 4 NIP-77 syncs per client in this process\n",
+		"open at once: at most 50 subscriptions per connection (NIP-11 max_subscriptions), 64 connections, 4 NIP-77 syncs and 524288 bytes of open REQs per client in this process\n",
 		"NIP-42: an AUTH's relay tag must name the host the client connected to",
 	)
 	_, sizes, _ := strings.Cut(s, "largest frame forwarded")

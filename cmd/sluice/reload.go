@@ -50,6 +50,7 @@ var restartFields = []struct {
 	{"limits.subscriptions", func(c *config) any { return c.Subscriptions }},
 	{"limits.max_connections", func(c *config) any { return c.MaxConnections }},
 	{"limits.syncs", func(c *config) any { return c.Syncs }},
+	{"limits.max_filter_bytes", func(c *config) any { return c.MaxFilterBytes }},
 	{"log.format", func(c *config) any { return c.LogFormat }},
 	{"log.level", func(c *config) any { return c.LogLevel }},
 	{"store.redis", func(c *config) any { return c.Redis }},
@@ -93,6 +94,7 @@ func (r *reloader) reload() error {
 	eff.Listen, eff.MetricsListen, eff.DataDir, eff.Upstream = r.start.Listen, r.start.MetricsListen, r.start.DataDir, r.start.Upstream
 	eff.RelayURL, eff.ReadLimit, eff.FrameSize = r.start.RelayURL, r.start.ReadLimit, r.start.FrameSize
 	eff.Subscriptions, eff.MaxConnections, eff.Syncs = r.start.Subscriptions, r.start.MaxConnections, r.start.Syncs
+	eff.MaxFilterBytes = r.start.MaxFilterBytes
 	eff.LogFormat, eff.LogLevel = r.start.LogFormat, r.start.LogLevel
 	eff.Redis, eff.Prefix, eff.StoreTimeout = r.start.Redis, r.start.Prefix, r.start.StoreTimeout
 

@@ -176,6 +176,7 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 		MaxSubscriptions: cfg.Subscriptions,
 		MaxConnections:   cfg.MaxConnections,
 		MaxSyncs:         cfg.Syncs,
+		MaxFilterBytes:   cfg.MaxFilterBytes,
 		Stored:           stored,
 		Observer:         m.observer(),
 		Logger:           logger,
