@@ -213,13 +213,14 @@ type Options struct {
 	// for a policy that grants by pubkey, which New and Reload refuse
 	// without it (ErrNoRelayURL).
 	RelayURL string
-	// QueueBytes bounds the bytes queued for one client. Behind Proxy the
-	// queue holds relay frames and the gate's own replies; when it is full
-	// the connection waits for the client to read: the relay's next frames
-	// stay in the relay's socket and the client's next requests in the
-	// client's. In Wrap mode it holds what the client's socket did not take
-	// at once of the relay's writes and the gate's replies; past it the
-	// relay's writer waits. A client whose socket takes nothing for
+	// QueueBytes bounds a client's backlog: the relay's frames and the
+	// gate's replies its socket has not taken yet, queued or being
+	// written. Writes toward a client never wait, in either mode: a write
+	// that would take the backlog past the bound cuts the client (1008),
+	// however recently it read, so one slow reader never holds up the
+	// relay or anyone else. While the client is behind (its backlog over
+	// 64 KiB) or has requests the relay has not answered, the gate stops
+	// reading it. A client whose socket takes nothing at all for
 	// WriteTimeout is closed (1008) as a slow reader. 0 means
 	// DefaultQueueBytes.
 	QueueBytes int
@@ -229,9 +230,9 @@ type Options struct {
 	// keepalive is the relay's own (khatru pings every 30 s).
 	PingInterval time.Duration
 	// WriteTimeout bounds how long a write to a client may make no
-	// progress (every 64 KiB of it gets the whole timeout), and one write
-	// to the relay; a side that stays blocked longer is closed. 0 means
-	// DefaultWriteTimeout.
+	// progress at all (no byte taken and, on Linux, none acknowledged),
+	// and one write to the relay; a side that stays blocked longer is
+	// closed. 0 means DefaultWriteTimeout.
 	WriteTimeout time.Duration
 	// PlainMethods are the methods of plain HTTP requests (anything but
 	// a WebSocket upgrade as IsUpgrade reads it) that Wrap and Proxy pass
