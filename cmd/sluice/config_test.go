@@ -111,15 +111,15 @@ func TestShapeDefaults(t *testing.T) {
 	}
 }
 
-// TestCapFields: limits.subscriptions and limits.max_connections reach the
+// TestCapFields: limits.subscriptions, max_connections and max_filter_bytes reach the
 // config, and out-of-range values are refused with the field named.
 func TestCapFields(t *testing.T) {
-	cfg, err := parseAndValidate([]byte("limits: {subscriptions: 7, max_connections: 3}\n"))
+	cfg, err := parseAndValidate([]byte("limits: {subscriptions: 7, max_connections: 3, max_filter_bytes: 4096}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Subscriptions != 7 || cfg.MaxConnections != 3 {
-		t.Errorf("Subscriptions %d MaxConnections %d", cfg.Subscriptions, cfg.MaxConnections)
+	if cfg.Subscriptions != 7 || cfg.MaxConnections != 3 || cfg.MaxFilterBytes != 4096 {
+		t.Errorf("Subscriptions %d MaxConnections %d MaxFilterBytes %d", cfg.Subscriptions, cfg.MaxConnections, cfg.MaxFilterBytes)
 	}
 	for yaml, want := range map[string]string{
 		"limits: {subscriptions: 0}":     "limits.subscriptions (line 1, column 10): must be between 1 and 10000, got 0",
@@ -128,6 +128,7 @@ func TestCapFields(t *testing.T) {
 		"limits: {max_connections: -1}":  "limits.max_connections (line 1, column 10): must be between 1 and 1000000, got -1",
 		"limits: {max_connections: 1.5}": "limits.max_connections (line 1, column 27): expected a whole number, got !!float `1.5`",
 		"limits: {subscriptions: many}":  "limits.subscriptions (line 1, column 25): expected a whole number, got !!str `many`",
+		"limits: {max_filter_bytes: 0}":  "limits.max_filter_bytes (line 1, column 10): must be between 1 and 1073741824, got 0",
 	} {
 		_, err := parseAndValidate([]byte(yaml))
 		if err == nil || !strings.Contains(err.Error(), want) {
