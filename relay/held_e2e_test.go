@@ -152,7 +152,7 @@ func authorsREQ(id string, n int) string {
 // The relay keeps every open filter and matches each new event against
 // all of them, so what one address keeps open is bounded in bytes across
 // its connections (Options.MaxFilterBytes), not only in subscriptions per
-// connection: 64 connections × 50 REQs of 64 KiB held 1.45 GB at khatru.
+// connection: 64 connections × 50 REQs of 64 KiB each are gigabytes at khatru.
 // A REQ that would pass the bound is refused; closing a subscription, or a
 // connection, gives its bytes back.
 func TestE2EFilterBytesPerAddress(t *testing.T) {

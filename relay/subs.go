@@ -30,7 +30,8 @@ const DefaultMaxConnections = 64
 // parsed (khatru: several times its JSON size) and matches every new
 // event against every one of them before it answers the publisher, so
 // this bounds both what one address makes it hold and what it adds to
-// every honest publish (docs/BENCHMARKS.md, "Open filters"). 512 KiB
+// every honest publish (docs/RELIABILITY.md, "What one address may hold
+// open"). 512 KiB
 // holds eight REQs at the REQ frame bound (a follow feed of ~900 authors
 // each), more than a client keeps open on one relay.
 const DefaultMaxFilterBytes = 512 << 10
@@ -97,12 +98,10 @@ type subTable struct {
 	// (see openCount); each takes a place while it runs.
 	counting map[string]countEntry
 
-	// bytes is the sum of the entries' bytes: the REQ frames whose
-	// filters the relay holds as listeners. release, when set, gives
-	// freed bytes back to the client's count across its connections
-	// (Gate.filterBytes); it is called with s.mu held and must not call
-	// back into the table.
-	bytes   int
+	// release, when set, gives the bytes of freed entries (the REQ
+	// frames whose filters the relay held as listeners) back to the
+	// client's count across its connections (Gate.filterBytes); it is
+	// called with s.mu held and must not call back into the table.
 	release func(n int)
 }
 
@@ -149,7 +148,6 @@ func (s *subTable) open(id []byte, limit, n int) bool {
 	}
 	e := s.ids[string(id)]
 	e.bytes += n
-	s.bytes += n
 	if e.closed {
 		e.closed = false
 		s.marked.Add(-1)
@@ -193,13 +191,9 @@ func (s *subTable) remove(id []byte) bool {
 	return true
 }
 
-// freeLocked gives n of the table's bytes back. s.mu is held.
+// freeLocked gives n bytes of freed entries back. s.mu is held.
 func (s *subTable) freeLocked(n int) {
-	if n == 0 {
-		return
-	}
-	s.bytes -= n
-	if s.release != nil {
+	if n != 0 && s.release != nil {
 		s.release(n)
 	}
 }
@@ -209,7 +203,11 @@ func (s *subTable) freeLocked(n int) {
 func (s *subTable) clear() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.freeLocked(s.bytes)
+	held := 0
+	for _, e := range s.ids {
+		held += e.bytes
+	}
+	s.freeLocked(held)
 	s.ids, s.counting, s.places = nil, nil, 0
 	s.marked.Store(0)
 }
