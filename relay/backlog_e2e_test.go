@@ -368,3 +368,60 @@ func TestE2ENeverReaderCutByBytes(t *testing.T) {
 		})
 	}
 }
+
+// A client that goes away while the gate is writing its backlog leaves
+// nothing behind, in either mode: the flush, the relay's connection and
+// their buffers go with it.
+func TestE2EGoneMidWriteLeavesNothing(t *testing.T) {
+	kr := newKhatru(t)
+	storeNotes(t, kr, 500, 2<<10)
+	// The test store leaves khatru's query goroutine waiting forever when
+	// a query's context ends mid-answer (it returns without closing its
+	// channel); its queries run to the end here, so that what is counted
+	// is the gate's.
+	for i, q := range kr.QueryEvents {
+		kr.QueryEvents[i] = func(_ context.Context, f nostr.Filter) (chan *nostr.Event, error) {
+			return q(context.Background(), f)
+		}
+	}
+	for _, mode := range []string{"relay", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			url := smallSendTarget(t, mode, kr, Options{Limits: &Limits{}, WriteTimeout: noWriteDeadline})
+			base := runtime.NumGoroutine()
+			for range 20 {
+				c := dialReadBuffer(t, url, 16<<10)
+				if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1],"limit":500}]`)); err != nil {
+					t.Fatal(err)
+				}
+				// The first event read: the relay is answering, and the
+				// rest waits for the client.
+				if got := readText(t, c); !strings.HasPrefix(got, `["EVENT","all",`) {
+					t.Fatalf("first answer %.100s", got)
+				}
+				_ = c.UnderlyingConn().Close()
+			}
+			settle(t, base)
+		})
+	}
+}
+
+// A client that sends nothing and answers no ping is closed after two
+// ping intervals: a half-open connection is found by the gate's pings.
+// (In relay mode the relay keeps the client's socket alive or not itself:
+// khatru pings and drops a client that answers none.)
+func TestE2EHalfOpenClientFoundByPings(t *testing.T) {
+	var open atomic.Int64
+	obs := &Observer{Open: func(d int) { open.Add(int64(d)) }}
+	url := hostileTarget(t, "proxy", newKhatru(t), Options{Limits: &Limits{}, PingInterval: 100 * time.Millisecond, Observer: obs})
+	dialRaw(t, url) // never reads: the pings go unanswered
+	deadline := time.Now().Add(10 * time.Second)
+	for open.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // the gate counts the connection on its own goroutine
+	}
+	for open.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // two ping intervals
+	}
+	if open.Load() != 0 {
+		t.Fatal("a client answering no ping was not closed")
+	}
+}
