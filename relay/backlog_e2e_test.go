@@ -148,15 +148,16 @@ func TestE2EStalledSubscriberHoldsNoPublisher(t *testing.T) {
 	}
 }
 
-// smallSendListener sets each accepted connection's socket send buffer
-// to n bytes, so that what the gate writes toward a client that reads
-// nothing stays in the gate's backlog instead of the kernel's.
-type smallSendListener struct {
+// sendBufListener sets each accepted connection's socket send buffer to n
+// bytes: small, so that what the gate writes toward a client that reads
+// nothing stays in the gate's backlog instead of the kernel's; or large,
+// as autotuning makes it for a client that was fast before it slowed.
+type sendBufListener struct {
 	net.Listener
 	n int
 }
 
-func (l smallSendListener) Accept() (net.Conn, error) {
+func (l sendBufListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetWriteBuffer(l.n)
@@ -164,12 +165,12 @@ func (l smallSendListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-// smallSendTarget is hostileTarget with smallSendListener's 16 KiB send
-// buffers on the gate's side.
-func smallSendTarget(t *testing.T, mode string, kr http.Handler, opts Options) string {
+// sendBufTarget is hostileTarget with sendBufListener's send buffers of
+// sendBuf bytes on the gate's side.
+func sendBufTarget(t *testing.T, mode string, kr http.Handler, sendBuf int, opts Options) string {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
-	srv.Listener = smallSendListener{srv.Listener, 16 << 10}
+	srv.Listener = sendBufListener{srv.Listener, sendBuf}
 	g := newGate(t, opts)
 	if mode == "relay" {
 		srv.Config.Handler = g.Wrap(kr)
@@ -213,7 +214,7 @@ func TestE2EBackloggedClientWaitsInItsSocket(t *testing.T) {
 			pk, _ := nostr.GetPublicKey(sk)
 			who.Store(pk)
 			seen.Store(0)
-			url := smallSendTarget(t, mode, kr, Options{Limits: &Limits{}, QueueBytes: 64 << 20, WriteTimeout: noWriteDeadline})
+			url := sendBufTarget(t, mode, kr, 16<<10, Options{Limits: &Limits{}, QueueBytes: 64 << 20, WriteTimeout: noWriteDeadline})
 
 			c := dialReadBuffer(t, url, 16<<10)
 			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1],"limit":500},{"kinds":[1],"limit":500},{"kinds":[1],"limit":500}]`)); err != nil {
@@ -286,22 +287,27 @@ func TestE2EBackloggedClientWaitsInItsSocket(t *testing.T) {
 
 // A client that reads whatever it is sent, however slowly, is not cut
 // while its backlog stays under the bound, in both modes: at 16 and
-// 64 KB/s, behind a REQ result, with a write timeout of one second. A
-// gate that cuts by a write deadline cuts them: a write blocked on a full
-// socket resumes only once the kernel frees a good part of a send buffer,
-// which at these rates takes longer than the timeout.
+// 64 KB/s, behind a REQ result, with a write timeout of two seconds. The
+// gate's send buffer toward each is four seconds of its reading, as
+// autotuning leaves it for a client that was fast before it slowed. A
+// gate that cuts by a write deadline cuts both: a write blocked on a full
+// socket resumes only once the kernel has freed a good part of the send
+// buffer, which at these rates takes longer than the timeout. (The gate
+// sees a client read only as its kernel frees receive buffers, every half
+// buffer or so: a timeout must be well above the time a client takes to
+// read that, here 8 KiB at 16 KB/s.)
 func TestE2ESteadySlowReadersNotCut(t *testing.T) {
 	kr := newKhatru(t)
-	storeNotes(t, kr, 200, 3<<10)
+	storeNotes(t, kr, 300, 3<<10)
 	for _, mode := range []string{"relay", "proxy"} {
 		for _, rate := range []int{16 << 10, 64 << 10} {
-			// About ten seconds of reading each, all four at once.
-			events := 50 * rate / (16 << 10)
+			// About fourteen seconds of reading each, all four at once.
+			events := 14 * rate / (3 << 10)
 			t.Run(fmt.Sprintf("%s/%dKBps", mode, rate>>10), func(t *testing.T) {
 				t.Parallel()
 				cuts := newCutCounter()
-				url := hostileTarget(t, mode, kr, Options{Limits: &Limits{}, WriteTimeout: time.Second, Observer: cuts.observer()})
-				c := dialReadBuffer(t, url, 4<<10)
+				url := sendBufTarget(t, mode, kr, 4*rate, Options{Limits: &Limits{}, WriteTimeout: 2 * time.Second, Observer: cuts.observer()})
+				c := dialReadBuffer(t, url, 8<<10)
 				if err := c.WriteMessage(websocket.TextMessage, fmt.Appendf(nil, `["REQ","r",{"kinds":[1],"limit":%d}]`, events)); err != nil {
 					t.Fatal(err)
 				}
@@ -337,7 +343,7 @@ func TestE2ENeverReaderCutByBytes(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			cuts := newCutCounter()
-			url := smallSendTarget(t, mode, kr, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: noWriteDeadline, Observer: cuts.observer()})
+			url := sendBufTarget(t, mode, kr, 16<<10, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: noWriteDeadline, Observer: cuts.observer()})
 			c := dialReadBuffer(t, url, 16<<10)
 			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1],"limit":500}]`)); err != nil {
 				t.Fatal(err)
@@ -386,7 +392,7 @@ func TestE2EGoneMidWriteLeavesNothing(t *testing.T) {
 	}
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := smallSendTarget(t, mode, kr, Options{Limits: &Limits{}, WriteTimeout: noWriteDeadline})
+			url := sendBufTarget(t, mode, kr, 16<<10, Options{Limits: &Limits{}, WriteTimeout: noWriteDeadline})
 			base := runtime.NumGoroutine()
 			for range 20 {
 				c := dialReadBuffer(t, url, 16<<10)

@@ -923,6 +923,10 @@ func (t *tapConn) flush() {
 	for {
 		t.omu.Lock()
 		if len(t.over) == 0 || t.dead.Load() {
+			// The direct writes that follow check the socket's deadline
+			// before they try: the last one set here must not outlive
+			// the flush.
+			_ = t.raw.SetWriteDeadline(time.Time{})
 			t.flushing = false
 			t.over = nil
 			t.ocond.Broadcast()

@@ -351,3 +351,44 @@ func TestTapGoodbyeToStoppedClientIsNoSlowCut(t *testing.T) {
 		t.Fatalf("%d slow-reader cuts reported for a connection the gate's shutdown was ending", n)
 	}
 }
+
+// A queue written out leaves the socket no write deadline: the relay's
+// next write, however long after, goes out. The flush sets a deadline per
+// write to see whether the client reads; one left behind made the next
+// direct write fail at once as a timeout, and cut a client that had read
+// everything (a khatru ping half a minute after a large answer did).
+func TestTapWriteAfterQueueDrainedNotCut(t *testing.T) {
+	const stall = 200 * time.Millisecond
+	var cuts atomic.Int64
+	obs := &Observer{Cut: func(CutReason) { cuts.Add(1) }}
+	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: stall, Observer: obs})
+	written := make(chan queueFilled, 1)
+	again := make(chan struct{})
+	url := serve(t, g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			written <- queueFilled{err: err}
+			return
+		}
+		n, err := fillQueue(ws, ws.NetConn().(*tapConn), 4)
+		written <- queueFilled{n, err}
+		<-again
+		_ = ws.WriteMessage(websocket.TextMessage, []byte("after"))
+		for err == nil {
+			_, _, err = ws.ReadMessage()
+		}
+		_ = ws.Close()
+	})))
+	c := dialSmall(t, url)
+	res := waitFilled(t, written)
+	readQueued(t, c, res.n)
+	// Longer than the flush's last deadline reaches past its last write.
+	time.Sleep(3 * stall)
+	close(again)
+	if got := readText(t, c); got != "after" {
+		t.Fatalf("after the queue drained: %q", got)
+	}
+	if n := cuts.Load(); n != 0 {
+		t.Fatalf("%d cuts of a client that read everything", n)
+	}
+}
