@@ -6,7 +6,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/gorilla/websocket"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
@@ -60,7 +59,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 		}
 	}
 	for _, id := range c.subs.takeClosed(nil, keep) {
-		if !c.toRelay(closeFrame(nil, `["CLOSE","`, id)) {
+		if !c.side.toRelay(closeFrame(nil, `["CLOSE","`, id)) {
 			return false
 		}
 	}
@@ -117,7 +116,7 @@ func (c *conn) admit(frame []byte) bool {
 			fr := p.Frame()
 			obs.ReportFrame(t, Unavailable)
 			c.dropSub(fr)
-			c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(fr), fr))
+			c.side.reply(wire.AppendUnavailable(replyBuf(fr), fr))
 			return false
 		case v.Refused:
 			// A refusal the store made is the first of its wait (the
@@ -191,7 +190,7 @@ func (c *conn) admit(frame []byte) bool {
 			if !c.g.holdSync(c.who) {
 				obs.ReportFrame(t, OverCap)
 				obs.ReportRefusal(c.who, t, OverCap)
-				c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySyncs)), p.Frame(), c.g.tooManySyncs))
+				c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySyncs)), p.Frame(), c.g.tooManySyncs))
 				return false
 			}
 			c.syncs.add(id)
@@ -279,19 +278,19 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		if full {
 			c.g.obs.ReportFrame(f.Type, OverCap)
 			c.g.obs.ReportRefusal(c.who, f.Type, OverCap)
-			c.send(websocket.TextMessage, wire.AppendRefusal(replyBuf(f), f, reason))
+			c.side.reply(wire.AppendRefusal(replyBuf(f), f, reason))
 			return false
 		}
 	}
 	if err != nil {
 		c.g.obs.ReportFrame(f.Type, Unavailable)
-		c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(f), f))
+		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
 		return false
 	}
 	if over {
 		c.g.obs.ReportFrame(f.Type, QuotaExceeded)
 		c.g.obs.ReportRefusal(c.who, f.Type, QuotaExceeded)
-		c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
+		c.side.reply(wire.AppendRateLimited(replyBuf(f), f, wait))
 		return false
 	}
 	if !again && !c.pending.addOpen(ev.ID, pendingEvent{actor, time.Now()}) {
@@ -341,7 +340,7 @@ func (c *conn) chargeAnswered(sub *policy.Subject, f Frame) bool {
 	switch {
 	case v.Err != nil:
 		c.g.obs.ReportFrame(f.Type, Unavailable)
-		c.send(websocket.TextMessage, wire.AppendUnavailable(replyBuf(f), f))
+		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
 		return false
 	case v.Refused:
 		if !v.Local {
@@ -392,7 +391,7 @@ func (c *conn) refuseOverCap(f Frame, lit []byte, reason string) {
 	c.g.obs.ReportFrame(f.Type, OverCap)
 	c.g.obs.ReportRefusal(c.who, f.Type, OverCap)
 	c.dropSub(f)
-	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(lit)+len(reason)), f, reason))
+	c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(lit)+len(reason)), f, reason))
 }
 
 // refuse answers f with an "invalid:" reason of the gate's own.
@@ -400,7 +399,7 @@ func (c *conn) refuse(f Frame, reason string) {
 	c.g.obs.ReportFrame(f.Type, Invalid)
 	c.g.obs.ReportRefusal(c.who, f.Type, Invalid)
 	c.dropSub(f)
-	c.send(websocket.TextMessage, wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
+	c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
 }
 
 // refuseRateLimited answers f refused by a limit whose wait is wait. Like
@@ -410,7 +409,7 @@ func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 	c.g.obs.ReportFrame(f.Type, RateLimited)
 	c.g.obs.ReportRefusal(c.who, f.Type, RateLimited)
 	c.dropSub(f)
-	c.send(websocket.TextMessage, wire.AppendRateLimited(replyBuf(f), f, wait))
+	c.side.reply(wire.AppendRateLimited(replyBuf(f), f, wait))
 }
 
 // dropSub is called for every refused frame, before its reply is queued:
@@ -419,7 +418,7 @@ func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 // about to be told (CLOSED, NEG-ERR) that it is closed — from then on
 // nothing the relay sends under a closed subscription reaches it
 // (subTable) — so the gate closes it at the relay too
-// (readClient sends the CLOSE or NEG-CLOSE). After a NEG-ERR NIP-77 has
+// (the client reader sends the CLOSE or NEG-CLOSE). After a NEG-ERR NIP-77 has
 // the sync closed, so a client need not send a NEG-CLOSE (go-nostr's does,
 // others may not): without this, a refused NEG-MSG's sync would hold its
 // place in the client's count until the connection ended.

@@ -7,53 +7,24 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// conn is one gated connection. In Wrap mode (tap set) it is the gate's
-// state inside the client's socket as the in-process relay serves it
-// (tapConn), and runs no goroutine of its own. Behind Proxy it is a client
-// WebSocket bridged to an upstream WebSocket, and runs three goroutines:
-//
-//   - the client reader (the HTTP handler's own goroutine) reads a frame,
-//     charges it and either writes it to the upstream itself (it is the
-//     upstream's only writer) or queues a refusal for the client;
-//   - the client writer is the client's only writer: it drains the
-//     bounded out queue and sends keepalive pings to both sides (a side
-//     silent for two ping intervals is gone);
-//   - the upstream reader queues every relay frame for the client; while
-//     the queue is at its bound it waits for the writer to drain it (see
-//     outQueue.push), so a client that reads slowly slows its own relay
-//     connection down and is never cut for it. A client that stops reading
-//     is cut when a write to it stays blocked past the write timeout.
-//
-// A slow relay slows only the client reader of its own connection, and a
-// slow client only its own relay connection.
+// conn is one gated connection: what the gate knows of it and decides
+// for it, the same in both modes. side is how it reaches the sockets: in
+// Wrap mode the tap (tapConn), the gate's state inside the client's socket
+// as the in-process relay serves it, which runs no goroutine of its own;
+// behind Proxy the bridge, a client WebSocket bridged to an upstream
+// WebSocket by three goroutines.
 type conn struct {
 	g      *Gate
-	client *websocket.Conn
-	up     upConn
-	// tap, in Wrap mode, is the client's socket as the in-process relay
-	// reads and writes it (tapConn); client, up, out and wire are then
-	// unused and no goroutine of the gate's runs.
-	tap    *tapConn
-	out    *outQueue
-	wire   *meteredConn    // the client's socket, for coalescing writes
+	side   clientSide
 	ctx    context.Context // cancelled when the connection ends
 	cancel context.CancelFunc
 
 	once    sync.Once
-	wg      sync.WaitGroup
 	closing chan struct{} // closed by end
-
-	clientRD readDeadline // owned by the client reader
-	upRD     readDeadline // owned by the upstream reader
-	// draining: the client has gone with events awaiting the relay's OK
-	// (behind Proxy): the upstream reader reads the relay's answers on
-	// for up to drainAnswers before it closes the relay's side (see end).
-	draining atomic.Bool
 
 	// Set before the goroutines start, read-only after.
 	who  string     // the client's budget key, for logs
@@ -100,78 +71,24 @@ type authState struct {
 // a side that closed first or is broken), closes both sockets and cancels
 // ctx. Safe from any goroutine; only the first call does anything.
 func (c *conn) end(toClient, toUp bool, code int, text string) {
-	c.once.Do(func() {
-		if c.tap != nil {
-			// To the relay, its connection's reads fail: it lets the
-			// connection go as for a client gone.
-			c.tap.shut(toClient, toUp, code, text)
-			return
-		}
-		deadline := time.Now().Add(time.Second)
-		msg := websocket.FormatCloseMessage(code, text)
-		if toClient {
-			_ = c.client.WriteControl(websocket.CloseMessage, msg, deadline)
-		}
-		// The client has gone with events the relay has yet to answer,
-		// perhaps held back behind a reply it would not read: the
-		// upstream reader reads the answers on, charging the quota for
-		// what the relay accepted, and closes the relay's side after
-		// (drainUpstream).
-		drain := toUp && !toClient && c.pending.len() > 0
-		if drain {
-			c.draining.Store(true)
-			_ = c.up.SetReadDeadline(time.Now().Add(drainAnswers))
-		} else if toUp {
-			if code == closeSlowClient {
-				// The gate's own cut: to the relay the client has simply
-				// gone. A 1008 would read as the client's protocol error
-				// there (khatru logs every one as an unexpected close: a
-				// log line per client cut, a flood of them under attack).
-				msg = websocket.FormatCloseMessage(closeGoingAway, "sluice: client cut")
-			}
-			_ = c.up.WriteControl(websocket.CloseMessage, msg, deadline)
-		}
-		close(c.closing)
-		c.cancel()
-		_ = c.client.Close()
-		if !drain {
-			_ = c.up.Close()
-		}
-	})
+	c.once.Do(func() { c.side.shut(toClient, toUp, code, text) })
 }
 
-// send queues a frame for the client, waiting while the queue is at its
-// bound (see outQueue.push), and reports whether it did: false once the
-// connection is ending.
-func (c *conn) send(typ int, data []byte) bool {
-	if c.tap != nil {
-		return c.tap.reply(data)
-	}
-	select {
-	case <-c.closing:
-		return false
-	default:
-	}
-	if !c.out.push(outFrame{typ, data}) {
-		c.cutBacklog()
-		return false
-	}
-	return true
-}
-
-// toRelay sends the relay a text frame of the gate's own (a CLOSE) and
-// reports whether the connection goes on.
-func (c *conn) toRelay(frame []byte) bool {
-	if c.tap != nil {
-		c.tap.toRelay(frame)
-		return true
-	}
-	_ = c.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
-	if err := c.up.WriteMessage(websocket.TextMessage, frame); err != nil {
-		c.end(true, false, closeGoingAway, "relay connection lost")
-		return false
-	}
-	return true
+// clientSide is the connection's two sockets as the decision reaches
+// them, one implementation per mode: the tap (Wrap: the client's socket as
+// the in-process relay serves it) and the bridge (Proxy: the client's
+// WebSocket and the relay's).
+type clientSide interface {
+	// reply sends the client a frame of the gate's own (a refusal), after
+	// what the relay has sent it so far, and reports whether the
+	// connection goes on.
+	reply(data []byte) bool
+	// toRelay sends the relay a text frame of the gate's own (a CLOSE)
+	// before the client frame being decided, and reports whether the
+	// connection goes on.
+	toRelay(frame []byte) bool
+	// shut tears both sides down as end describes (called once, by end).
+	shut(toClient, toUp bool, code int, text string)
 }
 
 // watch looks at a relay frame for the OK that answers a forwarded EVENT

@@ -49,7 +49,7 @@ import (
 // So a gated connection in relay mode costs the relay's WebSocket
 // connection and no more goroutines: no second handshake, no second
 // connection, no frame read twice by two WebSocket stacks. The bridge
-// (conn.run, over gorilla) stays for Proxy, whose relay is a socket away.
+// (bridge, over gorilla) stays for Proxy, whose relay is a socket away.
 //
 // The relay's keepalive is its own (khatru pings every 30 s and drops a
 // client silent for 60 s); the gate's ping interval applies to Proxy.
@@ -124,8 +124,8 @@ var errTapClosed = net.ErrClosed
 // tapped.
 type tapResponse struct {
 	http.ResponseWriter
-	c        *conn
-	hijacked *tapConn
+	t        *tapConn // the tap Hijack hands over
+	hijacked *tapConn // t, once hijacked
 	// switching: the handler set status 101 before hijacking (coder's
 	// websocket does): the head goes out at Hijack, through the tap, as
 	// net/http would have written it.
@@ -150,7 +150,7 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if !ok {
 		return nil, nil, errors.New("relay: response does not implement http.Hijacker")
 	}
-	if w.c.tap.dead.Load() {
+	if w.t.dead.Load() {
 		// Ended already (Shutdown): the server keeps the connection,
 		// answers the handler's refusal and closes it.
 		w.Header().Set("Connection", "close")
@@ -160,7 +160,7 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	t := w.c.tap
+	t := w.t
 	t.lock()
 	t.raw = raw
 	t.mc.Conn = raw
@@ -255,12 +255,13 @@ func (t *tapConn) unref() {
 	}
 }
 
-// shut ends the tapped connection, once (conn.end): a close frame of code
-// and text to the client when toClient (if the stream is between frames,
-// and the lock comes and a queue being written is written within a second:
-// the close frame may only follow it), then the socket closed, so that the
-// handler's writes fail and, after a close frame when toUp (see
-// relayClose), its reads.
+// shut implements clientSide: it ends the tapped connection, once
+// (conn.end): a close frame of code and text to the client when toClient
+// (if the stream is between frames, and the lock comes and a queue being
+// written is written within a second: the close frame may only follow it),
+// then the socket closed, so that the handler's writes fail and, after a
+// close frame when toUp (see relayClose), its reads: the relay lets the
+// connection go as for a client gone.
 func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
 	if toUp {
 		cl := appendClientFrame(nil, opClose, relayClose(code, text))

@@ -247,10 +247,12 @@ func (t *tapConn) next() error {
 	return nil
 }
 
-// toRelay queues frame, a text frame the gate sends the relay (a CLOSE),
-// for the handler to read before the message being decided.
-func (t *tapConn) toRelay(frame []byte) {
+// toRelay implements clientSide: frame, a text frame the gate sends the
+// relay (a CLOSE), queued for the handler to read before the message being
+// decided. The connection goes on.
+func (t *tapConn) toRelay(frame []byte) bool {
 	t.pre = appendClientFrame(t.pre, opText, frame)
+	return true
 }
 
 // readFailed ends the connection after a failed read of the client's

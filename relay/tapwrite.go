@@ -123,8 +123,9 @@ func (t *tapConn) dropHeld() {
 	t.held = nil
 }
 
-// reply sends the client a frame of the gate's own (a refusal): now when
-// the relay's stream is between messages, else as soon as it is.
+// reply implements clientSide: a frame of the gate's own (a refusal) to
+// the client, now when the relay's stream is between messages, else as
+// soon as it is.
 func (t *tapConn) reply(data []byte) bool {
 	t.lock()
 	defer t.unlock()
