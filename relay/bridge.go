@@ -112,8 +112,8 @@ func (b *bridge) shut(toClient, toUp bool, code int, text string) {
 
 // readDeadline keeps a side's read deadline two ping intervals ahead,
 // moving it at most once per half interval: every SetReadDeadline costs a
-// timer update. A side is thus dropped after 1.5 to 2
-// intervals of silence. Used by one reader goroutine only.
+// timer update. A side is thus dropped after 1.5 to 2 intervals of
+// silence. Used by one reader goroutine only.
 type readDeadline struct{ next time.Time }
 
 func (d *readDeadline) extend(ws interface{ SetReadDeadline(time.Time) error }, interval time.Duration) {
@@ -125,6 +125,7 @@ func (d *readDeadline) extend(ws interface{ SetReadDeadline(time.Time) error }, 
 	_ = ws.SetReadDeadline(now.Add(2 * interval))
 }
 
+// outFrame is a frame queued for the client.
 type outFrame struct {
 	typ  int
 	data []byte
@@ -288,10 +289,11 @@ func (b *bridge) readUpstream() {
 // left, drainAnswers has passed since the client went (shut set the read
 // deadline) or the gate shuts down; then it closes the relay's side.
 // Behind Proxy there is no store to ask (see Options.Stored), and the
-// relay's answers are what says which events it took: a client that kept them from the gate behind a reply it did not
-// read, and hung up, would otherwise have published past its quota for
-// nothing. Charging the events as if stored instead would let anyone spend
-// a pubkey's quota with its public events sent again and hung up on.
+// relay's answers are what says which events it took: a client that kept
+// them from the gate behind a reply it did not read, and hung up, would
+// otherwise have published past its quota for nothing. Charging the events
+// as if stored instead would let anyone spend a pubkey's quota with its
+// public events sent again and hung up on.
 func (b *bridge) drainUpstream() {
 	defer b.endUp()
 	c := b.c

@@ -45,8 +45,8 @@ const DefaultPending = 256
 // settleAged, one to two seconds on; settlePending, when the connection
 // ends), or, without Stored, when its OK arrives, read after the client
 // has gone if need be (drainUpstream), so events in flight have passed the
-// quota's check without counting yet. A further EVENT of the actor from that client is
-// refused ("blocked: …") until one is answered. 64 is more
+// quota's check without counting yet. A further EVENT of the actor from
+// that client is refused ("blocked: …") until one is answered. 64 is more
 // than an honest client has in flight (relays answer in milliseconds); it
 // bounds what one actor's events can exceed its quota by to 64 per client
 // address and gate process. Counted per client, not per actor alone: the

@@ -310,10 +310,9 @@ func (t *tapConn) flush() {
 
 // drainBy waits, with the write lock held, until the queue is written (or
 // its flush has failed, or the connection is shut), until deadline at the
-// latest: with the write lock held,
-// the queue only shrinks, and a client that reads takes it within the
-// second shut gives it (what a client that does not read holds is cut
-// with the socket, as before).
+// latest: with the write lock held the queue only shrinks, and a client
+// that reads takes it within the second shut gives it (what a client that
+// does not read holds is cut with the socket).
 func (t *tapConn) drainBy(deadline time.Time) {
 	t.omu.Lock()
 	defer t.omu.Unlock()
