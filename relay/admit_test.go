@@ -15,14 +15,19 @@ import (
 )
 
 // admitConn returns a conn with no sockets, enough to drive admit: its
-// replies land in c.out, which holds up to 16.
+// replies land in its bridge's queue (c.queued).
 func admitConn(t testing.TB, opts Options) *conn {
 	t.Helper()
 	g := newGate(t, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return &conn{g: g, out: newOutQueue(DefaultQueueBytes), ctx: ctx, cancel: cancel, closing: make(chan struct{}), who: "203.0.113.7", addr: netip.MustParseAddr("203.0.113.7")}
+	c := &conn{g: g, ctx: ctx, cancel: cancel, closing: make(chan struct{}), who: "203.0.113.7", addr: netip.MustParseAddr("203.0.113.7")}
+	c.side = &bridge{c: c, out: newOutQueue(DefaultQueueBytes)}
+	return c
 }
+
+// queued is the queue admitConn's replies land in.
+func (c *conn) queued() *outQueue { return c.side.(*bridge).out }
 
 // pop takes the oldest queued frame, for tests.
 func (q *outQueue) pop() (outFrame, bool) {
@@ -40,7 +45,7 @@ func (q *outQueue) pop() (outFrame, bool) {
 // reply takes the oldest reply admit queued.
 func (c *conn) reply(t testing.TB) string {
 	t.Helper()
-	f, ok := c.out.pop()
+	f, ok := c.queued().pop()
 	if !ok {
 		t.Fatal("no reply queued")
 	}
@@ -125,7 +130,7 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 	c.admit(event)
 	allocs := testing.AllocsPerRun(100, func() {
 		c.admit(event)
-		c.out.pop()
+		c.queued().pop()
 	})
 	if allocs != 1 {
 		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
@@ -206,7 +211,7 @@ func BenchmarkAdmit(b *testing.B) {
 				if c.admit(bm.frame) != bm.admit && bm.admit {
 					b.Fatal("refused")
 				}
-				c.out.pop()
+				c.queued().pop()
 				if len(sub) > 0 {
 					// The relay's EOSE and the client's CLOSE: the
 					// subscription's place is free for the next REQ.

@@ -757,8 +757,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		return // the upgrader has answered
 	}
 	clientConn.SetReadLimit(g.readLimit)
-	c.client, c.up, c.wire = clientConn, upConn, mc
-	c.out = newOutQueue(g.queueBytes)
+	b := &bridge{c: c, client: clientConn, up: upConn, wire: mc, out: newOutQueue(g.queueBytes)}
+	c.side = b
 	if !g.add(c) {
 		c.end(true, true, closeGoingAway, "sluice: shutting down")
 		return
@@ -770,7 +770,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	handedOff = true
 	go func() {
 		g.obs.ReportOpen(1)
-		c.run()
+		b.run()
 		cleanup()
 	}()
 }
@@ -781,7 +781,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 // has returned and the connection has ended.
 func (g *Gate) serveTapped(w http.ResponseWriter, r *http.Request, h http.Handler, c *conn, addr string, trusted bool, cleanup func()) {
 	t := newTap(c, g.writeTimeout)
-	c.tap = t
+	c.side = t
 	t.cleanup = cleanup
 	g.obs.ReportOpen(1)
 	if !g.add(c) {
@@ -792,7 +792,7 @@ func (g *Gate) serveTapped(w http.ResponseWriter, r *http.Request, h http.Handle
 		t.unref()
 		return
 	}
-	tw := &tapResponse{ResponseWriter: w, c: c}
+	tw := &tapResponse{ResponseWriter: w, t: t}
 	defer func() {
 		if v := recover(); v != nil {
 			if v != http.ErrAbortHandler {

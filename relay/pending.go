@@ -1,16 +1,20 @@
 package relay
 
 import (
+	"context"
 	"sync"
 	"time"
 
+	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // This file holds what the gate needs for the actor quota: bounded
 // per-connection tables of forwarded event ids awaiting the relay's OK, and
 // of the ids already charged, so that a re-sent event the relay accepts
-// again is not charged twice.
+// again is not charged twice; and the settlement of those tables: the
+// charge when the relay's OK is seen, or, when it is not, when the relay's
+// store says it stored the event (settleAged, settlePending).
 
 // hex32 is an event id or a pubkey, decoded from its 64 hex digits.
 type hex32 = wire.Hex32
@@ -41,8 +45,8 @@ const DefaultPending = 256
 // settleAged, one to two seconds on; settlePending, when the connection
 // ends), or, without Stored, when its OK arrives, read after the client
 // has gone if need be (drainUpstream), so events in flight have passed the
-// quota's check without counting yet. A further EVENT of the actor from that client is
-// refused ("blocked: …") until one is answered. 64 is more
+// quota's check without counting yet. A further EVENT of the actor from
+// that client is refused ("blocked: …") until one is answered. 64 is more
 // than an honest client has in flight (relays answer in milliseconds); it
 // bounds what one actor's events can exceed its quota by to 64 per client
 // address and gate process. Counted per client, not per actor alone: the
@@ -248,3 +252,125 @@ func (c *charged) seen(id hex32, now time.Time, window time.Duration) bool {
 
 // add records id as charged at now.
 func (c *charged) add(id hex32, now time.Time) { c.at.add(id, now) }
+
+// inflightKey is what the gate counts an event in flight under (see
+// MaxActorPending): its actor from this connection's client, so that
+// events that name a pubkey they do not come from (the gate does not
+// check signatures; khatru refuses them, in an OK that may be kept from
+// the gate) hold up that pubkey only from the sender's address.
+func (c *conn) inflightKey(actor string) string { return c.who + " " + actor }
+
+// charge charges actor's quota q for event id, which the relay accepted
+// (and stored, with Options.Stored), unless this connection charged it
+// within the quota's window. A failed charge leaves the event uncounted:
+// the relay has it already, and refusing later events for it would punish
+// the actor for our outage.
+func (c *conn) charge(ctx context.Context, q ratelimit.ActorQuota, id hex32, actor string) {
+	now := c.g.now()
+	if c.charged.seen(id, now, q.Window()) {
+		return
+	}
+	if _, err := q.Add(ctx, actor); err != nil {
+		c.g.log.Debug("quota charge failed", "client", c.who, "err", err)
+	}
+	c.charged.add(id, now)
+}
+
+// armSettle makes settleAged due in settleAge, unless it is already or the
+// connection has ended.
+func (c *conn) armSettle() {
+	c.settleMu.Lock()
+	defer c.settleMu.Unlock()
+	if c.settling == nil && !c.ended {
+		c.settling = time.AfterFunc(settleAge, c.settleAged)
+	}
+}
+
+// settleAged settles the events that have awaited the relay's OK for
+// settleAge or more (see settleAge), and is due again while any event
+// awaits its OK.
+func (c *conn) settleAged() {
+	c.settleMu.Lock()
+	c.settling = nil
+	c.settleMu.Unlock()
+	c.settleStored(settleAge)
+	if c.pending.len() > 0 {
+		c.armSettle()
+	}
+}
+
+// settleStored charges every pending event that has awaited its OK for age
+// or more and that the relay's store says it stored, taking it from the
+// table and from its actor's count in flight.
+func (c *conn) settleStored(age time.Duration) {
+	q := c.subject(c.g.current().p).Quota()
+	cut := time.Now().Add(-age)
+	var due []idValue[pendingEvent]
+	c.pending.takeIf(func(id hex32, pe pendingEvent) bool {
+		if pe.at.After(cut) || !c.g.stored(id) {
+			return false
+		}
+		due = append(due, idValue[pendingEvent]{id, pe})
+		return true
+	})
+	for _, e := range due {
+		c.g.takeInflight(c.inflightKey(e.v.actor))
+		if q != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), c.g.writeTimeout)
+			c.charge(ctx, q, e.id, e.v.actor)
+			cancel()
+		}
+	}
+}
+
+// settlePending charges, once the connection has ended, the events it
+// forwarded whose OK the gate never saw but that the relay stored (see
+// DefaultPending): with Options.Stored asking the relay's store at each of
+// settleAfter, and giving up on the rest (a goroutine for at most
+// settleAfter's last delay, holding the connection's pending table and
+// nothing else of it); without it (behind Proxy) giving up at once on
+// those drainUpstream did not see answered.
+func (c *conn) settlePending() {
+	c.settleMu.Lock()
+	c.ended = true
+	if c.settling != nil {
+		c.settling.Stop()
+		c.settling = nil
+	}
+	c.settleMu.Unlock()
+	c.pending.close() // an EVENT decided meanwhile is not forwarded
+	if c.pending.len() == 0 {
+		return
+	}
+	if c.g.stored == nil {
+		// Behind Proxy the relay's answers were read on after the
+		// client went (drainUpstream); what is left is given up.
+		c.giveUpPending()
+		return
+	}
+	go func() {
+		defer c.giveUpPending() // never seen stored (refused, or not yet)
+		var waited time.Duration
+		for _, d := range settleAfter {
+			if d > waited {
+				select {
+				case <-time.After(d - waited):
+				case <-c.g.stopped:
+					return
+				}
+				waited = d
+			}
+			if c.settleStored(0); c.pending.len() == 0 {
+				return
+			}
+		}
+	}()
+}
+
+// giveUpPending empties the ended connection's table of events awaiting
+// their OK, uncharged, and releases their actors' counts in flight.
+func (c *conn) giveUpPending() {
+	for _, e := range c.pending.drain() {
+		c.g.takeInflight(c.inflightKey(e.v.actor))
+	}
+}

@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"errors"
 	"net"
+	"os"
 	"time"
 )
 
@@ -42,4 +44,11 @@ func writeProgressing(conn net.Conn, p []byte, stall time.Duration, limit time.T
 			return done, err
 		}
 	}
+}
+
+// isTimeout reports whether a write to a client failed at its deadline
+// (gorilla hands a timeout back as a net.Error of its own, not wrapped).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }

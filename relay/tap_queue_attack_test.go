@@ -14,7 +14,7 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-// Attacks on the tap's write side (tap.go): the queue towards the client
+// Attacks on the tap's write side (tapwrite.go): the queue towards the client
 // (writeSock, flush), the gate's replies, and the connection's end.
 
 // smallReadDialer dials with a client receive buffer of 64 KiB, so that

@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -159,18 +158,7 @@ func (s *Server) Kill() {
 	}
 }
 
-// Pause stops the server with SIGSTOP: it keeps its port and connections
-// and answers nothing until Resume. The test's end resumes it.
-func (s *Server) Pause() {
-	s.tb.Helper()
-	s.signal(syscall.SIGSTOP)
-	s.tb.Cleanup(s.Resume)
-}
-
-// Resume continues a paused server (SIGCONT).
-func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
-
-func (s *Server) signal(sig syscall.Signal) {
+func (s *Server) signal(sig os.Signal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil && s.cmd.Process != nil {

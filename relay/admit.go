@@ -1,0 +1,468 @@
+package relay
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+	"unsafe"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
+)
+
+// This file holds the decision on each client frame, the same in both
+// modes: the CLOSEs owed to the relay first (closeClosed), then the
+// frame's limits, shape, caps and quota (admit), and the gate's replies to
+// what it refuses.
+
+// decide decides one client frame, buf: it returns the frame to forward
+// to the relay (buf itself, or the CLOSE a refusal calls for, or nil for
+// none) and whether the connection goes on (false: it has been ended).
+// The caller keeps buf, and a returned CLOSE is a frame buffer of its own.
+func (c *conn) decide(buf []byte) (fwd []byte, ok bool) {
+	if !c.closeClosed(buf) {
+		return nil, false
+	}
+	if c.admit(buf) {
+		return buf, true
+	}
+	if c.knocked > 0 {
+		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many refused frames")
+		c.g.obs.ReportCut(CutKnocking)
+		c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(ratelimit.RetrySeconds(c.knocked), 10)+"s")
+		return nil, false
+	}
+	// The client was told its subscription is closed: so is the relay, or
+	// it would go on streaming to it.
+	fwd, c.closeUp = c.closeUp, nil
+	return fwd, true
+}
+
+// sameBuf reports whether a and b share their storage: whether decide
+// returned the frame it was given.
+func sameBuf(a, b []byte) bool { return unsafe.SliceData(a) == unsafe.SliceData(b) }
+
+// closeClosed sends the relay a CLOSE for each subscription it closed
+// itself (subTable.takeClosed) before the client's next frame, frame, is
+// decided, and reports whether the connection goes on. The client reader
+// is the relay's only writer, so this is where the CLOSEs can go.
+func (c *conn) closeClosed(frame []byte) bool {
+	if c.subs.marked.Load() == 0 {
+		return true
+	}
+	var keep []byte
+	var buf [wire.MaxSubIDBytes]byte
+	if f := wire.Peek(frame); f.Type == TypeREQ && f.ID != nil {
+		if id, ok := subID(&buf, f.ID); ok {
+			keep = id
+		}
+	}
+	for _, id := range c.subs.takeClosed(nil, keep) {
+		if !c.side.toRelay(closeFrame(nil, `["CLOSE","`, id)) {
+			return false
+		}
+	}
+	return true
+}
+
+// admit decides one client frame. It returns true to forward it; on a
+// refusal it has queued the reply for the client (none for a CLOSE or
+// NEG-CLOSE that names nothing open at the relay, which is dropped).
+//
+// The order keeps a refused frame cheap and a forwarded one exact: the
+// type comes from Peek's bounded prefix; a client already refused for
+// that type is answered from the limiter's local table before anything
+// else is read; otherwise the whole frame is scanned once (wire.Scan) for
+// its canonical shape and facts, charged (a REQ by its filters), and only
+// then checked against the quota or, for AUTH, verified.
+func (c *conn) admit(frame []byte) bool {
+	p := wire.PeekType(frame)
+	t := p.Type
+	obs := c.g.obs
+	gp := c.g.current()
+	sub := c.subject(gp.p)
+	free := sub.Free()
+	charge := !free && sub.Charged(t)
+	shadowed := false
+	if charge {
+		if wait, refused := sub.Refused(c.g.limiter, t); refused {
+			c.refuseRateLimited(p.Frame(), wait)
+			if !c.knocks.allow(time.Now()) {
+				c.knocked = wait
+			}
+			return false
+		}
+	}
+	var facts wire.Facts
+	reason := c.g.tooLarge[t]
+	if len(frame) <= c.g.frameSize[t] {
+		facts, reason = wire.Scan(frame, gp.p.Bounds())
+		if reason == wire.ReasonFilters {
+			reason = gp.tooManyFilters
+		}
+	}
+	if charge {
+		filters, kind := 0, -1
+		if reason == "" {
+			filters = facts.Filters
+			if t == TypeEVENT {
+				kind = int(facts.Event.Kind)
+			}
+		}
+		v := sub.Charge(c.ctx, c.g.limiter, t, filters, kind)
+		switch {
+		case v.Err != nil:
+			fr := p.Frame()
+			obs.ReportFrame(t, Unavailable)
+			c.dropSub(fr)
+			c.side.reply(wire.AppendUnavailable(replyBuf(fr), fr))
+			return false
+		case v.Refused:
+			// A refusal the store made is the first of its wait (the
+			// rest are answered from the local table: above for the
+			// type's windows, inside Charge for a kind class or an
+			// aggregate, which is Local), so one log line per client,
+			// budget and wait.
+			if !v.Local {
+				c.g.log.Info("rate-limited", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.Wait.Round(time.Millisecond).String())
+			}
+			c.refuseRateLimited(p.Frame(), v.Wait)
+			return false
+		case v.Shadow:
+			shadowed = true
+			if now := time.Now(); !v.Local && !now.Before(c.shadowUntil) {
+				c.shadowUntil = now.Add(v.ShadowWait)
+				c.g.log.Info("would be rate-limited (shadow)", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
+			}
+		}
+	}
+	if reason != "" {
+		// Charged (to its type, or the catch-all when that is free) but
+		// not forwarded: the relay could read it otherwise than the gate
+		// did (wire.Scan says how).
+		if !free && !charge && !c.chargeAnswered(sub, p.Frame()) {
+			return false
+		}
+		c.refuse(p.Frame(), reason)
+		return false
+	}
+	// A CLOSE or NEG-CLOSE that names nothing open at the relay is
+	// answered by the gate, which is to say not at all (NIP-01 and NIP-77
+	// have no reply to them), and not forwarded: both types are free, so
+	// forwarding every one would let a client send the relay frames
+	// without end at no cost (khatru runs each on a goroutine of its own,
+	// and a CLOSE takes the lock that every REQ, every connection's start
+	// and end, takes).
+	forward := true
+	switch t {
+	case TypeREQ:
+		// The frame's bytes are what the relay keeps as listeners while
+		// the subscription is open: held in the client's count first, so
+		// that connections of one address racing each other never pass
+		// the cap together.
+		held := 0
+		if !free {
+			held = len(frame)
+			if !c.g.filterBytes.holdN(c.who, held) {
+				c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManyBytes)
+				return false
+			}
+		}
+		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs, held) {
+			c.g.filterBytes.release(c.who, held)
+			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
+			return false
+		}
+	case TypeCOUNT:
+		// A COUNT runs the query of a REQ: it takes a place among the
+		// connection's subscriptions until the relay answers it.
+		if !c.subs.openCount(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs, time.Now()) {
+			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
+			return false
+		}
+	case TypeCLOSE:
+		// Not open, or closing already (the gate sends the relay the
+		// CLOSE that follows its answer: subTable).
+		forward = c.subs.remove(facts.SubID[1 : len(facts.SubID)-1])
+	case TypeNEGOPEN:
+		if id := facts.SubID[1 : len(facts.SubID)-1]; !free && !c.syncs.has(id) {
+			if !c.g.holdSync(c.who) {
+				obs.ReportFrame(t, OverCap)
+				obs.ReportRefusal(c.who, t, OverCap)
+				c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySyncs)), p.Frame(), c.g.tooManySyncs))
+				return false
+			}
+			c.syncs.add(id)
+		}
+	case TypeNEGMSG:
+		// A NEG-MSG keeps a sync alive at the relay, so one for a sync
+		// the gate does not count must not reach it: khatru handles each
+		// frame on a goroutine of its own, and a NEG-CLOSE sent right
+		// behind its NEG-OPEN is handled first (it only deletes), so the
+		// sync the NEG-OPEN then stores is one the gate has freed; kept
+		// alive by NEG-MSGs, any number of them stayed open. Unfed, khatru
+		// drops it after 7 s. An allow-listed client's syncs are not
+		// known: its NEG-MSGs all go.
+		if !free && !c.syncs.has(facts.SubID[1:len(facts.SubID)-1]) {
+			c.refuse(p.Frame(), reasonNoSync)
+			return false
+		}
+	case TypeNEGCLOSE:
+		// An allow-listed client's syncs are not counted, so not known:
+		// its NEG-CLOSEs all go.
+		forward = c.closeSync(facts.SubID[1:len(facts.SubID)-1]) || free
+	case TypeEVENT:
+		if q := sub.Quota(); q != nil && !free {
+			ok := c.admitEvent(p.Frame(), &facts.Event, q, shadowed)
+			if ok {
+				c.owed.add()
+			}
+			return ok
+		}
+	case TypeAUTH:
+		if gp.watchOK {
+			if reason := c.verifyAuth(&facts.Event); reason != "" {
+				c.refuse(p.Frame(), reason)
+				return false
+			}
+		}
+	}
+	switch t {
+	case TypeEVENT, TypeREQ, TypeCOUNT, TypeAUTH, TypeNEGOPEN, TypeNEGMSG:
+		c.owed.add() // the relay answers each (see owed)
+	}
+	switch {
+	case !forward:
+		// A CLOSE or NEG-CLOSE naming nothing open: the gate's to answer,
+		// so charged like every frame it answers.
+		if !free && !charge && !c.chargeAnswered(sub, p.Frame()) {
+			return false
+		}
+		obs.ReportFrame(t, Unmatched)
+	case free:
+		obs.ReportFrame(t, Allowlisted)
+	case shadowed:
+		obs.ReportFrame(t, Shadowed)
+	default:
+		obs.ReportFrame(t, Admitted)
+	}
+	return forward
+}
+
+// admitEvent applies the actor quota to a canonical EVENT the limits
+// admitted.
+func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shadowed bool) bool {
+	actor := c.authPubkey()
+	if actor == "" {
+		actor = ev.Pubkey.String()
+		if c.g.allowPubkey(actor) {
+			// Not charged: an allow-listed author. Forging its pubkey
+			// gains nothing, since the quota only counts events the
+			// relay validated.
+			c.g.obs.ReportFrame(f.Type, Allowlisted)
+			return true
+		}
+	}
+	over, wait, err := q.Exceeded(c.ctx, actor)
+	_, again := c.pending.get(ev.ID) // sent again before its OK: counted once
+	if err == nil && !over && !again {
+		// Not one more without an answer past the tables (see
+		// DefaultPending and MaxActorPending): an event forwarded past
+		// them would be charged late or by nobody.
+		reason := reasonPending
+		full := !c.pending.room()
+		if !full && !c.g.addInflight(c.inflightKey(actor)) {
+			full, reason = true, reasonActorPending
+		}
+		if full {
+			c.g.obs.ReportFrame(f.Type, OverCap)
+			c.g.obs.ReportRefusal(c.who, f.Type, OverCap)
+			c.side.reply(wire.AppendRefusal(replyBuf(f), f, reason))
+			return false
+		}
+	}
+	if err != nil {
+		c.g.obs.ReportFrame(f.Type, Unavailable)
+		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
+		return false
+	}
+	if over {
+		c.g.obs.ReportFrame(f.Type, QuotaExceeded)
+		c.g.obs.ReportRefusal(c.who, f.Type, QuotaExceeded)
+		c.side.reply(wire.AppendRateLimited(replyBuf(f), f, wait))
+		return false
+	}
+	if !again && !c.pending.addOpen(ev.ID, pendingEvent{actor, time.Now()}) {
+		// The connection has ended (settlePending closed its table)
+		// while this frame was being decided: nothing is forwarded any
+		// more.
+		c.g.takeInflight(c.inflightKey(actor))
+		return false
+	}
+	if c.g.stored != nil && !again {
+		c.armSettle()
+	}
+	if shadowed {
+		c.g.obs.ReportFrame(f.Type, Shadowed)
+	} else {
+		c.g.obs.ReportFrame(f.Type, Admitted)
+	}
+	return true
+}
+
+// reasonPending refuses an EVENT while DefaultPending of the connection's
+// are awaiting the relay's OK.
+var reasonPending = fmt.Sprintf("blocked: too many events awaiting the relay's answer (at most %d); wait for an OK first", DefaultPending)
+
+// reasonActorPending refuses an EVENT while MaxActorPending of its actor's
+// are awaiting the relay's OK.
+var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events awaiting the relay's answer (at most %d); wait for an OK first", MaxActorPending)
+
+// chargeAnswered charges f, a frame of a free type that the gate answers
+// itself (invalid, or a CLOSE naming nothing open), to the catch-all
+// budget, and reports whether it was admitted; a refusal is answered
+// here. Free types are free so that closing never waits; a frame that
+// closes nothing has no such claim, and the relay is not the only one
+// that pays for reading it: without a charge a client could have the
+// gate read and answer such frames as fast as its socket takes them. A
+// refusal from the local table counts toward the knocking cut, as for
+// every type.
+func (c *conn) chargeAnswered(sub *policy.Subject, f Frame) bool {
+	if wait, refused := sub.Refused(c.g.limiter, TypeOther); refused {
+		c.refuseRateLimited(f, wait)
+		if !c.knocks.allow(time.Now()) {
+			c.knocked = wait
+		}
+		return false
+	}
+	v := sub.Charge(c.ctx, c.g.limiter, TypeOther, 0, -1)
+	switch {
+	case v.Err != nil:
+		c.g.obs.ReportFrame(f.Type, Unavailable)
+		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
+		return false
+	case v.Refused:
+		if !v.Local {
+			c.g.log.Info("rate-limited", "client", c.who, "type", f.Type.String(), "limit", v.Budget, "wait", v.Wait.Round(time.Millisecond).String())
+		}
+		c.refuseRateLimited(f, v.Wait)
+		return false
+	}
+	return true
+}
+
+// reasonNoSync answers a NEG-MSG whose id names no sync the gate counts
+// open at the relay (never opened, or closed by a NEG-CLOSE or a NEG-ERR):
+// NIP-77's "closed:", which a relay sends for a sync it has dropped.
+const reasonNoSync = "closed: no sync open under this id; send NEG-OPEN first"
+
+// A client refused from the limiter's local table costs the gate a peek
+// and a reply, but a client that keeps knocking learns nothing new: its
+// wait stays what it was told. Past knockBurst such refusals, repaid at
+// knockRate a second, the connection is closed (1008) with the wait.
+const (
+	knockBurst = 100
+	knockRate  = 10
+)
+
+// knockMeter is a token bucket of local refusals, used by the client
+// reader only. The zero value is full.
+type knockMeter struct {
+	spent float64
+	last  time.Time // monotonic
+}
+
+// allow takes one knock at now and reports whether the client is still
+// within the bound.
+func (k *knockMeter) allow(now time.Time) bool {
+	if !k.last.IsZero() {
+		k.spent = max(0, k.spent-now.Sub(k.last).Seconds()*knockRate)
+	}
+	k.last = now
+	k.spent++
+	return k.spent <= knockBurst
+}
+
+// refuseOverCap answers f (a REQ or COUNT under the id literal lit) refused
+// by a cap on what the connection or its client holds open. A REQ reusing
+// an open id is told CLOSED: dropSub closes it at the relay too.
+func (c *conn) refuseOverCap(f Frame, lit []byte, reason string) {
+	c.g.obs.ReportFrame(f.Type, OverCap)
+	c.g.obs.ReportRefusal(c.who, f.Type, OverCap)
+	c.dropSub(f)
+	c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(lit)+len(reason)), f, reason))
+}
+
+// refuse answers f with an "invalid:" reason of the gate's own.
+func (c *conn) refuse(f Frame, reason string) {
+	c.g.obs.ReportFrame(f.Type, Invalid)
+	c.g.obs.ReportRefusal(c.who, f.Type, Invalid)
+	c.dropSub(f)
+	c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
+}
+
+// refuseRateLimited answers f refused by a limit whose wait is wait. Like
+// every refusal, it is counted before its reply is queued: queuing may wait
+// for the client to read (outQueue.push), and the count is the decision's.
+func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
+	c.g.obs.ReportFrame(f.Type, RateLimited)
+	c.g.obs.ReportRefusal(c.who, f.Type, RateLimited)
+	c.dropSub(f)
+	c.side.reply(wire.AppendRateLimited(replyBuf(f), f, wait))
+}
+
+// dropSub is called for every refused frame, before its reply is queued:
+// when it is a REQ whose id names a subscription open at the relay, or a
+// NEG-OPEN or NEG-MSG whose id names a sync open there, the client is
+// about to be told (CLOSED, NEG-ERR) that it is closed — from then on
+// nothing the relay sends under a closed subscription reaches it
+// (subTable) — so the gate closes it at the relay too
+// (the client reader sends the CLOSE or NEG-CLOSE). After a NEG-ERR NIP-77 has
+// the sync closed, so a client need not send a NEG-CLOSE (go-nostr's does,
+// others may not): without this, a refused NEG-MSG's sync would hold its
+// place in the client's count until the connection ended.
+func (c *conn) dropSub(f Frame) {
+	if (f.Type != TypeREQ && f.Type != TypeNEGOPEN && f.Type != TypeNEGMSG) || f.ID == nil {
+		return
+	}
+	var buf [wire.MaxSubIDBytes]byte
+	id, ok := subID(&buf, f.ID)
+	if !ok {
+		return
+	}
+	label := `["CLOSE","`
+	if f.Type != TypeREQ {
+		if !c.closeSync(id) {
+			return
+		}
+		label = `["NEG-CLOSE","`
+	} else if !c.subs.remove(id) {
+		return
+	}
+	c.closeUp = closeFrame(c.closeUp[:0], label, id)
+}
+
+// closeFrame appends to dst the frame that closes subscription or sync id
+// (canonical: no escapes) at the relay: head is `["CLOSE","` or
+// `["NEG-CLOSE","`.
+func closeFrame(dst []byte, head string, id []byte) []byte {
+	return append(append(append(dst, head...), id...), `"]`...)
+}
+
+// closeSync closes the sync id, if it is open, and frees its place in the
+// client's count; it reports whether it was open.
+func (c *conn) closeSync(id []byte) bool {
+	if !c.syncs.remove(id) {
+		return false
+	}
+	c.g.releaseSyncs(c.who, 1)
+	return true
+}
+
+// replyBuf returns an empty buffer large enough for any refusal of f that
+// the gate sends, so that a refused frame (a blocked client's flood is
+// nothing else) costs one allocation rather than one per doubling.
+func replyBuf(f Frame) []byte {
+	return make([]byte, 0, 96+len(f.ID))
+}
