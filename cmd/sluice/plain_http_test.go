@@ -23,7 +23,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 )
 
 // bigBody is the size of the hostile bodies below: far past any bound, and

@@ -15,7 +15,7 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip19"
 
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay/policy"
 )
 

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 

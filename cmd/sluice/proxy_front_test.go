@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 )
 
 // proxyUpstream is an upstream for proxy-mode tests: NIP-11 answered,

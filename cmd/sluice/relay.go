@@ -13,7 +13,7 @@ import (
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
