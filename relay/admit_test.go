@@ -62,14 +62,14 @@ func (s *downStore) Decide(context.Context, string, *ratelimit.Windows, time.Tim
 func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	event := []byte(`["EVENT",` + nostrToolsEvent + `]`)
 	req := []byte(`["REQ","sub:1",{"kinds":[1]}]`)
-	one := func(typ Type) *Limits {
-		var l Limits
+	one := func(typ wire.Type) *policy.Limits {
+		var l policy.Limits
 		l.Message[typ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 		return &l
 	}
 	okPrefix := `["OK","` + testID + `",false,"`
 
-	c := admitConn(t, Options{Limits: one(TypeEVENT)})
+	c := admitConn(t, Options{Limits: one(wire.TypeEVENT)})
 	if !c.admit(event) {
 		t.Fatal("first EVENT refused")
 	}
@@ -80,16 +80,16 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 		t.Errorf("rate-limited EVENT reply %s, want prefix %s", got, want)
 	}
 
-	c = admitConn(t, Options{Limits: one(TypeREQ)})
+	c = admitConn(t, Options{Limits: one(wire.TypeREQ)})
 	c.admit(req)
 	c.admit(req)
 	if got, want := c.reply(t), `["CLOSED","sub:1","rate-limited: slow down; retry in `; len(got) < len(want) || got[:len(want)] != want {
 		t.Errorf("rate-limited REQ reply %s, want prefix %s", got, want)
 	}
 
-	c = admitConn(t, Options{Limits: one(TypeEVENT), Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
+	c = admitConn(t, Options{Limits: one(wire.TypeEVENT), Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
 	c.admit(event)
-	if got, want := c.reply(t), okPrefix+ReasonUnavailable+`"]`; got != want {
+	if got, want := c.reply(t), okPrefix+wire.ReasonUnavailable+`"]`; got != want {
 		t.Errorf("unavailable EVENT reply %s, want %s", got, want)
 	}
 
@@ -99,7 +99,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	q.Add("6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", now)
-	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &Limits{}, Quota: q.Local(func() time.Time { return now })})
+	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &policy.Limits{}, Quota: q.Local(func() time.Time { return now })})
 	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
@@ -118,8 +118,8 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 // TestAdmitRefusalAllocs: refusing a frame for a limit costs one
 // allocation, the reply itself, and a blocked client's flood no more.
 func TestAdmitRefusalAllocs(t *testing.T) {
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	c := admitConn(t, Options{Limits: &l})
 	event := []byte(`["EVENT",` + goNostrEvent + `]`)
 	c.admit(event)
@@ -130,7 +130,7 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 	if allocs != 1 {
 		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
 	}
-	if fr := Peek(event); len(AppendRefusal(nil, fr, ReasonUnavailable)) > cap(replyBuf(fr)) {
+	if fr := wire.Peek(event); len(wire.AppendRefusal(nil, fr, wire.ReasonUnavailable)) > cap(replyBuf(fr)) {
 		t.Errorf("replyBuf too small for the unavailable reply")
 	}
 }
@@ -171,19 +171,19 @@ func TestReadFrameDropsLargeBuffers(t *testing.T) {
 func BenchmarkAdmit(b *testing.B) {
 	event := []byte(`["EVENT",` + nostrToolsEvent + `]`)
 	req := []byte(`["REQ","sub:1",{"kinds":[1],"limit":10}]`)
-	wide := func() *Limits {
-		var l Limits
-		l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second), ratelimit.PerPeriod(1e12, time.Minute)}
-		l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second)}
+	wide := func() *policy.Limits {
+		var l policy.Limits
+		l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second), ratelimit.PerPeriod(1e12, time.Minute)}
+		l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second)}
 		return &l
 	}
 	quota, err := ratelimit.NewQuota(ratelimit.MaxQuotaEvents, time.Minute)
 	if err != nil {
 		b.Fatal(err)
 	}
-	tight := func() *Limits {
-		var l Limits
-		l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	tight := func() *policy.Limits {
+		var l policy.Limits
+		l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 		return &l
 	}
 	for _, bm := range []struct {
@@ -222,8 +222,8 @@ func BenchmarkAdmit(b *testing.B) {
 // one charge; a REQ with more filters than every REQ window can admit at
 // once is refused outright; and each type has its own frame bound.
 func TestAdmitChargesPerFilter(t *testing.T) {
-	var l Limits
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10.5, time.Hour)}
+	var l policy.Limits
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10.5, time.Hour)}
 	c := admitConn(t, Options{Limits: &l})
 	five := []byte(`["REQ","s",{},{},{},{},{}]`)
 	for i := range 2 {
@@ -237,11 +237,11 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
 		t.Errorf("reply %s", got)
 	}
-	if got := c.g.MaxFilters(); got != DefaultMaxFilters {
-		t.Errorf("MaxFilters %d, want %d", got, DefaultMaxFilters)
+	if got := c.g.MaxFilters(); got != policy.DefaultMaxFilters {
+		t.Errorf("MaxFilters %d, want %d", got, policy.DefaultMaxFilters)
 	}
 
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}
 	c = admitConn(t, Options{Limits: &l})
 	if got := c.g.MaxFilters(); got != 3 {
 		t.Fatalf("MaxFilters under a burst of 3: %d", got)
@@ -253,7 +253,7 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 		t.Errorf("reply %s", got)
 	}
 
-	c = admitConn(t, Options{Limits: &Limits{}})
+	c = admitConn(t, Options{Limits: &policy.Limits{}})
 	big := `{"authors":["` + strings.Repeat("a", DefaultFilterFrameSize) + `"]}`
 	if c.admit([]byte(`["REQ","s",` + big + `]`)) {
 		t.Fatal("REQ over its frame bound admitted")
@@ -271,9 +271,9 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 // failures do not.
 func TestObserverRefusal(t *testing.T) {
 	o := policy.NewOffenders(4, time.Minute, nil)
-	var l Limits
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	c := admitConn(t, Options{Limits: &l, Observer: &Observer{Refusal: func(client string, _ Type, _ Outcome) { o.Add(client) }}})
+	var l policy.Limits
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	c := admitConn(t, Options{Limits: &l, Observer: &policy.Observer{Refusal: func(client string, _ wire.Type, _ policy.Outcome) { o.Add(client) }}})
 	for range 5 {
 		c.admit([]byte(`["REQ","s",{}]`))
 	}
@@ -292,7 +292,7 @@ func BenchmarkWatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := admitConn(b, Options{Limits: &Limits{}, Quota: quota.Local(nil)})
+	c := admitConn(b, Options{Limits: &policy.Limits{}, Quota: quota.Local(nil)})
 	for _, bm := range []struct{ name, frame string }{
 		{"EVENT", `["EVENT","sub:1",` + nostrToolsEvent + `]`},
 		{"EOSE", `["EOSE","sub:1"]`},

@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -132,10 +133,10 @@ func TestE2EUnderLimitsSameAsDirect(t *testing.T) {
 }
 
 // tightLimits: 3 EVENTs in a burst, the rest free.
-func tightLimits() *Limits {
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3, time.Second)}
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+func tightLimits() *policy.Limits {
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3, time.Second)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	return &l
 }
 
@@ -193,8 +194,8 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 	sk := nostr.GeneratePrivateKey()
 	store.Down.Store(true)
 	err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "during outage"))
-	if err == nil || !strings.Contains(err.Error(), ReasonUnavailable) || strings.Contains(err.Error(), "rate-limited") {
-		t.Fatalf("publish during outage: %v, want %q", err, ReasonUnavailable)
+	if err == nil || !strings.Contains(err.Error(), wire.ReasonUnavailable) || strings.Contains(err.Error(), "rate-limited") {
+		t.Fatalf("publish during outage: %v, want %q", err, wire.ReasonUnavailable)
 	}
 	store.Down.Store(false)
 	if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "after outage")); err != nil {
@@ -236,9 +237,9 @@ func redisLimiterBatch(t testing.TB, url string, clk *nostrtest.Clock, batch int
 // "rate-limited"; the relay healthy throughout; restarted: admitted again.
 func TestE2ERedisOutage(t *testing.T) {
 	srv := redistest.Start(t)
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	g := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), nil), Limits: &l})
 	k := newKhatru(t)
 	gated := connect(t, serve(t, g.Wrap(k)))
@@ -251,8 +252,8 @@ func TestE2ERedisOutage(t *testing.T) {
 	srv.Kill()
 	for i := range 3 {
 		err := nostrtest.Publish(t, gated, nostrtest.Note(t, sk, "during"))
-		if err == nil || err.Error() != "msg: "+ReasonUnavailable {
-			t.Fatalf("during the outage (%d): %v, want %q", i, err, ReasonUnavailable)
+		if err == nil || err.Error() != "msg: "+wire.ReasonUnavailable {
+			t.Fatalf("during the outage (%d): %v, want %q", i, err, wire.ReasonUnavailable)
 		}
 	}
 	if err := nostrtest.Publish(t, direct, nostrtest.Note(t, sk, "direct")); err != nil {

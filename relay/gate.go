@@ -54,13 +54,6 @@ const (
 	DefaultPingInterval = 30 * time.Second
 	// DefaultWriteTimeout bounds one write to either side.
 	DefaultWriteTimeout = 10 * time.Second
-	// DefaultMaxFilters is how many filters a forwarded REQ may hold
-	// (NIP-11's max_filters; NIP-11's own example document gives 100,
-	// khatru has no bound). Clients send one to a few per REQ; each filter
-	// costs the relay a query and a listener, and each is charged as one
-	// REQ, so 10 is a fifth of the default REQ burst in one REQ, and 100
-	// would not fit it at all.
-	DefaultMaxFilters = policy.DefaultMaxFilters
 	// DefaultFilterFrameSize is the largest REQ or COUNT the gate
 	// forwards: 64 KiB holds a filter of ~900 authors, far more than any
 	// client asks for in one REQ, and keeps what a REQ can make the relay
@@ -84,13 +77,13 @@ const (
 // and NEG-CLOSE, and the read limit for EVENT, NEG-OPEN and NEG-MSG
 // (whose events and negentropy messages are as large as clients make
 // them).
-func DefaultFrameSize(t Type, readLimit int64) int {
+func DefaultFrameSize(t wire.Type, readLimit int64) int {
 	switch t {
-	case TypeREQ, TypeCOUNT:
+	case wire.TypeREQ, wire.TypeCOUNT:
 		return DefaultFilterFrameSize
-	case TypeAUTH:
+	case wire.TypeAUTH:
 		return DefaultAuthFrameSize
-	case TypeCLOSE, TypeNEGCLOSE:
+	case wire.TypeCLOSE, wire.TypeNEGCLOSE:
 		return DefaultCloseFrameSize
 	}
 	return int(readLimit)
@@ -107,7 +100,7 @@ type Options struct {
 	// Limits are the windows charged per connection and per message type.
 	// Nil means DefaultLimits(); a non-nil Limits is used as it is, so
 	// &Limits{} limits nothing and an empty slice makes its type free.
-	Limits *Limits
+	Limits *policy.Limits
 	// Quota caps validated events per actor: the in-process table on the
 	// Limiter's clock (ratelimit.Quota.Local(limiter.Now)) for one
 	// process, or redisstore.Quota shared by every instance. Nil, or a
@@ -145,14 +138,14 @@ type Options struct {
 	// (NIP-42), and is exempt from the quota as an event's author. Nil
 	// means the zero Identity: the TCP peer is the client, IPv6 by /64,
 	// nothing allow-listed.
-	Identity *Identity
+	Identity *policy.Identity
 	// ReadLimit is the largest client frame in bytes; a larger one closes
 	// the connection (1009). 0 means DefaultReadLimit.
 	ReadLimit int64
 	// FrameSize bounds the frames of each type the gate forwards, in
 	// bytes; a larger one is charged and answered "invalid: …", never
 	// forwarded. 0 means DefaultFrameSize for that type.
-	FrameSize [NumTypes]int
+	FrameSize [wire.NumTypes]int
 	// MaxFilters bounds the filters of a forwarded REQ. 0 means
 	// DefaultMaxFilters. A REQ of n filters is charged n times the cost of
 	// one, so the bound is lowered to the most filters every REQ window
@@ -257,7 +250,7 @@ type Options struct {
 	// unset. Reload replaces it while the gate runs.
 	Policy *policy.Config
 	// Observer receives decisions for metrics. Nil means none.
-	Observer *Observer
+	Observer *policy.Observer
 	// Logger receives connection-level events (upstream failures,
 	// slow clients). Nil means slog.Default().
 	Logger *slog.Logger
@@ -294,8 +287,8 @@ type Gate struct {
 	pol          atomic.Pointer[gatePolicy] // the running policy; Reload swaps it
 	now          func() time.Time
 	readLimit    int64
-	frameSize    [NumTypes]int
-	tooLarge     [NumTypes]string // the refusal of a frame over frameSize
+	frameSize    [wire.NumTypes]int
+	tooLarge     [wire.NumTypes]string // the refusal of a frame over frameSize
 	maxSubs      int
 	tooManySubs  string                 // the refusal of a REQ past maxSubs
 	connCounts   clientCounts           // open connections per client key
@@ -308,7 +301,7 @@ type Gate struct {
 	queueBytes   int
 	pingInterval time.Duration
 	writeTimeout time.Duration
-	obs          *Observer
+	obs          *policy.Observer
 	log          *slog.Logger
 	cutLog       cutLog // bounds the log lines of cut connections
 	upgrader     websocket.Upgrader
@@ -371,12 +364,12 @@ func New(opts Options) (*Gate, error) {
 	for t := range g.frameSize {
 		g.frameSize[t] = opts.FrameSize[t]
 		if n := g.frameSize[t]; n < 0 || int64(n) > g.readLimit {
-			return nil, fmt.Errorf("%w: %v: %d bytes, want 0 (the default) to the read limit %d", ErrFrameSize, Type(t), n, g.readLimit)
+			return nil, fmt.Errorf("%w: %v: %d bytes, want 0 (the default) to the read limit %d", ErrFrameSize, wire.Type(t), n, g.readLimit)
 		}
 		if g.frameSize[t] == 0 {
-			g.frameSize[t] = DefaultFrameSize(Type(t), g.readLimit)
+			g.frameSize[t] = DefaultFrameSize(wire.Type(t), g.readLimit)
 		}
-		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", Type(t), g.frameSize[t])
+		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", wire.Type(t), g.frameSize[t])
 	}
 	g.maxSubs = opts.MaxSubscriptions
 	if g.maxSubs <= 0 {
@@ -660,14 +653,14 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	v := sub.ChargeConnection(r.Context(), g.limiter)
 	switch {
 	case v.Err != nil:
-		g.obs.ReportConnection(Unavailable)
-		http.Error(w, ReasonUnavailable, http.StatusServiceUnavailable)
+		g.obs.ReportConnection(policy.Unavailable)
+		http.Error(w, wire.ReasonUnavailable, http.StatusServiceUnavailable)
 		return
 	case v.Refused:
-		g.obs.ReportConnection(RateLimited)
-		g.obs.ReportRefusal(client, NumTypes, RateLimited)
+		g.obs.ReportConnection(policy.RateLimited)
+		g.obs.ReportRefusal(client, wire.NumTypes, policy.RateLimited)
 		w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(v.Wait), 10))
-		http.Error(w, RateLimitedReason(v.Wait), http.StatusTooManyRequests)
+		http.Error(w, wire.RateLimitedReason(v.Wait), http.StatusTooManyRequests)
 		return
 	case v.Shadow && !v.Local:
 		// Once per client and wait: the shadow refusals that follow are
@@ -676,8 +669,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		g.log.Info("upgrade would be rate-limited (shadow)", "client", client, "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
 	}
 	if !freeIP && !g.holdConn(client) {
-		g.obs.ReportConnection(OverCap)
-		g.obs.ReportRefusal(client, NumTypes, OverCap)
+		g.obs.ReportConnection(policy.OverCap)
+		g.obs.ReportRefusal(client, wire.NumTypes, policy.OverCap)
 		http.Error(w, fmt.Sprintf("blocked: too many open connections from your address (at most %d)", g.connCounts.max), http.StatusTooManyRequests)
 		return
 	}
@@ -689,9 +682,9 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}()
 	}
 	if freeIP {
-		g.obs.ReportConnection(Allowlisted)
+		g.obs.ReportConnection(policy.Allowlisted)
 	} else {
-		g.obs.ReportConnection(Admitted)
+		g.obs.ReportConnection(policy.Admitted)
 	}
 
 	if !handshakeOK(r) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // hostileFrame is one entry of testdata/hostile/frames.json.
@@ -58,8 +59,8 @@ func loadHostile(t testing.TB) []hostileFrame {
 
 // generous charges every type (so the charging path runs) without ever
 // refusing for a limit.
-func generous() *Limits {
-	var l Limits
+func generous() *policy.Limits {
+	var l policy.Limits
 	for t := range l.Message {
 		l.Message[t] = []ratelimit.Limit{ratelimit.PerPeriod(1e6, time.Second)}
 	}

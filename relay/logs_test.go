@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // logBuffer is a text log that tests count lines in.
@@ -51,11 +52,11 @@ func TestGateLogsLaterBudgetRefusalOncePerWait(t *testing.T) {
 		frame func(i int) string
 	}{
 		{"kind class", policy.Config{
-			Limits: func() (l policy.Limits) { l.Message[TypeEVENT] = generous; return }(),
+			Limits: func() (l policy.Limits) { l.Message[wire.TypeEVENT] = generous; return }(),
 			Kinds:  []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: once}},
 		}, func(int) string { return reaction }},
 		{"aggregate", policy.Config{
-			Limits:     func() (l policy.Limits) { l.Message[TypeREQ] = generous; return }(),
+			Limits:     func() (l policy.Limits) { l.Message[wire.TypeREQ] = generous; return }(),
 			Aggregates: []policy.Aggregate{{Bits: 8, V4: true, Limits: once}},
 		}, func(i int) string { return `["REQ","s` + string(rune('a'+i)) + `",{}]` }},
 	} {

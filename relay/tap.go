@@ -19,6 +19,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -600,7 +601,7 @@ func (t *tapConn) readFailed(err error) error {
 	c := t.c
 	if c.meter.flooded.Load() {
 		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many control frames")
-		c.g.obs.ReportCut(CutControlFlood)
+		c.g.obs.ReportCut(policy.CutControlFlood)
 		c.end(true, true, closeSlowClient, "sluice: too many control frames")
 		return errControlFlood
 	}
@@ -963,10 +964,10 @@ func (t *tapConn) writeFailed(err error) {
 		switch {
 		case errors.Is(err, errBacklog):
 			c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "backlog over the queue bound")
-			c.g.obs.ReportCut(CutSlowReader)
+			c.g.obs.ReportCut(policy.CutSlowReader)
 		case isTimeout(err):
 			c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "reads nothing")
-			c.g.obs.ReportCut(CutSlowReader)
+			c.g.obs.ReportCut(policy.CutSlowReader)
 		}
 		t.shutLocked(false, 0, "")
 	})

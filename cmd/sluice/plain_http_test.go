@@ -21,9 +21,9 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 )
 
 // bigBody is the size of the hostile bodies below: far past any bound, and

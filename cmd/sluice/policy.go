@@ -18,7 +18,6 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
-	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -228,7 +227,7 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 		ts.Limits.Message = c.Limits.Message
 		for _, label := range slices.Sorted(maps.Keys(tc.Limits.Message)) {
 			p := path + ".limits.message." + label
-			t, known := relay.ParseType(label)
+			t, known := wire.ParseType(label)
 			if !known {
 				bad(p, "unknown message type; known are %s", knownTypes())
 				ok = false
@@ -240,7 +239,7 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 				ok = false
 				continue
 			}
-			if t == relay.TypeOther && len(ls) == 0 {
+			if t == wire.TypeOther && len(ls) == 0 {
 				bad(p, "must have at least one window: the catch-all bucket is never free")
 				ok = false
 				continue

@@ -14,9 +14,9 @@ import (
 
 	"github.com/nbd-wtf/go-nostr/nip19"
 
-	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // Pubkeys for tiers: A also as its npub (NIP-19's example), B also in
@@ -91,7 +91,7 @@ func TestPolicyFields(t *testing.T) {
 	if !c.Shadow {
 		t.Error("mode: shadow did not set Shadow")
 	}
-	ev := c.Limits.Message[relay.TypeEVENT]
+	ev := c.Limits.Message[wire.TypeEVENT]
 	if len(ev) != 2 || ev[0].Shadow || !ev[1].Shadow {
 		t.Errorf("EVENT windows %v: want the second alone in shadow", ev)
 	}
@@ -124,13 +124,13 @@ func TestPolicyFields(t *testing.T) {
 		t.Errorf("pubkeys_file resolved to %q, want the file beside the config", mem.File)
 	}
 	// A tier's type replaces the address's; the others keep it.
-	if got := mem.Limits.Message[relay.TypeEVENT]; len(got) != 1 || got[0].Rate != 50 {
+	if got := mem.Limits.Message[wire.TypeEVENT]; len(got) != 1 || got[0].Rate != 50 {
 		t.Errorf("members EVENT %v, want 50/1s", got)
 	}
-	if got := mem.Limits.Message[relay.TypeREQ]; len(got) != 1 || got[0].Rate != 50 {
+	if got := mem.Limits.Message[wire.TypeREQ]; len(got) != 1 || got[0].Rate != 50 {
 		t.Errorf("members REQ %v, want the address's 50/1s", got)
 	}
-	if got := bots.Limits.Message[relay.TypeEVENT]; got == nil || len(got) != 0 {
+	if got := bots.Limits.Message[wire.TypeEVENT]; got == nil || len(got) != 0 {
 		t.Errorf("bots EVENT %v, want [] (free)", got)
 	}
 	// The quota: events given, window the global one; unlimited.

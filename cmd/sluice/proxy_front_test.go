@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
+	"github.com/sluice-relay/sluice/relay"
 )
 
 // proxyUpstream is an upstream for proxy-mode tests: NIP-11 answered,
