@@ -254,14 +254,14 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	}
 
 	c = admitConn(t, Options{Limits: &policy.Limits{}})
-	big := `{"authors":["` + strings.Repeat("a", DefaultFilterFrameSize) + `"]}`
+	big := `{"authors":["` + strings.Repeat("a", defaultFilterFrameSize) + `"]}`
 	if c.admit([]byte(`["REQ","s",` + big + `]`)) {
 		t.Fatal("REQ over its frame bound admitted")
 	}
 	if got := c.reply(t); got != `["CLOSED","s","invalid: REQ frame is larger than 65536 bytes"]` {
 		t.Errorf("reply %s", got)
 	}
-	event := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("a", DefaultFilterFrameSize), 1) + `]`
+	event := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("a", defaultFilterFrameSize), 1) + `]`
 	if !c.admit([]byte(event)) {
 		t.Fatalf("EVENT of %d bytes refused: %s", len(event), c.reply(t))
 	}

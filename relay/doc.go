@@ -50,7 +50,7 @@
 // challenges the relay sends on each connection and forwards an AUTH only
 // when its event names one of them, names this relay (Options.RelayURL,
 // which a policy granting by pubkey requires: ErrNoRelayURL),
-// is within MaxAuthAge of the gate's clock, and has a valid id and
+// is within maxAuthAge of the gate's clock, and has a valid id and
 // signature; the connection is bound to the pubkey when the relay then
 // answers OK true.
 //

@@ -49,42 +49,42 @@ const (
 	// DefaultReadLimit is the largest client frame the gate reads: 512 KiB,
 	// a little above khatru's own 512,000-byte limit.
 	DefaultReadLimit = 512 << 10
-	// DefaultPingInterval is how often the gate pings each client; a
+	// defaultPingInterval is how often the gate pings each client; a
 	// client that answers nothing for two intervals is disconnected.
-	DefaultPingInterval = 30 * time.Second
-	// DefaultWriteTimeout bounds one write to either side.
-	DefaultWriteTimeout = 10 * time.Second
-	// DefaultFilterFrameSize is the largest REQ or COUNT the gate
+	defaultPingInterval = 30 * time.Second
+	// defaultWriteTimeout bounds one write to either side.
+	defaultWriteTimeout = 10 * time.Second
+	// defaultFilterFrameSize is the largest REQ or COUNT the gate
 	// forwards: 64 KiB holds a filter of ~900 authors, far more than any
 	// client asks for in one REQ, and keeps what a REQ can make the relay
 	// hold small.
-	DefaultFilterFrameSize = 64 << 10
-	// DefaultAuthFrameSize is the largest AUTH the gate forwards; an AUTH
+	defaultFilterFrameSize = 64 << 10
+	// defaultAuthFrameSize is the largest AUTH the gate forwards; an AUTH
 	// event has two short tags.
-	DefaultAuthFrameSize = 16 << 10
-	// DefaultCloseFrameSize is the largest CLOSE or NEG-CLOSE: a label
+	defaultAuthFrameSize = 16 << 10
+	// defaultCloseFrameSize is the largest CLOSE or NEG-CLOSE: a label
 	// and a subscription id.
-	DefaultCloseFrameSize = 1 << 10
-	// DefaultPlainBodyLimit is the largest body of a plain HTTP request
+	defaultCloseFrameSize = 1 << 10
+	// defaultPlainBodyLimit is the largest body of a plain HTTP request
 	// the gate passes to the relay: a NIP-86 management call is a JSON
 	// method and a few parameters, and a NIP-11 or page GET has none.
-	DefaultPlainBodyLimit = 64 << 10
+	defaultPlainBodyLimit = 64 << 10
 )
 
 // DefaultFrameSize returns the largest frame of type t the gate forwards
-// when Options.FrameSize leaves it 0: DefaultFilterFrameSize for REQ and
-// COUNT, DefaultAuthFrameSize for AUTH, DefaultCloseFrameSize for CLOSE
+// when Options.FrameSize leaves it 0: defaultFilterFrameSize for REQ and
+// COUNT, defaultAuthFrameSize for AUTH, defaultCloseFrameSize for CLOSE
 // and NEG-CLOSE, and the read limit for EVENT, NEG-OPEN and NEG-MSG
 // (whose events and negentropy messages are as large as clients make
 // them).
 func DefaultFrameSize(t wire.Type, readLimit int64) int {
 	switch t {
 	case wire.TypeREQ, wire.TypeCOUNT:
-		return DefaultFilterFrameSize
+		return defaultFilterFrameSize
 	case wire.TypeAUTH:
-		return DefaultAuthFrameSize
+		return defaultAuthFrameSize
 	case wire.TypeCLOSE, wire.TypeNEGCLOSE:
-		return DefaultCloseFrameSize
+		return defaultCloseFrameSize
 	}
 	return int(readLimit)
 }
@@ -219,13 +219,13 @@ type Options struct {
 	QueueBytes int
 	// PingInterval is the keepalive period towards clients and relays
 	// behind Proxy; a side that sends nothing, not even a pong, for two
-	// intervals is closed. 0 means DefaultPingInterval. In Wrap mode the
+	// intervals is closed. 0 means defaultPingInterval. In Wrap mode the
 	// keepalive is the relay's own (khatru pings every 30 s).
 	PingInterval time.Duration
 	// WriteTimeout bounds how long a write to a client may make no
 	// progress at all (no byte taken and, on Linux, none acknowledged),
 	// and one write to the relay; a side that stays blocked longer is
-	// closed. 0 means DefaultWriteTimeout.
+	// closed. 0 means defaultWriteTimeout.
 	WriteTimeout time.Duration
 	// PlainMethods are the methods of plain HTTP requests (anything but
 	// a WebSocket upgrade as IsUpgrade reads it) that Wrap and Proxy pass
@@ -242,7 +242,7 @@ type Options struct {
 	// longer Content-Length is answered 413 unread, and a longer one sent
 	// without (chunked) fails the relay's read past the bound
 	// (http.MaxBytesReader; the server then closes the connection, and
-	// Proxy answers 413). 0 means DefaultPlainBodyLimit.
+	// Proxy answers 413). 0 means defaultPlainBodyLimit.
 	PlainBodyLimit int64
 	// Policy, when not nil, is the whole policy: limits, kind classes,
 	// tiers, aggregates, shadow mode, quota, identity and filter bound
@@ -385,10 +385,10 @@ func New(opts Options) (*Gate, error) {
 		g.queueBytes = DefaultQueueBytes
 	}
 	if g.pingInterval <= 0 {
-		g.pingInterval = DefaultPingInterval
+		g.pingInterval = defaultPingInterval
 	}
 	if g.writeTimeout <= 0 {
-		g.writeTimeout = DefaultWriteTimeout
+		g.writeTimeout = defaultWriteTimeout
 	}
 	if g.log == nil {
 		g.log = slog.Default()
@@ -404,7 +404,7 @@ func New(opts Options) (*Gate, error) {
 	g.plainAllow = strings.Join(allow, ", ")
 	g.plainBody = opts.PlainBodyLimit
 	if g.plainBody <= 0 {
-		g.plainBody = DefaultPlainBodyLimit
+		g.plainBody = defaultPlainBodyLimit
 	}
 	g.upgrader = websocket.Upgrader{
 		// Nostr clients are web pages on any origin; a relay is public.
