@@ -69,7 +69,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 	okPrefix := `["OK","` + testID + `",false,"`
 
-	c := admitConn(t, Options{Limits: one(wire.TypeEVENT)})
+	c := admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeEVENT)}})
 	if !c.admit(event) {
 		t.Fatal("first EVENT refused")
 	}
@@ -80,14 +80,14 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 		t.Errorf("rate-limited EVENT reply %s, want prefix %s", got, want)
 	}
 
-	c = admitConn(t, Options{Limits: one(wire.TypeREQ)})
+	c = admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeREQ)}})
 	c.admit(req)
 	c.admit(req)
 	if got, want := c.reply(t), `["CLOSED","sub:1","rate-limited: slow down; retry in `; len(got) < len(want) || got[:len(want)] != want {
 		t.Errorf("rate-limited REQ reply %s, want prefix %s", got, want)
 	}
 
-	c = admitConn(t, Options{Limits: one(wire.TypeEVENT), Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
+	c = admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeEVENT)}, Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
 	c.admit(event)
 	if got, want := c.reply(t), okPrefix+wire.ReasonUnavailable+`"]`; got != want {
 		t.Errorf("unavailable EVENT reply %s, want %s", got, want)
@@ -99,7 +99,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	q.Add("6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", now)
-	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &policy.Limits{}, Quota: q.Local(func() time.Time { return now })})
+	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(func() time.Time { return now })}})
 	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
@@ -120,7 +120,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 func TestAdmitRefusalAllocs(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	c := admitConn(t, Options{Limits: &l})
+	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}})
 	event := []byte(`["EVENT",` + goNostrEvent + `]`)
 	c.admit(event)
 	allocs := testing.AllocsPerRun(100, func() {
@@ -193,10 +193,10 @@ func BenchmarkAdmit(b *testing.B) {
 		admit bool
 		sub   string // the REQ's subscription, closed after each
 	}{
-		{"EVENT", Options{Limits: wide()}, event, true, ""},
-		{"EVENT-quota", Options{Limits: wide(), Quota: quota.Local(nil)}, event, true, ""},
-		{"REQ", Options{Limits: wide()}, req, true, "sub:1"},
-		{"EVENT-blocked", Options{Limits: tight()}, event, false, ""},
+		{"EVENT", Options{Policy: policy.Config{Limits: wide()}}, event, true, ""},
+		{"EVENT-quota", Options{Policy: policy.Config{Limits: wide(), Quota: quota.Local(nil)}}, event, true, ""},
+		{"REQ", Options{Policy: policy.Config{Limits: wide()}}, req, true, "sub:1"},
+		{"EVENT-blocked", Options{Policy: policy.Config{Limits: tight()}}, event, false, ""},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			c := admitConn(b, bm.opts)
@@ -224,7 +224,7 @@ func BenchmarkAdmit(b *testing.B) {
 func TestAdmitChargesPerFilter(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10.5, time.Hour)}
-	c := admitConn(t, Options{Limits: &l})
+	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}})
 	five := []byte(`["REQ","s",{},{},{},{},{}]`)
 	for i := range 2 {
 		if !c.admit(five) {
@@ -242,7 +242,7 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	}
 
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}
-	c = admitConn(t, Options{Limits: &l})
+	c = admitConn(t, Options{Policy: policy.Config{Limits: &l}})
 	if got := c.g.MaxFilters(); got != 3 {
 		t.Fatalf("MaxFilters under a burst of 3: %d", got)
 	}
@@ -253,7 +253,7 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 		t.Errorf("reply %s", got)
 	}
 
-	c = admitConn(t, Options{Limits: &policy.Limits{}})
+	c = admitConn(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	big := `{"authors":["` + strings.Repeat("a", defaultFilterFrameSize) + `"]}`
 	if c.admit([]byte(`["REQ","s",` + big + `]`)) {
 		t.Fatal("REQ over its frame bound admitted")
@@ -273,7 +273,7 @@ func TestObserverRefusal(t *testing.T) {
 	o := policy.NewOffenders(4, time.Minute, nil)
 	var l policy.Limits
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	c := admitConn(t, Options{Limits: &l, Observer: &policy.Observer{Refusal: func(client string, _ wire.Type, _ policy.Outcome) { o.Add(client) }}})
+	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}, Observer: &policy.Observer{Refusal: func(client string, _ wire.Type, _ policy.Outcome) { o.Add(client) }}})
 	for range 5 {
 		c.admit([]byte(`["REQ","s",{}]`))
 	}
@@ -292,7 +292,7 @@ func BenchmarkWatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := admitConn(b, Options{Limits: &policy.Limits{}, Quota: quota.Local(nil)})
+	c := admitConn(b, Options{Policy: policy.Config{Limits: &policy.Limits{}, Quota: quota.Local(nil)}})
 	for _, bm := range []struct{ name, frame string }{
 		{"EVENT", `["EVENT","sub:1",` + nostrToolsEvent + `]`},
 		{"EOSE", `["EOSE","sub:1"]`},

@@ -63,7 +63,7 @@ func TestE2EAuthVerified(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			clk := nostrtest.NewClock()
 			clk.Set(time.Now()) // khatru checks created_at against its own clock
-			opts := Options{Limiter: memLimiter(clk), Limits: &l, Identity: &policy.Identity{Allow: al}}
+			opts := Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{Allow: al}}}
 			url := hostileTarget(t, mode, negKhatru(t), opts)
 
 			// The spoof.

@@ -35,10 +35,10 @@ func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 		opts Options
 		want bool // refused without a RelayURL
 	}{
-		{"member tiers", Options{Policy: &tiers}, true},
-		{"allow-listed pubkeys", Options{Identity: &policy.Identity{Allow: pubkeys}}, true},
-		{"allow-listed addresses", Options{Identity: &policy.Identity{Allow: addrs}}, false},
-		{"quota alone", Options{Quota: q.Local(time.Now)}, false},
+		{"member tiers", Options{Policy: tiers}, true},
+		{"allow-listed pubkeys", Options{Policy: policy.Config{Identity: policy.Identity{Allow: pubkeys}}}, true},
+		{"allow-listed addresses", Options{Policy: policy.Config{Identity: policy.Identity{Allow: addrs}}}, false},
+		{"quota alone", Options{Policy: policy.Config{Quota: q.Local(time.Now)}}, false},
 		{"nothing", Options{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,7 +83,7 @@ func TestGateAuthNamesRelayURL(t *testing.T) {
 	rec.challenge = "chal"
 	rec.answerOK = func(hex32) bool { return true }
 	url := serveSelf(t, Options{
-		Limiter: memLimiter(clk), Limits: &policy.Limits{}, Identity: &policy.Identity{Allow: al},
+		Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}},
 		RelayURL: "wss://relay.example/nostr",
 	}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 	for i, tc := range []struct {

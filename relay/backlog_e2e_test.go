@@ -93,7 +93,7 @@ func TestE2EStalledSubscriberHoldsNoPublisher(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			cuts := newCutCounter()
 			url := hostileTarget(t, mode, newKhatru(t), Options{
-				Limits: &policy.Limits{}, QueueBytes: 1 << 20, WriteTimeout: noWriteDeadline, Observer: cuts.observer(),
+				Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 1 << 20, WriteTimeout: noWriteDeadline, Observer: cuts.observer(),
 			})
 			stalled := dialReadBuffer(t, url, 4<<10)
 			if err := stalled.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1]}]`)); err != nil {
@@ -214,7 +214,7 @@ func TestE2EBackloggedClientWaitsInItsSocket(t *testing.T) {
 			pk, _ := nostr.GetPublicKey(sk)
 			who.Store(pk)
 			seen.Store(0)
-			url := smallSendTarget(t, mode, kr, Options{Limits: &policy.Limits{}, QueueBytes: 64 << 20, WriteTimeout: noWriteDeadline})
+			url := smallSendTarget(t, mode, kr, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 64 << 20, WriteTimeout: noWriteDeadline})
 
 			c := dialReadBuffer(t, url, 16<<10)
 			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1],"limit":500},{"kinds":[1],"limit":500},{"kinds":[1],"limit":500}]`)); err != nil {
@@ -301,7 +301,7 @@ func TestE2ESteadySlowReadersNotCut(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%dKBps", mode, rate>>10), func(t *testing.T) {
 				t.Parallel()
 				cuts := newCutCounter()
-				url := hostileTarget(t, mode, kr, Options{Limits: &policy.Limits{}, WriteTimeout: time.Second, Observer: cuts.observer()})
+				url := hostileTarget(t, mode, kr, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: time.Second, Observer: cuts.observer()})
 				c := dialReadBuffer(t, url, 4<<10)
 				if err := c.WriteMessage(websocket.TextMessage, fmt.Appendf(nil, `["REQ","r",{"kinds":[1],"limit":%d}]`, events)); err != nil {
 					t.Fatal(err)
@@ -338,7 +338,7 @@ func TestE2ENeverReaderCutByBytes(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			cuts := newCutCounter()
-			url := smallSendTarget(t, mode, kr, Options{Limits: &policy.Limits{}, QueueBytes: 256 << 10, WriteTimeout: noWriteDeadline, Observer: cuts.observer()})
+			url := smallSendTarget(t, mode, kr, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 256 << 10, WriteTimeout: noWriteDeadline, Observer: cuts.observer()})
 			c := dialReadBuffer(t, url, 16<<10)
 			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1],"limit":500}]`)); err != nil {
 				t.Fatal(err)

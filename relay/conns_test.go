@@ -29,7 +29,7 @@ import (
 func TestGateSubscriptionCap(t *testing.T) {
 	rec := newRecorder()
 	rec.eose = true
-	g := newGate(t, Options{Limits: &policy.Limits{}, MaxSubscriptions: 3})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 3})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	send := func(frame string) { _ = c.WriteMessage(websocket.TextMessage, []byte(frame)) }
 	expect := func(want string) {
@@ -96,7 +96,7 @@ func TestGateRefusedREQClosesAtRelay(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Hour)}
 	rec := newRecorder()
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	send := func(frame string) { _ = c.WriteMessage(websocket.TextMessage, []byte(frame)) }
 	send(`["REQ","s",{"kinds":[1]}]`)
@@ -130,7 +130,7 @@ func TestGateConnectionCap(t *testing.T) {
 			closed <- struct{}{}
 		}
 	}}
-	g := newGate(t, Options{Limits: &policy.Limits{}, MaxConnections: 2, Observer: obs})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxConnections: 2, Observer: obs})
 	url := serve(t, g.Wrap(newRecorder()))
 	c1 := dialRaw(t, url)
 	dialRaw(t, url)
@@ -147,7 +147,7 @@ func TestGateConnectionCap(t *testing.T) {
 	dialRaw(t, url)
 
 	al, _ := policy.NewAllowList([]string{"127.0.0.1"}, nil)
-	g = newGate(t, Options{Limits: &policy.Limits{}, MaxConnections: 1, Identity: &policy.Identity{Allow: al}})
+	g = newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}}, MaxConnections: 1})
 	url = serve(t, g.Wrap(newRecorder()))
 	for range 3 {
 		dialRaw(t, url)
@@ -173,7 +173,7 @@ func TestGateKnockingClientClosed(t *testing.T) {
 			}
 		},
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Observer: obs})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}, Observer: obs})
 	rec := newRecorder()
 	url := serve(t, g.Wrap(rec))
 	event := []byte(`["EVENT",` + goNostrEvent + `]`)

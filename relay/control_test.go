@@ -143,7 +143,7 @@ func TestGateControlHonest(t *testing.T) {
 	rec := newRecorder()
 	rec.eose = true     // answers every COUNT, as a relay does
 	var l policy.Limits // nothing charged: only the control bound applies
-	url := serve(t, newGate(t, Options{Limits: &l}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &l}}).Wrap(rec))
 	c := dialRaw(t, url)
 	nc := c.NetConn()
 	const n = 300
@@ -231,7 +231,7 @@ func TestGateLargeEventNotCut(t *testing.T) {
 	// Each frame in one socket write, as go-nostr's client sends it
 	// (gorilla's default buffer would write it in 4 KiB pieces).
 	d := websocket.Dialer{WriteBufferSize: 1 << 20}
-	c, _, err := d.Dial(serve(t, newGate(t, Options{Limits: &policy.Limits{}}).Wrap(rec)), nil)
+	c, _, err := d.Dial(serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

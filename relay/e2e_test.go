@@ -119,7 +119,7 @@ func scenario(t *testing.T, url string) []string {
 func TestE2EUnderLimitsSameAsDirect(t *testing.T) {
 	direct := scenario(t, serve(t, newKhatru(t)))
 	q, _ := ratelimit.NewQuota(600, time.Minute)
-	g := newGate(t, Options{Quota: q.Local(nil)})
+	g := newGate(t, Options{Policy: policy.Config{Quota: q.Local(nil)}})
 	gated := scenario(t, serve(t, g.Wrap(newKhatru(t))))
 	if strings.Join(direct, "\n") != strings.Join(gated, "\n") {
 		t.Fatalf("gated transcript differs\ndirect:\n%s\ngated:\n%s", strings.Join(direct, "\n"), strings.Join(gated, "\n"))
@@ -144,7 +144,7 @@ func tightLimits() *policy.Limits {
 // wait, REQs still pass, and a client that waits as told is admitted.
 func TestE2EFloodRefusedThenAdmittedAfterWait(t *testing.T) {
 	clk := nostrtest.NewClock()
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: tightLimits()})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: tightLimits()}})
 	url := serve(t, g.Wrap(newKhatru(t)))
 	r := connect(t, url)
 	sk := nostr.GeneratePrivateKey()
@@ -188,7 +188,7 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	g := newGate(t, Options{
 		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
-		Limits:  tightLimits(),
+		Policy:  policy.Config{Limits: tightLimits()},
 	})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
 	sk := nostr.GeneratePrivateKey()
@@ -240,7 +240,7 @@ func TestE2ERedisOutage(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
-	g := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), nil), Limits: &l})
+	g := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), nil), Policy: policy.Config{Limits: &l}})
 	k := newKhatru(t)
 	gated := connect(t, serve(t, g.Wrap(k)))
 	direct := connect(t, serve(t, k))
@@ -273,8 +273,8 @@ func TestE2ERedisOutage(t *testing.T) {
 func TestE2ERedisSharedBudget(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := nostrtest.NewClock()
-	g1 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Limits: tightLimits()})
-	g2 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Limits: tightLimits()})
+	g1 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Policy: policy.Config{Limits: tightLimits()}})
+	g2 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Policy: policy.Config{Limits: tightLimits()}})
 	k := newKhatru(t)
 	r1 := connect(t, serve(t, g1.Wrap(k)))
 	r2 := connect(t, serve(t, g2.Wrap(k)))

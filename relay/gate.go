@@ -89,122 +89,110 @@ func DefaultFrameSize(t wire.Type, readLimit int64) int {
 	return int(readLimit)
 }
 
-// Options configures a Gate. The zero value is usable: default limits
-// over a memory store, the default quota off, no allow-lists.
+// Options configures a Gate. The zero value is usable: the default
+// policy (policy.Config's zero value: policy.DefaultLimits, no actor
+// quota, no allow-lists) over an in-process memory store.
 type Options struct {
 	// Limiter decides every charge, and its clock is the gate's (the
-	// quota's windows, the offenders' view). Nil means a Limiter over a
+	// quota's windows, the offenders' view). If nil, a Limiter over a
 	// fresh ratelimit.MemoryStore of the default size (one process only)
-	// on the real clock.
+	// on the real clock is used.
 	Limiter *ratelimit.Limiter
-	// Limits are the windows charged per connection and per message type.
-	// Nil means DefaultLimits(); a non-nil Limits is used as it is, so
-	// &Limits{} limits nothing and an empty slice makes its type free.
-	Limits *policy.Limits
-	// Quota caps validated events per actor: the in-process table on the
-	// Limiter's clock (ratelimit.Quota.Local(limiter.Now)) for one
-	// process, or redisstore.Quota shared by every instance. Nil, or a
-	// quota with Events 0 (ratelimit.Unlimited()), means no quota: EVENTs
-	// pass on their message limits alone. A quota that cannot decide
-	// fails closed: the EVENT is answered "error: rate limiter
-	// unavailable".
+	// Policy is what the gate charges: limits per connection and per
+	// message type, kind classes, tiers, aggregates, shadow mode, the
+	// actor quota, the identity and allow-lists, and the frame bounds
+	// (filters per REQ among them). Its zero value is the defaults (see
+	// policy.Config); &policy.Limits{} in Policy.Limits limits nothing.
+	// Reload replaces it while the gate runs.
 	//
-	// The quota is checked after the EVENT message limits, which charge
-	// every EVENT whatever the quota then decides.
+	// With an actor quota (Policy.Quota), the quota is checked after the
+	// EVENT message limits, which charge every EVENT whatever the quota
+	// then decides; a quota that cannot decide fails closed (the EVENT is
+	// answered "error: rate limiter unavailable"). The actor of an EVENT
+	// is the pubkey the connection authenticated as (NIP-42, learnt from
+	// the relay's OK true to the client's AUTH), or else the event's
+	// author. An actor over its quota has its EVENTs answered OK false
+	// "rate-limited: …; retry in Ns" (the rest of the window). The gate
+	// remembers up to 256 forwarded event ids per connection and charges
+	// the actor when the relay answers OK true for one: events the relay
+	// refuses, or answers "duplicate:" (it had them already), cost
+	// nothing. Events in flight are not yet charged, so an actor can
+	// exceed its quota by what it has in flight at the moment it crosses
+	// it (at most 256 per connection). The id and pubkey are the ones
+	// wire.Scan read of a canonical EVENT (one event, each field once): a
+	// relay reads the same, so its OK charges the author the gate saw. An
+	// id the relay accepts again on the same connection within the window
+	// (a re-send, which khatru answers OK true without "duplicate:") is
+	// charged once.
 	//
-	// The actor of an EVENT is the pubkey the connection authenticated as
-	// (NIP-42, learnt from the relay's OK true to the client's AUTH), or
-	// else the event's author. An actor over its quota has its EVENTs
-	// answered OK false "rate-limited: …; retry in Ns" (the rest of the
-	// window). The gate remembers up to DefaultPending forwarded event ids
-	// per connection and charges the actor when the relay answers OK true
-	// for one: events the relay refuses, or answers "duplicate:" (it had
-	// them already), cost nothing. Events in flight are
-	// not yet charged, so an actor can exceed its quota by what it has in
-	// flight at the moment it crosses it (at most DefaultPending per
-	// connection).
-	//
-	// The id and pubkey are the ones wire.Scan read of a canonical EVENT
-	// (one event, each field once): a relay reads the same, so its OK
-	// charges the author the gate saw. An id the relay accepts again on
-	// the same connection within the window (a re-send, which khatru
-	// answers OK true without "duplicate:") is charged once; the gate
-	// remembers DefaultCharged such ids per connection.
-	Quota ratelimit.ActorQuota
-	// Identity turns a request into its client (the budget's key and the
-	// address the relay is told) and holds the allow-lists: an
-	// allow-listed address is charged nothing; an allow-listed pubkey is
-	// charged nothing once the connection has authenticated as it
-	// (NIP-42), and is exempt from the quota as an event's author. Nil
-	// means the zero Identity: the TCP peer is the client, IPv6 by /64,
-	// nothing allow-listed.
-	Identity *policy.Identity
+	// An allow-listed address (Policy.Identity) is charged nothing; an
+	// allow-listed pubkey is charged nothing once the connection has
+	// authenticated as it (NIP-42), and is exempt from the quota as an
+	// event's author.
+	Policy policy.Config
 	// ReadLimit is the largest client frame in bytes; a larger one closes
-	// the connection (1009). 0 means DefaultReadLimit.
+	// the connection (1009). If 0, DefaultReadLimit (512 KiB) is used.
 	ReadLimit int64
 	// FrameSize bounds the frames of each type the gate forwards, in
 	// bytes; a larger one is charged and answered "invalid: …", never
-	// forwarded. 0 means DefaultFrameSize for that type.
+	// forwarded. A 0 entry means DefaultFrameSize for that type.
 	FrameSize [wire.NumTypes]int
-	// MaxFilters bounds the filters of a forwarded REQ. 0 means
-	// DefaultMaxFilters. A REQ of n filters is charged n times the cost of
-	// one, so the bound is lowered to the most filters every REQ window
-	// can admit at once (the largest n with n·cost < rate).
-	MaxFilters int
 	// MaxSubscriptions caps the subscriptions one connection holds open
 	// at the relay (a place per forwarded REQ, a reused id included;
 	// freed by a CLOSE, or by the relay's CLOSED once the gate has sent
 	// the relay a CLOSE for it); a REQ past it is answered CLOSED
-	// "blocked: …" and not forwarded. 0 means DefaultMaxSubscriptions.
+	// "blocked: …" and not forwarded. If 0, DefaultMaxSubscriptions is
+	// used.
 	MaxSubscriptions int
 	// MaxConnections caps the connections one client (its key, as
-	// Identity makes it) holds open at once through this gate; an upgrade
-	// past it is refused with HTTP 429 and no Retry-After (a cap has no
-	// wait to tell: a connection closing frees a place). The count is this
-	// process's own. 0 means DefaultMaxConnections; negative, no cap.
-	// Allow-listed addresses are not counted.
+	// Policy.Identity makes it) holds open at once through this gate; an
+	// upgrade past it is refused with HTTP 429 and no Retry-After (a cap
+	// has no wait to tell: a connection closing frees a place). The count
+	// is this process's own. If 0, DefaultMaxConnections is used;
+	// negative means no cap. Allow-listed addresses are not counted.
 	MaxConnections int
 	// MaxSyncs caps the NIP-77 syncs (NEG-OPEN) one client holds open at
 	// once through this gate, across its connections; a NEG-OPEN past it
 	// is answered NEG-ERR ("blocked: …") and not forwarded. The count is
-	// this process's own. 0 means DefaultMaxSyncs; negative, no cap.
-	// Allow-listed clients are not counted.
+	// this process's own. If 0, DefaultMaxSyncs is used; negative means
+	// no cap. Allow-listed clients are not counted.
 	MaxSyncs int
 	// MaxFilterBytes caps the bytes of the REQs whose subscriptions one
 	// client holds open at the relay, across its connections through this
 	// gate: the relay keeps every such filter as a listener, and matches
 	// every new event against all of them. A REQ that would take the
 	// client past it is answered CLOSED ("blocked: …") and not forwarded.
-	// The count is this process's own. 0 means DefaultMaxFilterBytes;
-	// negative, no cap. Allow-listed clients are not counted.
+	// The count is this process's own. If 0, DefaultMaxFilterBytes is
+	// used; negative means no cap. Allow-listed clients are not counted.
 	MaxFilterBytes int
 	// Stored, when set, reports whether the relay stored the event with
 	// this id (32 bytes, as in the event's "id") since Stored was last
 	// asked about it: the first answer for a stored event is true, any
-	// later one false. The actor quota is charged only for an accepted
-	// event the relay did store. khatru answers an event it already has with OK true and no
-	// "duplicate:" prefix, and one it keeps a newer replacement of with
-	// OK true too: without Stored anyone could spend any pubkey's quota by
-	// sending its public events again (a few addresses silenced a pubkey
-	// at the default quota). sluice relay sets it from its event store.
-	// With Stored, an event whose OK the gate has not seen one to two
-	// seconds after forwarding it, or when its connection ends, is charged
-	// if the relay stored it.
-	// Nil: every accepted event but a "duplicate:" one is charged on its
-	// OK; behind Proxy the relay's answers are read on for a while after
-	// a client has gone with events awaiting theirs, while in Wrap mode
-	// the OKs a client kept from the gate are lost with it, uncharged
-	// (set Stored there). Either way an actor
-	// from one client (a connection) has at most MaxActorPending
-	// (DefaultPending) events awaiting their OK (see DefaultPending).
+	// later one false. The actor quota is then charged only for an
+	// accepted event the relay did store: khatru answers an event it
+	// already has with OK true and no "duplicate:" prefix, and one it
+	// keeps a newer replacement of with OK true too, so without Stored
+	// anyone could spend any pubkey's quota by sending its public events
+	// again. With Stored, an event whose OK the gate has not seen one to
+	// two seconds after forwarding it, or when its connection ends, is
+	// charged if the relay stored it. sluice relay sets it from its event
+	// store.
+	//
+	// If nil, every accepted event but a "duplicate:" one is charged on
+	// its OK; behind Proxy the relay's answers are read on for a while
+	// after a client has gone with events awaiting theirs, while in Wrap
+	// mode the OKs a client kept from the gate are lost with it, uncharged
+	// (set Stored there). Either way an actor from one client (its
+	// address) has at most 64 events awaiting their OK through this gate
+	// process, and a connection at most 256.
 	Stored func(id [32]byte) bool
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).
-	// "" means the tag's host must be the host the client connected to
-	// (its Host header, or X-Forwarded-Host from a trusted proxy): any
-	// host the client names. That is enough for the actor quota, but not
-	// for a policy that grants by pubkey, which New and Reload refuse
-	// without it (ErrNoRelayURL).
+	// If "", the tag's host must be the host the client connected to (its
+	// Host header, or X-Forwarded-Host from a trusted proxy): any host the
+	// client names. That is enough for the actor quota, but not for a
+	// policy that grants by pubkey, which New and Reload refuse without it
+	// (ErrNoRelayURL).
 	RelayURL string
 	// QueueBytes bounds a client's backlog: the relay's frames and the
 	// gate's replies its socket has not taken yet, queued or being
@@ -214,45 +202,40 @@ type Options struct {
 	// relay or anyone else. While the client is behind (its backlog over
 	// 64 KiB) or has requests the relay has not answered, the gate stops
 	// reading it. A client whose socket takes nothing at all for
-	// WriteTimeout is closed (1008) as a slow reader. 0 means
-	// DefaultQueueBytes.
+	// WriteTimeout is closed (1008) as a slow reader. If 0, 4 MiB is
+	// used.
 	QueueBytes int
 	// PingInterval is the keepalive period towards clients and relays
 	// behind Proxy; a side that sends nothing, not even a pong, for two
-	// intervals is closed. 0 means defaultPingInterval. In Wrap mode the
-	// keepalive is the relay's own (khatru pings every 30 s).
+	// intervals is closed. If 0, 30 seconds. In Wrap mode the keepalive
+	// is the relay's own (khatru pings every 30 s).
 	PingInterval time.Duration
 	// WriteTimeout bounds how long a write to a client may make no
 	// progress at all (no byte taken and, on Linux, none acknowledged),
 	// and one write to the relay; a side that stays blocked longer is
-	// closed. 0 means defaultWriteTimeout.
+	// closed. If 0, 10 seconds.
 	WriteTimeout time.Duration
-	// PlainMethods are the methods of plain HTTP requests (anything but
-	// a WebSocket upgrade as IsUpgrade reads it) that Wrap and Proxy pass
-	// to the relay besides GET, HEAD and OPTIONS (NIP-11, pages, CORS
-	// preflights), which always pass: for example "POST" for a relay
-	// that serves NIP-86 management. A request of any other method is
-	// answered 405 with an Allow header, and not a byte of its body is
-	// read. Nil means none: POST is refused, since a relay's NIP-86
-	// handler may read the whole body before it checks the caller
-	// (khatru's does).
+	// PlainMethods are the methods of plain HTTP requests (anything but a
+	// WebSocket upgrade as wire.IsUpgrade reads it) that Wrap and Proxy
+	// pass to the relay besides GET, HEAD and OPTIONS (NIP-11, pages, CORS
+	// preflights), which always pass: for example "POST" for a relay that
+	// serves NIP-86 management. A request of any other method is answered
+	// 405 with an Allow header, and not a byte of its body is read. If
+	// nil, none: POST is refused, since a relay's NIP-86 handler may read
+	// the whole body before it checks the caller (khatru's does).
 	PlainMethods []string
 	// PlainBodyLimit bounds the body of a plain HTTP request passed to
 	// the relay, in bytes, whatever its method: one that declares a
 	// longer Content-Length is answered 413 unread, and a longer one sent
 	// without (chunked) fails the relay's read past the bound
 	// (http.MaxBytesReader; the server then closes the connection, and
-	// Proxy answers 413). 0 means defaultPlainBodyLimit.
+	// Proxy answers 413). If 0, 64 KiB: a NIP-86 call is a JSON method
+	// and a few parameters.
 	PlainBodyLimit int64
-	// Policy, when not nil, is the whole policy: limits, kind classes,
-	// tiers, aggregates, shadow mode, quota, identity and filter bound
-	// (policy.Config). Limits, MaxFilters, Quota and Identity must then be
-	// unset. Reload replaces it while the gate runs.
-	Policy *policy.Config
-	// Observer receives decisions for metrics. Nil means none.
+	// Observer receives decisions, for metrics. If nil, none.
 	Observer *policy.Observer
-	// Logger receives connection-level events (upstream failures,
-	// slow clients). Nil means slog.Default().
+	// Logger receives connection-level events (upstream failures, slow
+	// clients). If nil, slog.Default() is used.
 	Logger *slog.Logger
 }
 
@@ -347,11 +330,7 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.relayURL = u
 	}
-	cfg, err := opts.policyConfig()
-	if err != nil {
-		return nil, err
-	}
-	if err := g.Reload(cfg); err != nil {
+	if err := g.Reload(opts.Policy); err != nil {
 		return nil, err
 	}
 	if g.limiter == nil {
@@ -534,11 +513,6 @@ func (g *Gate) Reload(cfg policy.Config) error {
 		g.limiter.Forget() // waits told under the old policy need not hold
 	}
 	return nil
-}
-
-// policyConfig is the policy o describes (see policy.Assemble).
-func (o *Options) policyConfig() (policy.Config, error) {
-	return policy.Assemble(o.Policy, o.Limits, o.MaxFilters, o.Quota, o.Identity)
 }
 
 // Wrap returns a handler that serves h behind the gate in-process. A

@@ -68,26 +68,26 @@ func TestPendingBounded(t *testing.T) {
 func TestNewValidatesLimits(t *testing.T) {
 	l := policy.DefaultLimits()
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 1, Period: time.Second}}
-	_, err := New(Options{Limits: &l})
+	_, err := New(Options{Policy: policy.Config{Limits: &l}})
 	if !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
 		t.Fatalf("New with REQ rate 1 cost 1: err = %v, want ErrInvalidLimit naming REQ", err)
 	}
 	l = policy.Limits{Connection: []ratelimit.Limit{{Rate: 5}}}
-	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
 		t.Fatalf("New with a zero connection period: err = %v", err)
 	}
 	// Two windows of one period would share a store key; more than
 	// MaxWindows would leave the memory store's allocation-free path.
 	l = policy.DefaultLimits()
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second), ratelimit.PerPeriod(9, 1000*time.Millisecond)}
-	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
 		t.Fatalf("New with two REQ windows of one period: err = %v, want ErrInvalidLimit naming REQ", err)
 	}
 	l = policy.DefaultLimits()
 	for i := range ratelimit.MaxWindows + 1 {
 		l.Connection = append(l.Connection, ratelimit.PerPeriod(5, time.Duration(i+1)*time.Second))
 	}
-	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
 		t.Fatalf("New with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
 	}
 	d := policy.DefaultLimits()
@@ -111,7 +111,7 @@ func TestNewValidatesFrameSize(t *testing.T) {
 }
 
 func TestProxyRejectsBadURL(t *testing.T) {
-	g, err := New(Options{Limits: &policy.Limits{}})
+	g, err := New(Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestGateRefusalWire(t *testing.T) {
 		},
 		Open: func(d int) { open.Add(int64(d)) },
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Observer: obs})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}, Observer: obs})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 
 	frames := []string{
@@ -260,7 +260,7 @@ func TestGateConnectionLimit(t *testing.T) {
 	obs := &policy.Observer{Connection: func(o policy.Outcome) { outcomes[o].Add(1) }}
 	g := newGate(t, Options{
 		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
-		Limits:   &l,
+		Policy:   policy.Config{Limits: &l},
 		Observer: obs,
 	})
 	url := serve(t, g.Wrap(newRecorder()))
@@ -539,7 +539,7 @@ func TestGateForwardsByteForByte(t *testing.T) {
 	for _, mode := range []string{"wrap", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			rec := newRecorder()
-			g := newGate(t, Options{Limits: &policy.Limits{}})
+			g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 			var url string
 			if mode == "wrap" {
 				url = serve(t, g.Wrap(rec))
@@ -645,7 +645,7 @@ func TestGateForwardsByteForByte(t *testing.T) {
 // A close on either side closes the other with the same code.
 func TestGateClosePropagates(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &policy.Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := serve(t, g.Wrap(rec))
 
 	c := dialRaw(t, url)
@@ -678,7 +678,7 @@ func TestGateNoGoroutineLeak(t *testing.T) {
 
 func leakCheck(t *testing.T, proxy bool) {
 	rec := newRecorder()
-	g, err := New(Options{Limits: &policy.Limits{}, Logger: quietLogger()})
+	g, err := New(Options{Policy: policy.Config{Limits: &policy.Limits{}}, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -754,7 +754,7 @@ func leakCheck(t *testing.T, proxy bool) {
 // Shutdown says goodbye to both sides and refuses new upgrades.
 func TestGateShutdown(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &policy.Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := serve(t, g.Wrap(rec))
 	c := dialRaw(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -792,7 +792,7 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 			cuts.Add(1)
 		}
 	}}
-	g := newGate(t, Options{Limits: &policy.Limits{}, QueueBytes: 256 << 10, WriteTimeout: 2 * time.Second, Observer: obs})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 256 << 10, WriteTimeout: 2 * time.Second, Observer: obs})
 	url := serve(t, g.Wrap(rec))
 	slow := dialRaw(t, url)
 	if err := slow.WriteMessage(websocket.TextMessage, recorderCmd("flood", "")); err != nil {
@@ -817,7 +817,7 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 // whole and in order.
 func TestGateSlowReaderNotCut(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &policy.Limits{}, QueueBytes: 16 << 20, WriteTimeout: 500 * time.Millisecond})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 16 << 20, WriteTimeout: 500 * time.Millisecond})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	if err := c.WriteMessage(websocket.TextMessage, recorderCmd("burst", "")); err != nil {
 		t.Fatal(err)
@@ -845,7 +845,7 @@ func TestGateOtherBucketAndReadLimit(t *testing.T) {
 	l.Message[wire.TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Second)}
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	rec := newRecorder()
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, ReadLimit: 1024})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}, ReadLimit: 1024})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	event := `["EVENT",` + goNostrEvent + `]`
 	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["REQ","a",{}]`)) // REQ: free here
@@ -902,7 +902,7 @@ func TestGateRelayRefusalPassesThrough(t *testing.T) {
 		w.WriteHeader(http.StatusTooManyRequests)
 		fmt.Fprint(w, "relay says slow down")
 	})
-	g := newGate(t, Options{Limits: &policy.Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	_, resp, err := websocket.DefaultDialer.Dial(serve(t, g.Wrap(refuser)), nil)
 	if err == nil || resp == nil {
 		t.Fatalf("dial: %v", err)
@@ -918,7 +918,7 @@ func TestGateRelayRefusalPassesThrough(t *testing.T) {
 // the relay serves the client's socket itself: its keepalive is its own.)
 func TestGateStalledRelayDropped(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &policy.Limits{}, PingInterval: 50 * time.Millisecond})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, PingInterval: 50 * time.Millisecond})
 	h, err := g.Proxy(serve(t, rec))
 	if err != nil {
 		t.Fatal(err)
@@ -938,7 +938,7 @@ func TestGateStalledRelayDropped(t *testing.T) {
 // A malformed handshake is refused by the gate without reaching the relay.
 func TestGateBadHandshakeNotForwarded(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &policy.Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := "http" + strings.TrimPrefix(serve(t, g.Wrap(rec)), "ws")
 	req, _ := http.NewRequest("GET", url, nil)
 	req.Header.Set("Connection", "Upgrade")
@@ -964,7 +964,7 @@ func TestGateBadHandshakeNotForwarded(t *testing.T) {
 func TestGateBehindTrustedProxy(t *testing.T) {
 	rec := newRecorder()
 	id := &policy.Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	g := newGate(t, Options{Limits: &policy.Limits{}, Identity: id})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: *id}})
 	hdr := http.Header{
 		"X-Forwarded-For":   {"6.6.6.6, 203.0.113.9"},
 		"X-Forwarded-Proto": {"https"},
@@ -996,7 +996,7 @@ func TestGateBehindTrustedProxy(t *testing.T) {
 // one the upgrader's 400, before the relay is dialed; a dead relay a 502.
 func TestGateHandshakeAnswers(t *testing.T) {
 	rec := newRecorder()
-	url := strings.Replace(serve(t, newGate(t, Options{Limits: &policy.Limits{}}).Wrap(rec)), "ws://", "http://", 1)
+	url := strings.Replace(serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec)), "ws://", "http://", 1)
 	for _, tc := range []struct {
 		name   string
 		header map[string]string
@@ -1037,7 +1037,7 @@ func TestGateHandshakeAnswers(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := "ws://" + dead.Listener.Addr().String()
 	dead.Close()
-	h, err := newGate(t, Options{Limits: &policy.Limits{}}).Proxy(deadURL)
+	h, err := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Proxy(deadURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,7 +107,7 @@ func TestE2ECountTakesPlace(t *testing.T) {
 					}
 					return 0, nil
 				}}, kr.CountEvents[1:]...)
-			url := hostileTarget(t, mode, kr, Options{Limits: &policy.Limits{}, MaxSubscriptions: 2})
+			url := hostileTarget(t, mode, kr, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 2})
 			c := dialRaw(t, url)
 			for _, f := range []string{`["COUNT","a",{"search":"slow"}]`, `["COUNT","b",{"search":"slow"}]`} {
 				if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {
@@ -161,7 +161,7 @@ func TestE2EFilterBytesPerAddress(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			one := len(authorsREQ("s0", 150)) // ~10 KiB
-			url := hostileTarget(t, mode, newKhatru(t), Options{Limits: &policy.Limits{}, MaxFilterBytes: 2*one + one/2})
+			url := hostileTarget(t, mode, newKhatru(t), Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxFilterBytes: 2*one + one/2})
 			a, b := dialRaw(t, url), dialRaw(t, url)
 			if got := strings.TrimSpace(send(t, a, []byte(authorsREQ("s0", 150)))); got != `["EOSE","s0"]` {
 				t.Fatalf("first REQ: %s", got)

@@ -86,7 +86,7 @@ func TestE2EHostileCorpus(t *testing.T) {
 	frames := loadHostile(t)
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := hostileTarget(t, mode, negKhatru(t), Options{Limits: generous()})
+			url := hostileTarget(t, mode, negKhatru(t), Options{Policy: policy.Config{Limits: generous()}})
 			c := dialRaw(t, url)
 			if got := readText(t, c); len(got) < 8 || got[:8] != `["AUTH",` {
 				t.Fatalf("first frame %s, want khatru's challenge", got)
@@ -119,7 +119,7 @@ func TestE2EHostileStream(t *testing.T) {
 	}
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := hostileTarget(t, mode, negKhatru(t), Options{Limits: generous()})
+			url := hostileTarget(t, mode, negKhatru(t), Options{Policy: policy.Config{Limits: generous()}})
 			c := dialRaw(t, url)
 			synced := make(chan struct{})
 			go func() { // drain the answers, and tell when a batch is through

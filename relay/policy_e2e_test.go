@@ -58,8 +58,8 @@ func TestE2EPolicy(t *testing.T) {
 		t.Run(mode+"/tier", func(t *testing.T) {
 			clk := nostrtest.NewClock()
 			clk.Set(time.Now()) // khatru checks created_at against its own clock
-			cfg := policy.Config{Limits: address, Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
-			url := hostileTarget(t, mode, negKhatru(t), Options{Limiter: memLimiter(clk), Policy: &cfg})
+			cfg := policy.Config{Limits: &address, Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
+			url := hostileTarget(t, mode, negKhatru(t), Options{Limiter: memLimiter(clk), Policy: cfg})
 			c, ch := authConn(t, url)
 			// The address's budget: 2 events, whoever signs them.
 			for i := range 2 {
@@ -98,7 +98,7 @@ func TestE2EPolicy(t *testing.T) {
 			sk, _ := newKey(t)
 			var l policy.Limits
 			l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
-			cfg := policy.Config{Limits: l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
+			cfg := policy.Config{Limits: &l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
 			var shadowed atomic.Int64
 			obs := &policy.Observer{Frame: func(t wire.Type, o policy.Outcome) {
 				if t == wire.TypeEVENT && o == policy.Shadowed {
@@ -106,7 +106,7 @@ func TestE2EPolicy(t *testing.T) {
 				}
 			}}
 			clk := nostrtest.NewClock()
-			g := newGate(t, Options{Limiter: memLimiter(clk), Policy: &cfg, Observer: obs})
+			g := newGate(t, Options{Limiter: memLimiter(clk), Policy: cfg, Observer: obs})
 			url := serve(t, g.Wrap(newKhatru(t)))
 			if mode == "proxy" {
 				h, err := g.Proxy(serve(t, newKhatru(t)))
@@ -141,7 +141,7 @@ func TestE2EPolicy(t *testing.T) {
 			// over: the budgets are the store's, not the policy's.)
 			var tight policy.Limits
 			tight.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, 30*time.Minute)}
-			if err := g.Reload(policy.Config{Limits: tight}); err != nil {
+			if err := g.Reload(policy.Config{Limits: &tight}); err != nil {
 				t.Fatal(err)
 			}
 			if !accepted(t, c, noteOfKind(t, sk, 1, "after reload"), "") {
@@ -153,7 +153,7 @@ func TestE2EPolicy(t *testing.T) {
 			// An invalid policy is refused and the running one kept.
 			var bad policy.Limits
 			bad.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1, time.Hour)}
-			if err := g.Reload(policy.Config{Limits: bad}); err == nil {
+			if err := g.Reload(policy.Config{Limits: &bad}); err == nil {
 				t.Fatal("Reload accepted rate = cost")
 			}
 			if accepted(t, c, noteOfKind(t, sk, 1, "after bad reload"), "rate-limited:") {
@@ -169,11 +169,11 @@ func TestE2EAggregate(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}
 	cfg := policy.Config{
-		Limits:     l,
+		Limits:     &l,
 		Identity:   policy.Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}},
 		Aggregates: []policy.Aggregate{{Bits: 48, Limits: []ratelimit.Limit{ratelimit.PerPeriod(3, time.Hour)}}},
 	}
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(nostrtest.NewClock()), Policy: &cfg}).Wrap(newKhatru(t)))
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(nostrtest.NewClock()), Policy: cfg}).Wrap(newKhatru(t)))
 	dial := func(ip string) (*websocket.Conn, error) {
 		c, _, err := websocket.DefaultDialer.Dial(url, http.Header{"X-Forwarded-For": {ip}})
 		if err == nil {

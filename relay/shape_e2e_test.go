@@ -30,7 +30,7 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	l.Message[wire.TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(1e6, time.Second)}
-	g := newGate(t, Options{Limits: &l})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &l}})
 	url := serve(t, g.Wrap(kr))
 	c := dialRaw(t, url)
 

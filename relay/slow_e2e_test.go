@@ -34,7 +34,7 @@ func TestE2EZombieSubscription(t *testing.T) {
 			clk := nostrtest.NewClock()
 			var l policy.Limits
 			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-			url := hostileTarget(t, mode, newKhatru(t), Options{Limiter: memLimiter(clk), Limits: &l})
+			url := hostileTarget(t, mode, newKhatru(t), Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}})
 			c := dialRaw(t, url)
 			send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)) // EOSE
 			if got := send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
@@ -107,7 +107,7 @@ func TestE2EHonestReadersNotCut(t *testing.T) {
 	burnCPU(t, 2)
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			honestReaders(t, hostileTarget(t, mode, kr, Options{Limits: &policy.Limits{}, MaxSubscriptions: 2000}))
+			honestReaders(t, hostileTarget(t, mode, kr, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 2000}))
 		})
 	}
 }

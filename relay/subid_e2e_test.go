@@ -20,7 +20,7 @@ import (
 func TestE2ESubIDsReadTheSameBothWays(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := hostileTarget(t, mode, newKhatru(t), Options{Limits: &policy.Limits{}, MaxSubscriptions: 4})
+			url := hostileTarget(t, mode, newKhatru(t), Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 4})
 			c := dialRaw(t, url)
 			for i := range 40 {
 				id := fmt.Sprintf("s\u2028%d\u2029😀", i)

@@ -80,7 +80,7 @@ func (r *eoseRelay) frames(n int) []string {
 // listeners at khatru past max_subscriptions.)
 func TestGateCloseBeforeEOSEKeepsPlace(t *testing.T) {
 	rel := newEOSERelay()
-	g := newGate(t, Options{Limits: &policy.Limits{}, MaxSubscriptions: 2})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 2})
 	c := dialRaw(t, serve(t, g.Wrap(rel)))
 	write := func(f string) {
 		t.Helper()
@@ -138,7 +138,7 @@ func TestParseEOSE(t *testing.T) {
 func TestGateCloseOfNothingNotForwarded(t *testing.T) {
 	rec := newRecorder()
 	rec.eose = true
-	c := dialRaw(t, serve(t, newGate(t, Options{Limits: &policy.Limits{}}).Wrap(rec)))
+	c := dialRaw(t, serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec)))
 	write := func(f string) {
 		t.Helper()
 		if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {

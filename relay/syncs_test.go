@@ -24,7 +24,7 @@ func negOpen(id string) string { return `["NEG-OPEN","` + id + `",{},"6100000200
 // reaches the relay.
 func TestGateSyncCap(t *testing.T) {
 	rec := newRecorder()
-	url := serve(t, newGate(t, Options{Limits: &policy.Limits{}, MaxSyncs: 2}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSyncs: 2}).Wrap(rec))
 	c1, c2 := dialRaw(t, url), dialRaw(t, url)
 	// forwarded reports whether c's frame reached the relay: a frame the
 	// gate refuses is answered at once; one it forwards is not, and the
@@ -109,7 +109,7 @@ func TestGateRefusedSyncClosedAtRelay(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	rec := newRecorder()
-	url := serve(t, newGate(t, Options{Limits: &l, MaxSyncs: 1}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &l}, MaxSyncs: 1}).Wrap(rec))
 	c := dialRaw(t, url)
 	_ = c.WriteMessage(websocket.TextMessage, []byte(negOpen("x")))
 	_ = c.WriteMessage(websocket.TextMessage, []byte(negOpen("x")))
@@ -154,7 +154,7 @@ func TestGateRefusedNegMsgClosesSync(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	rec := newRecorder()
-	url := serve(t, newGate(t, Options{Limits: &l, MaxSyncs: 1}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &l}, MaxSyncs: 1}).Wrap(rec))
 	c := dialRaw(t, url)
 	negMsg := `["NEG-MSG","x","6100000200"]`
 	for _, f := range []string{negOpen("x"), negMsg, negMsg} {
@@ -181,7 +181,7 @@ func TestGateNegMsgOfNothingNotForwarded(t *testing.T) {
 	const closed = `["NEG-ERR","x","` + reasonNoSync + `"]`
 	msg := `["NEG-MSG","x","6100000200"]`
 	rec := newRecorder()
-	c := dialRaw(t, serve(t, newGate(t, Options{Limits: &policy.Limits{}}).Wrap(rec)))
+	c := dialRaw(t, serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec)))
 	for _, f := range []string{msg, negOpen("x"), msg, `["NEG-CLOSE","x"]`, msg} {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(f))
 	}
@@ -202,7 +202,7 @@ func TestGateNegMsgOfNothingNotForwarded(t *testing.T) {
 
 	al, _ := policy.NewAllowList([]string{"127.0.0.1"}, nil)
 	rec = newRecorder()
-	c = dialRaw(t, serve(t, newGate(t, Options{Limits: &policy.Limits{}, Identity: &policy.Identity{Allow: al}}).Wrap(rec)))
+	c = dialRaw(t, serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}}}).Wrap(rec)))
 	_ = c.WriteMessage(websocket.TextMessage, []byte(msg))
 	if got := rec.frames(1); !slices.Equal(got, []string{msg}) {
 		t.Fatalf("allow-listed: the relay got %q, want %q", got, msg)

@@ -108,13 +108,11 @@ func printCheck(w io.Writer, cfg *config) {
 func printShape(w io.Writer, cfg *config) {
 	// The gate lowers the bound to what every REQ window admits at once,
 	// the tiers' included.
-	maxFilters := policy.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[wire.TypeREQ])
+	pc, _ := buildPolicy(cfg, localQuotas(nil))
+	maxFilters := policy.EffectiveMaxFilters(pc)
 	b := cfg.Bounds
-	if pc, err := buildPolicy(cfg, localQuotas(nil)); err == nil {
-		if p, err := policy.Compile(pc); err == nil {
-			maxFilters = p.MaxFilters()
-			b = *p.Bounds() // every zero field at its default
-		}
+	if p, err := policy.Compile(pc); err == nil {
+		b = *p.Bounds() // every zero field at its default
 	}
 	lowered := ""
 	if maxFilters < cfg.MaxFilters {

@@ -1071,7 +1071,7 @@ func (fc *fileConfig) validate() (*config, error) {
 			bad("quota", "%v", err)
 		} else if _, err := policy.Compile(pc); err != nil {
 			bad("policy", "%v", err)
-		} else if _, err := relay.New(relay.Options{Limiter: probeLimiter, Policy: &pc, RelayURL: fc.RelayURL}); errors.Is(err, relay.ErrNoRelayURL) {
+		} else if _, err := relay.New(relay.Options{Limiter: probeLimiter, Policy: pc, RelayURL: fc.RelayURL}); errors.Is(err, relay.ErrNoRelayURL) {
 			bad("relay_url", "must be set to the relay's public ws:// or wss:// URL when tiers or allow.pubkeys grant budgets by NIP-42 pubkey: without it an AUTH's relay tag is checked against whatever host the client claims, so an AUTH a member signed for another relay could be replayed here")
 		}
 	}
@@ -1173,7 +1173,7 @@ var probeLimiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.L
 // are judged window by window) and the probe limiter.
 func newProbeGate(opts relay.Options) (*relay.Gate, error) {
 	opts.Limiter = probeLimiter
-	opts.Limits = &policy.Limits{}
+	opts.Policy.Limits = &policy.Limits{}
 	return relay.New(opts)
 }
 

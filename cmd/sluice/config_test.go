@@ -168,8 +168,8 @@ limits:
 	}
 	// What the gate is built with must build.
 	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.LimiterOptions{BlockedSlots: 4})
-	g, err := relay.New(relay.Options{Limiter: lim, Limits: &cfg.Limits, ReadLimit: cfg.ReadLimit,
-		FrameSize: cfg.FrameSize, MaxFilters: cfg.MaxFilters, RelayURL: cfg.RelayURL})
+	g, err := relay.New(relay.Options{Limiter: lim, Policy: policy.Config{Limits: &cfg.Limits, Bounds: wire.Bounds{MaxFilters: cfg.MaxFilters}}, ReadLimit: cfg.ReadLimit,
+		FrameSize: cfg.FrameSize, RelayURL: cfg.RelayURL})
 	if err != nil {
 		t.Fatalf("relay.New refuses the config: %v", err)
 	}
@@ -659,8 +659,8 @@ func FuzzParseConfig(f *testing.F) {
 		if _, err := ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow); err != nil {
 			t.Fatalf("accepted a quota NewQuota refuses: %v", err)
 		}
-		g, err := relay.New(relay.Options{Limiter: lim, Limits: &cfg.Limits, Identity: &cfg.Identity, ReadLimit: cfg.ReadLimit,
-			FrameSize: cfg.FrameSize, MaxFilters: cfg.MaxFilters, RelayURL: cfg.RelayURL})
+		g, err := relay.New(relay.Options{Limiter: lim, Policy: policy.Config{Limits: &cfg.Limits, Identity: cfg.Identity, Bounds: wire.Bounds{MaxFilters: cfg.MaxFilters}}, ReadLimit: cfg.ReadLimit,
+			FrameSize: cfg.FrameSize, RelayURL: cfg.RelayURL})
 		if err != nil {
 			t.Fatalf("accepted a config relay.New refuses: %v", err)
 		}

@@ -376,7 +376,7 @@ func validName(s string) bool {
 }
 
 // quotaMaker returns the actor quota of owner ("" for the global one, else
-// a tier's name): events per window, or none when unlimited.
+// a tier's name): events per window, or nil (none) when unlimited.
 type quotaMaker func(owner string, events int, window time.Duration, unlimited bool) (ratelimit.ActorQuota, error)
 
 // localQuotas makes in-process quotas on clock (nil: the real one), a new
@@ -384,7 +384,7 @@ type quotaMaker func(owner string, events int, window time.Duration, unlimited b
 func localQuotas(clock ratelimit.Clock) quotaMaker {
 	return func(_ string, events int, window time.Duration, unlimited bool) (ratelimit.ActorQuota, error) {
 		if unlimited {
-			return ratelimit.Unlimited().Local(clock), nil
+			return nil, nil
 		}
 		q, err := ratelimit.NewQuota(events, window)
 		if err != nil {
@@ -407,17 +407,16 @@ type quotaCache struct {
 }
 
 type quotaKey struct {
-	owner     string
-	events    int
-	window    time.Duration
-	unlimited bool
+	owner  string
+	events int
+	window time.Duration
 }
 
 func (qc *quotaCache) make(owner string, events int, window time.Duration, unlimited bool) (ratelimit.ActorQuota, error) {
-	k := quotaKey{owner, events, window, unlimited}
 	if unlimited {
-		k.events, k.window = 0, 0
+		return nil, nil
 	}
+	k := quotaKey{owner, events, window}
 	qc.mu.Lock()
 	defer qc.mu.Unlock()
 	if q, ok := qc.made[k]; ok {
@@ -426,8 +425,6 @@ func (qc *quotaCache) make(owner string, events int, window time.Duration, unlim
 	var q ratelimit.ActorQuota
 	var err error
 	switch {
-	case unlimited:
-		q = ratelimit.Unlimited().Local(qc.limiter.Now)
 	case qc.rstore != nil:
 		q, err = redisstore.NewQuota(qc.rstore, events, window)
 	default:
@@ -453,15 +450,16 @@ func (qc *quotaCache) make(owner string, events int, window time.Duration, unlim
 // checked every quota, so mk fails only on a store that refuses one;
 // the first such error is returned with the config built so far.
 func buildPolicy(c *config, mk quotaMaker) (policy.Config, error) {
+	limits := c.Limits // the policy's own copy
 	pc := policy.Config{
-		Limits:     c.Limits,
-		MaxFilters: c.MaxFilters,
+		Limits:     &limits,
 		Bounds:     c.Bounds,
 		Kinds:      c.Kinds,
 		Aggregates: c.Aggregates,
 		Shadow:     c.Shadow,
 		Identity:   c.Identity,
 	}
+	pc.Bounds.MaxFilters = c.MaxFilters
 	var err error
 	if !c.QuotaUnlimited {
 		if pc.Quota, err = mk("", c.QuotaEvents, c.QuotaWindow, false); err != nil {
@@ -470,6 +468,7 @@ func buildPolicy(c *config, mk quotaMaker) (policy.Config, error) {
 	}
 	for _, ts := range c.Tiers {
 		t := ts.Tier
+		t.Quota = pc.Quota // a tier without a quota of its own shares the global one
 		if ts.QuotaSet {
 			if t.Quota, err = mk(t.Name, ts.QuotaEvents, ts.QuotaWindow, ts.QuotaUnlimited); err != nil {
 				return pc, fmt.Errorf("%w: tiers.%s.quota: %v", errConfig, t.Name, err)

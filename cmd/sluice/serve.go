@@ -168,7 +168,7 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 	m.setPolicy(pc)
 	g, err = relay.New(relay.Options{
 		Limiter:   p.limiter,
-		Policy:    &pc,
+		Policy:    pc,
 		ReadLimit: cfg.ReadLimit,
 		FrameSize: cfg.FrameSize,
 		RelayURL:  cfg.RelayURL,
@@ -191,11 +191,11 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 // nip11Limitation is what sluice publishes about itself in NIP-11 under
 // the policy pc (the running one).
 func nip11Limitation(cfg *config, pc policy.Config) nip11.Limitation {
-	limits := pc.Limits
-	maxFilters := policy.EffectiveMaxFilters(pc.MaxFilters, pc.Limits.Message[wire.TypeREQ])
-	if p, err := policy.Compile(pc); err == nil {
-		maxFilters = p.MaxFilters() // lowered by the tiers' REQ windows too
+	limits := policy.DefaultLimits()
+	if pc.Limits != nil {
+		limits = *pc.Limits
 	}
+	maxFilters := policy.EffectiveMaxFilters(pc)
 	return nip11.Limitation{
 		MaxMessageLength: cfg.ReadLimit,
 		MaxFilters:       int64(maxFilters),

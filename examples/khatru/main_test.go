@@ -52,7 +52,7 @@ func start(t *testing.T, useHooks bool, limits policy.Limits, quota *ratelimit.Q
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
-	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
+	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: localQuota(quota, e.clock.Now)}})
 	return e
 }
 
@@ -312,7 +312,7 @@ func TestRedisOutage(t *testing.T) {
 			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 			_, ws := serve(t, m.hooks, relay.Options{
 				Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
-				Limits:  &l,
+				Policy:  policy.Config{Limits: &l},
 			})
 			r := nostrtest.Connect(t, ws)
 			sk := nostr.GeneratePrivateKey()
@@ -365,7 +365,7 @@ func TestGateAndHooksAgree(t *testing.T) {
 			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
-			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: q.Local(clock.Now), Identity: &policy.Identity{Allow: allow},
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: q.Local(clock.Now), Identity: policy.Identity{Allow: allow}},
 				RelayURL: "ws://relay.example"}) // allow-listed pubkeys need it (nothing here AUTHs)
 			r := nostrtest.Connect(t, ws)
 			for i, st := range steps {
@@ -393,7 +393,7 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 	sk := nostr.GeneratePrivateKey()
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
-	cfg := policy.Config{Limits: l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
+	cfg := policy.Config{Limits: &l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
 	kinds := []int{7, 7, 7, 1, 1, 1, 1}
 	want := []string{"", "", "rate-limited: slow down; retry in 3600s", "", "", "", ""}
 	answers := map[string][]string{}
@@ -408,7 +408,7 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 			}}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: clock.Now})
-			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: &cfg, Observer: obs})
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: cfg, Observer: obs})
 			r := nostrtest.Connect(t, ws)
 			for i, k := range kinds {
 				evt := nostr.Event{Kind: k, CreatedAt: nostr.Now(), Tags: nostr.Tags{}, Content: fmt.Sprint("e ", i)}
@@ -433,4 +433,12 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 	if g, h := strings.Join(answers["wrap"], "|"), strings.Join(answers["hooks"], "|"); g != h || shadowed["wrap"] != shadowed["hooks"] {
 		t.Errorf("gate and hooks disagree:\n gate  %s (%d shadow)\n hooks %s (%d shadow)", g, shadowed["wrap"], h, shadowed["hooks"])
 	}
+}
+
+// localQuota is q in process on clock, or nil (no quota) for a nil q.
+func localQuota(q *ratelimit.Quota, clock ratelimit.Clock) ratelimit.ActorQuota {
+	if q == nil {
+		return nil
+	}
+	return q.Local(clock)
 }

@@ -48,7 +48,7 @@ func start(t *testing.T, useHooks bool, limits policy.Limits, quota *ratelimit.Q
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
-	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
+	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: localQuota(quota, e.clock.Now)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,4 +207,12 @@ func TestClientAddress(t *testing.T) {
 			}
 		})
 	}
+}
+
+// localQuota is q in process on clock, or nil (no quota) for a nil q.
+func localQuota(q *ratelimit.Quota, clock ratelimit.Clock) ratelimit.ActorQuota {
+	if q == nil {
+		return nil
+	}
+	return q.Local(clock)
 }

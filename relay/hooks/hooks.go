@@ -45,34 +45,25 @@ func (r *Refusal) Error() string { return r.Reason }
 // Unwrap returns ErrRateLimited or the store's error.
 func (r *Refusal) Unwrap() error { return r.err }
 
-// Options configures Hooks. The zero value is usable: policy.DefaultLimits over
-// a fresh memory store, no actor quota, no allow-lists.
+// Options configures Hooks. The zero value is usable: the default policy
+// (policy.Config's zero value: policy.DefaultLimits, no actor quota, no
+// allow-lists) over an in-process memory store.
 type Options struct {
-	// Limiter decides every charge. Nil means a Limiter over a fresh
-	// ratelimit.MemoryStore of the default size (one process only).
+	// Limiter decides every charge, and its clock is the actor quota's.
+	// If nil, a Limiter over a fresh ratelimit.MemoryStore of the default
+	// size (one process only) is used.
 	Limiter *ratelimit.Limiter
-	// Limits are the windows charged per connection and per message type.
-	// Nil means policy.DefaultLimits(); a non-nil Limits is used as it is.
-	Limits *policy.Limits
-	// Quota caps validated events per actor. Nil means no quota. Its
-	// clock is the Limiter's.
-	Quota ratelimit.ActorQuota
-	// Identity turns the address a hook is given into the client key
-	// (IPv6 grouped by prefix) and holds the allow-lists. Nil means the
-	// zero Identity.
-	Identity *policy.Identity
-	// Observer receives every decision, as from a Gate. Nil means none.
+	// Policy is what the hooks charge, as for a Gate: limits, kind
+	// classes, tiers, aggregates, shadow mode, actor quota, identity and
+	// allow-lists (the address a hook is given becomes the client key,
+	// IPv6 grouped by prefix), and the frame bounds. Its zero value is the
+	// defaults (see policy.Config). A REQ with more filters than
+	// Policy.Bounds.MaxFilters (lowered by policy.EffectiveMaxFilters) is
+	// refused "invalid: too many filters"; each filter is charged as one
+	// REQ. Reload replaces it.
+	Policy policy.Config
+	// Observer receives every decision, as from a Gate. If nil, none.
 	Observer *policy.Observer
-	// Policy, when not nil, is the whole policy (limits, kind classes,
-	// tiers, aggregates, shadow mode, quota, identity, filter bound), as
-	// for a Gate; Limits, Quota, Identity and MaxFilters must then be
-	// unset. Reload replaces it.
-	Policy *policy.Config
-	// MaxFilters bounds the filters of a REQ, as Options.MaxFilters does
-	// for a Gate (0 means DefaultMaxFilters, lowered by
-	// EffectiveMaxFilters); a REQ with more is refused "invalid: too many
-	// filters". Each filter is charged as one REQ, as a Gate charges.
-	MaxFilters int
 }
 
 // Hooks charges the messages a relay framework has already parsed to the
@@ -146,11 +137,7 @@ type Hooks struct {
 // offending type (or policy.ErrPolicy, or policy.ErrIdentity).
 func New(opts Options) (*Hooks, error) {
 	h := &Hooks{lim: opts.Limiter, obs: opts.Observer}
-	cfg, err := opts.policyConfig()
-	if err != nil {
-		return nil, err
-	}
-	if err := h.Reload(cfg); err != nil {
+	if err := h.Reload(opts.Policy); err != nil {
 		return nil, err
 	}
 	if h.lim == nil {
@@ -183,11 +170,6 @@ func (h *Hooks) Reload(cfg policy.Config) error {
 		h.lim.Forget() // waits told under the old policy need not hold
 	}
 	return nil
-}
-
-// policyConfig is the policy o describes (see policy.Assemble).
-func (o *Options) policyConfig() (policy.Config, error) {
-	return policy.Assemble(o.Policy, o.Limits, o.MaxFilters, o.Quota, o.Identity)
 }
 
 // verdict is the outcome of one charge: pass, or refuse with reason.

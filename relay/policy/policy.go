@@ -40,19 +40,21 @@ const (
 // message names the offending class, tier or aggregate.
 var ErrPolicy = errors.New("policy: invalid policy")
 
-// Config is everything a Policy is compiled from. The zero Config limits
-// nothing.
+// Config is everything a Policy is compiled from: the one way to configure
+// a Gate (relay.Options.Policy) and Hooks (hooks.Options.Policy). The zero
+// Config is the defaults: DefaultLimits, DefaultMaxFilters, wire's default
+// bounds, no kind classes, tiers or aggregates, no actor quota, the zero
+// Identity.
 type Config struct {
 	// Limits are the address budget: per message type and per upgrade.
-	Limits Limits
-	// MaxFilters bounds a forwarded REQ's filters (0 or less:
-	// DefaultMaxFilters), lowered by EffectiveMaxFilters.
-	MaxFilters int
-	// Bounds are the rest of what one frame may ask of the relay: tags
-	// per event, the length of an indexed tag's value, values per filter
-	// field and a filter's index fan-out (wire.Bounds; each zero field
-	// means its wire default). Bounds.MaxFilters is not read: MaxFilters
-	// above is the one bound on filters.
+	// Nil means DefaultLimits(); a non-nil Limits is used as it is, so
+	// &Limits{} limits nothing and an empty slice makes its type free.
+	Limits *Limits
+	// Bounds are what one frame may ask of the relay: filters per REQ,
+	// tags per event, the length of an indexed tag's value, values per
+	// filter field and a filter's index fan-out (each zero field means its
+	// default: DefaultMaxFilters, and wire's defaults for the rest).
+	// Bounds.MaxFilters is lowered by EffectiveMaxFilters.
 	Bounds wire.Bounds
 	// Kinds are named classes of event kinds with windows of their own,
 	// charged to an EVENT of such a kind in addition to EVENT's windows.
@@ -74,11 +76,15 @@ type Config struct {
 	// Shadow puts every window in shadow (mode: shadow): frames are
 	// decided, stored and counted as they would be, and forwarded anyway.
 	Shadow bool
-	// Quota is the actor quota of the address budget and of tiers without
-	// their own. Nil, or one with Events 0, means none.
+	// Quota is the actor quota of the address budget: the in-process
+	// table (ratelimit.Quota.Local) for one process, or redisstore's
+	// shared one. Nil means no quota: EVENTs pass on their message limits
+	// alone.
 	Quota ratelimit.ActorQuota
 	// Identity turns a request into its client and holds the allow-lists
-	// (the addresses and pubkeys charged nothing; see AllowList).
+	// (the addresses and pubkeys charged nothing; see AllowList). The zero
+	// Identity: the TCP peer is the client, IPv6 by /64, nothing
+	// allow-listed.
 	Identity Identity
 }
 
@@ -109,7 +115,8 @@ type Tier struct {
 	Limits Limits
 	// Free charges members nothing at all: the allow tier.
 	Free bool
-	// Quota is the members' actor quota. Nil means Config.Quota.
+	// Quota is the members' actor quota. Nil means none: to share the
+	// address budget's quota, set it to Config.Quota.
 	Quota ratelimit.ActorQuota
 }
 
@@ -186,6 +193,11 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 // connection limit, the message type, the class, tier or aggregate, and
 // wraps ratelimit.ErrInvalidLimit (a window) or ErrPolicy (the rest).
 func Compile(cfg Config) (*Policy, error) {
+	lim := DefaultLimits()
+	if cfg.Limits != nil {
+		lim = *cfg.Limits
+	}
+	cfg.Limits = &lim // a copy of its own
 	p := &Policy{cfg: cfg}
 	p.identity = &p.cfg.Identity
 	if err := p.identity.Validate(); err != nil {
@@ -197,21 +209,14 @@ func Compile(cfg Config) (*Policy, error) {
 	}
 	// One bound for every payer: a REQ a tier's windows could never admit
 	// would be told a wait that never comes.
-	p.maxFilters = EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[wire.TypeREQ])
-	for _, t := range cfg.Tiers {
-		if !t.Free {
-			p.maxFilters = EffectiveMaxFilters(p.maxFilters, t.Limits.Message[wire.TypeREQ])
-		}
-	}
-	if p.budget, err = compileBudget(cfg.Limits, p.maxFilters, cfg.Shadow); err != nil {
+	p.maxFilters = EffectiveMaxFilters(cfg)
+	if p.budget, err = compileBudget(*cfg.Limits, p.maxFilters, cfg.Shadow); err != nil {
 		return nil, err
 	}
 	if p.bounds, err = compileBounds(cfg.Bounds, p.maxFilters); err != nil {
 		return nil, err
 	}
-	if q := cfg.Quota; q != nil && q.Events() > 0 {
-		p.quota = q // an unlimited quota (Events 0) is no quota
-	}
+	p.quota = cfg.Quota
 	if len(cfg.Kinds) > MaxClasses {
 		return nil, fmt.Errorf("%w: %d kind classes, at most %d", ErrPolicy, len(cfg.Kinds), MaxClasses)
 	}
@@ -255,13 +260,7 @@ func Compile(cfg Config) (*Policy, error) {
 		if err := checkName("tier", t.Name, seen); err != nil {
 			return nil, err
 		}
-		tr := &tier{name: t.Name, free: t.Free, quota: p.quota}
-		if q := t.Quota; q != nil {
-			tr.quota = nil
-			if q.Events() > 0 {
-				tr.quota = q
-			}
-		}
+		tr := &tier{name: t.Name, free: t.Free, quota: t.Quota}
 		if !t.Free {
 			lim := t.Limits
 			lim.Connection = nil
@@ -316,27 +315,6 @@ func checkName(what, name string, seen map[string]bool) error {
 	}
 	seen[name] = true
 	return nil
-}
-
-// Assemble is the policy a gate's or the hooks' options describe: whole
-// (whole not nil; then limits, maxFilters, quota and identity must be
-// unset), or built from those parts, with DefaultLimits when limits is
-// nil.
-func Assemble(whole *Config, limits *Limits, maxFilters int, quota ratelimit.ActorQuota, identity *Identity) (Config, error) {
-	if whole != nil {
-		if limits != nil || quota != nil || identity != nil || maxFilters != 0 {
-			return Config{}, fmt.Errorf("%w: Options.Policy is set: Limits, Quota, Identity and MaxFilters go in it", ErrPolicy)
-		}
-		return *whole, nil
-	}
-	cfg := Config{Limits: DefaultLimits(), MaxFilters: maxFilters, Quota: quota}
-	if limits != nil {
-		cfg.Limits = *limits
-	}
-	if identity != nil {
-		cfg.Identity = *identity
-	}
-	return cfg, nil
 }
 
 // compileBudget prepares the per-type windows of l, REQ's for every filter
@@ -508,17 +486,34 @@ func (a *aggregate) prefix(addr netip.Addr) (string, bool) {
 	return pfx.String(), true
 }
 
-// EffectiveMaxFilters returns how many filters a forwarded REQ may hold
-// under the REQ windows req: limit (0 or less meaning DefaultMaxFilters),
-// lowered to the largest n with n·cost < rate in every window (a REQ that
-// no window could ever admit would be told a wait that never comes), and
-// at least 1.
-func EffectiveMaxFilters(limit int, req []ratelimit.Limit) int {
+// EffectiveMaxFilters returns how many filters a REQ may hold under cfg:
+// cfg.Bounds.MaxFilters (0 or less meaning DefaultMaxFilters), lowered to
+// the largest n with n·cost < rate in every REQ window of the address
+// budget and of every tier that is not free (a REQ that no window could
+// ever admit would be told a wait that never comes), and at least 1. It is
+// what a Gate built on cfg enforces and what NIP-11's max_filters states.
+func EffectiveMaxFilters(cfg Config) int {
+	limit := cfg.Bounds.MaxFilters
 	if limit <= 0 {
 		limit = DefaultMaxFilters
 	}
-	for _, l := range req {
-		limit = min(limit, int(math.Ceil(l.Rate/l.EffectiveCost()))-1)
+	lowered := func(req []ratelimit.Limit) {
+		for _, l := range req {
+			if l.Rate > 0 && l.EffectiveCost() > 0 {
+				limit = min(limit, int(math.Ceil(l.Rate/l.EffectiveCost()))-1)
+			}
+		}
 	}
-	return max(limit, 1) // Validate has checked c < R
+	if cfg.Limits == nil {
+		def := DefaultLimits()
+		lowered(def.Message[wire.TypeREQ])
+	} else {
+		lowered(cfg.Limits.Message[wire.TypeREQ])
+	}
+	for _, t := range cfg.Tiers {
+		if !t.Free {
+			lowered(t.Limits.Message[wire.TypeREQ])
+		}
+	}
+	return max(limit, 1)
 }

@@ -13,14 +13,29 @@ import (
 )
 
 func TestEffectiveMaxFilters(t *testing.T) {
-	if got := EffectiveMaxFilters(0, nil); got != DefaultMaxFilters {
-		t.Errorf("EffectiveMaxFilters(0, nil) = %d", got)
+	req := func(max int, ls ...ratelimit.Limit) Config {
+		var l Limits
+		l.Message[wire.TypeREQ] = ls
+		return Config{Limits: &l, Bounds: wire.Bounds{MaxFilters: max}}
 	}
-	if got := EffectiveMaxFilters(50, []ratelimit.Limit{{Rate: 20, Period: time.Second, Cost: 2}}); got != 9 {
+	if got := EffectiveMaxFilters(req(0)); got != DefaultMaxFilters {
+		t.Errorf("EffectiveMaxFilters(0, no windows) = %d", got)
+	}
+	if got := EffectiveMaxFilters(Config{}); got != DefaultMaxFilters {
+		t.Errorf("EffectiveMaxFilters(zero Config) = %d, want %d (the default REQ window admits more)", got, DefaultMaxFilters)
+	}
+	if got := EffectiveMaxFilters(req(50, ratelimit.Limit{Rate: 20, Period: time.Second, Cost: 2})); got != 9 {
 		t.Errorf("EffectiveMaxFilters under rate 20, cost 2 = %d, want 9 (9·2 < 20)", got)
 	}
-	if got := EffectiveMaxFilters(50, []ratelimit.Limit{{Rate: 1.5, Period: time.Second}}); got != 1 {
+	if got := EffectiveMaxFilters(req(50, ratelimit.Limit{Rate: 1.5, Period: time.Second})); got != 1 {
 		t.Errorf("EffectiveMaxFilters under rate 1.5 = %d, want 1", got)
+	}
+	tiered := req(50, ratelimit.Limit{Rate: 20, Period: time.Second})
+	tiered.Tiers = []Tier{{Name: "t"}, {Name: "free", Free: true}}
+	tiered.Tiers[0].Limits.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 5, Period: time.Second}}
+	tiered.Tiers[1].Limits.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 2, Period: time.Second}}
+	if got := EffectiveMaxFilters(tiered); got != 4 {
+		t.Errorf("EffectiveMaxFilters with a tier at rate 5 = %d, want 4 (a free tier's windows do not count)", got)
 	}
 }
 
@@ -29,7 +44,7 @@ func TestEffectiveMaxFilters(t *testing.T) {
 // with the type named.
 func TestCompile(t *testing.T) {
 	l := DefaultLimits()
-	p, err := Compile(Config{Limits: l})
+	p, err := Compile(Config{Limits: &l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +69,7 @@ func TestCompile(t *testing.T) {
 		t.Errorf("connection windows %v", p.Connection())
 	}
 	l.Message[wire.TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(1, time.Second)}
-	if _, err := Compile(Config{Limits: l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "COUNT") {
+	if _, err := Compile(Config{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "COUNT") {
 		t.Errorf("Compile with COUNT rate = cost: %v, want ErrInvalidLimit naming COUNT", err)
 	}
 }
@@ -75,7 +90,7 @@ func lims(ls ...ratelimit.Limit) []ratelimit.Limit { return ls }
 func TestKindClasses(t *testing.T) {
 	var l Limits
 	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(10, time.Hour))
-	p, err := Compile(Config{Limits: l, Kinds: []Class{
+	p, err := Compile(Config{Limits: &l, Kinds: []Class{
 		{Name: "reactions", Kinds: []KindRange{{7, 7}}, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
 		{Name: "ephemeral", Kinds: []KindRange{{20000, 29999}}, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
 	}})
@@ -133,7 +148,7 @@ func TestTiers(t *testing.T) {
 	var addr, tierL Limits
 	addr.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(2, time.Hour))
 	tierL.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(5, time.Hour))
-	p, err := Compile(Config{Limits: addr, Tiers: []Tier{
+	p, err := Compile(Config{Limits: &addr, Tiers: []Tier{
 		{Name: "members", Pubkeys: []string{member}, Limits: tierL},
 		{Name: "allow", Pubkeys: []string{free}, Free: true},
 	}})
@@ -181,7 +196,7 @@ func TestTiers(t *testing.T) {
 func TestAggregates(t *testing.T) {
 	var l Limits
 	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(100, time.Hour))
-	p, err := Compile(Config{Limits: l, Aggregates: []Aggregate{
+	p, err := Compile(Config{Limits: &l, Aggregates: []Aggregate{
 		{Bits: 48, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
 		{Bits: 24, V4: true, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
 	}})
@@ -238,7 +253,7 @@ func TestAggregates(t *testing.T) {
 func TestShadow(t *testing.T) {
 	var l Limits
 	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(100, time.Hour), ratelimit.Limit{Rate: 2, Period: time.Minute, Shadow: true})
-	p, err := Compile(Config{Limits: l})
+	p, err := Compile(Config{Limits: &l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +277,7 @@ func TestShadow(t *testing.T) {
 		t.Fatalf("101st event: %+v, want refused by the enforcing window", v)
 	}
 
-	all, err := Compile(Config{Limits: l, Shadow: true})
+	all, err := Compile(Config{Limits: &l, Shadow: true})
 	if err != nil {
 		t.Fatal(err)
 	}
