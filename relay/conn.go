@@ -17,6 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/charge"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -93,7 +94,7 @@ type conn struct {
 	// sub is who pays for the connection's frames (see subject); written
 	// by the client reader, and by the relay reader when an AUTH is
 	// accepted.
-	sub atomic.Pointer[policy.Subject]
+	sub atomic.Pointer[charge.Subject]
 	// shadowUntil: no "would be rate-limited" log line before this
 	// instant (client reader only), one per wait as for refusals.
 	shadowUntil time.Time
@@ -490,7 +491,7 @@ func (c *conn) watch(frame []byte) {
 // member pubkey, else the address's (charged nothing when the address or
 // the proved pubkey is allow-listed). It is rebuilt when the policy was
 // reloaded.
-func (c *conn) subject(p *policy.Policy) *policy.Subject {
+func (c *conn) subject(p *charge.Policy) *charge.Subject {
 	if s := c.sub.Load(); s != nil && s.Policy() == p {
 		return s
 	}
@@ -500,7 +501,7 @@ func (c *conn) subject(p *policy.Policy) *policy.Subject {
 }
 
 // subjectFor builds the connection's Subject under p.
-func (c *conn) subjectFor(p *policy.Policy) *policy.Subject {
+func (c *conn) subjectFor(p *charge.Policy) *charge.Subject {
 	id := p.Identity()
 	free := id.AllowsAddr(c.addr)
 	if a := c.authed.Load(); a != nil && !free {
@@ -888,7 +889,7 @@ func (c *conn) admit(frame []byte) bool {
 // gate read and answer such frames as fast as its socket takes them. A
 // refusal from the local table counts toward the knocking cut, as for
 // every type.
-func (c *conn) chargeAnswered(sub *policy.Subject, f wire.Frame) bool {
+func (c *conn) chargeAnswered(sub *charge.Subject, f wire.Frame) bool {
 	if wait, refused := sub.Refused(c.g.limiter, wire.TypeOther); refused {
 		c.refuseRateLimited(f, wait)
 		if !c.knocks.allow(time.Now()) {

@@ -19,6 +19,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/charge"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -284,7 +285,7 @@ type Gate struct {
 	queueBytes   int
 	pingInterval time.Duration
 	writeTimeout time.Duration
-	obs          *policy.Observer
+	obs          *charge.Observer
 	log          *slog.Logger
 	cutLog       cutLog // bounds the log lines of cut connections
 	upgrader     websocket.Upgrader
@@ -316,7 +317,7 @@ func New(opts Options) (*Gate, error) {
 		queueBytes:   opts.QueueBytes,
 		pingInterval: opts.PingInterval,
 		writeTimeout: opts.WriteTimeout,
-		obs:          opts.Observer,
+		obs:          (*charge.Observer)(opts.Observer),
 		log:          opts.Logger,
 		conns:        make(map[*conn]struct{}),
 		stored:       opts.Stored,
@@ -474,7 +475,7 @@ func (g *Gate) MaxFilters() int { return g.current().p.MaxFilters() }
 
 // gatePolicy is a compiled policy with what the gate derives from it once.
 type gatePolicy struct {
-	p *policy.Policy
+	p *charge.Policy
 	// watchOK: the relay's OKs matter (a quota to charge, tiers or
 	// allow-listed pubkeys a connection may authenticate as), so AUTHs and
 	// OKs are read.
@@ -497,7 +498,7 @@ func (g *Gate) current() *gatePolicy { return g.pol.Load() }
 // quota, no tiers, no allow-listed pubkeys) does not learn that
 // connection's NIP-42 pubkey later.
 func (g *Gate) Reload(cfg policy.Config) error {
-	p, err := policy.Compile(cfg)
+	p, err := charge.Compile(cfg)
 	if err != nil {
 		return err
 	}
@@ -900,4 +901,4 @@ func (g *Gate) fromTrustedProxy(r *http.Request) bool {
 	return g.current().p.Identity().FromTrustedProxy(r)
 }
 
-func (g *Gate) allowPubkey(pk string) bool { return g.current().p.Identity().AllowsPubkey(pk) }
+func (g *Gate) allowPubkey(pk string) bool { return g.current().p.AllowsPubkey(pk) }

@@ -91,7 +91,7 @@ func TestNewValidatesLimits(t *testing.T) {
 		t.Fatalf("New with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
 	}
 	d := policy.DefaultLimits()
-	if err := d.Validate(); err != nil {
+	if err := (&policy.Config{Limits: &d}).Validate(); err != nil {
 		t.Fatalf("DefaultLimits invalid: %v", err)
 	}
 	if len(d.Message[wire.TypeCLOSE]) != 0 || len(d.Message[wire.TypeOther]) == 0 {

@@ -110,9 +110,19 @@ func printShape(w io.Writer, cfg *config) {
 	// the tiers' included.
 	pc, _ := buildPolicy(cfg, localQuotas(nil))
 	maxFilters := policy.EffectiveMaxFilters(pc)
-	b := cfg.Bounds
-	if p, err := policy.Compile(pc); err == nil {
-		b = *p.Bounds() // every zero field at its default
+	b := cfg.Bounds // every zero field at its default:
+	for _, f := range []struct {
+		v   *int
+		def int
+	}{
+		{&b.MaxTags, wire.DefaultMaxTags},
+		{&b.MaxTagValueBytes, wire.DefaultMaxTagValueBytes},
+		{&b.MaxFilterValues, wire.DefaultMaxFilterValues},
+		{&b.MaxFanout, wire.DefaultMaxFanout},
+	} {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
 	}
 	lowered := ""
 	if maxFilters < cfg.MaxFilters {

@@ -902,7 +902,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		MaxFilterValues:  int(fc.Limits.MaxFilterValues),
 		MaxFanout:        int(fc.Limits.MaxFilterFanout),
 	}
-	if err := policy.CheckBounds(c.Bounds); err != nil {
+	if err := (&policy.Config{Bounds: c.Bounds}).Validate(); err != nil {
 		// The library names the field; the file nests it under limits.
 		field, why, _ := strings.Cut(strings.TrimPrefix(err.Error(), policy.ErrPolicy.Error()+": "), " ")
 		bad("limits."+field, "%s", why)
@@ -988,7 +988,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		// The library's own error would offer 0 and 1…128, which the
 		// file does not take.
 		bad("identity.ipv6_prefix", "must be between 16 and 128, got %d", p)
-	} else if err := (&policy.Identity{IPv6Prefix: int(min(p, math.MaxInt))}).Validate(); err != nil {
+	} else if err := (&policy.Config{Identity: policy.Identity{IPv6Prefix: int(min(p, math.MaxInt))}}).Validate(); err != nil {
 		bad("identity.ipv6_prefix", "%v", err)
 	}
 	c.Identity.IPv6Prefix = int(fc.Identity.IPv6Prefix)
@@ -996,7 +996,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		path := fmt.Sprintf("identity.trusted_proxies[%d]", i)
 		p, err := parsePrefix(s)
 		if err == nil {
-			err = (&policy.Identity{TrustedProxies: []netip.Prefix{p}}).Validate()
+			err = (&policy.Config{Identity: policy.Identity{TrustedProxies: []netip.Prefix{p}}}).Validate()
 		}
 		if err != nil {
 			bad(path, "%v", err)
@@ -1009,7 +1009,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		// The library reads "" as X-Forwarded-For; in the file it is
 		// more likely a value forgotten.
 		bad("identity.header", "must not be empty (X-Forwarded-For, X-Real-IP or another forwarding header)")
-	} else if err := (&policy.Identity{Header: c.Identity.Header}).Validate(); err != nil {
+	} else if err := (&policy.Config{Identity: policy.Identity{Header: c.Identity.Header}}).Validate(); err != nil {
 		bad("identity.header", "%v", err)
 	}
 
@@ -1069,7 +1069,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		// and start-up use, with quotas as check builds them.
 		if pc, err := buildPolicy(c, localQuotas(nil)); err != nil {
 			bad("quota", "%v", err)
-		} else if _, err := policy.Compile(pc); err != nil {
+		} else if err := pc.Validate(); err != nil {
 			bad("policy", "%v", err)
 		} else if _, err := relay.New(relay.Options{Limiter: probeLimiter, Policy: pc, RelayURL: fc.RelayURL}); errors.Is(err, relay.ErrNoRelayURL) {
 			bad("relay_url", "must be set to the relay's public ws:// or wss:// URL when tiers or allow.pubkeys grant budgets by NIP-42 pubkey: without it an AUTH's relay tag is checked against whatever host the client claims, so an AUTH a member signed for another relay could be replayed here")

@@ -59,7 +59,7 @@ func TestDefaultLimitsAreTheGates(t *testing.T) {
 	if want := policy.DefaultLimits(); !sameLimits(cfg.Limits, want) {
 		t.Errorf("default limits\n got %+v\nwant %+v", cfg.Limits, want)
 	}
-	if cfg.ReadLimit != relay.DefaultReadLimit || cfg.Identity.IPv6Prefix != policy.DefaultIPv6Prefix ||
+	if cfg.ReadLimit != relay.DefaultReadLimit || cfg.Identity.IPv6Prefix != 64 ||
 		cfg.QuotaEvents != 600 || cfg.QuotaWindow != time.Minute || cfg.QuotaUnlimited || cfg.Redis != "" {
 		t.Errorf("defaults: %+v", cfg)
 	}
@@ -639,7 +639,7 @@ func FuzzParseConfig(f *testing.F) {
 			}
 			return
 		}
-		if err := cfg.Limits.Validate(); err != nil {
+		if err := (&policy.Config{Limits: &cfg.Limits}).Validate(); err != nil {
 			t.Fatalf("accepted limits the gate refuses: %v", err)
 		}
 		for _, ls := range append([][]ratelimit.Limit{cfg.Limits.Connection}, cfg.Limits.Message[:]...) {

@@ -29,7 +29,7 @@ type metrics struct {
 	cuts        [policy.NumCutReasons]prometheus.Counter
 	// offenders are the clients refused most over the last minutes,
 	// served at /top and on the status page.
-	offenders *policy.Offenders
+	offenders *Offenders
 	open      prometheus.Gauge
 	// shadow counts the running policy's windows in shadow by budget
 	// (setPolicy): no series while nothing is in shadow.
@@ -52,7 +52,7 @@ var connectionOutcomes = []policy.Outcome{policy.Admitted, policy.RateLimited, p
 // newMetrics registers the gate's and the store's collectors; watch adds
 // the limiter's once it exists (the store it wraps needs observeStore first).
 func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), offenders: policy.NewOffenders(0, 0, nil)}
+	m := &metrics{reg: prometheus.NewRegistry(), offenders: NewOffenders(0, 0, nil)}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -212,9 +212,9 @@ func (m *metrics) serveTop(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {
-		HalfLife float64           `json:"half_life_seconds"`
-		Clients  []policy.Offender `json:"clients"`
-	}{policy.DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n)})
+		HalfLife float64    `json:"half_life_seconds"`
+		Clients  []Offender `json:"clients"`
+	}{DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n)})
 }
 
 // observeStore is redisstore.Options.Observe.

@@ -154,21 +154,20 @@ func TestPolicyFields(t *testing.T) {
 	if q := pc.Tiers[1].Quota; q == nil || q.Events() != 6000 || q.Window() != time.Minute {
 		t.Errorf("members' quota %v", q)
 	}
-	if q := pc.Tiers[0].Quota; q == nil || q.Events() != 0 {
-		t.Errorf("bots' quota %v, want an unlimited one", q)
+	if q := pc.Tiers[0].Quota; q != nil {
+		t.Errorf("bots' quota %v, want none (nil)", q)
 	}
 	if pc.Quota == nil || pc.Quota.Events() != 600 {
 		t.Errorf("global quota %v", pc.Quota)
 	}
-	p, err := policy.Compile(pc)
-	if err != nil {
+	if err := pc.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if p.ClassOf(7) != "reactions" || p.ClassOf(25000) != "ephemeral" || p.ClassOf(1) != "" {
-		t.Errorf("compiled classes: 7 %q, 25000 %q, 1 %q", p.ClassOf(7), p.ClassOf(25000), p.ClassOf(1))
+	if pc.Kinds[0].Name != "ephemeral" || pc.Kinds[1].Name != "reactions" || pc.Kinds[1].Kinds[0] != (policy.KindRange{From: 7, To: 7}) {
+		t.Errorf("kind classes %+v", pc.Kinds)
 	}
-	if p.TierOf(pkA) != "members" || p.TierOf(pkB) != "bots" {
-		t.Errorf("compiled tiers: %q %q", p.TierOf(pkA), p.TierOf(pkB))
+	if pc.Tiers[1].Name != "members" || pc.Tiers[1].Pubkeys[0] != pkA || pc.Tiers[0].Name != "bots" || pc.Tiers[0].Pubkeys[0] != pkB {
+		t.Errorf("tiers %+v", pc.Tiers)
 	}
 }
 

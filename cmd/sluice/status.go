@@ -112,7 +112,7 @@ type statusView struct {
 	IntervalS int
 	// Offenders are the clients refused most, their counts fading by half
 	// every HalfLife.
-	Offenders []policy.Offender
+	Offenders []Offender
 	HalfLife  string
 }
 
@@ -199,7 +199,7 @@ func (s *statusPage) view(ctx context.Context) statusView {
 		v.ChartMax = max(v.ChartMax, b.admitted+b.refused)
 	}
 	v.Offenders = s.m.offenders.Top(10)
-	v.HalfLife = policy.DefaultOffendersHalfLife.String()
+	v.HalfLife = DefaultOffendersHalfLife.String()
 	v.BarWidth = 600 / (statusSamples + 1) // and the live interval
 	for i, b := range bars {
 		x := 600 - (len(bars)-i)*v.BarWidth

@@ -23,7 +23,7 @@ func statusFixture(t *testing.T, checks ...readyCheck) (*metrics, *statusPage, *
 	m := newMetrics()
 	// The offenders' counts fade with time: on a frozen clock they read
 	// exactly what was counted however long a browser takes to load.
-	m.offenders = policy.NewOffenders(0, 0, func() time.Time { return statusT0 })
+	m.offenders = NewOffenders(0, 0, func() time.Time { return statusT0 })
 	now := statusT0
 	s := newStatusPage(m, checks, func() time.Time { return now })
 	o := m.observer()

@@ -15,6 +15,7 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip11"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/charge"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -116,7 +117,7 @@ type Hooks struct {
 	lim *ratelimit.Limiter
 	pol atomic.Pointer[hookPolicy] // the running policy; Reload swaps it
 	now func() time.Time
-	obs *policy.Observer
+	obs *charge.Observer
 
 	// reqs holds the cancellation scope (ctx.Done()) of every REQ whose
 	// context is still live, with how many of its filters were charged;
@@ -136,7 +137,7 @@ type Hooks struct {
 // returns an error wrapping ratelimit.ErrInvalidLimit that names the
 // offending type (or policy.ErrPolicy, or policy.ErrIdentity).
 func New(opts Options) (*Hooks, error) {
-	h := &Hooks{lim: opts.Limiter, obs: opts.Observer}
+	h := &Hooks{lim: opts.Limiter, obs: (*charge.Observer)(opts.Observer)}
 	if err := h.Reload(opts.Policy); err != nil {
 		return nil, err
 	}
@@ -149,7 +150,7 @@ func New(opts Options) (*Hooks, error) {
 
 // hookPolicy is a compiled policy with what the hooks derive from it once.
 type hookPolicy struct {
-	p              *policy.Policy
+	p              *charge.Policy
 	tooManyFilters string // the refusal of a REQ with more filters
 }
 
@@ -161,7 +162,7 @@ func (h *Hooks) current() *hookPolicy { return h.pol.Load() }
 // whether Khatru fills OnEventSaved (a quota) and what its
 // OverwriteRelayInformation states are fixed when Khatru is called.
 func (h *Hooks) Reload(cfg policy.Config) error {
-	p, err := policy.Compile(cfg)
+	p, err := charge.Compile(cfg)
 	if err != nil {
 		return err
 	}
@@ -193,11 +194,11 @@ func (v verdict) refusal() error {
 // policy: a tier member's budget, or the address's (charged nothing when
 // the address or the authenticated pubkey is allow-listed). addr must not
 // be empty.
-func (h *Hooks) subject(addr, authed string) *policy.Subject {
+func (h *Hooks) subject(addr, authed string) *charge.Subject {
 	p := h.current().p
 	id := p.Identity()
 	key, a, free := id.ClientOf(addr)
-	if !free && authed != "" && id.Allow.AllowsPubkey(authed) {
+	if !free && authed != "" && p.AllowsPubkey(authed) {
 		free = true
 	}
 	return p.CallSubject(key, a, free, authed)
@@ -224,7 +225,7 @@ func (h *Hooks) charge(ctx context.Context, addr, authed string, t wire.Type, fi
 
 // verdict turns a policy verdict into the hooks' and its outcome: the
 // store failing is never a rate limit; a shadow refusal passes.
-func (h *Hooks) verdict(pv policy.Verdict) (verdict, policy.Outcome) {
+func (h *Hooks) verdict(pv charge.Verdict) (verdict, policy.Outcome) {
 	switch {
 	case pv.Err != nil:
 		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: pv.Err}, policy.Unavailable
@@ -274,7 +275,7 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 	actor := evt.PubKey
 	if authed != "" {
 		actor = authed
-	} else if h.current().p.Identity().Allow.AllowsPubkey(actor) {
+	} else if h.current().p.AllowsPubkey(actor) {
 		// Exempt from the quota only: the quota counts events the relay
 		// validated, so forging the author buys nothing, while the EVENT
 		// windows above are what a forger would otherwise skip.
@@ -460,11 +461,7 @@ func (h *Hooks) summary() string {
 	if len(parts) == 0 {
 		return ""
 	}
-	prefix := policy.DefaultIPv6Prefix
-	if n := p.Identity().IPv6Prefix; n > 0 {
-		prefix = n
-	}
-	return fmt.Sprintf("Rate limits per client (IPv4 address or IPv6 /%d), as rate per half-life: %s.", prefix, strings.Join(parts, "; "))
+	return fmt.Sprintf("Rate limits per client (IPv4 address or IPv6 /%d), as rate per half-life: %s.", p.Identity().PrefixBits(), strings.Join(parts, "; "))
 }
 
 // filter charges one khatru RejectFilter call: a call under a connection's

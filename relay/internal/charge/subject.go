@@ -1,4 +1,4 @@
-package policy
+package charge
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -213,7 +214,7 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 	if s.free {
 		return Verdict{}
 	}
-	var buf [2 + MaxAggregates]charge
+	var buf [2 + policy.MaxAggregates]charge
 	cs := buf[:0]
 	win := s.b.msg[t]
 	if t == wire.TypeREQ && filters >= 1 && filters < len(s.b.req) {
@@ -252,7 +253,7 @@ func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) 
 	if s.free {
 		return Verdict{}
 	}
-	var buf [1 + MaxAggregates]charge
+	var buf [1 + policy.MaxAggregates]charge
 	cs := buf[:0]
 	if !s.p.conn.empty() {
 		k, sk := s.conn, s.connShadow
