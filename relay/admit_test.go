@@ -237,8 +237,8 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
 		t.Errorf("reply %s", got)
 	}
-	if got := c.g.MaxFilters(); got != policy.DefaultMaxFilters {
-		t.Errorf("MaxFilters %d, want %d", got, policy.DefaultMaxFilters)
+	if got := c.g.MaxFilters(); got != wire.DefaultMaxFilters {
+		t.Errorf("MaxFilters %d, want %d", got, wire.DefaultMaxFilters)
 	}
 
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}

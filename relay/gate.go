@@ -307,9 +307,10 @@ type Gate struct {
 	inflight   map[string]int
 }
 
-// New returns a Gate. It validates every configured limit and returns an
-// error wrapping ratelimit.ErrInvalidLimit that names the offending type,
-// or one wrapping ErrIdentity for a bad Options.Identity.
+// New returns a Gate. It refuses what policy.Config.Validate refuses in
+// Options.Policy (with its error), a bad Options.RelayURL (ErrUpstream), a
+// bad Options.FrameSize (ErrFrameSize), and a policy that grants budgets by
+// pubkey without Options.RelayURL (ErrNoRelayURL).
 func New(opts Options) (*Gate, error) {
 	g := &Gate{
 		limiter:      opts.Limiter,
@@ -465,12 +466,9 @@ func (c *clientCounts) release(client string, n int) {
 	}
 }
 
-// MaxSubscriptions returns the cap on the subscriptions one connection
-// holds open (Options.MaxSubscriptions), for NIP-11's max_subscriptions.
-func (g *Gate) MaxSubscriptions() int { return g.maxSubs }
-
 // MaxFilters returns how many filters a REQ the gate forwards may hold
-// (Options.MaxFilters, lowered as it says), for NIP-11's max_filters.
+// (Options.Policy.Bounds.MaxFilters, lowered by policy.EffectiveMaxFilters),
+// for NIP-11's max_filters.
 func (g *Gate) MaxFilters() int { return g.current().p.MaxFilters() }
 
 // gatePolicy is a compiled policy with what the gate derives from it once.

@@ -376,7 +376,7 @@ func defaultFileConfig() fileConfig {
 		Limits: limitsConfig{
 			Connection:       toLimitConfigs(def.Connection),
 			Message:          msg,
-			MaxFilters:       policy.DefaultMaxFilters,
+			MaxFilters:       wire.DefaultMaxFilters,
 			MaxEventTags:     wire.DefaultMaxTags,
 			MaxTagValueBytes: wire.DefaultMaxTagValueBytes,
 			MaxFilterValues:  wire.DefaultMaxFilterValues,

@@ -121,9 +121,6 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 	}
 
 	names := slices.Sorted(maps.Keys(fc.Limits.Kinds))
-	if len(names) > policy.MaxClasses {
-		bad("limits.kinds", "%d kind classes, at most %d", len(names), policy.MaxClasses)
-	}
 	owner := map[int64]string{} // kind → class, for a kind in two classes
 	for _, name := range names {
 		path := "limits.kinds." + name
@@ -168,9 +165,6 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 	}
 
 	names = slices.Sorted(maps.Keys(fc.Tiers))
-	if len(names) > policy.MaxTiers {
-		bad("tiers", "%d tiers, at most %d", len(names), policy.MaxTiers)
-	}
 	member := map[string]string{} // pubkey → tier
 	for _, name := range names {
 		path := "tiers." + name
@@ -287,10 +281,6 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 		}
 	}
 
-	nAggs := len(fc.Identity.IPv6Aggregate) + len(fc.Identity.IPv4Aggregate)
-	if nAggs > policy.MaxAggregates {
-		bad("identity", "%d prefix aggregates (ipv6_aggregate and ipv4_aggregate), at most %d", nAggs, policy.MaxAggregates)
-	}
 	for _, fam := range []struct {
 		field  string
 		v4     bool

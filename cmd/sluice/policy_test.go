@@ -243,7 +243,7 @@ func TestPolicyRefused(t *testing.T) {
 		{"aggregate twice", "identity: {ipv6_aggregate: [{prefix: 48, limits: " + win + "}, {prefix: 48, limits: " + win + "}]}", nil, "identity.ipv6_aggregate[1].prefix (line 1, column 77): /48 is listed twice"},
 		{"aggregate bad window", "identity: {ipv6_aggregate: [{prefix: 48, limits: [{rate: 5}]}]}", nil, "identity.ipv6_aggregate[0].limits[0].period: is required"},
 		{"aggregate unknown field", "identity: {ipv6_aggregate: [{bits: 48, limits: " + win + "}]}", nil, "identity.ipv6_aggregate[0].bits (line 1, column 30): unknown field"},
-		{"too many aggregates", "identity: {ipv6_aggregate: [{prefix: 48, limits: " + win + "}, {prefix: 40, limits: " + win + "}, {prefix: 32, limits: " + win + "}], ipv4_aggregate: [{prefix: 24, limits: " + win + "}, {prefix: 16, limits: " + win + "}]}", nil, "identity (line 1, column 1): 5 prefix aggregates (ipv6_aggregate and ipv4_aggregate), at most 4"},
+		{"too many aggregates", "identity: {ipv6_aggregate: [{prefix: 48, limits: " + win + "}, {prefix: 40, limits: " + win + "}, {prefix: 32, limits: " + win + "}], ipv4_aggregate: [{prefix: 24, limits: " + win + "}, {prefix: 16, limits: " + win + "}]}", nil, "5 aggregates, at most 4"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -135,7 +135,7 @@ type Hooks struct {
 
 // New returns Hooks for opts. It validates every configured limit and
 // returns an error wrapping ratelimit.ErrInvalidLimit that names the
-// offending type (or policy.ErrPolicy, or policy.ErrIdentity).
+// offending type (or policy.ErrPolicy, or policy.ErrIdentity), as policy.Config.Validate does.
 func New(opts Options) (*Hooks, error) {
 	h := &Hooks{lim: opts.Limiter, obs: (*charge.Observer)(opts.Observer)}
 	if err := h.Reload(opts.Policy); err != nil {

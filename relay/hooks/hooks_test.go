@@ -106,7 +106,7 @@ func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
 	k = g.h.Khatru(KhatruAccess{IP: ipOf})
 	ctx, cancel = reqCtx(context.Background(), "many")
 	defer cancel()
-	for j := range policy.DefaultMaxFilters {
+	for j := range wire.DefaultMaxFilters {
 		if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
 			t.Fatalf("filter %d refused: %q", j, msg)
 		}

@@ -10,18 +10,12 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// DefaultMaxFilters is how many filters a forwarded REQ may hold when the
-// configuration says nothing: 10. NIP-11's example says 100, but every
-// filter is a query the relay runs and is charged as one REQ; clients send
-// one to a few.
-const DefaultMaxFilters = wire.DefaultMaxFilters
-
-// MaxClasses bounds the kind classes of one policy, MaxTiers its tiers and
-// MaxAggregates its prefix aggregates: each is a charge some frames pay.
+// maxClasses bounds the kind classes of one policy, maxTiers its tiers and
+// maxAggregates its prefix aggregates: each is a charge some frames pay.
 const (
-	MaxClasses    = 32
-	MaxTiers      = 32
-	MaxAggregates = 4
+	maxClasses    = 32
+	maxTiers      = 32
+	maxAggregates = 4
 )
 
 // ErrPolicy is wrapped by Compile for a configuration it refuses; the
@@ -30,8 +24,7 @@ var ErrPolicy = errors.New("policy: invalid policy")
 
 // Config is everything a Policy is compiled from: the one way to configure
 // a Gate (relay.Options.Policy) and Hooks (hooks.Options.Policy). The zero
-// Config is the defaults: DefaultLimits, DefaultMaxFilters, wire's default
-// bounds, no kind classes, tiers or aggregates, no actor quota, the zero
+// Config is the defaults: DefaultLimits, wire's default bounds, no kind classes, tiers or aggregates, no actor quota, the zero
 // Identity.
 type Config struct {
 	// Limits are the address budget: per message type and per upgrade.
@@ -41,7 +34,7 @@ type Config struct {
 	// Bounds are what one frame may ask of the relay: filters per REQ,
 	// tags per event, the length of an indexed tag's value, values per
 	// filter field and a filter's index fan-out (each zero field means its
-	// default: DefaultMaxFilters, and wire's defaults for the rest).
+	// default: wire.DefaultMaxFilters and the rest of wire's defaults).
 	// Bounds.MaxFilters is lowered by EffectiveMaxFilters.
 	Bounds wire.Bounds
 	// Kinds are named classes of event kinds with windows of their own,
@@ -135,7 +128,7 @@ func checkName(what, name string, seen map[string]bool) error {
 }
 
 // EffectiveMaxFilters returns how many filters a REQ may hold under cfg:
-// cfg.Bounds.MaxFilters (0 or less meaning DefaultMaxFilters), lowered to
+// cfg.Bounds.MaxFilters (0 or less meaning wire.DefaultMaxFilters), lowered to
 // the largest n with n·cost < rate in every REQ window of the address
 // budget and of every tier that is not free (a REQ that no window could
 // ever admit would be told a wait that never comes), and at least 1. It is
@@ -143,7 +136,7 @@ func checkName(what, name string, seen map[string]bool) error {
 func EffectiveMaxFilters(cfg Config) int {
 	limit := cfg.Bounds.MaxFilters
 	if limit <= 0 {
-		limit = DefaultMaxFilters
+		limit = wire.DefaultMaxFilters
 	}
 	lowered := func(req []ratelimit.Limit) {
 		for _, l := range req {

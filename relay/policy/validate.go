@@ -54,8 +54,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%w: %s must be between 0 (its default) and %d, got %d", ErrPolicy, f.name, f.max, f.v)
 		}
 	}
-	if len(c.Kinds) > MaxClasses {
-		return fmt.Errorf("%w: %d kind classes, at most %d", ErrPolicy, len(c.Kinds), MaxClasses)
+	if len(c.Kinds) > maxClasses {
+		return fmt.Errorf("%w: %d kind classes, at most %d", ErrPolicy, len(c.Kinds), maxClasses)
 	}
 	classOf := map[int]string{}
 	seen := map[string]bool{}
@@ -84,8 +84,8 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("policy: kind class %q: %w", cl.Name, err)
 		}
 	}
-	if len(c.Tiers) > MaxTiers {
-		return fmt.Errorf("%w: %d tiers, at most %d", ErrPolicy, len(c.Tiers), MaxTiers)
+	if len(c.Tiers) > maxTiers {
+		return fmt.Errorf("%w: %d tiers, at most %d", ErrPolicy, len(c.Tiers), maxTiers)
 	}
 	tierOf := map[wire.Hex32]string{}
 	seen = map[string]bool{}
@@ -109,8 +109,8 @@ func (c *Config) Validate() error {
 			tierOf[k] = t.Name
 		}
 	}
-	if len(c.Aggregates) > MaxAggregates {
-		return fmt.Errorf("%w: %d aggregates, at most %d", ErrPolicy, len(c.Aggregates), MaxAggregates)
+	if len(c.Aggregates) > maxAggregates {
+		return fmt.Errorf("%w: %d aggregates, at most %d", ErrPolicy, len(c.Aggregates), maxAggregates)
 	}
 	for _, a := range c.Aggregates {
 		what := fmt.Sprintf("IPv6 /%d", a.Bits)
