@@ -515,7 +515,7 @@ func (g *Gate) Reload(cfg policy.Config) error {
 }
 
 // Wrap returns a handler that serves h behind the gate in-process. A
-// WebSocket upgrade (IsUpgrade) is gated, then h is called with it and
+// WebSocket upgrade (wire.IsUpgrade) is gated, then h is called with it and
 // upgrades the client itself on the client's own connection, which the
 // gate taps (see tapConn): h reads only the frames the gate forwards, and
 // the gate reads what h writes. The request h gets is the gate's: the
@@ -549,7 +549,7 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 	})
 }
 
-// Proxy returns a handler that gates WebSocket upgrades (IsUpgrade) and
+// Proxy returns a handler that gates WebSocket upgrades (wire.IsUpgrade) and
 // forwards them to the relay at upstream, a ws:// or wss:// URL. The
 // client's path and query are appended to upstream's path. Every other
 // request is plain HTTP (NIP-11, web pages) and is reverse-proxied

@@ -251,7 +251,7 @@ func (h *Hooks) connection(ctx context.Context, addr string) verdict {
 	return v
 }
 
-// event decides an EVENT by the gate's rule (relay.Options.Quota): the
+// event decides an EVENT by the gate's rule (relay.Options.Policy.Quota): the
 // EVENT windows (and its kind class's) first, then the actor quota. The
 // quota's actor is authed when there is one, else the event's author; an
 // allow-listed author is exempt from the quota only, an allow-listed
