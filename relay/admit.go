@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/charge"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -29,7 +30,7 @@ func (c *conn) decide(buf []byte) (fwd []byte, ok bool) {
 	}
 	if c.knocked > 0 {
 		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many refused frames")
-		c.g.obs.ReportCut(CutKnocking)
+		c.g.obs.ReportCut(policy.CutKnocking)
 		c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(ratelimit.RetrySeconds(c.knocked), 10)+"s")
 		return nil, false
 	}
@@ -53,7 +54,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 	}
 	var keep []byte
 	var buf [wire.MaxSubIDBytes]byte
-	if f := wire.Peek(frame); f.Type == TypeREQ && f.ID != nil {
+	if f := wire.Peek(frame); f.Type == wire.TypeREQ && f.ID != nil {
 		if id, ok := subID(&buf, f.ID); ok {
 			keep = id
 		}
@@ -106,7 +107,7 @@ func (c *conn) admit(frame []byte) bool {
 		filters, kind := 0, -1
 		if reason == "" {
 			filters = facts.Filters
-			if t == TypeEVENT {
+			if t == wire.TypeEVENT {
 				kind = int(facts.Event.Kind)
 			}
 		}
@@ -114,7 +115,7 @@ func (c *conn) admit(frame []byte) bool {
 		switch {
 		case v.Err != nil:
 			fr := p.Frame()
-			obs.ReportFrame(t, Unavailable)
+			obs.ReportFrame(t, policy.Unavailable)
 			c.dropSub(fr)
 			c.side.reply(wire.AppendUnavailable(replyBuf(fr), fr))
 			return false
@@ -156,7 +157,7 @@ func (c *conn) admit(frame []byte) bool {
 	// and end, takes).
 	forward := true
 	switch t {
-	case TypeREQ:
+	case wire.TypeREQ:
 		// The frame's bytes are what the relay keeps as listeners while
 		// the subscription is open: held in the client's count first, so
 		// that connections of one address racing each other never pass
@@ -174,28 +175,28 @@ func (c *conn) admit(frame []byte) bool {
 			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
 			return false
 		}
-	case TypeCOUNT:
+	case wire.TypeCOUNT:
 		// A COUNT runs the query of a REQ: it takes a place among the
 		// connection's subscriptions until the relay answers it.
 		if !c.subs.openCount(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs, time.Now()) {
 			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
 			return false
 		}
-	case TypeCLOSE:
+	case wire.TypeCLOSE:
 		// Not open, or closing already (the gate sends the relay the
 		// CLOSE that follows its answer: subTable).
 		forward = c.subs.remove(facts.SubID[1 : len(facts.SubID)-1])
-	case TypeNEGOPEN:
+	case wire.TypeNEGOPEN:
 		if id := facts.SubID[1 : len(facts.SubID)-1]; !free && !c.syncs.has(id) {
 			if !c.g.holdSync(c.who) {
-				obs.ReportFrame(t, OverCap)
-				obs.ReportRefusal(c.who, t, OverCap)
+				obs.ReportFrame(t, policy.OverCap)
+				obs.ReportRefusal(c.who, t, policy.OverCap)
 				c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySyncs)), p.Frame(), c.g.tooManySyncs))
 				return false
 			}
 			c.syncs.add(id)
 		}
-	case TypeNEGMSG:
+	case wire.TypeNEGMSG:
 		// A NEG-MSG keeps a sync alive at the relay, so one for a sync
 		// the gate does not count must not reach it: khatru handles each
 		// frame on a goroutine of its own, and a NEG-CLOSE sent right
@@ -208,11 +209,11 @@ func (c *conn) admit(frame []byte) bool {
 			c.refuse(p.Frame(), reasonNoSync)
 			return false
 		}
-	case TypeNEGCLOSE:
+	case wire.TypeNEGCLOSE:
 		// An allow-listed client's syncs are not counted, so not known:
 		// its NEG-CLOSEs all go.
 		forward = c.closeSync(facts.SubID[1:len(facts.SubID)-1]) || free
-	case TypeEVENT:
+	case wire.TypeEVENT:
 		if q := sub.Quota(); q != nil && !free {
 			ok := c.admitEvent(p.Frame(), &facts.Event, q, shadowed)
 			if ok {
@@ -220,7 +221,7 @@ func (c *conn) admit(frame []byte) bool {
 			}
 			return ok
 		}
-	case TypeAUTH:
+	case wire.TypeAUTH:
 		if gp.watchOK {
 			if reason := c.verifyAuth(&facts.Event); reason != "" {
 				c.refuse(p.Frame(), reason)
@@ -229,7 +230,7 @@ func (c *conn) admit(frame []byte) bool {
 		}
 	}
 	switch t {
-	case TypeEVENT, TypeREQ, TypeCOUNT, TypeAUTH, TypeNEGOPEN, TypeNEGMSG:
+	case wire.TypeEVENT, wire.TypeREQ, wire.TypeCOUNT, wire.TypeAUTH, wire.TypeNEGOPEN, wire.TypeNEGMSG:
 		c.owed.add() // the relay answers each (see owed)
 	}
 	switch {
@@ -239,20 +240,20 @@ func (c *conn) admit(frame []byte) bool {
 		if !free && !charge && !c.chargeAnswered(sub, p.Frame()) {
 			return false
 		}
-		obs.ReportFrame(t, Unmatched)
+		obs.ReportFrame(t, policy.Unmatched)
 	case free:
-		obs.ReportFrame(t, Allowlisted)
+		obs.ReportFrame(t, policy.Allowlisted)
 	case shadowed:
-		obs.ReportFrame(t, Shadowed)
+		obs.ReportFrame(t, policy.Shadowed)
 	default:
-		obs.ReportFrame(t, Admitted)
+		obs.ReportFrame(t, policy.Admitted)
 	}
 	return forward
 }
 
 // admitEvent applies the actor quota to a canonical EVENT the limits
 // admitted.
-func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shadowed bool) bool {
+func (c *conn) admitEvent(f wire.Frame, ev *wire.Event, q ratelimit.ActorQuota, shadowed bool) bool {
 	actor := c.authPubkey()
 	if actor == "" {
 		actor = ev.Pubkey.String()
@@ -260,7 +261,7 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 			// Not charged: an allow-listed author. Forging its pubkey
 			// gains nothing, since the quota only counts events the
 			// relay validated.
-			c.g.obs.ReportFrame(f.Type, Allowlisted)
+			c.g.obs.ReportFrame(f.Type, policy.Allowlisted)
 			return true
 		}
 	}
@@ -276,20 +277,20 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 			full, reason = true, reasonActorPending
 		}
 		if full {
-			c.g.obs.ReportFrame(f.Type, OverCap)
-			c.g.obs.ReportRefusal(c.who, f.Type, OverCap)
+			c.g.obs.ReportFrame(f.Type, policy.OverCap)
+			c.g.obs.ReportRefusal(c.who, f.Type, policy.OverCap)
 			c.side.reply(wire.AppendRefusal(replyBuf(f), f, reason))
 			return false
 		}
 	}
 	if err != nil {
-		c.g.obs.ReportFrame(f.Type, Unavailable)
+		c.g.obs.ReportFrame(f.Type, policy.Unavailable)
 		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
 		return false
 	}
 	if over {
-		c.g.obs.ReportFrame(f.Type, QuotaExceeded)
-		c.g.obs.ReportRefusal(c.who, f.Type, QuotaExceeded)
+		c.g.obs.ReportFrame(f.Type, policy.QuotaExceeded)
+		c.g.obs.ReportRefusal(c.who, f.Type, policy.QuotaExceeded)
 		c.side.reply(wire.AppendRateLimited(replyBuf(f), f, wait))
 		return false
 	}
@@ -304,9 +305,9 @@ func (c *conn) admitEvent(f Frame, ev *wire.Event, q ratelimit.ActorQuota, shado
 		c.armSettle()
 	}
 	if shadowed {
-		c.g.obs.ReportFrame(f.Type, Shadowed)
+		c.g.obs.ReportFrame(f.Type, policy.Shadowed)
 	} else {
-		c.g.obs.ReportFrame(f.Type, Admitted)
+		c.g.obs.ReportFrame(f.Type, policy.Admitted)
 	}
 	return true
 }
@@ -328,18 +329,18 @@ var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events 
 // gate read and answer such frames as fast as its socket takes them. A
 // refusal from the local table counts toward the knocking cut, as for
 // every type.
-func (c *conn) chargeAnswered(sub *policy.Subject, f Frame) bool {
-	if wait, refused := sub.Refused(c.g.limiter, TypeOther); refused {
+func (c *conn) chargeAnswered(sub *charge.Subject, f wire.Frame) bool {
+	if wait, refused := sub.Refused(c.g.limiter, wire.TypeOther); refused {
 		c.refuseRateLimited(f, wait)
 		if !c.knocks.allow(time.Now()) {
 			c.knocked = wait
 		}
 		return false
 	}
-	v := sub.Charge(c.ctx, c.g.limiter, TypeOther, 0, -1)
+	v := sub.Charge(c.ctx, c.g.limiter, wire.TypeOther, 0, -1)
 	switch {
 	case v.Err != nil:
-		c.g.obs.ReportFrame(f.Type, Unavailable)
+		c.g.obs.ReportFrame(f.Type, policy.Unavailable)
 		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
 		return false
 	case v.Refused:
@@ -387,17 +388,17 @@ func (k *knockMeter) allow(now time.Time) bool {
 // refuseOverCap answers f (a REQ or COUNT under the id literal lit) refused
 // by a cap on what the connection or its client holds open. A REQ reusing
 // an open id is told CLOSED: dropSub closes it at the relay too.
-func (c *conn) refuseOverCap(f Frame, lit []byte, reason string) {
-	c.g.obs.ReportFrame(f.Type, OverCap)
-	c.g.obs.ReportRefusal(c.who, f.Type, OverCap)
+func (c *conn) refuseOverCap(f wire.Frame, lit []byte, reason string) {
+	c.g.obs.ReportFrame(f.Type, policy.OverCap)
+	c.g.obs.ReportRefusal(c.who, f.Type, policy.OverCap)
 	c.dropSub(f)
 	c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(lit)+len(reason)), f, reason))
 }
 
 // refuse answers f with an "invalid:" reason of the gate's own.
-func (c *conn) refuse(f Frame, reason string) {
-	c.g.obs.ReportFrame(f.Type, Invalid)
-	c.g.obs.ReportRefusal(c.who, f.Type, Invalid)
+func (c *conn) refuse(f wire.Frame, reason string) {
+	c.g.obs.ReportFrame(f.Type, policy.Invalid)
+	c.g.obs.ReportRefusal(c.who, f.Type, policy.Invalid)
 	c.dropSub(f)
 	c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
 }
@@ -405,9 +406,9 @@ func (c *conn) refuse(f Frame, reason string) {
 // refuseRateLimited answers f refused by a limit whose wait is wait. Like
 // every refusal, it is counted before its reply is queued: queuing may wait
 // for the client to read (outQueue.push), and the count is the decision's.
-func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
-	c.g.obs.ReportFrame(f.Type, RateLimited)
-	c.g.obs.ReportRefusal(c.who, f.Type, RateLimited)
+func (c *conn) refuseRateLimited(f wire.Frame, wait time.Duration) {
+	c.g.obs.ReportFrame(f.Type, policy.RateLimited)
+	c.g.obs.ReportRefusal(c.who, f.Type, policy.RateLimited)
 	c.dropSub(f)
 	c.side.reply(wire.AppendRateLimited(replyBuf(f), f, wait))
 }
@@ -422,8 +423,8 @@ func (c *conn) refuseRateLimited(f Frame, wait time.Duration) {
 // the sync closed, so a client need not send a NEG-CLOSE (go-nostr's does,
 // others may not): without this, a refused NEG-MSG's sync would hold its
 // place in the client's count until the connection ended.
-func (c *conn) dropSub(f Frame) {
-	if (f.Type != TypeREQ && f.Type != TypeNEGOPEN && f.Type != TypeNEGMSG) || f.ID == nil {
+func (c *conn) dropSub(f wire.Frame) {
+	if (f.Type != wire.TypeREQ && f.Type != wire.TypeNEGOPEN && f.Type != wire.TypeNEGMSG) || f.ID == nil {
 		return
 	}
 	var buf [wire.MaxSubIDBytes]byte
@@ -432,7 +433,7 @@ func (c *conn) dropSub(f Frame) {
 		return
 	}
 	label := `["CLOSE","`
-	if f.Type != TypeREQ {
+	if f.Type != wire.TypeREQ {
 		if !c.closeSync(id) {
 			return
 		}
@@ -463,6 +464,6 @@ func (c *conn) closeSync(id []byte) bool {
 // replyBuf returns an empty buffer large enough for any refusal of f that
 // the gate sends, so that a refused frame (a blocked client's flood is
 // nothing else) costs one allocation rather than one per doubling.
-func replyBuf(f Frame) []byte {
+func replyBuf(f wire.Frame) []byte {
 	return make([]byte, 0, 96+len(f.ID))
 }

@@ -67,14 +67,14 @@ func (s *downStore) Decide(context.Context, string, *ratelimit.Windows, time.Tim
 func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	event := []byte(`["EVENT",` + nostrToolsEvent + `]`)
 	req := []byte(`["REQ","sub:1",{"kinds":[1]}]`)
-	one := func(typ Type) *Limits {
-		var l Limits
+	one := func(typ wire.Type) *policy.Limits {
+		var l policy.Limits
 		l.Message[typ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 		return &l
 	}
 	okPrefix := `["OK","` + testID + `",false,"`
 
-	c := admitConn(t, Options{Limits: one(TypeEVENT)})
+	c := admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeEVENT)}})
 	if !c.admit(event) {
 		t.Fatal("first EVENT refused")
 	}
@@ -85,16 +85,16 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 		t.Errorf("rate-limited EVENT reply %s, want prefix %s", got, want)
 	}
 
-	c = admitConn(t, Options{Limits: one(TypeREQ)})
+	c = admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeREQ)}})
 	c.admit(req)
 	c.admit(req)
 	if got, want := c.reply(t), `["CLOSED","sub:1","rate-limited: slow down; retry in `; len(got) < len(want) || got[:len(want)] != want {
 		t.Errorf("rate-limited REQ reply %s, want prefix %s", got, want)
 	}
 
-	c = admitConn(t, Options{Limits: one(TypeEVENT), Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
+	c = admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeEVENT)}, Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
 	c.admit(event)
-	if got, want := c.reply(t), okPrefix+ReasonUnavailable+`"]`; got != want {
+	if got, want := c.reply(t), okPrefix+wire.ReasonUnavailable+`"]`; got != want {
 		t.Errorf("unavailable EVENT reply %s, want %s", got, want)
 	}
 
@@ -104,7 +104,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	q.Add("6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", now)
-	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &Limits{}, Quota: q.Local(func() time.Time { return now })})
+	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(func() time.Time { return now })}})
 	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
@@ -123,9 +123,9 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 // TestAdmitRefusalAllocs: refusing a frame for a limit costs one
 // allocation, the reply itself, and a blocked client's flood no more.
 func TestAdmitRefusalAllocs(t *testing.T) {
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	c := admitConn(t, Options{Limits: &l})
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}})
 	event := []byte(`["EVENT",` + goNostrEvent + `]`)
 	c.admit(event)
 	allocs := testing.AllocsPerRun(100, func() {
@@ -135,7 +135,7 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 	if allocs != 1 {
 		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
 	}
-	if fr := Peek(event); len(AppendRefusal(nil, fr, ReasonUnavailable)) > cap(replyBuf(fr)) {
+	if fr := wire.Peek(event); len(wire.AppendRefusal(nil, fr, wire.ReasonUnavailable)) > cap(replyBuf(fr)) {
 		t.Errorf("replyBuf too small for the unavailable reply")
 	}
 }
@@ -176,19 +176,19 @@ func TestReadFrameDropsLargeBuffers(t *testing.T) {
 func BenchmarkAdmit(b *testing.B) {
 	event := []byte(`["EVENT",` + nostrToolsEvent + `]`)
 	req := []byte(`["REQ","sub:1",{"kinds":[1],"limit":10}]`)
-	wide := func() *Limits {
-		var l Limits
-		l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second), ratelimit.PerPeriod(1e12, time.Minute)}
-		l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second)}
+	wide := func() *policy.Limits {
+		var l policy.Limits
+		l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second), ratelimit.PerPeriod(1e12, time.Minute)}
+		l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second)}
 		return &l
 	}
 	quota, err := ratelimit.NewQuota(ratelimit.MaxQuotaEvents, time.Minute)
 	if err != nil {
 		b.Fatal(err)
 	}
-	tight := func() *Limits {
-		var l Limits
-		l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	tight := func() *policy.Limits {
+		var l policy.Limits
+		l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 		return &l
 	}
 	for _, bm := range []struct {
@@ -198,10 +198,10 @@ func BenchmarkAdmit(b *testing.B) {
 		admit bool
 		sub   string // the REQ's subscription, closed after each
 	}{
-		{"EVENT", Options{Limits: wide()}, event, true, ""},
-		{"EVENT-quota", Options{Limits: wide(), Quota: quota.Local(nil)}, event, true, ""},
-		{"REQ", Options{Limits: wide()}, req, true, "sub:1"},
-		{"EVENT-blocked", Options{Limits: tight()}, event, false, ""},
+		{"EVENT", Options{Policy: policy.Config{Limits: wide()}}, event, true, ""},
+		{"EVENT-quota", Options{Policy: policy.Config{Limits: wide(), Quota: quota.Local(nil)}}, event, true, ""},
+		{"REQ", Options{Policy: policy.Config{Limits: wide()}}, req, true, "sub:1"},
+		{"EVENT-blocked", Options{Policy: policy.Config{Limits: tight()}}, event, false, ""},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			c := admitConn(b, bm.opts)
@@ -227,9 +227,9 @@ func BenchmarkAdmit(b *testing.B) {
 // one charge; a REQ with more filters than every REQ window can admit at
 // once is refused outright; and each type has its own frame bound.
 func TestAdmitChargesPerFilter(t *testing.T) {
-	var l Limits
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10.5, time.Hour)}
-	c := admitConn(t, Options{Limits: &l})
+	var l policy.Limits
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10.5, time.Hour)}
+	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}})
 	five := []byte(`["REQ","s",{},{},{},{},{}]`)
 	for i := range 2 {
 		if !c.admit(five) {
@@ -242,12 +242,12 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
 		t.Errorf("reply %s", got)
 	}
-	if got := c.g.MaxFilters(); got != DefaultMaxFilters {
-		t.Errorf("MaxFilters %d, want %d", got, DefaultMaxFilters)
+	if got := c.g.MaxFilters(); got != wire.DefaultMaxFilters {
+		t.Errorf("MaxFilters %d, want %d", got, wire.DefaultMaxFilters)
 	}
 
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}
-	c = admitConn(t, Options{Limits: &l})
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}
+	c = admitConn(t, Options{Policy: policy.Config{Limits: &l}})
 	if got := c.g.MaxFilters(); got != 3 {
 		t.Fatalf("MaxFilters under a burst of 3: %d", got)
 	}
@@ -258,15 +258,15 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 		t.Errorf("reply %s", got)
 	}
 
-	c = admitConn(t, Options{Limits: &Limits{}})
-	big := `{"authors":["` + strings.Repeat("a", DefaultFilterFrameSize) + `"]}`
+	c = admitConn(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
+	big := `{"authors":["` + strings.Repeat("a", defaultFilterFrameSize) + `"]}`
 	if c.admit([]byte(`["REQ","s",` + big + `]`)) {
 		t.Fatal("REQ over its frame bound admitted")
 	}
 	if got := c.reply(t); got != `["CLOSED","s","invalid: REQ frame is larger than 65536 bytes"]` {
 		t.Errorf("reply %s", got)
 	}
-	event := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("a", DefaultFilterFrameSize), 1) + `]`
+	event := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("a", defaultFilterFrameSize), 1) + `]`
 	if !c.admit([]byte(event)) {
 		t.Fatalf("EVENT of %d bytes refused: %s", len(event), c.reply(t))
 	}
@@ -275,16 +275,16 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 // Refusals reach Observer.Refusal with the client's key; the store's own
 // failures do not.
 func TestObserverRefusal(t *testing.T) {
-	o := policy.NewOffenders(4, time.Minute, nil)
-	var l Limits
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	c := admitConn(t, Options{Limits: &l, Observer: &Observer{Refusal: func(client string, _ Type, _ Outcome) { o.Add(client) }}})
+	refusals := map[string]int{}
+	var l policy.Limits
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}, Observer: &policy.Observer{Refusal: func(client string, _ wire.Type, _ policy.Outcome) { refusals[client]++ }}})
 	for range 5 {
 		c.admit([]byte(`["REQ","s",{}]`))
 	}
 	c.admit([]byte(`["HELLO"]`)) // OTHER is free here: refused as invalid
-	if top := o.Top(0); len(top) != 1 || top[0].Client != "203.0.113.7" || top[0].Refusals != 5 {
-		t.Fatalf("offenders %+v, want 203.0.113.7 with 4 rate-limited REQs and 1 invalid frame", top)
+	if len(refusals) != 1 || refusals["203.0.113.7"] != 5 {
+		t.Fatalf("refusals %v, want 203.0.113.7 with 4 rate-limited REQs and 1 invalid frame", refusals)
 	}
 }
 
@@ -297,7 +297,7 @@ func BenchmarkWatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := admitConn(b, Options{Limits: &Limits{}, Quota: quota.Local(nil)})
+	c := admitConn(b, Options{Policy: policy.Config{Limits: &policy.Limits{}, Quota: quota.Local(nil)}})
 	for _, bm := range []struct{ name, frame string }{
 		{"EVENT", `["EVENT","sub:1",` + nostrToolsEvent + `]`},
 		{"EOSE", `["EOSE","sub:1"]`},

@@ -18,9 +18,9 @@ import (
 // has then accepted it: an OK true for an id proves nothing by itself,
 // since any event can carry any id until its hash is checked.
 
-// MaxAuthAge is how far an AUTH event's created_at may be from the gate's
+// maxAuthAge is how far an AUTH event's created_at may be from the gate's
 // clock, either way: NIP-42's "about 10 minutes".
-const MaxAuthAge = 10 * time.Minute
+const maxAuthAge = 10 * time.Minute
 
 // authChallenges is how many of the relay's latest challenges a
 // connection remembers; maxChallengeLen bounds each one.
@@ -96,7 +96,7 @@ func (a *auths) answered(id hex32) (string, bool) {
 // verifyAuth checks a canonical AUTH event (wire.Scan has checked its
 // shape and kind) as NIP-42 says a relay must, and on success records it
 // as in flight: a challenge tag naming a challenge the relay sent on this
-// connection, a relay tag naming this relay, created_at within MaxAuthAge
+// connection, a relay tag naming this relay, created_at within maxAuthAge
 // of the gate's clock, an id that is the event's hash, and a valid
 // signature. It returns "" or the reason for refusing it.
 func (c *conn) verifyAuth(ev *wire.Event) string {
@@ -110,7 +110,7 @@ func (c *conn) verifyAuth(ev *wire.Event) string {
 	if !ok || !c.g.namesThisRelay(string(u), c.host) {
 		return reasonAuthRelay
 	}
-	if d := c.g.now().Sub(time.Unix(ev.CreatedAt, 0)); d > MaxAuthAge || d < -MaxAuthAge {
+	if d := c.g.now().Sub(time.Unix(ev.CreatedAt, 0)); d > maxAuthAge || d < -maxAuthAge {
 		return reasonAuthTime
 	}
 	var e nostr.Event

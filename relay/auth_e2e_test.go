@@ -12,6 +12,8 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // authConn dials url and returns the connection and the challenge khatru
@@ -53,15 +55,15 @@ func eventFrameOf(t *testing.T, e nostr.Event) []byte {
 // and proxy mode.
 func TestE2EAuthVerified(t *testing.T) {
 	victimSK, victim := newKey(t)
-	al, _ := NewAllowList(nil, []string{victim})
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Minute)}
-	l.Message[TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	al, _ := policy.NewAllowList(nil, []string{victim})
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Minute)}
+	l.Message[wire.TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			clk := nostrtest.NewClock()
 			clk.Set(time.Now()) // khatru checks created_at against its own clock
-			opts := Options{Limiter: memLimiter(clk), Limits: &l, Identity: &Identity{Allow: al}}
+			opts := Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{Allow: al}}}
 			url := hostileTarget(t, mode, negKhatru(t), opts)
 
 			// The spoof.

@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // TestGateNeedsRelayURLForPubkeyGrants: a policy that grants anything by
@@ -20,10 +21,10 @@ import (
 // addresses) needs none.
 func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 	_, member := newKey(t)
-	pubkeys, _ := NewAllowList(nil, []string{member})
-	addrs, _ := NewAllowList([]string{"192.0.2.0/24"}, nil)
-	var tierL Limits
-	tierL.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	pubkeys, _ := policy.NewAllowList(nil, []string{member})
+	addrs, _ := policy.NewAllowList([]string{"192.0.2.0/24"}, nil)
+	var tierL policy.Limits
+	tierL.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	tiers := policy.Config{Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
 	q, err := ratelimit.NewQuota(5, time.Hour)
 	if err != nil {
@@ -34,10 +35,10 @@ func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 		opts Options
 		want bool // refused without a RelayURL
 	}{
-		{"member tiers", Options{Policy: &tiers}, true},
-		{"allow-listed pubkeys", Options{Identity: &Identity{Allow: pubkeys}}, true},
-		{"allow-listed addresses", Options{Identity: &Identity{Allow: addrs}}, false},
-		{"quota alone", Options{Quota: q.Local(time.Now)}, false},
+		{"member tiers", Options{Policy: tiers}, true},
+		{"allow-listed pubkeys", Options{Policy: policy.Config{Identity: policy.Identity{Allow: pubkeys}}}, true},
+		{"allow-listed addresses", Options{Policy: policy.Config{Identity: policy.Identity{Allow: addrs}}}, false},
+		{"quota alone", Options{Policy: policy.Config{Quota: q.Local(time.Now)}}, false},
 		{"nothing", Options{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -77,12 +78,12 @@ func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 func TestGateAuthNamesRelayURL(t *testing.T) {
 	clk := nostrtest.NewClock()
 	sk, pk := newKey(t)
-	al, _ := NewAllowList(nil, []string{pk})
+	al, _ := policy.NewAllowList(nil, []string{pk})
 	rec := newRecorder()
 	rec.challenge = "chal"
 	rec.answerOK = func(hex32) bool { return true }
 	url := serveSelf(t, Options{
-		Limiter: memLimiter(clk), Limits: &Limits{}, Identity: &Identity{Allow: al},
+		Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}},
 		RelayURL: "wss://relay.example/nostr",
 	}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 	for i, tc := range []struct {

@@ -20,6 +20,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // The write timeout these tests give the gate: far longer than any test,
@@ -46,7 +47,7 @@ func dialReadBuffer(t *testing.T, url string, n int) *websocket.Conn {
 	return c
 }
 
-// cutCounter is an Observer that counts slow-reader cuts and signals the
+// cutCounter is an policy.Observer that counts slow-reader cuts and signals the
 // first.
 type cutCounter struct {
 	n    atomic.Int64
@@ -56,9 +57,9 @@ type cutCounter struct {
 
 func newCutCounter() *cutCounter { return &cutCounter{cut: make(chan struct{})} }
 
-func (c *cutCounter) observer() *Observer {
-	return &Observer{Cut: func(r CutReason) {
-		if r == CutSlowReader {
+func (c *cutCounter) observer() *policy.Observer {
+	return &policy.Observer{Cut: func(r policy.CutReason) {
+		if r == policy.CutSlowReader {
 			c.n.Add(1)
 			c.once.Do(func() { close(c.cut) })
 		}
@@ -92,7 +93,7 @@ func TestE2EStalledSubscriberHoldsNoPublisher(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			cuts := newCutCounter()
 			url := hostileTarget(t, mode, newKhatru(t), Options{
-				Limits: &Limits{}, QueueBytes: 1 << 20, WriteTimeout: noWriteDeadline, Observer: cuts.observer(),
+				Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 1 << 20, WriteTimeout: noWriteDeadline, Observer: cuts.observer(),
 			})
 			stalled := dialReadBuffer(t, url, 4<<10)
 			if err := stalled.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1]}]`)); err != nil {
@@ -214,7 +215,7 @@ func TestE2EBackloggedClientWaitsInItsSocket(t *testing.T) {
 			pk, _ := nostr.GetPublicKey(sk)
 			who.Store(pk)
 			seen.Store(0)
-			url := sendBufTarget(t, mode, kr, 16<<10, Options{Limits: &Limits{}, QueueBytes: 64 << 20, WriteTimeout: noWriteDeadline})
+			url := sendBufTarget(t, mode, kr, 16<<10, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 64 << 20, WriteTimeout: noWriteDeadline})
 
 			c := dialReadBuffer(t, url, 16<<10)
 			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1],"limit":500},{"kinds":[1],"limit":500},{"kinds":[1],"limit":500}]`)); err != nil {
@@ -306,7 +307,7 @@ func TestE2ESteadySlowReadersNotCut(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%dKBps", mode, rate>>10), func(t *testing.T) {
 				t.Parallel()
 				cuts := newCutCounter()
-				url := sendBufTarget(t, mode, kr, 4*rate, Options{Limits: &Limits{}, WriteTimeout: 2 * time.Second, Observer: cuts.observer()})
+				url := sendBufTarget(t, mode, kr, 4*rate, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: 2 * time.Second, Observer: cuts.observer()})
 				c := dialReadBuffer(t, url, 8<<10)
 				if err := c.WriteMessage(websocket.TextMessage, fmt.Appendf(nil, `["REQ","r",{"kinds":[1],"limit":%d}]`, events)); err != nil {
 					t.Fatal(err)
@@ -343,7 +344,7 @@ func TestE2ENeverReaderCutByBytes(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			cuts := newCutCounter()
-			url := sendBufTarget(t, mode, kr, 16<<10, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: noWriteDeadline, Observer: cuts.observer()})
+			url := sendBufTarget(t, mode, kr, 16<<10, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 256 << 10, WriteTimeout: noWriteDeadline, Observer: cuts.observer()})
 			c := dialReadBuffer(t, url, 16<<10)
 			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","all",{"kinds":[1],"limit":500}]`)); err != nil {
 				t.Fatal(err)
@@ -392,7 +393,7 @@ func TestE2EGoneMidWriteLeavesNothing(t *testing.T) {
 	}
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := sendBufTarget(t, mode, kr, 16<<10, Options{Limits: &Limits{}, WriteTimeout: noWriteDeadline})
+			url := sendBufTarget(t, mode, kr, 16<<10, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: noWriteDeadline})
 			base := runtime.NumGoroutine()
 			for range 20 {
 				c := dialReadBuffer(t, url, 16<<10)
@@ -417,8 +418,8 @@ func TestE2EGoneMidWriteLeavesNothing(t *testing.T) {
 // khatru pings and drops a client that answers none.)
 func TestE2EHalfOpenClientFoundByPings(t *testing.T) {
 	var open atomic.Int64
-	obs := &Observer{Open: func(d int) { open.Add(int64(d)) }}
-	url := hostileTarget(t, "proxy", newKhatru(t), Options{Limits: &Limits{}, PingInterval: 100 * time.Millisecond, Observer: obs})
+	obs := &policy.Observer{Open: func(d int) { open.Add(int64(d)) }}
+	url := hostileTarget(t, "proxy", newKhatru(t), Options{Policy: policy.Config{Limits: &policy.Limits{}}, PingInterval: 100 * time.Millisecond, Observer: obs})
 	dialRaw(t, url) // never reads: the pings go unanswered
 	deadline := time.Now().Add(10 * time.Second)
 	for open.Load() == 0 && time.Now().Before(deadline) {

@@ -17,6 +17,8 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // The publish benchmarks send signed EVENTs to khatru (in-memory store)
@@ -28,10 +30,10 @@ import (
 //	go test ./relay/ -run '^$' -bench 'Publish' -benchtime 2000x -count 1
 
 // benchLimits charge every frame without refusing any.
-func benchLimits() *Limits {
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second), ratelimit.PerPeriod(1e12, time.Minute)}
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second)}
+func benchLimits() *policy.Limits {
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second), ratelimit.PerPeriod(1e12, time.Minute)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1e12, time.Second)}
 	return &l
 }
 
@@ -56,17 +58,17 @@ func benchTargets(b *testing.B) []struct {
 	}{
 		{"direct", func(b *testing.B) string { return serve(b, newKhatru(b)) }},
 		{"gate-memory", func(b *testing.B) string {
-			g := newGate(b, Options{Limits: benchLimits(), Quota: quota(b).Local(nil)})
+			g := newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).Local(nil)}})
 			return serve(b, g.Wrap(newKhatru(b)))
 		}},
 		{"gate-redis", func(b *testing.B) string {
 			srv := redistest.Start(b)
-			g := newGate(b, Options{Limiter: redisLimiter(b, srv.URL(), nil), Limits: benchLimits(), Quota: quota(b).Local(nil)})
+			g := newGate(b, Options{Limiter: redisLimiter(b, srv.URL(), nil), Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).Local(nil)}})
 			return serve(b, g.Wrap(newKhatru(b)))
 		}},
 		{"gate-redis-batched", func(b *testing.B) string { // as sluice runs it
 			srv := redistest.Start(b)
-			g := newGate(b, Options{Limiter: redisLimiterBatch(b, srv.URL(), nil, 32), Limits: benchLimits(), Quota: quota(b).Local(nil)})
+			g := newGate(b, Options{Limiter: redisLimiterBatch(b, srv.URL(), nil, 32), Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).Local(nil)}})
 			return serve(b, g.Wrap(newKhatru(b)))
 		}},
 	}
@@ -101,7 +103,7 @@ func roundTrip(b *testing.B, c *websocket.Conn, frame []byte, ok string) bool {
 			return true
 		}
 		if len(reply) > 5 && string(reply[:5]) == `["OK"` {
-			if strings.Contains(string(reply), ReasonUnavailable) {
+			if strings.Contains(string(reply), wire.ReasonUnavailable) {
 				return false
 			}
 			b.Fatalf("refused: %s", reply)
@@ -176,10 +178,10 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}{
 		{"direct", func(b *testing.B) string { return serve(b, ok()) }},
 		{"gate-memory-wrap", func(b *testing.B) string {
-			return serve(b, newGate(b, Options{Limits: benchLimits(), Quota: q.Local(nil)}).Wrap(ok()))
+			return serve(b, newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: q.Local(nil)}}).Wrap(ok()))
 		}},
 		{"gate-memory-proxy", func(b *testing.B) string {
-			h, err := newGate(b, Options{Limits: benchLimits(), Quota: q.Local(nil)}).Proxy(serve(b, ok()))
+			h, err := newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: q.Local(nil)}}).Proxy(serve(b, ok()))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -273,7 +275,7 @@ func dialOnce(b *testing.B, url string) *websocket.Conn {
 // returns the URL a client dials.
 func modeURL(b *testing.B, mode string) string {
 	kr := newKhatru(b)
-	opts := Options{Limits: &Limits{}, MaxConnections: -1}
+	opts := Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxConnections: -1}
 	switch mode {
 	case "relay":
 		return serve(b, newGate(b, opts).Wrap(kr))
@@ -301,7 +303,7 @@ func modeURL(b *testing.B, mode string) string {
 func BenchmarkPublishUnderHeldFilters(b *testing.B) {
 	for _, mode := range []string{"idle", "held", "unbounded"} {
 		b.Run(mode, func(b *testing.B) {
-			opts := Options{Limits: &Limits{}, MaxConnections: -1, MaxSubscriptions: 1000}
+			opts := Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxConnections: -1, MaxSubscriptions: 1000}
 			hold := 0
 			switch mode {
 			case "held":

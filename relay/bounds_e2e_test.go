@@ -16,6 +16,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -84,7 +85,7 @@ func TestE2EFrameBounds(t *testing.T) {
 			var filters, events atomic.Int64
 			kr := badgerKhatru(t, &filters, &events)
 			kr.Negentropy = true
-			url := hostileTarget(t, mode, kr, Options{Limits: generous()})
+			url := hostileTarget(t, mode, kr, Options{Policy: policy.Config{Limits: generous()}})
 			c := dialRaw(t, url)
 			for _, tc := range cases {
 				if err := c.WriteMessage(websocket.TextMessage, []byte(tc.frame)); err != nil {

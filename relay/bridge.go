@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // bridge is a gated connection behind Proxy: the client's WebSocket
@@ -163,7 +165,7 @@ func (b *bridge) readClient() {
 		}
 		if err != nil && c.meter.flooded.Load() {
 			c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many control frames")
-			c.g.obs.ReportCut(CutControlFlood)
+			c.g.obs.ReportCut(policy.CutControlFlood)
 			c.end(true, true, closeSlowClient, "sluice: too many control frames")
 			return
 		}
@@ -408,7 +410,7 @@ func (b *bridge) writeFailed(err error) {
 func (b *bridge) cutBacklog() {
 	c := b.c
 	c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "backlog over the queue bound", "queued_bytes", b.out.queued())
-	c.g.obs.ReportCut(CutSlowReader)
+	c.g.obs.ReportCut(policy.CutSlowReader)
 	c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 }
 
@@ -417,6 +419,6 @@ func (b *bridge) cutBacklog() {
 func (b *bridge) cutSlow() {
 	c := b.c
 	c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "queued_bytes", b.out.queued())
-	c.g.obs.ReportCut(CutSlowReader)
+	c.g.obs.ReportCut(policy.CutSlowReader)
 	c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 }

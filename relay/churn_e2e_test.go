@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/gorilla/websocket"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // Connections through Wrap release their memory when they close: the
@@ -13,7 +14,7 @@ import (
 // reachable for a ping interval (~60 s), so 200,000 short-lived clients
 // took sluice relay to ~900 MiB where khatru alone stayed at ~110 MiB.
 func TestE2EChurnReleasesMemory(t *testing.T) {
-	url := serve(t, newGate(t, Options{Limits: &Limits{}, MaxConnections: -1}).Wrap(newKhatru(t)))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxConnections: -1}).Wrap(newKhatru(t)))
 	churn := func(n int) {
 		for range n {
 			c, _, err := websocket.DefaultDialer.Dial(url, nil)

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/internal/charge"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -55,7 +55,7 @@ type conn struct {
 	// sub is who pays for the connection's frames (see subject); written
 	// by the client reader, and by the relay reader when an AUTH is
 	// accepted.
-	sub atomic.Pointer[policy.Subject]
+	sub atomic.Pointer[charge.Subject]
 	// shadowUntil: no "would be rate-limited" log line before this
 	// instant (client reader only), one per wait as for refusals.
 	shadowUntil time.Time
@@ -180,7 +180,7 @@ func (c *conn) deliversUnder(lit []byte) bool {
 // member pubkey, else the address's (charged nothing when the address or
 // the proved pubkey is allow-listed). It is rebuilt when the policy was
 // reloaded.
-func (c *conn) subject(p *policy.Policy) *policy.Subject {
+func (c *conn) subject(p *charge.Policy) *charge.Subject {
 	if s := c.sub.Load(); s != nil && s.Policy() == p {
 		return s
 	}
@@ -190,7 +190,7 @@ func (c *conn) subject(p *policy.Policy) *policy.Subject {
 }
 
 // subjectFor builds the connection's Subject under p.
-func (c *conn) subjectFor(p *policy.Policy) *policy.Subject {
+func (c *conn) subjectFor(p *charge.Policy) *charge.Subject {
 	id := p.Identity()
 	free := id.AllowsAddr(c.addr)
 	if a := c.authed.Load(); a != nil && !free {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // The subscriptions a connection holds open are capped: a REQ for a new
@@ -27,7 +29,7 @@ import (
 func TestGateSubscriptionCap(t *testing.T) {
 	rec := newRecorder()
 	rec.eose = true
-	g := newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: 3})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 3})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	send := func(frame string) { _ = c.WriteMessage(websocket.TextMessage, []byte(frame)) }
 	expect := func(want string) {
@@ -91,10 +93,10 @@ func TestGateSubscriptionCap(t *testing.T) {
 // gets a CLOSE for it, so it stops streaming what the client dropped.
 func TestGateRefusedREQClosesAtRelay(t *testing.T) {
 	clk := nostrtest.NewClock()
-	var l Limits
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Hour)}
+	var l policy.Limits
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Hour)}
 	rec := newRecorder()
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	send := func(frame string) { _ = c.WriteMessage(websocket.TextMessage, []byte(frame)) }
 	send(`["REQ","s",{"kinds":[1]}]`)
@@ -123,12 +125,12 @@ func TestGateRefusedREQClosesAtRelay(t *testing.T) {
 // an allow-listed address is not counted.
 func TestGateConnectionCap(t *testing.T) {
 	closed := make(chan struct{}, 8)
-	obs := &Observer{Open: func(d int) {
+	obs := &policy.Observer{Open: func(d int) {
 		if d < 0 {
 			closed <- struct{}{}
 		}
 	}}
-	g := newGate(t, Options{Limits: &Limits{}, MaxConnections: 2, Observer: obs})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxConnections: 2, Observer: obs})
 	url := serve(t, g.Wrap(newRecorder()))
 	c1 := dialRaw(t, url)
 	dialRaw(t, url)
@@ -144,8 +146,8 @@ func TestGateConnectionCap(t *testing.T) {
 	}
 	dialRaw(t, url)
 
-	al, _ := NewAllowList([]string{"127.0.0.1"}, nil)
-	g = newGate(t, Options{Limits: &Limits{}, MaxConnections: 1, Identity: &Identity{Allow: al}})
+	al, _ := policy.NewAllowList([]string{"127.0.0.1"}, nil)
+	g = newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}}, MaxConnections: 1})
 	url = serve(t, g.Wrap(newRecorder()))
 	for range 3 {
 		dialRaw(t, url)
@@ -156,22 +158,22 @@ func TestGateConnectionCap(t *testing.T) {
 // closed with 1008 and its wait; a client that knocks now and then is not.
 func TestGateKnockingClientClosed(t *testing.T) {
 	clk := nostrtest.NewClock()
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	var refused, cuts atomic.Int64
-	obs := &Observer{
-		Frame: func(_ Type, o Outcome) {
-			if o == RateLimited {
+	obs := &policy.Observer{
+		Frame: func(_ wire.Type, o policy.Outcome) {
+			if o == policy.RateLimited {
 				refused.Add(1)
 			}
 		},
-		Cut: func(r CutReason) {
-			if r == CutKnocking {
+		Cut: func(r policy.CutReason) {
+			if r == policy.CutKnocking {
 				cuts.Add(1)
 			}
 		},
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Observer: obs})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}, Observer: obs})
 	rec := newRecorder()
 	url := serve(t, g.Wrap(rec))
 	event := []byte(`["EVENT",` + goNostrEvent + `]`)

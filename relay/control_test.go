@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // rawFrame is a masked client frame of opcode op with payload p and the
@@ -140,9 +141,9 @@ func TestGateControlFlood(t *testing.T) {
 // messages split into several fragments, all reach the relay.
 func TestGateControlHonest(t *testing.T) {
 	rec := newRecorder()
-	rec.eose = true // answers every COUNT, as a relay does
-	var l Limits    // nothing charged: only the control bound applies
-	url := serve(t, newGate(t, Options{Limits: &l}).Wrap(rec))
+	rec.eose = true     // answers every COUNT, as a relay does
+	var l policy.Limits // nothing charged: only the control bound applies
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &l}}).Wrap(rec))
 	c := dialRaw(t, url)
 	nc := c.NetConn()
 	const n = 300
@@ -230,7 +231,7 @@ func TestGateLargeEventNotCut(t *testing.T) {
 	// Each frame in one socket write, as go-nostr's client sends it
 	// (gorilla's default buffer would write it in 4 KiB pieces).
 	d := websocket.Dialer{WriteBufferSize: 1 << 20}
-	c, _, err := d.Dial(serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)), nil)
+	c, _, err := d.Dial(serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@
 // second handshake and no goroutine of the gate's: a connection costs what
 // the relay's own does (khatru: two goroutines). Proxy serves any relay at
 // a ws:// or wss:// URL, bridging two WebSockets with three goroutines per
-// connection. A WebSocket upgrade is what IsUpgrade says (GET, Connection:
+// connection. A WebSocket upgrade is what wire.IsUpgrade says (GET, Connection:
 // upgrade, Upgrade: websocket); every other request is plain HTTP (NIP-11,
 // web pages) and passes to the relay ungated on GET, HEAD, OPTIONS and
 // Options.PlainMethods only, its body bounded by Options.PlainBodyLimit.
@@ -39,7 +39,8 @@
 // limits (Limits.Message) under the key "{client}:message:TYPE" — a REQ
 // once per filter —, and forwarded only when it is canonical: a shape
 // every relay reads as the gate did (see wire.Scan), within its type's
-// frame bound (Options.FrameSize) and, for a REQ, Options.MaxFilters.
+// frame bound (Options.FrameSize) and, for a REQ, the policy's filter bound
+// (policy.Config.Bounds.MaxFilters).
 // Anything else — unknown labels included — is charged and answered by
 // the gate with the NIP-01 reply of its type and an "invalid:" reason,
 // never forwarded. A forwarded frame goes byte for byte, as a text frame.
@@ -50,7 +51,7 @@
 // challenges the relay sends on each connection and forwards an AUTH only
 // when its event names one of them, names this relay (Options.RelayURL,
 // which a policy granting by pubkey requires: ErrNoRelayURL),
-// is within MaxAuthAge of the gate's clock, and has a valid id and
+// is within maxAuthAge of the gate's clock, and has a valid id and
 // signature; the connection is bound to the pubkey when the relay then
 // answers OK true.
 //
@@ -58,7 +59,7 @@
 // per connection: a client whose stream carries more than a small budget
 // of bytes that are not message payload is closed with 1008.
 //
-// With an actor quota (Options.Quota) the gate also caps the events each
+// With an actor quota (Options.Policy.Quota) the gate also caps the events each
 // pubkey may have accepted per window, charging an actor when the relay
 // answers OK true to an EVENT the gate forwarded, once per event id per
 // connection and window however often it is re-sent. With Options.Stored
@@ -123,11 +124,10 @@
 //
 // # Beside the gate
 //
-// The charging rules are compiled once by package relay/policy (Compile),
-// with identity and the allow-lists; the gate reads that value, and so do
-// the framework adapters of package relay/hooks (khatru's and rely's hook
-// slots), so the two cannot disagree on what a frame costs. Frames are read
-// by package relay/wire, the one scanner; the NIP-11 document is package
-// relay/nip11's. The one clock is the Limiter's
+// The charging rules are configured by package relay/policy (Config) and
+// compiled once, with identity and the allow-lists, by an internal package
+// that the gate and the framework adapters of package relay/hooks (khatru's
+// and rely's hook slots) share, so the two cannot disagree on what a frame
+// costs. Frames are read by package relay/wire, the one scanner. The one clock is the Limiter's
 // (ratelimit.LimiterOptions.Clock).
 package relay

@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -118,7 +119,7 @@ func scenario(t *testing.T, url string) []string {
 func TestE2EUnderLimitsSameAsDirect(t *testing.T) {
 	direct := scenario(t, serve(t, newKhatru(t)))
 	q, _ := ratelimit.NewQuota(600, time.Minute)
-	g := newGate(t, Options{Quota: q.Local(nil)})
+	g := newGate(t, Options{Policy: policy.Config{Quota: q.Local(nil)}})
 	gated := scenario(t, serve(t, g.Wrap(newKhatru(t))))
 	if strings.Join(direct, "\n") != strings.Join(gated, "\n") {
 		t.Fatalf("gated transcript differs\ndirect:\n%s\ngated:\n%s", strings.Join(direct, "\n"), strings.Join(gated, "\n"))
@@ -132,10 +133,10 @@ func TestE2EUnderLimitsSameAsDirect(t *testing.T) {
 }
 
 // tightLimits: 3 EVENTs in a burst, the rest free.
-func tightLimits() *Limits {
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3, time.Second)}
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+func tightLimits() *policy.Limits {
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3, time.Second)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	return &l
 }
 
@@ -143,7 +144,7 @@ func tightLimits() *Limits {
 // wait, REQs still pass, and a client that waits as told is admitted.
 func TestE2EFloodRefusedThenAdmittedAfterWait(t *testing.T) {
 	clk := nostrtest.NewClock()
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: tightLimits()})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: tightLimits()}})
 	url := serve(t, g.Wrap(newKhatru(t)))
 	r := connect(t, url)
 	sk := nostr.GeneratePrivateKey()
@@ -187,14 +188,14 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	g := newGate(t, Options{
 		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
-		Limits:  tightLimits(),
+		Policy:  policy.Config{Limits: tightLimits()},
 	})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
 	sk := nostr.GeneratePrivateKey()
 	store.Down.Store(true)
 	err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "during outage"))
-	if err == nil || !strings.Contains(err.Error(), ReasonUnavailable) || strings.Contains(err.Error(), "rate-limited") {
-		t.Fatalf("publish during outage: %v, want %q", err, ReasonUnavailable)
+	if err == nil || !strings.Contains(err.Error(), wire.ReasonUnavailable) || strings.Contains(err.Error(), "rate-limited") {
+		t.Fatalf("publish during outage: %v, want %q", err, wire.ReasonUnavailable)
 	}
 	store.Down.Store(false)
 	if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "after outage")); err != nil {
@@ -236,10 +237,10 @@ func redisLimiterBatch(t testing.TB, url string, clk *nostrtest.Clock, batch int
 // "rate-limited"; the relay healthy throughout; restarted: admitted again.
 func TestE2ERedisOutage(t *testing.T) {
 	srv := redistest.Start(t)
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
-	g := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), nil), Limits: &l})
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	g := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), nil), Policy: policy.Config{Limits: &l}})
 	k := newKhatru(t)
 	gated := connect(t, serve(t, g.Wrap(k)))
 	direct := connect(t, serve(t, k))
@@ -251,8 +252,8 @@ func TestE2ERedisOutage(t *testing.T) {
 	srv.Kill()
 	for i := range 3 {
 		err := nostrtest.Publish(t, gated, nostrtest.Note(t, sk, "during"))
-		if err == nil || err.Error() != "msg: "+ReasonUnavailable {
-			t.Fatalf("during the outage (%d): %v, want %q", i, err, ReasonUnavailable)
+		if err == nil || err.Error() != "msg: "+wire.ReasonUnavailable {
+			t.Fatalf("during the outage (%d): %v, want %q", i, err, wire.ReasonUnavailable)
 		}
 	}
 	if err := nostrtest.Publish(t, direct, nostrtest.Note(t, sk, "direct")); err != nil {
@@ -272,8 +273,8 @@ func TestE2ERedisOutage(t *testing.T) {
 func TestE2ERedisSharedBudget(t *testing.T) {
 	srv := redistest.Start(t)
 	clk := nostrtest.NewClock()
-	g1 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Limits: tightLimits()})
-	g2 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Limits: tightLimits()})
+	g1 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Policy: policy.Config{Limits: tightLimits()}})
+	g2 := newGate(t, Options{Limiter: redisLimiter(t, srv.URL(), clk), Policy: policy.Config{Limits: tightLimits()}})
 	k := newKhatru(t)
 	r1 := connect(t, serve(t, g1.Wrap(k)))
 	r2 := connect(t, serve(t, g2.Wrap(k)))

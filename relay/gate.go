@@ -19,6 +19,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/charge"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -49,169 +50,150 @@ const (
 	// DefaultReadLimit is the largest client frame the gate reads: 512 KiB,
 	// a little above khatru's own 512,000-byte limit.
 	DefaultReadLimit = 512 << 10
-	// DefaultPingInterval is how often the gate pings each client; a
+	// defaultPingInterval is how often the gate pings each client; a
 	// client that answers nothing for two intervals is disconnected.
-	DefaultPingInterval = 30 * time.Second
-	// DefaultWriteTimeout bounds one write to either side.
-	DefaultWriteTimeout = 10 * time.Second
-	// DefaultMaxFilters is how many filters a forwarded REQ may hold
-	// (NIP-11's max_filters; NIP-11's own example document gives 100,
-	// khatru has no bound). Clients send one to a few per REQ; each filter
-	// costs the relay a query and a listener, and each is charged as one
-	// REQ, so 10 is a fifth of the default REQ burst in one REQ, and 100
-	// would not fit it at all.
-	DefaultMaxFilters = policy.DefaultMaxFilters
-	// DefaultFilterFrameSize is the largest REQ or COUNT the gate
+	defaultPingInterval = 30 * time.Second
+	// defaultWriteTimeout bounds one write to either side.
+	defaultWriteTimeout = 10 * time.Second
+	// defaultFilterFrameSize is the largest REQ or COUNT the gate
 	// forwards: 64 KiB holds a filter of ~900 authors, far more than any
 	// client asks for in one REQ, and keeps what a REQ can make the relay
 	// hold small.
-	DefaultFilterFrameSize = 64 << 10
-	// DefaultAuthFrameSize is the largest AUTH the gate forwards; an AUTH
+	defaultFilterFrameSize = 64 << 10
+	// defaultAuthFrameSize is the largest AUTH the gate forwards; an AUTH
 	// event has two short tags.
-	DefaultAuthFrameSize = 16 << 10
-	// DefaultCloseFrameSize is the largest CLOSE or NEG-CLOSE: a label
+	defaultAuthFrameSize = 16 << 10
+	// defaultCloseFrameSize is the largest CLOSE or NEG-CLOSE: a label
 	// and a subscription id.
-	DefaultCloseFrameSize = 1 << 10
-	// DefaultPlainBodyLimit is the largest body of a plain HTTP request
+	defaultCloseFrameSize = 1 << 10
+	// defaultPlainBodyLimit is the largest body of a plain HTTP request
 	// the gate passes to the relay: a NIP-86 management call is a JSON
 	// method and a few parameters, and a NIP-11 or page GET has none.
-	DefaultPlainBodyLimit = 64 << 10
+	defaultPlainBodyLimit = 64 << 10
 )
 
 // DefaultFrameSize returns the largest frame of type t the gate forwards
-// when Options.FrameSize leaves it 0: DefaultFilterFrameSize for REQ and
-// COUNT, DefaultAuthFrameSize for AUTH, DefaultCloseFrameSize for CLOSE
+// when Options.FrameSize leaves it 0: defaultFilterFrameSize for REQ and
+// COUNT, defaultAuthFrameSize for AUTH, defaultCloseFrameSize for CLOSE
 // and NEG-CLOSE, and the read limit for EVENT, NEG-OPEN and NEG-MSG
 // (whose events and negentropy messages are as large as clients make
 // them).
-func DefaultFrameSize(t Type, readLimit int64) int {
+func DefaultFrameSize(t wire.Type, readLimit int64) int {
 	switch t {
-	case TypeREQ, TypeCOUNT:
-		return DefaultFilterFrameSize
-	case TypeAUTH:
-		return DefaultAuthFrameSize
-	case TypeCLOSE, TypeNEGCLOSE:
-		return DefaultCloseFrameSize
+	case wire.TypeREQ, wire.TypeCOUNT:
+		return defaultFilterFrameSize
+	case wire.TypeAUTH:
+		return defaultAuthFrameSize
+	case wire.TypeCLOSE, wire.TypeNEGCLOSE:
+		return defaultCloseFrameSize
 	}
 	return int(readLimit)
 }
 
-// Options configures a Gate. The zero value is usable: default limits
-// over a memory store, the default quota off, no allow-lists.
+// Options configures a Gate. The zero value is usable: the default
+// policy (policy.Config's zero value: policy.DefaultLimits, no actor
+// quota, no allow-lists) over an in-process memory store.
 type Options struct {
 	// Limiter decides every charge, and its clock is the gate's (the
-	// quota's windows, the offenders' view). Nil means a Limiter over a
+	// quota's windows, the offenders' view). If nil, a Limiter over a
 	// fresh ratelimit.MemoryStore of the default size (one process only)
-	// on the real clock.
+	// on the real clock is used.
 	Limiter *ratelimit.Limiter
-	// Limits are the windows charged per connection and per message type.
-	// Nil means DefaultLimits(); a non-nil Limits is used as it is, so
-	// &Limits{} limits nothing and an empty slice makes its type free.
-	Limits *Limits
-	// Quota caps validated events per actor: the in-process table on the
-	// Limiter's clock (ratelimit.Quota.Local(limiter.Now)) for one
-	// process, or redisstore.Quota shared by every instance. Nil, or a
-	// quota with Events 0 (ratelimit.Unlimited()), means no quota: EVENTs
-	// pass on their message limits alone. A quota that cannot decide
-	// fails closed: the EVENT is answered "error: rate limiter
-	// unavailable".
+	// Policy is what the gate charges: limits per connection and per
+	// message type, kind classes, tiers, aggregates, shadow mode, the
+	// actor quota, the identity and allow-lists, and the frame bounds
+	// (filters per REQ among them). Its zero value is the defaults (see
+	// policy.Config); &policy.Limits{} in Policy.Limits limits nothing.
+	// Reload replaces it while the gate runs.
 	//
-	// The quota is checked after the EVENT message limits, which charge
-	// every EVENT whatever the quota then decides.
+	// With an actor quota (Policy.Quota), the quota is checked after the
+	// EVENT message limits, which charge every EVENT whatever the quota
+	// then decides; a quota that cannot decide fails closed (the EVENT is
+	// answered "error: rate limiter unavailable"). The actor of an EVENT
+	// is the pubkey the connection authenticated as (NIP-42, learnt from
+	// the relay's OK true to the client's AUTH), or else the event's
+	// author. An actor over its quota has its EVENTs answered OK false
+	// "rate-limited: …; retry in Ns" (the rest of the window). The gate
+	// remembers up to 256 forwarded event ids per connection and charges
+	// the actor when the relay answers OK true for one: events the relay
+	// refuses, or answers "duplicate:" (it had them already), cost
+	// nothing. Events in flight are not yet charged, so an actor can
+	// exceed its quota by what it has in flight at the moment it crosses
+	// it (at most 256 per connection). The id and pubkey are the ones
+	// wire.Scan read of a canonical EVENT (one event, each field once): a
+	// relay reads the same, so its OK charges the author the gate saw. An
+	// id the relay accepts again on the same connection within the window
+	// (a re-send, which khatru answers OK true without "duplicate:") is
+	// charged once.
 	//
-	// The actor of an EVENT is the pubkey the connection authenticated as
-	// (NIP-42, learnt from the relay's OK true to the client's AUTH), or
-	// else the event's author. An actor over its quota has its EVENTs
-	// answered OK false "rate-limited: …; retry in Ns" (the rest of the
-	// window). The gate remembers up to DefaultPending forwarded event ids
-	// per connection and charges the actor when the relay answers OK true
-	// for one: events the relay refuses, or answers "duplicate:" (it had
-	// them already), cost nothing. Events in flight are
-	// not yet charged, so an actor can exceed its quota by what it has in
-	// flight at the moment it crosses it (at most DefaultPending per
-	// connection).
-	//
-	// The id and pubkey are the ones wire.Scan read of a canonical EVENT
-	// (one event, each field once): a relay reads the same, so its OK
-	// charges the author the gate saw. An id the relay accepts again on
-	// the same connection within the window (a re-send, which khatru
-	// answers OK true without "duplicate:") is charged once; the gate
-	// remembers DefaultCharged such ids per connection.
-	Quota ratelimit.ActorQuota
-	// Identity turns a request into its client (the budget's key and the
-	// address the relay is told) and holds the allow-lists: an
-	// allow-listed address is charged nothing; an allow-listed pubkey is
-	// charged nothing once the connection has authenticated as it
-	// (NIP-42), and is exempt from the quota as an event's author. Nil
-	// means the zero Identity: the TCP peer is the client, IPv6 by /64,
-	// nothing allow-listed.
-	Identity *Identity
+	// An allow-listed address (Policy.Identity) is charged nothing; an
+	// allow-listed pubkey is charged nothing once the connection has
+	// authenticated as it (NIP-42), and is exempt from the quota as an
+	// event's author.
+	Policy policy.Config
 	// ReadLimit is the largest client frame in bytes; a larger one closes
-	// the connection (1009). 0 means DefaultReadLimit.
+	// the connection (1009). If 0, DefaultReadLimit (512 KiB) is used.
 	ReadLimit int64
 	// FrameSize bounds the frames of each type the gate forwards, in
 	// bytes; a larger one is charged and answered "invalid: …", never
-	// forwarded. 0 means DefaultFrameSize for that type.
-	FrameSize [NumTypes]int
-	// MaxFilters bounds the filters of a forwarded REQ. 0 means
-	// DefaultMaxFilters. A REQ of n filters is charged n times the cost of
-	// one, so the bound is lowered to the most filters every REQ window
-	// can admit at once (the largest n with n·cost < rate).
-	MaxFilters int
+	// forwarded. A 0 entry means DefaultFrameSize for that type.
+	FrameSize [wire.NumTypes]int
 	// MaxSubscriptions caps the subscriptions one connection holds open
 	// at the relay (a place per forwarded REQ, a reused id included;
 	// freed by a CLOSE, or by the relay's CLOSED once the gate has sent
 	// the relay a CLOSE for it); a REQ past it is answered CLOSED
-	// "blocked: …" and not forwarded. 0 means DefaultMaxSubscriptions.
+	// "blocked: …" and not forwarded. If 0, DefaultMaxSubscriptions is
+	// used.
 	MaxSubscriptions int
 	// MaxConnections caps the connections one client (its key, as
-	// Identity makes it) holds open at once through this gate; an upgrade
-	// past it is refused with HTTP 429 and no Retry-After (a cap has no
-	// wait to tell: a connection closing frees a place). The count is this
-	// process's own. 0 means DefaultMaxConnections; negative, no cap.
-	// Allow-listed addresses are not counted.
+	// Policy.Identity makes it) holds open at once through this gate; an
+	// upgrade past it is refused with HTTP 429 and no Retry-After (a cap
+	// has no wait to tell: a connection closing frees a place). The count
+	// is this process's own. If 0, DefaultMaxConnections is used;
+	// negative means no cap. Allow-listed addresses are not counted.
 	MaxConnections int
 	// MaxSyncs caps the NIP-77 syncs (NEG-OPEN) one client holds open at
 	// once through this gate, across its connections; a NEG-OPEN past it
 	// is answered NEG-ERR ("blocked: …") and not forwarded. The count is
-	// this process's own. 0 means DefaultMaxSyncs; negative, no cap.
-	// Allow-listed clients are not counted.
+	// this process's own. If 0, DefaultMaxSyncs is used; negative means
+	// no cap. Allow-listed clients are not counted.
 	MaxSyncs int
 	// MaxFilterBytes caps the bytes of the REQs whose subscriptions one
 	// client holds open at the relay, across its connections through this
 	// gate: the relay keeps every such filter as a listener, and matches
 	// every new event against all of them. A REQ that would take the
 	// client past it is answered CLOSED ("blocked: …") and not forwarded.
-	// The count is this process's own. 0 means DefaultMaxFilterBytes;
-	// negative, no cap. Allow-listed clients are not counted.
+	// The count is this process's own. If 0, DefaultMaxFilterBytes is
+	// used; negative means no cap. Allow-listed clients are not counted.
 	MaxFilterBytes int
 	// Stored, when set, reports whether the relay stored the event with
 	// this id (32 bytes, as in the event's "id") since Stored was last
 	// asked about it: the first answer for a stored event is true, any
-	// later one false. The actor quota is charged only for an accepted
-	// event the relay did store. khatru answers an event it already has with OK true and no
-	// "duplicate:" prefix, and one it keeps a newer replacement of with
-	// OK true too: without Stored anyone could spend any pubkey's quota by
-	// sending its public events again (a few addresses silenced a pubkey
-	// at the default quota). sluice relay sets it from its event store.
-	// With Stored, an event whose OK the gate has not seen one to two
-	// seconds after forwarding it, or when its connection ends, is charged
-	// if the relay stored it.
-	// Nil: every accepted event but a "duplicate:" one is charged on its
-	// OK; behind Proxy the relay's answers are read on for a while after
-	// a client has gone with events awaiting theirs, while in Wrap mode
-	// the OKs a client kept from the gate are lost with it, uncharged
-	// (set Stored there). Either way an actor
-	// from one client (a connection) has at most MaxActorPending
-	// (DefaultPending) events awaiting their OK (see DefaultPending).
+	// later one false. The actor quota is then charged only for an
+	// accepted event the relay did store: khatru answers an event it
+	// already has with OK true and no "duplicate:" prefix, and one it
+	// keeps a newer replacement of with OK true too, so without Stored
+	// anyone could spend any pubkey's quota by sending its public events
+	// again. With Stored, an event whose OK the gate has not seen one to
+	// two seconds after forwarding it, or when its connection ends, is
+	// charged if the relay stored it. sluice relay sets it from its event
+	// store.
+	//
+	// If nil, every accepted event but a "duplicate:" one is charged on
+	// its OK; behind Proxy the relay's answers are read on for a while
+	// after a client has gone with events awaiting theirs, while in Wrap
+	// mode the OKs a client kept from the gate are lost with it, uncharged
+	// (set Stored there). Either way an actor from one client (its
+	// address) has at most 64 events awaiting their OK through this gate
+	// process, and a connection at most 256.
 	Stored func(id [32]byte) bool
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).
-	// "" means the tag's host must be the host the client connected to
-	// (its Host header, or X-Forwarded-Host from a trusted proxy): any
-	// host the client names. That is enough for the actor quota, but not
-	// for a policy that grants by pubkey, which New and Reload refuse
-	// without it (ErrNoRelayURL).
+	// If "", the tag's host must be the host the client connected to (its
+	// Host header, or X-Forwarded-Host from a trusted proxy): any host the
+	// client names. That is enough for the actor quota, but not for a
+	// policy that grants by pubkey, which New and Reload refuse without it
+	// (ErrNoRelayURL).
 	RelayURL string
 	// QueueBytes bounds a client's backlog: the relay's frames and the
 	// gate's replies its socket has not taken yet, queued or being
@@ -221,45 +203,40 @@ type Options struct {
 	// relay or anyone else. While the client is behind (its backlog over
 	// 64 KiB) or has requests the relay has not answered, the gate stops
 	// reading it. A client whose socket takes nothing at all for
-	// WriteTimeout is closed (1008) as a slow reader. 0 means
-	// DefaultQueueBytes.
+	// WriteTimeout is closed (1008) as a slow reader. If 0, 4 MiB is
+	// used.
 	QueueBytes int
 	// PingInterval is the keepalive period towards clients and relays
 	// behind Proxy; a side that sends nothing, not even a pong, for two
-	// intervals is closed. 0 means DefaultPingInterval. In Wrap mode the
-	// keepalive is the relay's own (khatru pings every 30 s).
+	// intervals is closed. If 0, 30 seconds. In Wrap mode the keepalive
+	// is the relay's own (khatru pings every 30 s).
 	PingInterval time.Duration
 	// WriteTimeout bounds how long a write to a client may make no
 	// progress at all (no byte taken and, on Linux, none acknowledged),
 	// and one write to the relay; a side that stays blocked longer is
-	// closed. 0 means DefaultWriteTimeout.
+	// closed. If 0, 10 seconds.
 	WriteTimeout time.Duration
-	// PlainMethods are the methods of plain HTTP requests (anything but
-	// a WebSocket upgrade as IsUpgrade reads it) that Wrap and Proxy pass
-	// to the relay besides GET, HEAD and OPTIONS (NIP-11, pages, CORS
-	// preflights), which always pass: for example "POST" for a relay
-	// that serves NIP-86 management. A request of any other method is
-	// answered 405 with an Allow header, and not a byte of its body is
-	// read. Nil means none: POST is refused, since a relay's NIP-86
-	// handler may read the whole body before it checks the caller
-	// (khatru's does).
+	// PlainMethods are the methods of plain HTTP requests (anything but a
+	// WebSocket upgrade as wire.IsUpgrade reads it) that Wrap and Proxy
+	// pass to the relay besides GET, HEAD and OPTIONS (NIP-11, pages, CORS
+	// preflights), which always pass: for example "POST" for a relay that
+	// serves NIP-86 management. A request of any other method is answered
+	// 405 with an Allow header, and not a byte of its body is read. If
+	// nil, none: POST is refused, since a relay's NIP-86 handler may read
+	// the whole body before it checks the caller (khatru's does).
 	PlainMethods []string
 	// PlainBodyLimit bounds the body of a plain HTTP request passed to
 	// the relay, in bytes, whatever its method: one that declares a
 	// longer Content-Length is answered 413 unread, and a longer one sent
 	// without (chunked) fails the relay's read past the bound
 	// (http.MaxBytesReader; the server then closes the connection, and
-	// Proxy answers 413). 0 means DefaultPlainBodyLimit.
+	// Proxy answers 413). If 0, 64 KiB: a NIP-86 call is a JSON method
+	// and a few parameters.
 	PlainBodyLimit int64
-	// Policy, when not nil, is the whole policy: limits, kind classes,
-	// tiers, aggregates, shadow mode, quota, identity and filter bound
-	// (policy.Config). Limits, MaxFilters, Quota and Identity must then be
-	// unset. Reload replaces it while the gate runs.
-	Policy *policy.Config
-	// Observer receives decisions for metrics. Nil means none.
-	Observer *Observer
-	// Logger receives connection-level events (upstream failures,
-	// slow clients). Nil means slog.Default().
+	// Observer receives decisions, for metrics. If nil, none.
+	Observer *policy.Observer
+	// Logger receives connection-level events (upstream failures, slow
+	// clients). If nil, slog.Default() is used.
 	Logger *slog.Logger
 }
 
@@ -294,8 +271,8 @@ type Gate struct {
 	pol          atomic.Pointer[gatePolicy] // the running policy; Reload swaps it
 	now          func() time.Time
 	readLimit    int64
-	frameSize    [NumTypes]int
-	tooLarge     [NumTypes]string // the refusal of a frame over frameSize
+	frameSize    [wire.NumTypes]int
+	tooLarge     [wire.NumTypes]string // the refusal of a frame over frameSize
 	maxSubs      int
 	tooManySubs  string                 // the refusal of a REQ past maxSubs
 	connCounts   clientCounts           // open connections per client key
@@ -308,7 +285,7 @@ type Gate struct {
 	queueBytes   int
 	pingInterval time.Duration
 	writeTimeout time.Duration
-	obs          *Observer
+	obs          *charge.Observer
 	log          *slog.Logger
 	cutLog       cutLog // bounds the log lines of cut connections
 	upgrader     websocket.Upgrader
@@ -330,9 +307,10 @@ type Gate struct {
 	inflight   map[string]int
 }
 
-// New returns a Gate. It validates every configured limit and returns an
-// error wrapping ratelimit.ErrInvalidLimit that names the offending type,
-// or one wrapping ErrIdentity for a bad Options.Identity.
+// New returns a Gate. It refuses what policy.Config.Validate refuses in
+// Options.Policy (with its error), a bad Options.RelayURL (ErrUpstream), a
+// bad Options.FrameSize (ErrFrameSize), and a policy that grants budgets by
+// pubkey without Options.RelayURL (ErrNoRelayURL).
 func New(opts Options) (*Gate, error) {
 	g := &Gate{
 		limiter:      opts.Limiter,
@@ -340,7 +318,7 @@ func New(opts Options) (*Gate, error) {
 		queueBytes:   opts.QueueBytes,
 		pingInterval: opts.PingInterval,
 		writeTimeout: opts.WriteTimeout,
-		obs:          opts.Observer,
+		obs:          (*charge.Observer)(opts.Observer),
 		log:          opts.Logger,
 		conns:        make(map[*conn]struct{}),
 		stored:       opts.Stored,
@@ -354,11 +332,7 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.relayURL = u
 	}
-	cfg, err := opts.policyConfig()
-	if err != nil {
-		return nil, err
-	}
-	if err := g.Reload(cfg); err != nil {
+	if err := g.Reload(opts.Policy); err != nil {
 		return nil, err
 	}
 	if g.limiter == nil {
@@ -371,12 +345,12 @@ func New(opts Options) (*Gate, error) {
 	for t := range g.frameSize {
 		g.frameSize[t] = opts.FrameSize[t]
 		if n := g.frameSize[t]; n < 0 || int64(n) > g.readLimit {
-			return nil, fmt.Errorf("%w: %v: %d bytes, want 0 (the default) to the read limit %d", ErrFrameSize, Type(t), n, g.readLimit)
+			return nil, fmt.Errorf("%w: %v: %d bytes, want 0 (the default) to the read limit %d", ErrFrameSize, wire.Type(t), n, g.readLimit)
 		}
 		if g.frameSize[t] == 0 {
-			g.frameSize[t] = DefaultFrameSize(Type(t), g.readLimit)
+			g.frameSize[t] = DefaultFrameSize(wire.Type(t), g.readLimit)
 		}
-		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", Type(t), g.frameSize[t])
+		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", wire.Type(t), g.frameSize[t])
 	}
 	g.maxSubs = opts.MaxSubscriptions
 	if g.maxSubs <= 0 {
@@ -392,10 +366,10 @@ func New(opts Options) (*Gate, error) {
 		g.queueBytes = DefaultQueueBytes
 	}
 	if g.pingInterval <= 0 {
-		g.pingInterval = DefaultPingInterval
+		g.pingInterval = defaultPingInterval
 	}
 	if g.writeTimeout <= 0 {
-		g.writeTimeout = DefaultWriteTimeout
+		g.writeTimeout = defaultWriteTimeout
 	}
 	if g.log == nil {
 		g.log = slog.Default()
@@ -411,7 +385,7 @@ func New(opts Options) (*Gate, error) {
 	g.plainAllow = strings.Join(allow, ", ")
 	g.plainBody = opts.PlainBodyLimit
 	if g.plainBody <= 0 {
-		g.plainBody = DefaultPlainBodyLimit
+		g.plainBody = defaultPlainBodyLimit
 	}
 	g.upgrader = websocket.Upgrader{
 		// Nostr clients are web pages on any origin; a relay is public.
@@ -492,17 +466,14 @@ func (c *clientCounts) release(client string, n int) {
 	}
 }
 
-// MaxSubscriptions returns the cap on the subscriptions one connection
-// holds open (Options.MaxSubscriptions), for NIP-11's max_subscriptions.
-func (g *Gate) MaxSubscriptions() int { return g.maxSubs }
-
 // MaxFilters returns how many filters a REQ the gate forwards may hold
-// (Options.MaxFilters, lowered as it says), for NIP-11's max_filters.
+// (Options.Policy.Bounds.MaxFilters, lowered by policy.EffectiveMaxFilters),
+// for NIP-11's max_filters.
 func (g *Gate) MaxFilters() int { return g.current().p.MaxFilters() }
 
 // gatePolicy is a compiled policy with what the gate derives from it once.
 type gatePolicy struct {
-	p *policy.Policy
+	p *charge.Policy
 	// watchOK: the relay's OKs matter (a quota to charge, tiers or
 	// allow-listed pubkeys a connection may authenticate as), so AUTHs and
 	// OKs are read.
@@ -525,7 +496,7 @@ func (g *Gate) current() *gatePolicy { return g.pol.Load() }
 // quota, no tiers, no allow-listed pubkeys) does not learn that
 // connection's NIP-42 pubkey later.
 func (g *Gate) Reload(cfg policy.Config) error {
-	p, err := policy.Compile(cfg)
+	p, err := charge.Compile(cfg)
 	if err != nil {
 		return err
 	}
@@ -543,13 +514,8 @@ func (g *Gate) Reload(cfg policy.Config) error {
 	return nil
 }
 
-// policyConfig is the policy o describes (see policy.Assemble).
-func (o *Options) policyConfig() (policy.Config, error) {
-	return policy.Assemble(o.Policy, o.Limits, o.MaxFilters, o.Quota, o.Identity)
-}
-
 // Wrap returns a handler that serves h behind the gate in-process. A
-// WebSocket upgrade (IsUpgrade) is gated, then h is called with it and
+// WebSocket upgrade (wire.IsUpgrade) is gated, then h is called with it and
 // upgrades the client itself on the client's own connection, which the
 // gate taps (see tapConn): h reads only the frames the gate forwards, and
 // the gate reads what h writes. The request h gets is the gate's: the
@@ -583,7 +549,7 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 	})
 }
 
-// Proxy returns a handler that gates WebSocket upgrades (IsUpgrade) and
+// Proxy returns a handler that gates WebSocket upgrades (wire.IsUpgrade) and
 // forwards them to the relay at upstream, a ws:// or wss:// URL. The
 // client's path and query are appended to upstream's path. Every other
 // request is plain HTTP (NIP-11, web pages) and is reverse-proxied
@@ -660,14 +626,14 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	v := sub.ChargeConnection(r.Context(), g.limiter)
 	switch {
 	case v.Err != nil:
-		g.obs.ReportConnection(Unavailable)
-		http.Error(w, ReasonUnavailable, http.StatusServiceUnavailable)
+		g.obs.ReportConnection(policy.Unavailable)
+		http.Error(w, wire.ReasonUnavailable, http.StatusServiceUnavailable)
 		return
 	case v.Refused:
-		g.obs.ReportConnection(RateLimited)
-		g.obs.ReportRefusal(client, NumTypes, RateLimited)
+		g.obs.ReportConnection(policy.RateLimited)
+		g.obs.ReportRefusal(client, wire.NumTypes, policy.RateLimited)
 		w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(v.Wait), 10))
-		http.Error(w, RateLimitedReason(v.Wait), http.StatusTooManyRequests)
+		http.Error(w, wire.RateLimitedReason(v.Wait), http.StatusTooManyRequests)
 		return
 	case v.Shadow && !v.Local:
 		// Once per client and wait: the shadow refusals that follow are
@@ -676,8 +642,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		g.log.Info("upgrade would be rate-limited (shadow)", "client", client, "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
 	}
 	if !freeIP && !g.holdConn(client) {
-		g.obs.ReportConnection(OverCap)
-		g.obs.ReportRefusal(client, NumTypes, OverCap)
+		g.obs.ReportConnection(policy.OverCap)
+		g.obs.ReportRefusal(client, wire.NumTypes, policy.OverCap)
 		http.Error(w, fmt.Sprintf("blocked: too many open connections from your address (at most %d)", g.connCounts.max), http.StatusTooManyRequests)
 		return
 	}
@@ -689,9 +655,9 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}()
 	}
 	if freeIP {
-		g.obs.ReportConnection(Allowlisted)
+		g.obs.ReportConnection(policy.Allowlisted)
 	} else {
-		g.obs.ReportConnection(Admitted)
+		g.obs.ReportConnection(policy.Admitted)
 	}
 
 	if !handshakeOK(r) {
@@ -933,4 +899,4 @@ func (g *Gate) fromTrustedProxy(r *http.Request) bool {
 	return g.current().p.Identity().FromTrustedProxy(r)
 }
 
-func (g *Gate) allowPubkey(pk string) bool { return g.current().p.Identity().AllowsPubkey(pk) }
+func (g *Gate) allowPubkey(pk string) bool { return g.current().p.AllowsPubkey(pk) }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -65,35 +66,35 @@ func TestPendingBounded(t *testing.T) {
 }
 
 func TestNewValidatesLimits(t *testing.T) {
-	l := DefaultLimits()
-	l.Message[TypeREQ] = []ratelimit.Limit{{Rate: 1, Period: time.Second}}
-	_, err := New(Options{Limits: &l})
+	l := policy.DefaultLimits()
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 1, Period: time.Second}}
+	_, err := New(Options{Policy: policy.Config{Limits: &l}})
 	if !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
 		t.Fatalf("New with REQ rate 1 cost 1: err = %v, want ErrInvalidLimit naming REQ", err)
 	}
-	l = Limits{Connection: []ratelimit.Limit{{Rate: 5}}}
-	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+	l = policy.Limits{Connection: []ratelimit.Limit{{Rate: 5}}}
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
 		t.Fatalf("New with a zero connection period: err = %v", err)
 	}
 	// Two windows of one period would share a store key; more than
 	// MaxWindows would leave the memory store's allocation-free path.
-	l = DefaultLimits()
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second), ratelimit.PerPeriod(9, 1000*time.Millisecond)}
-	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
+	l = policy.DefaultLimits()
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second), ratelimit.PerPeriod(9, 1000*time.Millisecond)}
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
 		t.Fatalf("New with two REQ windows of one period: err = %v, want ErrInvalidLimit naming REQ", err)
 	}
-	l = DefaultLimits()
+	l = policy.DefaultLimits()
 	for i := range ratelimit.MaxWindows + 1 {
 		l.Connection = append(l.Connection, ratelimit.PerPeriod(5, time.Duration(i+1)*time.Second))
 	}
-	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
 		t.Fatalf("New with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
 	}
-	d := DefaultLimits()
-	if err := d.Validate(); err != nil {
+	d := policy.DefaultLimits()
+	if err := (&policy.Config{Limits: &d}).Validate(); err != nil {
 		t.Fatalf("DefaultLimits invalid: %v", err)
 	}
-	if len(d.Message[TypeCLOSE]) != 0 || len(d.Message[TypeOther]) == 0 {
+	if len(d.Message[wire.TypeCLOSE]) != 0 || len(d.Message[wire.TypeOther]) == 0 {
 		t.Error("CLOSE must be free and OTHER limited by default")
 	}
 }
@@ -101,8 +102,8 @@ func TestNewValidatesLimits(t *testing.T) {
 // A frame bound the gate could never apply is refused at construction.
 func TestNewValidatesFrameSize(t *testing.T) {
 	for _, n := range []int{-1, DefaultReadLimit + 1} {
-		var fs [NumTypes]int
-		fs[TypeREQ] = n
+		var fs [wire.NumTypes]int
+		fs[wire.TypeREQ] = n
 		if _, err := New(Options{FrameSize: fs}); !errors.Is(err, ErrFrameSize) {
 			t.Errorf("FrameSize[REQ] %d: %v, want ErrFrameSize", n, err)
 		}
@@ -110,7 +111,7 @@ func TestNewValidatesFrameSize(t *testing.T) {
 }
 
 func TestProxyRejectsBadURL(t *testing.T) {
-	g, err := New(Options{Limits: &Limits{}})
+	g, err := New(Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestProxyRejectsBadURL(t *testing.T) {
 
 func TestOutcomeString(t *testing.T) {
 	seen := map[string]bool{}
-	for o := Outcome(0); o < NumOutcomes; o++ {
+	for o := policy.Outcome(0); o < policy.NumOutcomes; o++ {
 		s := o.String()
 		if s == "" || s == "unknown" || seen[s] {
 			t.Errorf("Outcome(%d).String() = %q", o, s)
@@ -186,22 +187,22 @@ func memLimiter(c *nostrtest.Clock) *ratelimit.Limiter {
 // and nothing reaches the relay.
 func TestGateRefusalWire(t *testing.T) {
 	clk := nostrtest.NewClock()
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
-	l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Second)}
 	rec := newRecorder()
 	var mu sync.Mutex
 	seen := map[string]int{}
 	var open atomic.Int64
-	obs := &Observer{
-		Frame: func(ty Type, o Outcome) {
+	obs := &policy.Observer{
+		Frame: func(ty wire.Type, o policy.Outcome) {
 			mu.Lock()
 			seen[ty.String()+" "+o.String()]++
 			mu.Unlock()
 		},
 		Open: func(d int) { open.Add(int64(d)) },
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, Observer: obs})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}, Observer: obs})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 
 	frames := []string{
@@ -254,12 +255,12 @@ func TestGateRefusalWire(t *testing.T) {
 func TestGateConnectionLimit(t *testing.T) {
 	clk := nostrtest.NewClock()
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
-	l := Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}}
-	var outcomes [NumOutcomes]atomic.Int64
-	obs := &Observer{Connection: func(o Outcome) { outcomes[o].Add(1) }}
+	l := policy.Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}}
+	var outcomes [policy.NumOutcomes]atomic.Int64
+	obs := &policy.Observer{Connection: func(o policy.Outcome) { outcomes[o].Add(1) }}
 	g := newGate(t, Options{
 		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
-		Limits:   &l,
+		Policy:   policy.Config{Limits: &l},
 		Observer: obs,
 	})
 	url := serve(t, g.Wrap(newRecorder()))
@@ -284,12 +285,12 @@ func TestGateConnectionLimit(t *testing.T) {
 		t.Fatalf("store down: err %v resp %v, want 503", err, resp)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	if strings.TrimSpace(string(body)) != ReasonUnavailable {
-		t.Errorf("503 body %q, want %q", body, ReasonUnavailable)
+	if strings.TrimSpace(string(body)) != wire.ReasonUnavailable {
+		t.Errorf("503 body %q, want %q", body, wire.ReasonUnavailable)
 	}
-	if outcomes[Admitted].Load() != 2 || outcomes[RateLimited].Load() != 1 || outcomes[Unavailable].Load() != 1 {
+	if outcomes[policy.Admitted].Load() != 2 || outcomes[policy.RateLimited].Load() != 1 || outcomes[policy.Unavailable].Load() != 1 {
 		t.Errorf("observer saw admitted %d, rate-limited %d, unavailable %d; want 2, 1, 1",
-			outcomes[Admitted].Load(), outcomes[RateLimited].Load(), outcomes[Unavailable].Load())
+			outcomes[policy.Admitted].Load(), outcomes[policy.RateLimited].Load(), outcomes[policy.Unavailable].Load())
 	}
 }
 
@@ -374,9 +375,9 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var eose []byte
 		if rec.eose {
 			switch f, reason := wire.Scan(data, nil); {
-			case reason == "" && f.Type == TypeREQ:
+			case reason == "" && f.Type == wire.TypeREQ:
 				eose = []byte(`["EOSE",` + string(f.SubID) + `]`)
-			case reason == "" && f.Type == TypeCOUNT:
+			case reason == "" && f.Type == wire.TypeCOUNT:
 				eose = []byte(`["COUNT",` + string(f.SubID) + `,{"count":0}]`)
 			}
 		}
@@ -413,7 +414,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case rec.answerOK != nil:
-			if f, reason := wire.Scan(data, nil); reason == "" && (f.Type == TypeEVENT || f.Type == TypeAUTH) {
+			if f, reason := wire.Scan(data, nil); reason == "" && (f.Type == wire.TypeEVENT || f.Type == wire.TypeAUTH) {
 				id := f.Event.ID
 				reason := ""
 				if rec.okReason != nil {
@@ -538,7 +539,7 @@ func TestGateForwardsByteForByte(t *testing.T) {
 	for _, mode := range []string{"wrap", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			rec := newRecorder()
-			g := newGate(t, Options{Limits: &Limits{}})
+			g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 			var url string
 			if mode == "wrap" {
 				url = serve(t, g.Wrap(rec))
@@ -644,7 +645,7 @@ func TestGateForwardsByteForByte(t *testing.T) {
 // A close on either side closes the other with the same code.
 func TestGateClosePropagates(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := serve(t, g.Wrap(rec))
 
 	c := dialRaw(t, url)
@@ -677,7 +678,7 @@ func TestGateNoGoroutineLeak(t *testing.T) {
 
 func leakCheck(t *testing.T, proxy bool) {
 	rec := newRecorder()
-	g, err := New(Options{Limits: &Limits{}, Logger: quietLogger()})
+	g, err := New(Options{Policy: policy.Config{Limits: &policy.Limits{}}, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -753,7 +754,7 @@ func leakCheck(t *testing.T, proxy bool) {
 // Shutdown says goodbye to both sides and refuses new upgrades.
 func TestGateShutdown(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := serve(t, g.Wrap(rec))
 	c := dialRaw(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -786,12 +787,12 @@ func TestGateShutdown(t *testing.T) {
 func TestGateSlowClientDisconnected(t *testing.T) {
 	rec := newRecorder()
 	var cuts atomic.Int64
-	obs := &Observer{Cut: func(r CutReason) {
-		if r == CutSlowReader {
+	obs := &policy.Observer{Cut: func(r policy.CutReason) {
+		if r == policy.CutSlowReader {
 			cuts.Add(1)
 		}
 	}}
-	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 256 << 10, WriteTimeout: 2 * time.Second, Observer: obs})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 256 << 10, WriteTimeout: 2 * time.Second, Observer: obs})
 	url := serve(t, g.Wrap(rec))
 	slow := dialRaw(t, url)
 	if err := slow.WriteMessage(websocket.TextMessage, recorderCmd("flood", "")); err != nil {
@@ -816,7 +817,7 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 // whole and in order.
 func TestGateSlowReaderNotCut(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 16 << 20, WriteTimeout: 500 * time.Millisecond})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 16 << 20, WriteTimeout: 500 * time.Millisecond})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	if err := c.WriteMessage(websocket.TextMessage, recorderCmd("burst", "")); err != nil {
 		t.Fatal(err)
@@ -840,11 +841,11 @@ func TestGateSlowReaderNotCut(t *testing.T) {
 // never forwarded; an oversized frame closes the connection with 1009.
 func TestGateOtherBucketAndReadLimit(t *testing.T) {
 	clk := nostrtest.NewClock()
-	var l Limits
-	l.Message[TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Second)}
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	var l policy.Limits
+	l.Message[wire.TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(2.5, time.Second)}
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	rec := newRecorder()
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &l, ReadLimit: 1024})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}, ReadLimit: 1024})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	event := `["EVENT",` + goNostrEvent + `]`
 	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["REQ","a",{}]`)) // REQ: free here
@@ -901,7 +902,7 @@ func TestGateRelayRefusalPassesThrough(t *testing.T) {
 		w.WriteHeader(http.StatusTooManyRequests)
 		fmt.Fprint(w, "relay says slow down")
 	})
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	_, resp, err := websocket.DefaultDialer.Dial(serve(t, g.Wrap(refuser)), nil)
 	if err == nil || resp == nil {
 		t.Fatalf("dial: %v", err)
@@ -917,7 +918,7 @@ func TestGateRelayRefusalPassesThrough(t *testing.T) {
 // the relay serves the client's socket itself: its keepalive is its own.)
 func TestGateStalledRelayDropped(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}, PingInterval: 50 * time.Millisecond})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, PingInterval: 50 * time.Millisecond})
 	h, err := g.Proxy(serve(t, rec))
 	if err != nil {
 		t.Fatal(err)
@@ -937,7 +938,7 @@ func TestGateStalledRelayDropped(t *testing.T) {
 // A malformed handshake is refused by the gate without reaching the relay.
 func TestGateBadHandshakeNotForwarded(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := "http" + strings.TrimPrefix(serve(t, g.Wrap(rec)), "ws")
 	req, _ := http.NewRequest("GET", url, nil)
 	req.Header.Set("Connection", "Upgrade")
@@ -962,8 +963,8 @@ func TestGateBadHandshakeNotForwarded(t *testing.T) {
 // the scheme and host the client used at the proxy (NIP-42 relay URL).
 func TestGateBehindTrustedProxy(t *testing.T) {
 	rec := newRecorder()
-	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	g := newGate(t, Options{Limits: &Limits{}, Identity: id})
+	id := &policy.Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: *id}})
 	hdr := http.Header{
 		"X-Forwarded-For":   {"6.6.6.6, 203.0.113.9"},
 		"X-Forwarded-Proto": {"https"},
@@ -995,7 +996,7 @@ func TestGateBehindTrustedProxy(t *testing.T) {
 // one the upgrader's 400, before the relay is dialed; a dead relay a 502.
 func TestGateHandshakeAnswers(t *testing.T) {
 	rec := newRecorder()
-	url := strings.Replace(serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)), "ws://", "http://", 1)
+	url := strings.Replace(serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec)), "ws://", "http://", 1)
 	for _, tc := range []struct {
 		name   string
 		header map[string]string
@@ -1036,7 +1037,7 @@ func TestGateHandshakeAnswers(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := "ws://" + dead.Listener.Addr().String()
 	dead.Close()
-	h, err := newGate(t, Options{Limits: &Limits{}}).Proxy(deadURL)
+	h, err := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Proxy(deadURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func heapInUse() uint64 {
 // REQs of 10,000 filters each, charged as 20 REQs, took the relay from 27
 // MB to ~1 GB. Here the client sends such REQs and then the largest REQs
 // the gate forwards (DefaultMaxFilters filters, each of hundreds of
-// authors, up to DefaultFilterFrameSize), as fast as it can, and keeps
+// authors, up to defaultFilterFrameSize), as fast as it can, and keeps
 // every subscription open; the heap is measured once every REQ has been
 // answered. The bound is generous, not a timing: it is about gigabytes.
 // (With REQs charged one each and unbounded in filters, this test measured
@@ -54,10 +54,10 @@ func TestE2ELargeREQsBoundHeap(t *testing.T) {
 	}
 	filter := `{"authors":[` + authors.String() + `],"kinds":[1]}`
 	wide := `["REQ","wide%d"` + strings.Repeat(","+filter, 10) + `]`
-	if len(wide) > DefaultFilterFrameSize {
+	if len(wide) > defaultFilterFrameSize {
 		// Ten filters of 600 authors are over the frame bound: the largest
 		// forwardable REQ has as many filters as fit.
-		n := (DefaultFilterFrameSize - 32) / (len(filter) + 1)
+		n := (defaultFilterFrameSize - 32) / (len(filter) + 1)
 		wide = `["REQ","wide%d"` + strings.Repeat(","+filter, n) + `]`
 	}
 	// Three rounds of each, a minute apart: what a client may send in three

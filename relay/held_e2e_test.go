@@ -13,6 +13,8 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // A CLOSE or NEG-CLOSE that names nothing open is answered by the gate and
@@ -26,11 +28,11 @@ func TestE2EUnmatchedClosesAreCharged(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			var unmatched, limited atomic.Int64
-			obs := &Observer{Frame: func(ty Type, o Outcome) {
+			obs := &policy.Observer{Frame: func(ty wire.Type, o policy.Outcome) {
 				switch {
-				case o == Unmatched:
+				case o == policy.Unmatched:
 					unmatched.Add(1)
-				case o == RateLimited && (ty == TypeCLOSE || ty == TypeNEGCLOSE):
+				case o == policy.RateLimited && (ty == wire.TypeCLOSE || ty == wire.TypeNEGCLOSE):
 					limited.Add(1)
 				}
 			}}
@@ -105,7 +107,7 @@ func TestE2ECountTakesPlace(t *testing.T) {
 					}
 					return 0, nil
 				}}, kr.CountEvents[1:]...)
-			url := hostileTarget(t, mode, kr, Options{Limits: &Limits{}, MaxSubscriptions: 2})
+			url := hostileTarget(t, mode, kr, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 2})
 			c := dialRaw(t, url)
 			for _, f := range []string{`["COUNT","a",{"search":"slow"}]`, `["COUNT","b",{"search":"slow"}]`} {
 				if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {
@@ -159,7 +161,7 @@ func TestE2EFilterBytesPerAddress(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			one := len(authorsREQ("s0", 150)) // ~10 KiB
-			url := hostileTarget(t, mode, newKhatru(t), Options{Limits: &Limits{}, MaxFilterBytes: 2*one + one/2})
+			url := hostileTarget(t, mode, newKhatru(t), Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxFilterBytes: 2*one + one/2})
 			a, b := dialRaw(t, url), dialRaw(t, url)
 			if got := strings.TrimSpace(send(t, a, []byte(authorsREQ("s0", 150)))); got != `["EOSE","s0"]` {
 				t.Fatalf("first REQ: %s", got)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // hostileFrame is one entry of testdata/hostile/frames.json.
@@ -58,8 +59,8 @@ func loadHostile(t testing.TB) []hostileFrame {
 
 // generous charges every type (so the charging path runs) without ever
 // refusing for a limit.
-func generous() *Limits {
-	var l Limits
+func generous() *policy.Limits {
+	var l policy.Limits
 	for t := range l.Message {
 		l.Message[t] = []ratelimit.Limit{ratelimit.PerPeriod(1e6, time.Second)}
 	}
@@ -85,7 +86,7 @@ func TestE2EHostileCorpus(t *testing.T) {
 	frames := loadHostile(t)
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := hostileTarget(t, mode, negKhatru(t), Options{Limits: generous()})
+			url := hostileTarget(t, mode, negKhatru(t), Options{Policy: policy.Config{Limits: generous()}})
 			c := dialRaw(t, url)
 			if got := readText(t, c); len(got) < 8 || got[:8] != `["AUTH",` {
 				t.Fatalf("first frame %s, want khatru's challenge", got)
@@ -118,7 +119,7 @@ func TestE2EHostileStream(t *testing.T) {
 	}
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := hostileTarget(t, mode, negKhatru(t), Options{Limits: generous()})
+			url := hostileTarget(t, mode, negKhatru(t), Options{Policy: policy.Config{Limits: generous()}})
 			c := dialRaw(t, url)
 			synced := make(chan struct{})
 			go func() { // drain the answers, and tell when a batch is through

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // The handler behind Wrap gets the request an http.Server would have
@@ -33,7 +34,7 @@ func TestWrapHandlerRequest(t *testing.T) {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(`["NOTICE","hello"]`))
 		_, _, _ = c.ReadMessage()
 	})
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := serve(t, g.Wrap(h)) + "/path/x?q=1"
 	c, _, err := websocket.DefaultDialer.Dial(url, http.Header{"X-Custom": {"v"}, "X-Forwarded-For": {"6.6.6.6"}})
 	if err != nil {
@@ -93,7 +94,7 @@ func TestWrapHandlerPanic(t *testing.T) {
 			c.Close()
 		}
 	})
-	url := serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(h))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(h))
 	if _, resp, err := websocket.DefaultDialer.Dial(url, nil); err == nil || resp == nil || resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("upgrade to a panicking relay: %v, %v; want 502", resp, err)
 	}
@@ -109,7 +110,7 @@ func TestWrapHandlerPanic(t *testing.T) {
 // is cancelled.
 func TestWrapHandlerNeverAnswers(t *testing.T) {
 	called, returned := make(chan struct{}), make(chan struct{})
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := serve(t, g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(called)
 		<-r.Context().Done()

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // logBuffer is a text log that tests count lines in.
@@ -51,18 +52,18 @@ func TestGateLogsLaterBudgetRefusalOncePerWait(t *testing.T) {
 		frame func(i int) string
 	}{
 		{"kind class", policy.Config{
-			Limits: func() (l policy.Limits) { l.Message[TypeEVENT] = generous; return }(),
+			Limits: func() (l *policy.Limits) { l = new(policy.Limits); l.Message[wire.TypeEVENT] = generous; return }(),
 			Kinds:  []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: once}},
 		}, func(int) string { return reaction }},
 		{"aggregate", policy.Config{
-			Limits:     func() (l policy.Limits) { l.Message[TypeREQ] = generous; return }(),
+			Limits:     func() (l *policy.Limits) { l = new(policy.Limits); l.Message[wire.TypeREQ] = generous; return }(),
 			Aggregates: []policy.Aggregate{{Bits: 8, V4: true, Limits: once}},
 		}, func(i int) string { return `["REQ","s` + string(rune('a'+i)) + `",{}]` }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs logBuffer
 			clk := nostrtest.NewClock()
-			g := newGate(t, Options{Limiter: memLimiter(clk), Policy: &tc.cfg, Logger: logs.logger()})
+			g := newGate(t, Options{Limiter: memLimiter(clk), Policy: tc.cfg, Logger: logs.logger()})
 			rec := newRecorder()
 			c := dialRaw(t, serve(t, g.Wrap(rec)))
 			const refused = 20
@@ -92,8 +93,8 @@ func TestGateLogsLaterBudgetRefusalOncePerWait(t *testing.T) {
 func TestGateLogsShadowUpgradeOncePerWait(t *testing.T) {
 	var logs logBuffer
 	clk := nostrtest.NewClock()
-	cfg := policy.Config{Shadow: true, Limits: policy.Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Hour)}}}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: &cfg, Logger: logs.logger()})
+	cfg := policy.Config{Shadow: true, Limits: &policy.Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Hour)}}}
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: cfg, Logger: logs.logger()})
 	url := serve(t, g.Wrap(newRecorder()))
 	const upgrades = 10
 	for range upgrades {

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // accepted sends e on c and reports whether khatru accepted it; any other
@@ -50,15 +51,15 @@ func TestE2EPolicy(t *testing.T) {
 	memberSK, member := newKey(t)
 	strangerSK, _ := newKey(t)
 	var address, tierL policy.Limits
-	address.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}
-	address.Message[TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
-	tierL.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(6, time.Hour)}
+	address.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}
+	address.Message[wire.TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	tierL.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(6, time.Hour)}
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode+"/tier", func(t *testing.T) {
 			clk := nostrtest.NewClock()
 			clk.Set(time.Now()) // khatru checks created_at against its own clock
-			cfg := policy.Config{Limits: address, Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
-			url := hostileTarget(t, mode, negKhatru(t), Options{Limiter: memLimiter(clk), Policy: &cfg})
+			cfg := policy.Config{Limits: &address, Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
+			url := hostileTarget(t, mode, negKhatru(t), Options{Limiter: memLimiter(clk), Policy: cfg})
 			c, ch := authConn(t, url)
 			// The address's budget: 2 events, whoever signs them.
 			for i := range 2 {
@@ -96,16 +97,16 @@ func TestE2EPolicy(t *testing.T) {
 		t.Run(mode+"/kinds+shadow+reload", func(t *testing.T) {
 			sk, _ := newKey(t)
 			var l policy.Limits
-			l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
-			cfg := policy.Config{Limits: l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
+			l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
+			cfg := policy.Config{Limits: &l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
 			var shadowed atomic.Int64
-			obs := &Observer{Frame: func(t Type, o Outcome) {
-				if t == TypeEVENT && o == Shadowed {
+			obs := &policy.Observer{Frame: func(t wire.Type, o policy.Outcome) {
+				if t == wire.TypeEVENT && o == policy.Shadowed {
 					shadowed.Add(1)
 				}
 			}}
 			clk := nostrtest.NewClock()
-			g := newGate(t, Options{Limiter: memLimiter(clk), Policy: &cfg, Observer: obs})
+			g := newGate(t, Options{Limiter: memLimiter(clk), Policy: cfg, Observer: obs})
 			url := serve(t, g.Wrap(newKhatru(t)))
 			if mode == "proxy" {
 				h, err := g.Proxy(serve(t, newKhatru(t)))
@@ -139,8 +140,8 @@ func TestE2EPolicy(t *testing.T) {
 			// window of a period the old policy had would carry its score
 			// over: the budgets are the store's, not the policy's.)
 			var tight policy.Limits
-			tight.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, 30*time.Minute)}
-			if err := g.Reload(policy.Config{Limits: tight}); err != nil {
+			tight.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, 30*time.Minute)}
+			if err := g.Reload(policy.Config{Limits: &tight}); err != nil {
 				t.Fatal(err)
 			}
 			if !accepted(t, c, noteOfKind(t, sk, 1, "after reload"), "") {
@@ -151,8 +152,8 @@ func TestE2EPolicy(t *testing.T) {
 			}
 			// An invalid policy is refused and the running one kept.
 			var bad policy.Limits
-			bad.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1, time.Hour)}
-			if err := g.Reload(policy.Config{Limits: bad}); err == nil {
+			bad.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1, time.Hour)}
+			if err := g.Reload(policy.Config{Limits: &bad}); err == nil {
 				t.Fatal("Reload accepted rate = cost")
 			}
 			if accepted(t, c, noteOfKind(t, sk, 1, "after bad reload"), "rate-limited:") {
@@ -166,13 +167,13 @@ func TestE2EPolicy(t *testing.T) {
 // a trusted proxy's X-Forwarded-For, share the /48's windows.
 func TestE2EAggregate(t *testing.T) {
 	var l policy.Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour)}
 	cfg := policy.Config{
-		Limits:     l,
-		Identity:   Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}},
+		Limits:     &l,
+		Identity:   policy.Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}},
 		Aggregates: []policy.Aggregate{{Bits: 48, Limits: []ratelimit.Limit{ratelimit.PerPeriod(3, time.Hour)}}},
 	}
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(nostrtest.NewClock()), Policy: &cfg}).Wrap(newKhatru(t)))
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(nostrtest.NewClock()), Policy: cfg}).Wrap(newKhatru(t)))
 	dial := func(ip string) (*websocket.Conn, error) {
 		c, _, err := websocket.DefaultDialer.Dial(url, http.Header{"X-Forwarded-For": {ip}})
 		if err == nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -33,7 +34,7 @@ func TestE2EQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
 	keys := nostrtest.ApartKeys(q, clk.Now(), 2)
 	skA, skB := keys[0], keys[1]
@@ -81,7 +82,7 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}})
 	url := serve(t, g.Wrap(newKhatru(t)))
 	r := connect(t, url)
 	keys := nostrtest.ApartKeys(q, clk.Now(), 2)
@@ -163,13 +164,13 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 	}
 	var url string
 	if proxy {
-		h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), QueueBytes: 64 << 20}).Proxy(serve(t, kr))
+		h, err := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}, QueueBytes: 64 << 20}).Proxy(serve(t, kr))
 		if err != nil {
 			t.Fatal(err)
 		}
 		url = serve(t, h)
 	} else {
-		url = serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored, QueueBytes: 64 << 20}).Wrap(kr))
+		url = serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}, Stored: stored, QueueBytes: 64 << 20}).Wrap(kr))
 	}
 	sk := nostrtest.ApartKeys(q, clk.Now(), 1)[0]
 	pk, _ := nostr.GetPublicKey(sk)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -40,7 +41,7 @@ func TestGateQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	allowed := pubkeyN(99)
-	al, err := NewAllowList(nil, []string{allowed})
+	al, err := policy.NewAllowList(nil, []string{allowed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +54,7 @@ func TestGateQuota(t *testing.T) {
 		}
 		return ""
 	}
-	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
+	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now), Identity: policy.Identity{Allow: al}}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
 
 	step := func(frame, want string) {
 		t.Helper()
@@ -116,13 +117,13 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 		t.Fatal(err)
 	}
 	trustedSK, trusted := newKey(t)
-	al, _ := NewAllowList(nil, []string{trusted})
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Second)}
+	al, _ := policy.NewAllowList(nil, []string{trusted})
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Second)}
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	rec.challenge = "chal"
-	url := serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
+	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Quota: q.Local(clk.Now), Identity: policy.Identity{Allow: al}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 
 	step := func(c *websocket.Conn, frame, want string) {
 		t.Helper()
@@ -175,12 +176,12 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
 	clk := nostrtest.NewClock()
 	trustedSK, trusted := newKey(t)
-	al, _ := NewAllowList(nil, []string{trusted})
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
+	al, _ := policy.NewAllowList(nil, []string{trusted})
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	rec := newRecorder()
 	rec.challenge = "chal"
-	url := serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &l, Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
+	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{Allow: al}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 	refused, refusedID := signedAuth(t, trustedSK, "chal", url, clk.Now())
 	accepted, acceptedID := signedAuth(t, trustedSK, "chal", url, clk.Now().Add(time.Second))
 	rec.answerOK = func(id hex32) bool { return id != refusedID }
@@ -219,7 +220,7 @@ func TestGateQuotaChargesOnlyStored(t *testing.T) {
 	var mu sync.Mutex
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now),
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)},
 		Stored: func(id [32]byte) bool { mu.Lock(); defer mu.Unlock(); ok := stored[id]; delete(stored, id); return ok }}).Wrap(rec))
 	victim := apartPubkeys(q, clk.Now(), 1)[0]
 	store := func(id int) {
@@ -293,7 +294,7 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT: the OKs the client kept from the gate
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}, Stored: stored.take}).Wrap(rec))
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := dialRaw(t, url)
 	for id := 1; id <= 5; id++ {
@@ -335,8 +336,8 @@ func boundsUnanswered(t *testing.T, withStored bool) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT
-	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	opts := Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take, Identity: id}
+	id := &policy.Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	opts := Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now), Identity: *id}, Stored: stored.take}
 	if !withStored {
 		opts.Stored = nil
 	}
@@ -429,7 +430,7 @@ func TestGateQuotaGivesUpUnstoredEventsAtEnd(t *testing.T) {
 	}
 	var stored storedSet // nothing is stored
 	rec := newRecorder() // answers no EVENT
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}, Stored: stored.take})
 	url := serve(t, g.Wrap(rec))
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := dialRaw(t, url)
@@ -463,7 +464,7 @@ func TestProxyDrainEndsWhenTheRelayNeverAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := newRecorder() // answers no EVENT
-	h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)}).Proxy(serve(t, rec))
+	h, err := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}}).Proxy(serve(t, rec))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -26,10 +27,10 @@ import (
 func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	kr := newKhatru(t)
 	kr.Negentropy = true
-	var l Limits
-	l.Message[TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	l.Message[TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(1e6, time.Second)}
-	g := newGate(t, Options{Limits: &l})
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	l.Message[wire.TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(1e6, time.Second)}
+	g := newGate(t, Options{Policy: policy.Config{Limits: &l}})
 	url := serve(t, g.Wrap(kr))
 	c := dialRaw(t, url)
 

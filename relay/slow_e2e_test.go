@@ -17,6 +17,8 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // A REQ refused while its id names an open subscription is answered
@@ -30,9 +32,9 @@ func TestE2EZombieSubscription(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			clk := nostrtest.NewClock()
-			var l Limits
-			l.Message[TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-			url := hostileTarget(t, mode, newKhatru(t), Options{Limiter: memLimiter(clk), Limits: &l})
+			var l policy.Limits
+			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+			url := hostileTarget(t, mode, newKhatru(t), Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}})
 			c := dialRaw(t, url)
 			send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)) // EOSE
 			if got := send(t, c, []byte(`["REQ","s",{"kinds":[1]}]`)); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
@@ -105,7 +107,7 @@ func TestE2EHonestReadersNotCut(t *testing.T) {
 	burnCPU(t, 2)
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			honestReaders(t, hostileTarget(t, mode, kr, Options{Limits: &Limits{}, MaxSubscriptions: 2000}))
+			honestReaders(t, hostileTarget(t, mode, kr, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 2000}))
 		})
 	}
 }

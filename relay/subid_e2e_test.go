@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gorilla/websocket"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // khatru writes a subscription id back JSON-escaped (U+2028 and U+2029 as
@@ -19,7 +20,7 @@ import (
 func TestE2ESubIDsReadTheSameBothWays(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := hostileTarget(t, mode, newKhatru(t), Options{Limits: &Limits{}, MaxSubscriptions: 4})
+			url := hostileTarget(t, mode, newKhatru(t), Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 4})
 			c := dialRaw(t, url)
 			for i := range 40 {
 				id := fmt.Sprintf("s\u2028%d\u2029😀", i)

@@ -12,6 +12,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // listenersFor publishes a kind-1 note from another connection and counts
@@ -51,7 +52,7 @@ func listenersFor(t *testing.T, url string, c *websocket.Conn) int {
 // match on every event it accepts).
 func TestE2ESubscriptionCapReusedID(t *testing.T) {
 	const max = 3
-	url := serve(t, newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: max}).Wrap(newKhatru(t)))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: max}).Wrap(newKhatru(t)))
 	c := dialRaw(t, url)
 	for range 10 {
 		got := send(t, c, []byte(`["REQ","a",{"kinds":[1]}]`))
@@ -74,7 +75,7 @@ func TestE2ESubscriptionCapPartialCLOSED(t *testing.T) {
 	kr.RejectFilter = append(kr.RejectFilter, func(_ context.Context, f nostr.Filter) (bool, string) {
 		return len(f.Kinds) == 1 && f.Kinds[0] == 4, "blocked: no direct messages here"
 	})
-	url := serve(t, newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: max}).Wrap(kr))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: max}).Wrap(kr))
 	c := dialRaw(t, url)
 	for _, id := range []string{"a", "b", "c", "d", "e"} {
 		got := send(t, c, []byte(`["REQ","`+id+`",{"kinds":[1]},{"kinds":[4]}]`))
@@ -106,7 +107,7 @@ func TestE2ESubscriptionCapCloseBeforeEOSE(t *testing.T) {
 			go func() { <-release; close(ch) }() // a query that takes its time
 			return ch, nil
 		}}, kr.QueryEvents...)
-	url := serve(t, newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: max}).Wrap(kr))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: max}).Wrap(kr))
 	c := dialRaw(t, url)
 	for _, f := range []string{`["REQ","a",{"search":"slow"}]`, `["CLOSE","a"]`} {
 		if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {
@@ -191,7 +192,7 @@ func TestGateDropsWhatFollowsClosed(t *testing.T) {
 				}
 				_, _, _ = ws.ReadMessage()
 			})
-			c := dialRaw(t, hostileTarget(t, mode, h, Options{Limits: &Limits{}}))
+			c := dialRaw(t, hostileTarget(t, mode, h, Options{Policy: policy.Config{Limits: &policy.Limits{}}}))
 			pings := make(chan string, 1)
 			c.SetPingHandler(func(p string) error {
 				select {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -79,7 +80,7 @@ func (r *eoseRelay) frames(n int) []string {
 // listeners at khatru past max_subscriptions.)
 func TestGateCloseBeforeEOSEKeepsPlace(t *testing.T) {
 	rel := newEOSERelay()
-	g := newGate(t, Options{Limits: &Limits{}, MaxSubscriptions: 2})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSubscriptions: 2})
 	c := dialRaw(t, serve(t, g.Wrap(rel)))
 	write := func(f string) {
 		t.Helper()
@@ -137,7 +138,7 @@ func TestParseEOSE(t *testing.T) {
 func TestGateCloseOfNothingNotForwarded(t *testing.T) {
 	rec := newRecorder()
 	rec.eose = true
-	c := dialRaw(t, serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)))
+	c := dialRaw(t, serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec)))
 	write := func(f string) {
 		t.Helper()
 		if err := c.WriteMessage(websocket.TextMessage, []byte(f)); err != nil {

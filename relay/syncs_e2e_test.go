@@ -11,6 +11,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr/nip77/negentropy"
 	"github.com/nbd-wtf/go-nostr/nip77/negentropy/storage/vector"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // TestE2ESyncCapKhatru: the cap against a real khatru (negentropy on), in
@@ -27,7 +28,7 @@ func TestE2ESyncCapKhatru(t *testing.T) {
 	open := func(id string) string { return `["NEG-OPEN","` + id + `",{"kinds":[1]},"` + start + `"]` }
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
-			url := hostileTarget(t, mode, negKhatru(t), Options{Limits: generous(), MaxSyncs: 2})
+			url := hostileTarget(t, mode, negKhatru(t), Options{Policy: policy.Config{Limits: generous()}, MaxSyncs: 2})
 			c := dialRaw(t, url)
 			if got := readText(t, c); !strings.HasPrefix(got, `["AUTH",`) {
 				t.Fatalf("first frame %s, want khatru's challenge", got)

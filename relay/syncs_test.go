@@ -9,6 +9,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -23,7 +24,7 @@ func negOpen(id string) string { return `["NEG-OPEN","` + id + `",{},"6100000200
 // reaches the relay.
 func TestGateSyncCap(t *testing.T) {
 	rec := newRecorder()
-	url := serve(t, newGate(t, Options{Limits: &Limits{}, MaxSyncs: 2}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, MaxSyncs: 2}).Wrap(rec))
 	c1, c2 := dialRaw(t, url), dialRaw(t, url)
 	// forwarded reports whether c's frame reached the relay: a frame the
 	// gate refuses is answered at once; one it forwards is not, and the
@@ -105,10 +106,10 @@ func TestGateSyncCap(t *testing.T) {
 // the gate sends the relay a NEG-CLOSE for it, so the relay does not go on
 // with what the client was told is over; its place is freed.
 func TestGateRefusedSyncClosedAtRelay(t *testing.T) {
-	var l Limits
-	l.Message[TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	var l policy.Limits
+	l.Message[wire.TypeNEGOPEN] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	rec := newRecorder()
-	url := serve(t, newGate(t, Options{Limits: &l, MaxSyncs: 1}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &l}, MaxSyncs: 1}).Wrap(rec))
 	c := dialRaw(t, url)
 	_ = c.WriteMessage(websocket.TextMessage, []byte(negOpen("x")))
 	_ = c.WriteMessage(websocket.TextMessage, []byte(negOpen("x")))
@@ -150,10 +151,10 @@ func TestParseNegErr(t *testing.T) {
 // the connection ended, and a client at the cap could sync no more on any
 // connection.
 func TestGateRefusedNegMsgClosesSync(t *testing.T) {
-	var l Limits
-	l.Message[TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
+	var l policy.Limits
+	l.Message[wire.TypeNEGMSG] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	rec := newRecorder()
-	url := serve(t, newGate(t, Options{Limits: &l, MaxSyncs: 1}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &l}, MaxSyncs: 1}).Wrap(rec))
 	c := dialRaw(t, url)
 	negMsg := `["NEG-MSG","x","6100000200"]`
 	for _, f := range []string{negOpen("x"), negMsg, negMsg} {
@@ -180,7 +181,7 @@ func TestGateNegMsgOfNothingNotForwarded(t *testing.T) {
 	const closed = `["NEG-ERR","x","` + reasonNoSync + `"]`
 	msg := `["NEG-MSG","x","6100000200"]`
 	rec := newRecorder()
-	c := dialRaw(t, serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec)))
+	c := dialRaw(t, serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec)))
 	for _, f := range []string{msg, negOpen("x"), msg, `["NEG-CLOSE","x"]`, msg} {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(f))
 	}
@@ -199,9 +200,9 @@ func TestGateNegMsgOfNothingNotForwarded(t *testing.T) {
 		t.Fatalf("the relay got %q, want %q and the echo", got, want)
 	}
 
-	al, _ := NewAllowList([]string{"127.0.0.1"}, nil)
+	al, _ := policy.NewAllowList([]string{"127.0.0.1"}, nil)
 	rec = newRecorder()
-	c = dialRaw(t, serve(t, newGate(t, Options{Limits: &Limits{}, Identity: &Identity{Allow: al}}).Wrap(rec)))
+	c = dialRaw(t, serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}}}).Wrap(rec)))
 	_ = c.WriteMessage(websocket.TextMessage, []byte(msg))
 	if got := rec.frames(1); !slices.Equal(got, []string{msg}) {
 		t.Fatalf("allow-listed: the relay got %q, want %q", got, msg)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -155,12 +156,12 @@ func parseServerFrames(b []byte) ([]wireFrame, error) {
 // is disconnected instead of answered.
 func TestTapAttackReplyAfterPongNotCut(t *testing.T) {
 	var cuts atomic.Int64
-	obs := &Observer{Cut: func(r CutReason) {
-		if r == CutSlowReader {
+	obs := &policy.Observer{Cut: func(r policy.CutReason) {
+		if r == policy.CutSlowReader {
 			cuts.Add(1)
 		}
 	}}
-	g := newGate(t, Options{Limits: &Limits{}, Observer: obs})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, Observer: obs})
 	c := dialRaw(t, serve(t, g.Wrap(newRecorder())))
 	// Reads run on a goroutine of their own so that the pong is handled.
 	msgs := make(chan string, 4)
@@ -224,7 +225,7 @@ func tapHeap() uint64 {
 // under a kilobyte sent. The bridge (readFrame) and gorilla grow a
 // message's buffer as its bytes arrive.
 func TestTapAttackDeclaredLengthNotPreallocated(t *testing.T) {
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := serve(t, g.Wrap(newRecorder()))
 	const conns = 32
 	cs := make([]*websocket.Conn, conns)
@@ -289,7 +290,7 @@ func TestTapAttackEndedBeforeHijackClosesSocket(t *testing.T) {
 			}
 		}
 	})
-	g := newGate(t, Options{Limits: &Limits{}, Logger: quietLogger()})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, Logger: quietLogger()})
 	url := serve(t, g.Wrap(h))
 	nc, br, _ := rawUpgrade(t, url, "", nil)
 	<-entered
@@ -335,7 +336,7 @@ func TestTapAttackNoFrameBeforeHandshake(t *testing.T) {
 		}
 		panic("relay bug after hijack")
 	})
-	url := serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(h))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(h))
 	nc, br, _ := rawUpgrade(t, url, "", nil)
 	_ = nc.SetReadDeadline(time.Now().Add(3 * time.Second))
 	b, _ := io.ReadAll(br)
@@ -384,7 +385,7 @@ func TestTapAttackShutRepliesNotInsideFragmentedMessage(t *testing.T) {
 		_, _ = mw.Write([]byte(`"]`))
 		_ = mw.Close()
 	})
-	url := serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(h))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(h))
 	nc, br, _ := rawUpgrade(t, url, "", nil)
 	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
 		t.Fatalf("handshake: %q %v", head, err)
@@ -507,7 +508,7 @@ func FuzzTapClientStream(f *testing.F) {
 	}
 
 	rec := &fuzzRelay{conns: map[string]*fuzzConn{}}
-	g, err := New(Options{Limits: &Limits{}, ReadLimit: 8 << 10, MaxConnections: -1, Logger: quietLogger(), WriteTimeout: 2 * time.Second})
+	g, err := New(Options{Policy: policy.Config{Limits: &policy.Limits{}}, ReadLimit: 8 << 10, MaxConnections: -1, Logger: quietLogger(), WriteTimeout: 2 * time.Second})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -585,7 +586,7 @@ func FuzzTapClientStream(f *testing.F) {
 func TestTapAttackLargeFrameInPiecesNotFlood(t *testing.T) {
 	rec := newRecorder()
 	log := &floodLog{}
-	url := serve(t, newGate(t, Options{Limits: &Limits{}, Logger: slog.New(log)}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, Logger: slog.New(log)}).Wrap(rec))
 	nc, br, _ := rawUpgrade(t, url, "", nil)
 	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
 		t.Fatalf("handshake: %q %v", head, err)
@@ -615,7 +616,7 @@ func TestTapAttackLargeFrameInPiecesNotFlood(t *testing.T) {
 // handler reads a frame of the gate's it cannot read.
 func TestTapAttackClientCloseCodeRelayReads(t *testing.T) {
 	rec := newRecorder()
-	url := serve(t, newGate(t, Options{Limits: &Limits{}}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec))
 	nc, br, _ := rawUpgrade(t, url, "", nil)
 	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
 		t.Fatalf("handshake: %q %v", head, err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // Attacks on the tap's write side (tapwrite.go): the queue towards the client
@@ -153,7 +154,7 @@ func closeWritesQueue(t *testing.T, unread bool) {
 		written <- result{n, tc.queued(), err}
 		_ = ws.Close()
 	})
-	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: 10 * time.Second})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: 10 * time.Second})
 	c := dialSmall(t, serve(t, g.Wrap(h)))
 	if unread {
 		// Requests the relay never reads: closed with them unread, the
@@ -199,7 +200,7 @@ func TestTapQueueAttackCloseCutsStoppedClient(t *testing.T) {
 		}
 		closed <- ws.NetConn().Close()
 	})
-	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: time.Second})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: time.Second})
 	c := dialSmall(t, serve(t, g.Wrap(h)))
 	select {
 	case err := <-closed:
@@ -219,7 +220,7 @@ func TestTapQueueAttackCloseCutsStoppedClient(t *testing.T) {
 // it is queued.
 func TestTapQueueBoundCountsWhatIsBeingWritten(t *testing.T) {
 	const bound = 256 << 10
-	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: bound})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: bound})
 	c := &conn{g: g, closing: make(chan struct{}), meter: newControlMeter()}
 	tc := newTap(c, time.Second)
 	tc.omu.Lock()
@@ -246,7 +247,7 @@ func TestTapQueueBoundCountsWhatIsBeingWritten(t *testing.T) {
 // (the client saw the connection drop, 1006, and never learnt why).
 func TestTapGateCloseFollowsQueue(t *testing.T) {
 	written := make(chan queueFilled, 1)
-	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: 10 * time.Second})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: 10 * time.Second})
 	c := dialSmall(t, serve(t, g.Wrap(fillingHandler(written))))
 	res := waitFilled(t, written)
 	shut := make(chan error, 1)
@@ -304,7 +305,7 @@ func answerNotSwitching(t *testing.T, oneWrite bool) {
 		done <- result{n, err}
 	})
 	var logs logBuffer
-	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: time.Second, Logger: logs.logger()})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: time.Second, Logger: logs.logger()})
 	nc, _, _ := rawUpgrade(t, serve(t, g.Wrap(h)), "", nil)
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(64 << 10)
@@ -334,14 +335,14 @@ func answerNotSwitching(t *testing.T, oneWrite bool) {
 // ending the connection already.
 func TestTapGoodbyeToStoppedClientIsNoSlowCut(t *testing.T) {
 	var cuts atomic.Int64
-	obs := &Observer{Cut: func(r CutReason) {
-		if r == CutSlowReader {
+	obs := &policy.Observer{Cut: func(r policy.CutReason) {
+		if r == policy.CutSlowReader {
 			cuts.Add(1)
 		}
 	}}
 	written := make(chan queueFilled, 1)
 	// The queue's write fails 0.4-0.5 s into the goodbye's second.
-	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: 400 * time.Millisecond, Observer: obs})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: 400 * time.Millisecond, Observer: obs})
 	_ = dialSmall(t, serve(t, g.Wrap(fillingHandler(written)))) // never read
 	waitFilled(t, written)
 	if err := g.Shutdown(context.Background()); err != nil {
@@ -360,8 +361,8 @@ func TestTapGoodbyeToStoppedClientIsNoSlowCut(t *testing.T) {
 func TestTapWriteAfterQueueDrainedNotCut(t *testing.T) {
 	const stall = 200 * time.Millisecond
 	var cuts atomic.Int64
-	obs := &Observer{Cut: func(CutReason) { cuts.Add(1) }}
-	g := newGate(t, Options{Limits: &Limits{}, WriteTimeout: stall, Observer: obs})
+	obs := &policy.Observer{Cut: func(policy.CutReason) { cuts.Add(1) }}
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: stall, Observer: obs})
 	written := make(chan queueFilled, 1)
 	again := make(chan struct{})
 	url := serve(t, g.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

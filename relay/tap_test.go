@@ -16,6 +16,7 @@ import (
 
 	cws "github.com/coder/websocket"
 	"github.com/gorilla/websocket"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // rawHandler is an in-process relay that writes its frames by hand on the
@@ -77,7 +78,7 @@ func TestTapReplyNotInsideRelayMessage(t *testing.T) {
 				}
 				_, _, _ = ws.ReadMessage()
 			})
-			g := newGate(t, Options{Limits: &Limits{}})
+			g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 			c := dialRaw(t, serve(t, g.Wrap(h)))
 			_ = c.WriteMessage(websocket.TextMessage, []byte(`not json`))
 			_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","x",{}]`))
@@ -122,7 +123,7 @@ func TestTapWatchesRelayFramesInPieces(t *testing.T) {
 			reads <- string(b)
 		}
 	})
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	c := dialRaw(t, serve(t, g.Wrap(h)))
 	_ = c.WriteMessage(websocket.TextMessage, []byte(`["REQ","x",{}]`))
 	if got := <-reads; got != `["REQ","x",{}]` {
@@ -160,7 +161,7 @@ func TestTapRefusesExtension(t *testing.T) {
 			"Sec-WebSocket-Extensions: permessage-deflate; server_no_context_takeover; client_no_context_takeover\r\n\r\n"))
 		_, _ = raw.Read(make([]byte, 1))
 	})
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	d := websocket.Dialer{HandshakeTimeout: 5 * time.Second}
 	if c, _, err := d.Dial(serve(t, g.Wrap(h)), nil); err == nil {
 		c.Close()
@@ -198,7 +199,7 @@ func TestTapClientProtocolErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := newRecorder()
-			g := newGate(t, Options{Limits: &Limits{}, ReadLimit: 150})
+			g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, ReadLimit: 150})
 			c := dialRaw(t, serve(t, g.Wrap(rec)))
 			if _, err := c.NetConn().Write(tc.send); err != nil {
 				t.Fatal(err)
@@ -232,7 +233,7 @@ func TestTapPassesClientClose(t *testing.T) {
 		{nil, websocket.CloseNormalClosure},
 	} {
 		rec := newRecorder()
-		g := newGate(t, Options{Limits: &Limits{}})
+		g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 		c := dialRaw(t, serve(t, g.Wrap(rec)))
 		if _, err := c.NetConn().Write(rawFrame(opClose, true, tc.payload)); err != nil {
 			t.Fatal(err)
@@ -265,7 +266,7 @@ func TestTapSwitchingBeforeHijack(t *testing.T) {
 		_ = c.Write(ctx, cws.MessageText, []byte(`["NOTICE","got `+string(b[2:7])+`"]`))
 		_, _, _ = c.Read(ctx)
 	})
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	c := dialRaw(t, serve(t, g.Wrap(h)))
 	_ = c.WriteMessage(websocket.TextMessage, []byte(`["COUNT","x",{}]`))
 	if got := readText(t, c); got != `["NOTICE","got COUNT"]` {
@@ -294,7 +295,7 @@ func TestTapQueuesForPausedClient(t *testing.T) {
 		close(done)
 		_, _, _ = ws.ReadMessage()
 	})
-	g := newGate(t, Options{Limits: &Limits{}, QueueBytes: 16 << 20, WriteTimeout: time.Minute})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 16 << 20, WriteTimeout: time.Minute})
 	d := websocket.Dialer{NetDial: func(network, addr string) (net.Conn, error) {
 		c, err := net.Dial(network, addr)
 		if tc, ok := c.(*net.TCPConn); ok {
@@ -326,7 +327,7 @@ func TestTapQueuesForPausedClient(t *testing.T) {
 // is cut as a control flood, before the control meter's own budget.
 func TestTapPingsInsideMessageBounded(t *testing.T) {
 	rec := newRecorder()
-	g := newGate(t, Options{Limits: &Limits{}})
+	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	out := rawFrame(opText, false, []byte(`["COUNT","x",`))
 	for range 40 { // 40 × 131 bytes: past 4 KiB, well within the meter's 16 KiB

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // This file holds the tap's read side: on the handler's reading
@@ -262,7 +264,7 @@ func (t *tapConn) readFailed(err error) error {
 	c := t.c
 	if c.meter.flooded.Load() {
 		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many control frames")
-		c.g.obs.ReportCut(CutControlFlood)
+		c.g.obs.ReportCut(policy.CutControlFlood)
 		c.end(true, true, closeSlowClient, "sluice: too many control frames")
 		return errControlFlood
 	}

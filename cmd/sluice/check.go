@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // printCheck writes what cfg means: where budgets live; for every limit,
@@ -107,12 +108,20 @@ func printCheck(w io.Writer, cfg *config) {
 func printShape(w io.Writer, cfg *config) {
 	// The gate lowers the bound to what every REQ window admits at once,
 	// the tiers' included.
-	maxFilters := policy.EffectiveMaxFilters(cfg.MaxFilters, cfg.Limits.Message[relay.TypeREQ])
-	b := cfg.Bounds
-	if pc, err := buildPolicy(cfg, localQuotas(nil)); err == nil {
-		if p, err := policy.Compile(pc); err == nil {
-			maxFilters = p.MaxFilters()
-			b = *p.Bounds() // every zero field at its default
+	pc, _ := buildPolicy(cfg, localQuotas(nil))
+	maxFilters := policy.EffectiveMaxFilters(pc)
+	b := cfg.Bounds // every zero field at its default:
+	for _, f := range []struct {
+		v   *int
+		def int
+	}{
+		{&b.MaxTags, wire.DefaultMaxTags},
+		{&b.MaxTagValueBytes, wire.DefaultMaxTagValueBytes},
+		{&b.MaxFilterValues, wire.DefaultMaxFilterValues},
+		{&b.MaxFanout, wire.DefaultMaxFanout},
+	} {
+		if *f.v == 0 {
+			*f.v = f.def
 		}
 	}
 	lowered := ""
@@ -126,7 +135,7 @@ func printShape(w io.Writer, cfg *config) {
 	fmt.Fprintln(w, "largest frame forwarded, in bytes (a larger one is answered \"invalid: …\"):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, t := range typeOrder() {
-		if t == relay.TypeOther {
+		if t == wire.TypeOther {
 			continue // never forwarded
 		}
 		n, note := cfg.FrameSize[t], ""
@@ -142,10 +151,10 @@ func printShape(w io.Writer, cfg *config) {
 }
 
 // typeOrder lists the message types as the config file does.
-func typeOrder() []relay.Type {
-	return []relay.Type{
-		relay.TypeEVENT, relay.TypeREQ, relay.TypeCLOSE, relay.TypeCOUNT, relay.TypeAUTH,
-		relay.TypeNEGOPEN, relay.TypeNEGMSG, relay.TypeNEGCLOSE, relay.TypeOther,
+func typeOrder() []wire.Type {
+	return []wire.Type{
+		wire.TypeEVENT, wire.TypeREQ, wire.TypeCLOSE, wire.TypeCOUNT, wire.TypeAUTH,
+		wire.TypeNEGOPEN, wire.TypeNEGMSG, wire.TypeNEGCLOSE, wire.TypeOther,
 	}
 }
 

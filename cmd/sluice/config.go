@@ -318,7 +318,7 @@ type config struct {
 	Prefix       string
 	StoreTimeout time.Duration
 
-	Limits relay.Limits
+	Limits policy.Limits
 	// MaxFilters is limits.max_filters as configured; the gate may lower
 	// it (relay.Options.MaxFilters).
 	MaxFilters int
@@ -335,14 +335,14 @@ type config struct {
 	MaxFilterBytes int
 	// FrameSize is limits.frame_size by type; 0 means
 	// relay.DefaultFrameSize.
-	FrameSize [relay.NumTypes]int
+	FrameSize [wire.NumTypes]int
 
 	QuotaEvents    int
 	QuotaWindow    time.Duration
 	QuotaUnlimited bool
 
 	// Identity says who a client is (with the allow-list in Identity.Allow).
-	Identity relay.Identity
+	Identity policy.Identity
 
 	// Shadow is mode: shadow. Kinds, Tiers and Aggregates are the policy's
 	// (policy.go); a tier's quota is built with the store (buildPolicy).
@@ -355,9 +355,9 @@ type config struct {
 // defaultFileConfig returns the configuration used when no file is given.
 // sluice.example.yaml spells out exactly this (a test holds them equal).
 func defaultFileConfig() fileConfig {
-	def := relay.DefaultLimits()
-	msg := make(map[string][]limitConfig, relay.NumTypes)
-	for t := relay.Type(0); t < relay.NumTypes; t++ {
+	def := policy.DefaultLimits()
+	msg := make(map[string][]limitConfig, wire.NumTypes)
+	for t := wire.Type(0); t < wire.NumTypes; t++ {
 		msg[t.String()] = toLimitConfigs(def.Message[t])
 	}
 	return fileConfig{
@@ -376,7 +376,7 @@ func defaultFileConfig() fileConfig {
 		Limits: limitsConfig{
 			Connection:       toLimitConfigs(def.Connection),
 			Message:          msg,
-			MaxFilters:       relay.DefaultMaxFilters,
+			MaxFilters:       wire.DefaultMaxFilters,
 			MaxEventTags:     wire.DefaultMaxTags,
 			MaxTagValueBytes: wire.DefaultMaxTagValueBytes,
 			MaxFilterValues:  wire.DefaultMaxFilterValues,
@@ -869,7 +869,7 @@ func (fc *fileConfig) validate() (*config, error) {
 	slices.Sort(labels) // errors in a stable order
 	for _, label := range labels {
 		path := "limits.message." + label
-		t, known := relay.ParseType(label)
+		t, known := wire.ParseType(label)
 		if !known {
 			bad(path, "unknown message type; known are %s", knownTypes())
 			continue
@@ -883,7 +883,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		// could send anything the gate cannot classify without limit, and the
 		// relay would still have to read and reject every frame. The library
 		// lets a caller make it free; sluice does not.
-		if t == relay.TypeOther && len(ls) == 0 {
+		if t == wire.TypeOther && len(ls) == 0 {
 			bad(path, "must have at least one window: the catch-all bucket is never free")
 			continue
 		}
@@ -902,7 +902,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		MaxFilterValues:  int(fc.Limits.MaxFilterValues),
 		MaxFanout:        int(fc.Limits.MaxFilterFanout),
 	}
-	if err := policy.CheckBounds(c.Bounds); err != nil {
+	if err := (&policy.Config{Bounds: c.Bounds}).Validate(); err != nil {
 		// The library names the field; the file nests it under limits.
 		field, why, _ := strings.Cut(strings.TrimPrefix(err.Error(), policy.ErrPolicy.Error()+": "), " ")
 		bad("limits."+field, "%s", why)
@@ -934,12 +934,12 @@ func (fc *fileConfig) validate() (*config, error) {
 	slices.Sort(labels)
 	for _, label := range labels {
 		path := "limits.frame_size." + label
-		t, known := relay.ParseType(label)
+		t, known := wire.ParseType(label)
 		if !known {
 			bad(path, "unknown message type; known are %s", forwardedTypes())
 			continue
 		}
-		if t == relay.TypeOther {
+		if t == wire.TypeOther {
 			// OTHER frames are answered by the gate, never forwarded: a
 			// size for them would bound nothing.
 			bad(path, "OTHER frames are never forwarded; sizes are for %s", forwardedTypes())
@@ -955,7 +955,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		if !readLimitOK {
 			continue // read_limit is reported; the gate would be asked about the wrong bound
 		}
-		var sizes [relay.NumTypes]int
+		var sizes [wire.NumTypes]int
 		sizes[t] = int(min(n, math.MaxInt))
 		if _, err := newProbeGate(relay.Options{ReadLimit: int64(fc.ReadLimit), FrameSize: sizes}); err != nil {
 			bad(path, "%v", err)
@@ -988,7 +988,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		// The library's own error would offer 0 and 1…128, which the
 		// file does not take.
 		bad("identity.ipv6_prefix", "must be between 16 and 128, got %d", p)
-	} else if err := (&relay.Identity{IPv6Prefix: int(min(p, math.MaxInt))}).Validate(); err != nil {
+	} else if err := (&policy.Config{Identity: policy.Identity{IPv6Prefix: int(min(p, math.MaxInt))}}).Validate(); err != nil {
 		bad("identity.ipv6_prefix", "%v", err)
 	}
 	c.Identity.IPv6Prefix = int(fc.Identity.IPv6Prefix)
@@ -996,7 +996,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		path := fmt.Sprintf("identity.trusted_proxies[%d]", i)
 		p, err := parsePrefix(s)
 		if err == nil {
-			err = (&relay.Identity{TrustedProxies: []netip.Prefix{p}}).Validate()
+			err = (&policy.Config{Identity: policy.Identity{TrustedProxies: []netip.Prefix{p}}}).Validate()
 		}
 		if err != nil {
 			bad(path, "%v", err)
@@ -1009,7 +1009,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		// The library reads "" as X-Forwarded-For; in the file it is
 		// more likely a value forgotten.
 		bad("identity.header", "must not be empty (X-Forwarded-For, X-Real-IP or another forwarding header)")
-	} else if err := (&relay.Identity{Header: c.Identity.Header}).Validate(); err != nil {
+	} else if err := (&policy.Config{Identity: policy.Identity{Header: c.Identity.Header}}).Validate(); err != nil {
 		bad("identity.header", "%v", err)
 	}
 
@@ -1034,14 +1034,14 @@ func (fc *fileConfig) validate() (*config, error) {
 		list func(k int) error // NewAllowList's verdict on the first k entries
 	}{
 		{"allow.ips", len(fc.Allow.IPs), func(k int) error {
-			_, err := relay.NewAllowList(fc.Allow.IPs[:k], nil)
+			_, err := policy.NewAllowList(fc.Allow.IPs[:k], nil)
 			return err
 		}},
 		{"allow.pubkeys", len(pubkeys), func(k int) error {
 			if !npubsOK {
 				return nil // reported above
 			}
-			_, err := relay.NewAllowList(nil, pubkeys[:k])
+			_, err := policy.NewAllowList(nil, pubkeys[:k])
 			return err
 		}},
 	} {
@@ -1055,7 +1055,7 @@ func (fc *fileConfig) validate() (*config, error) {
 		bad(fmt.Sprintf("%s[%d]", l.path, i), "%v", l.list(i+1))
 	}
 	if npubsOK && listOK && (len(fc.Allow.IPs) > 0 || len(pubkeys) > 0) {
-		if al, err := relay.NewAllowList(fc.Allow.IPs, pubkeys); err != nil {
+		if al, err := policy.NewAllowList(fc.Allow.IPs, pubkeys); err != nil {
 			bad("allow", "%v", err)
 		} else {
 			c.Identity.Allow = al
@@ -1069,9 +1069,9 @@ func (fc *fileConfig) validate() (*config, error) {
 		// and start-up use, with quotas as check builds them.
 		if pc, err := buildPolicy(c, localQuotas(nil)); err != nil {
 			bad("quota", "%v", err)
-		} else if _, err := policy.Compile(pc); err != nil {
+		} else if err := pc.Validate(); err != nil {
 			bad("policy", "%v", err)
-		} else if _, err := relay.New(relay.Options{Limiter: probeLimiter, Policy: &pc, RelayURL: fc.RelayURL}); errors.Is(err, relay.ErrNoRelayURL) {
+		} else if _, err := relay.New(relay.Options{Limiter: probeLimiter, Policy: pc, RelayURL: fc.RelayURL}); errors.Is(err, relay.ErrNoRelayURL) {
 			bad("relay_url", "must be set to the relay's public ws:// or wss:// URL when tiers or allow.pubkeys grant budgets by NIP-42 pubkey: without it an AUTH's relay tag is checked against whatever host the client claims, so an AUTH a member signed for another relay could be replayed here")
 		}
 	}
@@ -1173,7 +1173,7 @@ var probeLimiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.L
 // are judged window by window) and the probe limiter.
 func newProbeGate(opts relay.Options) (*relay.Gate, error) {
 	opts.Limiter = probeLimiter
-	opts.Limits = &relay.Limits{}
+	opts.Policy.Limits = &policy.Limits{}
 	return relay.New(opts)
 }
 
@@ -1351,17 +1351,17 @@ func checkPrefix(prefix string) error {
 // forwardedTypes lists the types limits.frame_size may name: every type
 // but the catch-all, whose frames are never forwarded.
 func forwardedTypes() string {
-	names := make([]string, 0, relay.NumTypes-1)
-	for t := relay.Type(1); t < relay.NumTypes; t++ {
+	names := make([]string, 0, wire.NumTypes-1)
+	for t := wire.Type(1); t < wire.NumTypes; t++ {
 		names = append(names, t.String())
 	}
 	return strings.Join(names, ", ")
 }
 
 func knownTypes() string {
-	names := make([]string, 0, relay.NumTypes)
-	for t := relay.Type(1); t < relay.NumTypes; t++ {
+	names := make([]string, 0, wire.NumTypes)
+	for t := wire.Type(1); t < wire.NumTypes; t++ {
 		names = append(names, t.String())
 	}
-	return strings.Join(append(names, relay.TypeOther.String()), ", ")
+	return strings.Join(append(names, wire.TypeOther.String()), ", ")
 }

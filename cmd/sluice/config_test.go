@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -55,17 +56,17 @@ func TestDefaultLimitsAreTheGates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := relay.DefaultLimits(); !sameLimits(cfg.Limits, want) {
+	if want := policy.DefaultLimits(); !sameLimits(cfg.Limits, want) {
 		t.Errorf("default limits\n got %+v\nwant %+v", cfg.Limits, want)
 	}
-	if cfg.ReadLimit != relay.DefaultReadLimit || cfg.Identity.IPv6Prefix != relay.DefaultIPv6Prefix ||
+	if cfg.ReadLimit != relay.DefaultReadLimit || cfg.Identity.IPv6Prefix != 64 ||
 		cfg.QuotaEvents != 600 || cfg.QuotaWindow != time.Minute || cfg.QuotaUnlimited || cfg.Redis != "" {
 		t.Errorf("defaults: %+v", cfg)
 	}
 }
 
 // sameLimits compares limits with nil and empty windows equal (both free).
-func sameLimits(a, b relay.Limits) bool {
+func sameLimits(a, b policy.Limits) bool {
 	same := func(x, y []ratelimit.Limit) bool {
 		if len(x) != len(y) {
 			return false
@@ -97,10 +98,10 @@ func TestShapeDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.MaxFilters != relay.DefaultMaxFilters {
-		t.Errorf("MaxFilters = %d, want relay.DefaultMaxFilters %d", cfg.MaxFilters, relay.DefaultMaxFilters)
+	if cfg.MaxFilters != wire.DefaultMaxFilters {
+		t.Errorf("MaxFilters = %d, want relay.DefaultMaxFilters %d", cfg.MaxFilters, wire.DefaultMaxFilters)
 	}
-	if cfg.FrameSize != ([relay.NumTypes]int{}) {
+	if cfg.FrameSize != ([wire.NumTypes]int{}) {
 		t.Errorf("FrameSize = %v, want all 0 (relay.DefaultFrameSize)", cfg.FrameSize)
 	}
 	if cfg.RelayURL != "" {
@@ -160,15 +161,15 @@ limits:
 	if cfg.RelayURL != "wss://relay.example.com/nostr" || cfg.MaxFilters != 25 {
 		t.Errorf("relay_url %q max_filters %d", cfg.RelayURL, cfg.MaxFilters)
 	}
-	var want [relay.NumTypes]int
-	want[relay.TypeEVENT], want[relay.TypeREQ], want[relay.TypeAUTH], want[relay.TypeNEGCLOSE] = 131072, 4096, 2048, 64
+	var want [wire.NumTypes]int
+	want[wire.TypeEVENT], want[wire.TypeREQ], want[wire.TypeAUTH], want[wire.TypeNEGCLOSE] = 131072, 4096, 2048, 64
 	if cfg.FrameSize != want {
 		t.Errorf("FrameSize = %v, want %v", cfg.FrameSize, want)
 	}
 	// What the gate is built with must build.
 	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.LimiterOptions{BlockedSlots: 4})
-	g, err := relay.New(relay.Options{Limiter: lim, Limits: &cfg.Limits, ReadLimit: cfg.ReadLimit,
-		FrameSize: cfg.FrameSize, MaxFilters: cfg.MaxFilters, RelayURL: cfg.RelayURL})
+	g, err := relay.New(relay.Options{Limiter: lim, Policy: policy.Config{Limits: &cfg.Limits, Bounds: wire.Bounds{MaxFilters: cfg.MaxFilters}}, ReadLimit: cfg.ReadLimit,
+		FrameSize: cfg.FrameSize, RelayURL: cfg.RelayURL})
 	if err != nil {
 		t.Fatalf("relay.New refuses the config: %v", err)
 	}
@@ -194,17 +195,17 @@ quota: {unlimited: true}
 	if err != nil {
 		t.Fatal(err)
 	}
-	def := relay.DefaultLimits()
-	if got := cfg.Limits.Message[relay.TypeEVENT]; !reflect.DeepEqual(got, []ratelimit.Limit{{Rate: 5, Period: 2 * time.Second, Cost: 2}}) {
+	def := policy.DefaultLimits()
+	if got := cfg.Limits.Message[wire.TypeEVENT]; !reflect.DeepEqual(got, []ratelimit.Limit{{Rate: 5, Period: 2 * time.Second, Cost: 2}}) {
 		t.Errorf("EVENT = %v, want the file's one window", got)
 	}
-	if got := cfg.Limits.Message[relay.TypeCLOSE]; len(got) != 1 {
+	if got := cfg.Limits.Message[wire.TypeCLOSE]; len(got) != 1 {
 		t.Errorf("CLOSE = %v, want the file's window", got)
 	}
-	if got := cfg.Limits.Message[relay.TypeAUTH]; len(got) != 0 {
+	if got := cfg.Limits.Message[wire.TypeAUTH]; len(got) != 0 {
 		t.Errorf("AUTH = %v, want [] (free)", got)
 	}
-	if got := cfg.Limits.Message[relay.TypeREQ]; !reflect.DeepEqual(got, def.Message[relay.TypeREQ]) {
+	if got := cfg.Limits.Message[wire.TypeREQ]; !reflect.DeepEqual(got, def.Message[wire.TypeREQ]) {
 		t.Errorf("REQ = %v, want the default kept", got)
 	}
 	if !cfg.QuotaUnlimited || cfg.QuotaEvents != 600 {
@@ -638,7 +639,7 @@ func FuzzParseConfig(f *testing.F) {
 			}
 			return
 		}
-		if err := cfg.Limits.Validate(); err != nil {
+		if err := (&policy.Config{Limits: &cfg.Limits}).Validate(); err != nil {
 			t.Fatalf("accepted limits the gate refuses: %v", err)
 		}
 		for _, ls := range append([][]ratelimit.Limit{cfg.Limits.Connection}, cfg.Limits.Message[:]...) {
@@ -658,8 +659,8 @@ func FuzzParseConfig(f *testing.F) {
 		if _, err := ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow); err != nil {
 			t.Fatalf("accepted a quota NewQuota refuses: %v", err)
 		}
-		g, err := relay.New(relay.Options{Limiter: lim, Limits: &cfg.Limits, Identity: &cfg.Identity, ReadLimit: cfg.ReadLimit,
-			FrameSize: cfg.FrameSize, MaxFilters: cfg.MaxFilters, RelayURL: cfg.RelayURL})
+		g, err := relay.New(relay.Options{Limiter: lim, Policy: policy.Config{Limits: &cfg.Limits, Identity: cfg.Identity, Bounds: wire.Bounds{MaxFilters: cfg.MaxFilters}}, ReadLimit: cfg.ReadLimit,
+			FrameSize: cfg.FrameSize, RelayURL: cfg.RelayURL})
 		if err != nil {
 			t.Fatalf("accepted a config relay.New refuses: %v", err)
 		}
@@ -667,8 +668,8 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("max_filters %d gave a gate bound of %d", cfg.MaxFilters, n)
 		}
 		for typ, n := range cfg.FrameSize {
-			if n != 0 && (n < minFrameSize || int64(n) > cfg.ReadLimit || relay.Type(typ) == relay.TypeOther) {
-				t.Fatalf("accepted frame_size %d for %v with read_limit %d", n, relay.Type(typ), cfg.ReadLimit)
+			if n != 0 && (n < minFrameSize || int64(n) > cfg.ReadLimit || wire.Type(typ) == wire.TypeOther) {
+				t.Fatalf("accepted frame_size %d for %v with read_limit %d", n, wire.Type(typ), cfg.ReadLimit)
 			}
 		}
 	})

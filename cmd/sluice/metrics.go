@@ -13,8 +13,8 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
-	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // metrics holds sluice's Prometheus collectors on a registry of its own
@@ -24,12 +24,12 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	frames      [relay.NumTypes][relay.NumOutcomes]prometheus.Counter
-	connections [relay.NumOutcomes]prometheus.Counter
-	cuts        [relay.NumCutReasons]prometheus.Counter
+	frames      [wire.NumTypes][policy.NumOutcomes]prometheus.Counter
+	connections [policy.NumOutcomes]prometheus.Counter
+	cuts        [policy.NumCutReasons]prometheus.Counter
 	// offenders are the clients refused most over the last minutes,
 	// served at /top and on the status page.
-	offenders *policy.Offenders
+	offenders *Offenders
 	open      prometheus.Gauge
 	// shadow counts the running policy's windows in shadow by budget
 	// (setPolicy): no series while nothing is in shadow.
@@ -38,7 +38,7 @@ type metrics struct {
 
 	// The same counts as plain atomics, for the status page (reading a
 	// Prometheus counter back means writing it out as a protobuf).
-	frameCounts [relay.NumTypes][relay.NumOutcomes]atomic.Uint64
+	frameCounts [wire.NumTypes][policy.NumOutcomes]atomic.Uint64
 	openCount   atomic.Int64
 	storeOK     prometheus.Observer
 	storeErr    prometheus.Observer
@@ -47,12 +47,12 @@ type metrics struct {
 // connectionOutcomes are the outcomes an upgrade can have; the others
 // (quota_exceeded, invalid) are a frame's, and are not exported as series
 // of sluice_connections_total that could never move.
-var connectionOutcomes = []relay.Outcome{relay.Admitted, relay.RateLimited, relay.Unavailable, relay.Allowlisted, relay.OverCap}
+var connectionOutcomes = []policy.Outcome{policy.Admitted, policy.RateLimited, policy.Unavailable, policy.Allowlisted, policy.OverCap}
 
 // newMetrics registers the gate's and the store's collectors; watch adds
 // the limiter's once it exists (the store it wraps needs observeStore first).
 func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), offenders: policy.NewOffenders(0, 0, nil)}
+	m := &metrics{reg: prometheus.NewRegistry(), offenders: NewOffenders(0, 0, nil)}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -76,11 +76,11 @@ func newMetrics() *metrics {
 		Name: "sluice_disconnects_total",
 		Help: "Client connections the gate closed on its own account (1008), by reason: slow_reader (a write to it made no progress for the write timeout), control_flood (too many pings, pongs or fragments), knocking (too many frames refused from the local table).",
 	}, []string{"reason"})
-	for r := relay.CutReason(0); r < relay.NumCutReasons; r++ {
+	for r := policy.CutReason(0); r < policy.NumCutReasons; r++ {
 		m.cuts[r] = cuts.WithLabelValues(r.String())
 	}
-	for t := relay.Type(0); t < relay.NumTypes; t++ {
-		for o := relay.Outcome(0); o < relay.NumOutcomes; o++ {
+	for t := wire.Type(0); t < wire.NumTypes; t++ {
+		for o := policy.Outcome(0); o < policy.NumOutcomes; o++ {
 			m.frames[t][o] = frames.WithLabelValues(t.String(), o.String())
 		}
 	}
@@ -172,16 +172,16 @@ func (m masterBreakers) Collect(ch chan<- prometheus.Metric) {
 }
 
 // observer returns the gate's hook into the counters.
-func (m *metrics) observer() *relay.Observer {
-	return &relay.Observer{
-		Frame: func(t relay.Type, o relay.Outcome) {
-			if t < relay.NumTypes && o < relay.NumOutcomes {
+func (m *metrics) observer() *policy.Observer {
+	return &policy.Observer{
+		Frame: func(t wire.Type, o policy.Outcome) {
+			if t < wire.NumTypes && o < policy.NumOutcomes {
 				m.frames[t][o].Inc()
 				m.frameCounts[t][o].Add(1)
 			}
 		},
-		Connection: func(o relay.Outcome) {
-			if o < relay.NumOutcomes && m.connections[o] != nil {
+		Connection: func(o policy.Outcome) {
+			if o < policy.NumOutcomes && m.connections[o] != nil {
 				m.connections[o].Inc()
 			}
 		},
@@ -189,12 +189,12 @@ func (m *metrics) observer() *relay.Observer {
 			m.open.Add(float64(delta))
 			m.openCount.Add(int64(delta))
 		},
-		Cut: func(r relay.CutReason) {
-			if r < relay.NumCutReasons {
+		Cut: func(r policy.CutReason) {
+			if r < policy.NumCutReasons {
 				m.cuts[r].Inc()
 			}
 		},
-		Refusal: func(client string, _ relay.Type, _ relay.Outcome) { m.offenders.Add(client) },
+		Refusal: func(client string, _ wire.Type, _ policy.Outcome) { m.offenders.Add(client) },
 	}
 }
 
@@ -212,9 +212,9 @@ func (m *metrics) serveTop(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {
-		HalfLife float64           `json:"half_life_seconds"`
-		Clients  []policy.Offender `json:"clients"`
-	}{policy.DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n)})
+		HalfLife float64    `json:"half_life_seconds"`
+		Clients  []Offender `json:"clients"`
+	}{DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n)})
 }
 
 // observeStore is redisstore.Options.Observe.

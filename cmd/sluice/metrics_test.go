@@ -10,7 +10,8 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
-	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 func scrape(t *testing.T, m *metrics) string {
@@ -27,11 +28,11 @@ func TestMetrics(t *testing.T) {
 	m.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), func() redisstore.BreakerState { return state })
 
 	o := m.observer()
-	o.Frame(relay.TypeEVENT, relay.RateLimited)
-	o.Frame(relay.TypeEVENT, relay.RateLimited)
-	o.Frame(relay.TypeREQ, relay.Unavailable)
-	o.Frame(relay.NumTypes, relay.Admitted) // out of range: ignored, no panic
-	o.Connection(relay.RateLimited)
+	o.Frame(wire.TypeEVENT, policy.RateLimited)
+	o.Frame(wire.TypeEVENT, policy.RateLimited)
+	o.Frame(wire.TypeREQ, policy.Unavailable)
+	o.Frame(wire.NumTypes, policy.Admitted) // out of range: ignored, no panic
+	o.Connection(policy.RateLimited)
 	o.Open(1)
 	o.Open(1)
 	o.Open(-1)
@@ -69,8 +70,8 @@ func TestMetrics(t *testing.T) {
 func TestConnectionOutcomes(t *testing.T) {
 	m := newMetrics()
 	o := m.observer()
-	o.Connection(relay.Invalid) // not an upgrade's: ignored, no panic
-	o.Connection(relay.OverCap)
+	o.Connection(policy.Invalid) // not an upgrade's: ignored, no panic
+	o.Connection(policy.OverCap)
 	body := scrape(t, m)
 	for _, out := range []string{"admitted", "rate_limited", "unavailable", "allowlisted"} {
 		if !strings.Contains(body, `sluice_connections_total{outcome="`+out+`"} 0`) {

@@ -21,9 +21,9 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/nip11"
 )
 
 // bigBody is the size of the hostile bodies below: far past any bound, and
@@ -129,7 +129,7 @@ func TestProxyPlainBodyBounded(t *testing.T) {
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
 	s := <-got
-	const bound = relay.DefaultPlainBodyLimit
+	const bound = plainBodyDefault
 	if w.Code != http.StatusRequestEntityTooLarge || s.n > bound || body.N() > bound+1 {
 		t.Errorf("streamed %d MiB POST: %d; the upstream received %d bytes, %d were read from the client; want 413 and at most %d", bigBody>>20, w.Code, s.n, body.N(), bound)
 	}
@@ -300,3 +300,7 @@ func TestMeasurePlainPOST(t *testing.T) {
 		t.Logf("%s: HTTP %d, %d body bytes read, %d MiB allocated", c.name, w.Code, body.N(), (m1.TotalAlloc-m0.TotalAlloc)>>20)
 	}
 }
+
+// plainBodyDefault is the gate's plain body bound when
+// relay.Options.PlainBodyLimit is 0, as its doc states it.
+const plainBodyDefault = 64 << 10

@@ -18,7 +18,6 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
-	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -122,9 +121,6 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 	}
 
 	names := slices.Sorted(maps.Keys(fc.Limits.Kinds))
-	if len(names) > policy.MaxClasses {
-		bad("limits.kinds", "%d kind classes, at most %d", len(names), policy.MaxClasses)
-	}
 	owner := map[int64]string{} // kind → class, for a kind in two classes
 	for _, name := range names {
 		path := "limits.kinds." + name
@@ -169,9 +165,6 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 	}
 
 	names = slices.Sorted(maps.Keys(fc.Tiers))
-	if len(names) > policy.MaxTiers {
-		bad("tiers", "%d tiers, at most %d", len(names), policy.MaxTiers)
-	}
 	member := map[string]string{} // pubkey → tier
 	for _, name := range names {
 		path := "tiers." + name
@@ -228,7 +221,7 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 		ts.Limits.Message = c.Limits.Message
 		for _, label := range slices.Sorted(maps.Keys(tc.Limits.Message)) {
 			p := path + ".limits.message." + label
-			t, known := relay.ParseType(label)
+			t, known := wire.ParseType(label)
 			if !known {
 				bad(p, "unknown message type; known are %s", knownTypes())
 				ok = false
@@ -240,7 +233,7 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 				ok = false
 				continue
 			}
-			if t == relay.TypeOther && len(ls) == 0 {
+			if t == wire.TypeOther && len(ls) == 0 {
 				bad(p, "must have at least one window: the catch-all bucket is never free")
 				ok = false
 				continue
@@ -288,10 +281,6 @@ func (fc *fileConfig) validatePolicy(c *config, bad func(string, string, ...any)
 		}
 	}
 
-	nAggs := len(fc.Identity.IPv6Aggregate) + len(fc.Identity.IPv4Aggregate)
-	if nAggs > policy.MaxAggregates {
-		bad("identity", "%d prefix aggregates (ipv6_aggregate and ipv4_aggregate), at most %d", nAggs, policy.MaxAggregates)
-	}
 	for _, fam := range []struct {
 		field  string
 		v4     bool
@@ -377,7 +366,7 @@ func validName(s string) bool {
 }
 
 // quotaMaker returns the actor quota of owner ("" for the global one, else
-// a tier's name): events per window, or none when unlimited.
+// a tier's name): events per window, or nil (none) when unlimited.
 type quotaMaker func(owner string, events int, window time.Duration, unlimited bool) (ratelimit.ActorQuota, error)
 
 // localQuotas makes in-process quotas on clock (nil: the real one), a new
@@ -385,7 +374,7 @@ type quotaMaker func(owner string, events int, window time.Duration, unlimited b
 func localQuotas(clock ratelimit.Clock) quotaMaker {
 	return func(_ string, events int, window time.Duration, unlimited bool) (ratelimit.ActorQuota, error) {
 		if unlimited {
-			return ratelimit.Unlimited().Local(clock), nil
+			return nil, nil
 		}
 		q, err := ratelimit.NewQuota(events, window)
 		if err != nil {
@@ -408,17 +397,16 @@ type quotaCache struct {
 }
 
 type quotaKey struct {
-	owner     string
-	events    int
-	window    time.Duration
-	unlimited bool
+	owner  string
+	events int
+	window time.Duration
 }
 
 func (qc *quotaCache) make(owner string, events int, window time.Duration, unlimited bool) (ratelimit.ActorQuota, error) {
-	k := quotaKey{owner, events, window, unlimited}
 	if unlimited {
-		k.events, k.window = 0, 0
+		return nil, nil
 	}
+	k := quotaKey{owner, events, window}
 	qc.mu.Lock()
 	defer qc.mu.Unlock()
 	if q, ok := qc.made[k]; ok {
@@ -427,8 +415,6 @@ func (qc *quotaCache) make(owner string, events int, window time.Duration, unlim
 	var q ratelimit.ActorQuota
 	var err error
 	switch {
-	case unlimited:
-		q = ratelimit.Unlimited().Local(qc.limiter.Now)
 	case qc.rstore != nil:
 		q, err = redisstore.NewQuota(qc.rstore, events, window)
 	default:
@@ -454,15 +440,16 @@ func (qc *quotaCache) make(owner string, events int, window time.Duration, unlim
 // checked every quota, so mk fails only on a store that refuses one;
 // the first such error is returned with the config built so far.
 func buildPolicy(c *config, mk quotaMaker) (policy.Config, error) {
+	limits := c.Limits // the policy's own copy
 	pc := policy.Config{
-		Limits:     c.Limits,
-		MaxFilters: c.MaxFilters,
+		Limits:     &limits,
 		Bounds:     c.Bounds,
 		Kinds:      c.Kinds,
 		Aggregates: c.Aggregates,
 		Shadow:     c.Shadow,
 		Identity:   c.Identity,
 	}
+	pc.Bounds.MaxFilters = c.MaxFilters
 	var err error
 	if !c.QuotaUnlimited {
 		if pc.Quota, err = mk("", c.QuotaEvents, c.QuotaWindow, false); err != nil {
@@ -471,6 +458,7 @@ func buildPolicy(c *config, mk quotaMaker) (policy.Config, error) {
 	}
 	for _, ts := range c.Tiers {
 		t := ts.Tier
+		t.Quota = pc.Quota // a tier without a quota of its own shares the global one
 		if ts.QuotaSet {
 			if t.Quota, err = mk(t.Name, ts.QuotaEvents, ts.QuotaWindow, ts.QuotaUnlimited); err != nil {
 				return pc, fmt.Errorf("%w: tiers.%s.quota: %v", errConfig, t.Name, err)

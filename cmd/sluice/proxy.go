@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -42,7 +42,7 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 		return fmt.Errorf("%w: upstream: %v", errConfig, err)
 	}
 
-	fallback := proxyFallbackNIP11(cfg, gate.MaxFilters(), gate.MaxSubscriptions())
+	fallback := proxyFallbackNIP11(cfg, gate.MaxFilters(), cfg.Subscriptions)
 	client := &http.Client{Timeout: nip11.DefaultTimeout}
 	info := &nip11.Handler{
 		Fetch: func(ctx context.Context) ([]byte, error) {
@@ -58,7 +58,7 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	if load != nil {
 		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
 			nip11: publishNIP11(info, gate, func(c *config) ([]byte, error) {
-				return proxyFallbackNIP11(c, gate.MaxFilters(), gate.MaxSubscriptions()), nil
+				return proxyFallbackNIP11(c, gate.MaxFilters(), c.Subscriptions), nil
 			})}
 		go rl.run(ctx)
 	}

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/nip11"
 )
 
 // proxyUpstream is an upstream for proxy-mode tests: NIP-11 answered,
@@ -135,7 +135,7 @@ func TestProxyPassesHTTPThrough(t *testing.T) {
 			t.Errorf("upstream saw %+v, want %+v from 127.0.0.1", s, req)
 		}
 	}
-	if code, _ := doPlain(t, srv, plainReq{"POST", "/", "application/nostr+json+rpc", strings.Repeat("x", relay.DefaultPlainBodyLimit+1)}); code != http.StatusRequestEntityTooLarge {
+	if code, _ := doPlain(t, srv, plainReq{"POST", "/", "application/nostr+json+rpc", strings.Repeat("x", plainBodyDefault+1)}); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("POST of a declared body past the bound: %d, want 413", code)
 	}
 	select {

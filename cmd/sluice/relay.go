@@ -13,7 +13,7 @@ import (
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr"
 
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -91,7 +91,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	kr.Info.Software = sluiceURL
 	kr.Info.Version = buildVersion()
 	kr.Info.SupportedNIPs = relaySupportedNIPs
-	base, err := relayNIP11(cfg, gate.MaxFilters(), gate.MaxSubscriptions(), db.MaxLimit)
+	base, err := relayNIP11(cfg, gate.MaxFilters(), cfg.Subscriptions, db.MaxLimit)
 	if err != nil {
 		db.Close()
 		parts.close()
@@ -101,7 +101,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	if load != nil {
 		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
 			nip11: publishNIP11(info, gate, func(c *config) ([]byte, error) {
-				return relayNIP11(c, gate.MaxFilters(), gate.MaxSubscriptions(), db.MaxLimit)
+				return relayNIP11(c, gate.MaxFilters(), c.Subscriptions, db.MaxLimit)
 			})}
 		go rl.run(ctx)
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-relay/sluice/relay/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 

@@ -7,8 +7,8 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/nip11"
 	"github.com/sluice-relay/sluice/relay/policy"
 )
 

@@ -14,10 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/nip11"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -168,7 +168,7 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 	m.setPolicy(pc)
 	g, err = relay.New(relay.Options{
 		Limiter:   p.limiter,
-		Policy:    &pc,
+		Policy:    pc,
 		ReadLimit: cfg.ReadLimit,
 		FrameSize: cfg.FrameSize,
 		RelayURL:  cfg.RelayURL,
@@ -191,11 +191,11 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 // nip11Limitation is what sluice publishes about itself in NIP-11 under
 // the policy pc (the running one).
 func nip11Limitation(cfg *config, pc policy.Config) nip11.Limitation {
-	limits := pc.Limits
-	maxFilters := policy.EffectiveMaxFilters(pc.MaxFilters, pc.Limits.Message[relay.TypeREQ])
-	if p, err := policy.Compile(pc); err == nil {
-		maxFilters = p.MaxFilters() // lowered by the tiers' REQ windows too
+	limits := policy.DefaultLimits()
+	if pc.Limits != nil {
+		limits = *pc.Limits
 	}
+	maxFilters := policy.EffectiveMaxFilters(pc)
 	return nip11.Limitation{
 		MaxMessageLength: cfg.ReadLimit,
 		MaxFilters:       int64(maxFilters),
@@ -219,7 +219,7 @@ func front(info, gated http.Handler, page string) http.Handler {
 			info.ServeHTTP(w, r)
 		case r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "":
 			info.ServeHTTP(w, r) // CORS preflight for NIP-11
-		case relay.IsUpgrade(r):
+		case wire.IsUpgrade(r):
 			gated.ServeHTTP(w, r)
 		case r.Method == http.MethodGet || r.Method == http.MethodHead:
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // The status page keeps a sample of the frame counters every
@@ -22,7 +22,7 @@ const (
 // statusSample is the frame counters and open connections at one instant.
 type statusSample struct {
 	at     time.Time
-	frames [relay.NumTypes][relay.NumOutcomes]uint64
+	frames [wire.NumTypes][policy.NumOutcomes]uint64
 	open   int64
 }
 
@@ -112,7 +112,7 @@ type statusView struct {
 	IntervalS int
 	// Offenders are the clients refused most, their counts fading by half
 	// every HalfLife.
-	Offenders []policy.Offender
+	Offenders []Offender
 	HalfLife  string
 }
 
@@ -164,12 +164,12 @@ func (s *statusPage) view(ctx context.Context) statusView {
 
 	first := samples[0]
 	v.Window = now.Sub(first.at).Round(time.Second).String()
-	for o := relay.Outcome(0); o < relay.NumOutcomes; o++ {
+	for o := policy.Outcome(0); o < policy.NumOutcomes; o++ {
 		v.Outcomes = append(v.Outcomes, o.String())
 	}
-	v.Totals = make([]uint64, relay.NumOutcomes)
-	for t := relay.Type(0); t < relay.NumTypes; t++ {
-		row := statusRow{Type: t.String(), Counts: make([]uint64, relay.NumOutcomes)}
+	v.Totals = make([]uint64, policy.NumOutcomes)
+	for t := wire.Type(0); t < wire.NumTypes; t++ {
+		row := statusRow{Type: t.String(), Counts: make([]uint64, policy.NumOutcomes)}
 		for o := range row.Counts {
 			n := live.frames[t][o] - first.frames[t][o]
 			row.Counts[o] = n
@@ -188,7 +188,7 @@ func (s *statusPage) view(ctx context.Context) statusView {
 		for t := range samples[i].frames {
 			for o := range samples[i].frames[t] {
 				n := samples[i].frames[t][o] - samples[i-1].frames[t][o]
-				if relay.Outcome(o) == relay.Admitted || relay.Outcome(o) == relay.Allowlisted {
+				if policy.Outcome(o) == policy.Admitted || policy.Outcome(o) == policy.Allowlisted {
 					b.admitted += n
 				} else {
 					b.refused += n
@@ -199,7 +199,7 @@ func (s *statusPage) view(ctx context.Context) statusView {
 		v.ChartMax = max(v.ChartMax, b.admitted+b.refused)
 	}
 	v.Offenders = s.m.offenders.Top(10)
-	v.HalfLife = policy.DefaultOffendersHalfLife.String()
+	v.HalfLife = DefaultOffendersHalfLife.String()
 	v.BarWidth = 600 / (statusSamples + 1) // and the live interval
 	for i, b := range bars {
 		x := 600 - (len(bars)-i)*v.BarWidth

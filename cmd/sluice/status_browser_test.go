@@ -14,7 +14,8 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 var updateScreenshot = flag.Bool("update-screenshot", false, "write docs/status.png from the browser test")
@@ -65,7 +66,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	m, s, _ := statusFixture(t, storeCheck(ratelimit.NewMemoryStore(16), nil))
 	for range 20 {
-		m.observer().Refusal("198.51.100.7", relay.TypeEVENT, relay.RateLimited)
+		m.observer().Refusal("198.51.100.7", wire.TypeEVENT, policy.RateLimited)
 	}
 	srv := newLoopbackServer(t, m.handler(s))
 	url := srv + "/status"

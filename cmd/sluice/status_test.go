@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 var statusT0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -23,7 +23,7 @@ func statusFixture(t *testing.T, checks ...readyCheck) (*metrics, *statusPage, *
 	m := newMetrics()
 	// The offenders' counts fade with time: on a frozen clock they read
 	// exactly what was counted however long a browser takes to load.
-	m.offenders = policy.NewOffenders(0, 0, func() time.Time { return statusT0 })
+	m.offenders = NewOffenders(0, 0, func() time.Time { return statusT0 })
 	now := statusT0
 	s := newStatusPage(m, checks, func() time.Time { return now })
 	o := m.observer()
@@ -32,20 +32,20 @@ func statusFixture(t *testing.T, checks ...readyCheck) (*metrics, *statusPage, *
 	o.Open(1)
 	for i := 1; i <= 12; i++ {
 		for range 10 * i {
-			o.Frame(relay.TypeEVENT, relay.Admitted)
+			o.Frame(wire.TypeEVENT, policy.Admitted)
 		}
 		for range i {
-			o.Frame(relay.TypeREQ, relay.Admitted)
+			o.Frame(wire.TypeREQ, policy.Admitted)
 		}
 		if i > 8 {
 			for range 5 {
-				o.Frame(relay.TypeEVENT, relay.RateLimited)
+				o.Frame(wire.TypeEVENT, policy.RateLimited)
 			}
 		}
 		now = statusT0.Add(time.Duration(i) * statusInterval)
 		s.sample(now)
 	}
-	o.Frame(relay.TypeCOUNT, relay.Unavailable)
+	o.Frame(wire.TypeCOUNT, policy.Unavailable)
 	now = now.Add(5 * time.Second)
 	return m, s, &now
 }
@@ -109,12 +109,12 @@ func TestStatusWindow(t *testing.T) {
 	s := newStatusPage(m, nil, func() time.Time { return now })
 	o := m.observer()
 	for range 1000 {
-		o.Frame(relay.TypeEVENT, relay.Admitted) // before the window
+		o.Frame(wire.TypeEVENT, policy.Admitted) // before the window
 	}
 	for i := 1; i <= 2*statusSamples; i++ {
 		now = statusT0.Add(time.Duration(i) * statusInterval)
 		s.sample(now)
-		o.Frame(relay.TypeEVENT, relay.Admitted)
+		o.Frame(wire.TypeEVENT, policy.Admitted)
 	}
 	body := getStatus(t, m.handler(s))
 	if !strings.Contains(body, "Frames, last 5m0s") || !strings.Contains(body, `<td id="total">31</td>`) {
@@ -137,10 +137,10 @@ func TestTopOffenders(t *testing.T) {
 	m, s, _ := statusFixture(t, storeCheck(ratelimit.NewMemoryStore(16), nil))
 	o := m.observer()
 	for range 30 {
-		o.Refusal("198.51.100.7", relay.TypeEVENT, relay.RateLimited)
+		o.Refusal("198.51.100.7", wire.TypeEVENT, policy.RateLimited)
 	}
 	for range 3 {
-		o.Refusal("2001:db8:1::/64", relay.TypeREQ, relay.Invalid)
+		o.Refusal("2001:db8:1::/64", wire.TypeREQ, policy.Invalid)
 	}
 	body := getStatus(t, m.handler(s))
 	for _, want := range []string{`<table id="offenders">`, "<tr><td>198.51.100.7</td><td>30.0</td>", "<tr><td>2001:db8:1::/64</td><td>3.0</td>"} {

@@ -31,6 +31,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/hooks"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 func main() {
@@ -42,7 +43,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	handler, gate, err := build(*hooks, relay.Options{Quota: quota.Local(nil)})
+	handler, gate, err := build(*hooks, relay.Options{Policy: policy.Config{Quota: quota.Local(nil)}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -73,11 +74,8 @@ func build(useHooks bool, opts relay.Options) (http.Handler, *relay.Gate, error)
 	if useHooks {
 		err := withHooks(rl, hooks.Options{
 			Limiter:  opts.Limiter,
-			Limits:   opts.Limits,
-			Quota:    opts.Quota,
-			Identity: opts.Identity,
-			Observer: opts.Observer,
 			Policy:   opts.Policy,
+			Observer: opts.Observer,
 		})
 		return rl, nil, err
 	}

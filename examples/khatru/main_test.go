@@ -31,6 +31,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 type env struct {
@@ -47,11 +48,11 @@ var modes = []struct {
 }{{"wrap", false}, {"hooks", true}}
 
 // start serves a fresh khatru relay with limits and quota, gated or hooked.
-func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Quota) *env {
+func start(t *testing.T, useHooks bool, limits policy.Limits, quota *ratelimit.Quota) *env {
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
-	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
+	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: localQuota(quota, e.clock.Now)}})
 	return e
 }
 
@@ -69,8 +70,8 @@ func serve(t *testing.T, hooks bool, opts relay.Options) (httpURL, wsURL string)
 	return nostrtest.Serve(t, h)
 }
 
-func limitsOf(typ relay.Type, rate float64, period time.Duration) relay.Limits {
-	var l relay.Limits
+func limitsOf(typ wire.Type, rate float64, period time.Duration) policy.Limits {
+	var l policy.Limits
 	l.Message[typ] = []ratelimit.Limit{ratelimit.PerPeriod(rate, period)}
 	return l
 }
@@ -81,8 +82,8 @@ func limitsOf(typ relay.Type, rate float64, period time.Duration) relay.Limits {
 func TestEventFlood(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			l := limitsOf(relay.TypeEVENT, 3, 10*time.Second)
-			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
+			l := limitsOf(wire.TypeEVENT, 3, 10*time.Second)
+			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
 			e := start(t, m.hooks, l, nil)
 			r := nostrtest.Connect(t, e.ws)
 			sk := nostr.GeneratePrivateKey()
@@ -113,7 +114,7 @@ func TestEventFlood(t *testing.T) {
 func TestREQChargedPerFilter(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			e := start(t, m.hooks, limitsOf(relay.TypeREQ, 7, 10*time.Second), nil)
+			e := start(t, m.hooks, limitsOf(wire.TypeREQ, 7, 10*time.Second), nil)
 			r := nostrtest.Connect(t, e.ws)
 			three := nostr.Filters{{Kinds: []int{1}}, {Kinds: []int{2}}, {Kinds: []int{3}}}
 			for i := range 2 {
@@ -141,10 +142,10 @@ func TestREQChargedPerFilter(t *testing.T) {
 func TestStoreOutage(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			l := limitsOf(relay.TypeEVENT, 10, time.Second)
-			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
+			l := limitsOf(wire.TypeEVENT, 10, time.Second)
+			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
 			e := start(t, m.hooks, l, nil)
-			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, relay.ReasonUnavailable)
+			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, wire.ReasonUnavailable)
 		})
 	}
 }
@@ -162,7 +163,7 @@ func upgrade(t *testing.T, e *env) *http.Response {
 func TestConnectionLimit(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			var l relay.Limits
+			var l policy.Limits
 			l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}
 			e := start(t, m.hooks, l, nil)
 			for i := range 2 {
@@ -194,7 +195,7 @@ func TestQuota(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := start(t, m.hooks, relay.Limits{}, q)
+			e := start(t, m.hooks, policy.Limits{}, q)
 			nostrtest.QuotaScenario(t, nostrtest.Connect(t, e.ws), e.clock, q)
 		})
 	}
@@ -204,7 +205,7 @@ func TestQuota(t *testing.T) {
 func TestNIP11(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			var l relay.Limits
+			var l policy.Limits
 			l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 			e := start(t, m.hooks, l, nil)
 			for i := range 3 { // more than the connection limit allows upgrades
@@ -225,7 +226,7 @@ func TestNIP11(t *testing.T) {
 // TestCountHooks: khatru answers a COUNT refused by RejectCountFilter with a
 // NOTICE carrying the reason (and a COUNT of 0, khatru's choice).
 func TestCountHooks(t *testing.T) {
-	e := start(t, true, limitsOf(relay.TypeCOUNT, 1.5, 10*time.Second), nil)
+	e := start(t, true, limitsOf(wire.TypeCOUNT, 1.5, 10*time.Second), nil)
 	notices := make(chan string, 4)
 	r := nostrtest.Connect(t, e.ws, nostr.WithNoticeHandler(func(n string) { notices <- n }))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -252,8 +253,8 @@ func TestCountHooks(t *testing.T) {
 func TestNegOpen(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			l := limitsOf(relay.TypeNEGOPEN, 2, 10*time.Second)
-			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, 10*time.Second)}
+			l := limitsOf(wire.TypeNEGOPEN, 2, 10*time.Second)
+			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, 10*time.Second)}
 			e := start(t, m.hooks, l, nil)
 			c, _, err := websocket.DefaultDialer.Dial(e.ws, nil)
 			if err != nil {
@@ -307,11 +308,11 @@ func TestRedisOutage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := limitsOf(relay.TypeEVENT, 100, time.Second)
-			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+			l := limitsOf(wire.TypeEVENT, 100, time.Second)
+			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 			_, ws := serve(t, m.hooks, relay.Options{
 				Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
-				Limits:  &l,
+				Policy:  policy.Config{Limits: &l},
 			})
 			r := nostrtest.Connect(t, ws)
 			sk := nostr.GeneratePrivateKey()
@@ -319,9 +320,9 @@ func TestRedisOutage(t *testing.T) {
 				t.Fatalf("event with Redis up: %v", err)
 			}
 			srv.Kill()
-			nostrtest.WantReason(t, "event with Redis down", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "redis down")), relay.ReasonUnavailable)
-			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != relay.ReasonUnavailable {
-				t.Fatalf("REQ with Redis down: %q, want CLOSED %q", got, relay.ReasonUnavailable)
+			nostrtest.WantReason(t, "event with Redis down", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "redis down")), wire.ReasonUnavailable)
+			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != wire.ReasonUnavailable {
+				t.Fatalf("REQ with Redis down: %q, want CLOSED %q", got, wire.ReasonUnavailable)
 			}
 		})
 	}
@@ -337,12 +338,12 @@ func TestRedisOutage(t *testing.T) {
 func TestGateAndHooksAgree(t *testing.T) {
 	alice, member := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
 	memberPK, _ := nostr.GetPublicKey(member)
-	allow, err := relay.NewAllowList(nil, []string{memberPK})
+	allow, err := policy.NewAllowList(nil, []string{memberPK})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// EVENT: a burst of 5 in 10 s; quota: 2 events a minute per actor.
-	limits := limitsOf(relay.TypeEVENT, 5, 10*time.Second)
+	limits := limitsOf(wire.TypeEVENT, 5, 10*time.Second)
 	steps := []struct {
 		sk   string
 		want string // "" for accepted, else the reason
@@ -364,7 +365,7 @@ func TestGateAndHooksAgree(t *testing.T) {
 			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
-			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: q.Local(clock.Now), Identity: &relay.Identity{Allow: allow},
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: q.Local(clock.Now), Identity: policy.Identity{Allow: allow}},
 				RelayURL: "ws://relay.example"}) // allow-listed pubkeys need it (nothing here AUTHs)
 			r := nostrtest.Connect(t, ws)
 			for i, st := range steps {
@@ -391,8 +392,8 @@ func TestGateAndHooksAgree(t *testing.T) {
 func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 	sk := nostr.GeneratePrivateKey()
 	var l policy.Limits
-	l.Message[relay.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
-	cfg := policy.Config{Limits: l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
+	cfg := policy.Config{Limits: &l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
 	kinds := []int{7, 7, 7, 1, 1, 1, 1}
 	want := []string{"", "", "rate-limited: slow down; retry in 3600s", "", "", "", ""}
 	answers := map[string][]string{}
@@ -400,14 +401,14 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			var n atomic.Int64
-			obs := &relay.Observer{Frame: func(t relay.Type, o relay.Outcome) {
-				if t == relay.TypeEVENT && o == relay.Shadowed {
+			obs := &policy.Observer{Frame: func(t wire.Type, o policy.Outcome) {
+				if t == wire.TypeEVENT && o == policy.Shadowed {
 					n.Add(1)
 				}
 			}}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: clock.Now})
-			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: &cfg, Observer: obs})
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: cfg, Observer: obs})
 			r := nostrtest.Connect(t, ws)
 			for i, k := range kinds {
 				evt := nostr.Event{Kind: k, CreatedAt: nostr.Now(), Tags: nostr.Tags{}, Content: fmt.Sprint("e ", i)}
@@ -432,4 +433,12 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 	if g, h := strings.Join(answers["wrap"], "|"), strings.Join(answers["hooks"], "|"); g != h || shadowed["wrap"] != shadowed["hooks"] {
 		t.Errorf("gate and hooks disagree:\n gate  %s (%d shadow)\n hooks %s (%d shadow)", g, shadowed["wrap"], h, shadowed["hooks"])
 	}
+}
+
+// localQuota is q in process on clock, or nil (no quota) for a nil q.
+func localQuota(q *ratelimit.Quota, clock ratelimit.Clock) ratelimit.ActorQuota {
+	if q == nil {
+		return nil
+	}
+	return q.Local(clock)
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay"
 	"github.com/sluice-relay/sluice/relay/hooks"
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 func main() {
@@ -45,7 +46,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	handler, r, gate, err := build(*hooks, relay.Options{Quota: quota.Local(nil)})
+	handler, r, gate, err := build(*hooks, relay.Options{Policy: policy.Config{Quota: quota.Local(nil)}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -79,11 +80,8 @@ func build(useHooks bool, opts relay.Options) (http.Handler, *rely.Relay, *relay
 	if useHooks {
 		h, err := withHooks(r, hooks.Options{
 			Limiter:  opts.Limiter,
-			Limits:   opts.Limits,
-			Quota:    opts.Quota,
-			Identity: opts.Identity,
-			Observer: opts.Observer,
 			Policy:   opts.Policy,
+			Observer: opts.Observer,
 		})
 		return h, r, nil, err
 	}

@@ -26,6 +26,8 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 type env struct {
@@ -42,11 +44,11 @@ var modes = []struct {
 
 // start serves a fresh rely relay with limits and quota, gated or hooked.
 // setup, if not nil, runs on the relay before it starts.
-func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Quota, setup func(*rely.Relay)) *env {
+func start(t *testing.T, useHooks bool, limits policy.Limits, quota *ratelimit.Quota, setup func(*rely.Relay)) *env {
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
-	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
+	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: localQuota(quota, e.clock.Now)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,8 +71,8 @@ func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Qu
 	return e
 }
 
-func limitsOf(typ relay.Type, rate float64, period time.Duration) relay.Limits {
-	var l relay.Limits
+func limitsOf(typ wire.Type, rate float64, period time.Duration) policy.Limits {
+	var l policy.Limits
 	l.Message[typ] = []ratelimit.Limit{ratelimit.PerPeriod(rate, period)}
 	return l
 }
@@ -82,9 +84,9 @@ func limitsOf(typ relay.Type, rate float64, period time.Duration) relay.Limits {
 func TestEventFlood(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			l := limitsOf(relay.TypeEVENT, 3, 10*time.Second)
+			l := limitsOf(wire.TypeEVENT, 3, 10*time.Second)
 			// Each filter costs one REQ, through the gate and with the hooks.
-			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
+			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
 			e := start(t, m.hooks, l, nil, nil)
 			r := nostrtest.Connect(t, e.ws)
 			sk := nostr.GeneratePrivateKey()
@@ -121,10 +123,10 @@ func TestEventFlood(t *testing.T) {
 func TestStoreOutage(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			l := limitsOf(relay.TypeEVENT, 10, time.Second)
-			l.Message[relay.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
+			l := limitsOf(wire.TypeEVENT, 10, time.Second)
+			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
 			e := start(t, m.hooks, l, nil, nil)
-			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, relay.ReasonUnavailable)
+			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, wire.ReasonUnavailable)
 		})
 	}
 }
@@ -135,7 +137,7 @@ func TestStoreOutage(t *testing.T) {
 func TestConnectionLimit(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
-			var l relay.Limits
+			var l policy.Limits
 			l.Connection = []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}
 			e := start(t, m.hooks, l, nil, nil)
 			for i := range 3 {
@@ -174,7 +176,7 @@ func TestQuota(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := start(t, m.hooks, relay.Limits{}, q, nil)
+			e := start(t, m.hooks, policy.Limits{}, q, nil)
 			nostrtest.QuotaScenario(t, nostrtest.Connect(t, e.ws), e.clock, q)
 		})
 	}
@@ -187,7 +189,7 @@ func TestClientAddress(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			seen := make(chan string, 1)
-			e := start(t, m.hooks, relay.Limits{}, nil, func(r *rely.Relay) {
+			e := start(t, m.hooks, policy.Limits{}, nil, func(r *rely.Relay) {
 				r.On.Connect = func(c rely.Client) { seen <- c.IP().String() }
 			})
 			spoof := http.Header{}
@@ -205,4 +207,12 @@ func TestClientAddress(t *testing.T) {
 			}
 		})
 	}
+}
+
+// localQuota is q in process on clock, or nil (no quota) for a nil q.
+func localQuota(q *ratelimit.Quota, clock ratelimit.Clock) ratelimit.ActorQuota {
+	if q == nil {
+		return nil
+	}
+	return q.Local(clock)
 }

@@ -6,7 +6,7 @@
 // framework; it learns a client's address and NIP-42 pubkey only through
 // functions the caller passes.
 //
-// The rules are the gate's: New compiles the limits with policy.Compile,
+// The rules are the gate's: New compiles the limits with charge.Compile,
 // and an EVENT pays its windows first and then the actor quota, with the
 // allow-list rule of policy.AllowList. What hooks cannot do that a gate does
 // — see Hooks — follows from where a framework calls them.

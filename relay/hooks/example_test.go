@@ -46,7 +46,7 @@ func ExampleHooks_Khatru() {
 	limits.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
 	h, err := hooks.New(hooks.Options{
 		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: frozen}),
-		Limits:  &limits,
+		Policy:  policy.Config{Limits: &limits},
 	})
 	if err != nil {
 		panic(err)
@@ -110,7 +110,7 @@ func ExampleRely() {
 	limits.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
 	h, err := hooks.New(hooks.Options{
 		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: frozen}),
-		Limits:  &limits,
+		Policy:  policy.Config{Limits: &limits},
 	})
 	if err != nil {
 		panic(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip11"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/charge"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -45,34 +46,25 @@ func (r *Refusal) Error() string { return r.Reason }
 // Unwrap returns ErrRateLimited or the store's error.
 func (r *Refusal) Unwrap() error { return r.err }
 
-// Options configures Hooks. The zero value is usable: policy.DefaultLimits over
-// a fresh memory store, no actor quota, no allow-lists.
+// Options configures Hooks. The zero value is usable: the default policy
+// (policy.Config's zero value: policy.DefaultLimits, no actor quota, no
+// allow-lists) over an in-process memory store.
 type Options struct {
-	// Limiter decides every charge. Nil means a Limiter over a fresh
-	// ratelimit.MemoryStore of the default size (one process only).
+	// Limiter decides every charge, and its clock is the actor quota's.
+	// If nil, a Limiter over a fresh ratelimit.MemoryStore of the default
+	// size (one process only) is used.
 	Limiter *ratelimit.Limiter
-	// Limits are the windows charged per connection and per message type.
-	// Nil means policy.DefaultLimits(); a non-nil Limits is used as it is.
-	Limits *policy.Limits
-	// Quota caps validated events per actor. Nil means no quota. Its
-	// clock is the Limiter's.
-	Quota ratelimit.ActorQuota
-	// Identity turns the address a hook is given into the client key
-	// (IPv6 grouped by prefix) and holds the allow-lists. Nil means the
-	// zero Identity.
-	Identity *policy.Identity
-	// Observer receives every decision, as from a Gate. Nil means none.
+	// Policy is what the hooks charge, as for a Gate: limits, kind
+	// classes, tiers, aggregates, shadow mode, actor quota, identity and
+	// allow-lists (the address a hook is given becomes the client key,
+	// IPv6 grouped by prefix), and the frame bounds. Its zero value is the
+	// defaults (see policy.Config). A REQ with more filters than
+	// Policy.Bounds.MaxFilters (lowered by policy.EffectiveMaxFilters) is
+	// refused "invalid: too many filters"; each filter is charged as one
+	// REQ. Reload replaces it.
+	Policy policy.Config
+	// Observer receives every decision, as from a Gate. If nil, none.
 	Observer *policy.Observer
-	// Policy, when not nil, is the whole policy (limits, kind classes,
-	// tiers, aggregates, shadow mode, quota, identity, filter bound), as
-	// for a Gate; Limits, Quota, Identity and MaxFilters must then be
-	// unset. Reload replaces it.
-	Policy *policy.Config
-	// MaxFilters bounds the filters of a REQ, as Options.MaxFilters does
-	// for a Gate (0 means DefaultMaxFilters, lowered by
-	// EffectiveMaxFilters); a REQ with more is refused "invalid: too many
-	// filters". Each filter is charged as one REQ, as a Gate charges.
-	MaxFilters int
 }
 
 // Hooks charges the messages a relay framework has already parsed to the
@@ -125,7 +117,7 @@ type Hooks struct {
 	lim *ratelimit.Limiter
 	pol atomic.Pointer[hookPolicy] // the running policy; Reload swaps it
 	now func() time.Time
-	obs *policy.Observer
+	obs *charge.Observer
 
 	// reqs holds the cancellation scope (ctx.Done()) of every REQ whose
 	// context is still live, with how many of its filters were charged;
@@ -143,14 +135,10 @@ type Hooks struct {
 
 // New returns Hooks for opts. It validates every configured limit and
 // returns an error wrapping ratelimit.ErrInvalidLimit that names the
-// offending type (or policy.ErrPolicy, or policy.ErrIdentity).
+// offending type (or policy.ErrPolicy, or policy.ErrIdentity), as policy.Config.Validate does.
 func New(opts Options) (*Hooks, error) {
-	h := &Hooks{lim: opts.Limiter, obs: opts.Observer}
-	cfg, err := opts.policyConfig()
-	if err != nil {
-		return nil, err
-	}
-	if err := h.Reload(cfg); err != nil {
+	h := &Hooks{lim: opts.Limiter, obs: (*charge.Observer)(opts.Observer)}
+	if err := h.Reload(opts.Policy); err != nil {
 		return nil, err
 	}
 	if h.lim == nil {
@@ -162,7 +150,7 @@ func New(opts Options) (*Hooks, error) {
 
 // hookPolicy is a compiled policy with what the hooks derive from it once.
 type hookPolicy struct {
-	p              *policy.Policy
+	p              *charge.Policy
 	tooManyFilters string // the refusal of a REQ with more filters
 }
 
@@ -174,7 +162,7 @@ func (h *Hooks) current() *hookPolicy { return h.pol.Load() }
 // whether Khatru fills OnEventSaved (a quota) and what its
 // OverwriteRelayInformation states are fixed when Khatru is called.
 func (h *Hooks) Reload(cfg policy.Config) error {
-	p, err := policy.Compile(cfg)
+	p, err := charge.Compile(cfg)
 	if err != nil {
 		return err
 	}
@@ -183,11 +171,6 @@ func (h *Hooks) Reload(cfg policy.Config) error {
 		h.lim.Forget() // waits told under the old policy need not hold
 	}
 	return nil
-}
-
-// policyConfig is the policy o describes (see policy.Assemble).
-func (o *Options) policyConfig() (policy.Config, error) {
-	return policy.Assemble(o.Policy, o.Limits, o.MaxFilters, o.Quota, o.Identity)
 }
 
 // verdict is the outcome of one charge: pass, or refuse with reason.
@@ -211,11 +194,11 @@ func (v verdict) refusal() error {
 // policy: a tier member's budget, or the address's (charged nothing when
 // the address or the authenticated pubkey is allow-listed). addr must not
 // be empty.
-func (h *Hooks) subject(addr, authed string) *policy.Subject {
+func (h *Hooks) subject(addr, authed string) *charge.Subject {
 	p := h.current().p
 	id := p.Identity()
 	key, a, free := id.ClientOf(addr)
-	if !free && authed != "" && id.Allow.AllowsPubkey(authed) {
+	if !free && authed != "" && p.AllowsPubkey(authed) {
 		free = true
 	}
 	return p.CallSubject(key, a, free, authed)
@@ -242,7 +225,7 @@ func (h *Hooks) charge(ctx context.Context, addr, authed string, t wire.Type, fi
 
 // verdict turns a policy verdict into the hooks' and its outcome: the
 // store failing is never a rate limit; a shadow refusal passes.
-func (h *Hooks) verdict(pv policy.Verdict) (verdict, policy.Outcome) {
+func (h *Hooks) verdict(pv charge.Verdict) (verdict, policy.Outcome) {
 	switch {
 	case pv.Err != nil:
 		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: pv.Err}, policy.Unavailable
@@ -268,7 +251,7 @@ func (h *Hooks) connection(ctx context.Context, addr string) verdict {
 	return v
 }
 
-// event decides an EVENT by the gate's rule (relay.Options.Quota): the
+// event decides an EVENT by the gate's rule (relay.Options.Policy.Quota): the
 // EVENT windows (and its kind class's) first, then the actor quota. The
 // quota's actor is authed when there is one, else the event's author; an
 // allow-listed author is exempt from the quota only, an allow-listed
@@ -292,7 +275,7 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 	actor := evt.PubKey
 	if authed != "" {
 		actor = authed
-	} else if h.current().p.Identity().Allow.AllowsPubkey(actor) {
+	} else if h.current().p.AllowsPubkey(actor) {
 		// Exempt from the quota only: the quota counts events the relay
 		// validated, so forging the author buys nothing, while the EVENT
 		// windows above are what a forger would otherwise skip.
@@ -478,11 +461,7 @@ func (h *Hooks) summary() string {
 	if len(parts) == 0 {
 		return ""
 	}
-	prefix := policy.DefaultIPv6Prefix
-	if n := p.Identity().IPv6Prefix; n > 0 {
-		prefix = n
-	}
-	return fmt.Sprintf("Rate limits per client (IPv4 address or IPv6 /%d), as rate per half-life: %s.", prefix, strings.Join(parts, "; "))
+	return fmt.Sprintf("Rate limits per client (IPv4 address or IPv6 /%d), as rate per half-life: %s.", p.Identity().PrefixBits(), strings.Join(parts, "; "))
 }
 
 // filter charges one khatru RejectFilter call: a call under a connection's

@@ -39,8 +39,8 @@ func newHookFixture(t *testing.T, limits policy.Limits, quota *ratelimit.Quota) 
 	f := &hookFixture{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 20)}, clock: nostrtest.NewClock()}
 	h, err := New(Options{
 		Limiter: ratelimit.NewLimiter(f.store, ratelimit.LimiterOptions{Clock: f.clock.Now}),
-		Limits:  &limits,
-		Quota:   quota.Local(f.clock.Now),
+		Policy:  policy.Config{Limits: &limits, Quota: localQuota(quota, f.clock.Now)},
+
 		Observer: &policy.Observer{
 			Frame:      func(t wire.Type, o policy.Outcome) { f.obs[t][o].Add(1) },
 			Connection: func(o policy.Outcome) { f.conns[o].Add(1) },
@@ -106,7 +106,7 @@ func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
 	k = g.h.Khatru(KhatruAccess{IP: ipOf})
 	ctx, cancel = reqCtx(context.Background(), "many")
 	defer cancel()
-	for j := range policy.DefaultMaxFilters {
+	for j := range wire.DefaultMaxFilters {
 		if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
 			t.Fatalf("filter %d refused: %q", j, msg)
 		}
@@ -451,7 +451,7 @@ func TestRelySaveEvent(t *testing.T) {
 
 func TestNewHooksInvalidLimit(t *testing.T) {
 	l := limitsOf(wire.TypeEVENT, 1, time.Second) // rate must exceed cost
-	if _, err := New(Options{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) {
 		t.Fatalf("NewHooks: %v, want ErrInvalidLimit", err)
 	}
 }
@@ -525,9 +525,8 @@ func TestHooksAllowList(t *testing.T) {
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(64)}
 	store.Down.Store(true)
 	h, err := New(Options{
-		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
-		Limits:   &l,
-		Identity: &policy.Identity{Allow: allow},
+		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
+		Policy:  policy.Config{Limits: &l, Identity: policy.Identity{Allow: allow}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -591,9 +590,9 @@ func TestHooksTier(t *testing.T) {
 	var addr, tierL policy.Limits
 	addr.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}
 	tierL.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Hour)}
-	cfg := policy.Config{Limits: addr, Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
+	cfg := policy.Config{Limits: &addr, Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
 	clock := nostrtest.NewClock()
-	h, err := New(Options{Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: clock.Now}), Policy: &cfg})
+	h, err := New(Options{Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: clock.Now}), Policy: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,4 +621,12 @@ func TestHooksTier(t *testing.T) {
 	if got := count(member, 5); got != 3 {
 		t.Errorf("after the reload: %d of 5 passed, want 3 (8 less the 5 spent)", got)
 	}
+}
+
+// localQuota is q in process on clock, or nil (no quota) for a nil q.
+func localQuota(q *ratelimit.Quota, clock ratelimit.Clock) ratelimit.ActorQuota {
+	if q == nil {
+		return nil
+	}
+	return q.Local(clock)
 }

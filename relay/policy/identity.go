@@ -3,9 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"net/netip"
-	"net/textproto"
 	"strings"
 
 	"github.com/sluice-relay/sluice/relay/wire"
@@ -14,49 +12,25 @@ import (
 // Sentinel errors of identity and allow-list configuration. Test with
 // errors.Is; the wrapping error names the offending field or entry.
 var (
-	// ErrIdentity is wrapped by Identity.Validate.
+	// ErrIdentity is wrapped by Config.Validate for a bad Identity.
 	ErrIdentity = errors.New("relay: invalid identity")
 	// ErrAllowList is wrapped by NewAllowList.
 	ErrAllowList = errors.New("relay: invalid allow-list entry")
 )
 
-// Identity defaults.
-const (
-	// DefaultIPv6Prefix groups IPv6 clients by /64, the block one
-	// subscriber usually holds: keying single IPv6 addresses would let a
-	// client rotate through 2^64 budgets.
-	DefaultIPv6Prefix = 64
-	// DefaultForwardHeader is the forwarding header believed from trusted
-	// proxies when Identity.Header is empty.
-	DefaultForwardHeader = "X-Forwarded-For"
-	// UnknownClient is the client of a request or hook whose address cannot
-	// be read. Every such client shares this one budget: garbage never
-	// mints a key of its own.
-	UnknownClient = "unknown"
-)
-
-// maxForwardHops bounds the entries of a forwarding header Client looks
-// at; maxForwardEntry bounds one entry's length. Longer chains of trusted
-// proxies than this do not exist in practice, so a header that needs more is
-// treated as garbage and the TCP peer is the client.
-const (
-	maxForwardHops  = 32
-	maxForwardEntry = 64 // "[" + 45-byte IPv6 + "]:65535", with room to spare
-)
-
-// Identity turns a request into the client a budget belongs to. The zero
-// value (and a nil *Identity) is usable: the TCP peer is the client, IPv6
-// grouped by /64, no forwarding header believed. An Identity must not be
-// changed once in use; it is then safe for concurrent use.
+// Identity says how a request becomes the client a budget belongs to, and
+// who is allow-listed. The zero value is usable: the TCP peer is the
+// client, IPv6 grouped by /64, no forwarding header believed, nothing
+// allow-listed.
 type Identity struct {
 	// IPv6Prefix is the prefix length IPv6 clients are grouped by. 0 means
-	// DefaultIPv6Prefix (64); 128 keys single addresses.
+	// 64; 128 keys single addresses.
 	IPv6Prefix int
 	// TrustedProxies are the networks whose forwarding header is believed.
 	// Nil means none: the TCP peer is always the client.
 	TrustedProxies []netip.Prefix
 	// Header is the forwarding header read from trusted proxies: "" means
-	// DefaultForwardHeader (X-Forwarded-For). "X-Real-IP" is read as one
+	// X-Forwarded-For. "X-Real-IP" is read as one
 	// address; any other header (X-Forwarded-For, CF-Connecting-IP, …) as
 	// a comma-separated list, right-most entry appended last.
 	Header string
@@ -66,13 +40,10 @@ type Identity struct {
 	Allow *AllowList
 }
 
-// Validate reports a configuration Client cannot honour: a prefix length
+// validate reports a configuration the gate cannot honour: a prefix length
 // outside 0…128, an invalid or IPv4-mapped trusted-proxy prefix, or a
 // header name that is not an HTTP token.
-func (id *Identity) Validate() error {
-	if id == nil {
-		return nil
-	}
+func (id *Identity) validate() error {
 	if id.IPv6Prefix < 0 || id.IPv6Prefix > 128 {
 		return fmt.Errorf("%w: ipv6_prefix %d must be 0 (the default, 64) or 1…128", ErrIdentity, id.IPv6Prefix)
 	}
@@ -106,231 +77,6 @@ func isToken(s string) bool {
 	return s != ""
 }
 
-// Client returns the client of r as a key string and its address.
-//
-// The address is the TCP peer's (r.RemoteAddr), unless the peer is in
-// TrustedProxies: then the forwarding header is read right to left and the
-// first address that is not itself a trusted proxy is the client (when every
-// entry is trusted, the left-most). Entries left of the client are never
-// looked at, so whatever a client writes into the header itself cannot help
-// it. A header that is missing, malformed where it is read, or longer than 32
-// hops leaves the peer as the client: garbage is never believed.
-//
-// The key is the address rendered by ClientFromAddr: IPv4 whole, IPv6 as its
-// IPv6Prefix network. An IPv4-mapped IPv6 address counts as IPv4 and zones
-// are dropped. When even the peer cannot be read, client is UnknownClient
-// and addr is the zero Addr.
-func (id *Identity) Client(r *http.Request) (client string, addr netip.Addr) {
-	addr = id.Addr(r)
-	return id.ClientFromAddr(addr), addr
-}
-
-// Addr is Client without the key: the client's address, or the zero Addr
-// when the peer cannot be read. It does not allocate.
-func (id *Identity) Addr(r *http.Request) netip.Addr {
-	peer, ok := parseHost(r.RemoteAddr)
-	if !ok {
-		return netip.Addr{}
-	}
-	if !id.trusted(peer) {
-		return peer
-	}
-	header := DefaultForwardHeader
-	if id.Header != "" {
-		header = id.Header
-	}
-	if strings.EqualFold(header, "X-Real-IP") {
-		vals := r.Header["X-Real-Ip"]
-		if len(vals) != 1 {
-			return peer
-		}
-		if a, ok := parseForwarded(vals[0]); ok {
-			return a
-		}
-		return peer
-	}
-	if a, ok := id.walkForwarded(r.Header[textproto.CanonicalMIMEHeaderKey(header)]); ok {
-		return a
-	}
-	return peer
-}
-
-// walkForwarded reads a list-valued forwarding header (all its lines, in
-// order, form one list) from the right and returns the first untrusted
-// address, or the left-most one when all are trusted. ok is false for no
-// entries, a malformed entry before the client is found, or too many hops.
-func (id *Identity) walkForwarded(vals []string) (netip.Addr, bool) {
-	var last netip.Addr
-	hops := 0
-	for v := len(vals) - 1; v >= 0; v-- {
-		s := vals[v]
-		for {
-			hops++
-			if hops > maxForwardHops {
-				return netip.Addr{}, false
-			}
-			entry := s
-			comma := strings.LastIndexByte(s, ',')
-			if comma >= 0 {
-				entry = s[comma+1:]
-			}
-			a, ok := parseForwarded(entry)
-			if !ok {
-				return netip.Addr{}, false
-			}
-			if !id.trusted(a) {
-				return a, true
-			}
-			last = a
-			if comma < 0 {
-				break
-			}
-			s = s[:comma]
-		}
-	}
-	return last, last.IsValid()
-}
-
-// trusted reports whether a is in TrustedProxies.
-// FromTrustedProxy reports whether r's TCP peer is one of the trusted
-// proxies, whose forwarding headers (X-Forwarded-Host too) are believed.
-func (id *Identity) FromTrustedProxy(r *http.Request) bool {
-	peer, ok := parseHost(r.RemoteAddr)
-	return ok && id.trusted(peer)
-}
-
-func (id *Identity) trusted(a netip.Addr) bool {
-	if id == nil {
-		return false
-	}
-	for _, p := range id.TrustedProxies {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// parseForwarded reads one forwarding-header entry: an address, optionally
-// with a port ("203.0.113.7:4711", "[2001:db8::1]:4711") or in brackets,
-// surrounded by optional whitespace. Unspecified addresses are garbage.
-func parseForwarded(s string) (netip.Addr, bool) {
-	s = strings.Trim(s, " \t")
-	if len(s) > maxForwardEntry {
-		return netip.Addr{}, false
-	}
-	return parseHost(s)
-}
-
-// parseHost reads "ip", "ip:port", "[ip]" or "[ip]:port" and normalises the
-// address: IPv4-mapped IPv6 becomes IPv4, a zone is dropped. Unspecified and
-// invalid addresses are refused.
-func parseHost(s string) (netip.Addr, bool) {
-	// The form is chosen by syntax first: the netip parsers allocate an
-	// error for every input they refuse, and Client must not allocate.
-	host := s
-	if len(s) > 0 && s[0] == '[' {
-		end := strings.IndexByte(s, ']')
-		if end < 0 || !validPort(s[end+1:], true) {
-			return netip.Addr{}, false
-		}
-		host = s[1:end]
-		if strings.IndexByte(host, ':') < 0 {
-			return netip.Addr{}, false // brackets are for IPv6 only
-		}
-	} else if c := strings.Count(s, ":"); c == 1 {
-		colon := strings.IndexByte(s, ':')
-		if !validPort(s[colon:], false) {
-			return netip.Addr{}, false
-		}
-		host = s[:colon]
-	}
-	if host == "" {
-		return netip.Addr{}, false
-	}
-	a, err := netip.ParseAddr(host)
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	a = a.WithZone("").Unmap()
-	if !a.IsValid() || a.IsUnspecified() {
-		return netip.Addr{}, false
-	}
-	return a, true
-}
-
-// validPort reports whether s is ":" followed by 1–5 digits, or, when empty
-// is true, the empty string.
-func validPort(s string, empty bool) bool {
-	if s == "" {
-		return empty
-	}
-	if s[0] != ':' || len(s) < 2 || len(s) > 6 {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// ClientFromAddr renders addr as a client key: IPv4 whole ("203.0.113.7"),
-// IPv6 as its IPv6Prefix network ("2001:db8:1:2::/64"), IPv4-mapped IPv6 as
-// IPv4, zones dropped; UnknownClient for the zero Addr.
-func (id *Identity) ClientFromAddr(addr netip.Addr) string {
-	var buf [64]byte
-	return string(id.appendClient(buf[:0], addr))
-}
-
-// appendClient appends ClientFromAddr(addr) to dst without allocating.
-func (id *Identity) appendClient(dst []byte, addr netip.Addr) []byte {
-	addr = addr.WithZone("").Unmap()
-	if !addr.IsValid() {
-		return append(dst, UnknownClient...)
-	}
-	if addr.Is4() {
-		return addr.AppendTo(dst)
-	}
-	bits := DefaultIPv6Prefix
-	if id != nil && id.IPv6Prefix > 0 && id.IPv6Prefix <= 128 {
-		bits = id.IPv6Prefix
-	}
-	p, _ := addr.Prefix(bits)
-	return p.AppendTo(dst)
-}
-
-// clientFromString is ClientFromAddr for an address held as a string, as
-// hook users get it (khatru.GetIP, rely's Client.IP): "ip", "ip:port",
-// "[ip]" and "[ip]:port" are read; anything else is UnknownClient. The
-// string is not a forwarding header: it is taken as the client's address
-// as it is, so the caller must know where it came from.
-func (id *Identity) clientFromString(ip string) string {
-	a, _ := parseHost(strings.TrimSpace(ip))
-	return id.ClientFromAddr(a)
-}
-
-// ClientOf maps an address string, as hooks get it, onto its client key,
-// the address read (the zero Addr when unreadable) and whether it is
-// allow-listed; see Key.
-func (id *Identity) ClientOf(ip string) (key string, addr netip.Addr, free bool) {
-	a, _ := parseHost(strings.TrimSpace(ip))
-	return id.ClientFromAddr(a), a, id.AllowsAddr(a)
-}
-
-// Key maps an address string onto a client key for the hooks: key is
-// clientFromString(ip), and charge is false when the address is in
-// Allow (an allow-listed client is never charged). An unreadable address
-// is charged to UnknownClient.
-func (id *Identity) Key(ip string) (key string, charge bool) {
-	a, _ := parseHost(strings.TrimSpace(ip))
-	if id.AllowsAddr(a) {
-		return id.ClientFromAddr(a), false
-	}
-	return id.ClientFromAddr(a), true
-}
-
 // AllowList names the clients charged nothing, by one rule that the gate
 // and the hooks share:
 //
@@ -345,15 +91,12 @@ func (id *Identity) Key(ip string) (key string, charge bool) {
 //     would let anyone write that pubkey on a flood. The quota counts only
 //     events the relay accepted, so forging the author there buys nothing.
 //
-// Build it with NewAllowList, which validates
-// every entry and indexes the pubkeys; a literal AllowList works too, with
-// a linear pubkey lookup. A nil *AllowList allows nothing. It must not be
-// changed once in use; it is then safe for concurrent use.
+// Build it with NewAllowList, which validates every entry; a literal
+// AllowList works too. A nil *AllowList allows nothing. It must not be
+// changed once in use.
 type AllowList struct {
 	IPs     []netip.Prefix // IPv4 networks as IPv4: clients are compared unmapped
 	Pubkeys []string       // 64 lowercase hex digits each
-
-	set map[[32]byte]struct{} // Pubkeys decoded, built by NewAllowList
 }
 
 // NewAllowList builds an AllowList from config strings: ips holds addresses
@@ -363,7 +106,7 @@ type AllowList struct {
 // set ("10.1.2.3/8", probably a typo), is an error wrapping ErrAllowList
 // that names it.
 func NewAllowList(ips []string, pubkeys []string) (*AllowList, error) {
-	al := &AllowList{set: make(map[[32]byte]struct{}, len(pubkeys))}
+	al := &AllowList{}
 	for i, s := range ips {
 		var p netip.Prefix
 		if strings.Contains(s, "/") {
@@ -398,61 +141,10 @@ func NewAllowList(ips []string, pubkeys []string) (*AllowList, error) {
 		al.IPs = append(al.IPs, p)
 	}
 	for i, s := range pubkeys {
-		k, ok := wire.DecodeHex32(s)
-		if !ok {
+		if _, ok := wire.DecodeHex32(s); !ok {
 			return nil, fmt.Errorf("%w: pubkeys[%d] %q is not 64 hex digits", ErrAllowList, i, s)
 		}
-		al.set[k] = struct{}{}
 		al.Pubkeys = append(al.Pubkeys, strings.ToLower(s))
 	}
 	return al, nil
-}
-
-// AllowsAddr reports whether addr is in one of the allow-listed networks.
-// IPv4-mapped addresses are compared as IPv4, zones are ignored. It does not
-// allocate.
-func (al *AllowList) AllowsAddr(addr netip.Addr) bool {
-	if al == nil || !addr.IsValid() {
-		return false
-	}
-	addr = addr.WithZone("").Unmap()
-	for _, p := range al.IPs {
-		if p.Contains(addr) {
-			return true
-		}
-	}
-	return false
-}
-
-// AllowsPubkey reports whether pubkeyHex (64 hex digits, either case) is
-// allow-listed. It does not allocate.
-func (al *AllowList) AllowsPubkey(pubkeyHex string) bool {
-	if al == nil {
-		return false
-	}
-	k, ok := wire.DecodeHex32(pubkeyHex)
-	if !ok {
-		return false
-	}
-	if al.set != nil {
-		_, ok := al.set[k]
-		return ok
-	}
-	for _, p := range al.Pubkeys {
-		if q, ok := wire.DecodeHex32(p); ok && q == k {
-			return true
-		}
-	}
-	return false
-}
-
-// AllowsAddr reports whether Allow lists addr; false for a nil Identity or Allow.
-func (id *Identity) AllowsAddr(addr netip.Addr) bool {
-	return id != nil && id.Allow.AllowsAddr(addr)
-}
-
-// AllowsPubkey reports whether Allow lists pubkeyHex; false for a nil
-// Identity or Allow.
-func (id *Identity) AllowsPubkey(pubkeyHex string) bool {
-	return id != nil && id.Allow.AllowsPubkey(pubkeyHex)
 }

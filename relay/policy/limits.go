@@ -1,9 +1,9 @@
 package policy
 
 import (
-	"fmt"
-	"github.com/sluice-relay/sluice/relay/wire"
 	"time"
+
+	"github.com/sluice-relay/sluice/relay/wire"
 
 	"github.com/sluice-relay/sluice/ratelimit"
 )
@@ -68,22 +68,4 @@ func DefaultLimits() Limits {
 	// still has to read and reject them.
 	l.Message[wire.TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
 	return l
-}
-
-// Validate checks the windows of the connection limit and of every message
-// type with ratelimit.ValidateLimits: each window valid, at most
-// ratelimit.MaxWindows of them, and no two with the same period (they would
-// share one store key, and the stores would not agree on what that means).
-// An error names the connection limit or the message type and wraps
-// ratelimit.ErrInvalidLimit.
-func (l *Limits) Validate() error {
-	if err := ratelimit.ValidateLimits(l.Connection); err != nil {
-		return fmt.Errorf("policy: connection limits: %w", err)
-	}
-	for t := range l.Message {
-		if err := ratelimit.ValidateLimits(l.Message[t]); err != nil {
-			return fmt.Errorf("policy: %v limits: %w", wire.Type(t), err)
-		}
-	}
-	return nil
 }

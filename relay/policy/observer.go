@@ -100,33 +100,3 @@ type Observer struct {
 
 // The Report methods are the nil-safe calls the gate and the hooks make:
 // each calls its function when o and the function are not nil.
-
-func (o *Observer) ReportFrame(t wire.Type, out Outcome) {
-	if o != nil && o.Frame != nil {
-		o.Frame(t, out)
-	}
-}
-
-func (o *Observer) ReportRefusal(client string, t wire.Type, out Outcome) {
-	if o != nil && o.Refusal != nil {
-		o.Refusal(client, t, out)
-	}
-}
-
-func (o *Observer) ReportCut(r CutReason) {
-	if o != nil && o.Cut != nil {
-		o.Cut(r)
-	}
-}
-
-func (o *Observer) ReportConnection(out Outcome) {
-	if o != nil && o.Connection != nil {
-		o.Connection(out)
-	}
-}
-
-func (o *Observer) ReportOpen(delta int) {
-	if o != nil && o.Open != nil {
-		o.Open(delta)
-	}
-}

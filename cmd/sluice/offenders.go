@@ -1,11 +1,12 @@
-package policy
+package main
 
 import (
-	"github.com/sluice-relay/sluice/ratelimit"
 	"math"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
 )
 
 // DefaultOffenders is how many clients an Offenders view keeps, and

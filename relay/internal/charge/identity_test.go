@@ -1,4 +1,4 @@
-package policy
+package charge
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 func mustPrefixes(t *testing.T, ss ...string) []netip.Prefix {
@@ -163,12 +165,12 @@ func TestIdentityValidate(t *testing.T) {
 		{Header: "X Forwarded For"},
 		{Header: "X-Forwarded-For:"},
 	} {
-		if err := bad.Validate(); !errors.Is(err, ErrIdentity) {
+		if err := (&policy.Config{Identity: policy.Identity(*bad)}).Validate(); !errors.Is(err, policy.ErrIdentity) {
 			t.Errorf("Validate(%+v) = %v, want ErrIdentity", bad, err)
 		}
 	}
-	for _, good := range []*Identity{nil, {}, {IPv6Prefix: 128, Header: "X-Real-IP", TrustedProxies: mustPrefixes(t, "10.0.0.0/8")}} {
-		if err := good.Validate(); err != nil {
+	for _, good := range []*Identity{{}, {IPv6Prefix: 128, Header: "X-Real-IP", TrustedProxies: mustPrefixes(t, "10.0.0.0/8")}} {
+		if err := (&policy.Config{Identity: policy.Identity(*good)}).Validate(); err != nil {
 			t.Errorf("Validate(%+v) = %v", good, err)
 		}
 	}
@@ -180,7 +182,7 @@ const (
 )
 
 func TestAllowList(t *testing.T) {
-	al, err := NewAllowList(
+	al, err := policy.NewAllowList(
 		[]string{"203.0.113.7", "10.0.0.0/8", "2001:db8::/32", "::ffff:192.0.2.0/120"},
 		[]string{pkA, strings.ToUpper(pkB)},
 	)
@@ -199,11 +201,11 @@ func TestAllowList(t *testing.T) {
 		"192.0.2.77":        true,
 		"::ffff:192.0.2.77": true,
 	} {
-		if got := al.AllowsAddr(netip.MustParseAddr(addr)); got != want {
+		if got := allowsAddr(al, netip.MustParseAddr(addr)); got != want {
 			t.Errorf("AllowsAddr(%s) = %v, want %v", addr, got, want)
 		}
 	}
-	if al.AllowsAddr(netip.Addr{}) {
+	if allowsAddr(al, netip.Addr{}) {
 		t.Error("the zero Addr is allowed")
 	}
 	for pk, want := range map[string]bool{
@@ -216,7 +218,7 @@ func TestAllowList(t *testing.T) {
 		"":                      false,
 		strings.Repeat("g", 64): false,
 	} {
-		if got := al.AllowsPubkey(pk); got != want {
+		if got := allowsPubkey(al, pk); got != want {
 			t.Errorf("AllowsPubkey(%q) = %v, want %v", pk, got, want)
 		}
 	}
@@ -225,13 +227,13 @@ func TestAllowList(t *testing.T) {
 	}
 
 	// A literal AllowList (no constructor) works with a linear lookup.
-	lit := &AllowList{Pubkeys: []string{pkA}, IPs: mustPrefixes(t, "10.0.0.0/8")}
-	if !lit.AllowsPubkey(pkA) || lit.AllowsPubkey(pkB) || !lit.AllowsAddr(netip.MustParseAddr("10.0.0.1")) {
+	lit := &policy.AllowList{Pubkeys: []string{pkA}, IPs: mustPrefixes(t, "10.0.0.0/8")}
+	if !allowsPubkey(lit, pkA) || allowsPubkey(lit, pkB) || !allowsAddr(lit, netip.MustParseAddr("10.0.0.1")) {
 		t.Error("literal AllowList lookups are wrong")
 	}
 
-	var none *AllowList
-	if none.AllowsAddr(netip.MustParseAddr("10.0.0.1")) || none.AllowsPubkey(pkA) {
+	var none *policy.AllowList
+	if allowsAddr(none, netip.MustParseAddr("10.0.0.1")) || allowsPubkey(none, pkA) {
 		t.Error("nil AllowList allows something")
 	}
 	var noID *Identity
@@ -258,8 +260,8 @@ func TestNewAllowListErrors(t *testing.T) {
 		{nil, []string{pkA[:62]}, `pubkeys[0]`},
 		{nil, []string{pkA[:63] + "z"}, `pubkeys[0]`},
 	} {
-		_, err := NewAllowList(tt.ips, tt.pubkeys)
-		if !errors.Is(err, ErrAllowList) {
+		_, err := policy.NewAllowList(tt.ips, tt.pubkeys)
+		if !errors.Is(err, policy.ErrAllowList) {
 			t.Errorf("NewAllowList(%q, %q) = %v, want ErrAllowList", tt.ips, tt.pubkeys, err)
 			continue
 		}
@@ -270,7 +272,7 @@ func TestNewAllowListErrors(t *testing.T) {
 }
 
 func TestIdentityKey(t *testing.T) {
-	al, err := NewAllowList([]string{"10.0.0.0/8"}, nil)
+	al, err := policy.NewAllowList([]string{"10.0.0.0/8"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,9 +301,9 @@ func TestIdentityAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { buf = id.appendClient(buf[:0], id.Addr(r)) }); n != 0 {
 		t.Errorf("Addr+appendClient allocates %v times", n)
 	}
-	al, _ := NewAllowList([]string{"10.0.0.0/8"}, []string{pkA})
+	al, _ := policy.NewAllowList([]string{"10.0.0.0/8"}, []string{pkA})
 	a := netip.MustParseAddr("10.1.1.1")
-	if n := testing.AllocsPerRun(100, func() { _ = al.AllowsAddr(a) || al.AllowsPubkey(pkA) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { _ = allowsAddr(al, a) || allowsPubkey(al, pkA) }); n != 0 {
 		t.Errorf("allow-list lookups allocate %v times", n)
 	}
 }
@@ -329,12 +331,12 @@ func BenchmarkIdentity(b *testing.B) {
 			}
 		})
 	}
-	al, _ := NewAllowList([]string{"10.0.0.0/8", "2001:db8::/32"}, []string{pkA, pkB})
+	al, _ := policy.NewAllowList([]string{"10.0.0.0/8", "2001:db8::/32"}, []string{pkA, pkB})
 	a := netip.MustParseAddr("203.0.113.7")
 	b.Run("AllowList", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = al.AllowsAddr(a) || al.AllowsPubkey(pkB)
+			_ = allowsAddr(al, a) || allowsPubkey(al, pkB)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package policy
+package charge
 
 import (
 	"context"
@@ -9,18 +9,34 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 func TestEffectiveMaxFilters(t *testing.T) {
-	if got := EffectiveMaxFilters(0, nil); got != DefaultMaxFilters {
-		t.Errorf("EffectiveMaxFilters(0, nil) = %d", got)
+	req := func(max int, ls ...ratelimit.Limit) policy.Config {
+		var l policy.Limits
+		l.Message[wire.TypeREQ] = ls
+		return policy.Config{Limits: &l, Bounds: wire.Bounds{MaxFilters: max}}
 	}
-	if got := EffectiveMaxFilters(50, []ratelimit.Limit{{Rate: 20, Period: time.Second, Cost: 2}}); got != 9 {
+	if got := policy.EffectiveMaxFilters(req(0)); got != wire.DefaultMaxFilters {
+		t.Errorf("EffectiveMaxFilters(0, no windows) = %d", got)
+	}
+	if got := policy.EffectiveMaxFilters(policy.Config{}); got != wire.DefaultMaxFilters {
+		t.Errorf("EffectiveMaxFilters(zero Config) = %d, want %d (the default REQ window admits more)", got, wire.DefaultMaxFilters)
+	}
+	if got := policy.EffectiveMaxFilters(req(50, ratelimit.Limit{Rate: 20, Period: time.Second, Cost: 2})); got != 9 {
 		t.Errorf("EffectiveMaxFilters under rate 20, cost 2 = %d, want 9 (9·2 < 20)", got)
 	}
-	if got := EffectiveMaxFilters(50, []ratelimit.Limit{{Rate: 1.5, Period: time.Second}}); got != 1 {
+	if got := policy.EffectiveMaxFilters(req(50, ratelimit.Limit{Rate: 1.5, Period: time.Second})); got != 1 {
 		t.Errorf("EffectiveMaxFilters under rate 1.5 = %d, want 1", got)
+	}
+	tiered := req(50, ratelimit.Limit{Rate: 20, Period: time.Second})
+	tiered.Tiers = []policy.Tier{{Name: "t"}, {Name: "free", Free: true}}
+	tiered.Tiers[0].Limits.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 5, Period: time.Second}}
+	tiered.Tiers[1].Limits.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 2, Period: time.Second}}
+	if got := policy.EffectiveMaxFilters(tiered); got != 4 {
+		t.Errorf("EffectiveMaxFilters with a tier at rate 5 = %d, want 4 (a free tier's windows do not count)", got)
 	}
 }
 
@@ -28,12 +44,12 @@ func TestEffectiveMaxFilters(t *testing.T) {
 // filters costs n REQs in every window, and an invalid limit is refused
 // with the type named.
 func TestCompile(t *testing.T) {
-	l := DefaultLimits()
-	p, err := Compile(Config{Limits: l})
+	l := policy.DefaultLimits()
+	p, err := Compile(policy.Config{Limits: &l})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.MaxFilters() != DefaultMaxFilters {
+	if p.MaxFilters() != wire.DefaultMaxFilters {
 		t.Errorf("MaxFilters = %d", p.MaxFilters())
 	}
 	if !p.budget.msg[wire.TypeCLOSE].empty() || p.budget.msg[wire.TypeOther].empty() || p.budget.msg[wire.TypeEVENT].empty() {
@@ -54,7 +70,7 @@ func TestCompile(t *testing.T) {
 		t.Errorf("connection windows %v", p.Connection())
 	}
 	l.Message[wire.TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(1, time.Second)}
-	if _, err := Compile(Config{Limits: l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "COUNT") {
+	if _, err := Compile(policy.Config{Limits: &l}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "COUNT") {
 		t.Errorf("Compile with COUNT rate = cost: %v, want ErrInvalidLimit naming COUNT", err)
 	}
 }
@@ -73,11 +89,11 @@ func lims(ls ...ratelimit.Limit) []ratelimit.Limit { return ls }
 // besides EVENT's, keyed by the class name; a kind in no class pays
 // EVENT's alone.
 func TestKindClasses(t *testing.T) {
-	var l Limits
+	var l policy.Limits
 	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(10, time.Hour))
-	p, err := Compile(Config{Limits: l, Kinds: []Class{
-		{Name: "reactions", Kinds: []KindRange{{7, 7}}, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
-		{Name: "ephemeral", Kinds: []KindRange{{20000, 29999}}, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
+	p, err := Compile(policy.Config{Limits: &l, Kinds: []policy.Class{
+		{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
+		{Name: "ephemeral", Kinds: []policy.KindRange{{From: 20000, To: 29999}}, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -112,14 +128,14 @@ func TestKindClasses(t *testing.T) {
 	if v := o.Charge(ctx, lim, wire.TypeEVENT, 0, 7); !v.Pass() {
 		t.Fatalf("another client's reaction: %+v", v)
 	}
-	for _, bad := range [][]Class{
-		{{Name: "a b", Kinds: []KindRange{{1, 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
-		{{Name: "a", Kinds: []KindRange{{5, 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
-		{{Name: "a", Kinds: []KindRange{{1, 70000}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
-		{{Name: "a", Kinds: []KindRange{{1, 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}, {Name: "b", Kinds: []KindRange{{9, 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
-		{{Name: "a", Kinds: []KindRange{{1, 1}}}},
+	for _, bad := range [][]policy.Class{
+		{{Name: "a b", Kinds: []policy.KindRange{{From: 1, To: 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: []policy.KindRange{{From: 5, To: 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 70000}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}, {Name: "b", Kinds: []policy.KindRange{{From: 9, To: 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 1}}}},
 	} {
-		if _, err := Compile(Config{Kinds: bad}); !errors.Is(err, ErrPolicy) {
+		if _, err := Compile(policy.Config{Kinds: bad}); !errors.Is(err, policy.ErrPolicy) {
 			t.Errorf("Compile(%+v) = %v, want ErrPolicy", bad, err)
 		}
 	}
@@ -130,10 +146,10 @@ func TestKindClasses(t *testing.T) {
 // nothing.
 func TestTiers(t *testing.T) {
 	member, free, stranger := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64)
-	var addr, tierL Limits
+	var addr, tierL policy.Limits
 	addr.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(2, time.Hour))
 	tierL.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(5, time.Hour))
-	p, err := Compile(Config{Limits: addr, Tiers: []Tier{
+	p, err := Compile(policy.Config{Limits: &addr, Tiers: []policy.Tier{
 		{Name: "members", Pubkeys: []string{member}, Limits: tierL},
 		{Name: "allow", Pubkeys: []string{free}, Free: true},
 	}})
@@ -168,10 +184,10 @@ func TestTiers(t *testing.T) {
 	if !f.Free() || f.Charged(wire.TypeEVENT) || f.Quota() != nil {
 		t.Fatal("the free tier is charged")
 	}
-	if _, err := Compile(Config{Tiers: []Tier{{Name: "x", Pubkeys: []string{"AA"}}}}); !errors.Is(err, ErrPolicy) {
+	if _, err := Compile(policy.Config{Tiers: []policy.Tier{{Name: "x", Pubkeys: []string{"AA"}}}}); !errors.Is(err, policy.ErrPolicy) {
 		t.Errorf("a bad pubkey: %v", err)
 	}
-	if _, err := Compile(Config{Tiers: []Tier{{Name: "x", Pubkeys: []string{member}}, {Name: "y", Pubkeys: []string{member}}}}); !errors.Is(err, ErrPolicy) {
+	if _, err := Compile(policy.Config{Tiers: []policy.Tier{{Name: "x", Pubkeys: []string{member}}, {Name: "y", Pubkeys: []string{member}}}}); !errors.Is(err, policy.ErrPolicy) {
 		t.Errorf("a pubkey in two tiers: %v", err)
 	}
 }
@@ -179,9 +195,9 @@ func TestTiers(t *testing.T) {
 // TestAggregates: addresses rotating inside one IPv6 /48 (or IPv4 /24)
 // share the prefix's windows; another prefix has its own.
 func TestAggregates(t *testing.T) {
-	var l Limits
+	var l policy.Limits
 	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(100, time.Hour))
-	p, err := Compile(Config{Limits: l, Aggregates: []Aggregate{
+	p, err := Compile(policy.Config{Limits: &l, Aggregates: []policy.Aggregate{
 		{Bits: 48, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
 		{Bits: 24, V4: true, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
 	}})
@@ -227,7 +243,7 @@ func TestAggregates(t *testing.T) {
 	if v := sub("192.0.2.11").ChargeConnection(ctx, lim); !v.Refused || v.Budget != "prefix 192.0.2.0/24" {
 		t.Fatalf("third upgrade from the /24: %+v", v)
 	}
-	if _, err := Compile(Config{Aggregates: []Aggregate{{Bits: 128, Limits: lims(ratelimit.PerPeriod(3, time.Hour))}}}); !errors.Is(err, ErrPolicy) {
+	if _, err := Compile(policy.Config{Aggregates: []policy.Aggregate{{Bits: 128, Limits: lims(ratelimit.PerPeriod(3, time.Hour))}}}); !errors.Is(err, policy.ErrPolicy) {
 		t.Errorf("a /128 aggregate: %v", err)
 	}
 }
@@ -236,9 +252,9 @@ func TestAggregates(t *testing.T) {
 // refuses: the verdict says it would have, and when it did not its
 // score was written; mode shadow does this for every window.
 func TestShadow(t *testing.T) {
-	var l Limits
+	var l policy.Limits
 	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(100, time.Hour), ratelimit.Limit{Rate: 2, Period: time.Minute, Shadow: true})
-	p, err := Compile(Config{Limits: l})
+	p, err := Compile(policy.Config{Limits: &l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +278,7 @@ func TestShadow(t *testing.T) {
 		t.Fatalf("101st event: %+v, want refused by the enforcing window", v)
 	}
 
-	all, err := Compile(Config{Limits: l, Shadow: true})
+	all, err := Compile(policy.Config{Limits: &l, Shadow: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package policy
+package charge
 
 import (
 	"context"
@@ -213,7 +213,7 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 	if s.free {
 		return Verdict{}
 	}
-	var buf [2 + MaxAggregates]charge
+	var buf [2 + stackAggregates]charge
 	cs := buf[:0]
 	win := s.b.msg[t]
 	if t == wire.TypeREQ && filters >= 1 && filters < len(s.b.req) {
@@ -252,7 +252,7 @@ func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) 
 	if s.free {
 		return Verdict{}
 	}
-	var buf [1 + MaxAggregates]charge
+	var buf [1 + stackAggregates]charge
 	cs := buf[:0]
 	if !s.p.conn.empty() {
 		k, sk := s.conn, s.connShadow
@@ -324,3 +324,7 @@ func decide(ctx context.Context, lim *ratelimit.Limiter, cs []charge) Verdict {
 	}
 	return v
 }
+
+// stackAggregates is the room kept on the stack for aggregate charges:
+// policy.Config.Validate allows 4 aggregates; more would only allocate.
+const stackAggregates = 4

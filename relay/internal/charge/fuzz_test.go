@@ -1,4 +1,4 @@
-package policy
+package charge
 
 import (
 	"net/http"
@@ -61,7 +61,7 @@ func FuzzClient(f *testing.F) {
 			if client != addr.String() {
 				t.Fatalf("IPv4 client %q for %v", client, addr)
 			}
-		} else if p, err := netip.ParsePrefix(client); err != nil || p.Bits() != DefaultIPv6Prefix || !p.Contains(addr) {
+		} else if p, err := netip.ParsePrefix(client); err != nil || p.Bits() != defaultIPv6Prefix || !p.Contains(addr) {
 			t.Fatalf("IPv6 client %q for %v: %v", client, addr, err)
 		}
 	})
