@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -31,6 +32,7 @@ type backlogOpts struct {
 	sample    time.Duration
 	probe     time.Duration
 	filter    string
+	filters   int
 }
 
 // backlogReport is what the backlog mode measured: the client's frames
@@ -80,6 +82,7 @@ func parseBacklog(args []string, stderr io.Writer) (*backlogOpts, error) {
 	fs.DurationVar(&o.sample, "sample", 10*time.Second, "how often the metrics are sampled")
 	fs.DurationVar(&o.probe, "probe", time.Second, "how often the client pings to find out whether it was cut")
 	fs.StringVar(&o.filter, "filter", `{"kinds":[1],"limit":1000}`, "the client's REQ filter, a JSON object")
+	fs.IntVar(&o.filters, "filters", 1, "copies of -filter in the client's REQ (2: ~6 MB, past a 4 MiB queue)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -99,6 +102,8 @@ func parseBacklog(args []string, stderr io.Writer) (*backlogOpts, error) {
 	switch {
 	case o.fill < 0 || o.size < 0 || o.rcvbuf < 0 || o.eventSize < 0:
 		return nil, usagef("backlog: -fill, -size, -rcvbuf and -event-size must not be negative")
+	case o.filters < 1:
+		return nil, usagef("backlog: -filters must be at least 1, got %d", o.filters)
 	case o.read < 1:
 		return nil, usagef("backlog: -read must be at least 1 byte a second, got %d", o.read)
 	case o.eventRate < 0 || o.countRate < 0 || o.eventRate+o.countRate == 0:
@@ -119,7 +124,7 @@ func runBacklog(ctx context.Context, o *backlogOpts) (*backlogReport, error) {
 		Mode: "backlog", URL: o.url,
 		Params: map[string]any{
 			"fill": o.fill, "size": o.size, "read": o.read, "rcvbuf": o.rcvbuf, "event_rate": o.eventRate,
-			"count_rate": o.countRate, "event_size": o.eventSize, "duration": o.duration.String(), "filter": o.filter,
+			"count_rate": o.countRate, "event_size": o.eventSize, "duration": o.duration.String(), "filter": o.filter, "filters": o.filters,
 		},
 	}
 	if err := fill(ctx, o.url, o.fill, o.size, o.xff, o.timeout); err != nil {
@@ -154,7 +159,7 @@ func runBacklog(ctx context.Context, o *backlogOpts) (*backlogReport, error) {
 		}()
 	}
 
-	if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","backlog",`+o.filter+`]`)); err != nil {
+	if err := c.WriteMessage(websocket.TextMessage, reqFrame("backlog", json.RawMessage(o.filter), o.filters)); err != nil {
 		close(stop)
 		swg.Wait()
 		return nil, fmt.Errorf("the client's REQ: %w", err)

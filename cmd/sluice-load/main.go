@@ -1,6 +1,7 @@
 // Command sluice-load puts a Nostr relay under load and reports what it
 // measured: N WebSocket connections publishing pre-signed events, opening
-// REQs, or just connecting, against any ws:// URL. It also serves plain
+// REQs, or just connecting, against any ws:// URL; or slow readers next to
+// honest clients (stall, backlog, slowread). It also serves plain
 // khatru, set up as sluice relay sets up its own, as the peer to compare
 // sluice relay against.
 //
@@ -9,7 +10,7 @@
 //	sluice-load connect -url ws://127.0.0.1:7777 -conns N [-hold D] [-churn K] [-xff]
 //	sluice-load khatru  -listen 127.0.0.1:7778 -data DIR [-metrics HOST:PORT]
 //	sluice-load stall    -url ws://127.0.0.1:7777 [-stallers K] [-stall-read BYTES/S] [-rcvbuf BYTES] [-publishers P] [-rate R] [-duration D] [-xff]
-//	sluice-load backlog  -url ws://127.0.0.1:7777 [-read BYTES/S] [-event-rate R] [-count-rate R] [-duration D] [-metrics URL,...] [-xff]
+//	sluice-load backlog  -url ws://127.0.0.1:7777 [-read BYTES/S] [-filters F] [-event-rate R] [-count-rate R] [-duration D] [-metrics URL,...] [-xff]
 //	sluice-load slowread -url ws://127.0.0.1:7777 [-read BYTES/S] [-rcvbuf BYTES] [-duration D] [-xff]
 //
 // Every load mode also takes -timeout (for a dial, and for a reply; default
@@ -61,7 +62,8 @@
 //
 // backlog keeps what the relay owes one client behind for -duration
 // (default 150s): the client asks for the stored set ({"kinds":[1],
-// "limit":1000}, staying subscribed), reads -read bytes a second (default
+// "limit":1000}, staying subscribed; -filters 2 asks for it twice over,
+// past a 4 MiB queue), reads -read bytes a second (default
 // 16000), and meanwhile sends EVENTs (-event-rate, default 2 a second) and
 // COUNTs (-count-rate, default 10), both within sluice's default limits.
 // Every URL in -metrics (Prometheus text: sluice's metrics listener, or
@@ -150,7 +152,7 @@ const usageText = `Usage:
   sluice-load connect -url ws://HOST:PORT -conns N [-hold D] [-churn K] [-xff]
   sluice-load khatru  -listen HOST:PORT -data DIR [-metrics HOST:PORT]
   sluice-load stall    -url ws://HOST:PORT [-stallers K] [-stall-read BYTES/S] [-rcvbuf BYTES] [-publishers P] [-rate R] [-duration D] [-xff]
-  sluice-load backlog  -url ws://HOST:PORT [-read BYTES/S] [-event-rate R] [-count-rate R] [-duration D] [-metrics URL,...] [-xff]
+  sluice-load backlog  -url ws://HOST:PORT [-read BYTES/S] [-filters F] [-event-rate R] [-count-rate R] [-duration D] [-metrics URL,...] [-xff]
   sluice-load slowread -url ws://HOST:PORT [-read BYTES/S] [-rcvbuf BYTES] [-duration D] [-xff]
 
 Every load mode also takes -timeout D, -parallel N and -json (stall,

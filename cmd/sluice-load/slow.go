@@ -176,6 +176,11 @@ type procSample struct {
 	RSSBytes   float64 `json:"rss_bytes"`
 }
 
+// scrapeClient asks for metrics on a new connection each time, closed
+// after the answer: a connection kept alive between samples is a
+// goroutine of the process being measured.
+var scrapeClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+
 // scrape reads go_goroutines and process_resident_memory_bytes from a
 // Prometheus text endpoint.
 func scrape(ctx context.Context, url string) (goroutines, rss float64, err error) {
@@ -185,7 +190,7 @@ func scrape(ctx context.Context, url string) (goroutines, rss float64, err error
 	if err != nil {
 		return 0, 0, err
 	}
-	resp, err := (&http.Client{Transport: &http.Transport{Proxy: nil}}).Do(req)
+	resp, err := scrapeClient.Do(req)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -210,7 +210,7 @@ func TestBacklogCountsAndSamples(t *testing.T) {
 	rep, err := runBacklog(context.Background(), &backlogOpts{
 		url: f.url, timeout: time.Second, read: 1 << 20, eventRate: 20, countRate: 40, eventSize: 10,
 		duration: 600 * time.Millisecond, metrics: []string{metricsServer(t, 42)}, sample: 100 * time.Millisecond,
-		probe: time.Second, filter: `{"kinds":[1]}`,
+		probe: time.Second, filter: `{"kinds":[1]}`, filters: 1,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -234,7 +234,7 @@ func TestBacklogCut(t *testing.T) {
 	f := startFake(t, cutOnREQ(t, "backlog"))
 	rep, err := runBacklog(context.Background(), &backlogOpts{
 		url: f.url, timeout: time.Second, read: 1000, eventRate: 5, countRate: 5,
-		duration: 5 * time.Second, sample: time.Second, probe: 50 * time.Millisecond, filter: `{"kinds":[1]}`,
+		duration: 5 * time.Second, sample: time.Second, probe: 50 * time.Millisecond, filter: `{"kinds":[1]}`, filters: 1,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# slowrounds.sh stall|stall1|backlog|slowread|slowread16 ROUNDS OUT: the
+# slowrounds.sh stall|stall1|backlog|backlog2|slowread|slowread4k|slowread16 ROUNDS OUT: the
 # slow-reader scenarios of docs/BENCHMARKS.md ("Slow readers and
 # backpressure") against plain khatru and against sluice relay and sluice
 # proxy (in front of plain khatru) built before and after a change; every
@@ -8,7 +8,7 @@
 #   round target variant {the tool's JSON report}
 # LOAD is sluice-load, BEFORE and AFTER the two sluice binaries, CONFIG
 # the config (default: testdata/slow.yaml beside this script).
-# backlog, slowread and slowread16 run their targets at the same time
+# backlog, backlog2 and the slowread scenarios run their targets at the same time
 # (their figures are goroutines, RSS and whether and when a client is cut,
 # not latencies).
 here=$(cd "$(dirname "$0")" && pwd)
@@ -70,18 +70,27 @@ for r in $(seq "$rounds"); do
     for t in "${order[@]}"; do
       one "$t" 1x0 "$r" stall -stallers 1 -stall-read 0 -duration 12s -timeout 8s
     done ;;
-  backlog|slowread|slowread16)
+  backlog|backlog2|slowread|slowread4k|slowread16)
     pids=() dirs=() tools=() i=0
     for t in "${order[@]}"; do start "$t" $i; i=$((i + 1)); done
     i=0
     for t in "${order[@]}"; do
       port=$((17100 + i))
+      v=$scenario
       case $scenario in
         backlog) args=(backlog -duration 150s -metrics "$(metrics "$t" $i)") ;;
+        backlog2) args=(backlog -filters 2 -duration 150s -metrics "$(metrics "$t" $i)") ;;
         slowread) args=(slowread -read 64000 -duration 60s) ;;
         slowread16) args=(slowread -read 16000 -duration 200s) ;;
+        slowread4k)
+          # two clients per target, one at 16 KB/s, one at 64 KB/s, each
+          # with a 4 KiB receive buffer; the second fills the store again
+          # (2,000 stored, the REQ still brings 1,000)
+          ( echo "$r $t 16KB/s-4k $("$LOAD" slowread -read 16000 -rcvbuf 4096 -duration 60s -url ws://127.0.0.1:$port -xff -json 2>&1 | tr -d '\n')" >> "$out" ) &
+          tools+=($!)
+          v=64KB/s-4k args=(slowread -read 64000 -rcvbuf 4096 -duration 60s) ;;
       esac
-      ( echo "$r $t $scenario $("$LOAD" "${args[@]}" -url ws://127.0.0.1:$port -xff -json 2>&1 | tr -d '\n')" >> "$out" ) &
+      ( echo "$r $t $v $("$LOAD" "${args[@]}" -url ws://127.0.0.1:$port -xff -json 2>&1 | tr -d '\n')" >> "$out" ) &
       tools+=($!)
       i=$((i + 1))
     done
