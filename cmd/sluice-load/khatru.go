@@ -15,6 +15,9 @@ import (
 	"github.com/fiatjaf/eventstore/badger"
 	"github.com/fiatjaf/khatru"
 	"github.com/nbd-wtf/go-nostr/nip11"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Settings of sluice relay that its khatru is given (cmd/sluice/relay.go,
@@ -75,8 +78,10 @@ func newPlainKhatru(dataDir string, logger *slog.Logger) (*khatru.Relay, func(),
 	return kr, db.Close, nil
 }
 
-// runKhatru serves plain khatru on listen until ctx is done.
-func runKhatru(ctx context.Context, listen, dataDir string, logger *slog.Logger) error {
+// runKhatru serves plain khatru on listen until ctx is done, and the
+// process's Go and process metrics on metrics (when not ""), as sluice's
+// metrics listener serves them: the unguarded peer's goroutines and RSS.
+func runKhatru(ctx context.Context, listen, dataDir, metrics string, logger *slog.Logger) error {
 	kr, closeDB, err := newPlainKhatru(dataDir, logger)
 	if err != nil {
 		return err
@@ -93,8 +98,26 @@ func runKhatru(ctx context.Context, listen, dataDir string, logger *slog.Logger)
 		MaxHeaderBytes:    peerMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
+	if metrics != "" {
+		mln, err := net.Listen("tcp", metrics)
+		if err != nil {
+			ln.Close()
+			closeDB()
+			return fmt.Errorf("metrics listen: %w", err)
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		msrv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: peerReadHeaderTimeout}
+		go func() {
+			if err := msrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+		defer msrv.Close()
+		logger.Info("plain khatru metrics", "addr", mln.Addr().String())
+	}
 	logger.Info("plain khatru", "addr", ln.Addr().String(), "data", filepath.Join(dataDir, "events"))
 
 	var runErr error

@@ -1,13 +1,17 @@
 // Command sluice-load puts a Nostr relay under load and reports what it
 // measured: N WebSocket connections publishing pre-signed events, opening
-// REQs, or just connecting, against any ws:// URL. It also serves plain
+// REQs, or just connecting, against any ws:// URL; or slow readers next to
+// honest clients (stall, backlog, slowread). It also serves plain
 // khatru, set up as sluice relay sets up its own, as the peer to compare
 // sluice relay against.
 //
 //	sluice-load publish -url ws://127.0.0.1:7777 -conns N -events M [-inflight K] [-duration D] [-xff] [-size BYTES] [-kind K] [-keys K]
 //	sluice-load req     -url ws://127.0.0.1:7777 -conns N -reqs M [-filters F] [-filter JSON] [-inflight K] [-xff]
 //	sluice-load connect -url ws://127.0.0.1:7777 -conns N [-hold D] [-churn K] [-xff]
-//	sluice-load khatru  -listen 127.0.0.1:7778 -data DIR
+//	sluice-load khatru  -listen 127.0.0.1:7778 -data DIR [-metrics HOST:PORT]
+//	sluice-load stall    -url ws://127.0.0.1:7777 [-stallers K] [-stall-read BYTES/S] [-rcvbuf BYTES] [-publishers P] [-rate R] [-duration D] [-xff]
+//	sluice-load backlog  -url ws://127.0.0.1:7777 [-read BYTES/S] [-filters F] [-event-rate R] [-count-rate R] [-duration D] [-metrics URL,...] [-xff]
+//	sluice-load slowread -url ws://127.0.0.1:7777 [-read BYTES/S] [-rcvbuf BYTES] [-duration D] [-xff]
 //
 // Every load mode also takes -timeout (for a dial, and for a reply; default
 // 10s), -parallel (dials in flight while setting up; default 64) and -json
@@ -32,6 +36,58 @@
 // X-Forwarded-For, 10.0.0.1, 10.0.0.2, …: a gate that trusts the tool's
 // address (sluice: identity.trusted_proxies: ["127.0.0.1/32"]) sees that
 // many clients.
+//
+// The slow-reader modes put one slow client (or several from one address)
+// next to honest ones. Each first fills the store with -fill events of
+// -size bytes (default 1,000 of 3,000: a 1,000-event REQ result of ~3 MB),
+// then:
+//
+// stall measures what a stalled subscriber costs everyone else. -stallers
+// connections, all with the X-Forwarded-For -stall-xff (one address), each
+// with a -rcvbuf receive buffer (default 4096; the kernel doubles it)
+// read at -stall-read bytes a second (0, the default: never), subscribe
+// to every new kind-1 event ({"kinds":[1],"limit":0}) and then ask for the
+// stored set -stall-filters times over in one REQ (default 2: ~6 MB, more
+// than a 4 MiB queue holds), so that what the relay owes them is past any
+// queue bound while it broadcasts to them. A staller that is cut comes
+// back (-reconnect), after -redial when its upgrade is refused. After
+// -settle, -publishers honest clients publish kind-1 events on a schedule
+// of -rate a second each (an open loop: a stall shows as latency, not as
+// fewer samples) for -duration, and one honest subscriber, subscribed
+// after the stallers, times each event from its write to its arrival. The
+// report: the honest publish OK latency (write→OK) and live delivery
+// latency, what went unanswered or undelivered within -timeout of the
+// end, and how often and how soon the stallers were cut. -stallers 0 is
+// the unloaded case.
+//
+// backlog keeps what the relay owes one client behind for -duration
+// (default 150s): the client asks for the stored set ({"kinds":[1],
+// "limit":1000}, staying subscribed; -filters 2 asks for it twice over,
+// past a 4 MiB queue), reads -read bytes a second (default
+// 16000), and meanwhile sends EVENTs (-event-rate, default 2 a second) and
+// COUNTs (-count-rate, default 10), both within sluice's default limits.
+// Every URL in -metrics (Prometheus text: sluice's metrics listener, or
+// sluice-load khatru -metrics) is sampled every -sample for go_goroutines
+// and process_resident_memory_bytes; the report has the first, last and
+// largest of each, the frames sent and answered, and whether the client
+// was cut.
+//
+// slowread is the slowest steady reader: one client sends one REQ
+// ({"kinds":[1],"limit":1000}) and reads its result at -read bytes a
+// second until its EOSE (the whole result: not cut), its cut, or
+// -duration.
+//
+// A client of these modes learns it was cut by its reads, or, when it
+// reads nothing or is far behind, by an empty ping it writes every -probe
+// (1s): a relay that has closed the socket answers it with a reset. A cut
+// is therefore found within about a second.
+//
+// khatru -metrics serves the plain khatru process's go_goroutines and
+// process_resident_memory_bytes, as sluice's metrics listener does, for
+// backlog's -metrics.
+//
+// testdata/slow.yaml is the sluice config of the slow-reader figures in
+// docs/BENCHMARKS.md, and testdata/slowrounds.sh runs them.
 //
 // Replies are counted by the NIP-01 prefix of their reason: "" for OK true
 // (publish) or EOSE (req), "rate-limited:", "error:", "invalid:",
@@ -71,6 +127,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -93,9 +150,13 @@ const usageText = `Usage:
   sluice-load publish -url ws://HOST:PORT -conns N -events M [-inflight K] [-duration D] [-xff] [-size BYTES] [-kind K] [-keys K]
   sluice-load req     -url ws://HOST:PORT -conns N -reqs M [-filters F] [-filter JSON] [-inflight K] [-duration D] [-xff]
   sluice-load connect -url ws://HOST:PORT -conns N [-hold D] [-churn K] [-xff]
-  sluice-load khatru  -listen HOST:PORT -data DIR
+  sluice-load khatru  -listen HOST:PORT -data DIR [-metrics HOST:PORT]
+  sluice-load stall    -url ws://HOST:PORT [-stallers K] [-stall-read BYTES/S] [-rcvbuf BYTES] [-publishers P] [-rate R] [-duration D] [-xff]
+  sluice-load backlog  -url ws://HOST:PORT [-read BYTES/S] [-filters F] [-event-rate R] [-count-rate R] [-duration D] [-metrics URL,...] [-xff]
+  sluice-load slowread -url ws://HOST:PORT [-read BYTES/S] [-rcvbuf BYTES] [-duration D] [-xff]
 
-Every load mode also takes -timeout D, -parallel N and -json.
+Every load mode also takes -timeout D, -parallel N and -json (stall,
+backlog and slowread: -timeout and -json).
 Run "sluice-load MODE -h" for a mode's flags.
 `
 
@@ -138,17 +199,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			asJSON = o.json
 			rep, err = runConnect(ctx, o)
 		}
+	case "stall", "backlog", "slowread":
+		return runSlowMode(ctx, mode, args, stdout, stderr)
 	case "khatru":
-		fs := flag.NewFlagSet("khatru", flag.ContinueOnError)
-		fs.SetOutput(stderr)
+		fs := newFlagSet("khatru", stderr)
 		listen := fs.String("listen", "127.0.0.1:7778", "`host:port` to serve plain khatru on")
 		data := fs.String("data", "", "`directory` of the badger event store (events under DIR/events; required)")
+		metrics := fs.String("metrics", "", "`host:port` to serve the process's Prometheus /metrics on (go_goroutines, process_resident_memory_bytes); \"\" for none")
 		if err = parseFlags(fs, args); err == nil && *data == "" {
 			err = usagef("khatru: -data is required")
 		}
 		if err == nil {
 			logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			err = runKhatru(ctx, *listen, *data, logger)
+			err = runKhatru(ctx, *listen, *data, *metrics, logger)
 		}
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usageText)
@@ -189,6 +252,94 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// runSlowMode runs one of the slow-reader modes, which report in their
+// own shape.
+func runSlowMode(ctx context.Context, mode string, args []string, stdout, stderr io.Writer) int {
+	var (
+		res    interface{ writeText(io.Writer) }
+		asJSON bool
+		err    error
+	)
+	switch mode {
+	case "stall":
+		var o *stallOpts
+		if o, err = parseStall(args, stderr); err == nil {
+			asJSON = o.json
+			res, err = nilable(runStall(ctx, o))
+		}
+	case "backlog":
+		var o *backlogOpts
+		if o, err = parseBacklog(args, stderr); err == nil {
+			asJSON = o.json
+			res, err = nilable(runBacklog(ctx, o))
+		}
+	case "slowread":
+		var o *slowreadOpts
+		if o, err = parseSlowread(args, stderr); err == nil {
+			asJSON = o.json
+			res, err = nilable(runSlowread(ctx, o))
+		}
+	}
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		if msg := err.Error(); msg != errUsage.Error() {
+			fmt.Fprintf(stderr, "sluice-load: %s\n", trimUsage(msg))
+		}
+		return 2
+	case err != nil:
+		fmt.Fprintf(stderr, "sluice-load %s: %v\n", mode, err)
+		return 1
+	}
+	if err := writeResult(stdout, asJSON, res); err != nil {
+		fmt.Fprintf(stderr, "sluice-load: %v\n", err)
+		return 1
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintf(stderr, "sluice-load %s: interrupted; the report covers what ran\n", mode)
+		return 1
+	}
+	return 0
+}
+
+// nilable returns r as an interface value that is nil when r is.
+func nilable[T interface{ writeText(io.Writer) }](r T, err error) (interface{ writeText(io.Writer) }, error) {
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// newFlagSet is a mode's flag set, printing its errors to stderr.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// checkURL checks a mode's -url: ws:// or wss:// with a host.
+func checkURL(mode, s string) error {
+	if s == "" {
+		return usagef("%s: -url is required", mode)
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+		return usagef("%s: -url must be a ws:// or wss:// URL, got %q", mode, s)
+	}
+	return nil
+}
+
+// paramsText is a report's params as "k=v" pairs in key order.
+func paramsText(params map[string]any) string {
+	keys := slices.Sorted(maps.Keys(params))
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%v", k, params[k]))
+	}
+	return strings.Join(parts, " ")
 }
 
 func failureSummary(m map[string]int) string {
@@ -241,12 +392,8 @@ func commonFlags(fs *flag.FlagSet, c *common) {
 }
 
 func checkCommon(mode string, c *common) error {
-	if c.url == "" {
-		return usagef("%s: -url is required", mode)
-	}
-	u, err := url.Parse(c.url)
-	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
-		return usagef("%s: -url must be a ws:// or wss:// URL, got %q", mode, c.url)
+	if err := checkURL(mode, c.url); err != nil {
+		return err
 	}
 	if c.conns < 1 {
 		return usagef("%s: -conns must be at least 1, got %d", mode, c.conns)
