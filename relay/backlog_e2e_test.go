@@ -124,7 +124,12 @@ func TestE2EStalledSubscriberHoldsNoPublisher(t *testing.T) {
 			pad := strings.Repeat("x", size)
 			cutAt := -1
 			for i := range n {
-				if err := nostrtest.Publish(t, pub, nostrtest.Note(t, sk, fmt.Sprint(i, pad))); err != nil {
+				// A bound for a hang, far above any publish on a loaded
+				// machine, far below the hour a waiting write would take.
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				err := pub.Publish(ctx, nostrtest.Note(t, sk, fmt.Sprint(i, pad)))
+				cancel()
+				if err != nil {
 					t.Fatalf("honest publish %d of %d (stalled client cut: %v): %v", i, n, cuts.n.Load() > 0, err)
 				}
 				if cutAt < 0 && cuts.n.Load() > 0 {

@@ -84,7 +84,15 @@ func (b *bridge) shut(toClient, toUp bool, code int, text string) {
 	deadline := time.Now().Add(time.Second)
 	msg := websocket.FormatCloseMessage(code, text)
 	if toClient {
-		_ = b.client.WriteControl(websocket.CloseMessage, msg, deadline)
+		clientBy := deadline
+		if code == closeSlowClient {
+			// A client cut for its backlog has a full socket, and what
+			// waits here may be the relay's reader, behind which the
+			// relay's writes to every client wait: the close frame goes
+			// only if it goes at once.
+			clientBy = time.Now().Add(slowCloseWait)
+		}
+		_ = b.client.WriteControl(websocket.CloseMessage, msg, clientBy)
 	}
 	// The client has gone with events the relay has yet to answer,
 	// perhaps held back behind a reply it would not read: the upstream
@@ -404,6 +412,11 @@ func (b *bridge) writeFailed(err error) {
 	}
 	c.end(false, true, closeGoingAway, "client connection lost")
 }
+
+// slowCloseWait is how long a slow client's close frame may wait for its
+// socket: long enough for a socket with room, far too short to hold up the
+// relay.
+const slowCloseWait = 10 * time.Millisecond
 
 // cutBacklog ends a connection whose client is further behind than the
 // queue's bound (Options.QueueBytes), however recently it read.
