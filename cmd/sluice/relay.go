@@ -26,10 +26,11 @@ const relayPage = "This is a Nostr relay (" + sluiceURL + ").\nConnect to it wit
 // gate in front, until ctx is done.
 //
 // Badger, not LMDB: measured on the development machine it saved events
-// about 15 times faster at equal query latency (README, "Storage"), and it
-// is pure Go, so "go build" needs no C compiler. The price is that an
-// acknowledged event sits in the OS page cache until badger syncs: it
-// survives a crash of sluice, not a crash of the machine.
+// about 15 times faster at equal query latency (docs/operations.md,
+// "Storage"), and it is pure Go, so "go build" needs no C compiler. The
+// price is that an acknowledged event sits in the OS page cache until
+// badger syncs: it survives a crash of sluice, not a crash of the
+// machine.
 //
 // load re-reads the configuration at SIGHUP (nil: no reload).
 func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func() (*config, error)) error {

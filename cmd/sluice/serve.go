@@ -36,8 +36,8 @@ const redisPingTimeout = 2 * time.Second
 // has had to queue since nothing was in flight, and more only for
 // decisions that waited a twentieth of the timeout); one in flight did
 // worse at 1 goroutine on a standalone Redis and at 4 on a cluster, better
-// at 64 and 256 (docs/BENCHMARKS.md, "Cluster: one script call per
-// master"): not a clear win, so two.
+// at 64 and 256 (docs/BENCHMARKS.md, "Round trips in flight"): not a
+// clear win, so two.
 const (
 	redisBatch        = 32
 	redisBatchWorkers = 2

@@ -636,7 +636,7 @@ func TestClusterEmptyRestart(t *testing.T) {
 }
 
 // TestEmptyRestartPersistence measures the same restart on one Redis with
-// the persistence the README recommends (appendonly yes, appendfsync
+// the persistence docs/operations.md recommends (appendonly yes, appendfsync
 // everysec), against none: how many of the spent clients get their burst
 // back when the process is killed (SIGKILL) and started again.
 func TestEmptyRestartPersistence(t *testing.T) {

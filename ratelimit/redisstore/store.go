@@ -16,8 +16,8 @@
 // in the script, each key and each expiry is a share of it. One key makes a
 // decision one GET and one SET … PX (the longest of the windows' TTLs)
 // instead of an MGET of n keys and n SETs: a two-window decision costs
-// Redis about a fifth less (docs/BENCHMARKS.md, "Redis decision cost
-// against redis_rate"). It also means a decision's keys can never span
+// Redis about a fifth less (docs/BENCHMARKS.md, "Redis instructions per
+// decision"). It also means a decision's keys can never span
 // Cluster slots, whatever the client identity. Naming the value by its
 // periods keeps what a key per period had: a limit whose rate changes
 // keeps its score, while a changed list of periods (a window added,
