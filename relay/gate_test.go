@@ -69,25 +69,25 @@ func TestNewValidatesLimits(t *testing.T) {
 	l := policy.DefaultLimits()
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 1, Period: time.Second}}
 	_, err := New(Options{Policy: policy.Config{Limits: &l}})
-	if !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
+	if !errors.Is(err, ratelimit.ErrInvalidLimit) || !hasFieldError(err, "Policy.Limits.Message[REQ][0]") {
 		t.Fatalf("New with REQ rate 1 cost 1: err = %v, want ErrInvalidLimit naming REQ", err)
 	}
 	l = policy.Limits{Connection: []ratelimit.Limit{{Rate: 5}}}
-	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !hasFieldError(err, "Policy.Limits.Connection[0]") {
 		t.Fatalf("New with a zero connection period: err = %v", err)
 	}
 	// Two windows of one period would share a store key; more than
 	// MaxWindows would leave the memory store's allocation-free path.
 	l = policy.DefaultLimits()
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second), ratelimit.PerPeriod(9, 1000*time.Millisecond)}
-	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !hasFieldError(err, "Policy.Limits.Message[REQ][1]") {
 		t.Fatalf("New with two REQ windows of one period: err = %v, want ErrInvalidLimit naming REQ", err)
 	}
 	l = policy.DefaultLimits()
 	for i := range ratelimit.MaxWindows + 1 {
 		l.Connection = append(l.Connection, ratelimit.PerPeriod(5, time.Duration(i+1)*time.Second))
 	}
-	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !hasFieldError(err, fmt.Sprintf("Policy.Limits.Connection[%d]", ratelimit.MaxWindows)) {
 		t.Fatalf("New with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
 	}
 	d := policy.DefaultLimits()
