@@ -190,7 +190,7 @@ type Options struct {
 	// Host header, or X-Forwarded-Host from a trusted proxy): any host the
 	// client names. That is enough for the actor quota, but not for a
 	// policy that grants by pubkey, which New and Reload refuse without it
-	// (ErrNoRelayURL).
+	// (see Options.Validate).
 	RelayURL string
 	// QueueBytes bounds a client's backlog: the relay's frames and the
 	// gate's replies its socket has not taken yet, queued or being
