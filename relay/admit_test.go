@@ -242,13 +242,13 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
 		t.Errorf("reply %s", got)
 	}
-	if got := c.g.MaxFilters(); got != wire.DefaultMaxFilters {
+	if got := c.g.current().p.MaxFilters(); got != wire.DefaultMaxFilters {
 		t.Errorf("MaxFilters %d, want %d", got, wire.DefaultMaxFilters)
 	}
 
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}
 	c = admitConn(t, Options{Policy: policy.Config{Limits: &l}})
-	if got := c.g.MaxFilters(); got != 3 {
+	if got := c.g.current().p.MaxFilters(); got != 3 {
 		t.Fatalf("MaxFilters under a burst of 3: %d", got)
 	}
 	if c.admit([]byte(`["REQ","s",{},{},{},{}]`)) {

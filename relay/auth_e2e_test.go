@@ -55,7 +55,6 @@ func eventFrameOf(t *testing.T, e nostr.Event) []byte {
 // and proxy mode.
 func TestE2EAuthVerified(t *testing.T) {
 	victimSK, victim := newKey(t)
-	al, _ := policy.NewAllowList(nil, []string{victim})
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Minute)}
 	l.Message[wire.TypeAUTH] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
@@ -63,7 +62,7 @@ func TestE2EAuthVerified(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			clk := nostrtest.NewClock()
 			clk.Set(time.Now()) // khatru checks created_at against its own clock
-			opts := Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{Allow: al}}}
+			opts := Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{AllowPubkeys: []string{victim}}}}
 			url := hostileTarget(t, mode, negKhatru(t), opts)
 
 			// The spoof.

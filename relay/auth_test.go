@@ -1,8 +1,8 @@
 package relay
 
 import (
-	"errors"
 	"net/http"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -21,8 +21,6 @@ import (
 // addresses) needs none.
 func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 	_, member := newKey(t)
-	pubkeys, _ := policy.NewAllowList(nil, []string{member})
-	addrs, _ := policy.NewAllowList([]string{"192.0.2.0/24"}, nil)
 	var tierL policy.Limits
 	tierL.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	tiers := policy.Config{Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
@@ -36,15 +34,15 @@ func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 		want bool // refused without a RelayURL
 	}{
 		{"member tiers", Options{Policy: tiers}, true},
-		{"allow-listed pubkeys", Options{Policy: policy.Config{Identity: policy.Identity{Allow: pubkeys}}}, true},
-		{"allow-listed addresses", Options{Policy: policy.Config{Identity: policy.Identity{Allow: addrs}}}, false},
+		{"allow-listed pubkeys", Options{Policy: policy.Config{Identity: policy.Identity{AllowPubkeys: []string{member}}}}, true},
+		{"allow-listed addresses", Options{Policy: policy.Config{Identity: policy.Identity{AllowIPs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}}}, false},
 		{"quota alone", Options{Policy: policy.Config{Quota: q.Local(time.Now)}}, false},
 		{"nothing", Options{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.opts.Logger = quietLogger()
 			g, err := New(tc.opts)
-			if tc.want != errors.Is(err, ErrNoRelayURL) || (!tc.want && err != nil) {
+			if tc.want != hasFieldError(err, "RelayURL") || (!tc.want && err != nil) {
 				t.Fatalf("New without RelayURL: %v", err)
 			}
 			if g != nil {
@@ -61,7 +59,7 @@ func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 
 	g := newGate(t, Options{})
 	before := g.current()
-	if err := g.Reload(tiers); !errors.Is(err, ErrNoRelayURL) {
+	if err := g.Reload(tiers); !hasFieldError(err, "RelayURL") {
 		t.Fatalf("Reload to member tiers without RelayURL: %v", err)
 	}
 	if g.current() != before {
@@ -78,12 +76,11 @@ func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 func TestGateAuthNamesRelayURL(t *testing.T) {
 	clk := nostrtest.NewClock()
 	sk, pk := newKey(t)
-	al, _ := policy.NewAllowList(nil, []string{pk})
 	rec := newRecorder()
 	rec.challenge = "chal"
 	rec.answerOK = func(hex32) bool { return true }
 	url := serveSelf(t, Options{
-		Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}},
+		Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{AllowPubkeys: []string{pk}}},
 		RelayURL: "wss://relay.example/nostr",
 	}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 	for i, tc := range []struct {

@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -146,8 +147,7 @@ func TestGateConnectionCap(t *testing.T) {
 	}
 	dialRaw(t, url)
 
-	al, _ := policy.NewAllowList([]string{"127.0.0.1"}, nil)
-	g = newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}}, MaxConnections: 1})
+	g = newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{AllowIPs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}}, MaxConnections: 1})
 	url = serve(t, g.Wrap(newRecorder()))
 	for range 3 {
 		dialRaw(t, url)

@@ -50,7 +50,7 @@
 // NIP-42 is verified by the gate, never inferred: it records the
 // challenges the relay sends on each connection and forwards an AUTH only
 // when its event names one of them, names this relay (Options.RelayURL,
-// which a policy granting by pubkey requires: ErrNoRelayURL),
+// which a policy granting by pubkey requires: Options.Validate),
 // is within maxAuthAge of the gate's clock, and has a valid id and
 // signature; the connection is bound to the pubkey when the relay then
 // answers OK true.
@@ -96,10 +96,10 @@
 // An Identity turns a request into the client a budget belongs to: the TCP
 // peer's address, IPv4 whole and IPv6 grouped by prefix (/64 by default). A
 // forwarding header (X-Forwarded-For, X-Real-IP) is believed only from a
-// trusted-proxy network, read from the right. An AllowList exempts
+// trusted-proxy network, read from the right. The allow-lists exempt
 // networks, and pubkeys a connection has authenticated as (NIP-42), from
 // every limit, and an EVENT's allow-listed author from the quota only (see
-// policy.AllowList). The relay learns the client's
+// policy.Identity). The relay learns the client's
 // address from X-Forwarded-For and X-Real-IP, which the gate sets, having
 // removed every client-address header the client sent.
 //

@@ -24,26 +24,23 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// Sentinel errors of the gate. Test with errors.Is.
-var (
-	// ErrUpstream is wrapped by Proxy for an upstream URL it cannot use,
-	// and by New for an Options.RelayURL that is not a ws:// or wss://
-	// URL with a host.
-	ErrUpstream = errors.New("relay: bad upstream")
-	// ErrNoRelayURL is returned by New and Reload for a policy that grants
-	// budgets by NIP-42 pubkey (member tiers, allow-listed pubkeys) on a
-	// gate without Options.RelayURL. Without it an AUTH's relay tag is
-	// checked against the host the client claims to have connected to, so
-	// an AUTH a member's client signed for another relay (one that passed
-	// on this relay's challenge) could be replayed here, with the
-	// member's budget or exemption.
-	ErrNoRelayURL = errors.New("relay: member tiers and allow-listed pubkeys need the relay's public URL (Options.RelayURL, relay_url): without it an AUTH signed for another relay could be replayed here")
-	// ErrClosed is returned by Shutdown when it is called twice.
-	ErrClosed = errors.New("relay: gate closed")
-	// ErrFrameSize is wrapped by New for an Options.FrameSize that is
-	// negative or larger than the read limit.
-	ErrFrameSize = errors.New("relay: invalid frame size")
-)
+// ErrUpstream is wrapped by Proxy for an upstream URL it cannot use. Test
+// with errors.Is.
+var ErrUpstream = errors.New("relay: bad upstream")
+
+// errNoRelayURL is the RelayURL error of a policy that grants budgets by
+// NIP-42 pubkey (member tiers, allow-listed pubkeys) on a gate without
+// Options.RelayURL. Without it an AUTH's relay tag is checked against the
+// host the client claims to have connected to, so an AUTH a member's
+// client signed for another relay (one that passed on this relay's
+// challenge) could be replayed here, with the member's budget or
+// exemption.
+var errNoRelayURL = errors.New("must be the relay's public ws:// or wss:// URL when member tiers or allow-listed pubkeys grant budgets by NIP-42 pubkey: without it an AUTH signed for another relay could be replayed here")
+
+// minQueueBytes is the smallest Options.QueueBytes: a client counts as
+// behind (its requests wait in its socket) past backlogLow, so a smaller
+// bound would cut it before it is ever held back.
+const minQueueBytes = 64 << 10
 
 // Defaults for the zero values of Options.
 const (
@@ -193,7 +190,7 @@ type Options struct {
 	// Host header, or X-Forwarded-Host from a trusted proxy): any host the
 	// client names. That is enough for the actor quota, but not for a
 	// policy that grants by pubkey, which New and Reload refuse without it
-	// (ErrNoRelayURL).
+	// (see Options.Validate).
 	RelayURL string
 	// QueueBytes bounds a client's backlog: the relay's frames and the
 	// gate's replies its socket has not taken yet, queued or being
@@ -203,8 +200,9 @@ type Options struct {
 	// relay or anyone else. While the client is behind (its backlog over
 	// 64 KiB) or has requests the relay has not answered, the gate stops
 	// reading it. A client whose socket takes nothing at all for
-	// WriteTimeout is closed (1008) as a slow reader. If 0, 4 MiB is
-	// used.
+	// WriteTimeout is closed (1008) as a slow reader. If 0,
+	// DefaultQueueBytes (4 MiB) is used; otherwise it must be at least
+	// 64 KiB.
 	QueueBytes int
 	// PingInterval is the keepalive period towards clients and relays
 	// behind Proxy; a side that sends nothing, not even a pong, for two
@@ -296,6 +294,7 @@ type Gate struct {
 	mu      sync.Mutex
 	closed  bool
 	stopped chan struct{} // closed by Shutdown
+	drained chan struct{} // closed once Shutdown has waited for every goroutine
 	conns   map[*conn]struct{}
 	wg      sync.WaitGroup
 
@@ -307,11 +306,68 @@ type Gate struct {
 	inflight   map[string]int
 }
 
-// New returns a Gate. It refuses what policy.Config.Validate refuses in
-// Options.Policy (with its error), a bad Options.RelayURL (ErrUpstream), a
-// bad Options.FrameSize (ErrFrameSize), and a policy that grants budgets by
-// pubkey without Options.RelayURL (ErrNoRelayURL).
+// Validate reports everything wrong with o that New refuses, as
+// errors.Join of *policy.FieldError: what policy.Config.Validate refuses
+// in Policy (each path prefixed "Policy."), a RelayURL that is not a
+// ws:// or wss:// URL with a host, or that is missing while the policy
+// grants budgets by NIP-42 pubkey (tiers, allow-listed pubkeys; see
+// Options.RelayURL), a FrameSize entry that is negative or past the read
+// limit ("FrameSize[EVENT]"), and a QueueBytes that is negative or below
+// 64 KiB. It returns nil for a valid o.
+func (o *Options) Validate() error {
+	var errs []error
+	add := func(path string, err error) { errs = append(errs, &policy.FieldError{Path: path, Err: err}) }
+	if err := o.Policy.Validate(); err != nil {
+		for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+			if fe, ok := e.(*policy.FieldError); ok {
+				add("Policy."+fe.Path, fe.Err)
+			}
+		}
+	}
+	if o.RelayURL != "" {
+		if _, err := parseRelayURL(o.RelayURL); err != nil {
+			add("RelayURL", err)
+		}
+	} else if grantsByPubkey(&o.Policy) {
+		add("RelayURL", errNoRelayURL)
+	}
+	readLimit := o.ReadLimit
+	if readLimit <= 0 {
+		readLimit = DefaultReadLimit
+	}
+	for t, n := range o.FrameSize {
+		if n < 0 || int64(n) > readLimit {
+			add(fmt.Sprintf("FrameSize[%v]", wire.Type(t)), fmt.Errorf("%d bytes, want 0 (the default) to the read limit %d", n, readLimit))
+		}
+	}
+	if o.QueueBytes < 0 || (o.QueueBytes > 0 && o.QueueBytes < minQueueBytes) {
+		add("QueueBytes", fmt.Errorf("must be 0 (the default, %d) or at least %d, got %d", DefaultQueueBytes, minQueueBytes, o.QueueBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// parseRelayURL reads Options.RelayURL: a ws:// or wss:// URL with a host.
+func parseRelayURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss") {
+		return nil, fmt.Errorf("must be a ws:// or wss:// URL with a host, got %q", s)
+	}
+	return u, nil
+}
+
+// grantsByPubkey reports whether cfg grants budgets by NIP-42 pubkey: a
+// member tier or an allow-listed pubkey, which only a gate that knows its
+// public URL can check an AUTH for.
+func grantsByPubkey(cfg *policy.Config) bool {
+	return len(cfg.Tiers) > 0 || len(cfg.Identity.AllowPubkeys) > 0
+}
+
+// New returns a Gate. It refuses what Options.Validate refuses, with its
+// error.
 func New(opts Options) (*Gate, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	g := &Gate{
 		limiter:      opts.Limiter,
 		readLimit:    opts.ReadLimit,
@@ -323,14 +379,11 @@ func New(opts Options) (*Gate, error) {
 		conns:        make(map[*conn]struct{}),
 		stored:       opts.Stored,
 		stopped:      make(chan struct{}),
+		drained:      make(chan struct{}),
 		inflight:     make(map[string]int),
 	}
 	if opts.RelayURL != "" {
-		u, err := url.Parse(opts.RelayURL)
-		if err != nil || u.Host == "" || (u.Scheme != "ws" && u.Scheme != "wss") {
-			return nil, fmt.Errorf("%w: relay URL %q must be a ws:// or wss:// URL with a host", ErrUpstream, opts.RelayURL)
-		}
-		g.relayURL = u
+		g.relayURL, _ = parseRelayURL(opts.RelayURL) // Validate has read it
 	}
 	if err := g.Reload(opts.Policy); err != nil {
 		return nil, err
@@ -343,10 +396,7 @@ func New(opts Options) (*Gate, error) {
 		g.readLimit = DefaultReadLimit
 	}
 	for t := range g.frameSize {
-		g.frameSize[t] = opts.FrameSize[t]
-		if n := g.frameSize[t]; n < 0 || int64(n) > g.readLimit {
-			return nil, fmt.Errorf("%w: %v: %d bytes, want 0 (the default) to the read limit %d", ErrFrameSize, wire.Type(t), n, g.readLimit)
-		}
+		g.frameSize[t] = opts.FrameSize[t] // Validate has bounded it
 		if g.frameSize[t] == 0 {
 			g.frameSize[t] = DefaultFrameSize(wire.Type(t), g.readLimit)
 		}
@@ -466,11 +516,6 @@ func (c *clientCounts) release(client string, n int) {
 	}
 }
 
-// MaxFilters returns how many filters a REQ the gate forwards may hold
-// (Options.Policy.Bounds.MaxFilters, lowered by policy.EffectiveMaxFilters),
-// for NIP-11's max_filters.
-func (g *Gate) MaxFilters() int { return g.current().p.MaxFilters() }
-
 // gatePolicy is a compiled policy with what the gate derives from it once.
 type gatePolicy struct {
 	p *charge.Policy
@@ -490,8 +535,9 @@ func (g *Gate) current() *gatePolicy { return g.pol.Load() }
 // budget keys at its next frame), and the limiter forgets the clients it
 // refused (ratelimit.Limiter.Forget), so a loosened limit admits at once;
 // the budgets themselves, kept by the store, carry over. Nothing is
-// dropped. An invalid cfg is
-// refused with the error Compile names, and the running policy is kept.
+// dropped. An invalid cfg is refused, with policy.Config.Validate's error
+// (or a FieldError for "RelayURL" when cfg grants budgets by pubkey and
+// the gate has no Options.RelayURL), and the running policy is kept.
 // A gate that did not watch AUTHs and OKs when a connection opened (no
 // quota, no tiers, no allow-listed pubkeys) does not learn that
 // connection's NIP-42 pubkey later.
@@ -500,10 +546,9 @@ func (g *Gate) Reload(cfg policy.Config) error {
 	if err != nil {
 		return err
 	}
-	al := p.Identity().Allow
-	byPubkey := p.HasTiers() || (al != nil && len(al.Pubkeys) > 0)
+	byPubkey := grantsByPubkey(&cfg)
 	if byPubkey && g.relayURL == nil {
-		return ErrNoRelayURL
+		return &policy.FieldError{Path: "RelayURL", Err: errNoRelayURL}
 	}
 	gp := &gatePolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())}
 	gp.watchOK = p.HasQuota() || byPubkey
@@ -841,13 +886,18 @@ func (g *Gate) remove(c *conn) {
 // Shutdown stops accepting upgrades, closes every gated connection with a
 // close frame (1001, going away) on both sides, stops the in-process
 // servers of Wrap, and waits for the gate's goroutines until ctx is done.
-// It returns ctx.Err() if they did not all finish in time, and ErrClosed
-// when called again.
+// It returns ctx.Err() if they did not all finish in time. A second call
+// waits, until its own ctx is done, for the drain the first one started.
 func (g *Gate) Shutdown(ctx context.Context) error {
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
-		return ErrClosed
+		select {
+		case <-g.drained:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	g.closed = true
 	close(g.stopped)
@@ -867,14 +917,13 @@ func (g *Gate) Shutdown(ctx context.Context) error {
 			c.end(true, true, closeGoingAway, "sluice: shutting down")
 		}()
 	}
-	done := make(chan struct{})
 	go func() {
 		ends.Wait()
 		g.wg.Wait()
-		close(done)
+		close(g.drained)
 	}()
 	select {
-	case <-done:
+	case <-g.drained:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -69,25 +69,25 @@ func TestNewValidatesLimits(t *testing.T) {
 	l := policy.DefaultLimits()
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 1, Period: time.Second}}
 	_, err := New(Options{Policy: policy.Config{Limits: &l}})
-	if !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
+	if !errors.Is(err, ratelimit.ErrInvalidLimit) || !hasFieldError(err, "Policy.Limits.Message[REQ][0]") {
 		t.Fatalf("New with REQ rate 1 cost 1: err = %v, want ErrInvalidLimit naming REQ", err)
 	}
 	l = policy.Limits{Connection: []ratelimit.Limit{{Rate: 5}}}
-	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !hasFieldError(err, "Policy.Limits.Connection[0]") {
 		t.Fatalf("New with a zero connection period: err = %v", err)
 	}
 	// Two windows of one period would share a store key; more than
 	// MaxWindows would leave the memory store's allocation-free path.
 	l = policy.DefaultLimits()
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second), ratelimit.PerPeriod(9, 1000*time.Millisecond)}
-	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "REQ") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !hasFieldError(err, "Policy.Limits.Message[REQ][1]") {
 		t.Fatalf("New with two REQ windows of one period: err = %v, want ErrInvalidLimit naming REQ", err)
 	}
 	l = policy.DefaultLimits()
 	for i := range ratelimit.MaxWindows + 1 {
 		l.Connection = append(l.Connection, ratelimit.PerPeriod(5, time.Duration(i+1)*time.Second))
 	}
-	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !strings.Contains(err.Error(), "connection") {
+	if _, err := New(Options{Policy: policy.Config{Limits: &l}}); !errors.Is(err, ratelimit.ErrInvalidLimit) || !hasFieldError(err, fmt.Sprintf("Policy.Limits.Connection[%d]", ratelimit.MaxWindows)) {
 		t.Fatalf("New with %d connection windows: err = %v, want ErrInvalidLimit", ratelimit.MaxWindows+1, err)
 	}
 	d := policy.DefaultLimits()
@@ -104,10 +104,64 @@ func TestNewValidatesFrameSize(t *testing.T) {
 	for _, n := range []int{-1, DefaultReadLimit + 1} {
 		var fs [wire.NumTypes]int
 		fs[wire.TypeREQ] = n
-		if _, err := New(Options{FrameSize: fs}); !errors.Is(err, ErrFrameSize) {
-			t.Errorf("FrameSize[REQ] %d: %v, want ErrFrameSize", n, err)
+		if _, err := New(Options{FrameSize: fs}); !hasFieldError(err, "FrameSize[REQ]") {
+			t.Errorf("FrameSize[REQ] %d: %v, want a FieldError for FrameSize[REQ]", n, err)
 		}
 	}
+}
+
+// A queue bound below the backlog at which a client counts as behind
+// would cut it before it is ever held back: refused, the field named.
+func TestNewValidatesQueueBytes(t *testing.T) {
+	for _, n := range []int{-1, 1, minQueueBytes - 1} {
+		if _, err := New(Options{QueueBytes: n}); !hasFieldError(err, "QueueBytes") {
+			t.Errorf("QueueBytes %d: %v, want a FieldError for QueueBytes", n, err)
+		}
+	}
+	for _, n := range []int{0, minQueueBytes} {
+		o := Options{QueueBytes: n}
+		if err := o.Validate(); err != nil {
+			t.Errorf("QueueBytes %d: %v", n, err)
+		}
+	}
+}
+
+// Options.Validate reports every bad field at once, a Policy's under
+// "Policy.", each with the library's own error.
+func TestOptionsValidateJoinsEveryField(t *testing.T) {
+	var l policy.Limits
+	l.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 1, Period: time.Second}}
+	var fs [wire.NumTypes]int
+	fs[wire.TypeAUTH] = -1
+	o := Options{Policy: policy.Config{Limits: &l, Tiers: []policy.Tier{{Name: "t"}}}, FrameSize: fs, QueueBytes: 1}
+	err := o.Validate()
+	for _, path := range []string{"Policy.Limits.Message[REQ][0]", "RelayURL", "FrameSize[AUTH]", "QueueBytes"} {
+		if !hasFieldError(err, path) {
+			t.Errorf("no FieldError for %s in %v", path, err)
+		}
+	}
+	if !errors.Is(err, ratelimit.ErrInvalidLimit) {
+		t.Errorf("%v does not wrap ratelimit.ErrInvalidLimit", err)
+	}
+	if _, nerr := New(o); nerr == nil || nerr.Error() != err.Error() {
+		t.Errorf("New: %v, want Validate's error", nerr)
+	}
+}
+
+// hasFieldError reports whether err holds a *policy.FieldError for path.
+func hasFieldError(err error, path string) bool {
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else if err != nil {
+		errs = []error{err}
+	}
+	for _, e := range errs {
+		if fe, ok := e.(*policy.FieldError); ok && fe.Path == path {
+			return true
+		}
+	}
+	return false
 }
 
 func TestProxyRejectsBadURL(t *testing.T) {
@@ -124,7 +178,7 @@ func TestProxyRejectsBadURL(t *testing.T) {
 
 func TestOutcomeString(t *testing.T) {
 	seen := map[string]bool{}
-	for o := policy.Outcome(0); o < policy.NumOutcomes; o++ {
+	for o := policy.Outcome(0); o <= policy.Unmatched; o++ {
 		s := o.String()
 		if s == "" || s == "unknown" || seen[s] {
 			t.Errorf("Outcome(%d).String() = %q", o, s)
@@ -171,7 +225,7 @@ func newGate(t testing.TB, opts Options) *Gate {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := g.Shutdown(ctx); err != nil && !errors.Is(err, ErrClosed) {
+		if err := g.Shutdown(ctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
 	})
@@ -256,7 +310,7 @@ func TestGateConnectionLimit(t *testing.T) {
 	clk := nostrtest.NewClock()
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	l := policy.Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}}
-	var outcomes [policy.NumOutcomes]atomic.Int64
+	var outcomes [policy.Unmatched + 1]atomic.Int64
 	obs := &policy.Observer{Connection: func(o policy.Outcome) { outcomes[o].Add(1) }}
 	g := newGate(t, Options{
 		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
@@ -775,8 +829,8 @@ func TestGateShutdown(t *testing.T) {
 	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("upgrade after Shutdown: %v %v, want 503", err, resp)
 	}
-	if err := g.Shutdown(ctx); !errors.Is(err, ErrClosed) {
-		t.Errorf("second Shutdown: %v, want ErrClosed", err)
+	if err := g.Shutdown(ctx); err != nil {
+		t.Errorf("second Shutdown: %v, want nil (the drain is over)", err)
 	}
 }
 

@@ -41,10 +41,6 @@ func TestGateQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	allowed := pubkeyN(99)
-	al, err := policy.NewAllowList(nil, []string{allowed})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := newRecorder()
 	rejected := hex32{31: 5} // the relay refuses event 5
 	rec.answerOK = func(id hex32) bool { return id != rejected }
@@ -54,7 +50,7 @@ func TestGateQuota(t *testing.T) {
 		}
 		return ""
 	}
-	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now), Identity: policy.Identity{Allow: al}}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
+	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{allowed}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
 
 	step := func(frame, want string) {
 		t.Helper()
@@ -117,13 +113,12 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 		t.Fatal(err)
 	}
 	trustedSK, trusted := newKey(t)
-	al, _ := policy.NewAllowList(nil, []string{trusted})
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Second)}
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	rec.challenge = "chal"
-	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Quota: q.Local(clk.Now), Identity: policy.Identity{Allow: al}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
+	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Quota: q.Local(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{trusted}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 
 	step := func(c *websocket.Conn, frame, want string) {
 		t.Helper()
@@ -176,12 +171,11 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
 	clk := nostrtest.NewClock()
 	trustedSK, trusted := newKey(t)
-	al, _ := policy.NewAllowList(nil, []string{trusted})
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	rec := newRecorder()
 	rec.challenge = "chal"
-	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{Allow: al}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
+	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{AllowPubkeys: []string{trusted}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 	refused, refusedID := signedAuth(t, trustedSK, "chal", url, clk.Now())
 	accepted, acceptedID := signedAuth(t, trustedSK, "chal", url, clk.Now().Add(time.Second))
 	rec.answerOK = func(id hex32) bool { return id != refusedID }

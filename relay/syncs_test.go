@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -200,9 +201,8 @@ func TestGateNegMsgOfNothingNotForwarded(t *testing.T) {
 		t.Fatalf("the relay got %q, want %q and the echo", got, want)
 	}
 
-	al, _ := policy.NewAllowList([]string{"127.0.0.1"}, nil)
 	rec = newRecorder()
-	c = dialRaw(t, serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{Allow: al}}}).Wrap(rec)))
+	c = dialRaw(t, serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}, Identity: policy.Identity{AllowIPs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}}}).Wrap(rec)))
 	_ = c.WriteMessage(websocket.TextMessage, []byte(msg))
 	if got := rec.frames(1); !slices.Equal(got, []string{msg}) {
 		t.Fatalf("allow-listed: the relay got %q, want %q", got, msg)

@@ -87,6 +87,7 @@ func printCheck(w io.Writer, cfg *config) {
 
 	printShape(w, cfg)
 	fmt.Fprintf(w, "open at once: at most %d subscriptions per connection (NIP-11 max_subscriptions), %d connections, %d NIP-77 syncs and %d bytes of open REQs per client in this process\n", cfg.Subscriptions, cfg.MaxConnections, cfg.Syncs, cfg.MaxFilterBytes)
+	fmt.Fprintf(w, "waiting for one client: at most %d bytes (limits.max_queued_bytes); past it the client is cut (1008)\n", cfg.QueueBytes)
 	fmt.Fprintf(w, "NIP-77 (sluice relay): a sync covers at most the newest %d events it matches (max_sync_events)\n", cfg.MaxSyncEvents)
 
 	if cfg.QuotaUnlimited {

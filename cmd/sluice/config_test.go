@@ -166,16 +166,45 @@ limits:
 	if cfg.FrameSize != want {
 		t.Errorf("FrameSize = %v, want %v", cfg.FrameSize, want)
 	}
-	// What the gate is built with must build.
-	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.LimiterOptions{BlockedSlots: 4})
-	g, err := relay.New(relay.Options{Limiter: lim, Policy: policy.Config{Limits: &cfg.Limits, Bounds: wire.Bounds{MaxFilters: cfg.MaxFilters}}, ReadLimit: cfg.ReadLimit,
-		FrameSize: cfg.FrameSize, RelayURL: cfg.RelayURL})
+	// What the gate is built with must build, and NIP-11 states what it
+	// enforces: the default REQ window (50/1s) admits the 25 filters at
+	// once.
+	pc, err := buildPolicy(cfg, localQuotas(nil))
 	if err != nil {
+		t.Fatal(err)
+	}
+	opts := gateOptions(cfg, pc)
+	if _, err := relay.New(opts); err != nil {
 		t.Fatalf("relay.New refuses the config: %v", err)
 	}
-	// The default REQ window (50/1s) admits the 25 filters at once.
-	if got := g.MaxFilters(); got != 25 {
-		t.Errorf("gate MaxFilters = %d, want 25 (REQ 50/1s admits them)", got)
+	if got := nip11Limitation(cfg, pc).MaxFilters; got != 25 {
+		t.Errorf("NIP-11 max_filters = %d, want 25 (REQ 50/1s admits them)", got)
+	}
+}
+
+// TestQueuedBytes: limits.max_queued_bytes reaches relay.Options.QueueBytes
+// (default relay.DefaultQueueBytes), and a value the gate would not hold
+// is refused with the field named.
+func TestQueuedBytes(t *testing.T) {
+	for yaml, want := range map[string]int{"": relay.DefaultQueueBytes, "limits: {max_queued_bytes: 65536}": 64 << 10, "limits: {max_queued_bytes: 33554432}": 32 << 20} {
+		cfg, err := parseAndValidate([]byte(yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", yaml, err)
+		}
+		pc, _ := buildPolicy(cfg, localQuotas(nil))
+		if got := gateOptions(cfg, pc).QueueBytes; got != want {
+			t.Errorf("%q: Options.QueueBytes %d, want %d", yaml, got, want)
+		}
+	}
+	for yaml, want := range map[string]string{
+		"limits: {max_queued_bytes: 65535}":      "limits.max_queued_bytes (line 1, column 10): must be between 65536 and 1073741824, got 65535",
+		"limits: {max_queued_bytes: 0}":          "limits.max_queued_bytes (line 1, column 10): must be between 65536 and 1073741824, got 0",
+		"limits: {max_queued_bytes: 1073741825}": "limits.max_queued_bytes (line 1, column 10): must be between 65536 and 1073741824, got 1073741825",
+		"limits: {max_queued_bytes: 4MiB}":       "limits.max_queued_bytes (line 1, column 28): expected a whole number, got !!str `4MiB`",
+	} {
+		if _, err := parseAndValidate([]byte(yaml)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", yaml, err, want)
+		}
 	}
 }
 
@@ -282,8 +311,8 @@ func TestHostileConfigs(t *testing.T) {
 		{"frame size too small", "limits: {frame_size: {CLOSE: 63}}", "limits.frame_size.CLOSE (line 1, column 23): must be at least 64 bytes, got 63"},
 		{"frame size zero", "limits: {frame_size: {AUTH: 0}}", "limits.frame_size.AUTH (line 1, column 23): must be at least 64 bytes, got 0"},
 		{"frame size negative", "limits: {frame_size: {REQ: -1}}", "limits.frame_size.REQ (line 1, column 23): must be at least 64 bytes, got -1"},
-		{"frame size above read limit", "limits: {frame_size: {EVENT: 524289}}", "limits.frame_size.EVENT (line 1, column 23): relay: invalid frame size: EVENT: 524289 bytes, want 0 (the default) to the read limit 524288"},
-		{"frame size above a lowered read limit", "read_limit: 4096\nlimits: {frame_size: {NEG-MSG: 8192}}", "limits.frame_size.NEG-MSG (line 2, column 23): relay: invalid frame size: NEG-MSG: 8192 bytes, want 0 (the default) to the read limit 4096"},
+		{"frame size above read limit", "limits: {frame_size: {EVENT: 524289}}", "limits.frame_size.EVENT (line 1, column 23): 524289 bytes, want 0 (the default) to the read limit 524288"},
+		{"frame size above a lowered read limit", "read_limit: 4096\nlimits: {frame_size: {NEG-MSG: 8192}}", "limits.frame_size.NEG-MSG (line 2, column 23): 8192 bytes, want 0 (the default) to the read limit 4096"},
 		{"frame size not an integer", "limits: {frame_size: {EVENT: 1.5}}", "limits.frame_size.EVENT (line 1, column 30): expected a whole number, got !!float `1.5`"},
 		{"frame size not a map", "limits: {frame_size: [1024]}", "limits.frame_size (line 1, column 22): expected a mapping, got !!seq"},
 		{"relay url http", "relay_url: https://relay.example.com", "relay_url (line 1, column 1): must be a ws:// or wss:// URL with a host, got \"https://relay.example.com\""},
@@ -292,7 +321,7 @@ func TestHostileConfigs(t *testing.T) {
 		{"relay url credentials", "relay_url: \"wss://u:p@relay.example.com\"", "relay_url (line 1, column 1): must not carry credentials"},
 		{"relay url query", "relay_url: \"wss://relay.example.com/?x=1\"", "relay_url (line 1, column 1): must have no query or fragment, got \"wss://relay.example.com/?x=1\""},
 		{"relay url fragment", "relay_url: \"wss://relay.example.com/#x\"", "relay_url (line 1, column 1): must have no query or fragment, got \"wss://relay.example.com/#x\""},
-		{"relay url garbage", "relay_url: \"wss://[::1\"", "relay_url (line 1, column 1): not a URL: \"wss://[::1\" (want a ws:// or wss:// URL with a host)"},
+		{"relay url garbage", "relay_url: \"wss://[::1\"", "relay_url (line 1, column 1): must be a ws:// or wss:// URL with a host, got \"wss://[::1\""},
 		{"relay url not a string", "relay_url: [wss://a]", "relay_url (line 1, column 12): expected a string, got !!seq"},
 		{"quota zero", "quota: {events: 0}", "quota.events (line 1, column 9): must be at least 1, got 0 (set quota.unlimited: true to turn the quota off)"},
 		{"quota zero even when unlimited", "quota: {events: 0, unlimited: true}", "quota.events (line 1, column 9): must be at least 1, got 0 (set quota.unlimited: true to turn the quota off)"},
@@ -306,10 +335,10 @@ func TestHostileConfigs(t *testing.T) {
 		{"trusted proxy garbage", "identity: {trusted_proxies: [10.0.0.0/8, nonsense]}", "identity.trusted_proxies[1] (line 1, column 42): not an IP address or CIDR: \"nonsense\""},
 		{"header with space", "identity: {header: \"X Forwarded\"}", "identity.header"},
 		{"header empty", "identity: {header: \"\"}", "identity.header (line 1, column 12): must not be empty (X-Forwarded-For, X-Real-IP or another forwarding header)"},
-		{"allow ip bad", "allow: {ips: [300.1.1.1]}", "allow.ips[0] (line 1, column 15): relay: invalid allow-list entry: ips[0] \"300.1.1.1\": ParseAddr(\"300.1.1.1\"): IPv4 field has value >255"},
-		{"allow pubkey short", "allow: {pubkeys: [abc]}", "allow.pubkeys[0] (line 1, column 19): relay: invalid allow-list entry: pubkeys[0] \"abc\" is not 64 hex digits"},
-		{"allow pubkey not hex", "allow: {pubkeys: [" + strings.Repeat("g", 64) + "]}", "allow.pubkeys[0] (line 1, column 19): relay: invalid allow-list entry: pubkeys[0] \"gggggggggggggggggggggggggggggggggggggggggggggggggggggggggggggggg\" is not 64 hex digits"},
-		{"allow ip bad, not the first", "allow: {ips: [10.0.0.0/8, \"2001:db8::/32\", 10.0.0.1/8]}", "allow.ips[2] (line 1, column 44): relay: invalid allow-list entry: ips[2] \"10.0.0.1/8\" has host bits set (did you mean 10.0.0.0/8?)"},
+		{"allow ip bad", "allow: {ips: [300.1.1.1]}", "allow.ips[0] (line 1, column 15): not an IP address or CIDR: \"300.1.1.1\""},
+		{"allow pubkey short", "allow: {pubkeys: [abc]}", "allow.pubkeys[0] (line 1, column 19): must be 64 hex digits, got \"abc\""},
+		{"allow pubkey not hex", "allow: {pubkeys: [" + strings.Repeat("g", 64) + "]}", "allow.pubkeys[0] (line 1, column 19): must be 64 hex digits, got \"gggggggggggggggggggggggggggggggggggggggggggggggggggggggggggggggg\""},
+		{"allow ip bad, not the first", "allow: {ips: [10.0.0.0/8, \"2001:db8::/32\", 10.0.0.1/8]}", "allow.ips[2] (line 1, column 44): \"10.0.0.1/8\" has host bits set (did you mean 10.0.0.0/8?)"},
 		{"allow bad npub", "allow: {pubkeys: [npub1qqqq]}", "allow.pubkeys[0] (line 1, column 19): not a valid npub: \"npub1qqqq\""},
 		{"read limit tiny", "read_limit: 10", "read_limit (line 1, column 1): must be between 1024 and 67108864 bytes, got 10"},
 		{"read limit huge", "read_limit: 1099511627776", "read_limit (line 1, column 1): must be between 1024 and 67108864 bytes, got 1099511627776"},
@@ -321,8 +350,8 @@ func TestHostileConfigs(t *testing.T) {
 		{"listen bad port", "listen: 127.0.0.1:99999", "listen (line 1, column 1): bad port in \"127.0.0.1:99999\""},
 		{"metrics listen garbage", "metrics_listen: nope", "metrics_listen (line 1, column 1): want host:port, got \"nope\" (write \"\" to turn metrics off)"},
 		{"data dir empty", "data_dir: \"\"", "data_dir (line 1, column 1): must not be empty"},
-		{"upstream http", "upstream: http://127.0.0.1:7000", "upstream (line 1, column 1): relay: bad upstream: \"http://127.0.0.1:7000\": scheme must be ws or wss"},
-		{"upstream no host", "upstream: ws://", "upstream (line 1, column 1): relay: bad upstream: \"ws://\": no host"},
+		{"upstream http", "upstream: http://127.0.0.1:7000", "upstream (line 1, column 1): must be a ws:// or wss:// URL with a host, got \"http://127.0.0.1:7000\""},
+		{"upstream no host", "upstream: ws://", "upstream (line 1, column 1): must be a ws:// or wss:// URL with a host, got \"ws://\""},
 		{"upstream credentials", "upstream: ws://u:p@h:1", "upstream (line 1, column 1): must not carry credentials"},
 		{"redis scheme", "store: {redis: \"http://127.0.0.1:6379\"}", "store.redis"},
 		{"redis password not echoed", "store: {redis: \"redis://u:hunter2@h:notaport/0\"}", "store.redis"},
@@ -483,7 +512,7 @@ func TestRunExitCodes(t *testing.T) {
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("limits: {message: {EVENT: [{rate: 10, period: 1s}, {rate: 1, period: 60s}]}}\n"), 0o600)
 	// An allow-listed pubkey without relay_url: an AUTH for another relay
-	// could be replayed (relay.ErrNoRelayURL); with it, fine.
+	// could be replayed (relay.Options.Validate names RelayURL); with it, fine.
 	member := strings.Repeat("ab", 32)
 	noURL, withURL := filepath.Join(dir, "nourl.yaml"), filepath.Join(dir, "url.yaml")
 	os.WriteFile(noURL, []byte("allow: {pubkeys: ["+member+"]}\n"), 0o600)
@@ -496,7 +525,7 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"check"}, exitOK, "EVENT       10/1s", ""},
 		{[]string{"check", "--config", examplePath}, exitOK, "burst 240", ""},
 		{[]string{"check", "--config", bad}, exitUsage, "", "limits.message.EVENT[1] (line 1, column 52): ratelimit: invalid limit: rate 1 must be greater than cost 1"},
-		{[]string{"check", "--config", noURL}, exitUsage, "", "relay_url: must be set to the relay's public ws:// or wss:// URL when tiers or allow.pubkeys grant budgets by NIP-42 pubkey"},
+		{[]string{"check", "--config", noURL}, exitUsage, "", "relay_url: must be the relay's public ws:// or wss:// URL when member tiers or allow-listed pubkeys grant budgets by NIP-42 pubkey"},
 		{[]string{"check", "--config", withURL}, exitOK, "configuration OK", ""},
 		{[]string{"check", "--nope"}, exitUsage, "", "flag provided but not defined"},
 		{[]string{"check", "extra"}, exitUsage, "", "unexpected argument"},
@@ -659,12 +688,16 @@ func FuzzParseConfig(f *testing.F) {
 		if _, err := ratelimit.NewQuota(cfg.QuotaEvents, cfg.QuotaWindow); err != nil {
 			t.Fatalf("accepted a quota NewQuota refuses: %v", err)
 		}
-		g, err := relay.New(relay.Options{Limiter: lim, Policy: policy.Config{Limits: &cfg.Limits, Identity: cfg.Identity, Bounds: wire.Bounds{MaxFilters: cfg.MaxFilters}}, ReadLimit: cfg.ReadLimit,
-			FrameSize: cfg.FrameSize, RelayURL: cfg.RelayURL})
+		pc, err := buildPolicy(cfg, localQuotas(nil))
 		if err != nil {
+			t.Fatalf("accepted a config whose policy does not build: %v", err)
+		}
+		opts := gateOptions(cfg, pc)
+		opts.Limiter = lim
+		if _, err := relay.New(opts); err != nil {
 			t.Fatalf("accepted a config relay.New refuses: %v", err)
 		}
-		if n := g.MaxFilters(); n < 1 || n > cfg.MaxFilters {
+		if n := policy.EffectiveMaxFilters(pc); n < 1 || n > cfg.MaxFilters {
 			t.Fatalf("max_filters %d gave a gate bound of %d", cfg.MaxFilters, n)
 		}
 		for typ, n := range cfg.FrameSize {

@@ -17,6 +17,14 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
+// numOutcomes and numCutReasons size the arrays indexed by policy.Outcome
+// and policy.CutReason: the last of each, plus one (TestOutcomeNames in
+// relay/policy holds the last ones last).
+const (
+	numOutcomes   = policy.Unmatched + 1
+	numCutReasons = policy.CutKnocking + 1
+)
+
 // metrics holds sluice's Prometheus collectors on a registry of its own
 // (not the global one, so tests can build several). Every counter a frame
 // can touch is created up front and kept in arrays, so the gate's hot path
@@ -24,9 +32,9 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	frames      [wire.NumTypes][policy.NumOutcomes]prometheus.Counter
-	connections [policy.NumOutcomes]prometheus.Counter
-	cuts        [policy.NumCutReasons]prometheus.Counter
+	frames      [wire.NumTypes][numOutcomes]prometheus.Counter
+	connections [numOutcomes]prometheus.Counter
+	cuts        [numCutReasons]prometheus.Counter
 	// offenders are the clients refused most over the last minutes,
 	// served at /top and on the status page.
 	offenders *Offenders
@@ -38,7 +46,7 @@ type metrics struct {
 
 	// The same counts as plain atomics, for the status page (reading a
 	// Prometheus counter back means writing it out as a protobuf).
-	frameCounts [wire.NumTypes][policy.NumOutcomes]atomic.Uint64
+	frameCounts [wire.NumTypes][numOutcomes]atomic.Uint64
 	openCount   atomic.Int64
 	storeOK     prometheus.Observer
 	storeErr    prometheus.Observer
@@ -76,11 +84,11 @@ func newMetrics() *metrics {
 		Name: "sluice_disconnects_total",
 		Help: "Client connections the gate closed on its own account (1008), by reason: slow_reader (a write to it made no progress for the write timeout), control_flood (too many pings, pongs or fragments), knocking (too many frames refused from the local table).",
 	}, []string{"reason"})
-	for r := policy.CutReason(0); r < policy.NumCutReasons; r++ {
+	for r := policy.CutReason(0); r < numCutReasons; r++ {
 		m.cuts[r] = cuts.WithLabelValues(r.String())
 	}
 	for t := wire.Type(0); t < wire.NumTypes; t++ {
-		for o := policy.Outcome(0); o < policy.NumOutcomes; o++ {
+		for o := policy.Outcome(0); o < numOutcomes; o++ {
 			m.frames[t][o] = frames.WithLabelValues(t.String(), o.String())
 		}
 	}
@@ -175,13 +183,13 @@ func (m masterBreakers) Collect(ch chan<- prometheus.Metric) {
 func (m *metrics) observer() *policy.Observer {
 	return &policy.Observer{
 		Frame: func(t wire.Type, o policy.Outcome) {
-			if t < wire.NumTypes && o < policy.NumOutcomes {
+			if t < wire.NumTypes && o < numOutcomes {
 				m.frames[t][o].Inc()
 				m.frameCounts[t][o].Add(1)
 			}
 		},
 		Connection: func(o policy.Outcome) {
-			if o < policy.NumOutcomes && m.connections[o] != nil {
+			if o < numOutcomes && m.connections[o] != nil {
 				m.connections[o].Inc()
 			}
 		},
@@ -190,7 +198,7 @@ func (m *metrics) observer() *policy.Observer {
 			m.openCount.Add(int64(delta))
 		},
 		Cut: func(r policy.CutReason) {
-			if r < policy.NumCutReasons {
+			if r < numCutReasons {
 				m.cuts[r].Inc()
 			}
 		},

@@ -201,8 +201,8 @@ func TestPolicyRefused(t *testing.T) {
 		{"shadow not a boolean", "limits: {message: {EVENT: [{rate: 5, period: 1s, shadow: yes}]}}", nil, "limits.message.EVENT[0].shadow (line 1, column 58): expected true or false"},
 		{"shadow on a connection window not a boolean", "limits: {connection: [{rate: 5, period: 1s, shadow: 1}]}", nil, "limits.connection[0].shadow"},
 		{"class unknown field", "limits: {kinds: {r: {kinds: [7], limits: " + win + ", rate: 1}}}", nil, "limits.kinds.r.rate"},
-		{"class name too long", "limits: {kinds: {" + strings.Repeat("a", 33) + ": {kinds: [7], limits: " + win + "}}}", nil, "limits.kinds." + strings.Repeat("a", 33) + " (line 1, column 18): a class name is"},
-		{"class name with a dot", "limits: {kinds: {\"a.b\": {kinds: [7], limits: " + win + "}}}", nil, "a class name is 1 to 32 letters"},
+		{"class name too long", "limits: {kinds: {" + strings.Repeat("a", 33) + ": {kinds: [7], limits: " + win + "}}}", nil, "limits.kinds." + strings.Repeat("a", 33) + " (line 1, column 18): a kind class name is"},
+		{"class name with a dot", "limits: {kinds: {\"a.b\": {kinds: [7], limits: " + win + "}}}", nil, "a kind class name is 1 to 32 letters"},
 		{"class without kinds", "limits: {kinds: {r: {limits: " + win + "}}}", nil, "limits.kinds.r.kinds: must list at least one kind"},
 		{"class without limits", "limits: {kinds: {r: {kinds: [7]}}}", nil, "limits.kinds.r.limits: must list at least one window"},
 		{"class with a bad window", "limits: {kinds: {r: {kinds: [7], limits: [{rate: 1, period: 1s}]}}}", nil, "limits.kinds.r.limits[0] (line 1, column 43): ratelimit: invalid limit"},
@@ -216,14 +216,14 @@ func TestPolicyRefused(t *testing.T) {
 		{"tier connection limits", "tiers: {t: {pubkeys: [" + pkA + "], limits: {connection: " + win + "}}}", nil, "tiers.t.limits.connection (line 1, column 99): unknown field"},
 		{"tier name bad", "tiers: {\"a b\": {pubkeys: [" + pkA + "]}}", nil, `tiers.a b (line 1, column 9): a tier name is`},
 		{"tier without members", "tiers: {t: {limits: {message: {EVENT: " + win + "}}}}", nil, "tiers.t (line 1, column 9): has no members"},
-		{"tier pubkey not hex", "tiers: {t: {pubkeys: [abc]}}", nil, `tiers.t.pubkeys[0] (line 1, column 23): must be 64 hex digits or an npub, got "abc"`},
+		{"tier pubkey not hex", "tiers: {t: {pubkeys: [abc]}}", nil, `tiers.t.pubkeys[0] (line 1, column 23): must be 64 lowercase hex digits, got "abc"`},
 		{"tier npub broken", "tiers: {t: {pubkeys: [npub1xyz]}}", nil, `tiers.t.pubkeys[0] (line 1, column 23): not a valid npub`},
 		{"pubkey in two tiers", "tiers: {a: {pubkeys: [" + pkA + "]}, b: {pubkeys: [" + npubA + "]}}", nil, `tiers.b.pubkeys[0] (line 1, column 105): pubkey ` + pkA + ` is also in tier "a"`},
 		{"pubkeys_file missing", "tiers: {t: {pubkeys_file: nowhere.txt}}", nil, "tiers.t.pubkeys_file (line 1, column 13): open "},
 		{"pubkeys_file a directory", "tiers: {t: {pubkeys_file: .}}", nil, "tiers.t.pubkeys_file (line 1, column 13): "},
 		{"pubkeys_file a device", "tiers: {t: {pubkeys_file: /dev/null}}", nil, "tiers.t.pubkeys_file (line 1, column 13): /dev/null is not a regular file"},
 		{"pubkeys_file bad line", "tiers: {t: {pubkeys_file: m.txt}}", map[string]string{"m.txt": "# ok\n" + pkA + "\nnot-a-key\n"}, `tiers.t.pubkeys_file (`},
-		{"pubkeys_file bad line names the line", "tiers: {t: {pubkeys_file: m.txt}}", map[string]string{"m.txt": "# ok\n" + pkA + "\nnot-a-key\n"}, `m.txt, line 3): must be 64 hex digits or an npub, got "not-a-key"`},
+		{"pubkeys_file bad line names the line", "tiers: {t: {pubkeys_file: m.txt}}", map[string]string{"m.txt": "# ok\n" + pkA + "\nnot-a-key\n"}, `m.txt, line 3): must be 64 lowercase hex digits, got "not-a-key"`},
 		{"pubkeys_file empty", "tiers: {t: {pubkeys_file: m.txt}}", map[string]string{"m.txt": "# nobody yet\n"}, "tiers.t (line 1, column 9): has no members"},
 		{"tier type unknown", "tiers: {t: {pubkeys: [" + pkA + "], limits: {message: {POST: " + win + "}}}}", nil, "tiers.t.limits.message.POST (line 1, column 109): unknown message type"},
 		{"tier type null", "tiers: {t: {pubkeys: [" + pkA + "], limits: {message: {EVENT: }}}}", nil, "tiers.t.limits.message.EVENT (line 1, column 109): must be a list of windows"},
@@ -234,7 +234,7 @@ func TestPolicyRefused(t *testing.T) {
 		{"tier quota window short", "tiers: {t: {pubkeys: [" + pkA + "], quota: {window: 10ms}}}", nil, "tiers.t.quota.window (line 1, column 98): must be between 1s and 24h0m0s, got 10ms"},
 		{"tier quota window not a duration", "tiers: {t: {pubkeys: [" + pkA + "], quota: {window: soon}}}", nil, "tiers.t.quota.window (line 1, column 98): not a duration"},
 		{"tier quota unknown field", "tiers: {t: {pubkeys: [" + pkA + "], quota: {per: 1h}}}", nil, "tiers.t.quota.per (line 1, column 98): unknown field"},
-		{"ipv6 aggregate not wider", "identity: {ipv6_aggregate: [{prefix: 64, limits: " + win + "}]}", nil, "identity.ipv6_aggregate[0].prefix (line 1, column 30): must be 8 to 63 (wider than identity.ipv6_prefix), got 64"},
+		{"ipv6 aggregate not wider", "identity: {ipv6_aggregate: [{prefix: 64, limits: " + win + "}]}", nil, "identity.ipv6_aggregate[0].prefix (line 1, column 30): must be 8 to 63 (wider than the IPv6 client prefix), got 64"},
 		{"ipv6 aggregate under a /56 client prefix", "identity: {ipv6_prefix: 56, ipv6_aggregate: [{prefix: 60, limits: " + win + "}]}", nil, "identity.ipv6_aggregate[0].prefix (line 1, column 47): must be 8 to 55"},
 		{"ipv4 aggregate of a whole address", "identity: {ipv4_aggregate: [{prefix: 32, limits: " + win + "}]}", nil, "identity.ipv4_aggregate[0].prefix (line 1, column 30): must be 8 to 31"},
 		{"ipv4 aggregate too wide", "identity: {ipv4_aggregate: [{prefix: 4, limits: " + win + "}]}", nil, "identity.ipv4_aggregate[0].prefix (line 1, column 30): must be 8 to 31"},
@@ -445,22 +445,22 @@ func TestReloadInProcess(t *testing.T) {
 	defer parts.close()
 	info := &nip11.Handler{Limitation: nip11Limitation(cfg, parts.policy)}
 	rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
-		nip11: publishNIP11(info, gate, func(*config) ([]byte, error) { return nil, nil })}
+		nip11: publishNIP11(info, func(*config, nip11.Limitation) ([]byte, error) { return nil, nil })}
 	served := func() string {
 		w := httptest.NewRecorder()
 		info.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
 		return w.Body.String()
 	}
-	if gate.MaxFilters() != 8 || !strings.Contains(served(), `"max_filters":8`) {
-		t.Fatalf("start: max filters %d, document %s", gate.MaxFilters(), served())
+	if policy.EffectiveMaxFilters(parts.policy) != 8 || !strings.Contains(served(), `"max_filters":8`) {
+		t.Fatalf("start: max filters %d, document %s", policy.EffectiveMaxFilters(parts.policy), served())
 	}
 
 	write("listen: 127.0.0.1:1\nlimits: {max_filters: 4, kinds: {reactions: {kinds: [7], limits: [{rate: 5, period: 1s}]}}}\n")
 	if err := rl.reload(); err != nil {
 		t.Fatal(err)
 	}
-	if gate.MaxFilters() != 4 {
-		t.Errorf("after reload: max filters %d, want 4", gate.MaxFilters())
+	if policy.EffectiveMaxFilters(parts.policy) != 4 {
+		t.Errorf("after reload: max filters %d, want 4", policy.EffectiveMaxFilters(parts.policy))
 	}
 	if doc := served(); !strings.Contains(doc, `"max_filters":4`) || !strings.Contains(doc, `"reactions"`) {
 		t.Errorf("after reload the document is %s", doc)
@@ -477,8 +477,8 @@ func TestReloadInProcess(t *testing.T) {
 	if err := rl.reload(); err == nil {
 		t.Fatal("an invalid file was applied")
 	}
-	if gate.MaxFilters() != 4 || !strings.Contains(served(), `"max_filters":4`) {
-		t.Errorf("an invalid file changed the running policy: max filters %d", gate.MaxFilters())
+	if policy.EffectiveMaxFilters(parts.policy) != 4 || !strings.Contains(served(), `"max_filters":4`) {
+		t.Errorf("an invalid file changed the running policy: max filters %d", policy.EffectiveMaxFilters(parts.policy))
 	}
 	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "limits.kinds.reactions.kinds[0]") {
 		t.Errorf("the refusal does not name the field at level error:\n%s", logs.String())

@@ -8,7 +8,6 @@ import (
 	"net/http"
 
 	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
-	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // proxyFront routes a request in proxy mode: NIP-11 to info, which merges
@@ -42,14 +41,14 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 		return fmt.Errorf("%w: upstream: %v", errConfig, err)
 	}
 
-	fallback := proxyFallbackNIP11(cfg, gate.MaxFilters(), cfg.Subscriptions)
+	lim := nip11Limitation(cfg, parts.policy)
 	client := &http.Client{Timeout: nip11.DefaultTimeout}
 	info := &nip11.Handler{
 		Fetch: func(ctx context.Context) ([]byte, error) {
 			return nip11.Fetch(ctx, client, cfg.Upstream)
 		},
-		Limitation: nip11Limitation(cfg, parts.policy),
-		Fallback:   fallback,
+		Limitation: lim,
+		Fallback:   proxyFallbackNIP11(cfg, lim),
 		OnError: func(err error) {
 			logger.Warn("upstream NIP-11 unavailable; serving the last good or built-in document", "err", err)
 		},
@@ -57,8 +56,8 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 
 	if load != nil {
 		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
-			nip11: publishNIP11(info, gate, func(c *config) ([]byte, error) {
-				return proxyFallbackNIP11(c, gate.MaxFilters(), c.Subscriptions), nil
+			nip11: publishNIP11(info, func(c *config, lim nip11.Limitation) ([]byte, error) {
+				return proxyFallbackNIP11(c, lim), nil
 			})}
 		go rl.run(ctx)
 	}
@@ -69,8 +68,8 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 }
 
 // proxyFallbackNIP11 is the document sluice proxy serves when the upstream
-// has none to give: the info section and the gate's bounds.
-func proxyFallbackNIP11(cfg *config, maxFilters, maxSubs int) []byte {
+// has none to give: the info section and the gate's bounds (lim's).
+func proxyFallbackNIP11(cfg *config, lim nip11.Limitation) []byte {
 	// The fallback says only what sluice knows: no supported_nips (those
 	// are the upstream's), no empty fields.
 	doc := map[string]any{
@@ -78,10 +77,10 @@ func proxyFallbackNIP11(cfg *config, maxFilters, maxSubs int) []byte {
 		"version":  buildVersion(),
 		// What the gate bounds whatever the upstream allows (an
 		// upstream's own document gets them from MergeNIP11).
-		"limitation": map[string]int{
-			"max_filters":       maxFilters,
-			"max_subid_length":  wire.MaxSubIDBytes,
-			"max_subscriptions": maxSubs,
+		"limitation": map[string]int64{
+			"max_filters":       lim.MaxFilters,
+			"max_subid_length":  lim.MaxSubidLength,
+			"max_subscriptions": lim.MaxSubscriptions,
 		},
 	}
 	for k, v := range map[string]string{"name": cfg.Info.Name, "description": cfg.Info.Description,

@@ -14,7 +14,6 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
-	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 const sluiceURL = "https://github.com/sluice-relay/sluice"
@@ -92,17 +91,18 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	kr.Info.Software = sluiceURL
 	kr.Info.Version = buildVersion()
 	kr.Info.SupportedNIPs = relaySupportedNIPs
-	base, err := relayNIP11(cfg, gate.MaxFilters(), cfg.Subscriptions, db.MaxLimit)
+	lim := nip11Limitation(cfg, parts.policy)
+	base, err := relayNIP11(cfg, lim, db.MaxLimit)
 	if err != nil {
 		db.Close()
 		parts.close()
 		return err
 	}
-	info := &nip11.Handler{Fallback: base, Limitation: nip11Limitation(cfg, parts.policy)}
+	info := &nip11.Handler{Fallback: base, Limitation: lim}
 	if load != nil {
 		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
-			nip11: publishNIP11(info, gate, func(c *config) ([]byte, error) {
-				return relayNIP11(c, gate.MaxFilters(), c.Subscriptions, db.MaxLimit)
+			nip11: publishNIP11(info, func(c *config, lim nip11.Limitation) ([]byte, error) {
+				return relayNIP11(c, lim, db.MaxLimit)
 			})}
 		go rl.run(ctx)
 	}
@@ -174,9 +174,10 @@ type relayLimitation struct {
 }
 
 // relayNIP11 builds sluice relay's document: the info section, and the
-// bounds the gate and the event store enforce (maxFilters and maxSubs as
-// the gate computed them, maxLimit the event store's cap on a query).
-func relayNIP11(cfg *config, maxFilters, maxSubs, maxLimit int) ([]byte, error) {
+// bounds the gate and the event store enforce (lim's, as
+// nip11Limitation has them from the running policy, and maxLimit, the
+// event store's cap on a query).
+func relayNIP11(cfg *config, lim nip11.Limitation, maxLimit int) ([]byte, error) {
 	return json.Marshal(nip11Document{
 		Name:          cfg.Info.Name,
 		Description:   cfg.Info.Description,
@@ -187,11 +188,11 @@ func relayNIP11(cfg *config, maxFilters, maxSubs, maxLimit int) ([]byte, error) 
 		Software:      sluiceURL,
 		Version:       buildVersion(),
 		Limitation: relayLimitation{
-			MaxMessageLength: cfg.ReadLimit,
-			MaxSubscriptions: maxSubs,
-			MaxFilters:       maxFilters,
+			MaxMessageLength: lim.MaxMessageLength,
+			MaxSubscriptions: int(lim.MaxSubscriptions),
+			MaxFilters:       int(lim.MaxFilters),
 			MaxLimit:         maxLimit,
-			MaxSubidLength:   wire.MaxSubIDBytes, // the gate forwards no longer id
+			MaxSubidLength:   int(lim.MaxSubidLength),
 		},
 	})
 }

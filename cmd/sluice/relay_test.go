@@ -140,7 +140,7 @@ func TestRelayNIP11(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, err := relayNIP11(cfg, 7, 30, 500)
+	doc, err := relayNIP11(cfg, testLimitation(t, cfg), 500)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,11 +174,21 @@ func TestRelayNIP11(t *testing.T) {
 	// Configured, they appear.
 	cfg.Info.Pubkey = strings.Repeat("ab", 32)
 	cfg.Info.Contact = "mailto:op@example.com"
-	doc, _ = relayNIP11(cfg, 7, 30, 500)
+	doc, _ = relayNIP11(cfg, testLimitation(t, cfg), 500)
 	top = checkNIP11(t, "sluice relay with info", doc)
 	if top["pubkey"] != cfg.Info.Pubkey || top["contact"] != cfg.Info.Contact {
 		t.Errorf("configured info missing: %v", top)
 	}
+}
+
+// testLimitation is what sluice publishes under cfg's policy.
+func testLimitation(t *testing.T, cfg *config) nip11.Limitation {
+	t.Helper()
+	pc, err := buildPolicy(cfg, localQuotas(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nip11Limitation(cfg, pc)
 }
 
 // TestProxyFallbackNIP11: the document sluice proxy serves when the
@@ -188,7 +198,7 @@ func TestProxyFallbackNIP11(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	top := checkNIP11(t, "sluice proxy fallback", served(t, cfg, proxyFallbackNIP11(cfg, 10, 50)))
+	top := checkNIP11(t, "sluice proxy fallback", served(t, cfg, proxyFallbackNIP11(cfg, testLimitation(t, cfg))))
 	if _, ok := top["supported_nips"]; ok {
 		t.Error("the fallback lists supported_nips: those are the upstream's, which sluice does not know")
 	}

@@ -29,7 +29,8 @@ type reloader struct {
 	m      *metrics
 	logger *slog.Logger
 	// nip11 publishes the document of a configuration (restart-only
-	// fields as at start-up) and its policy; nil for none.
+	// fields as at start-up) and its policy, the gate's running one; nil
+	// for none.
 	nip11 func(cfg *config, pc policy.Config)
 }
 
@@ -51,6 +52,7 @@ var restartFields = []struct {
 	{"limits.max_connections", func(c *config) any { return c.MaxConnections }},
 	{"limits.syncs", func(c *config) any { return c.Syncs }},
 	{"limits.max_filter_bytes", func(c *config) any { return c.MaxFilterBytes }},
+	{"limits.max_queued_bytes", func(c *config) any { return c.QueueBytes }},
 	{"log.format", func(c *config) any { return c.LogFormat }},
 	{"log.level", func(c *config) any { return c.LogLevel }},
 	{"store.redis", func(c *config) any { return c.Redis }},
@@ -94,7 +96,7 @@ func (r *reloader) reload() error {
 	eff.Listen, eff.MetricsListen, eff.DataDir, eff.Upstream = r.start.Listen, r.start.MetricsListen, r.start.DataDir, r.start.Upstream
 	eff.RelayURL, eff.ReadLimit, eff.FrameSize = r.start.RelayURL, r.start.ReadLimit, r.start.FrameSize
 	eff.Subscriptions, eff.MaxConnections, eff.Syncs = r.start.Subscriptions, r.start.MaxConnections, r.start.Syncs
-	eff.MaxFilterBytes = r.start.MaxFilterBytes
+	eff.MaxFilterBytes, eff.QueueBytes = r.start.MaxFilterBytes, r.start.QueueBytes
 	eff.LogFormat, eff.LogLevel = r.start.LogFormat, r.start.LogLevel
 	eff.Redis, eff.Prefix, eff.StoreTimeout = r.start.Redis, r.start.Prefix, r.start.StoreTimeout
 
@@ -126,7 +128,7 @@ func (r *reloader) reload() error {
 		mode = "shadow"
 	}
 	r.logger.Info("configuration reloaded", "mode", mode, "kind_classes", len(pc.Kinds), "tiers", len(pc.Tiers),
-		"members", members, "aggregates", len(pc.Aggregates), "shadow_windows", shadow, "max_filters", r.gate.MaxFilters())
+		"members", members, "aggregates", len(pc.Aggregates), "shadow_windows", shadow, "max_filters", policy.EffectiveMaxFilters(pc))
 	return nil
 }
 
@@ -140,13 +142,14 @@ func indentOneLine(err error) string {
 }
 
 // publishNIP11 returns the reloader's nip11 for handler h, whose fallback
-// document fallback builds.
-func publishNIP11(h *nip11.Handler, gate *relay.Gate, fallback func(cfg *config) ([]byte, error)) func(*config, policy.Config) {
+// document fallback builds from the same limitation h merges.
+func publishNIP11(h *nip11.Handler, fallback func(cfg *config, lim nip11.Limitation) ([]byte, error)) func(*config, policy.Config) {
 	return func(cfg *config, pc policy.Config) {
-		fb, err := fallback(cfg)
+		lim := nip11Limitation(cfg, pc)
+		fb, err := fallback(cfg, lim)
 		if err != nil {
 			fb = nil // keep the one before
 		}
-		h.SetLimitation(nip11Limitation(cfg, pc), fb)
+		h.SetLimitation(lim, fb)
 	}
 }

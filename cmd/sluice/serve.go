@@ -166,21 +166,9 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 	}
 	p.policy = pc
 	m.setPolicy(pc)
-	g, err = relay.New(relay.Options{
-		Limiter:   p.limiter,
-		Policy:    pc,
-		ReadLimit: cfg.ReadLimit,
-		FrameSize: cfg.FrameSize,
-		RelayURL:  cfg.RelayURL,
-
-		MaxSubscriptions: cfg.Subscriptions,
-		MaxConnections:   cfg.MaxConnections,
-		MaxSyncs:         cfg.Syncs,
-		MaxFilterBytes:   cfg.MaxFilterBytes,
-		Stored:           stored,
-		Observer:         m.observer(),
-		Logger:           logger,
-	})
+	opts := gateOptions(cfg, pc)
+	opts.Limiter, opts.Stored, opts.Observer, opts.Logger = p.limiter, stored, m.observer(), logger
+	g, err = relay.New(opts)
 	if err != nil {
 		p.close()
 		return nil, nil, nil, fmt.Errorf("%w: %v", errConfig, err)
@@ -189,16 +177,19 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 }
 
 // nip11Limitation is what sluice publishes about itself in NIP-11 under
-// the policy pc (the running one).
+// the policy pc, the one the gate runs (newGate and the reloader keep it
+// in limiterParts.policy): the one source of every NIP-11 document, sluice
+// relay's, sluice proxy's merge and its fallback, so that the number
+// published is the number enforced (policy.EffectiveMaxFilters is what the
+// gate compiles pc's REQ bound to).
 func nip11Limitation(cfg *config, pc policy.Config) nip11.Limitation {
 	limits := policy.DefaultLimits()
 	if pc.Limits != nil {
 		limits = *pc.Limits
 	}
-	maxFilters := policy.EffectiveMaxFilters(pc)
 	return nip11.Limitation{
 		MaxMessageLength: cfg.ReadLimit,
-		MaxFilters:       int64(maxFilters),
+		MaxFilters:       int64(policy.EffectiveMaxFilters(pc)),
 		MaxSubidLength:   wire.MaxSubIDBytes,
 		MaxSubscriptions: int64(cfg.Subscriptions),
 		Limits:           &limits,

@@ -22,7 +22,7 @@ const (
 // statusSample is the frame counters and open connections at one instant.
 type statusSample struct {
 	at     time.Time
-	frames [wire.NumTypes][policy.NumOutcomes]uint64
+	frames [wire.NumTypes][numOutcomes]uint64
 	open   int64
 }
 
@@ -164,12 +164,12 @@ func (s *statusPage) view(ctx context.Context) statusView {
 
 	first := samples[0]
 	v.Window = now.Sub(first.at).Round(time.Second).String()
-	for o := policy.Outcome(0); o < policy.NumOutcomes; o++ {
+	for o := policy.Outcome(0); o < numOutcomes; o++ {
 		v.Outcomes = append(v.Outcomes, o.String())
 	}
-	v.Totals = make([]uint64, policy.NumOutcomes)
+	v.Totals = make([]uint64, numOutcomes)
 	for t := wire.Type(0); t < wire.NumTypes; t++ {
-		row := statusRow{Type: t.String(), Counts: make([]uint64, policy.NumOutcomes)}
+		row := statusRow{Type: t.String(), Counts: make([]uint64, numOutcomes)}
 		for o := range row.Counts {
 			n := live.frames[t][o] - first.frames[t][o]
 			row.Counts[o] = n

@@ -330,7 +330,7 @@ func TestRedisOutage(t *testing.T) {
 
 // TestGateAndHooksAgree drives one sequence of EVENTs through a gate and
 // through hooks and asserts the same answer to each, by the one rule of
-// policy.AllowList and relay.Options.Quota: the EVENT windows are charged
+// policy.Identity and relay.Options.Quota: the EVENT windows are charged
 // first, then the actor quota; an allow-listed author is exempt from the
 // quota only. Hooks that exempted an allow-listed author from the EVENT
 // windows too (as they once did) accept the last event; a gate that let a
@@ -338,10 +338,6 @@ func TestRedisOutage(t *testing.T) {
 func TestGateAndHooksAgree(t *testing.T) {
 	alice, member := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
 	memberPK, _ := nostr.GetPublicKey(member)
-	allow, err := policy.NewAllowList(nil, []string{memberPK})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// EVENT: a burst of 5 in 10 s; quota: 2 events a minute per actor.
 	limits := limitsOf(wire.TypeEVENT, 5, 10*time.Second)
 	steps := []struct {
@@ -365,7 +361,7 @@ func TestGateAndHooksAgree(t *testing.T) {
 			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
-			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: q.Local(clock.Now), Identity: policy.Identity{Allow: allow}},
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: q.Local(clock.Now), Identity: policy.Identity{AllowPubkeys: []string{memberPK}}},
 				RelayURL: "ws://relay.example"}) // allow-listed pubkeys need it (nothing here AUTHs)
 			r := nostrtest.Connect(t, ws)
 			for i, st := range steps {

@@ -8,7 +8,7 @@
 //
 // The rules are the gate's: New compiles the limits with charge.Compile,
 // and an EVENT pays its windows first and then the actor quota, with the
-// allow-list rule of policy.AllowList. What hooks cannot do that a gate does
+// allow-list rule of policy.Identity. What hooks cannot do that a gate does
 // — see Hooks — follows from where a framework calls them.
 //
 // It imports go-nostr (the parsed types), relay/policy, relay/wire and

@@ -109,7 +109,7 @@ type Options struct {
 //     the client sent, which any client can name: with member tiers or
 //     allow-listed pubkeys, set khatru's ServiceURL to the public URL, or
 //     an AUTH a member signed for another relay can be replayed to it (a
-//     Gate refuses such a policy without Options.RelayURL: ErrNoRelayURL).
+//     Gate refuses such a policy without Options.RelayURL).
 //
 // A Gate (Wrap) has none of these limits: it reads each frame before the
 // relay does.
@@ -135,7 +135,7 @@ type Hooks struct {
 
 // New returns Hooks for opts. It validates every configured limit and
 // returns an error wrapping ratelimit.ErrInvalidLimit that names the
-// offending type (or policy.ErrPolicy, or policy.ErrIdentity), as policy.Config.Validate does.
+// offending field (*policy.FieldError), as policy.Config.Validate does.
 func New(opts Options) (*Hooks, error) {
 	h := &Hooks{lim: opts.Limiter, obs: (*charge.Observer)(opts.Observer)}
 	if err := h.Reload(opts.Policy); err != nil {
@@ -523,7 +523,7 @@ type RelyHooks[C, S any] struct {
 	Connection func(S, *http.Request) error
 	// Event charges the EVENT windows and then checks the actor quota
 	// (the event's pubkey), as a Gate does; an allow-listed author is
-	// exempt from the quota only (see policy.AllowList), so it needs no
+	// exempt from the quota only (see policy.Identity), so it needs no
 	// signature check before rely's own.
 	Event func(C, *nostr.Event) error
 	// Req charges a REQ as many REQs as it has filters, as a Gate does,

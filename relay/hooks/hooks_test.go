@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -28,8 +29,8 @@ type hookFixture struct {
 	h     *Hooks
 	store *nostrtest.OutageStore
 	clock *nostrtest.Clock
-	obs   [wire.NumTypes][policy.NumOutcomes]atomic.Int64
-	conns [policy.NumOutcomes]atomic.Int64
+	obs   [wire.NumTypes][policy.Unmatched + 1]atomic.Int64
+	conns [policy.Unmatched + 1]atomic.Int64
 }
 
 func newHookFixture(t *testing.T, limits policy.Limits, quota *ratelimit.Quota) *hookFixture {
@@ -517,16 +518,12 @@ func TestHooksAllowList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allow, err := policy.NewAllowList([]string{"198.51.100.0/24"}, []string{pk})
-	if err != nil {
-		t.Fatal(err)
-	}
 	l := policy.DefaultLimits()
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(64)}
 	store.Down.Store(true)
 	h, err := New(Options{
 		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
-		Policy:  policy.Config{Limits: &l, Identity: policy.Identity{Allow: allow}},
+		Policy:  policy.Config{Limits: &l, Identity: policy.Identity{AllowIPs: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, AllowPubkeys: []string{pk}}},
 	})
 	if err != nil {
 		t.Fatal(err)

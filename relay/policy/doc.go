@@ -5,9 +5,9 @@
 // A Config holds the address's Limits (per message type and per
 // connection), the frame Bounds, the EVENT kind classes, the member tiers,
 // the prefix aggregates, shadow mode, the actor quota and the Identity
-// (how a request becomes a client, and the AllowList of those charged
-// nothing). Its zero value is the defaults. Config.Validate reports what a
-// gate would refuse; the gate and the hooks compile a Config once, on New
+// (how a request becomes a client, and the allow-lists of those charged
+// nothing). Its zero value is the defaults. Config.Validate reports all
+// that a gate would refuse, each a FieldError naming its field; the gate and the hooks compile a Config once, on New
 // and on Reload, and only read the result per frame. Observer is how their
 // decisions are seen (metrics callbacks, by Outcome and CutReason).
 //

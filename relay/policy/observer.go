@@ -34,12 +34,12 @@ const (
 	// Unmatched: a CLOSE or NEG-CLOSE naming nothing open at the relay,
 	// charged (to the catch-all when its type is free) and answered by
 	// the gate, which is to say not at all: it is not forwarded.
+	// Unmatched is the last outcome: an array indexed by Outcome has
+	// Unmatched+1 elements, and String says "unknown" past it.
 	Unmatched
-	// NumOutcomes is the number of outcomes, for arrays indexed by Outcome.
-	NumOutcomes
 )
 
-var outcomeNames = [NumOutcomes]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid", "over_cap", "shadow_limited", "unmatched"}
+var outcomeNames = [Unmatched + 1]string{"admitted", "rate_limited", "unavailable", "quota_exceeded", "allowlisted", "invalid", "over_cap", "shadow_limited", "unmatched"}
 
 // CutReason is why the gate closed a client's connection on its own
 // account.
@@ -53,16 +53,16 @@ const (
 	// CutControlFlood: too many control frames (pings, pongs, fragments).
 	CutControlFlood
 	// CutKnocking: too many frames refused from the local table.
+	// CutKnocking is the last reason: an array indexed by CutReason has
+	// CutKnocking+1 elements.
 	CutKnocking
-	// NumCutReasons is the number of reasons, for arrays.
-	NumCutReasons
 )
 
-var cutNames = [NumCutReasons]string{"slow_reader", "control_flood", "knocking"}
+var cutNames = [CutKnocking + 1]string{"slow_reader", "control_flood", "knocking"}
 
 // String returns a lower-case label fit for a metric ("slow_reader").
 func (r CutReason) String() string {
-	if r < NumCutReasons {
+	if int(r) < len(cutNames) {
 		return cutNames[r]
 	}
 	return "unknown"
@@ -70,7 +70,7 @@ func (r CutReason) String() string {
 
 // String returns a lower-case label fit for a metric ("rate_limited").
 func (o Outcome) String() string {
-	if o < NumOutcomes {
+	if int(o) < len(outcomeNames) {
 		return outcomeNames[o]
 	}
 	return "unknown"

@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"regexp"
 
@@ -17,10 +15,6 @@ const (
 	maxTiers      = 32
 	maxAggregates = 4
 )
-
-// ErrPolicy is wrapped by Compile for a configuration it refuses; the
-// message names the offending class, tier or aggregate.
-var ErrPolicy = errors.New("policy: invalid policy")
 
 // Config is everything a Policy is compiled from: the one way to configure
 // a Gate (relay.Options.Policy) and Hooks (hooks.Options.Policy). The zero
@@ -63,7 +57,7 @@ type Config struct {
 	// alone.
 	Quota ratelimit.ActorQuota
 	// Identity turns a request into its client and holds the allow-lists
-	// (the addresses and pubkeys charged nothing; see AllowList). The zero
+	// (the addresses and pubkeys charged nothing; see Identity). The zero
 	// Identity: the TCP peer is the client, IPv6 by /64, nothing
 	// allow-listed.
 	Identity Identity
@@ -116,15 +110,14 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 
 // checkName refuses a class or tier name that is not a key part, or that
 // seen holds already, and adds it to seen.
-func checkName(what, name string, seen map[string]bool) error {
+func checkName(errs *fieldErrors, path, what, name string, seen map[string]bool) {
 	switch {
 	case !nameRE.MatchString(name):
-		return fmt.Errorf("%w: %s %q: a name is 1 to 32 letters, digits, '_' or '-'", ErrPolicy, what, name)
+		errs.addf(path, "a %s name is 1 to 32 letters, digits, '_' or '-', got %q", what, name)
 	case seen[name]:
-		return fmt.Errorf("%w: %s %q twice", ErrPolicy, what, name)
+		errs.addf(path, "%s %q twice", what, name)
 	}
 	seen[name] = true
-	return nil
 }
 
 // EffectiveMaxFilters returns how many filters a REQ may hold under cfg:

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -18,126 +19,188 @@ const (
 	maxMaxFanout        = 1000000
 )
 
-// Validate reports the first thing wrong with c, in the order a Gate
-// would meet it: the identity, the connection limits, each message type's
-// limits, the bounds, the kind classes, the tiers, the aggregates. Each
-// set of windows must pass ratelimit.ValidateLimits (an error wrapping
-// ratelimit.ErrInvalidLimit that names the connection limit, the message
-// type, the class or the tier); the identity's errors wrap ErrIdentity,
-// everything else ErrPolicy. relay.New, relay.Gate.Reload, hooks.New and
-// hooks.Hooks.Reload refuse what Validate refuses.
+// FieldError is one thing wrong with a configuration: the field, by its
+// Path in Go's terms from the value validated ("Limits.Message[EVENT][1]",
+// "Tiers[0].Pubkeys[3]", "Identity.AllowIPs[2]"; relay.Options.Validate
+// puts "Policy." in front of a Config's), and what is wrong with it. A
+// window the ratelimit package refuses has an Err wrapping
+// ratelimit.ErrInvalidLimit. Config.Validate returns errors.Join of them:
+// find them with errors.As, or walk the join.
+type FieldError struct {
+	Path string
+	Err  error
+}
+
+func (e *FieldError) Error() string { return e.Path + ": " + e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// fieldErrors collects the FieldErrors of one validation.
+type fieldErrors []error
+
+func (errs *fieldErrors) add(path string, err error) {
+	*errs = append(*errs, &FieldError{Path: path, Err: err})
+}
+
+func (errs *fieldErrors) addf(path, format string, args ...any) {
+	errs.add(path, fmt.Errorf(format, args...))
+}
+
+// Validate reports everything wrong with c that a Gate or Hooks would
+// refuse, as errors.Join of *FieldError in the order of c's fields: the
+// limits (each window must pass ratelimit.Limit.Validate, at most
+// ratelimit.MaxWindows of them and no period twice, as
+// ratelimit.ValidateLimits has it), the bounds, the kind classes, the
+// tiers, the aggregates, the identity. relay.New, relay.Gate.Reload,
+// hooks.New and hooks.Hooks.Reload refuse what Validate refuses. It
+// returns nil for a valid c.
 func (c *Config) Validate() error {
-	if err := c.Identity.validate(); err != nil {
-		return err
-	}
+	var errs fieldErrors
 	lim := DefaultLimits()
 	if c.Limits != nil {
 		lim = *c.Limits
 	}
-	if err := ratelimit.ValidateLimits(lim.Connection); err != nil {
-		return fmt.Errorf("policy: connection limits: %w", err)
-	}
-	if err := lim.validateMessages(); err != nil {
-		return err
-	}
+	checkWindows(&errs, "Limits.Connection", lim.Connection)
+	lim.checkMessages(&errs, "Limits")
+
 	b := c.Bounds
 	for _, f := range []struct {
 		name   string
 		v, max int
 	}{
-		{"max_event_tags", b.MaxTags, maxMaxTags},
-		{"max_tag_value_bytes", b.MaxTagValueBytes, maxMaxTagValueBytes},
-		{"max_filter_values", b.MaxFilterValues, maxMaxFilterValues},
-		{"max_filter_fanout", b.MaxFanout, maxMaxFanout},
+		{"MaxTags", b.MaxTags, maxMaxTags},
+		{"MaxTagValueBytes", b.MaxTagValueBytes, maxMaxTagValueBytes},
+		{"MaxFilterValues", b.MaxFilterValues, maxMaxFilterValues},
+		{"MaxFanout", b.MaxFanout, maxMaxFanout},
 	} {
 		if f.v < 0 || f.v > f.max {
-			return fmt.Errorf("%w: %s must be between 0 (its default) and %d, got %d", ErrPolicy, f.name, f.max, f.v)
+			errs.addf("Bounds."+f.name, "must be between 0 (its default) and %d, got %d", f.max, f.v)
 		}
 	}
+
 	if len(c.Kinds) > maxClasses {
-		return fmt.Errorf("%w: %d kind classes, at most %d", ErrPolicy, len(c.Kinds), maxClasses)
+		errs.addf("Kinds", "%d kind classes, at most %d", len(c.Kinds), maxClasses)
 	}
 	classOf := map[int]string{}
 	seen := map[string]bool{}
-	for _, cl := range c.Kinds {
-		if err := checkName("kind class", cl.Name, seen); err != nil {
-			return err
-		}
+	for i, cl := range c.Kinds[:min(len(c.Kinds), maxClasses)] {
+		path := fmt.Sprintf("Kinds[%d]", i)
+		checkName(&errs, path+".Name", "kind class", cl.Name, seen)
 		if len(cl.Kinds) == 0 {
-			return fmt.Errorf("%w: kind class %q has no kinds", ErrPolicy, cl.Name)
+			errs.addf(path+".Kinds", "must list at least one kind")
 		}
-		for _, r := range cl.Kinds {
+		for j, r := range cl.Kinds {
+			p := fmt.Sprintf("%s.Kinds[%d]", path, j)
 			if r.From < 0 || r.To > 65535 || r.From > r.To {
-				return fmt.Errorf("%w: kind class %q: kinds %d-%d must lie within 0-65535, low to high", ErrPolicy, cl.Name, r.From, r.To)
+				errs.addf(p, "kinds %d-%d must lie within 0-65535, low to high", r.From, r.To)
+				continue
 			}
 			for k := r.From; k <= r.To; k++ {
 				if other, ok := classOf[k]; ok && other != cl.Name {
-					return fmt.Errorf("%w: kind %d is in both kind classes %q and %q", ErrPolicy, k, other, cl.Name)
+					errs.addf(p, "kind %d is also in kind class %q", k, other)
+					break
 				}
 				classOf[k] = cl.Name
 			}
 		}
 		if len(cl.Limits) == 0 {
-			return fmt.Errorf("%w: kind class %q has no limits", ErrPolicy, cl.Name)
+			errs.addf(path+".Limits", "must list at least one window")
 		}
-		if err := ratelimit.ValidateLimits(cl.Limits); err != nil {
-			return fmt.Errorf("policy: kind class %q: %w", cl.Name, err)
-		}
+		checkWindows(&errs, path+".Limits", cl.Limits)
 	}
+
 	if len(c.Tiers) > maxTiers {
-		return fmt.Errorf("%w: %d tiers, at most %d", ErrPolicy, len(c.Tiers), maxTiers)
+		errs.addf("Tiers", "%d tiers, at most %d", len(c.Tiers), maxTiers)
 	}
 	tierOf := map[wire.Hex32]string{}
 	seen = map[string]bool{}
-	for _, t := range c.Tiers {
-		if err := checkName("tier", t.Name, seen); err != nil {
-			return err
-		}
+	for i, t := range c.Tiers[:min(len(c.Tiers), maxTiers)] {
+		path := fmt.Sprintf("Tiers[%d]", i)
+		checkName(&errs, path+".Name", "tier", t.Name, seen)
 		if !t.Free {
-			if err := t.Limits.validateMessages(); err != nil {
-				return fmt.Errorf("policy: tier %q: %w", t.Name, err)
-			}
+			t.Limits.checkMessages(&errs, path+".Limits")
 		}
-		for _, pk := range t.Pubkeys {
+		for j, pk := range t.Pubkeys {
+			p := fmt.Sprintf("%s.Pubkeys[%d]", path, j)
 			k, ok := wire.DecodeHex32(pk)
 			if !ok || k.String() != pk {
-				return fmt.Errorf("%w: tier %q: pubkey %q is not 64 lowercase hex digits", ErrPolicy, t.Name, pk)
+				errs.addf(p, "must be 64 lowercase hex digits, got %q", pk)
+				continue
 			}
 			if other, dup := tierOf[k]; dup && other != t.Name {
-				return fmt.Errorf("%w: pubkey %s is in both tiers %q and %q", ErrPolicy, pk, other, t.Name)
+				errs.addf(p, "pubkey %s is also in tier %q", pk, other)
+				continue
 			}
 			tierOf[k] = t.Name
 		}
 	}
+
 	if len(c.Aggregates) > maxAggregates {
-		return fmt.Errorf("%w: %d aggregates, at most %d", ErrPolicy, len(c.Aggregates), maxAggregates)
+		errs.addf("Aggregates", "%d aggregates, at most %d", len(c.Aggregates), maxAggregates)
 	}
-	for _, a := range c.Aggregates {
-		what := fmt.Sprintf("IPv6 /%d", a.Bits)
-		max := 127
+	clientBits := c.Identity.IPv6Prefix
+	if clientBits <= 0 || clientBits > 128 {
+		clientBits = 64
+	}
+	type family struct {
+		v4   bool
+		bits int
+	}
+	seenAgg := map[family]bool{}
+	for i, a := range c.Aggregates[:min(len(c.Aggregates), maxAggregates)] {
+		path := fmt.Sprintf("Aggregates[%d]", i)
+		// An aggregate narrower than a client is no aggregate: its
+		// clients would never share it.
+		lo, hi, why := 8, clientBits-1, "wider than the IPv6 client prefix"
 		if a.V4 {
-			what, max = fmt.Sprintf("IPv4 /%d", a.Bits), 31
+			hi, why = 31, "wider than one address"
 		}
-		if a.Bits < 8 || a.Bits > max {
-			return fmt.Errorf("%w: aggregate %s: the prefix must be 8 to %d bits", ErrPolicy, what, max)
+		switch {
+		case a.Bits < lo || a.Bits > hi:
+			errs.addf(path+".Bits", "must be %d to %d (%s), got %d", lo, hi, why, a.Bits)
+		case seenAgg[family{a.V4, a.Bits}]:
+			errs.addf(path+".Bits", "/%d is listed twice", a.Bits)
 		}
+		seenAgg[family{a.V4, a.Bits}] = true
 		if len(a.Limits) == 0 {
-			return fmt.Errorf("%w: aggregate %s has no limits", ErrPolicy, what)
+			errs.addf(path+".Limits", "must list at least one window")
 		}
-		if err := ratelimit.ValidateLimits(a.Limits); err != nil {
-			return fmt.Errorf("policy: aggregate %s: %w", what, err)
-		}
+		checkWindows(&errs, path+".Limits", a.Limits)
 	}
-	return nil
+
+	c.Identity.validate(&errs)
+	return errors.Join(errs...)
 }
 
-// validateMessages checks the windows of every message type with
-// ratelimit.ValidateLimits; an error names the type.
-func (l *Limits) validateMessages() error {
-	for t := range l.Message {
-		if err := ratelimit.ValidateLimits(l.Message[t]); err != nil {
-			return fmt.Errorf("policy: %v limits: %w", wire.Type(t), err)
+// checkWindows adds an error for each window of ls at path that the
+// ratelimit package refuses: one Limit.Validate refuses, the first past
+// ratelimit.MaxWindows (those beyond it are not looked at), and one whose
+// period an earlier window has (ratelimit.ValidateLimits).
+func checkWindows(errs *fieldErrors, path string, ls []ratelimit.Limit) {
+	ok := make([]ratelimit.Limit, 0, ratelimit.MaxWindows+1)
+	for i, l := range ls[:min(len(ls), ratelimit.MaxWindows+1)] {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		if i == ratelimit.MaxWindows {
+			errs.add(p, fmt.Errorf("%w: %d windows, at most %d", ratelimit.ErrInvalidLimit, len(ls), ratelimit.MaxWindows))
+			break
 		}
+		if err := l.Validate(); err != nil {
+			errs.add(p, err)
+			continue
+		}
+		if err := ratelimit.ValidateLimits(append(ok, l)); err != nil {
+			errs.add(p, err) // a period an earlier window has
+			continue
+		}
+		ok = append(ok, l)
 	}
-	return nil
+}
+
+// checkMessages checks the windows of every message type, under
+// path.Message[TYPE].
+func (l *Limits) checkMessages(errs *fieldErrors, path string) {
+	for t := range l.Message {
+		checkWindows(errs, fmt.Sprintf("%s.Message[%v]", path, wire.Type(t)), l.Message[t])
+	}
 }

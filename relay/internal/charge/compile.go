@@ -129,9 +129,9 @@ func Compile(cfg policy.Config) (*Policy, error) {
 		}
 		p.aggs = append(p.aggs, aggregate{bits: a.Bits, v4: a.V4, win: w})
 	}
-	if al := cfg.Identity.Allow; al != nil {
-		p.allowPubkeys = make(map[wire.Hex32]struct{}, len(al.Pubkeys))
-		for _, pk := range al.Pubkeys {
+	if pks := cfg.Identity.AllowPubkeys; len(pks) > 0 {
+		p.allowPubkeys = make(map[wire.Hex32]struct{}, len(pks))
+		for _, pk := range pks {
 			if k, ok := wire.DecodeHex32(pk); ok {
 				p.allowPubkeys[k] = struct{}{}
 			}

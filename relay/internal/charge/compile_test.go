@@ -135,8 +135,8 @@ func TestKindClasses(t *testing.T) {
 		{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}, {Name: "b", Kinds: []policy.KindRange{{From: 9, To: 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
 		{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 1}}}},
 	} {
-		if _, err := Compile(policy.Config{Kinds: bad}); !errors.Is(err, policy.ErrPolicy) {
-			t.Errorf("Compile(%+v) = %v, want ErrPolicy", bad, err)
+		if _, err := Compile(policy.Config{Kinds: bad}); !errors.As(err, new(*policy.FieldError)) {
+			t.Errorf("Compile(%+v) = %v, want a FieldError", bad, err)
 		}
 	}
 }
@@ -184,10 +184,10 @@ func TestTiers(t *testing.T) {
 	if !f.Free() || f.Charged(wire.TypeEVENT) || f.Quota() != nil {
 		t.Fatal("the free tier is charged")
 	}
-	if _, err := Compile(policy.Config{Tiers: []policy.Tier{{Name: "x", Pubkeys: []string{"AA"}}}}); !errors.Is(err, policy.ErrPolicy) {
+	if _, err := Compile(policy.Config{Tiers: []policy.Tier{{Name: "x", Pubkeys: []string{"AA"}}}}); !errors.As(err, new(*policy.FieldError)) {
 		t.Errorf("a bad pubkey: %v", err)
 	}
-	if _, err := Compile(policy.Config{Tiers: []policy.Tier{{Name: "x", Pubkeys: []string{member}}, {Name: "y", Pubkeys: []string{member}}}}); !errors.Is(err, policy.ErrPolicy) {
+	if _, err := Compile(policy.Config{Tiers: []policy.Tier{{Name: "x", Pubkeys: []string{member}}, {Name: "y", Pubkeys: []string{member}}}}); !errors.As(err, new(*policy.FieldError)) {
 		t.Errorf("a pubkey in two tiers: %v", err)
 	}
 }
@@ -243,7 +243,7 @@ func TestAggregates(t *testing.T) {
 	if v := sub("192.0.2.11").ChargeConnection(ctx, lim); !v.Refused || v.Budget != "prefix 192.0.2.0/24" {
 		t.Fatalf("third upgrade from the /24: %+v", v)
 	}
-	if _, err := Compile(policy.Config{Aggregates: []policy.Aggregate{{Bits: 128, Limits: lims(ratelimit.PerPeriod(3, time.Hour))}}}); !errors.Is(err, policy.ErrPolicy) {
+	if _, err := Compile(policy.Config{Aggregates: []policy.Aggregate{{Bits: 128, Limits: lims(ratelimit.PerPeriod(3, time.Hour))}}}); !errors.As(err, new(*policy.FieldError)) {
 		t.Errorf("a /128 aggregate: %v", err)
 	}
 }

@@ -250,7 +250,7 @@ func (id *Identity) ClientOf(ip string) (key string, addr netip.Addr, free bool)
 
 // Key maps an address string onto a client key for the hooks: key is
 // clientFromString(ip), and charge is false when the address is in
-// Allow (an allow-listed client is never charged). An unreadable address
+// AllowIPs (an allow-listed client is never charged). An unreadable address
 // is charged to UnknownClient.
 func (id *Identity) Key(ip string) (key string, charge bool) {
 	a, _ := parseHost(strings.TrimSpace(ip))
@@ -263,12 +263,12 @@ func (id *Identity) Key(ip string) (key string, charge bool) {
 // allowsAddr reports whether addr is in one of the allow-listed networks.
 // IPv4-mapped addresses are compared as IPv4, zones are ignored. It does not
 // allocate.
-func allowsAddr(al *policy.AllowList, addr netip.Addr) bool {
-	if al == nil || !addr.IsValid() {
+func allowsAddr(nets []netip.Prefix, addr netip.Addr) bool {
+	if !addr.IsValid() {
 		return false
 	}
 	addr = addr.WithZone("").Unmap()
-	for _, p := range al.IPs {
+	for _, p := range nets {
 		if p.Contains(addr) {
 			return true
 		}
@@ -277,16 +277,13 @@ func allowsAddr(al *policy.AllowList, addr netip.Addr) bool {
 }
 
 // allowsPubkey reports whether pubkeyHex (64 hex digits, either case) is
-// in al, by a linear scan. It does not allocate.
-func allowsPubkey(al *policy.AllowList, pubkeyHex string) bool {
-	if al == nil {
-		return false
-	}
+// in pubkeys, by a linear scan. It does not allocate.
+func allowsPubkey(pubkeys []string, pubkeyHex string) bool {
 	k, ok := wire.DecodeHex32(pubkeyHex)
 	if !ok {
 		return false
 	}
-	for _, p := range al.Pubkeys {
+	for _, p := range pubkeys {
 		if q, ok := wire.DecodeHex32(p); ok && q == k {
 			return true
 		}
@@ -294,15 +291,15 @@ func allowsPubkey(al *policy.AllowList, pubkeyHex string) bool {
 	return false
 }
 
-// AllowsAddr reports whether Allow lists addr; false for a nil Identity or Allow.
+// AllowsAddr reports whether AllowIPs lists addr; false for a nil Identity.
 func (id *Identity) AllowsAddr(addr netip.Addr) bool {
-	return id != nil && allowsAddr(id.Allow, addr)
+	return id != nil && allowsAddr(id.AllowIPs, addr)
 }
 
-// AllowsPubkey reports whether Allow lists pubkeyHex; false for a nil
-// Identity or Allow.
+// AllowsPubkey reports whether AllowPubkeys lists pubkeyHex; false for a
+// nil Identity.
 func (id *Identity) AllowsPubkey(pubkeyHex string) bool {
-	return id != nil && allowsPubkey(id.Allow, pubkeyHex)
+	return id != nil && allowsPubkey(id.AllowPubkeys, pubkeyHex)
 }
 
 // PrefixBits returns the prefix length IPv6 clients are grouped by.

@@ -76,7 +76,7 @@ type Limitation struct {
 	MaxMessageLength int64
 	// MaxFilters, MaxSubidLength and MaxSubscriptions are the gate's
 	// bounds on a forwarded REQ and on the subscriptions a connection
-	// holds (Gate.MaxFilters, wire.MaxSubIDBytes, Gate.MaxSubscriptions),
+	// holds (policy.EffectiveMaxFilters of the running policy, wire.MaxSubIDBytes, relay.Options.MaxSubscriptions),
 	// written to limitation.max_filters, max_subid_length and
 	// max_subscriptions the same way: the smaller of the document's and
 	// these; 0 leaves a field as it is.
