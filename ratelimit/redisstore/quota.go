@@ -196,7 +196,7 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up before the call went out (its round trip
-		// would not see it: callCtx).
+		// would not see it: callContext).
 		s.br.record(probe, outcomeIgnored)
 		return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 	}
@@ -211,11 +211,11 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	if id != "" {
 		args[9] = &id
 	}
-	var cc *callCtx
 	rctx := ctx
 	if !deadline.IsZero() {
-		cc = s.ctxs.withDeadline(ctx, deadline)
-		rctx = cc
+		var cancel context.CancelFunc
+		rctx, cancel = callContext(ctx, deadline)
+		defer cancel()
 	}
 	cmd := newCmd(rctx, args[:])
 	_ = s.client.Process(rctx, cmd)
@@ -223,9 +223,6 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 		args[0], args[1] = argEval, argQuotaSource
 		cmd = newCmd(rctx, args[:])
 		_ = s.client.Process(rctx, cmd)
-	}
-	if cc != nil {
-		cc.release()
 	}
 	reply, err := cmd.Result()
 	var flag bool

@@ -293,8 +293,6 @@ type Store struct {
 	// client.)
 	lean bool
 
-	ctxs callPool // the deadlines of direct and quota calls (callCtx)
-
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
 }
@@ -605,7 +603,7 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up before the call went out (its round trip
-		// would not see it: callCtx).
+		// would not see it: callContext).
 		br.record(probe, outcomeIgnored)
 		return ratelimit.Decision{}, err
 	}
@@ -614,9 +612,9 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 	if deadline.IsZero() {
 		reply, err = runLean(ctx, s.client, req, 0)
 	} else {
-		cc := s.ctxs.withDeadline(ctx, deadline)
+		cc, cancel := callContext(ctx, deadline)
 		reply, err = runLean(cc, s.client, req, cutoff(deadline, s.margin))
-		cc.release()
+		cancel()
 	}
 	d, err := decision(reply, err, req)
 	s.trips.Add(1)
