@@ -109,6 +109,7 @@ type batcher struct {
 	closed   bool
 
 	scratch sync.Pool
+	ctxs    callPool // the timers of batches (callCtx)
 
 	// pipelines and calls count the batched round trips and the decisions
 	// they carried, for the benchmarks' mean batch size; direct counts the
@@ -508,8 +509,8 @@ type group struct {
 func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchScratch) bool {
 	ctx := context.Background()
 	if !deadline.IsZero() {
-		cc, cancel := callContext(ctx, deadline)
-		defer cancel()
+		cc := b.ctxs.withDeadline(ctx, deadline)
+		defer cc.release()
 		ctx = cc
 	}
 	cluster := b.cluster && !b.noCluster.Load()

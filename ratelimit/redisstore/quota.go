@@ -163,7 +163,8 @@ func (q *Quota) key(actor string, withID bool) (key, id string) {
 	b.WriteString(q.tail)
 	n := b.Len()
 	if withID {
-		s.writeRequestID(&b)
+		var id [idLen]byte
+		b.Write(s.appendRequestID(id[:0]))
 	}
 	all := b.String()
 	return all[:n], all[n:]
@@ -196,7 +197,7 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up before the call went out (its round trip
-		// would not see it: callContext).
+		// would not see it: callCtx).
 		s.br.record(probe, outcomeIgnored)
 		return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 	}
@@ -213,9 +214,9 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	}
 	rctx := ctx
 	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		rctx, cancel = callContext(ctx, deadline)
-		defer cancel()
+		cc := s.ctxs.withDeadline(ctx, deadline)
+		defer cc.release()
+		rctx = cc
 	}
 	cmd := newCmd(rctx, args[:])
 	_ = s.client.Process(rctx, cmd)

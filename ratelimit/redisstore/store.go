@@ -177,6 +177,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -292,6 +293,8 @@ type Store struct {
 	// alone is the lean single-decision script, scripts.EWMA1, on every
 	// client.)
 	lean bool
+
+	ctxs callPool // the timers of direct and quota calls (callCtx)
 
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
@@ -603,7 +606,7 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up before the call went out (its round trip
-		// would not see it: callContext).
+		// would not see it: callCtx).
 		br.record(probe, outcomeIgnored)
 		return ratelimit.Decision{}, err
 	}
@@ -612,9 +615,9 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 	if deadline.IsZero() {
 		reply, err = runLean(ctx, s.client, req, 0)
 	} else {
-		cc, cancel := callContext(ctx, deadline)
+		cc := s.ctxs.withDeadline(ctx, deadline)
 		reply, err = runLean(cc, s.client, req, cutoff(deadline, s.margin))
-		cancel()
+		cc.release()
 	}
 	d, err := decision(reply, err, req)
 	s.trips.Add(1)
@@ -762,7 +765,7 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 		index(r.windows)
 	}
 	for _, d := range distinct {
-		nlim += len(d.ScriptLimits())
+		nlim += 8 + 24*d.Len()
 	}
 	// One string holds both packed arguments: the call's numbers (now, the
 	// cutoff, the number of lists, the lists), then each decision's list
@@ -773,7 +776,8 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	b = appendFloat(b, float64(cutoff))
 	b = appendFloat(b, float64(len(distinct)))
 	for _, d := range distinct {
-		b = append(b, d.ScriptLimits()...)
+		b = appendFloat(b, float64(d.Len()))
+		b = appendLimits(b, d)
 	}
 	nums := len(b)
 	for _, r := range reqs {
@@ -825,6 +829,32 @@ const withValue = 1 << 15
 // little-endian IEEE double (Lua's struct "<d").
 func appendFloat(b []byte, f float64) []byte {
 	return binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+}
+
+// appendLimits appends ws as the scripts read a limit list's windows: per
+// window its rate, half-life in whole milliseconds and cost, packed (see
+// scripts/ewma.lua, ARGV[1]). The windows were validated when they were
+// made, so every number is one the script accepts.
+func appendLimits(b []byte, ws *ratelimit.Windows) []byte {
+	for i := range ws.Len() {
+		l := ws.Limit(i)
+		b = appendFloat(b, l.Rate)
+		b = appendFloat(b, float64(l.Period/time.Millisecond))
+		b = appendFloat(b, l.EffectiveCost())
+	}
+	return b
+}
+
+// appendKeySuffix appends what names a decision's value after its key:
+// ":<period_ms>" for each window of ws in order, then valueTag. Another
+// list of periods (a window added, removed or reordered) names another
+// value rather than misreading this one; a changed rate keeps its score.
+func appendKeySuffix(b []byte, ws *ratelimit.Windows) []byte {
+	for i := range ws.Len() {
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(ws.Limit(i).Period/time.Millisecond), 10)
+	}
+	return append(b, valueTag...)
 }
 
 // evalArgs returns the same command as EVAL with the script's source (the
@@ -905,15 +935,15 @@ func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any,
 // script decides one or two windows; a decision of more goes alone as
 // the batch script deciding one (commandBy), which replies alike.
 func leanArgs(req *request, cutoff int64) []any {
-	lim := req.windows.ScriptLimits()[8:] // without the window count
-	if len(lim) > 2*24 {
+	n := req.windows.Len()
+	if n > 2 {
 		reqs := [1]*request{req}
 		return commandBy(reqs[:], cutoff)
 	}
-	b := make([]byte, 0, 16+len(lim))
+	b := make([]byte, 0, 16+24*n)
 	b = appendFloat(b, float64(req.now))
 	b = appendFloat(b, float64(cutoff))
-	b = append(b, lim...)
+	b = appendLimits(b, req.windows)
 	req.nums = unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
 	args := make([]any, 0, 6+len(req.keys))
 	args = append(args, argEvalSha, argSHA1, len(req.keys))
@@ -960,8 +990,8 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 
 // request builds the key and the id of one decision (see
 // scripts/ewma.lua): one allocation for the request and one for its
-// strings; the windows bring their script arguments ready to send. The key
-// holds every window: "<prefix><key><windows.KeySuffix()>".
+// strings. The key holds every window:
+// "<prefix><key>:<period_ms>…:bin" (appendKeySuffix).
 func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *request {
 	r := &request{windows: windows}
 	r.keys = r.keysArr[:1]
@@ -969,18 +999,15 @@ func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *
 		r.now = now.UnixMilli()
 	}
 	// The key, then the request id, in one string.
-	suffix := windows.KeySuffix()
-	var b strings.Builder
-	b.Grow(len(s.prefix) + len(key) + len(suffix) + len(valueTag) + idLen)
-	b.WriteString(s.prefix)
-	b.WriteString(key)
-	b.WriteString(suffix)
-	b.WriteString(valueTag)
+	b := make([]byte, 0, len(s.prefix)+len(key)+21*windows.Len()+len(valueTag)+idLen)
+	b = append(b, s.prefix...)
+	b = append(b, key...)
+	b = appendKeySuffix(b, windows)
+	end := len(b)
 	if !s.lean {
-		s.writeRequestID(&b) // none when the client never resends: "" is none
+		b = s.appendRequestID(b) // none when the client never resends: "" is none
 	}
-	all := b.String()
-	end := len(s.prefix) + len(key) + len(suffix) + len(valueTag)
+	all := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
 	r.keys[0], r.id = all[:end], all[end:]
 	return r
 }
@@ -994,9 +1021,9 @@ const valueTag = ":bin"
 // its list of recent ids by length.
 const idLen = 16
 
-// writeRequestID writes a fresh request id: the store's 6 hex digits and
-// 10 of a counter (2^40 ids before it wraps).
-func (s *Store) writeRequestID(b *strings.Builder) {
+// appendRequestID appends a fresh request id: the store's 6 hex digits
+// and 10 of a counter (2^40 ids before it wraps).
+func (s *Store) appendRequestID(b []byte) []byte {
 	var id [idLen]byte
 	copy(id[:], s.idBase)
 	n := s.idSeq.Add(1)
@@ -1004,7 +1031,7 @@ func (s *Store) writeRequestID(b *strings.Builder) {
 		id[i] = "0123456789abcdef"[n&15]
 		n >>= 4
 	}
-	b.Write(id[:])
+	return append(b, id[:]...)
 }
 
 // maxWaitMs is the longest wait the script reports (2^40 ms, as in ratelimit).

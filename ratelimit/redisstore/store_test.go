@@ -328,34 +328,40 @@ func TestRequestAllocs(t *testing.T) {
 	}
 }
 
-// TestRequestFromWindows: a request's one key is the prefix, the key, the
-// windows' KeySuffix (each window's Suffix, in order) and valueTag, and its
-// command sends the windows' ScriptLimits as they are, after the packed
-// instant, cutoff and list count.
+// TestRequestFromWindows: a request's one key is the prefix, the key,
+// ":<period_ms>" of each window in order and valueTag, and its command
+// packs each window's rate, half-life in ms and cost (the default cost as
+// 1) after the packed instant, cutoff, list count and window count.
 func TestRequestFromWindows(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{Prefix: "p:"})
-	for _, ws := range []*ratelimit.Windows{
-		ratelimit.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
-		ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
-			ratelimit.Limit{Rate: 2.5, Period: time.Hour, Cost: 0.5}, ratelimit.PerPeriod(1e4, 24*time.Hour)),
+	t0 := float64(storetest.T0.UnixMilli())
+	for _, c := range []struct {
+		ws   *ratelimit.Windows
+		key  string
+		nums []float64
+	}{
+		{ratelimit.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
+			"p:{k}:message:EVENT:1500:bin", []float64{t0, 0, 1, 1, 5, 1500, 1}},
+		{ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
+			ratelimit.Limit{Rate: 2.5, Period: 90 * time.Minute, Cost: 0.5}, ratelimit.Limit{Rate: 1e4, Period: 24 * time.Hour}),
+			"p:{k}:message:EVENT:1000:60000:5400000:86400000:bin",
+			[]float64{t0, 0, 1, 4, 10, 1000, 1, 240, 60000, 1, 2.5, 5400000, 0.5, 1e4, 86400000, 1}},
 	} {
-		r := s.request("{k}:message:EVENT", ws, storetest.T0)
-		if r.windows != ws || len(r.keys) != 1 {
-			t.Fatalf("%v: request of %d keys, want 1", ws, len(r.keys))
+		r := s.request("{k}:message:EVENT", c.ws, storetest.T0)
+		if r.windows != c.ws || len(r.keys) != 1 {
+			t.Fatalf("%v: request of %d keys, want 1", c.ws, len(r.keys))
 		}
-		want := "p:{k}:message:EVENT"
-		for i := range ws.Len() {
-			want += ws.Suffix(i)
+		if r.keys[0] != c.key {
+			t.Errorf("%v: key is %q, want %q", c.ws, r.keys[0], c.key)
 		}
-		if want += valueTag; r.keys[0] != want {
-			t.Errorf("%v: key is %q, want %q", ws, r.keys[0], want)
+		if len(r.id) != idLen {
+			t.Errorf("%v: request id %q, want %d bytes", c.ws, r.id, idLen)
 		}
+		// evalsha, sha, numkeys, the key, then the packed numbers; then
+		// the index and the id.
 		args := command([]*request{r})
-		// evalsha, sha, numkeys, the key, then the packed numbers: the
-		// instant, the cutoff, the number of lists, the list as
-		// ScriptLimits packs it; then the index and the id.
-		if got := argStrings(args); got[4] != string(pack(float64(storetest.T0.UnixMilli()), 0, 1))+ws.ScriptLimits() || len(args) != 7 {
-			t.Errorf("%v: command %q does not carry ScriptLimits", ws, argStrings(args))
+		if got := argStrings(args); got[4] != string(pack(c.nums...)) || len(args) != 7 {
+			t.Errorf("%v: command %q, want the numbers %v packed", c.ws, got, c.nums)
 		}
 	}
 }
