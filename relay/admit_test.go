@@ -98,8 +98,9 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	q.Add("6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", now)
-	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &Limits{}, Quota: q.Local(func() time.Time { return now })})
+	q = q.WithClock(func() time.Time { return now })
+	q.Add(context.Background(), "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93")
+	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Limits: &Limits{}, Quota: q})
 	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
@@ -194,7 +195,7 @@ func BenchmarkAdmit(b *testing.B) {
 		sub   string // the REQ's subscription, closed after each
 	}{
 		{"EVENT", Options{Limits: wide()}, event, true, ""},
-		{"EVENT-quota", Options{Limits: wide(), Quota: quota.Local(nil)}, event, true, ""},
+		{"EVENT-quota", Options{Limits: wide(), Quota: quota.WithClock(nil)}, event, true, ""},
 		{"REQ", Options{Limits: wide()}, req, true, "sub:1"},
 		{"EVENT-blocked", Options{Limits: tight()}, event, false, ""},
 	} {
@@ -292,7 +293,7 @@ func BenchmarkWatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := admitConn(b, Options{Limits: &Limits{}, Quota: quota.Local(nil)})
+	c := admitConn(b, Options{Limits: &Limits{}, Quota: quota.WithClock(nil)})
 	for _, bm := range []struct{ name, frame string }{
 		{"EVENT", `["EVENT","sub:1",` + nostrToolsEvent + `]`},
 		{"EOSE", `["EOSE","sub:1"]`},

@@ -37,7 +37,7 @@ func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 		{"member tiers", Options{Policy: &tiers}, true},
 		{"allow-listed pubkeys", Options{Identity: &Identity{Allow: pubkeys}}, true},
 		{"allow-listed addresses", Options{Identity: &Identity{Allow: addrs}}, false},
-		{"quota alone", Options{Quota: q.Local(time.Now)}, false},
+		{"quota alone", Options{Quota: q.WithClock(time.Now)}, false},
 		{"nothing", Options{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

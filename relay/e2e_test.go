@@ -118,7 +118,7 @@ func scenario(t *testing.T, url string) []string {
 func TestE2EUnderLimitsSameAsDirect(t *testing.T) {
 	direct := scenario(t, serve(t, newKhatru(t)))
 	q, _ := ratelimit.NewQuota(600, time.Minute)
-	g := newGate(t, Options{Quota: q.Local(nil)})
+	g := newGate(t, Options{Quota: q.WithClock(nil)})
 	gated := scenario(t, serve(t, g.Wrap(newKhatru(t))))
 	if strings.Join(direct, "\n") != strings.Join(gated, "\n") {
 		t.Fatalf("gated transcript differs\ndirect:\n%s\ngated:\n%s", strings.Join(direct, "\n"), strings.Join(gated, "\n"))

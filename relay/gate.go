@@ -109,7 +109,7 @@ type Options struct {
 	// &Limits{} limits nothing and an empty slice makes its type free.
 	Limits *Limits
 	// Quota caps validated events per actor: the in-process table on the
-	// Limiter's clock (ratelimit.Quota.Local(limiter.Now)) for one
+	// Limiter's clock (ratelimit.Quota.WithClock(limiter.Now)) for one
 	// process, or redisstore.Quota shared by every instance. Nil, or a
 	// quota with Events 0 (ratelimit.Unlimited()), means no quota: EVENTs
 	// pass on their message limits alone. A quota that cannot decide
@@ -666,7 +666,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	case v.Refused:
 		g.obs.ReportConnection(RateLimited)
 		g.obs.ReportRefusal(client, NumTypes, RateLimited)
-		w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(v.Wait), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(wire.RetrySeconds(v.Wait), 10))
 		http.Error(w, RateLimitedReason(v.Wait), http.StatusTooManyRequests)
 		return
 	case v.Shadow && !v.Local:

@@ -33,7 +33,7 @@ func TestE2EQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now)})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
 	keys := nostrtest.ApartKeys(q, clk.Now(), 2)
 	skA, skB := keys[0], keys[1]
@@ -81,7 +81,7 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now)})
 	url := serve(t, g.Wrap(newKhatru(t)))
 	r := connect(t, url)
 	keys := nostrtest.ApartKeys(q, clk.Now(), 2)
@@ -163,13 +163,13 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 	}
 	var url string
 	if proxy {
-		h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), QueueBytes: 64 << 20}).Proxy(serve(t, kr))
+		h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now), QueueBytes: 64 << 20}).Proxy(serve(t, kr))
 		if err != nil {
 			t.Fatal(err)
 		}
 		url = serve(t, h)
 	} else {
-		url = serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored, QueueBytes: 64 << 20}).Wrap(kr))
+		url = serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now), Stored: stored, QueueBytes: 64 << 20}).Wrap(kr))
 	}
 	sk := nostrtest.ApartKeys(q, clk.Now(), 1)[0]
 	pk, _ := nostr.GetPublicKey(sk)
@@ -196,7 +196,7 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 	if len(got) <= 2 {
 		return
 	}
-	if !quotaSpent(t, q.Local(clk.Now), pk) {
+	if !quotaSpent(t, q.WithClock(clk.Now), pk) {
 		t.Fatalf("20 s after the attack, %d events of the actor stored and its quota of 2 not spent", len(got))
 	}
 	if err := nostrtest.Publish(t, r, nostrtest.Note(t, sk, "after")); err == nil || !strings.Contains(err.Error(), "rate-limited: ") {

@@ -53,7 +53,7 @@ func TestGateQuota(t *testing.T) {
 		}
 		return ""
 	}
-	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
+	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now), Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
 
 	step := func(frame, want string) {
 		t.Helper()
@@ -122,7 +122,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	rec.challenge = "chal"
-	url := serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q.Local(clk.Now), Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
+	url := serveSelf(t, Options{Limiter: memLimiter(clk), Limits: &l, Quota: q.WithClock(clk.Now), Identity: &Identity{Allow: al}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 
 	step := func(c *websocket.Conn, frame, want string) {
 		t.Helper()
@@ -219,7 +219,7 @@ func TestGateQuotaChargesOnlyStored(t *testing.T) {
 	var mu sync.Mutex
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now),
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now),
 		Stored: func(id [32]byte) bool { mu.Lock(); defer mu.Unlock(); ok := stored[id]; delete(stored, id); return ok }}).Wrap(rec))
 	victim := apartPubkeys(q, clk.Now(), 1)[0]
 	store := func(id int) {
@@ -293,7 +293,7 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT: the OKs the client kept from the gate
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now), Stored: stored.take}).Wrap(rec))
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := dialRaw(t, url)
 	for id := 1; id <= 5; id++ {
@@ -308,7 +308,7 @@ func chargesUnanswered(t *testing.T, end bool) {
 	if end {
 		_ = c.Close()
 	}
-	if !quotaSpent(t, q.Local(clk.Now), actor) {
+	if !quotaSpent(t, q.WithClock(clk.Now), actor) {
 		t.Fatalf("20 s on (connection ended: %v), the 5 stored events have not spent the actor's quota of 2", end)
 	}
 	c2 := dialRaw(t, url)
@@ -336,7 +336,7 @@ func boundsUnanswered(t *testing.T, withStored bool) {
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT
 	id := &Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	opts := Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take, Identity: id}
+	opts := Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now), Stored: stored.take, Identity: id}
 	if !withStored {
 		opts.Stored = nil
 	}
@@ -429,7 +429,7 @@ func TestGateQuotaGivesUpUnstoredEventsAtEnd(t *testing.T) {
 	}
 	var stored storedSet // nothing is stored
 	rec := newRecorder() // answers no EVENT
-	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now), Stored: stored.take})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now), Stored: stored.take})
 	url := serve(t, g.Wrap(rec))
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := dialRaw(t, url)
@@ -463,7 +463,7 @@ func TestProxyDrainEndsWhenTheRelayNeverAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := newRecorder() // answers no EVENT
-	h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.Local(clk.Now)}).Proxy(serve(t, rec))
+	h, err := newGate(t, Options{Limiter: memLimiter(clk), Limits: &Limits{}, Quota: q.WithClock(clk.Now)}).Proxy(serve(t, rec))
 	if err != nil {
 		t.Fatal(err)
 	}

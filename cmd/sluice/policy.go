@@ -385,13 +385,13 @@ type quotaMaker func(owner string, events int, window time.Duration, unlimited b
 func localQuotas(clock ratelimit.Clock) quotaMaker {
 	return func(_ string, events int, window time.Duration, unlimited bool) (ratelimit.ActorQuota, error) {
 		if unlimited {
-			return ratelimit.Unlimited().Local(clock), nil
+			return ratelimit.Unlimited().WithClock(clock), nil
 		}
 		q, err := ratelimit.NewQuota(events, window)
 		if err != nil {
 			return nil, err
 		}
-		return q.Local(clock), nil
+		return q.WithClock(clock), nil
 	}
 }
 
@@ -428,13 +428,13 @@ func (qc *quotaCache) make(owner string, events int, window time.Duration, unlim
 	var err error
 	switch {
 	case unlimited:
-		q = ratelimit.Unlimited().Local(qc.limiter.Now)
+		q = ratelimit.Unlimited().WithClock(qc.limiter.Now)
 	case qc.rstore != nil:
 		q, err = redisstore.NewQuota(qc.rstore, events, window)
 	default:
 		var lq *ratelimit.Quota
 		if lq, err = ratelimit.NewQuota(events, window); err == nil {
-			q = lq.Local(qc.limiter.Now)
+			q = lq.WithClock(qc.limiter.Now)
 		}
 	}
 	if err != nil {

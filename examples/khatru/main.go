@@ -42,7 +42,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	handler, gate, err := build(*hooks, relay.Options{Quota: quota.Local(nil)})
+	handler, gate, err := build(*hooks, relay.Options{Quota: quota.WithClock(nil)})
 	if err != nil {
 		log.Fatal(err)
 	}

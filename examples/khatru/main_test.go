@@ -51,7 +51,7 @@ func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Qu
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
-	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
+	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.WithClock(e.clock.Now)})
 	return e
 }
 
@@ -364,7 +364,7 @@ func TestGateAndHooksAgree(t *testing.T) {
 			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
-			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: q.Local(clock.Now), Identity: &relay.Identity{Allow: allow},
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Limits: &limits, Quota: q.WithClock(clock.Now), Identity: &relay.Identity{Allow: allow},
 				RelayURL: "ws://relay.example"}) // allow-listed pubkeys need it (nothing here AUTHs)
 			r := nostrtest.Connect(t, ws)
 			for i, st := range steps {

@@ -45,7 +45,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	handler, r, gate, err := build(*hooks, relay.Options{Quota: quota.Local(nil)})
+	handler, r, gate, err := build(*hooks, relay.Options{Quota: quota.WithClock(nil)})
 	if err != nil {
 		log.Fatal(err)
 	}

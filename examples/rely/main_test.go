@@ -46,7 +46,7 @@ func start(t *testing.T, useHooks bool, limits relay.Limits, quota *ratelimit.Qu
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
 	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
-	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.Local(e.clock.Now)})
+	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Limits: &limits, Quota: quota.WithClock(e.clock.Now)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,7 +150,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 				res := <-cl.res
 				d, err := res.d, res.err
 				if i == 1 {
-					if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
+					if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
 						t.Errorf("corrupt key: %+v %v, want a per-key refusal", d, err)
 					}
 					continue

@@ -81,7 +81,7 @@ func runQuotaSteps(t *testing.T, q *Quota) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lq = rq.Local(func() time.Time { return now })
+			lq = rq.WithClock(func() time.Time { return now })
 			local[st.actor] = lq
 		}
 		now = m0.Add(st.at)
@@ -459,7 +459,7 @@ func TestQuotaMalformed(t *testing.T) {
 					t.Fatal(err)
 				}
 				over, _, err := q.ExceededAt(ctx, "mallory", m0)
-				if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ratelimit.ErrBadReply) || !IsPerKey(err) {
+				if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) || !IsPerKey(err) {
 					t.Errorf("value %q: Exceeded = %v %v", v, over, err)
 				}
 				added, err := q.AddAt(ctx, "mallory", m0)
@@ -475,7 +475,7 @@ func TestQuotaMalformed(t *testing.T) {
 			if err := c.HSet(ctx, key, "f", "1").Err(); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := q.Exceeded(ctx, "hash"); !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ratelimit.ErrBadReply) {
+			if _, _, err := q.Exceeded(ctx, "hash"); !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) {
 				t.Errorf("key of another type: %v", err)
 			}
 			if st := s.BreakerState(); st != BreakerClosed {
@@ -518,7 +518,7 @@ func TestParseQuotaReply(t *testing.T) {
 	} {
 		over, wait, err := parseQuotaReply(tt.reply, tt.add)
 		if !tt.ok {
-			if err == nil || !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ratelimit.ErrBadReply) || over {
+			if err == nil || !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) || over {
 				t.Errorf("%#v (add %v): %v %v %v, want a bad reply", tt.reply, tt.add, over, wait, err)
 			}
 			continue

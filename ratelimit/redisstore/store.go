@@ -209,6 +209,11 @@ var (
 	ErrBreakerOpen = errors.New("redisstore: breaker open")
 	// ErrConfig is wrapped by New for options or clients it cannot work with.
 	ErrConfig = errors.New("redisstore: invalid configuration")
+	// ErrBadReply means Redis answered with something that is not the
+	// script's reply, or the script refused a stored value: a protocol
+	// disagreement about one key, never read as a score. It is always
+	// wrapped together with ratelimit.ErrUnavailable.
+	ErrBadReply = errors.New("redisstore: malformed reply")
 )
 
 // Prebuilt so that refusing a flood while Redis is down allocates nothing.
@@ -582,10 +587,10 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 		return d, nil
 	case errors.Is(err, ErrOverloaded), errors.Is(err, ErrClosed):
 		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
-	case errors.Is(err, ratelimit.ErrBadReply):
+	case errors.Is(err, ErrBadReply):
 		return ratelimit.Decision{}, err
 	case refusedValue:
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, err)
+		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ErrBadReply, err)
 	}
 	return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 }
@@ -658,7 +663,7 @@ func isLate(err error) bool {
 // other client is served; the breaker does not count it, and an operator's
 // outage alarm should not either.
 func IsPerKey(err error) bool {
-	return errors.Is(err, ratelimit.ErrBadReply) || isScriptRefusal(err) || isCrossSlot(err)
+	return errors.Is(err, ErrBadReply) || isScriptRefusal(err) || isCrossSlot(err)
 }
 
 // isScriptRefusal reports whether err is the script's own error reply
@@ -1070,7 +1075,7 @@ func parseReply(reply any, n int, scores []float64) (ratelimit.Decision, error) 
 	wait, ok := arr[0].(int64)
 	if ok && wait == -1 {
 		if msg, ok := arr[1].(string); ok && strings.HasPrefix(msg, refusalPrefix) {
-			return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, refusal(msg))
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ErrBadReply, refusal(msg))
 		}
 	}
 	if !ok || wait < 0 || wait > maxWaitMs {
@@ -1109,5 +1114,5 @@ func packedFloat(v string) float64 {
 }
 
 func badReply(format string, args ...any) error {
-	return fmt.Errorf("%w: %w: %s", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %w: %s", ratelimit.ErrUnavailable, ErrBadReply, fmt.Sprintf(format, args...))
 }

@@ -279,7 +279,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 		c.Del(ctx, full)
 		c.Set(ctx, full, v, 0)
 		d, err := s.Decide(ctx, key, limits, storetest.T0)
-		if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+		if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
 			t.Errorf("holding %q: %+v %v, want ErrBadReply", v, d, err)
 		}
 		if st := s.BreakerState(); st != BreakerClosed {
@@ -296,7 +296,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	c.Set(ctx, ids[0], stored(at, []float64{1, nan}, "seen"), 0)
 	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 2 || v[0] != int64(-1) {
 		t.Errorf("repeat with a corrupt window replied %v %v, want -1", v, err)
-	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ratelimit.ErrBadReply) {
+	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ErrBadReply) {
 		t.Errorf("repeat with a corrupt window: %v, want a script refusal", err)
 	}
 }

@@ -40,7 +40,7 @@ func newHookFixture(t *testing.T, limits policy.Limits, quota *ratelimit.Quota) 
 	h, err := New(Options{
 		Limiter: ratelimit.NewLimiter(f.store, ratelimit.LimiterOptions{Clock: f.clock.Now}),
 		Limits:  &limits,
-		Quota:   quota.Local(f.clock.Now),
+		Quota:   quota.WithClock(f.clock.Now),
 		Observer: &policy.Observer{
 			Frame:      func(t wire.Type, o policy.Outcome) { f.obs[t][o].Add(1) },
 			Connection: func(o policy.Outcome) { f.conns[o].Add(1) },

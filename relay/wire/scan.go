@@ -20,16 +20,16 @@ type Facts struct {
 	Filters int
 	// Event is the event of an EVENT or AUTH frame.
 	Event Event
-	// Neg is the negentropy payload of a NEG-OPEN or NEG-MSG frame: its hex
-	// digits, without quotes, checked by CheckNegentropy.
-	Neg []byte
+	// neg is the negentropy payload of a NEG-OPEN or NEG-MSG frame: its hex
+	// digits, without quotes, checked by checkNegentropy.
+	neg []byte
 }
 
 // Event is what Scan read of the event inside an EVENT or AUTH frame.
 type Event struct {
 	ID, Pubkey Hex32
-	// IDLit is the id's JSON literal, quotes included, for replies.
-	IDLit     []byte
+	// iDLit is the id's JSON literal, quotes included, for replies.
+	iDLit     []byte
 	Kind      int
 	CreatedAt int64
 	// Raw is the event object, braces included: what an AUTH's id and
@@ -41,38 +41,38 @@ type Event struct {
 	Challenge, Relay []byte
 }
 
-// KindAuth is the kind of a NIP-42 authentication event.
-const KindAuth = 22242
+// kindAuth is the kind of a NIP-42 authentication event.
+const kindAuth = 22242
 
 // Reasons Scan gives for a frame it will not call canonical. Each is a
 // NIP-01 "invalid:" reason, sent to the client as the refusal's reason.
 const (
 	ReasonNotNostr    = "invalid: not a Nostr message"
 	ReasonUnknownType = "invalid: unknown message type"
-	ReasonNotUTF8     = "invalid: frame is not UTF-8"
+	reasonNotUTF8     = "invalid: frame is not UTF-8"
 	ReasonShape       = "invalid: frame is not in NIP-01's exact shape"
 	ReasonEvent       = "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"
-	ReasonAuthKind    = "invalid: AUTH event must be kind 22242"
-	ReasonEventKind   = "invalid: kind 22242 is sent with AUTH, not EVENT"
+	reasonAuthKind    = "invalid: AUTH event must be kind 22242"
+	reasonEventKind   = "invalid: kind 22242 is sent with AUTH, not EVENT"
 	ReasonSubID       = "invalid: subscription id must be 1 to 64 characters, without escapes or control characters"
-	ReasonFilter      = "invalid: filter must be an object of NIP-01's fields (ids, authors, kinds, #<letter>, since, until, limit, search), each once, in their types"
+	reasonFilter      = "invalid: filter must be an object of NIP-01's fields (ids, authors, kinds, #<letter>, since, until, limit, search), each once, in their types"
 	ReasonFilters     = "invalid: too many filters"
-	ReasonCountOne    = "invalid: COUNT takes exactly one filter"
-	ReasonNegentropy  = "invalid: negentropy message is malformed"
-	// ReasonTagEmpty refuses the tag []: a tag is its name and values,
+	reasonCountOne    = "invalid: COUNT takes exactly one filter"
+	reasonNegentropy  = "invalid: negentropy message is malformed"
+	// reasonTagEmpty refuses the tag []: a tag is its name and values,
 	// and relays read a nameless one by position (tag[0]) without
 	// checking, each in its own way.
-	ReasonTagEmpty = "invalid: a tag must have a name"
+	reasonTagEmpty = "invalid: a tag must have a name"
 	// ReasonTagNoValue refuses a tag named by one letter without a value,
 	// such as ["d"]: relays index these tags by position and read tag[1]
 	// (khatru's check of an addressable event panics on ["d"]).
 	ReasonTagNoValue = "invalid: a tag named by one letter must have a value"
 	ReasonTags       = "invalid: too many tags (max_event_tags)"
-	ReasonTagValue   = "invalid: a one-letter tag's value is too long (max_tag_value_bytes)"
-	// ReasonFilterValues and ReasonFanout name the bound a filter passed:
+	reasonTagValue   = "invalid: a one-letter tag's value is too long (max_tag_value_bytes)"
+	// ReasonFilterValues and reasonFanout name the bound a filter passed:
 	// what it would make the relay's store do.
 	ReasonFilterValues = "invalid: filter asks too much: too many values in one field (max_filter_values)"
-	ReasonFanout       = "invalid: filter asks too much: too many index scans, such as authors times kinds (max_filter_fanout)"
+	reasonFanout       = "invalid: filter asks too much: too many index scans, such as authors times kinds (max_filter_fanout)"
 )
 
 // MaxSubIDBytes is the longest subscription id a canonical frame may
@@ -104,7 +104,7 @@ var prefixes = func() (p [NumTypes][]byte) {
 //	["REQ","sub",{filter},…]            1 to MaxFilters filters
 //	["COUNT","sub",{filter}]            one filter
 //	["CLOSE","sub"]
-//	["NEG-OPEN","sub",{filter},"hex"]   hex checked by CheckNegentropy
+//	["NEG-OPEN","sub",{filter},"hex"]   hex checked by checkNegentropy
 //	["NEG-MSG","sub","hex"]
 //	["NEG-CLOSE","sub"]
 //
@@ -135,7 +135,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 	p := PeekType(frame)
 	f.Type = p.Type
 	switch {
-	case !p.Shaped:
+	case !p.shaped:
 		return f, ReasonNotNostr
 	case p.Type == TypeOther:
 		return f, ReasonUnknownType
@@ -144,7 +144,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 		return f, ReasonShape
 	}
 	if !utf8.Valid(frame) {
-		return f, ReasonNotUTF8
+		return f, reasonNotUTF8
 	}
 	s := scanner{b: frame, i: len(prefixes[f.Type]), lim: b.resolved()}
 	s.ws()
@@ -154,10 +154,10 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 			return f, r
 		}
 		switch {
-		case f.Type == TypeAUTH && f.Event.Kind != KindAuth:
-			return f, ReasonAuthKind
-		case f.Type == TypeEVENT && f.Event.Kind == KindAuth:
-			return f, ReasonEventKind
+		case f.Type == TypeAUTH && f.Event.Kind != kindAuth:
+			return f, reasonAuthKind
+		case f.Type == TypeEVENT && f.Event.Kind == kindAuth:
+			return f, reasonEventKind
 		}
 	case TypeREQ, TypeCOUNT:
 		if f.SubID, reason = s.subID(); reason != "" {
@@ -183,7 +183,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 		if f.Type == TypeCOUNT && f.Filters != 1 {
 			// go-nostr reads every filter of a COUNT into one (the last
 			// field wins), so a relay on it would count something else.
-			return f, ReasonCountOne
+			return f, reasonCountOne
 		}
 	case TypeCLOSE, TypeNEGCLOSE:
 		if f.SubID, reason = s.subID(); reason != "" {
@@ -207,11 +207,11 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 		}
 		lit, ok := s.plainStr()
 		if !ok {
-			return f, ReasonNegentropy
+			return f, reasonNegentropy
 		}
-		f.Neg = lit[1 : len(lit)-1]
-		if !CheckNegentropy(f.Neg) {
-			return f, ReasonNegentropy
+		f.neg = lit[1 : len(lit)-1]
+		if !checkNegentropy(f.neg) {
+			return f, reasonNegentropy
 		}
 	}
 	if !s.end() {
@@ -485,7 +485,7 @@ func (s *scanner) event(ev *Event, auth bool) string {
 			if !ok {
 				return false
 			}
-			ev.IDLit = lit
+			ev.iDLit = lit
 			ev.ID, _ = DecodeHex32(lit[1:65])
 		case "pubkey":
 			bit = evPubkey
@@ -569,7 +569,7 @@ func (s *scanner) tags(ev *Event, auth bool) bool {
 					name = authTagName(lit, escaped)
 				}
 			case i == 1 && letter && len(lit)-2 > s.lim.MaxTagValueBytes:
-				return s.refuse(ReasonTagValue)
+				return s.refuse(reasonTagValue)
 			}
 			switch {
 			case !auth:
@@ -584,7 +584,7 @@ func (s *scanner) tags(ev *Event, auth bool) bool {
 		}
 		switch {
 		case elems == 0:
-			return s.refuse(ReasonTagEmpty)
+			return s.refuse(reasonTagEmpty)
 		case elems == 1 && letter:
 			return s.refuse(ReasonTagNoValue)
 		}
@@ -734,9 +734,9 @@ func (s *scanner) filter() string {
 	case s.why != "":
 		return s.why
 	case !ok:
-		return ReasonFilter
+		return reasonFilter
 	case c.fanout() > s.lim.MaxFanout:
-		return ReasonFanout
+		return reasonFanout
 	}
 	return ""
 }

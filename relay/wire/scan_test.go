@@ -133,10 +133,10 @@ var scanCanonical = []struct {
 	{"neg-msg", `["NEG-MSG","neg1","61000001` + strings.Repeat("ab", 16) + `"]`, scanWant{typ: TypeNEGMSG, sub: `"neg1"`, neg: "61000001" + strings.Repeat("ab", 16)}},
 	{"neg-msg version only", `["NEG-MSG","neg1","61"]`, scanWant{typ: TypeNEGMSG, sub: `"neg1"`, neg: "61"}},
 	{"neg-close", `["NEG-CLOSE","neg1"]`, scanWant{typ: TypeNEGCLOSE, sub: `"neg1"`}},
-	{"auth", `["AUTH",` + scanAuth("22242", scanAuthTags) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: KindAuth, createdAt: 1700000000, challenge: `"chal-\"123\""`, relay: `"wss://relay.example.com/"`}},
-	{"auth first tags count", `["AUTH",` + scanAuth("22242", `[["challenge"],["relay","wss://a.example"],["challenge","one"],["relay","wss://b.example"],["challenge","two"]]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: KindAuth, createdAt: 1700000000, challenge: `"one"`, relay: `"wss://a.example"`}},
-	{"auth escaped tag names", `["AUTH",` + scanAuth("22242", `[["\u0072elay","wss://first.example"],["relay","wss://second.example"],["ch\u0061llenge","c1"],["challenge","c2"],["\u00e9","x"]]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: KindAuth, createdAt: 1700000000, challenge: `"c1"`, relay: `"wss://first.example"`}},
-	{"auth without tags", `["AUTH",` + scanAuth("22242", `[]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: KindAuth, createdAt: 1700000000}},
+	{"auth", `["AUTH",` + scanAuth("22242", scanAuthTags) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: kindAuth, createdAt: 1700000000, challenge: `"chal-\"123\""`, relay: `"wss://relay.example.com/"`}},
+	{"auth first tags count", `["AUTH",` + scanAuth("22242", `[["challenge"],["relay","wss://a.example"],["challenge","one"],["relay","wss://b.example"],["challenge","two"]]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: kindAuth, createdAt: 1700000000, challenge: `"one"`, relay: `"wss://a.example"`}},
+	{"auth escaped tag names", `["AUTH",` + scanAuth("22242", `[["\u0072elay","wss://first.example"],["relay","wss://second.example"],["ch\u0061llenge","c1"],["challenge","c2"],["\u00e9","x"]]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: kindAuth, createdAt: 1700000000, challenge: `"c1"`, relay: `"wss://first.example"`}},
+	{"auth without tags", `["AUTH",` + scanAuth("22242", `[]`) + `]`, scanWant{typ: TypeAUTH, id: testID, pubkey: scanPub, kind: kindAuth, createdAt: 1700000000}},
 }
 
 // scanHostile are frames Scan must refuse, with the reason.
@@ -163,7 +163,7 @@ var scanHostile = []struct {
 	{"event whitespace before frame", ` ["EVENT",` + scanGoNostr + `]`, ReasonShape},
 	{"event escaped label", `["\u0045VENT",` + scanGoNostr + `]`, ReasonShape},
 	{"solidus-escaped label", `["NEG\/OPEN","s",{},"61"]`, ReasonUnknownType},
-	{"event kind 22242", `["EVENT",` + scanAuth("22242", scanAuthTags) + `]`, ReasonEventKind},
+	{"event kind 22242", `["EVENT",` + scanAuth("22242", scanAuthTags) + `]`, reasonEventKind},
 
 	// The event's fields.
 	{"duplicate id", `["EVENT",` + evWith("id", fID+`,"id":"`+testID2+`"`) + `]`, ReasonEvent},
@@ -220,19 +220,19 @@ var scanHostile = []struct {
 	{"tags with null tag", `["EVENT",` + evWith("tags", `"tags":[null]`) + `]`, ReasonEvent},
 	{"tags with an object", `["EVENT",` + evWith("tags", `"tags":[["e","x"],{"id":"`+testID2+`"}]`) + `]`, ReasonEvent},
 	// What relays index by position, and what an index costs.
-	{"tag empty", `["EVENT",` + evWith("tags", `"tags":[["t","x"],[]]`) + `]`, ReasonTagEmpty},
+	{"tag empty", `["EVENT",` + evWith("tags", `"tags":[["t","x"],[]]`) + `]`, reasonTagEmpty},
 	{"tag d without value", `["EVENT",` + evWith("tags", `"tags":[["d"]]`) + `]`, ReasonTagNoValue},
 	{"tag escaped d without value", `["EVENT",` + evWith("tags", `"tags":[["\u0064"]]`) + `]`, ReasonTagNoValue},
 	{"tag P without value", `["EVENT",` + evWith("tags", `"tags":[["e","x"],["P"]]`) + `]`, ReasonTagNoValue},
 	{"tags one too many", `["EVENT",` + evWith("tags", `"tags":[`+repeatJoin(`["t","x"]`, DefaultMaxTags+1, ",")+`]`) + `]`, ReasonTags},
-	{"tag value too long", `["EVENT",` + evWith("tags", `"tags":[["r","`+strings.Repeat("x", DefaultMaxTagValueBytes+1)+`"]]`) + `]`, ReasonTagValue},
-	{"tag value too long as written", `["EVENT",` + evWith("tags", `"tags":[["t","`+strings.Repeat(`\n`, DefaultMaxTagValueBytes/2)+`x"]]`) + `]`, ReasonTagValue},
+	{"tag value too long", `["EVENT",` + evWith("tags", `"tags":[["r","`+strings.Repeat("x", DefaultMaxTagValueBytes+1)+`"]]`) + `]`, reasonTagValue},
+	{"tag value too long as written", `["EVENT",` + evWith("tags", `"tags":[["t","`+strings.Repeat(`\n`, DefaultMaxTagValueBytes/2)+`x"]]`) + `]`, reasonTagValue},
 	{"filter too many authors", `["REQ","s",{"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFilterValues+1, ",") + `]}]`, ReasonFilterValues},
 	{"filter too many kinds", `["REQ","s",{"kinds":[` + repeatJoin(`1`, DefaultMaxFilterValues+1, ",") + `]}]`, ReasonFilterValues},
 	{"filter too many tag values", `["COUNT","s",{"#t":[` + repeatJoin(`"x"`, DefaultMaxFilterValues+1, ",") + `]}]`, ReasonFilterValues},
 	{"filter too many ids NEG-OPEN", `["NEG-OPEN","s",{"ids":[` + repeatJoin(`"`+testID+`"`, DefaultMaxFilterValues+1, ",") + `]},"` + negOpenMsg + `"]`, ReasonFilterValues},
-	{"filter fan-out authors x kinds", `["REQ","s",{"authors":[` + repeatJoin(`"`+scanPub+`"`, 480, ",") + `],"kinds":[` + repeatJoin(`1`, 4000, ",") + `]}]`, ReasonFanout},
-	{"filter fan-out one over", `["REQ","s",{"kinds":[` + repeatJoin(`7`, 11, ",") + `],"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFanout/10, ",") + `],"#p":["x"]}]`, ReasonFanout},
+	{"filter fan-out authors x kinds", `["REQ","s",{"authors":[` + repeatJoin(`"`+scanPub+`"`, 480, ",") + `],"kinds":[` + repeatJoin(`1`, 4000, ",") + `]}]`, reasonFanout},
+	{"filter fan-out one over", `["REQ","s",{"kinds":[` + repeatJoin(`7`, 11, ",") + `],"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFanout/10, ",") + `],"#p":["x"]}]`, reasonFanout},
 	{"tags with a nested array", `["EVENT",` + evWith("tags", `"tags":[["e",["x"]]]`) + `]`, ReasonEvent},
 	{"tags of strings", `["EVENT",` + evWith("tags", `"tags":["e","x"]`) + `]`, ReasonEvent},
 	{"tags as object", `["EVENT",` + evWith("tags", `"tags":{"e":"x"}`) + `]`, ReasonEvent},
@@ -253,52 +253,52 @@ var scanHostile = []struct {
 	{"missing colon", `["EVENT",` + evWith("kind", `"kind" 1`) + `]`, ReasonEvent},
 	{"object trailing comma", `["EVENT",` + strings.TrimSuffix(scanGoNostr, "}") + `,}]`, ReasonEvent},
 	{"unquoted key", `["EVENT",` + evWith("kind", `kind:1`) + `]`, ReasonEvent},
-	{"invalid utf-8 in content", `["EVENT",` + evWith("content", "\"content\":\"a\xffb\"") + `]`, ReasonNotUTF8},
-	{"overlong utf-8 in content", `["EVENT",` + evWith("content", "\"content\":\"\xc0\xaf\"") + `]`, ReasonNotUTF8},
-	{"utf-8 surrogate in tags", `["EVENT",` + evWith("tags", "\"tags\":[[\"\xed\xa0\x80\"]]") + `]`, ReasonNotUTF8},
+	{"invalid utf-8 in content", `["EVENT",` + evWith("content", "\"content\":\"a\xffb\"") + `]`, reasonNotUTF8},
+	{"overlong utf-8 in content", `["EVENT",` + evWith("content", "\"content\":\"\xc0\xaf\"") + `]`, reasonNotUTF8},
+	{"utf-8 surrogate in tags", `["EVENT",` + evWith("tags", "\"tags\":[[\"\xed\xa0\x80\"]]") + `]`, reasonNotUTF8},
 
 	// REQ and COUNT.
 	{"req no filters", `["REQ","sub"]`, ReasonShape},
-	{"req empty filter slot", `["REQ","sub",]`, ReasonFilter},
+	{"req empty filter slot", `["REQ","sub",]`, reasonFilter},
 	{"req maxFilters+1", `["REQ","many",` + repeatJoin(`{}`, scanMaxFilters+1, ",") + `]`, ReasonFilters},
 	{"req 1000 filters", `["REQ","many",` + repeatJoin(`{"kinds":[1]}`, 1000, ",") + `]`, ReasonFilters},
-	{"req filter unknown key count", `["REQ","s",{"count":1}]`, ReasonFilter},
-	{"req filter unknown key", `["REQ","s",{"kinds":[1],"relay":"x"}]`, ReasonFilter},
-	{"req filter case-folded key", `["REQ","s",{"Kinds":[1]}]`, ReasonFilter},
-	{"req filter escaped key", `["REQ","s",{"\u006binds":[1]}]`, ReasonFilter},
-	{"req filter key #ab", `["REQ","s",{"#ab":["x"]}]`, ReasonFilter},
-	{"req filter key #", `["REQ","s",{"#":["x"]}]`, ReasonFilter},
-	{"req filter key #1", `["REQ","s",{"#1":["x"]}]`, ReasonFilter},
-	{"req filter key #é", `["REQ","s",{"#é":["x"]}]`, ReasonFilter},
-	{"req filter key &e", `["REQ","s",{"&e":["x"]}]`, ReasonFilter},
-	{"req filter duplicate #e", `["REQ","s",{"#e":["` + testID + `"],"#e":["` + testID2 + `"]}]`, ReasonFilter},
-	{"req filter duplicate kinds", `["REQ","s",{"kinds":[1],"kinds":[7]}]`, ReasonFilter},
-	{"req filter duplicate limit", `["REQ","s",{"limit":1,"limit":500}]`, ReasonFilter},
-	{"req filter duplicate since", `["REQ","s",{"since":1,"since":2}]`, ReasonFilter},
-	{"req filter kinds strings", `["REQ","s",{"kinds":["1"]}]`, ReasonFilter},
-	{"req filter kinds negative", `["REQ","s",{"kinds":[-1]}]`, ReasonFilter},
-	{"req filter kinds 65536", `["REQ","s",{"kinds":[65536]}]`, ReasonFilter},
-	{"req filter kinds float", `["REQ","s",{"kinds":[1.0]}]`, ReasonFilter},
-	{"req filter kinds null", `["REQ","s",{"kinds":null}]`, ReasonFilter},
-	{"req filter kinds a number", `["REQ","s",{"kinds":1}]`, ReasonFilter},
-	{"req filter limit 1.5", `["REQ","s",{"limit":1.5}]`, ReasonFilter},
-	{"req filter limit negative", `["REQ","s",{"limit":-1}]`, ReasonFilter},
-	{"req filter limit 10 digits", `["REQ","s",{"limit":1000000000}]`, ReasonFilter},
-	{"req filter limit null", `["REQ","s",{"limit":null}]`, ReasonFilter},
-	{"req filter limit a string", `["REQ","s",{"limit":"10"}]`, ReasonFilter},
-	{"req filter since a string", `["REQ","s",{"since":"1"}]`, ReasonFilter},
-	{"req filter until exponent", `["REQ","s",{"until":1e9}]`, ReasonFilter},
-	{"req filter ids a string", `["REQ","s",{"ids":"` + testID + `"}]`, ReasonFilter},
-	{"req filter ids numbers", `["REQ","s",{"ids":[1]}]`, ReasonFilter},
-	{"req filter authors null", `["REQ","s",{"authors":[null]}]`, ReasonFilter},
-	{"req filter tag values numbers", `["REQ","s",{"#e":[1]}]`, ReasonFilter},
-	{"req filter tag null", `["REQ","s",{"#e":null}]`, ReasonFilter},
-	{"req filter search a number", `["REQ","s",{"search":1}]`, ReasonFilter},
-	{"req filter an array", `["REQ","s",[]]`, ReasonFilter},
-	{"req filter a string", `["REQ","s","{}"]`, ReasonFilter},
-	{"req filter null", `["REQ","s",null]`, ReasonFilter},
-	{"req second filter bad", `["REQ","s",{},{"count":1}]`, ReasonFilter},
-	{"req truncated in filter", `["REQ","s",{"kinds":[1`, ReasonFilter},
+	{"req filter unknown key count", `["REQ","s",{"count":1}]`, reasonFilter},
+	{"req filter unknown key", `["REQ","s",{"kinds":[1],"relay":"x"}]`, reasonFilter},
+	{"req filter case-folded key", `["REQ","s",{"Kinds":[1]}]`, reasonFilter},
+	{"req filter escaped key", `["REQ","s",{"\u006binds":[1]}]`, reasonFilter},
+	{"req filter key #ab", `["REQ","s",{"#ab":["x"]}]`, reasonFilter},
+	{"req filter key #", `["REQ","s",{"#":["x"]}]`, reasonFilter},
+	{"req filter key #1", `["REQ","s",{"#1":["x"]}]`, reasonFilter},
+	{"req filter key #é", `["REQ","s",{"#é":["x"]}]`, reasonFilter},
+	{"req filter key &e", `["REQ","s",{"&e":["x"]}]`, reasonFilter},
+	{"req filter duplicate #e", `["REQ","s",{"#e":["` + testID + `"],"#e":["` + testID2 + `"]}]`, reasonFilter},
+	{"req filter duplicate kinds", `["REQ","s",{"kinds":[1],"kinds":[7]}]`, reasonFilter},
+	{"req filter duplicate limit", `["REQ","s",{"limit":1,"limit":500}]`, reasonFilter},
+	{"req filter duplicate since", `["REQ","s",{"since":1,"since":2}]`, reasonFilter},
+	{"req filter kinds strings", `["REQ","s",{"kinds":["1"]}]`, reasonFilter},
+	{"req filter kinds negative", `["REQ","s",{"kinds":[-1]}]`, reasonFilter},
+	{"req filter kinds 65536", `["REQ","s",{"kinds":[65536]}]`, reasonFilter},
+	{"req filter kinds float", `["REQ","s",{"kinds":[1.0]}]`, reasonFilter},
+	{"req filter kinds null", `["REQ","s",{"kinds":null}]`, reasonFilter},
+	{"req filter kinds a number", `["REQ","s",{"kinds":1}]`, reasonFilter},
+	{"req filter limit 1.5", `["REQ","s",{"limit":1.5}]`, reasonFilter},
+	{"req filter limit negative", `["REQ","s",{"limit":-1}]`, reasonFilter},
+	{"req filter limit 10 digits", `["REQ","s",{"limit":1000000000}]`, reasonFilter},
+	{"req filter limit null", `["REQ","s",{"limit":null}]`, reasonFilter},
+	{"req filter limit a string", `["REQ","s",{"limit":"10"}]`, reasonFilter},
+	{"req filter since a string", `["REQ","s",{"since":"1"}]`, reasonFilter},
+	{"req filter until exponent", `["REQ","s",{"until":1e9}]`, reasonFilter},
+	{"req filter ids a string", `["REQ","s",{"ids":"` + testID + `"}]`, reasonFilter},
+	{"req filter ids numbers", `["REQ","s",{"ids":[1]}]`, reasonFilter},
+	{"req filter authors null", `["REQ","s",{"authors":[null]}]`, reasonFilter},
+	{"req filter tag values numbers", `["REQ","s",{"#e":[1]}]`, reasonFilter},
+	{"req filter tag null", `["REQ","s",{"#e":null}]`, reasonFilter},
+	{"req filter search a number", `["REQ","s",{"search":1}]`, reasonFilter},
+	{"req filter an array", `["REQ","s",[]]`, reasonFilter},
+	{"req filter a string", `["REQ","s","{}"]`, reasonFilter},
+	{"req filter null", `["REQ","s",null]`, reasonFilter},
+	{"req second filter bad", `["REQ","s",{},{"count":1}]`, reasonFilter},
+	{"req truncated in filter", `["REQ","s",{"kinds":[1`, reasonFilter},
 	{"req truncated after filter", `["REQ","s",{"kinds":[1]}`, ReasonShape},
 	{"req truncated in sub id", `["REQ","su`, ReasonSubID},
 	{"req sub id empty", `["REQ","",{}]`, ReasonSubID},
@@ -311,10 +311,10 @@ var scanHostile = []struct {
 	{"req sub id tab", "[\"REQ\",\"a\tb\",{}]", ReasonSubID},
 	{"req sub id a number", `["REQ",1,{}]`, ReasonSubID},
 	{"req sub id null", `["REQ",null,{}]`, ReasonSubID},
-	{"req sub id invalid utf-8", "[\"REQ\",\"a\xffb\",{}]", ReasonNotUTF8},
-	{"count two filters", `["COUNT","c",{"kinds":[1]},{"kinds":[7]}]`, ReasonCountOne},
+	{"req sub id invalid utf-8", "[\"REQ\",\"a\xffb\",{}]", reasonNotUTF8},
+	{"count two filters", `["COUNT","c",{"kinds":[1]},{"kinds":[7]}]`, reasonCountOne},
 	{"count no filter", `["COUNT","c"]`, ReasonShape},
-	{"count as a reply", `["COUNT","c",{"count":5}]`, ReasonFilter},
+	{"count as a reply", `["COUNT","c",{"count":5}]`, reasonFilter},
 	{"count sub id escaped", `["COUNT","\u0063",{}]`, ReasonSubID},
 
 	// CLOSE and NEG-*.
@@ -323,27 +323,27 @@ var scanHostile = []struct {
 	{"close sub id a number", `["CLOSE",1]`, ReasonSubID},
 	{"close truncated", `["CLOSE","s"`, ReasonShape},
 	{"close sub id escaped", `["CLOSE","\u0073"]`, ReasonSubID},
-	{"neg-open no filter", `["NEG-OPEN","s","6100000200"]`, ReasonFilter},
+	{"neg-open no filter", `["NEG-OPEN","s","6100000200"]`, reasonFilter},
 	{"neg-open no message", `["NEG-OPEN","s",{}]`, ReasonShape},
-	{"neg-open bad message", `["NEG-OPEN","s",{},"6200000200"]`, ReasonNegentropy},
-	{"neg-open uppercase message", `["NEG-OPEN","s",{},"6100000201` + strings.ToUpper(testID) + `"]`, ReasonNegentropy},
-	{"neg-open escaped message", `["NEG-OPEN","s",{},"\u0036100000200"]`, ReasonNegentropy},
-	{"neg-open message a number", `["NEG-OPEN","s",{},6100000200]`, ReasonNegentropy},
-	{"neg-open empty message", `["NEG-OPEN","s",{},""]`, ReasonNegentropy},
-	{"neg-open panicking message", `["NEG-OPEN","s",{},"` + negPanicReadBound + `"]`, ReasonNegentropy},
-	{"neg-open wrapping message", `["NEG-OPEN","s",{},"` + negPanicWrap + `"]`, ReasonNegentropy},
-	{"neg-open two filters", `["NEG-OPEN","s",{},{},"6100000200"]`, ReasonNegentropy},
+	{"neg-open bad message", `["NEG-OPEN","s",{},"6200000200"]`, reasonNegentropy},
+	{"neg-open uppercase message", `["NEG-OPEN","s",{},"6100000201` + strings.ToUpper(testID) + `"]`, reasonNegentropy},
+	{"neg-open escaped message", `["NEG-OPEN","s",{},"\u0036100000200"]`, reasonNegentropy},
+	{"neg-open message a number", `["NEG-OPEN","s",{},6100000200]`, reasonNegentropy},
+	{"neg-open empty message", `["NEG-OPEN","s",{},""]`, reasonNegentropy},
+	{"neg-open panicking message", `["NEG-OPEN","s",{},"` + negPanicReadBound + `"]`, reasonNegentropy},
+	{"neg-open wrapping message", `["NEG-OPEN","s",{},"` + negPanicWrap + `"]`, reasonNegentropy},
+	{"neg-open two filters", `["NEG-OPEN","s",{},{},"6100000200"]`, reasonNegentropy},
 	{"neg-open extra element", `["NEG-OPEN","s",{},"6100000200","x"]`, ReasonShape},
-	{"neg-open bad filter", `["NEG-OPEN","s",{"count":1},"6100000200"]`, ReasonFilter},
+	{"neg-open bad filter", `["NEG-OPEN","s",{"count":1},"6100000200"]`, reasonFilter},
 	{"neg-msg no message", `["NEG-MSG","s"]`, ReasonShape},
-	{"neg-msg odd message", `["NEG-MSG","s","610"]`, ReasonNegentropy},
+	{"neg-msg odd message", `["NEG-MSG","s","610"]`, reasonNegentropy},
 	{"neg-msg extra element", `["NEG-MSG","s","61",1]`, ReasonShape},
 	{"neg-close extra element", `["NEG-CLOSE","s","x"]`, ReasonShape},
 	{"neg-close sub id 65 bytes", `["NEG-CLOSE","` + strings.Repeat("n", 65) + `"]`, ReasonSubID},
 
 	// AUTH.
-	{"auth kind 1", `["AUTH",` + scanAuth("1", scanAuthTags) + `]`, ReasonAuthKind},
-	{"auth kind 22243", `["AUTH",` + scanAuth("22243", scanAuthTags) + `]`, ReasonAuthKind},
+	{"auth kind 1", `["AUTH",` + scanAuth("1", scanAuthTags) + `]`, reasonAuthKind},
+	{"auth kind 22243", `["AUTH",` + scanAuth("22243", scanAuthTags) + `]`, reasonAuthKind},
 	{"auth a challenge string", `["AUTH","challenge"]`, ReasonEvent},
 	{"auth two events", `["AUTH",` + scanAuth("22242", scanAuthTags) + `,` + scanAuth("22242", scanAuthTags) + `]`, ReasonShape},
 	{"auth bad tags", `["AUTH",` + scanAuth("22242", `[["challenge",1]]`) + `]`, ReasonEvent},
@@ -395,7 +395,7 @@ func checkFacts(t *testing.T, frame []byte, f Facts, want scanWant) {
 		want string
 	}{
 		{"SubID", f.SubID, want.sub},
-		{"Neg", f.Neg, want.neg},
+		{"neg", f.neg, want.neg},
 		{"Challenge", ev.Challenge, want.challenge},
 		{"Relay", ev.Relay, want.relay},
 	}
@@ -419,7 +419,7 @@ func checkFacts(t *testing.T, frame []byte, f Facts, want scanWant) {
 		t.Errorf("Kind, CreatedAt = %d, %d; want %d, %d", ev.Kind, ev.CreatedAt, want.kind, want.createdAt)
 	}
 	if want.id == "" {
-		if ev.IDLit != nil || ev.Raw != nil || ev.ID != (Hex32{}) || ev.Pubkey != (Hex32{}) {
+		if ev.iDLit != nil || ev.Raw != nil || ev.ID != (Hex32{}) || ev.Pubkey != (Hex32{}) {
 			t.Errorf("Event = %+v, want none", ev)
 		}
 		return
@@ -427,8 +427,8 @@ func checkFacts(t *testing.T, frame []byte, f Facts, want scanWant) {
 	if ev.ID.String() != want.id || ev.Pubkey.String() != want.pubkey {
 		t.Errorf("ID, Pubkey = %s, %s; want %s, %s", ev.ID, ev.Pubkey, want.id, want.pubkey)
 	}
-	if string(ev.IDLit) != `"`+want.id+`"` || !isSubSlice(frame, ev.IDLit) {
-		t.Errorf("IDLit = %q, want the id's literal in the frame", ev.IDLit)
+	if string(ev.iDLit) != `"`+want.id+`"` || !isSubSlice(frame, ev.iDLit) {
+		t.Errorf("iDLit = %q, want the id's literal in the frame", ev.iDLit)
 	}
 	if len(ev.Raw) < 2 || ev.Raw[0] != '{' || ev.Raw[len(ev.Raw)-1] != '}' || !isSubSlice(frame, ev.Raw) {
 		t.Errorf("Raw = %.40q…, want the event object in the frame", ev.Raw)
@@ -456,7 +456,7 @@ func TestScanGoNostrFrames(t *testing.T) {
 		{LimitZero: true, Kinds: []int{0}},
 	}
 	auth := ev
-	auth.Kind, auth.Tags = KindAuth, nostr.Tags{{"relay", "wss://relay.example.com"}, {"challenge", "ch"}}
+	auth.Kind, auth.Tags = kindAuth, nostr.Tags{{"relay", "wss://relay.example.com"}, {"challenge", "ch"}}
 	for _, tc := range []struct {
 		env  interface{ MarshalJSON() ([]byte, error) }
 		typ  Type
