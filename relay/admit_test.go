@@ -111,7 +111,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	if c.admit(twoIDs) {
 		t.Fatal("EVENT with two ids admitted under a quota")
 	}
-	if got, want := c.reply(t), okPrefix+wire.ReasonEvent+`"]`; got != want {
+	if got, want := c.reply(t), okPrefix+"invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"+`"]`; got != want {
 		t.Errorf("unattributable reply %s, want %s", got, want)
 	}
 }

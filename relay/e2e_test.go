@@ -30,7 +30,6 @@ import (
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
-	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // newKhatru returns a khatru relay over an in-memory event store.
@@ -319,7 +318,7 @@ func TestE2EProxyKhatru(t *testing.T) {
 	// newline included).
 	c := dialRaw(t, url)
 	_ = c.WriteMessage(websocket.TextMessage, []byte(`["REQ","s\u0031",{"ids":["`+ev.ID+`"]}]`))
-	if got := readText(t, c); got != `["CLOSED","s\u0031","`+wire.ReasonSubID+`"]` {
+	if got := readText(t, c); got != `["CLOSED","s\u0031","`+"invalid: subscription id must be 1 to 64 characters, without escapes or control characters"+`"]` {
 		t.Fatalf("escaped sub id answered %s", got)
 	}
 	_ = c.WriteMessage(websocket.TextMessage, []byte(`["REQ", "s1" , { "ids" : ["`+ev.ID+`"] } ] `))

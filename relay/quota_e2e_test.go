@@ -20,7 +20,6 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // (issue 5, item 5) With a small quota, one author past it is refused while
@@ -97,7 +96,7 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 		fa, _ := nostr.EventEnvelope{Event: a}.MarshalJSON()
 		fb, _ := nostr.EventEnvelope{Event: b}.MarshalJSON()
 		frame := append(fa[:len(fa)-1:len(fa)-1], append([]byte{','}, fb[len(`["EVENT",`):]...)...)
-		if got := send(t, c, frame); got != `["OK","`+a.ID+`",false,"`+wire.ReasonShape+`"]` {
+		if got := send(t, c, frame); got != `["OK","`+a.ID+`",false,"`+"invalid: frame is not in NIP-01's exact shape"+`"]` {
 			t.Fatalf("two-event frame answered %s", got)
 		}
 		stored = append(stored, b.ID)

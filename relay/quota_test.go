@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 func pubkeyN(n int) string { return nostrtest.PubkeyN(n) }
@@ -89,7 +88,7 @@ func TestGateQuota(t *testing.T) {
 	}
 	// Two pubkeys: the relay might keep either, so the gate forwards neither.
 	dup := fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","pubkey":"%s"}]`, 30, a, b)
-	step(dup, okReply(30, false, wire.ReasonEvent))
+	step(dup, okReply(30, false, "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"))
 
 	// The next window starts afresh; the wait told was the remainder.
 	clk.Advance(30 * time.Second)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // TestE2EFramesKhatruReadsDifferently: khatru (go-nostr's default parser)
@@ -36,7 +35,7 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	// Frames that crashed khatru: answered by the gate, the relay lives.
 	for _, crash := range []string{`[1,"X"]`, `[",",1]`} {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(crash))
-		if got := readText(t, c); got != `["NOTICE","`+wire.ReasonNotNostr+`"]` {
+		if got := readText(t, c); got != `["NOTICE","`+"invalid: not a Nostr message"+`"]` {
 			t.Fatalf("%s answered %s", crash, got)
 		}
 	}
@@ -52,7 +51,7 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	// get an event stored.
 	disguised := append([]byte(`[0,"EVENT",`), frame(e2)[len(`["EVENT",`):]...)
 	_ = c.WriteMessage(websocket.TextMessage, disguised)
-	if got := readText(t, c); got != `["NOTICE","`+wire.ReasonNotNostr+`"]` {
+	if got := readText(t, c); got != `["NOTICE","`+"invalid: not a Nostr message"+`"]` {
 		t.Errorf("[0,\"EVENT\",{…}] answered %s", got)
 	}
 	_ = c.WriteMessage(websocket.BinaryMessage, frame(e3))

@@ -53,8 +53,8 @@ var Quota string
 // write. The store then decides that call's messages one by one, each
 // routed by go-redis. The rest is EWMA, byte for byte (the same replies and
 // stored values on random batches: TestBatchEqualsAlone); a Redis older
-// than 7.0 does not compile the
-// shebang, and the store then sends one decision per call, as before.
+// than 7.0 does not compile the shebang, and the store then sends one
+// decision per call.
 //
 // Arguments: KEYS[1] the first decision's key; ARGV EWMA's arguments, then
 // the keys of decisions 2..m, then m-1.

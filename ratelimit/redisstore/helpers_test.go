@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 func itoa(n int64) string                      { return strconv.FormatInt(n, 10) }

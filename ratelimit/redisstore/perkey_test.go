@@ -30,7 +30,7 @@ func TestIsPerKey(t *testing.T) {
 		{"other reply error", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, replyErr("LOADING Redis is loading the dataset")), false},
 		{"timeout", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, context.DeadlineExceeded), false},
 		{"refused", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, syscall.ECONNREFUSED), false},
-		{"breaker", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrBreakerOpen), false},
+		{"breaker", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, errBreakerOpen), false},
 		{"nil", nil, false},
 		{"unwrapped script refusal", replyErr("ERR sluice ewma: x"), true},
 		{"prefix elsewhere", errors.New("dial: ERR sluice ewma: x"), false},

@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 // client returns a go-redis client for addr that follows context deadlines,
@@ -104,7 +104,7 @@ func TestRedisTime(t *testing.T) {
 	if d.Wait < 35*time.Minute || d.Wait > 36*time.Minute {
 		t.Errorf("wait %v, want about 35m06s", d.Wait)
 	}
-	raw, err := c.Get(ctx, DefaultPrefix+key+":3600000"+valueTag).Result()
+	raw, err := c.Get(ctx, defaultPrefix+key+":3600000"+valueTag).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,38 +209,38 @@ func testNoScriptHeals(t *testing.T, opts Options) {
 func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer c.Close()
-	if _, err := New(c, Options{}); !errors.Is(err, ErrConfig) {
-		t.Errorf("client without ContextTimeoutEnabled: err = %v, want ErrConfig", err)
+	if _, err := New(c, Options{}); !errors.Is(err, errConfig) {
+		t.Errorf("client without ContextTimeoutEnabled: err = %v, want errConfig", err)
 	}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer cc.Close()
-	if _, err := New(cc, Options{}); !errors.Is(err, ErrConfig) {
-		t.Errorf("cluster client without ContextTimeoutEnabled: err = %v, want ErrConfig", err)
+	if _, err := New(cc, Options{}); !errors.Is(err, errConfig) {
+		t.Errorf("cluster client without ContextTimeoutEnabled: err = %v, want errConfig", err)
 	}
 	good := client(t, "127.0.0.1:1")
 	for _, p := range []string{"a{b", "x}", "{}"} {
-		if _, err := New(good, Options{Prefix: p}); !errors.Is(err, ErrConfig) {
-			t.Errorf("prefix %q: err = %v, want ErrConfig", p, err)
+		if _, err := New(good, Options{Prefix: p}); !errors.Is(err, errConfig) {
+			t.Errorf("prefix %q: err = %v, want errConfig", p, err)
 		}
 	}
-	if _, err := New(nil, Options{}); !errors.Is(err, ErrConfig) {
-		t.Errorf("nil client: err = %v, want ErrConfig", err)
+	if _, err := New(nil, Options{}); !errors.Is(err, errConfig) {
+		t.Errorf("nil client: err = %v, want errConfig", err)
 	}
-	for _, o := range []Options{{Batch: -1}, {Batch: 1, BatchWorkers: -1}, {Batch: MaxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, BatchWorkers: MaxBatchWorkers + 1}} {
-		if s, err := New(good, o); !errors.Is(err, ErrConfig) {
+	for _, o := range []Options{{Batch: -1}, {Batch: 1, BatchWorkers: -1}, {Batch: maxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, BatchWorkers: maxBatchWorkers + 1}} {
+		if s, err := New(good, o); !errors.Is(err, errConfig) {
 			if s != nil {
 				_ = s.Close()
 			}
-			t.Errorf("Batch %d, BatchWorkers %d: err = %v, want ErrConfig", o.Batch, o.BatchWorkers, err)
+			t.Errorf("Batch %d, BatchWorkers %d: err = %v, want errConfig", o.Batch, o.BatchWorkers, err)
 		}
 	}
-	s, err := New(good, Options{Batch: MaxBatch, BatchWorkers: MaxBatchWorkers})
+	s, err := New(good, Options{Batch: maxBatch, BatchWorkers: maxBatchWorkers})
 	if err != nil {
 		t.Fatalf("the largest batch: %v", err)
 	}
 	_ = s.Close()
-	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, ErrConfig) {
-		t.Errorf("negative cool-down: err = %v, want ErrConfig", err)
+	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, errConfig) {
+		t.Errorf("negative cool-down: err = %v, want errConfig", err)
 	}
 }
 
@@ -272,7 +272,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	const key = "{bad}:message:EVENT"
 	at := storetest.T0.UnixMilli()
 	nan, inf := math.NaN(), math.Inf(1)
-	full := DefaultPrefix + key + ":1000:60000" + valueTag
+	full := defaultPrefix + key + ":1000:60000" + valueTag
 	for _, v := range []string{"garbage", "", "1 " + itoa(at) + " 1 " + itoa(at), stored(at, []float64{1}),
 		stored(at, []float64{nan, 1}), stored(at, []float64{1, inf}), stored(at, []float64{-inf, 1}), stored(at, []float64{1, -1}),
 		stored(-5, []float64{1, 1}), string(pack(1.5, 1, 1)), string(pack(nan, 1, 1)), stored(at, []float64{1, 1})[:23]} {

@@ -22,11 +22,11 @@ import (
 
 // scanReasons is every reason Scan gives.
 var scanReasons = map[string]bool{
-	ReasonNotNostr: true, ReasonUnknownType: true, reasonNotUTF8: true, ReasonShape: true,
-	ReasonEvent: true, reasonAuthKind: true, reasonEventKind: true, ReasonSubID: true,
+	reasonNotNostr: true, reasonUnknownType: true, reasonNotUTF8: true, reasonShape: true,
+	reasonEvent: true, reasonAuthKind: true, reasonEventKind: true, reasonSubID: true,
 	reasonFilter: true, ReasonFilters: true, reasonCountOne: true, reasonNegentropy: true,
-	reasonTagEmpty: true, ReasonTagNoValue: true, ReasonTags: true, reasonTagValue: true,
-	ReasonFilterValues: true, reasonFanout: true,
+	reasonTagEmpty: true, reasonTagNoValue: true, reasonTags: true, reasonTagValue: true,
+	reasonFilterValues: true, reasonFanout: true,
 }
 
 // khatruParse reads frame as khatru v0.19.1 does (handlers.go, from line

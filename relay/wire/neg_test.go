@@ -403,7 +403,7 @@ func TestGoNostrNegentropyStoredTimestamps(t *testing.T) {
 		t.Errorf("go-nostr no longer panics on stored events of created_at 2^57: maxCreatedAt could go")
 	}
 	frame := `["EVENT",` + evWith("created_at", `"created_at":144115188075855872`) + `]`
-	if _, reason := Scan([]byte(frame), scanBounds); reason != ReasonEvent {
-		t.Errorf("Scan of an event of created_at 2^57 = %q, want %q", reason, ReasonEvent)
+	if _, reason := Scan([]byte(frame), scanBounds); reason != reasonEvent {
+		t.Errorf("Scan of an event of created_at 2^57 = %q, want %q", reason, reasonEvent)
 	}
 }

@@ -47,14 +47,14 @@ const kindAuth = 22242
 // Reasons Scan gives for a frame it will not call canonical. Each is a
 // NIP-01 "invalid:" reason, sent to the client as the refusal's reason.
 const (
-	ReasonNotNostr    = "invalid: not a Nostr message"
-	ReasonUnknownType = "invalid: unknown message type"
+	reasonNotNostr    = "invalid: not a Nostr message"
+	reasonUnknownType = "invalid: unknown message type"
 	reasonNotUTF8     = "invalid: frame is not UTF-8"
-	ReasonShape       = "invalid: frame is not in NIP-01's exact shape"
-	ReasonEvent       = "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"
+	reasonShape       = "invalid: frame is not in NIP-01's exact shape"
+	reasonEvent       = "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"
 	reasonAuthKind    = "invalid: AUTH event must be kind 22242"
 	reasonEventKind   = "invalid: kind 22242 is sent with AUTH, not EVENT"
-	ReasonSubID       = "invalid: subscription id must be 1 to 64 characters, without escapes or control characters"
+	reasonSubID       = "invalid: subscription id must be 1 to 64 characters, without escapes or control characters"
 	reasonFilter      = "invalid: filter must be an object of NIP-01's fields (ids, authors, kinds, #<letter>, since, until, limit, search), each once, in their types"
 	ReasonFilters     = "invalid: too many filters"
 	reasonCountOne    = "invalid: COUNT takes exactly one filter"
@@ -63,15 +63,15 @@ const (
 	// and relays read a nameless one by position (tag[0]) without
 	// checking, each in its own way.
 	reasonTagEmpty = "invalid: a tag must have a name"
-	// ReasonTagNoValue refuses a tag named by one letter without a value,
+	// reasonTagNoValue refuses a tag named by one letter without a value,
 	// such as ["d"]: relays index these tags by position and read tag[1]
 	// (khatru's check of an addressable event panics on ["d"]).
-	ReasonTagNoValue = "invalid: a tag named by one letter must have a value"
-	ReasonTags       = "invalid: too many tags (max_event_tags)"
+	reasonTagNoValue = "invalid: a tag named by one letter must have a value"
+	reasonTags       = "invalid: too many tags (max_event_tags)"
 	reasonTagValue   = "invalid: a one-letter tag's value is too long (max_tag_value_bytes)"
-	// ReasonFilterValues and reasonFanout name the bound a filter passed:
+	// reasonFilterValues and reasonFanout name the bound a filter passed:
 	// what it would make the relay's store do.
-	ReasonFilterValues = "invalid: filter asks too much: too many values in one field (max_filter_values)"
+	reasonFilterValues = "invalid: filter asks too much: too many values in one field (max_filter_values)"
 	reasonFanout       = "invalid: filter asks too much: too many index scans, such as authors times kinds (max_filter_fanout)"
 )
 
@@ -129,19 +129,19 @@ var prefixes = func() (p [NumTypes][]byte) {
 // index scans. Scan allocates nothing and never panics.
 //
 // Frames that are not arrays led by a label (Peek's "shaped") get
-// ReasonNotNostr; frames whose label is not one of the types above get
-// ReasonUnknownType.
+// reasonNotNostr; frames whose label is not one of the types above get
+// reasonUnknownType.
 func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 	p := PeekType(frame)
 	f.Type = p.Type
 	switch {
 	case !p.shaped:
-		return f, ReasonNotNostr
+		return f, reasonNotNostr
 	case p.Type == TypeOther:
-		return f, ReasonUnknownType
+		return f, reasonUnknownType
 	}
 	if !bytes.HasPrefix(frame, prefixes[f.Type]) {
-		return f, ReasonShape
+		return f, reasonShape
 	}
 	if !utf8.Valid(frame) {
 		return f, reasonNotUTF8
@@ -178,7 +178,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 			}
 		}
 		if f.Filters == 0 {
-			return f, ReasonShape
+			return f, reasonShape
 		}
 		if f.Type == TypeCOUNT && f.Filters != 1 {
 			// go-nostr reads every filter of a COUNT into one (the last
@@ -195,7 +195,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 		}
 		if f.Type == TypeNEGOPEN {
 			if !s.comma() {
-				return f, ReasonShape
+				return f, reasonShape
 			}
 			if r := s.filter(); r != "" {
 				return f, r
@@ -203,7 +203,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 			f.Filters = 1
 		}
 		if !s.comma() {
-			return f, ReasonShape
+			return f, reasonShape
 		}
 		lit, ok := s.plainStr()
 		if !ok {
@@ -215,7 +215,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 		}
 	}
 	if !s.end() {
-		return f, ReasonShape
+		return f, reasonShape
 	}
 	return f, ""
 }
@@ -356,7 +356,7 @@ func (s *scanner) plainStr() ([]byte, bool) {
 func (s *scanner) subID() ([]byte, string) {
 	lit, ok := s.plainStr()
 	if !ok || len(lit) < 3 || len(lit) > MaxSubIDBytes+2 {
-		return nil, ReasonSubID
+		return nil, reasonSubID
 	}
 	return lit, ""
 }
@@ -536,7 +536,7 @@ func (s *scanner) event(ev *Event, auth bool) string {
 		return s.why
 	}
 	if !ok || seen != evAll {
-		return ReasonEvent
+		return reasonEvent
 	}
 	ev.Raw = s.b[start:s.i]
 	return ""
@@ -551,7 +551,7 @@ func (s *scanner) event(ev *Event, auth bool) string {
 func (s *scanner) tags(ev *Event, auth bool) bool {
 	return s.array(func(n int) bool {
 		if n >= s.lim.MaxTags {
-			return s.refuse(ReasonTags)
+			return s.refuse(reasonTags)
 		}
 		var name authTag
 		letter := false
@@ -586,7 +586,7 @@ func (s *scanner) tags(ev *Event, auth bool) bool {
 		case elems == 0:
 			return s.refuse(reasonTagEmpty)
 		case elems == 1 && letter:
-			return s.refuse(ReasonTagNoValue)
+			return s.refuse(reasonTagNoValue)
 		}
 		return true
 	})
@@ -657,7 +657,7 @@ func (s *scanner) filter() string {
 		n := 0
 		ok := s.array(func(i int) bool {
 			if i >= s.lim.MaxFilterValues {
-				return s.refuse(ReasonFilterValues)
+				return s.refuse(reasonFilterValues)
 			}
 			n = i + 1
 			return elem()
