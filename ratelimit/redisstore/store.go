@@ -88,18 +88,19 @@ type Options struct {
 	Observe func(d time.Duration, err error)
 	// Batch, when positive, sends the decisions of concurrent callers to
 	// Redis together, up to Batch per round trip (and, on a plain client,
-	// per script call: see Batching above), from BatchWorkers goroutines.
-	// Under load this is most of the cost saved, on both sides (see the
-	// package benchmarks). Each decision still returns at its own deadline.
-	// 0 means every decision is its own round trip. Call Close when done.
+	// per script call; docs/redis.md, "Batching"), from BatchWorkers
+	// goroutines: one write and one read per batch instead of per
+	// decision, on both sides. Each decision still returns at its own
+	// deadline. 0 means every decision is its own round trip; at most
+	// 1024. Call Close when done.
 	Batch int
 	// BatchWorkers is how many round trips may be in flight before
 	// decisions queue for a shared one (twice as many while none has
-	// queued since nothing was in flight; see Batching); 0 means 2. Decisions
-	// that waited a
-	// twentieth of the Timeout start more (up to 16 × BatchWorkers), so a
-	// slow Redis does not eat their deadlines in the queue. With Batch the
-	// Store owns no goroutines; Close fails what is queued.
+	// queued since nothing was in flight); 0 means 2, at most 64.
+	// Decisions that waited a twentieth of the Timeout start more (up to
+	// 16 × BatchWorkers), so a slow Redis does not eat their deadlines in
+	// the queue. With Batch the Store owns no goroutines; Close fails what
+	// is queued.
 	BatchWorkers int
 }
 

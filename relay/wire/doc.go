@@ -20,7 +20,7 @@
 // folds the case of keys and keeps the last of duplicates. A canonical
 // frame is one all of them read alike: the exact ["LABEL", prefix, one
 // event with exactly NIP-01's fields, typed filters, subscription ids
-// without escapes, negentropy payloads checked by checkNegentropy. Scan
+// without escapes, negentropy payloads checked as NIP-77 messages. Scan
 // returns the facts the gate charges (type, subscription id, filter count,
 // event id, pubkey, kind, created_at, an AUTH's challenge and relay tags)
 // or the "invalid:" reason the client is told.

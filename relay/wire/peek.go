@@ -151,7 +151,7 @@ type Frame struct {
 // ID is found as Frame.ID describes. For REQ, COUNT, CLOSE and the NEG-
 // types it is the
 // second element when that is a well-formed JSON string of valid UTF-8 of at
-// most maxSubIDLen raw bytes. For EVENT and AUTH it is the value of the
+// most 256 raw bytes. For EVENT and AUTH it is the value of the
 // event object's top-level "id" key (the key spelled without escapes; an "id"
 // inside tags or content does not count), found by a bounded scan (at most
 // maxIDScan bytes) that tracks string state and nesting depth and never

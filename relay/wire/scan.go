@@ -21,7 +21,7 @@ type Facts struct {
 	// Event is the event of an EVENT or AUTH frame.
 	Event Event
 	// neg is the negentropy payload of a NEG-OPEN or NEG-MSG frame: its hex
-	// digits, without quotes, checked by checkNegentropy.
+	// digits, without quotes, checked to be a well-formed NIP-77 message.
 	neg []byte
 }
 
@@ -104,7 +104,7 @@ var prefixes = func() (p [NumTypes][]byte) {
 //	["REQ","sub",{filter},…]            1 to MaxFilters filters
 //	["COUNT","sub",{filter}]            one filter
 //	["CLOSE","sub"]
-//	["NEG-OPEN","sub",{filter},"hex"]   hex checked by checkNegentropy
+//	["NEG-OPEN","sub",{filter},"hex"]   hex checked as a NIP-77 message
 //	["NEG-MSG","sub","hex"]
 //	["NEG-CLOSE","sub"]
 //
@@ -128,9 +128,9 @@ var prefixes = func() (p [NumTypes][]byte) {
 // MaxFilterValues values in each field and asks for at most MaxFanout
 // index scans. Scan allocates nothing and never panics.
 //
-// Frames that are not arrays led by a label (Peek's "shaped") get
-// reasonNotNostr; frames whose label is not one of the types above get
-// reasonUnknownType.
+// Frames that are not arrays led by a label get "invalid: not a Nostr
+// message"; frames whose label is not one of the types above get
+// "invalid: unknown message type".
 func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 	p := PeekType(frame)
 	f.Type = p.Type
