@@ -8,13 +8,14 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
-// TestLocalQuota: Quota.Local answers as the Quota does at its clock's
-// instant, never with an error; nil and Unlimited admit everything.
-func TestLocalQuota(t *testing.T) {
+// TestQuotaWithClock: a Quota reads its instants from its clock, never
+// fails, and the Quota WithClock makes shares the counts of the one it was
+// made from; nil and Unlimited admit everything.
+func TestQuotaWithClock(t *testing.T) {
 	ctx := context.Background()
-	q, _ := ratelimit.NewQuota(2, time.Minute)
+	base, _ := ratelimit.NewQuota(2, time.Minute)
 	now := t0.Add(15 * time.Second)
-	var aq ratelimit.ActorQuota = q.Local(func() time.Time { return now })
+	var aq ratelimit.ActorQuota = base.WithClock(func() time.Time { return now })
 	if aq.Events() != 2 || aq.Window() != time.Minute {
 		t.Fatalf("Events, Window = %d, %v", aq.Events(), aq.Window())
 	}
@@ -26,22 +27,21 @@ func TestLocalQuota(t *testing.T) {
 	if over, wait, err := aq.Exceeded(ctx, "alice"); !over || wait != 45*time.Second || err != nil {
 		t.Errorf("Exceeded = %v %v %v, want over, 45s", over, wait, err)
 	}
+	if over, _ := base.ExceededAt("alice", t0.Add(15*time.Second)); !over {
+		t.Error("the Quota WithClock made does not share its counts")
+	}
 	now = now.Add(45 * time.Second)
 	if over, _, err := aq.Exceeded(ctx, "alice"); over || err != nil {
 		t.Errorf("next window: Exceeded = %v %v", over, err)
 	}
-	if over, _ := q.Exceeded("alice", now); over {
-		t.Error("the Quota's own methods disagree with Local")
-	}
-	for _, u := range []*ratelimit.Quota{nil, ratelimit.Unlimited()} {
-		l := u.Local(nil)
+	for _, u := range []*ratelimit.Quota{nil, ratelimit.Unlimited(), ratelimit.Unlimited().WithClock(nil)} {
 		for range 3 {
-			if ok, err := l.Add(ctx, "alice"); !ok || err != nil {
+			if ok, err := u.Add(ctx, "alice"); !ok || err != nil {
 				t.Fatalf("unlimited Add = %v %v", ok, err)
 			}
 		}
-		if over, _, err := l.Exceeded(ctx, "alice"); over || err != nil || l.Events() != 0 || l.Window() != 0 {
-			t.Errorf("unlimited: %v %v %d %v", over, err, l.Events(), l.Window())
+		if over, _, err := u.Exceeded(ctx, "alice"); over || err != nil || u.Events() != 0 || u.Window() != 0 {
+			t.Errorf("unlimited: %v %v %d %v", over, err, u.Events(), u.Window())
 		}
 	}
 }

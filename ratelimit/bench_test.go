@@ -122,8 +122,8 @@ func BenchmarkQuota(b *testing.B) {
 			i++
 			k := benchKeys[i&4095]
 			at := t0.Add(time.Duration(i) * time.Microsecond)
-			if over, _ := q.Exceeded(k, at); !over {
-				q.Add(k, at)
+			if over, _ := q.ExceededAt(k, at); !over {
+				q.AddAt(k, at)
 			}
 		}
 	})

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 // TestConformanceMemory runs the cross-store suite against MemoryStore. The

@@ -30,7 +30,7 @@ func ExampleLimiter_Allow() {
 		if d.Allowed {
 			fmt.Printf("EVENT %d: admitted\n", i)
 		} else {
-			fmt.Printf("EVENT %d: rate-limited: slow down; retry in %ds (exact wait %v)\n", i, ratelimit.RetrySeconds(d.Wait), d.Wait)
+			fmt.Printf("EVENT %d: refused, wait %v\n", i, d.Wait)
 		}
 	}
 	now = now.Add(585 * time.Millisecond) // the client obeys the wait
@@ -40,7 +40,7 @@ func ExampleLimiter_Allow() {
 	// EVENT 1: admitted
 	// EVENT 2: admitted
 	// EVENT 3: admitted
-	// EVENT 4: rate-limited: slow down; retry in 1s (exact wait 585ms)
+	// EVENT 4: refused, wait 585ms
 	// after the wait, admitted: true
 }
 
@@ -64,31 +64,23 @@ func ExampleQuota() {
 		panic(err)
 	}
 	now := time.Date(2026, 11, 30, 12, 0, 15, 0, time.UTC)
+	q = q.WithClock(func() time.Time { return now }) // a Limiter's Now, in a gate
+	ctx := context.Background()
 	alice := "a1b2c3…" // the event's pubkey
 	for i := 1; i <= 3; i++ {
-		if over, wait := q.Exceeded(alice, now); over {
-			fmt.Printf("event %d: rate-limited: retry in %ds\n", i, ratelimit.RetrySeconds(wait))
+		if over, wait, _ := q.Exceeded(ctx, alice); over {
+			fmt.Printf("event %d: over quota, next window in %v\n", i, wait)
 			continue
 		}
-		q.Add(alice, now) // once the relay has accepted the event
+		q.Add(ctx, alice) // once the relay has accepted the event
 		fmt.Printf("event %d: accepted\n", i)
 	}
-	over, _ := q.Exceeded(alice, now.Add(45*time.Second))
+	now = now.Add(45 * time.Second)
+	over, _, _ := q.Exceeded(ctx, alice)
 	fmt.Println("next minute, over quota:", over)
 	// Output:
 	// event 1: accepted
 	// event 2: accepted
-	// event 3: rate-limited: retry in 45s
+	// event 3: over quota, next window in 45s
 	// next minute, over quota: false
-}
-
-func ExampleRetrySeconds() {
-	for _, w := range []time.Duration{0, 585 * time.Millisecond, 17*time.Second + time.Millisecond, 18 * time.Second} {
-		fmt.Printf("wait %v: retry in %ds\n", w, ratelimit.RetrySeconds(w))
-	}
-	// Output:
-	// wait 0s: retry in 1s
-	// wait 585ms: retry in 1s
-	// wait 17.001s: retry in 18s
-	// wait 18s: retry in 18s
 }

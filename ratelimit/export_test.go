@@ -18,3 +18,21 @@ func SlotsOf(m *MemoryStore) int {
 	m.once.Do(m.init)
 	return len(m.slots)
 }
+
+// Test-only names for unexported constants and instant-taking forms.
+const (
+	DefaultMemorySlots = defaultMemorySlots
+	QuotaSlots         = quotaSlots
+)
+
+// AllowAt is Allow at the instant now (the zero now: the Limiter's clock).
+func (l *Limiter) AllowAt(ctx context.Context, key string, windows *Windows, now time.Time) (Decision, error) {
+	return l.allowAt(ctx, key, windows, now)
+}
+
+// ExceededAt and AddAt are Exceeded and Add at the instant now.
+func (q *Quota) ExceededAt(actor string, now time.Time) (bool, time.Duration) {
+	return q.exceeded(actor, now)
+}
+
+func (q *Quota) AddAt(actor string, now time.Time) bool { return q.add(actor, now) }

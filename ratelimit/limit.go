@@ -54,9 +54,6 @@ var (
 	// connection, an open breaker or a reply it could not read. A caller must
 	// fail closed and must not report it as a rate limit.
 	ErrUnavailable = errors.New("ratelimit: store unavailable")
-	// ErrBadReply means the store answered with something that is not a list
-	// of scores. It is always wrapped together with ErrUnavailable.
-	ErrBadReply = errors.New("ratelimit: malformed store reply")
 	// ErrInvalidLimit is wrapped by Limit.Validate.
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
 )
@@ -186,13 +183,4 @@ func ValidateLimits(limits []Limit) error {
 		}
 	}
 	return nil
-}
-
-// RetrySeconds renders a wait for the wire: whole seconds rounded up, never 0.
-func RetrySeconds(wait time.Duration) int64 {
-	s := int64((wait + time.Second - 1) / time.Second)
-	if s < 1 {
-		s = 1
-	}
-	return s
 }

@@ -118,29 +118,6 @@ func TestLimitString(t *testing.T) {
 	}
 }
 
-func TestRetrySeconds(t *testing.T) {
-	tests := []struct {
-		wait time.Duration
-		want int64
-	}{
-		{-time.Second, 1},
-		{0, 1},
-		{time.Nanosecond, 1},
-		{time.Millisecond, 1},
-		{999 * time.Millisecond, 1},
-		{time.Second, 1},
-		{time.Second + time.Nanosecond, 2},
-		{17*time.Second + 1, 18},
-		{18 * time.Second, 18},
-		{time.Hour, 3600},
-	}
-	for _, tt := range tests {
-		if got := ratelimit.RetrySeconds(tt.wait); got != tt.want {
-			t.Errorf("RetrySeconds(%v) = %d, want %d", tt.wait, got, tt.want)
-		}
-	}
-}
-
 func TestKeys(t *testing.T) {
 	if got, want := ratelimit.MessageKey("203.0.113.7", "EVENT"), "{203.0.113.7}:message:EVENT"; got != want {
 		t.Errorf("MessageKey = %q, want %q", got, want)

@@ -11,9 +11,9 @@ import (
 	"time"
 )
 
-// DefaultBlockedSlots is the size of a Limiter's refused-until table when
+// defaultBlockedSlots is the size of a Limiter's refused-until table when
 // LimiterOptions.BlockedSlots is 0: 16,384 clients-and-types at 32 bytes each.
-const DefaultBlockedSlots = 1 << 14
+const defaultBlockedSlots = 1 << 14
 
 // blockedWays is the number of slots a key may use: one bucket.
 const blockedWays = 4
@@ -56,7 +56,7 @@ type LimiterOptions struct {
 	// the store, which is how tests run step tables.
 	Clock Clock
 	// BlockedSlots sizes the local refused-until table (rounded up to a
-	// power of two, at least 4); 0 or less means DefaultBlockedSlots.
+	// power of two, at least 4); 0 or less means 16,384.
 	BlockedSlots int
 }
 
@@ -90,14 +90,14 @@ type statStripe struct {
 }
 
 // NewLimiter returns a Limiter over store. A nil store means a new
-// MemoryStore of DefaultMemorySlots.
+// MemoryStore of the default size.
 func NewLimiter(store Store, opts LimiterOptions) *Limiter {
 	if store == nil {
 		store = NewMemoryStore(0)
 	}
 	n := opts.BlockedSlots
 	if n <= 0 {
-		n = DefaultBlockedSlots
+		n = defaultBlockedSlots
 	}
 	if n > 1<<30 {
 		n = 1 << 30
@@ -123,12 +123,12 @@ func (l *Limiter) Now() time.Time { return l.clock.Now() }
 // caller must fail closed and must not call it a rate limit. No windows
 // (nil or empty) admits without a store call.
 func (l *Limiter) Allow(ctx context.Context, key string, windows *Windows) (Decision, error) {
-	return l.AllowAt(ctx, key, windows, time.Time{})
+	return l.allowAt(ctx, key, windows, time.Time{})
 }
 
-// AllowAt is Allow at the instant now, for tests and for callers with their
-// own clock; the zero now means the Limiter's clock.
-func (l *Limiter) AllowAt(ctx context.Context, key string, windows *Windows, now time.Time) (Decision, error) {
+// allowAt is Allow at the instant now (tests pass fixed instants); the
+// zero now means the Limiter's clock.
+func (l *Limiter) allowAt(ctx context.Context, key string, windows *Windows, now time.Time) (Decision, error) {
 	if windows.Len() == 0 {
 		return Decision{Allowed: true}, nil
 	}

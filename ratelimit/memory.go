@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-// DefaultMemorySlots is the MemoryStore size used when none is given: 65,536
+// defaultMemorySlots is the MemoryStore size used when none is given: 65,536
 // windows of 16 bytes, 1 MiB in all.
-const DefaultMemorySlots = 1 << 16
+const defaultMemorySlots = 1 << 16
 
 // memShardSlots is the number of slots per shard at full size: enough shards
 // (256 for the default size) that cores rarely meet on one lock.
@@ -32,7 +32,7 @@ const memShardSlots = 256
 // passes its own clock's instant.
 //
 // Create one with NewMemoryStore; the zero value is also usable and sizes
-// itself to DefaultMemorySlots on first use. A MemoryStore is safe for
+// itself to the default 65,536 slots on first use. A MemoryStore is safe for
 // concurrent use.
 type MemoryStore struct {
 	once       sync.Once
@@ -58,7 +58,7 @@ type memShard struct {
 }
 
 // NewMemoryStore returns a store with at least slots slots (rounded up to a
-// power of two); slots ≤ 0 means DefaultMemorySlots.
+// power of two); slots ≤ 0 means 65,536 (1 MiB).
 func NewMemoryStore(slots int) *MemoryStore {
 	m := &MemoryStore{size: slots}
 	m.once.Do(m.init)
@@ -68,7 +68,7 @@ func NewMemoryStore(slots int) *MemoryStore {
 func (m *MemoryStore) init() {
 	n := m.size
 	if n <= 0 {
-		n = DefaultMemorySlots
+		n = defaultMemorySlots
 	}
 	if n > 1<<40 {
 		n = 1 << 40

@@ -26,7 +26,7 @@ func TestNewQuotaValidates(t *testing.T) {
 		}
 	}
 	q, err := ratelimit.NewQuota(600, time.Minute)
-	if err != nil || q.Events() != 600 || q.Window() != time.Minute || q.IsUnlimited() {
+	if err != nil || q.Events() != 600 || q.Window() != time.Minute || (q.Events() == 0) {
 		t.Fatalf("NewQuota(600, 1m) = %+v, %v", q, err)
 	}
 }
@@ -36,39 +36,39 @@ func TestQuotaLimitAndNextWindow(t *testing.T) {
 	w0 := t0.Add(10 * time.Second) // t0 is on a minute boundary
 	alice := "alice-pubkey"
 	for i := range 3 {
-		if ex, _ := q.Exceeded(alice, w0); ex {
+		if ex, _ := q.ExceededAt(alice, w0); ex {
 			t.Fatalf("event %d: exceeded before the limit", i)
 		}
-		if !q.Add(alice, w0) {
+		if !q.AddAt(alice, w0) {
 			t.Fatalf("event %d: refused before the limit", i)
 		}
 	}
-	ex, wait := q.Exceeded(alice, w0)
+	ex, wait := q.ExceededAt(alice, w0)
 	if !ex || wait != 50*time.Second {
 		t.Fatalf("after 3: Exceeded = %v %v, want true, 50s until the next window", ex, wait)
 	}
-	if q.Add(alice, w0.Add(49*time.Second)) {
+	if q.AddAt(alice, w0.Add(49*time.Second)) {
 		t.Fatal("fourth event in the window was admitted")
 	}
 	// The next window starts afresh.
 	w1 := t0.Add(time.Minute)
-	if ex, _ := q.Exceeded(alice, w1); ex {
+	if ex, _ := q.ExceededAt(alice, w1); ex {
 		t.Fatal("exceeded in the next window")
 	}
 	for i := range 3 {
-		if !q.Add(alice, w1) {
+		if !q.AddAt(alice, w1) {
 			t.Fatalf("next window, event %d refused", i)
 		}
 	}
-	if q.Add(alice, w1) {
+	if q.AddAt(alice, w1) {
 		t.Fatal("next window: fourth admitted")
 	}
 	// A late caller still in the old window does not roll the slot back to
 	// it and get a fresh count there.
-	if q.Add(alice, w0) {
+	if q.AddAt(alice, w0) {
 		t.Fatal("a late event from the old window reset the new one")
 	}
-	if ex, wait := q.Exceeded(alice, w0); !ex || wait != 110*time.Second {
+	if ex, wait := q.ExceededAt(alice, w0); !ex || wait != 110*time.Second {
 		t.Fatalf("late Exceeded = %v %v, want the newer window's end, 110s away", ex, wait)
 	}
 }
@@ -76,15 +76,15 @@ func TestQuotaLimitAndNextWindow(t *testing.T) {
 func TestQuotaUnlimited(t *testing.T) {
 	var nilQuota *ratelimit.Quota
 	for _, q := range []*ratelimit.Quota{nilQuota, ratelimit.Unlimited()} {
-		if !q.IsUnlimited() || q.Events() != 0 || q.Window() != 0 {
+		if !(q.Events() == 0) || q.Events() != 0 || q.Window() != 0 {
 			t.Fatalf("%v: not unlimited", q)
 		}
 		for i := range 100_000 {
-			if !q.Add("one-actor", t0) {
+			if !q.AddAt("one-actor", t0) {
 				t.Fatalf("event %d refused", i)
 			}
 		}
-		if ex, wait := q.Exceeded("one-actor", t0); ex || wait != 0 {
+		if ex, wait := q.ExceededAt("one-actor", t0); ex || wait != 0 {
 			t.Fatalf("Exceeded = %v %v", ex, wait)
 		}
 	}
@@ -102,8 +102,8 @@ func TestQuotaDistinctActorsAllocateNothing(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	allocs := testing.AllocsPerRun(1, func() {
 		for _, a := range actors {
-			q.Add(a, t0)
-			q.Exceeded(a, t0)
+			q.AddAt(a, t0)
+			q.ExceededAt(a, t0)
 		}
 	})
 	runtime.GC()
@@ -130,7 +130,7 @@ func TestQuotaRotatingActorsAreBounded(t *testing.T) {
 	buf := make([]byte, 0, 32)
 	for i := range 200_000 {
 		buf = strconv.AppendInt(append(buf[:0], "rotating-"...), int64(i), 10)
-		if q.Add(string(buf), t0) {
+		if q.AddAt(string(buf), t0) {
 			admitted++
 		}
 	}
@@ -142,7 +142,7 @@ func TestQuotaRotatingActorsAreBounded(t *testing.T) {
 	admitted = 0
 	for i := range 200_000 {
 		buf = strconv.AppendInt(append(buf[:0], "rotating-"...), int64(i), 10)
-		if q.Add(string(buf), t0.Add(time.Minute)) {
+		if q.AddAt(string(buf), t0.Add(time.Minute)) {
 			admitted++
 		}
 	}
@@ -163,7 +163,7 @@ func TestQuotaConcurrentExact(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 10_000 {
-				if q.Add("shared-actor", t0) {
+				if q.AddAt("shared-actor", t0) {
 					admitted.Add(1)
 				}
 			}
@@ -190,10 +190,10 @@ func TestQuotaConcurrent(t *testing.T) {
 			for i := range 300 {
 				w := (i + g) % 3
 				// Instants interleave windows 0, 1 and 2 out of order.
-				if q.Add("shared-actor", t0.Add(time.Duration(w)*time.Second+time.Duration(i)*time.Millisecond)) {
+				if q.AddAt("shared-actor", t0.Add(time.Duration(w)*time.Second+time.Duration(i)*time.Millisecond)) {
 					perWindow[w].Add(1)
 				}
-				q.Exceeded("shared-actor", t0)
+				q.ExceededAt("shared-actor", t0)
 			}
 		}()
 	}

@@ -24,12 +24,12 @@ type Decision struct {
 	Local bool
 }
 
-// Store decides all windows of one key in one atomic step. Key is the
-// client-and-type part of the key, such as "{203.0.113.7}:message:EVENT";
-// the store appends each window's Suffix (":<period_ms>"), or all of them
-// (Windows.KeySuffix) when it keeps every window in one value as the Redis
-// store does, and may prepend a prefix. The windows were validated when they were prepared (NewWindows),
-// so a store does not check them again; no windows admits without a call.
+// Store decides all windows of one key in one atomic step. Key names the
+// client and the kind of decision, such as "{203.0.113.7}:message:EVENT"
+// (MessageKey); a store tells the windows of one key apart by their
+// periods however it keeps them. The windows were validated when they were
+// prepared (NewWindows), so a store does not check them again; no windows
+// admits without a call.
 //
 // now is the instant of the decision; the zero time means the store's own
 // clock (Redis TIME for the Redis store). An error means the store could not
@@ -39,7 +39,9 @@ type Store interface {
 }
 
 // MessageKey returns the Store key for messages of type typ from client:
-// "{client}:message:TYPE". Callers on a hot path build it once per connection.
+// "{client}:message:TYPE". The client is in braces so that a store which
+// shards by key can keep everything of one client together (a Redis
+// Cluster hash tag). Callers on a hot path build it once per connection.
 func MessageKey(client, typ string) string {
 	return "{" + client + "}:message:" + typ
 }

@@ -1,7 +1,6 @@
 package ratelimit_test
 
 import (
-	"encoding/binary"
 	"errors"
 	"math"
 	"testing"
@@ -41,22 +40,6 @@ func TestWindowsPrepared(t *testing.T) {
 	list[0].Rate = 99
 	if w.Len() != 2 || w.Limit(0).Rate != 10 || w.Limits()[1] != (ratelimit.Limit{Rate: 2.5, Period: 90 * time.Minute, Cost: 0.5}) {
 		t.Fatalf("windows %v: not a copy of the limits", w)
-	}
-	if w.Suffix(0) != ":1000" || w.Suffix(1) != ":5400000" {
-		t.Errorf("suffixes %q %q", w.Suffix(0), w.Suffix(1))
-	}
-	if w.KeySuffix() != ":1000:5400000" {
-		t.Errorf("key suffix %q", w.KeySuffix())
-	}
-	want := []float64{2, 10, 1000, 1, 2.5, 5400000, 0.5}
-	got := w.ScriptLimits()
-	if len(got) != 8*len(want) {
-		t.Fatalf("script limits of %d bytes, want %d", len(got), 8*len(want))
-	}
-	for i, x := range want {
-		if f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(got[8*i:]))); f != x {
-			t.Errorf("script limit %d = %v, want %v", i, f, x)
-		}
 	}
 	if s := w.String(); s != "10/1s, 2.5/1h30m0s cost 0.5" {
 		t.Errorf("String() = %q", s)

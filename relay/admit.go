@@ -31,7 +31,7 @@ func (c *conn) decide(buf []byte) (fwd []byte, ok bool) {
 	if c.knocked > 0 {
 		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many refused frames")
 		c.g.obs.ReportCut(policy.CutKnocking)
-		c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(ratelimit.RetrySeconds(c.knocked), 10)+"s")
+		c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(wire.RetrySeconds(c.knocked), 10)+"s")
 		return nil, false
 	}
 	// The client was told its subscription is closed: so is the relay, or

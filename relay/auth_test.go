@@ -36,7 +36,7 @@ func TestGateNeedsRelayURLForPubkeyGrants(t *testing.T) {
 		{"member tiers", Options{Policy: tiers}, true},
 		{"allow-listed pubkeys", Options{Policy: policy.Config{Identity: policy.Identity{AllowPubkeys: []string{member}}}}, true},
 		{"allow-listed addresses", Options{Policy: policy.Config{Identity: policy.Identity{AllowIPs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}}}, false},
-		{"quota alone", Options{Policy: policy.Config{Quota: q.Local(time.Now)}}, false},
+		{"quota alone", Options{Policy: policy.Config{Quota: q.WithClock(time.Now)}}, false},
 		{"nothing", Options{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -58,17 +58,17 @@ func benchTargets(b *testing.B) []struct {
 	}{
 		{"direct", func(b *testing.B) string { return serve(b, newKhatru(b)) }},
 		{"gate-memory", func(b *testing.B) string {
-			g := newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).Local(nil)}})
+			g := newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).WithClock(nil)}})
 			return serve(b, g.Wrap(newKhatru(b)))
 		}},
 		{"gate-redis", func(b *testing.B) string {
 			srv := redistest.Start(b)
-			g := newGate(b, Options{Limiter: redisLimiter(b, srv.URL(), nil), Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).Local(nil)}})
+			g := newGate(b, Options{Limiter: redisLimiter(b, srv.URL(), nil), Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).WithClock(nil)}})
 			return serve(b, g.Wrap(newKhatru(b)))
 		}},
 		{"gate-redis-batched", func(b *testing.B) string { // as sluice runs it
 			srv := redistest.Start(b)
-			g := newGate(b, Options{Limiter: redisLimiterBatch(b, srv.URL(), nil, 32), Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).Local(nil)}})
+			g := newGate(b, Options{Limiter: redisLimiterBatch(b, srv.URL(), nil, 32), Policy: policy.Config{Limits: benchLimits(), Quota: quota(b).WithClock(nil)}})
 			return serve(b, g.Wrap(newKhatru(b)))
 		}},
 	}
@@ -178,10 +178,10 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}{
 		{"direct", func(b *testing.B) string { return serve(b, ok()) }},
 		{"gate-memory-wrap", func(b *testing.B) string {
-			return serve(b, newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: q.Local(nil)}}).Wrap(ok()))
+			return serve(b, newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: q.WithClock(nil)}}).Wrap(ok()))
 		}},
 		{"gate-memory-proxy", func(b *testing.B) string {
-			h, err := newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: q.Local(nil)}}).Proxy(serve(b, ok()))
+			h, err := newGate(b, Options{Policy: policy.Config{Limits: benchLimits(), Quota: q.WithClock(nil)}}).Proxy(serve(b, ok()))
 			if err != nil {
 				b.Fatal(err)
 			}

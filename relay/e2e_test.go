@@ -119,7 +119,7 @@ func scenario(t *testing.T, url string) []string {
 func TestE2EUnderLimitsSameAsDirect(t *testing.T) {
 	direct := scenario(t, serve(t, newKhatru(t)))
 	q, _ := ratelimit.NewQuota(600, time.Minute)
-	g := newGate(t, Options{Policy: policy.Config{Quota: q.Local(nil)}})
+	g := newGate(t, Options{Policy: policy.Config{Quota: q.WithClock(nil)}})
 	gated := scenario(t, serve(t, g.Wrap(newKhatru(t))))
 	if strings.Join(direct, "\n") != strings.Join(gated, "\n") {
 		t.Fatalf("gated transcript differs\ndirect:\n%s\ngated:\n%s", strings.Join(direct, "\n"), strings.Join(gated, "\n"))
@@ -320,7 +320,7 @@ func TestE2EProxyKhatru(t *testing.T) {
 	// newline included).
 	c := dialRaw(t, url)
 	_ = c.WriteMessage(websocket.TextMessage, []byte(`["REQ","s\u0031",{"ids":["`+ev.ID+`"]}]`))
-	if got := readText(t, c); got != `["CLOSED","s\u0031","`+wire.ReasonSubID+`"]` {
+	if got := readText(t, c); got != `["CLOSED","s\u0031","`+"invalid: subscription id must be 1 to 64 characters, without escapes or control characters"+`"]` {
 		t.Fatalf("escaped sub id answered %s", got)
 	}
 	_ = c.WriteMessage(websocket.TextMessage, []byte(`["REQ", "s1" , { "ids" : ["`+ev.ID+`"] } ] `))

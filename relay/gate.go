@@ -677,7 +677,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	case v.Refused:
 		g.obs.ReportConnection(policy.RateLimited)
 		g.obs.ReportRefusal(client, wire.NumTypes, policy.RateLimited)
-		w.Header().Set("Retry-After", strconv.FormatInt(ratelimit.RetrySeconds(v.Wait), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(wire.RetrySeconds(v.Wait), 10))
 		http.Error(w, wire.RateLimitedReason(v.Wait), http.StatusTooManyRequests)
 		return
 	case v.Shadow && !v.Local:

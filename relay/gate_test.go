@@ -908,7 +908,7 @@ func TestGateOtherBucketAndReadLimit(t *testing.T) {
 	_ = c.WriteMessage(websocket.TextMessage, []byte(`["HELLO"]`))     // OTHER 1
 	_ = c.WriteMessage(websocket.BinaryMessage, []byte(`["HELLO",1]`)) // OTHER 2
 	for range 2 {
-		if got := readText(t, c); got != `["NOTICE","`+wire.ReasonUnknownType+`"]` {
+		if got := readText(t, c); got != `["NOTICE","`+"invalid: unknown message type"+`"]` {
 			t.Errorf("unknown label answered %s", got)
 		}
 	}
@@ -923,7 +923,7 @@ func TestGateOtherBucketAndReadLimit(t *testing.T) {
 	clk.Advance(time.Second)
 	for _, frame := range []string{`[1,"X"]`, `[0,"EVENT",{}]`, "\x01[\"EVENT\",{}]", "[\"EVENT\"\x01,{}]", `{"EVENT":1}`, `["EVENT" {}]`, `["EVENT`, `[",",1]`, `["NEG-OPENx,y","s",{},"00"]`} {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(frame))
-		if got := readText(t, c); got != `["NOTICE","`+wire.ReasonNotNostr+`"]` {
+		if got := readText(t, c); got != `["NOTICE","`+"invalid: not a Nostr message"+`"]` {
 			t.Errorf("%q answered %s", frame, got)
 		}
 		clk.Advance(time.Second)

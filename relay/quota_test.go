@@ -50,7 +50,7 @@ func TestGateQuota(t *testing.T) {
 		}
 		return ""
 	}
-	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{allowed}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
+	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{allowed}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
 
 	step := func(frame, want string) {
 		t.Helper()
@@ -86,7 +86,7 @@ func TestGateQuota(t *testing.T) {
 	}
 	// Two pubkeys: the relay might keep either, so the gate forwards neither.
 	dup := fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","pubkey":"%s"}]`, 30, a, b)
-	step(dup, okReply(30, false, wire.ReasonEvent))
+	step(dup, okReply(30, false, "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"))
 
 	// The next window starts afresh; the wait told was the remainder.
 	clk.Advance(30 * time.Second)
@@ -118,7 +118,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	rec.challenge = "chal"
-	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Quota: q.Local(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{trusted}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
+	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Quota: q.WithClock(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{trusted}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 
 	step := func(c *websocket.Conn, frame, want string) {
 		t.Helper()
@@ -214,7 +214,7 @@ func TestGateQuotaChargesOnlyStored(t *testing.T) {
 	var mu sync.Mutex
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)},
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)},
 		Stored: func(id [32]byte) bool { mu.Lock(); defer mu.Unlock(); ok := stored[id]; delete(stored, id); return ok }}).Wrap(rec))
 	victim := apartPubkeys(q, clk.Now(), 1)[0]
 	store := func(id int) {
@@ -288,7 +288,7 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT: the OKs the client kept from the gate
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}, Stored: stored.take}).Wrap(rec))
+	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take}).Wrap(rec))
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := dialRaw(t, url)
 	for id := 1; id <= 5; id++ {
@@ -303,7 +303,7 @@ func chargesUnanswered(t *testing.T, end bool) {
 	if end {
 		_ = c.Close()
 	}
-	if !quotaSpent(t, q.Local(clk.Now), actor) {
+	if !quotaSpent(t, q.WithClock(clk.Now), actor) {
 		t.Fatalf("20 s on (connection ended: %v), the 5 stored events have not spent the actor's quota of 2", end)
 	}
 	c2 := dialRaw(t, url)
@@ -331,7 +331,7 @@ func boundsUnanswered(t *testing.T, withStored bool) {
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT
 	id := &policy.Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	opts := Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now), Identity: *id}, Stored: stored.take}
+	opts := Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now), Identity: *id}, Stored: stored.take}
 	if !withStored {
 		opts.Stored = nil
 	}
@@ -424,7 +424,7 @@ func TestGateQuotaGivesUpUnstoredEventsAtEnd(t *testing.T) {
 	}
 	var stored storedSet // nothing is stored
 	rec := newRecorder() // answers no EVENT
-	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}, Stored: stored.take})
+	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take})
 	url := serve(t, g.Wrap(rec))
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := dialRaw(t, url)
@@ -458,7 +458,7 @@ func TestProxyDrainEndsWhenTheRelayNeverAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := newRecorder() // answers no EVENT
-	h, err := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.Local(clk.Now)}}).Proxy(serve(t, rec))
+	h, err := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}}).Proxy(serve(t, rec))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	// Frames that crashed khatru: answered by the gate, the relay lives.
 	for _, crash := range []string{`[1,"X"]`, `[",",1]`} {
 		_ = c.WriteMessage(websocket.TextMessage, []byte(crash))
-		if got := readText(t, c); got != `["NOTICE","`+wire.ReasonNotNostr+`"]` {
+		if got := readText(t, c); got != `["NOTICE","`+"invalid: not a Nostr message"+`"]` {
 			t.Fatalf("%s answered %s", crash, got)
 		}
 	}
@@ -53,7 +53,7 @@ func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	// get an event stored.
 	disguised := append([]byte(`[0,"EVENT",`), frame(e2)[len(`["EVENT",`):]...)
 	_ = c.WriteMessage(websocket.TextMessage, disguised)
-	if got := readText(t, c); got != `["NOTICE","`+wire.ReasonNotNostr+`"]` {
+	if got := readText(t, c); got != `["NOTICE","`+"invalid: not a Nostr message"+`"]` {
 		t.Errorf("[0,\"EVENT\",{…}] answered %s", got)
 	}
 	_ = c.WriteMessage(websocket.BinaryMessage, frame(e3))

@@ -80,21 +80,27 @@ func mustInt(s string) int64 {
 	return n
 }
 
-// TestLeanSharesPieces: ewma1.lua's decay, its search for a kept request
-// id and its wait search are ewma.lua's, line for line (indentation
-// aside), so that a fix to one cannot miss the other. (Its reading of a
-// stored value, written for one or two windows, is pinned by
-// TestLeanEqualsBatch instead.)
+// TestLeanSharesPieces: both scripts are composed with the one decay and
+// the one wait search (decay.lua, waitms.lua), with no include left
+// unresolved; ewma1.lua's search for a kept request id is ewma.lua's, line
+// for line (indentation aside), so that a fix to one cannot miss the
+// other. (Its reading of a stored value, written for one or two windows,
+// is pinned by TestLeanEqualsBatch instead.)
 func TestLeanSharesPieces(t *testing.T) {
-	for name, re := range map[string]*regexp.Regexp{
-		"decay":  regexp.MustCompile(`(?s)\nlocal function decay\(.*?\nend\n`),
-		"ids":    regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`),
-		"waitms": regexp.MustCompile(`(?s)\n\s*waitms = function\(now, s, at, p, c, r\)\n.*?\n\s*return hi\n\s*end\n`),
-	} {
-		a, b := unindent(re.FindString(scripts.EWMA)), unindent(re.FindString(scripts.EWMA1))
-		if a == "" || a != b {
-			t.Errorf("%s: ewma.lua's and ewma1.lua's differ (or one is missing):\n%s\n----\n%s", name, a, b)
+	for name, src := range map[string]string{"ewma.lua": scripts.EWMA, "ewma1.lua": scripts.EWMA1, "cluster": scripts.EWMACluster} {
+		if strings.Contains(src, "#include") {
+			t.Errorf("%s: an include is left unresolved", name)
 		}
+		for _, piece := range []string{"\nlocal function decay\\(s, t, now, p\\)\n", "\nwaitms = function\\(now, s, at, p, c, r\\)\n"} {
+			if n := len(regexp.MustCompile(piece).FindAllString(src, -1)); n != 1 {
+				t.Errorf("%s: %d copies of %q, want 1", name, n, piece)
+			}
+		}
+	}
+	ids := regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`)
+	a, b := unindent(ids.FindString(scripts.EWMA)), unindent(ids.FindString(scripts.EWMA1))
+	if a == "" || a != b {
+		t.Errorf("the search for a kept id: ewma.lua's and ewma1.lua's differ (or one is missing):\n%s\n----\n%s", a, b)
 	}
 }
 

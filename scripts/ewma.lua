@@ -63,8 +63,7 @@
 --
 -- Packed: little-endian IEEE doubles, one after the other (Lua's struct
 -- "<d"). A number sent as digits costs Redis a Lua string per argument and a
--- strtod per read, and one written as digits a sprintf per score: about a
--- fifth of a two-window decision each, measured (docs/BENCHMARKS.md). Whole
+-- strtod per read, and one written as digits a sprintf per score. Whole
 -- numbers below 2^53, every instant and half-life here, are exact.
 --
 -- Request ids (one width; 16 bytes from the Go store): go-redis retries a
@@ -78,7 +77,7 @@
 -- the same key were admitted between an attempt and its retry (a few ms
 -- apart): then the retry charges once more. A per-request dedup key would
 -- close that gap at the price of a GET, a SET and a new key on every
--- decision (about half again the script's cost, measured).
+-- decision.
 --
 -- Decisions run in order, and a later decision sees what an earlier one of
 -- the same call wrote (two messages of one client in one batch): the values
@@ -123,18 +122,14 @@
 -- Cost: this runs for every message. Beyond the commands (one MGET and one
 -- TIME per call, one SET per decision admitted) a decision unpacks its
 -- value and packs the one it writes. Every string made and every call into
--- C costs Redis about 0.1 us, measured: hence the numbers packed, the
--- windows' values held in one table for the call, the TTL handed to SET as
--- digits, the request ids searched and cut in place, the limits
+-- C costs Redis time on its one command thread: hence the numbers packed,
+-- the windows' values held in one table for the call, the TTL handed to SET
+-- as digits, the request ids searched and cut in place, the limits
 -- unpacked once per list, and a stored value of one or two windows
--- unpacked in one call (BenchmarkScriptInstructions: 0.9k of what was a
--- lean call's 83k instructions, 0.4-0.7k of a batched decision's 52-67k).
--- The exact decay is the one cost taken on knowingly: Go's steps and a
--- function call cost 0.18 to 0.28 us a decay where an inline C pow cost
--- 0.04 to 0.07 (BenchmarkLuaDecay, Redis 7.0 on a loaded 2-core
--- machine), so about +0.3 us on an admitted two-window decision (two
--- decays) and +0.5 us on a refused one (its wait search decays twice
--- more).
+-- unpacked in one call. The exact decay (decay.lua: Go's steps and a
+-- function call, where C pow would be one operation) is the one cost taken
+-- on knowingly, for decisions identical to the memory store's
+-- (docs/BENCHMARKS.md has its price).
 
 local MAX_WAIT = 1099511627776 -- 2^40 ms, as in Go: no overflow anywhere
 local EXACT = 9007199254740992 -- 2^53: whole numbers of ms below it are exact
@@ -152,33 +147,7 @@ local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 -- constructors for the usual calls, and the script makes one closure per
 -- call (decay, one upvalue) and the wait search only on a refusal.
 
--- decay returns score s written at ms t, seen at ms now, under half-life p
--- ms: s * 2^-x with x = (now - t)/p, as ratelimit.decayAt does in Go, and
--- bit for bit the same: 2^-x is computed by the steps of Go's own exp2
--- (argument reduction to |k - x| <= 1/2, its polynomial, ldexp), each an
--- IEEE double operation that Lua and Go (ratelimit.exp2neg, which forbids
--- fused multiply-adds) both round the same way. Not Lua's 2^-x: that is C
--- pow, which differs from Go's math.Exp2 in the last bit for about one x
--- in eight (TestPowIsNotExp2), and a last bit decides an admission at an
--- exact boundary. The admission test and the wait search both use this one
--- function, so they cannot disagree.
-local function decay(s, t, now, p)
-  if now <= t then
-    return s -- a score never decays for time that has not passed
-  end
-  local x = (now - t) / p
-  if x > 1074 then
-    return 0 -- 2^-x is below half the smallest double (Go's exp2 says 0 too)
-  end
-  local k = x + 0.5
-  k = k - k % 1 -- floor(x + 0.5), exactly, without a call
-  local u = k - x
-  local hi, lo = u * 6.93147180369123816490e-01, -u * 1.90821492927058770002e-10
-  local r = hi - lo
-  local q = r * r
-  local c = r - q * (1.66666666666666657415e-01 + q * (-2.77777777770155933842e-03 + q * (6.61375632143793436117e-05 + q * (-1.65339022054652515390e-06 + q * 4.13813679705723846039e-08))))
-  return s * ldexp(1 - ((lo - r * c / (2 - c)) - hi), -k)
-end
+-- #include decay.lua
 
 
 -- Parse and check the whole call before touching anything. lim holds every
@@ -370,66 +339,7 @@ for dn = 1, m do
     reply[o - 1], reply[o] = 0, keep and keep[dn] and v or 0
   elseif not allowed then
     if not waitms then
-      -- waitms returns the smallest w >= 1 such that score s written at ms at
-      -- admits cost c under rate r (half-life p ms) at now+w; the caller
-      -- knows it refuses at now. Step for step ratelimit.waitMs in Go: start
-      -- from the estimate T*log2(S/(R-c)), bracket the boundary by galloping
-      -- (steps 1, 2, 4, ...) and bisect. For any sane limit that is two
-      -- probes (admits at w, refuses at w-1); when R is barely above c,
-      -- adding c absorbs most of R-c and the boundary can be minutes from the
-      -- estimate, but it is still found exactly, in at most about 2*40 probes
-      -- (waits are capped at 2^40 ms). The estimate's log is not Go's Log2,
-      -- but it only picks where the search starts: the admission test is
-      -- monotone in w (one ms moves the decayed score by far more than a last
-      -- bit for any period a time.Duration can hold), so the smallest
-      -- admitting w is the same wherever it starts.
-      waitms = function(now, s, at, p, c, r)
-        local d = p * log(s / (r - c)) / LN2
-        if not (d < MAX_WAIT) then d = MAX_WAIT end -- also catches NaN
-        local w = at + ceil(d) - now
-        if w < 1 then w = 1 end
-        if w > MAX_WAIT then w = MAX_WAIT end
-        -- Bracket the boundary: lo refuses (0 is known to), hi admits.
-        local lo, hi
-        local step = 1
-        if decay(s, at, now + w, p) + c <= r then
-          hi = w
-          while true do
-            if hi - step <= 0 then
-              lo = 0
-              break
-            end
-            if not (decay(s, at, now + (hi - step), p) + c <= r) then
-              lo = hi - step
-              break
-            end
-            hi = hi - step
-            step = step * 2
-          end
-        else
-          lo = w
-          while true do
-            if lo + step >= MAX_WAIT then
-              if not (decay(s, at, now + MAX_WAIT, p) + c <= r) then
-                return MAX_WAIT -- the longest wait reported, as in Go
-              end
-              hi = MAX_WAIT
-              break
-            end
-            if decay(s, at, now + lo + step, p) + c <= r then
-              hi = lo + step
-              break
-            end
-            lo = lo + step
-            step = step * 2
-          end
-        end
-        while hi - lo > 1 do
-          local mid = lo + floor((hi - lo) / 2)
-          if decay(s, at, now + mid, p) + c <= r then hi = mid else lo = mid end
-        end
-        return hi
-      end
+      -- #include waitms.lua
     end
     local wait = 0
     local val = pack('<d', t)

@@ -27,8 +27,7 @@
 -- ARGV[2]  optionally the request id (as in ewma.lua; "" or none: none).
 -- ARGV[3]  optionally 's': reply an admission with the value, as ewma.lua
 --          does; without it an admission is the bare integer 0 (a table
---          and a bulk string less to build and send: ~6k of Redis's
---          ~80k instructions per call, BenchmarkScriptInstructions).
+--          and a bulk string less to build and send).
 --
 -- Reply: wait, value: 0 and the written value (admitted, with ARGV[3]
 -- 's'; or the stored value, nothing charged, for a request id already
@@ -37,18 +36,12 @@
 -- 'ERR sluice ewma: malformed value at <key>' (nothing written). See
 -- ewma.lua for wait_ms, the value and the TTL.
 --
--- Its pieces are ewma.lua's, line for line (TestLeanSharesPieces compares
--- them): decay, which is bit for bit Go's decision (see ewma.lua), the
--- search for a kept request id and the wait search waitms. Its reading of
--- a stored value is ewma.lua's rule (t, a score per window, then
--- optionally ids; anything else fails) written for one or two windows.
---
--- Cost: a table of windows indexed in loops, as ewma.lua holds any number
--- of them, cost this call ~9k of its ~83k Redis instructions per
--- two-window decision with a request id (BenchmarkScriptInstructions: 83k
--- then, 74k with the windows in locals, redis_rate's one-window call 75k
--- in the same runs): here they are locals, the second window's work
--- skipped by one test when there is none.
+-- Its decay and wait search are ewma.lua's, spliced in from decay.lua and
+-- waitms.lua; its search for a kept request id is ewma.lua's line for line
+-- (TestLeanSharesPieces). Its reading of a stored value is ewma.lua's rule
+-- (t, a score per window, then optionally ids; anything else fails)
+-- written for one or two windows, held in locals rather than a table
+-- indexed in loops, which is most of what makes it cheaper.
 
 local MAX_WAIT = 1099511627776
 local EXACT = 9007199254740992
@@ -58,33 +51,7 @@ local HUGE = math.huge
 local find, sub, format, pack, unpack = string.find, string.sub, string.format, struct.pack, struct.unpack
 local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 
--- decay returns score s written at ms t, seen at ms now, under half-life p
--- ms: s * 2^-x with x = (now - t)/p, as ratelimit.decayAt does in Go, and
--- bit for bit the same: 2^-x is computed by the steps of Go's own exp2
--- (argument reduction to |k - x| <= 1/2, its polynomial, ldexp), each an
--- IEEE double operation that Lua and Go (ratelimit.exp2neg, which forbids
--- fused multiply-adds) both round the same way. Not Lua's 2^-x: that is C
--- pow, which differs from Go's math.Exp2 in the last bit for about one x
--- in eight (TestPowIsNotExp2), and a last bit decides an admission at an
--- exact boundary. The admission test and the wait search both use this one
--- function, so they cannot disagree.
-local function decay(s, t, now, p)
-  if now <= t then
-    return s -- a score never decays for time that has not passed
-  end
-  local x = (now - t) / p
-  if x > 1074 then
-    return 0 -- 2^-x is below half the smallest double (Go's exp2 says 0 too)
-  end
-  local k = x + 0.5
-  k = k - k % 1 -- floor(x + 0.5), exactly, without a call
-  local u = k - x
-  local hi, lo = u * 6.93147180369123816490e-01, -u * 1.90821492927058770002e-10
-  local r = hi - lo
-  local q = r * r
-  local c = r - q * (1.66666666666666657415e-01 + q * (-2.77777777770155933842e-03 + q * (6.61375632143793436117e-05 + q * (-1.65339022054652515390e-06 + q * 4.13813679705723846039e-08))))
-  return s * ldexp(1 - ((lo - r * c / (2 - c)) - hi), -k)
-end
+-- #include decay.lua
 
 local a = ARGV[1]
 local la = a and #a
@@ -182,66 +149,7 @@ end
 
 if not allowed then
   local waitms
-  -- waitms (ewma.lua's, word for word) returns the smallest w >= 1 such that
-  -- score s written at ms at admits cost c under rate r (half-life p ms) at
-  -- now+w; the caller knows it refuses at now. Step for step ratelimit.waitMs
-  -- in Go: start from the estimate T*log2(S/(R-c)), bracket the boundary by
-  -- galloping (steps 1, 2, 4, ...) and bisect. For any sane limit that is two
-  -- probes (admits at w, refuses at w-1); when R is barely above c, adding c
-  -- absorbs most of R-c and the boundary can be minutes from the estimate,
-  -- but it is still found exactly, in at most about 2*40 probes (waits are
-  -- capped at 2^40 ms). The estimate's log is not Go's Log2, but it only
-  -- picks where the search starts: the admission test is monotone in w (one
-  -- ms moves the decayed score by far more than a last bit for any period a
-  -- time.Duration can hold), so the smallest admitting w is the same wherever
-  -- it starts.
-  waitms = function(now, s, at, p, c, r)
-    local d = p * log(s / (r - c)) / LN2
-    if not (d < MAX_WAIT) then d = MAX_WAIT end -- also catches NaN
-    local w = at + ceil(d) - now
-    if w < 1 then w = 1 end
-    if w > MAX_WAIT then w = MAX_WAIT end
-    -- Bracket the boundary: lo refuses (0 is known to), hi admits.
-    local lo, hi
-    local step = 1
-    if decay(s, at, now + w, p) + c <= r then
-      hi = w
-      while true do
-        if hi - step <= 0 then
-          lo = 0
-          break
-        end
-        if not (decay(s, at, now + (hi - step), p) + c <= r) then
-          lo = hi - step
-          break
-        end
-        hi = hi - step
-        step = step * 2
-      end
-    else
-      lo = w
-      while true do
-        if lo + step >= MAX_WAIT then
-          if not (decay(s, at, now + MAX_WAIT, p) + c <= r) then
-            return MAX_WAIT -- the longest wait reported, as in Go
-          end
-          hi = MAX_WAIT
-          break
-        end
-        if decay(s, at, now + lo + step, p) + c <= r then
-          hi = lo + step
-          break
-        end
-        lo = lo + step
-        step = step * 2
-      end
-    end
-    while hi - lo > 1 do
-      local mid = lo + floor((hi - lo) / 2)
-      if decay(s, at, now + mid, p) + c <= r then hi = mid else lo = mid end
-    end
-    return hi
-  end
+  -- #include waitms.lua
   local wait = 0
   if not (d1 + c1 <= r1) then
     wait = waitms(now, s1, t, p1, c1, r1)

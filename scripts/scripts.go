@@ -3,25 +3,33 @@
 package scripts
 
 import (
-	_ "embed"
+	"embed"
 	"strings"
 )
+
+// pieces are the Lua parts several scripts share, each written once and
+// spliced into every script that names it (see include).
+//
+//go:embed decay.lua waitms.lua
+var pieces embed.FS
+
+//go:embed ewma.lua
+var ewmaSource string
+
+//go:embed ewma1.lua
+var ewma1Source string
 
 // EWMA is the source of ewma.lua: multi-window EWMA decisions (read, decay,
 // admit-all-or-nothing, write with a TTL, idempotent by request id), one or
 // more per call, each atomic and decided in order, of one client or of
 // several. Its header comment documents KEYS, ARGV and the reply.
-//
-//go:embed ewma.lua
-var EWMA string
+var EWMA = include(ewmaSource)
 
 // EWMA1 is the source of ewma1.lua: the lean call of EWMA for one decision
 // of one or two windows sent alone, with a request id or without (for a
 // client that never resends a command). Same decisions, stored values and
 // reply as EWMA deciding that one message.
-//
-//go:embed ewma1.lua
-var EWMA1 string
+var EWMA1 = include(ewma1Source)
 
 // Quota is the source of quota.lua: the actor quota's fixed windows in
 // Redis, one key per actor holding its window and count with a TTL of the
@@ -45,8 +53,8 @@ var Quota string
 // write. The store then decides that call's messages one by one, each
 // routed by go-redis. The rest is EWMA, byte for byte (the same replies and
 // stored values on random batches: TestBatchEqualsAlone); a Redis older
-// than 7.0 does not compile the
-// shebang, and the store then sends one decision per call, as before.
+// than 7.0 does not compile the shebang, and the store then sends one
+// decision per call.
 //
 // Arguments: KEYS[1] the first decision's key; ARGV EWMA's arguments, then
 // the keys of decisions 2..m, then m-1.
@@ -83,4 +91,28 @@ func clusterVariant(src string) string {
 		panic("scripts: ewma.lua must read its keys with exactly one " + clusterMGET)
 	}
 	return clusterPrelude + strings.Replace(src, clusterMGET, "getEach(KEYS)", 1)
+}
+
+// includeMark starts a line that include replaces with the named piece.
+const includeMark = "-- #include "
+
+// include returns src with every line "-- #include <piece>" (indentation
+// aside) replaced by that piece's source. It panics on a piece that does
+// not exist: the sources are embedded, so that is a build mistake, and
+// every test that loads a script finds it.
+func include(src string) string {
+	var b strings.Builder
+	for line := range strings.Lines(src) {
+		name, ok := strings.CutPrefix(strings.TrimLeft(line, " "), includeMark)
+		if !ok {
+			b.WriteString(line)
+			continue
+		}
+		piece, err := pieces.ReadFile(strings.TrimSpace(name))
+		if err != nil {
+			panic("scripts: " + err.Error())
+		}
+		b.Write(piece)
+	}
+	return b.String()
 }

@@ -30,7 +30,7 @@ func localQuotas(clock ratelimit.Clock) quotaMaker {
 		if err != nil {
 			return nil, err
 		}
-		return q.Local(clock), nil
+		return q.WithClock(clock), nil
 	}
 }
 
@@ -70,7 +70,7 @@ func (qc *quotaCache) make(owner string, events int, window time.Duration, unlim
 	default:
 		var lq *ratelimit.Quota
 		if lq, err = ratelimit.NewQuota(events, window); err == nil {
-			q = lq.Local(qc.limiter.Now)
+			q = lq.WithClock(qc.limiter.Now)
 		}
 	}
 	if err != nil {

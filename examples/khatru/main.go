@@ -43,7 +43,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	handler, gate, err := build(*hooks, relay.Options{Policy: policy.Config{Quota: quota.Local(nil)}})
+	handler, gate, err := build(*hooks, relay.Options{Policy: policy.Config{Quota: quota.WithClock(nil)}})
 	if err != nil {
 		log.Fatal(err)
 	}

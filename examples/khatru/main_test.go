@@ -361,7 +361,7 @@ func TestGateAndHooksAgree(t *testing.T) {
 			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
 			clock := nostrtest.NewClock()
 			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
-			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: q.Local(clock.Now), Identity: policy.Identity{AllowPubkeys: []string{memberPK}}},
+			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: q.WithClock(clock.Now), Identity: policy.Identity{AllowPubkeys: []string{memberPK}}},
 				RelayURL: "ws://relay.example"}) // allow-listed pubkeys need it (nothing here AUTHs)
 			r := nostrtest.Connect(t, ws)
 			for i, st := range steps {
@@ -436,5 +436,5 @@ func localQuota(q *ratelimit.Quota, clock ratelimit.Clock) ratelimit.ActorQuota 
 	if q == nil {
 		return nil
 	}
-	return q.Local(clock)
+	return q.WithClock(clock)
 }

@@ -46,7 +46,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	handler, r, gate, err := build(*hooks, relay.Options{Policy: policy.Config{Quota: quota.Local(nil)}})
+	handler, r, gate, err := build(*hooks, relay.Options{Policy: policy.Config{Quota: quota.WithClock(nil)}})
 	if err != nil {
 		log.Fatal(err)
 	}

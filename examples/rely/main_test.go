@@ -214,5 +214,5 @@ func localQuota(q *ratelimit.Quota, clock ratelimit.Clock) ratelimit.ActorQuota 
 	if q == nil {
 		return nil
 	}
-	return q.Local(clock)
+	return q.WithClock(clock)
 }

@@ -248,11 +248,13 @@ var probeWindow atomic.Int64
 // a slot already charged in a later window would take the probe's counts.
 func QuotaApart(q *ratelimit.Quota, now time.Time, actors ...string) bool {
 	at := now.Add(-time.Duration(1<<20-probeWindow.Add(1)) * q.Window())
+	p := q.WithClock(func() time.Time { return at })
+	ctx := context.Background()
 	for _, a := range actors {
-		if full, _ := q.Exceeded(a, at); full {
+		if full, _, _ := p.Exceeded(ctx, a); full {
 			return false // an earlier actor filled this slot
 		}
-		for q.Add(a, at) {
+		for added, _ := p.Add(ctx, a); added; added, _ = p.Add(ctx, a) {
 		}
 	}
 	return true

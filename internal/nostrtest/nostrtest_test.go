@@ -66,10 +66,11 @@ func TestQuotaApart(t *testing.T) {
 	at, shared := T0, 0
 	for _, p := range pairs {
 		at = at.Add(time.Minute)
-		if !q.Add(p.a, at) {
+		qa := q.WithClock(func() time.Time { return at })
+		if added, _ := qa.Add(context.Background(), p.a); !added {
 			t.Fatalf("%s refused in a fresh window: probing left a count behind", p.a)
 		}
-		if full, _ := q.Exceeded(p.b, at); full == p.apart {
+		if full, _, _ := qa.Exceeded(context.Background(), p.b); full == p.apart {
 			t.Fatalf("%s and %s: apart %v, yet after charging one the other is exceeded: %v", p.a, p.b, p.apart, full)
 		}
 		if !p.apart {

@@ -15,8 +15,8 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
-// ErrClosed is wrapped (with ratelimit.ErrUnavailable) by Decide after Close.
-var ErrClosed = errors.New("redisstore: store closed")
+// errClosed is wrapped (with ratelimit.ErrUnavailable) by Decide after Close.
+var errClosed = errors.New("redisstore: store closed")
 
 // ErrOverloaded is wrapped (with ratelimit.ErrUnavailable) by Decide for a
 // decision whose deadline passed while it waited in the store's own queue,
@@ -109,7 +109,7 @@ type batcher struct {
 	closed   bool
 
 	scratch sync.Pool
-	ctxs    callPool // the deadlines of batches (callCtx)
+	ctxs    callPool // the timers of batches (callCtx)
 
 	// pipelines and calls count the batched round trips and the decisions
 	// they carried, for the benchmarks' mean batch size; direct counts the
@@ -159,7 +159,7 @@ func (b *batcher) do(ctx context.Context, c *call, direct func() (ratelimit.Deci
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return ratelimit.Decision{}, ErrClosed
+		return ratelimit.Decision{}, errClosed
 	}
 	if b.live == 0 && b.inflight < b.directCapLocked() {
 		b.inflight++
@@ -199,7 +199,7 @@ func (b *batcher) queue(ctx context.Context, c *call) (ratelimit.Decision, error
 func (b *batcher) queueLocked(ctx context.Context, c *call) (ratelimit.Decision, error) {
 	if b.closed {
 		b.mu.Unlock()
-		return ratelimit.Decision{}, ErrClosed
+		return ratelimit.Decision{}, errClosed
 	}
 	c.res = make(chan callResult, 1)
 	b.q = append(b.q, c)
@@ -227,9 +227,9 @@ func (b *batcher) queueLocked(ctx context.Context, c *call) (ratelimit.Decision,
 			b.abandon(c)
 			return ratelimit.Decision{}, ctx.Err()
 		case <-b.stop:
-			// A call that was queued when Close ran gets ErrClosed there;
+			// A call that was queued when Close ran gets errClosed there;
 			// one taken or leading is answered as the store shuts down.
-			return ratelimit.Decision{}, ErrClosed
+			return ratelimit.Decision{}, errClosed
 		}
 	}
 }
@@ -459,7 +459,7 @@ func (b *batcher) close() {
 	b.closed = true
 	b.timer.Stop()
 	for c := b.popLocked(); c != nil; c = b.popLocked() {
-		c.res <- callResult{err: ErrClosed}
+		c.res <- callResult{err: errClosed}
 	}
 	close(b.stop)
 	b.mu.Unlock()
@@ -472,10 +472,9 @@ const maxCallKeys = 1024
 // minCall and minClusterCall are the fewest decisions that share a script
 // call, ewma.lua's and scripts.EWMACluster's: fewer go as lean calls (one
 // each, in the same pipeline, so in the same order on the same
-// connection), which cost Redis less. Redis instructions per two-window
-// decision with its request id (BenchmarkScriptInstructions): the lean call
-// 73.1k; ewma.lua deciding 2 in one call 80.5k, 3 71.8k, 4 65.5k; the
-// cluster variant 86.6k, 77.2k, 70.5k.
+// connection), which cost Redis less: a shared call's fixed cost is only
+// repaid from this many decisions (BenchmarkScriptInstructions measures
+// it).
 const (
 	minCall        = 3
 	minClusterCall = 4

@@ -14,8 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 // TestBatchOneCallAgreesWithMemory: a batch of decisions of several clients
@@ -136,7 +136,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 			s := newStore(t, c, slow)
 			b := &batcher{client: c, shared: true, max: 8}
 			limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second))
-			if err := c.Set(ctx, DefaultPrefix+"{bad}:message:EVENT"+limits.KeySuffix()+valueTag, "garbage", 0).Err(); err != nil {
+			if err := c.Set(ctx, defaultPrefix+"{bad}:message:EVENT"+keySuffix(limits), "garbage", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
 			keys := []string{"{ok1}:message:EVENT", "{bad}:message:EVENT", "{ok2}:message:EVENT"}
@@ -150,7 +150,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 				res := <-cl.res
 				d, err := res.d, res.err
 				if i == 1 {
-					if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
+					if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
 						t.Errorf("corrupt key: %+v %v, want a per-key refusal", d, err)
 					}
 					continue
@@ -158,7 +158,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 				if sc := cl.req.scores; err != nil || !d.Allowed || sc[0] != 1 {
 					t.Errorf("%s beside a corrupt key: %+v %v %v, want admitted with score 1", keys[i], d, sc, err)
 				}
-				v, err := c.Get(ctx, DefaultPrefix+keys[i]+limits.KeySuffix()+valueTag).Result()
+				v, err := c.Get(ctx, defaultPrefix+keys[i]+keySuffix(limits)).Result()
 				if _, sc, ok := storedScores(v, 1); err != nil || !ok || sc[0] != 1 {
 					t.Errorf("%s beside a corrupt key stored %q %v", keys[i], v, err)
 				}

@@ -324,7 +324,7 @@ func BenchmarkDecideBreakerOpen(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := s.Decide(ctx, benchKeys[1], limits, time.Time{}); !errors.Is(err, ErrBreakerOpen) {
+			if _, err := s.Decide(ctx, benchKeys[1], limits, time.Time{}); !errors.Is(err, errBreakerOpen) {
 				b.Fatal(err)
 			}
 		}

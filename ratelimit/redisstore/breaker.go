@@ -10,18 +10,16 @@ import (
 
 // Breaker defaults applied for zero BreakerOptions fields.
 const (
-	DefaultBreakerFailures    = 5
-	DefaultBreakerFailureRate = 0.5
-	DefaultBreakerWindow      = time.Second
-	DefaultBreakerCoolDown    = 100 * time.Millisecond
+	defaultBreakerFailures    = 5
+	defaultBreakerFailureRate = 0.5
+	defaultBreakerWindow      = time.Second
+	defaultBreakerCoolDown    = 100 * time.Millisecond
 )
 
 // BreakerOptions configures the circuit breaker. The zero value means the
-// defaults: open when, within the last DefaultBreakerWindow, at least
-// DefaultBreakerFailures round trips to Redis failed and they were at least
-// DefaultBreakerFailureRate of the round trips; probe after a tenth of
-// DefaultBreakerCoolDown, then after twice as long at each failed probe, up
-// to DefaultBreakerCoolDown.
+// defaults: open when, within the last second, at least 5 round trips to
+// Redis failed and they were at least half of the round trips; probe after
+// 10 ms, then after twice as long at each failed probe, up to 100 ms.
 //
 // The breaker measures Redis, so it counts round trips, not decisions: a
 // batch of 32 decisions that timed out is one failure, not 32, and a
@@ -29,18 +27,17 @@ const (
 // round trip at all.
 type BreakerOptions struct {
 	// Failures is how many failed round trips within Window (at least
-	// FailureRate of them) open the breaker; 0 means DefaultBreakerFailures,
+	// FailureRate of them) open the breaker; 0 means 5,
 	// a negative value disables the breaker (every decision then reaches
 	// for Redis).
 	Failures int
 	// FailureRate is the share of a window's round trips that must have
-	// failed, in (0, 1]; 0 means DefaultBreakerFailureRate.
+	// failed, in (0, 1]; 0 means 0.5.
 	FailureRate float64
-	// Window is how far back the breaker looks; 0 means
-	// DefaultBreakerWindow.
+	// Window is how far back the breaker looks; 0 means one second.
 	Window time.Duration
 	// CoolDown is the longest the breaker stays open before it lets one
-	// probe through; 0 means DefaultBreakerCoolDown. The first probe comes
+	// probe through; 0 means 100 ms. The first probe comes
 	// after a tenth of it, so that decisions resume within about that of
 	// Redis answering again; each failed probe doubles the wait, up to
 	// CoolDown, and a good one starts it over. An outage then costs a few
@@ -62,7 +59,7 @@ type BreakerState int
 const (
 	// BreakerClosed: calls go to Redis.
 	BreakerClosed BreakerState = iota
-	// BreakerOpen: calls fail at once with ErrBreakerOpen.
+	// BreakerOpen: calls fail at once, as unavailable, without reaching Redis.
 	BreakerOpen
 	// BreakerHalfOpen: the cool-down has passed; the next call is a probe.
 	BreakerHalfOpen
@@ -118,22 +115,22 @@ func (b *breaker) firstCoolDown() time.Duration {
 
 func newBreaker(o BreakerOptions) (*breaker, error) {
 	if o.CoolDown < 0 || o.Window < 0 || o.FailureRate < 0 || o.FailureRate > 1 {
-		return nil, fmt.Errorf("%w: breaker cool-down %v, window %v and failure rate %v must not be negative (and the rate at most 1)", ErrConfig, o.CoolDown, o.Window, o.FailureRate)
+		return nil, fmt.Errorf("%w: breaker cool-down %v, window %v and failure rate %v must not be negative (and the rate at most 1)", errConfig, o.CoolDown, o.Window, o.FailureRate)
 	}
 	b := &breaker{threshold: int64(o.Failures), rate: o.FailureRate, coolDown: o.CoolDown, now: o.now}
 	if b.threshold == 0 {
-		b.threshold = DefaultBreakerFailures
+		b.threshold = defaultBreakerFailures
 	}
 	if b.rate == 0 {
-		b.rate = DefaultBreakerFailureRate
+		b.rate = defaultBreakerFailureRate
 	}
 	window := o.Window
 	if window == 0 {
-		window = DefaultBreakerWindow
+		window = defaultBreakerWindow
 	}
 	b.slice = max(int64(window)/breakerBuckets, 1)
 	if b.coolDown == 0 {
-		b.coolDown = DefaultBreakerCoolDown
+		b.coolDown = defaultBreakerCoolDown
 	}
 	if b.now == nil {
 		b.now = ratelimit.Clock(nil).Now

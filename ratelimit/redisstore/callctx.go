@@ -6,75 +6,116 @@ import (
 	"time"
 )
 
-// callCtx is the context a decision's round trip runs under: the caller's
-// values, the call's own deadline, and a Done channel closed when that
-// deadline passes. context.WithDeadline costs a decision alone five
-// allocations and a new timer (a third of the store's allocations per
-// decision, about 1.7 µs of its CPU at 4 callers: BenchmarkRedisConcurrency
-// with -cpuprofile and -memprofile); a callCtx is pooled with its timer and
-// its channel, and costs a Reset and a Stop.
-//
-// It is not cancelled with the caller's context: go-redis reads only its
-// deadline (for the socket) and its Done channel (waiting for a pooled
-// connection, sleeping between retries), so a call whose caller gave up
-// still ends by its own deadline, at most the store's Timeout later, and
-// its result is dropped as before. The store judges a caller's
+// callCtx is the context a round trip runs under: the caller's values and
+// the call's own deadline, but not the caller's cancellation. go-redis
+// reads only its deadline (for the socket) and its Done channel (waiting
+// for a pooled connection, sleeping between retries), so a call whose
+// caller gave up still ends by its own deadline, at most the store's
+// Timeout later, and its result is dropped. The store judges a caller's
 // cancellation on the caller's own context (see Store.direct).
 //
-// One call at a time: a callPool hands it out, release takes it back.
-// One whose timer fired (or is firing) is never reused: its channel is
-// closed for good, and its timer's function may still be running.
+// It is context.WithDeadline(context.WithoutCancel(parent), deadline)
+// with the timer kept: context.WithDeadline makes a timer per call, and
+// this runs for every decision. The timer is pooled (callTimer); the
+// context itself is not, so it behaves as an ordinary context for as long
+// as anyone holds it — a client hook may keep it past the call: its values
+// stay the caller's, and once the call ends it is done (Canceled, or
+// DeadlineExceeded if the deadline came first) and stays done.
 type callCtx struct {
 	parent   context.Context
 	deadline time.Time
-	timer    *time.Timer
-	done     chan struct{}
-	pool     *callPool
+	timer    *callTimer // the pooled timer; nil once the call ended
 
-	mu  sync.Mutex
-	err error
+	mu   sync.Mutex
+	done chan struct{} // made by the first Done; closed when err is set
+	err  error
 }
 
-// callPool keeps a store's idle callCtxs (one pool per Store, not one per
+// callTimer is a pooled timer that ends the call it is lent to (cur) at
+// that call's deadline.
+type callTimer struct {
+	t    *time.Timer
+	pool *callPool
+
+	mu  sync.Mutex
+	cur *callCtx
+}
+
+// callPool keeps a store's idle timers (one pool per Store, not one per
 // process: a timer belongs to the goroutines, and in tests to the
 // testing/synctest bubble, that made it).
 type callPool struct{ p sync.Pool }
 
 // withDeadline returns a context for one round trip bounded by deadline
-// (not zero); its release ends that use.
+// (not zero); its release ends the call.
 func (cp *callPool) withDeadline(parent context.Context, deadline time.Time) *callCtx {
-	c, _ := cp.p.Get().(*callCtx)
-	if c == nil {
-		c = &callCtx{done: make(chan struct{}), pool: cp}
-		c.timer = time.AfterFunc(time.Hour, c.fire)
-		c.timer.Stop()
+	t, _ := cp.p.Get().(*callTimer)
+	if t == nil {
+		t = &callTimer{pool: cp}
+		t.t = time.AfterFunc(time.Hour, t.fire)
+		t.t.Stop()
 	}
-	c.parent, c.deadline = parent, deadline
-	c.timer.Reset(time.Until(deadline))
+	c := &callCtx{parent: parent, deadline: deadline, timer: t}
+	t.mu.Lock()
+	t.cur = c
+	t.mu.Unlock()
+	t.t.Reset(time.Until(deadline))
 	return c
 }
 
-// release ends the context's use, and reports whether it went back to the
-// pool: not when its deadline fired.
-func (c *callCtx) release() bool {
-	if !c.timer.Stop() {
-		return false
+// release ends the call: the context is done with Canceled unless its
+// deadline came first. Its timer goes back to the pool unless it fired or
+// is firing (its function may still be running). Call it once, from the
+// goroutine that made the context.
+func (c *callCtx) release() {
+	t := c.timer
+	c.timer = nil
+	stopped := t.t.Stop()
+	t.mu.Lock()
+	t.cur = nil
+	t.mu.Unlock()
+	c.end(context.Canceled)
+	if stopped {
+		t.pool.p.Put(t)
 	}
-	c.parent = nil
-	c.pool.p.Put(c)
-	return true
 }
 
-func (c *callCtx) fire() {
+// fire ends the current call, if any, at its deadline.
+func (t *callTimer) fire() {
+	t.mu.Lock()
+	c := t.cur
+	t.mu.Unlock()
+	if c != nil {
+		c.end(context.DeadlineExceeded)
+	}
+}
+
+// end makes the context done with err, unless it is done already.
+func (c *callCtx) end(err error) {
 	c.mu.Lock()
-	c.err = context.DeadlineExceeded
+	if c.err == nil {
+		c.err = err
+		if c.done != nil {
+			close(c.done)
+		}
+	}
 	c.mu.Unlock()
-	close(c.done)
 }
 
 func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
-func (c *callCtx) Done() <-chan struct{}       { return c.done }
 func (c *callCtx) Value(key any) any           { return c.parent.Value(key) }
+
+func (c *callCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		if c.err != nil {
+			close(c.done)
+		}
+	}
+	return c.done
+}
 
 func (c *callCtx) Err() error {
 	c.mu.Lock()

@@ -10,13 +10,12 @@ import (
 
 type ctxKey struct{}
 
-// A callCtx is done exactly at its deadline, with DeadlineExceeded, and
-// carries its parent's values; released before its deadline it is not
-// done and may be used again, with a new deadline; once fired it is
-// never reused (its channel stays closed).
+// A call's context carries the caller's values, is not cut short when the
+// caller cancels, and ends exactly at its own deadline with
+// DeadlineExceeded.
 func TestCallCtxDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		parent := context.WithValue(context.Background(), ctxKey{}, "v")
+		parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
 		var pool callPool
 		deadline := time.Now().Add(100 * time.Millisecond)
 		c := pool.withDeadline(parent, deadline)
@@ -26,48 +25,67 @@ func TestCallCtxDeadline(t *testing.T) {
 		if c.Value(ctxKey{}) != "v" {
 			t.Fatal("parent's value lost")
 		}
+		cancel()
 		time.Sleep(99 * time.Millisecond)
 		synctest.Wait()
 		if isDone(c) || c.Err() != nil {
-			t.Fatal("done before its deadline")
+			t.Fatalf("done before its deadline: %v", c.Err())
 		}
-		if !c.release() {
-			t.Fatal("released before its deadline, not kept")
-		}
-
-		// Used again (the pool hands back the same one, unless it dropped
-		// it): the old deadline is gone, the new one holds.
-		c = pool.withDeadline(parent, time.Now().Add(50*time.Millisecond))
-		time.Sleep(10 * time.Millisecond)
-		synctest.Wait()
-		if isDone(c) {
-			t.Fatal("a reused context done by its earlier deadline")
-		}
-		time.Sleep(40 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 		synctest.Wait()
 		if !isDone(c) || !errors.Is(c.Err(), context.DeadlineExceeded) {
 			t.Fatalf("not done at its deadline: %v", c.Err())
 		}
-		if c.release() {
-			t.Fatal("a fired context went back to the pool")
+		c.release()
+		if !errors.Is(c.Err(), context.DeadlineExceeded) {
+			t.Fatalf("release changed a fired context's error to %v", c.Err())
 		}
 	})
 }
 
-// Its Done channel closes at the deadline itself, for whoever waits on it
-// (go-redis waiting for a pooled connection, or between retries).
-func TestCallCtxDoneAtTheDeadline(t *testing.T) {
+// A context kept past its call (a client hook's) stays an ordinary
+// context: its values are the caller's, it is done with Canceled and stays
+// so, and a Done channel taken before the end is closed by it. The pooled
+// timer serves the next call without touching the kept context.
+func TestCallCtxKeptPastTheCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
+		parent := context.WithValue(context.Background(), ctxKey{}, "v")
 		var pool callPool
-		c := pool.withDeadline(context.Background(), time.Now().Add(20*time.Millisecond))
+		kept := pool.withDeadline(parent, time.Now().Add(time.Second))
+		done := kept.Done()
+		ended := make(chan struct{})
+		stop := context.AfterFunc(kept, func() { close(ended) })
+		defer stop()
+		kept.release()
 		select {
-		case <-c.Done():
-		case <-time.After(time.Second):
-			t.Fatal("Done not closed by the deadline")
+		case <-done:
+		default:
+			t.Fatal("a Done channel taken during the call is not closed at its end")
 		}
-		if d, _ := c.Deadline(); time.Since(d) != 0 {
-			got := time.Since(d)
-			t.Fatalf("closed %v after the deadline", got)
+		synctest.Wait()
+		select {
+		case <-ended:
+		default:
+			t.Fatal("context.AfterFunc on the call's context never ran")
+		}
+		if !errors.Is(kept.Err(), context.Canceled) || kept.Value(ctxKey{}) != "v" {
+			t.Fatalf("after the call: Err %v, Value %v", kept.Err(), kept.Value(ctxKey{}))
+		}
+
+		// The next call (on the same timer, if the pool kept it) ends at
+		// its own deadline; the kept context is unchanged.
+		next := pool.withDeadline(context.Background(), time.Now().Add(50*time.Millisecond))
+		if isDone(next) {
+			t.Fatal("a new call's context done at its start")
+		}
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		if !errors.Is(next.Err(), context.DeadlineExceeded) {
+			t.Fatalf("next call: Err %v at its deadline", next.Err())
+		}
+		next.release()
+		if !errors.Is(kept.Err(), context.Canceled) || kept.Value(ctxKey{}) != "v" {
+			t.Fatalf("kept context changed by the next call: Err %v, Value %v", kept.Err(), kept.Value(ctxKey{}))
 		}
 	})
 }

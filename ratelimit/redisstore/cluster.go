@@ -14,9 +14,9 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
-// SlotReloadEvery is the least time between two slot-map reloads a Store
+// slotReloadEvery is the least time between two slot-map reloads a Store
 // asks of a *redis.ClusterClient (see nodes.reload).
-const SlotReloadEvery = 250 * time.Millisecond
+const slotReloadEvery = 250 * time.Millisecond
 
 // nodeIdle is how long a node no decision was routed to is still reported
 // by BreakerState and NodeBreakers: a master that lost its slots in a
@@ -28,7 +28,7 @@ const nodeIdle = 3 * time.Second
 // client's slot map, so one node's trouble refuses only the clients whose
 // slots it serves. Round trips that fail towards a node (timeouts, refused
 // or reset connections, CLUSTERDOWN) also ask the client to reload its
-// slot map, at most once per SlotReloadEvery: go-redis would otherwise keep
+// slot map, at most once per slotReloadEvery: go-redis would otherwise keep
 // sending to a dead master's address until a MOVED reply or its periodic
 // reload (a minute by default), long after a replica took its slots over.
 type nodes struct {
@@ -47,7 +47,7 @@ type nodes struct {
 type node struct {
 	addr    string
 	br      *breaker
-	errOpen error        // ErrBreakerOpen naming the node, built once
+	errOpen error        // errBreakerOpen naming the node, built once
 	used    atomic.Int64 // unix ns, updated at most every 100 ms
 }
 
@@ -113,7 +113,7 @@ func (n *nodes) add(addr string) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	nd := &node{addr: addr, br: br, errOpen: fmt.Errorf("%w: %w (cluster node %s)", ratelimit.ErrUnavailable, ErrBreakerOpen, addr)}
+	nd := &node{addr: addr, br: br, errOpen: fmt.Errorf("%w: %w (cluster node %s)", ratelimit.ErrUnavailable, errBreakerOpen, addr)}
 	m := make(map[string]*node, len(old)+1)
 	for k, v := range old {
 		m[k] = v
@@ -124,12 +124,12 @@ func (n *nodes) add(addr string) (*node, error) {
 }
 
 // reload asks the client for a fresh slot map, unless one was asked within
-// SlotReloadEvery. go-redis reloads in the background and coalesces
+// slotReloadEvery. go-redis reloads in the background and coalesces
 // requests; a reload that reaches a dead node first moves on to the next.
 func (n *nodes) reload() {
 	now := ratelimit.Clock(nil).Now().UnixNano() // monotonic: a stepped host clock moves no interval
 	last := n.lastReload.Load()
-	if now-last < int64(SlotReloadEvery) || !n.lastReload.CompareAndSwap(last, now) {
+	if now-last < int64(slotReloadEvery) || !n.lastReload.CompareAndSwap(last, now) {
 		return
 	}
 	n.reloads.Add(1)

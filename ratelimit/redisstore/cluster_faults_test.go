@@ -195,7 +195,7 @@ func TestKeySlot(t *testing.T) {
 	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(redistest.FreePort(t)))
 	c := client(t, srv.Addr())
 	keys := []string{"", "a", "foo", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{}", "{", "}{x}",
-		DefaultPrefix + ratelimit.MessageKey("alice", "EVENT") + ":1000", DefaultPrefix + "notag:message:EVENT:60000"}
+		defaultPrefix + ratelimit.MessageKey("alice", "EVENT") + ":1000", defaultPrefix + "notag:message:EVENT:60000"}
 	for i := range 200 {
 		keys = append(keys, "client-"+strconv.Itoa(i))
 	}
@@ -203,7 +203,7 @@ func TestKeySlot(t *testing.T) {
 		// The store routes a tagged key by the key itself: same slot as
 		// its windows' full keys.
 		k := ratelimit.MessageKey("client-"+strconv.Itoa(i), "EVENT")
-		if rk := routeKey(k); rk == "" || keySlot(rk) != keySlot(DefaultPrefix+k+":1000") {
+		if rk := routeKey(k); rk == "" || keySlot(rk) != keySlot(defaultPrefix+k+":1000") {
 			t.Errorf("routeKey(%q) = %q: not the slot of its windows", k, rk)
 		}
 	}
@@ -378,7 +378,7 @@ func (l *faultLoad) spend(t *testing.T) {
 	// Refusals that never reached the script, or that it refused as late,
 	// charged nothing: ask again.
 	unsent := func(err error) bool {
-		return isLate(err) || errors.Is(err, ErrBreakerOpen) || errors.Is(err, ErrOverloaded)
+		return isLate(err) || errors.Is(err, errBreakerOpen) || errors.Is(err, ErrOverloaded)
 	}
 	var ambiguous sync.Map
 	each(func(si int, s *Store, m int, name string) {

@@ -9,8 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 // startCluster starts a three-master cluster (redistest.StartCluster) and
@@ -73,7 +73,7 @@ func TestConformanceCluster(t *testing.T) {
 	}
 	// Control: keys of different slots in one call are still refused with
 	// CROSSSLOT, and that is classed as Redis answering about one key.
-	k1, k2 := DefaultPrefix+"notag:message:EVENT:1000", DefaultPrefix+"notag:message:EVENT:60000"
+	k1, k2 := defaultPrefix+"notag:message:EVENT:1000", defaultPrefix+"notag:message:EVENT:60000"
 	s1, _ := cc.ClusterKeySlot(ctx, k1).Result()
 	s2, _ := cc.ClusterKeySlot(ctx, k2).Result()
 	if s1 == s2 {

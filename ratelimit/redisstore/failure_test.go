@@ -18,8 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 // hangGuard is how long any single decision may take before the test calls
@@ -188,8 +188,8 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Decide(context.Background(), "{kill-z}:message:EVENT", limits, time.Time{}); !errors.Is(err, ErrClosed) || !errors.Is(err, ratelimit.ErrUnavailable) {
-		t.Errorf("after Close: %v, want ErrClosed", err)
+	if _, err := s.Decide(context.Background(), "{kill-z}:message:EVENT", limits, time.Time{}); !errors.Is(err, errClosed) || !errors.Is(err, ratelimit.ErrUnavailable) {
+		t.Errorf("after Close: %v, want errClosed", err)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -368,7 +368,7 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	// stored is the score in Redis; with an hour's half-life the few ms the
 	// test takes decay it by less than 1e-5.
 	stored := func() float64 {
-		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000"+valueTag).Result()
+		v, _ := direct.Get(ctx, defaultPrefix+key+":3600000"+valueTag).Result()
 		_, sc, ok := storedScores(v, 1)
 		if !ok {
 			t.Fatalf("stored %q", v)
@@ -393,7 +393,7 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	}
 
 	// The hazard, shown: the same lost reply without a request id.
-	keys := []string{DefaultPrefix + key + ":3600000" + valueTag}
+	keys := []string{defaultPrefix + key + ":3600000" + valueTag}
 	// Warm the plain pool first (a batched Store pipelines on a pool of its
 	// own), so the lost reply is the script's, not a new connection's HELLO.
 	if err := ewma.Load(ctx, c).Err(); err != nil {
@@ -435,7 +435,7 @@ func testLostReplyNoRetry(t *testing.T, batch bool) {
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 	key := "{lostlean}:message:EVENT"
 	stored := func() string {
-		v, _ := direct.Get(ctx, DefaultPrefix+key+":3600000"+valueTag).Result()
+		v, _ := direct.Get(ctx, defaultPrefix+key+":3600000"+valueTag).Result()
 		return v
 	}
 	score := func() float64 {
@@ -527,7 +527,7 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 }
 
 // TestBatchCloseStrandsNoCall: a call racing Close either gets its reply
-// or ErrClosed; none is left in the queue after the workers have gone,
+// or errClosed; none is left in the queue after the workers have gone,
 // waiting for a reply that never comes (with no deadline, forever).
 func TestBatchCloseStrandsNoCall(t *testing.T) {
 	_, c := realRedis(t)
@@ -548,7 +548,7 @@ func TestBatchCloseStrandsNoCall(t *testing.T) {
 						reply, err := run(context.Background(), c, req)
 						return decision(reply, err, req)
 					})
-					if errors.Is(err, ErrClosed) {
+					if errors.Is(err, errClosed) {
 						return
 					}
 					if err != nil {

@@ -150,7 +150,7 @@ func (e *faultEnv) charges(t *testing.T, row faultRow, dataLost bool) {
 	t.Helper()
 	for key, n := range row.perKey {
 		// The long window's score: the second in the key's value.
-		v, err := e.admin.Get(context.Background(), DefaultPrefix+key+faultLimits.KeySuffix()+valueTag).Result()
+		v, err := e.admin.Get(context.Background(), defaultPrefix+key+keySuffix(faultLimits)).Result()
 		if err != nil && err != redis.Nil {
 			t.Fatal(err)
 		}

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 func itoa(n int64) string                      { return strconv.FormatInt(n, 10) }
@@ -137,3 +137,6 @@ func storedScores(v string, n int) (t int64, scores []float64, ok bool) {
 	}
 	return int64(packedFloat(v)), scores, true
 }
+
+// keySuffix is what the store appends to a decision's key for ws.
+func keySuffix(ws *ratelimit.Windows) string { return string(appendKeySuffix(nil, ws)) }

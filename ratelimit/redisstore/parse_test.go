@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 var twoWindows = ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
@@ -53,7 +53,7 @@ func TestParseReplyHostile(t *testing.T) {
 	} {
 		scores := []float64{-1, -1}
 		d, err := parseReply(reply, twoWindows.Len(), scores)
-		if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+		if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
 			t.Errorf("%s: %+v, err = %v; want ErrBadReply and ErrUnavailable", name, d, err)
 		}
 		if d != (ratelimit.Decision{}) {
@@ -78,7 +78,7 @@ func TestParseReplyBareAdmission(t *testing.T) {
 		t.Fatalf("bare 0 without scores: %+v, %v", d, err)
 	}
 	scores := []float64{-1, -1}
-	if d, err := parseReply(int64(0), twoWindows.Len(), scores); !errors.Is(err, ratelimit.ErrBadReply) || d != (ratelimit.Decision{}) || scores[0] != -1 {
+	if d, err := parseReply(int64(0), twoWindows.Len(), scores); !errors.Is(err, ErrBadReply) || d != (ratelimit.Decision{}) || scores[0] != -1 {
 		t.Fatalf("bare 0 with scores asked: %+v, %v, %v", d, err, scores)
 	}
 	// The batch script's bare admission: 0, 0 — and nothing like it.
@@ -93,7 +93,7 @@ func TestParseReplyBareAdmission(t *testing.T) {
 		{[]any{int64(5), int64(0)}, nil},
 		{[]any{int64(0), int64(1)}, nil},
 	} {
-		if d, err := parseReply(bad.reply, twoWindows.Len(), bad.scores); !errors.Is(err, ratelimit.ErrBadReply) || d != (ratelimit.Decision{}) {
+		if d, err := parseReply(bad.reply, twoWindows.Len(), bad.scores); !errors.Is(err, ErrBadReply) || d != (ratelimit.Decision{}) {
 			t.Errorf("%v (scores asked: %v): %+v, %v, want a bad reply", bad.reply, bad.scores != nil, d, err)
 		}
 	}
@@ -154,7 +154,7 @@ func TestWrongShapeThroughClient(t *testing.T) {
 		s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 2}})
 		for i := range 2 {
 			d, err := s.Decide(context.Background(), "{shape}:message:EVENT", twoWindows, storetest.T0)
-			if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+			if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
 				t.Errorf("%s #%d: %+v %v, want ErrBadReply", name, i, d, err)
 			}
 		}
@@ -169,7 +169,7 @@ func TestWrongShapeThroughClient(t *testing.T) {
 // answered) — and a -1 with any other message is not.
 func TestParseReplyRefusal(t *testing.T) {
 	d, err := parseReply([]any{int64(-1), "ERR sluice ewma: malformed value at k"}, twoWindows.Len(), nil)
-	if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !isScriptRefusal(err) || !IsPerKey(err) || d.Allowed {
+	if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !isScriptRefusal(err) || !IsPerKey(err) || d.Allowed {
 		t.Errorf("script refusal: %+v, %v", d, err)
 	}
 	if _, err := parseReply([]any{int64(-1), "ERR something else"}, twoWindows.Len(), nil); isScriptRefusal(err) {
@@ -200,7 +200,7 @@ func TestSplitHostile(t *testing.T) {
 		n := 0
 		split(cmd, reqs, func(i int, r any, err error) {
 			n++
-			if !errors.Is(err, ratelimit.ErrBadReply) || r != nil {
+			if !errors.Is(err, ErrBadReply) || r != nil {
 				t.Errorf("%s: decision %d got %v, %v; want ErrBadReply", name, i, r, err)
 			}
 		})

@@ -24,13 +24,13 @@ func TestIsPerKey(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{"malformed reply", fmt.Errorf("%w: %w: got nil", ratelimit.ErrUnavailable, ratelimit.ErrBadReply), true},
+		{"malformed reply", fmt.Errorf("%w: %w: got nil", ratelimit.ErrUnavailable, ErrBadReply), true},
 		{"script refusal", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, replyErr("ERR sluice ewma: malformed value")), true},
 		{"crossslot", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, replyErr("CROSSSLOT Keys in request don't hash to the same slot")), true},
 		{"other reply error", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, replyErr("LOADING Redis is loading the dataset")), false},
 		{"timeout", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, context.DeadlineExceeded), false},
 		{"refused", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, syscall.ECONNREFUSED), false},
-		{"breaker", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrBreakerOpen), false},
+		{"breaker", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, errBreakerOpen), false},
 		{"nil", nil, false},
 		{"unwrapped script refusal", replyErr("ERR sluice ewma: x"), true},
 		{"prefix elsewhere", errors.New("dial: ERR sluice ewma: x"), false},

@@ -32,11 +32,11 @@ var (
 // not read (see scripts/quota.lua).
 const quotaRefusalPrefix = "ERR sluice quota: "
 
-// MaxActorLen is the longest actor a Quota puts in a key as it is. A longer
+// maxActorLen is the longest actor a Quota puts in a key as it is. A longer
 // actor, or one with a brace (which would move the key's hash tag), is
 // replaced in the key by "#" and the hex SHA-256 of it: the gate passes
 // 64-hex pubkeys, and no client string makes a key longer than this.
-const MaxActorLen = 64
+const maxActorLen = 64
 
 // Quota is the actor quota in Redis: ratelimit.Quota's fixed windows (at
 // most Events validated events per actor in each window of Window, windows
@@ -83,10 +83,10 @@ var _ ratelimit.ActorQuota = (*Quota)(nil)
 // by either kind of call — and the Store's Close. The validation is
 // ratelimit.NewQuota's (errors wrap ratelimit.ErrInvalidQuota), plus one
 // of Redis's: the window must be a whole number of milliseconds, Redis
-// TIME's resolution here. A nil s wraps ErrConfig.
+// TIME's resolution here. A nil s is an error.
 func NewQuota(s *Store, events int, window time.Duration) (*Quota, error) {
 	if s == nil {
-		return nil, fmt.Errorf("%w: nil store", ErrConfig)
+		return nil, fmt.Errorf("%w: nil store", errConfig)
 	}
 	if _, err := ratelimit.NewQuota(events, window); err != nil {
 		return nil, err
@@ -114,13 +114,13 @@ func (q *Quota) Window() time.Duration { return q.window }
 // (by Redis TIME) and, if so, how long until the next window. It counts
 // nothing. An error wraps ratelimit.ErrUnavailable.
 func (q *Quota) Exceeded(ctx context.Context, actor string) (bool, time.Duration, error) {
-	return q.ExceededAt(ctx, actor, time.Time{})
+	return q.exceededAt(ctx, actor, time.Time{})
 }
 
-// ExceededAt is Exceeded in the window containing now (at millisecond
+// exceededAt is Exceeded in the window containing now (at millisecond
 // resolution); a zero now, or one at or before the unix epoch, means Redis
 // TIME. For tests, which pass fixed instants rather than sleep.
-func (q *Quota) ExceededAt(ctx context.Context, actor string, now time.Time) (bool, time.Duration, error) {
+func (q *Quota) exceededAt(ctx context.Context, actor string, now time.Time) (bool, time.Duration, error) {
 	return q.call(ctx, argOpExceeded, actor, now)
 }
 
@@ -129,12 +129,12 @@ func (q *Quota) ExceededAt(ctx context.Context, actor string, now time.Time) (bo
 // limit. An error wraps ratelimit.ErrUnavailable; the event is then most
 // likely uncounted (counted if the reply, not the call, was lost).
 func (q *Quota) Add(ctx context.Context, actor string) (bool, error) {
-	return q.AddAt(ctx, actor, time.Time{})
+	return q.addAt(ctx, actor, time.Time{})
 }
 
-// AddAt is Add in the window containing now; a zero now means Redis TIME
-// (see ExceededAt).
-func (q *Quota) AddAt(ctx context.Context, actor string, now time.Time) (bool, error) {
+// addAt is Add in the window containing now; a zero now means Redis TIME
+// (see exceededAt).
+func (q *Quota) addAt(ctx context.Context, actor string, now time.Time) (bool, error) {
 	added, _, err := q.call(ctx, argOpAdd, actor, now)
 	return added, err
 }
@@ -145,7 +145,7 @@ func (q *Quota) key(actor string, withID bool) (key, id string) {
 	s := q.s
 	var hashed [1 + 2*sha256.Size]byte
 	name := actor
-	if len(actor) > MaxActorLen || strings.ContainsAny(actor, "{}") {
+	if len(actor) > maxActorLen || strings.ContainsAny(actor, "{}") {
 		h := sha256.Sum256([]byte(actor))
 		hashed[0] = '#'
 		hex.Encode(hashed[1:], h[:])
@@ -163,7 +163,8 @@ func (q *Quota) key(actor string, withID bool) (key, id string) {
 	b.WriteString(q.tail)
 	n := b.Len()
 	if withID {
-		s.writeRequestID(&b)
+		var id [idLen]byte
+		b.Write(s.appendRequestID(id[:0]))
 	}
 	all := b.String()
 	return all[:n], all[n:]
@@ -175,11 +176,11 @@ func (q *Quota) key(actor string, withID bool) (key, id string) {
 func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (bool, time.Duration, error) {
 	s := q.s
 	if s.closed.Load() {
-		return false, 0, errClosed
+		return false, 0, errClosedRefused
 	}
 	probe, ok := s.br.allow()
 	if !ok {
-		return false, 0, errBreakerOpen
+		return false, 0, errOpenRefused
 	}
 	start := time.Now()
 	var deadline time.Time
@@ -211,10 +212,10 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	if id != "" {
 		args[9] = &id
 	}
-	var cc *callCtx
 	rctx := ctx
 	if !deadline.IsZero() {
-		cc = s.ctxs.withDeadline(ctx, deadline)
+		cc := s.ctxs.withDeadline(ctx, deadline)
+		defer cc.release()
 		rctx = cc
 	}
 	cmd := newCmd(rctx, args[:])
@@ -223,9 +224,6 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 		args[0], args[1] = argEval, argQuotaSource
 		cmd = newCmd(rctx, args[:])
 		_ = s.client.Process(rctx, cmd)
-	}
-	if cc != nil {
-		cc.release()
 	}
 	reply, err := cmd.Result()
 	var flag bool
@@ -255,10 +253,10 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	switch {
 	case err == nil:
 		return flag, wait, nil
-	case errors.Is(err, ratelimit.ErrBadReply):
+	case errors.Is(err, ErrBadReply):
 		return false, 0, err
 	case refused:
-		return false, 0, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, err)
+		return false, 0, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ErrBadReply, err)
 	}
 	return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 }
@@ -276,7 +274,7 @@ func isQuotaRefusal(err error) bool {
 // parseQuotaReply reads the script's reply strictly: three integers, a
 // flag of 0 or 1, a wait that is 1…2^40 ms with an Exceeded's "over" (1) or
 // an Add's "refused" (0) and 0 otherwise, and a count of at least 0.
-// Anything else wraps ratelimit.ErrBadReply and ratelimit.ErrUnavailable:
+// Anything else wraps ErrBadReply and ratelimit.ErrUnavailable:
 // never "not exceeded".
 func parseQuotaReply(reply any, add bool) (bool, time.Duration, error) {
 	arr, ok := reply.([]any)

@@ -81,7 +81,7 @@ func runQuotaSteps(t *testing.T, q *Quota) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lq = rq.Local(func() time.Time { return now })
+			lq = rq.WithClock(func() time.Time { return now })
 			local[st.actor] = lq
 		}
 		now = m0.Add(st.at)
@@ -90,12 +90,12 @@ func runQuotaSteps(t *testing.T, q *Quota) {
 		var err error
 		switch st.op {
 		case "x":
-			got, wait, err = q.ExceededAt(ctx, st.actor, now)
+			got, wait, err = q.exceededAt(ctx, st.actor, now)
 			if err == nil {
 				lgot, lwait, err = lq.Exceeded(ctx, st.actor)
 			}
 		case "a":
-			got, err = q.AddAt(ctx, st.actor, now)
+			got, err = q.addAt(ctx, st.actor, now)
 			if err == nil {
 				lgot, err = lq.Add(ctx, st.actor)
 			}
@@ -151,8 +151,8 @@ func TestNewQuotaValidates(t *testing.T) {
 			t.Errorf("NewQuota(%d, %v) = %v, %v; want ErrInvalidQuota", tt.events, tt.window, q, err)
 		}
 	}
-	if _, err := NewQuota(nil, 10, time.Minute); !errors.Is(err, ErrConfig) {
-		t.Errorf("NewQuota(nil store) = %v, want ErrConfig", err)
+	if _, err := NewQuota(nil, 10, time.Minute); !errors.Is(err, errConfig) {
+		t.Errorf("NewQuota(nil store) = %v, want errConfig", err)
 	}
 	q := newQuota(t, s, 600, time.Minute)
 	if q.Events() != 600 || q.Window() != time.Minute {
@@ -166,7 +166,7 @@ func sharedQuota(t *testing.T, qs []*Quota, actor string, now time.Time) int {
 	t.Helper()
 	added := 0
 	for i := range 15 {
-		ok, err := qs[i%len(qs)].AddAt(context.Background(), actor, now)
+		ok, err := qs[i%len(qs)].addAt(context.Background(), actor, now)
 		if err != nil {
 			t.Fatalf("Add %d: %v", i, err)
 		}
@@ -192,7 +192,7 @@ func TestQuotaSharedByInstances(t *testing.T) {
 		t.Errorf("%d of 15 events accepted across three instances, want 5", n)
 	}
 	for i, q := range qs {
-		over, wait, err := q.ExceededAt(context.Background(), "alice", now)
+		over, wait, err := q.exceededAt(context.Background(), "alice", now)
 		if err != nil || !over || wait != 40*time.Second {
 			t.Errorf("instance %d: Exceeded = %v %v %v, want true 40s", i, over, wait, err)
 		}
@@ -260,7 +260,7 @@ func TestQuotaKeyExpires(t *testing.T) {
 	ctx := context.Background()
 	q := newQuota(t, newStore(t, c, slow), 5, time.Minute)
 	const margin = time.Second
-	if ok, err := q.AddAt(ctx, "alice", m0.Add(10*time.Second)); !ok || err != nil {
+	if ok, err := q.addAt(ctx, "alice", m0.Add(10*time.Second)); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	key, _ := q.key("alice", false)
@@ -312,7 +312,7 @@ func TestQuotaKeyExpires(t *testing.T) {
 	}
 }
 
-// TestQuotaLongActor: an actor longer than MaxActorLen, or with a brace,
+// TestQuotaLongActor: an actor longer than maxActorLen, or with a brace,
 // is hashed into the key; a 64-hex pubkey is used as it is.
 func TestQuotaLongActor(t *testing.T) {
 	m := miniredis.RunT(t)
@@ -326,10 +326,10 @@ func TestQuotaLongActor(t *testing.T) {
 		if len(k) != len("sluice:{q:#}:quota:60000")+64 || strings.Count(k, "{") != 1 || strings.Count(k, "}") != 1 {
 			t.Errorf("key of %.20q… is %q", a, k)
 		}
-		if ok, err := q.AddAt(context.Background(), a, m0); !ok || err != nil {
+		if ok, err := q.addAt(context.Background(), a, m0); !ok || err != nil {
 			t.Errorf("Add %.20q: %v %v", a, ok, err)
 		}
-		if ok, _ := q.AddAt(context.Background(), a, m0); ok {
+		if ok, _ := q.addAt(context.Background(), a, m0); ok {
 			t.Errorf("second Add %.20q accepted with events 1", a)
 		}
 	}
@@ -431,7 +431,7 @@ func TestQuotaDownFailsClosed(t *testing.T) {
 		s := newStore(t, client(t, m.Addr()), slow)
 		q := newQuota(t, s, 5, time.Minute)
 		_ = s.Close()
-		if _, err := q.Add(ctx, "alice"); !errors.Is(err, ErrClosed) || !errors.Is(err, ratelimit.ErrUnavailable) {
+		if _, err := q.Add(ctx, "alice"); !errors.Is(err, errClosed) || !errors.Is(err, ratelimit.ErrUnavailable) {
 			t.Errorf("after Close: %v", err)
 		}
 	})
@@ -458,11 +458,11 @@ func TestQuotaMalformed(t *testing.T) {
 				if err := c.Set(ctx, key, v, 0).Err(); err != nil {
 					t.Fatal(err)
 				}
-				over, _, err := q.ExceededAt(ctx, "mallory", m0)
-				if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ratelimit.ErrBadReply) || !IsPerKey(err) {
+				over, _, err := q.exceededAt(ctx, "mallory", m0)
+				if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) || !IsPerKey(err) {
 					t.Errorf("value %q: Exceeded = %v %v", v, over, err)
 				}
-				added, err := q.AddAt(ctx, "mallory", m0)
+				added, err := q.addAt(ctx, "mallory", m0)
 				if !errors.Is(err, ratelimit.ErrUnavailable) || added {
 					t.Errorf("value %q: Add = %v %v", v, added, err)
 				}
@@ -475,7 +475,7 @@ func TestQuotaMalformed(t *testing.T) {
 			if err := c.HSet(ctx, key, "f", "1").Err(); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := q.Exceeded(ctx, "hash"); !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ratelimit.ErrBadReply) {
+			if _, _, err := q.Exceeded(ctx, "hash"); !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) {
 				t.Errorf("key of another type: %v", err)
 			}
 			if st := s.BreakerState(); st != BreakerClosed {
@@ -518,7 +518,7 @@ func TestParseQuotaReply(t *testing.T) {
 	} {
 		over, wait, err := parseQuotaReply(tt.reply, tt.add)
 		if !tt.ok {
-			if err == nil || !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ratelimit.ErrBadReply) || over {
+			if err == nil || !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) || over {
 				t.Errorf("%#v (add %v): %v %v %v, want a bad reply", tt.reply, tt.add, over, wait, err)
 			}
 			continue
@@ -639,7 +639,7 @@ func TestQuotaRestartForgets(t *testing.T) {
 	srv.Restart()
 	healed := false
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if _, _, err := q.ExceededAt(ctx, "alice", now); err == nil {
+		if _, _, err := q.exceededAt(ctx, "alice", now); err == nil {
 			healed = true
 			break
 		}
@@ -662,11 +662,11 @@ func TestQuotaLostReplyChargesOnce(t *testing.T) {
 	q := newQuota(t, newStore(t, c, slow), 5, time.Minute)
 	ctx := context.Background()
 	now := m0.Add(time.Second)
-	if ok, err := q.AddAt(ctx, "alice", now); !ok || err != nil {
+	if ok, err := q.addAt(ctx, "alice", now); !ok || err != nil {
 		t.Fatalf("warm-up: %v %v", ok, err)
 	}
 	p.armed.Store(true)
-	if ok, err := q.AddAt(ctx, "alice", now); !ok || err != nil {
+	if ok, err := q.addAt(ctx, "alice", now); !ok || err != nil {
 		t.Fatalf("Add whose first reply was lost: %v %v", ok, err)
 	}
 	if p.lost.Load() != 1 {

@@ -16,8 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 // startSentinel starts a redis-server in sentinel mode on a free loopback

@@ -285,7 +285,7 @@ func TestLateScriptChargesNothing(t *testing.T) {
 					t.Fatalf("Redis ran %d script calls, want %d", evalshaCalls(t, admin), want)
 				}
 			}
-			keys, err := admin.Keys(ctx, DefaultPrefix+"{late-[0-9]*").Result()
+			keys, err := admin.Keys(ctx, defaultPrefix+"{late-[0-9]*").Result()
 			if err != nil {
 				t.Fatal(err)
 			}

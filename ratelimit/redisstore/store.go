@@ -1,172 +1,3 @@
-// Package redisstore is the Redis ratelimit.Store: every window of one key is
-// decided in one atomic Lua script (scripts.EWMA) on a go-redis v9
-// UniversalClient, so a standalone, sentinel or cluster deployment shares
-// one budget per client across every gate instance.
-//
-// # Keys: one per decision, not per window
-//
-// Every window of one decision lives in ONE key,
-// "<prefix>{<client>}:message:<TYPE>:<period_ms>:<period_ms>…:bin" (the
-// windows' periods in their configured order, ratelimit.Windows.KeySuffix),
-// whose value is packed: the instant every window was last written at and
-// one score per window, little-endian IEEE doubles, then the recent request
-// ids (scripts/ewma.lua, "Stored value"). DESIGN.md's layout had a key per
-// window ("…:<TYPE>:<period_ms>"); it changed for cost, measured: Redis's
-// one command thread is what a busy gate runs out of, and each redis.call
-// in the script, each key and each expiry is a share of it. One key makes a
-// decision one GET and one SET … PX (the longest of the windows' TTLs)
-// instead of an MGET of n keys and n SETs: a two-window decision costs
-// Redis about a fifth less (docs/BENCHMARKS.md, "Redis instructions per
-// decision"). It also means a decision's keys can never span
-// Cluster slots, whatever the client identity. Naming the value by its
-// periods keeps what a key per period had: a limit whose rate changes
-// keeps its score, while a changed list of periods (a window added,
-// removed or reordered) starts from a fresh value instead of misreading an
-// old one; the old keys expire by their TTLs.
-//
-// DESIGN.md also has the script take and return scores as decimal strings.
-// They are packed instead, for cost again: a number read as digits costs
-// Redis a Lua string and a strtod, one written a sprintf, and packing the
-// call's numbers in one argument and the value in doubles took a lone
-// two-window decision from 1.73× redis_rate's one-window call to 1.12× in
-// Redis instructions (1.05× since an admission is answered with a bare 0,
-// 0.99–1.00× since the lean script holds its windows in locals), and a
-// decision in a batch of 16 from 1.06× to 0.75× (docs/BENCHMARKS.md,
-// "Redis instructions per decision"). The price: the
-// scripts need Lua's struct library, which Redis (2.6 and later), Valkey
-// and KeyDB have and miniredis does not. The ":bin" ending tells the packed
-// value from the digits of earlier versions, which wrote under the name
-// without it: gates of both kinds running side by side (a rolling upgrade)
-// charge different keys, so a client may get both budgets meanwhile; none
-// ever reads the other's value as its own. The connection limit uses
-// "<prefix>{<client>}:connection:<period_ms>…:bin" the same way.
-//
-// # Failing closed
-//
-// Every call has its own deadline (Options.Timeout). Any failure — timeout,
-// refused connection, open breaker, a reply that is not a list of scores —
-// is an error wrapping ratelimit.ErrUnavailable, never a refusal and never a
-// score of zero.
-//
-// # Never charged twice
-//
-// go-redis retries a command whose reply was lost (EOF, connection reset,
-// pool timeouts, cluster node failures), and retries a pipeline as a whole;
-// a replayed EVALSHA that had already been admitted would charge the client
-// twice. The store cannot turn retries off on a client it was given,
-// so the script is idempotent instead: each Decide sends a fresh request id,
-// the script keeps the ids of the last few admitted requests beside the
-// scores in the decision's key, and a repeat of one of them is answered "admitted"
-// without charging again. Retries are then safe, and useful: they carry a
-// decision past a stale pooled connection after a Redis restart. (The guard
-// keeps 4 ids per key: it fails only if more than 4 other requests of the
-// same client and type are admitted between an attempt and its retry.)
-//
-// A *redis.Client built with retries off (MaxRetries -1; max_retries=-1
-// in NewClient's URL) never resends a command: a
-// lost reply fails its decision as unavailable (charged once, as any reply
-// lost after the script ran), and there is no retry to guard. On such a
-// client the store sends no request id, and a decision that goes out alone
-// is the lean single-decision script without an id (scripts.EWMA1: one
-// key, no batch loop, its one or two windows in locals; the same decisions
-// and stored values). A decision that goes out alone on a client that
-// retries is the lean script too, with its request id; one of three or
-// more windows goes alone as the batch script deciding one.
-//
-// # Refused as unavailable, not charged
-//
-// Each script call carries a cutoff: its earliest decision's deadline less
-// a tenth of the Timeout (the reply still has to come back). A call that
-// Redis runs past the cutoff by its own TIME decides and writes nothing
-// (a queue inside Redis, a stalled server, a slow request path). What the
-// cutoff cannot cover: a reply delayed on its way back by more than that
-// margin after the script ran in time (the decision is then refused as
-// unavailable and was charged), and clock skew between the gate and Redis
-// beyond the margin (a gate clock ahead of Redis's widens that window by
-// the skew; one behind refuses late calls a little early instead).
-//
-// # Breaker
-//
-// The breaker measures Redis: it counts round trips (a batch is one), not
-// decisions, and opens when, within the last Breaker.Window, at least
-// Breaker.Failures of them failed and they were at least
-// Breaker.FailureRate of all; then the store stops calling Redis for a
-// tenth of Breaker.CoolDown, doubling at each failed probe up to
-// Breaker.CoolDown (100 ms by default), and fails every decision at once. A failure is Redis not
-// answering in time (the decision's deadline) or answering something that
-// is not the script's reply; a caller cancelling, Redis refusing one key
-// (a corrupt stored value, CROSSSLOT for a key without a hash tag), or a
-// decision that expired in the store's own queue before it was sent
-// (ErrOverloaded: the gate's overload, counted apart in Stats) is not, so
-// neither one client nor a CPU-starved gate can open the breaker for all.
-// After the cool-down one probe is let through, and its outcome closes or
-// re-opens the breaker. An outage therefore costs a bounded number of dials
-// per second however many messages arrive, and the store heals by itself
-// when Redis returns (including an emptied script cache: EVALSHA falls back
-// to EVAL on NOSCRIPT).
-//
-// # Cluster
-//
-// On a *redis.ClusterClient each master has its own breaker, with the same
-// rules: a decision is judged, and its round trip counted, by the breaker
-// of the master its key's slot routes to in the client's slot map
-// (MasterForKey), so a dead or hung master refuses, as unavailable (its
-// error names the node), only the clients whose slots it serves. A batch
-// for several masters goes as one pipeline per master, at once, and counts
-// one round trip for each. A round trip that fails towards a node (a
-// timeout, a refused or reset connection, CLUSTERDOWN) also asks the
-// client to reload its slot map (ReloadState), at most once per
-// SlotReloadEvery: without it go-redis kept sending to a dead master's
-// address for up to a minute (its periodic reload) after a replica took
-// its slots over. BreakerState is then the worst of the masters' breakers
-// (NodeBreakers gives each). A standalone or Sentinel client has one node
-// and one breaker.
-//
-// # Batching
-//
-// With Options.Batch, a decision goes straight out from its caller, alone,
-// while nothing is queued and fewer than twice Options.BatchWorkers round
-// trips are in flight (fewer than BatchWorkers, from the first decision
-// that queued until nothing is in flight again); past that, decisions queue
-// and go in shared round trips:
-// one write and one read per batch instead of per decision, on both sides.
-// On a plain client (one Redis, or a sentinel's master) a batch is also one
-// script call — the script decides them in order, each atomically, with one
-// MGET of every window, one TIME and each distinct limit list parsed once —
-// since Redis's single command thread, not the network, is what a busy
-// gate runs out of first. On a cluster (Redis 7.0 or later) a batch is one
-// script call per master (scripts.EWMACluster): the decisions of clients
-// whose slots one master serves, by the store's slot map, with only the
-// first key declared (a call's declared keys must share a slot) and the
-// script allowed to touch the others. A master refuses such a call whole,
-// before writing anything, when it does not serve one of its keys (the
-// map went stale) or one is missing from a slot migrating away; its
-// decisions then go again one per call, each routed by go-redis, which
-// follows MOVED and ASK. On an older cluster every decision is its own
-// call, pipelined. Either way one pipeline per master (see Cluster). A
-// shared call pays for itself from three decisions (four on a cluster):
-// fewer go in the pipeline as a lean call each, which costs Redis less
-// (minCall). Each decision keeps its own whole deadline from the moment it
-// was asked: a queued decision waits
-// for a free round trip at most a twentieth of the Timeout before another
-// is started for it (see batcher). go-redis's auto-pipeliner would
-// pipeline too but does not honour a call's context (a decision waited
-// 35 s on a stopped Redis with a 100 ms deadline), so it is not used.
-//
-// # The actor quota
-//
-// NewQuota builds on a Store the actor quota in Redis (Quota, a
-// ratelimit.ActorQuota; scripts.Quota): ratelimit.Quota's fixed windows
-// with the counts in Redis, so N instances give an actor one quota. Windows
-// are numbered from Redis TIME inside the script; each actor has one key,
-// "<prefix>{q:<actor>}:quota:<window ms>", holding its window and count,
-// with a TTL of the rest of the window plus a second. Each call is one
-// script call with the Store's client, deadline, breaker and Close, never
-// batched, and fails closed as Decide does (every error wraps
-// ratelimit.ErrUnavailable; a malformed value is per key). There are no
-// shared slots: a client rotating pubkeys costs one key per event the
-// relay accepts in a window (168 bytes by MEMORY USAGE, about 256 bytes of
-// used_memory with Redis's tables), gone when the window ends.
 package redisstore
 
 import (
@@ -177,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -190,30 +22,35 @@ import (
 
 // Defaults applied by New for zero Options fields.
 const (
-	DefaultPrefix  = "sluice:"
-	DefaultTimeout = 100 * time.Millisecond
+	defaultPrefix  = "sluice:"
+	defaultTimeout = 100 * time.Millisecond
 )
 
 // The largest Options.Batch and Options.BatchWorkers New accepts. Beyond a
 // few dozen decisions per call nothing is gained (see the package
 // benchmarks), and the queue is allocated up front.
 const (
-	MaxBatch        = 1024
-	MaxBatchWorkers = 64
+	maxBatch        = 1024
+	maxBatchWorkers = 64
 )
 
-// Errors returned by New and wrapped (with ratelimit.ErrUnavailable) by Decide.
+// Errors of New, and of Decide wrapped with ratelimit.ErrUnavailable.
 var (
-	// ErrBreakerOpen means the breaker is open and Redis was not called.
-	ErrBreakerOpen = errors.New("redisstore: breaker open")
-	// ErrConfig is wrapped by New for options or clients it cannot work with.
-	ErrConfig = errors.New("redisstore: invalid configuration")
+	// errBreakerOpen means the breaker is open and Redis was not called.
+	errBreakerOpen = errors.New("redisstore: breaker open")
+	// errConfig is wrapped by New for options or clients it cannot work with.
+	errConfig = errors.New("redisstore: invalid configuration")
+	// ErrBadReply means Redis answered with something that is not the
+	// script's reply, or the script refused a stored value: a protocol
+	// disagreement about one key, never read as a score. It is always
+	// wrapped together with ratelimit.ErrUnavailable.
+	ErrBadReply = errors.New("redisstore: malformed reply")
 )
 
 // Prebuilt so that refusing a flood while Redis is down allocates nothing.
 var (
-	errBreakerOpen = fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrBreakerOpen)
-	errClosed      = fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrClosed)
+	errOpenRefused   = fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, errBreakerOpen)
+	errClosedRefused = fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, errClosed)
 )
 
 // ewma is shared by every Store: the SHA is a property of the source.
@@ -230,13 +67,13 @@ var ewmaCluster = redis.NewScript(scripts.EWMACluster)
 
 // Options configures a Store. The zero value is usable.
 type Options struct {
-	// Prefix is prepended to every key; "" means DefaultPrefix. It must not
+	// Prefix is prepended to every key; "" means "sluice:". It must not
 	// contain '{' or '}': the client part of the key carries the Redis
 	// Cluster hash tag, and a brace in the prefix would become the tag.
 	Prefix string
 	// Timeout bounds each decision, from the moment Decide is called (the
 	// caller's context's deadline when that is earlier); 0 means
-	// DefaultTimeout, a negative value means no deadline of the store's
+	// 100 ms, a negative value means no deadline of the store's
 	// own (the caller's context's deadline still applies). A caller's
 	// context cancelled before the call goes out refuses it; one
 	// cancelled during the round trip does not cut it short: it ends by
@@ -251,18 +88,19 @@ type Options struct {
 	Observe func(d time.Duration, err error)
 	// Batch, when positive, sends the decisions of concurrent callers to
 	// Redis together, up to Batch per round trip (and, on a plain client,
-	// per script call: see Batching above), from BatchWorkers goroutines.
-	// Under load this is most of the cost saved, on both sides (see the
-	// package benchmarks). Each decision still returns at its own deadline.
-	// 0 means every decision is its own round trip. Call Close when done.
+	// per script call; docs/redis.md, "Batching"), from BatchWorkers
+	// goroutines: one write and one read per batch instead of per
+	// decision, on both sides. Each decision still returns at its own
+	// deadline. 0 means every decision is its own round trip; at most
+	// 1024. Call Close when done.
 	Batch int
 	// BatchWorkers is how many round trips may be in flight before
 	// decisions queue for a shared one (twice as many while none has
-	// queued since nothing was in flight; see Batching); 0 means 2. Decisions
-	// that waited a
-	// twentieth of the Timeout start more (up to 16 × BatchWorkers), so a
-	// slow Redis does not eat their deadlines in the queue. With Batch the
-	// Store owns no goroutines; Close fails what is queued.
+	// queued since nothing was in flight); 0 means 2, at most 64.
+	// Decisions that waited a twentieth of the Timeout start more (up to
+	// 16 × BatchWorkers), so a slow Redis does not eat their deadlines in
+	// the queue. With Batch the Store owns no goroutines; Close fails what
+	// is queued.
 	BatchWorkers int
 }
 
@@ -293,7 +131,7 @@ type Store struct {
 	// client.)
 	lean bool
 
-	ctxs callPool // the deadlines of direct and quota calls (callCtx)
+	ctxs callPool // the timers of direct and quota calls (callCtx)
 
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
@@ -320,32 +158,32 @@ type clusterOptionsClient interface{ Options() *redis.ClusterOptions }
 // NewClient sets it): otherwise go-redis ignores the per-call deadline for
 // socket reads and a hung Redis would hold every decision for the client's
 // ReadTimeout. New refuses a *redis.Client or *redis.ClusterClient built
-// without it, wrapping ErrConfig; other UniversalClient implementations are
+// without it; other UniversalClient implementations are
 // taken on trust.
 func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: nil client", ErrConfig)
+		return nil, fmt.Errorf("%w: nil client", errConfig)
 	}
 	switch c := client.(type) {
 	case optionsClient:
 		if !c.Options().ContextTimeoutEnabled {
-			return nil, fmt.Errorf("%w: client must be built with ContextTimeoutEnabled: true, or Timeout cannot bound a call", ErrConfig)
+			return nil, fmt.Errorf("%w: client must be built with ContextTimeoutEnabled: true, or Timeout cannot bound a call", errConfig)
 		}
 	case clusterOptionsClient:
 		if !c.Options().ContextTimeoutEnabled {
-			return nil, fmt.Errorf("%w: cluster client must be built with ContextTimeoutEnabled: true, or Timeout cannot bound a call", ErrConfig)
+			return nil, fmt.Errorf("%w: cluster client must be built with ContextTimeoutEnabled: true, or Timeout cannot bound a call", errConfig)
 		}
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
-		prefix = DefaultPrefix
+		prefix = defaultPrefix
 	}
 	if strings.ContainsAny(prefix, "{}") {
-		return nil, fmt.Errorf("%w: prefix %q must not contain '{' or '}' (the hash tag belongs to the client)", ErrConfig, prefix)
+		return nil, fmt.Errorf("%w: prefix %q must not contain '{' or '}' (the hash tag belongs to the client)", errConfig, prefix)
 	}
 	timeout := opts.Timeout
 	if timeout == 0 {
-		timeout = DefaultTimeout
+		timeout = defaultTimeout
 	}
 	br, err := newBreaker(opts.Breaker)
 	if err != nil {
@@ -374,10 +212,10 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	st.idSeq.Store(binary.LittleEndian.Uint64(seed[:]) >> 24)
 	switch {
 	case opts.Batch < 0 || opts.BatchWorkers < 0:
-		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must not be negative", ErrConfig, opts.Batch, opts.BatchWorkers)
-	case opts.Batch > MaxBatch || opts.BatchWorkers > MaxBatchWorkers:
+		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must not be negative", errConfig, opts.Batch, opts.BatchWorkers)
+	case opts.Batch > maxBatch || opts.BatchWorkers > maxBatchWorkers:
 		// The queue holds Batch × BatchWorkers calls, allocated up front.
-		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must be at most %d and %d", ErrConfig, opts.Batch, opts.BatchWorkers, MaxBatch, MaxBatchWorkers)
+		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must be at most %d and %d", errConfig, opts.Batch, opts.BatchWorkers, maxBatch, maxBatchWorkers)
 	case opts.Batch > 0:
 		workers := opts.BatchWorkers
 		if workers == 0 {
@@ -398,7 +236,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 }
 
 // Close stops the batch workers, if any; decisions after Close fail with
-// ErrClosed (wrapped with ratelimit.ErrUnavailable). It does not close the
+// ratelimit.ErrUnavailable (the store is closed). It does not close the
 // client. It is safe to call more than once and concurrently with Decide.
 func (s *Store) Close() error {
 	s.closed.Store(true)
@@ -440,12 +278,6 @@ type Stats struct {
 	// Overloaded is how many decisions expired in the store's own queue,
 	// never sent (ErrOverloaded): the gate's overload, not Redis's.
 	Overloaded uint64
-	// Direct is how many decisions went straight out, not queued.
-	Direct uint64
-	// SlotReloads is how many times a cluster Store asked its client for
-	// a fresh slot map after a failed round trip (at most one per
-	// SlotReloadEvery); 0 on other clients.
-	SlotReloads uint64
 }
 
 // Stats returns the store's counters now.
@@ -453,10 +285,6 @@ func (s *Store) Stats() Stats {
 	st := Stats{RoundTrips: s.trips.Load(), RoundTripFailures: s.tripFailures.Load(), Overloaded: s.overloaded.Load()}
 	if s.batch != nil {
 		st.Overloaded += uint64(s.batch.expired.Load())
-		st.Direct = uint64(s.batch.direct.Load())
-	}
-	if s.nodes != nil {
-		st.SlotReloads = s.nodes.reloads.Load()
 	}
 	return st
 }
@@ -509,11 +337,11 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 		return ratelimit.Decision{Allowed: true}, nil
 	}
 	if s.closed.Load() {
-		return ratelimit.Decision{}, errClosed
+		return ratelimit.Decision{}, errClosedRefused
 	}
 	probe, ok := s.br.allow()
 	if !ok {
-		return ratelimit.Decision{}, errBreakerOpen
+		return ratelimit.Decision{}, errOpenRefused
 	}
 	br := s.br
 	var req *request
@@ -579,12 +407,12 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 	switch {
 	case err == nil:
 		return d, nil
-	case errors.Is(err, ErrOverloaded), errors.Is(err, ErrClosed):
+	case errors.Is(err, ErrOverloaded), errors.Is(err, errClosed):
 		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
-	case errors.Is(err, ratelimit.ErrBadReply):
+	case errors.Is(err, ErrBadReply):
 		return ratelimit.Decision{}, err
 	case refusedValue:
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, err)
+		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ErrBadReply, err)
 	}
 	return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 }
@@ -657,7 +485,7 @@ func isLate(err error) bool {
 // other client is served; the breaker does not count it, and an operator's
 // outage alarm should not either.
 func IsPerKey(err error) bool {
-	return errors.Is(err, ratelimit.ErrBadReply) || isScriptRefusal(err) || isCrossSlot(err)
+	return errors.Is(err, ErrBadReply) || isScriptRefusal(err) || isCrossSlot(err)
 }
 
 // isScriptRefusal reports whether err is the script's own error reply
@@ -764,7 +592,7 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 		index(r.windows)
 	}
 	for _, d := range distinct {
-		nlim += len(d.ScriptLimits())
+		nlim += 8 + 24*d.Len()
 	}
 	// One string holds both packed arguments: the call's numbers (now, the
 	// cutoff, the number of lists, the lists), then each decision's list
@@ -775,7 +603,8 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	b = appendFloat(b, float64(cutoff))
 	b = appendFloat(b, float64(len(distinct)))
 	for _, d := range distinct {
-		b = append(b, d.ScriptLimits()...)
+		b = appendFloat(b, float64(d.Len()))
+		b = appendLimits(b, d)
 	}
 	nums := len(b)
 	for _, r := range reqs {
@@ -827,6 +656,32 @@ const withValue = 1 << 15
 // little-endian IEEE double (Lua's struct "<d").
 func appendFloat(b []byte, f float64) []byte {
 	return binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+}
+
+// appendLimits appends ws as the scripts read a limit list's windows: per
+// window its rate, half-life in whole milliseconds and cost, packed (see
+// scripts/ewma.lua, ARGV[1]). The windows were validated when they were
+// made, so every number is one the script accepts.
+func appendLimits(b []byte, ws *ratelimit.Windows) []byte {
+	for i := range ws.Len() {
+		l := ws.Limit(i)
+		b = appendFloat(b, l.Rate)
+		b = appendFloat(b, float64(l.Period/time.Millisecond))
+		b = appendFloat(b, l.EffectiveCost())
+	}
+	return b
+}
+
+// appendKeySuffix appends what names a decision's value after its key:
+// ":<period_ms>" for each window of ws in order, then valueTag. Another
+// list of periods (a window added, removed or reordered) names another
+// value rather than misreading this one; a changed rate keeps its score.
+func appendKeySuffix(b []byte, ws *ratelimit.Windows) []byte {
+	for i := range ws.Len() {
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(ws.Limit(i).Period/time.Millisecond), 10)
+	}
+	return append(b, valueTag...)
 }
 
 // evalArgs returns the same command as EVAL with the script's source (the
@@ -902,20 +757,20 @@ func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any,
 // deciding req alone with the cutoff (unix ms; 0: none): its key, the
 // instant, the cutoff, its windows' arguments and its request id if any,
 // then 's' if req wants its scores (without it an admission is answered
-// with the integer 0 alone, which costs Redis ~6k instructions less).
+// with the integer 0 alone: a table and a bulk string less for Redis).
 // Two allocations: the argument slice and the packed numbers. The lean
 // script decides one or two windows; a decision of more goes alone as
 // the batch script deciding one (commandBy), which replies alike.
 func leanArgs(req *request, cutoff int64) []any {
-	lim := req.windows.ScriptLimits()[8:] // without the window count
-	if len(lim) > 2*24 {
+	n := req.windows.Len()
+	if n > 2 {
 		reqs := [1]*request{req}
 		return commandBy(reqs[:], cutoff)
 	}
-	b := make([]byte, 0, 16+len(lim))
+	b := make([]byte, 0, 16+24*n)
 	b = appendFloat(b, float64(req.now))
 	b = appendFloat(b, float64(cutoff))
-	b = append(b, lim...)
+	b = appendLimits(b, req.windows)
 	req.nums = unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
 	args := make([]any, 0, 6+len(req.keys))
 	args = append(args, argEvalSha, argSHA1, len(req.keys))
@@ -962,8 +817,8 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 
 // request builds the key and the id of one decision (see
 // scripts/ewma.lua): one allocation for the request and one for its
-// strings; the windows bring their script arguments ready to send. The key
-// holds every window: "<prefix><key><windows.KeySuffix()>".
+// strings. The key holds every window:
+// "<prefix><key>:<period_ms>…:bin" (appendKeySuffix).
 func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *request {
 	r := &request{windows: windows}
 	r.keys = r.keysArr[:1]
@@ -971,34 +826,31 @@ func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *
 		r.now = now.UnixMilli()
 	}
 	// The key, then the request id, in one string.
-	suffix := windows.KeySuffix()
-	var b strings.Builder
-	b.Grow(len(s.prefix) + len(key) + len(suffix) + len(valueTag) + idLen)
-	b.WriteString(s.prefix)
-	b.WriteString(key)
-	b.WriteString(suffix)
-	b.WriteString(valueTag)
+	b := make([]byte, 0, len(s.prefix)+len(key)+21*windows.Len()+len(valueTag)+idLen)
+	b = append(b, s.prefix...)
+	b = append(b, key...)
+	b = appendKeySuffix(b, windows)
+	end := len(b)
 	if !s.lean {
-		s.writeRequestID(&b) // none when the client never resends: "" is none
+		b = s.appendRequestID(b) // none when the client never resends: "" is none
 	}
-	all := b.String()
-	end := len(s.prefix) + len(key) + len(suffix) + len(valueTag)
+	all := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
 	r.keys[0], r.id = all[:end], all[end:]
 	return r
 }
 
 // valueTag ends every decision's key name: its value is packed
-// (scripts/ewma.lua, "Stored value"), and earlier versions wrote digits
-// under the name without it; neither kind of gate reads the other's.
+// (scripts/ewma.lua, "Stored value"), and a value of digits under the name
+// without it is never read as a packed one (docs/redis.md).
 const valueTag = ":bin"
 
 // idLen is the width of a request id. One width, because the script cuts
 // its list of recent ids by length.
 const idLen = 16
 
-// writeRequestID writes a fresh request id: the store's 6 hex digits and
-// 10 of a counter (2^40 ids before it wraps).
-func (s *Store) writeRequestID(b *strings.Builder) {
+// appendRequestID appends a fresh request id: the store's 6 hex digits
+// and 10 of a counter (2^40 ids before it wraps).
+func (s *Store) appendRequestID(b []byte) []byte {
 	var id [idLen]byte
 	copy(id[:], s.idBase)
 	n := s.idSeq.Add(1)
@@ -1006,7 +858,7 @@ func (s *Store) writeRequestID(b *strings.Builder) {
 		id[i] = "0123456789abcdef"[n&15]
 		n >>= 4
 	}
-	b.Write(id[:])
+	return append(b, id[:]...)
 }
 
 // maxWaitMs is the longest wait the script reports (2^40 ms, as in ratelimit).
@@ -1045,7 +897,7 @@ func parseReply(reply any, n int, scores []float64) (ratelimit.Decision, error) 
 	wait, ok := arr[0].(int64)
 	if ok && wait == -1 {
 		if msg, ok := arr[1].(string); ok && strings.HasPrefix(msg, refusalPrefix) {
-			return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, refusal(msg))
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ErrBadReply, refusal(msg))
 		}
 	}
 	if !ok || wait < 0 || wait > maxWaitMs {
@@ -1084,5 +936,5 @@ func packedFloat(v string) float64 {
 }
 
 func badReply(format string, args ...any) error {
-	return fmt.Errorf("%w: %w: %s", ratelimit.ErrUnavailable, ratelimit.ErrBadReply, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %w: %s", ratelimit.ErrUnavailable, ErrBadReply, fmt.Sprintf(format, args...))
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/storetest"
 )
 
 // client returns a go-redis client for addr that follows context deadlines,
@@ -104,7 +104,7 @@ func TestRedisTime(t *testing.T) {
 	if d.Wait < 35*time.Minute || d.Wait > 36*time.Minute {
 		t.Errorf("wait %v, want about 35m06s", d.Wait)
 	}
-	raw, err := c.Get(ctx, DefaultPrefix+key+":3600000"+valueTag).Result()
+	raw, err := c.Get(ctx, defaultPrefix+key+":3600000"+valueTag).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,38 +209,38 @@ func testNoScriptHeals(t *testing.T, opts Options) {
 func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer c.Close()
-	if _, err := New(c, Options{}); !errors.Is(err, ErrConfig) {
-		t.Errorf("client without ContextTimeoutEnabled: err = %v, want ErrConfig", err)
+	if _, err := New(c, Options{}); !errors.Is(err, errConfig) {
+		t.Errorf("client without ContextTimeoutEnabled: err = %v, want errConfig", err)
 	}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer cc.Close()
-	if _, err := New(cc, Options{}); !errors.Is(err, ErrConfig) {
-		t.Errorf("cluster client without ContextTimeoutEnabled: err = %v, want ErrConfig", err)
+	if _, err := New(cc, Options{}); !errors.Is(err, errConfig) {
+		t.Errorf("cluster client without ContextTimeoutEnabled: err = %v, want errConfig", err)
 	}
 	good := client(t, "127.0.0.1:1")
 	for _, p := range []string{"a{b", "x}", "{}"} {
-		if _, err := New(good, Options{Prefix: p}); !errors.Is(err, ErrConfig) {
-			t.Errorf("prefix %q: err = %v, want ErrConfig", p, err)
+		if _, err := New(good, Options{Prefix: p}); !errors.Is(err, errConfig) {
+			t.Errorf("prefix %q: err = %v, want errConfig", p, err)
 		}
 	}
-	if _, err := New(nil, Options{}); !errors.Is(err, ErrConfig) {
-		t.Errorf("nil client: err = %v, want ErrConfig", err)
+	if _, err := New(nil, Options{}); !errors.Is(err, errConfig) {
+		t.Errorf("nil client: err = %v, want errConfig", err)
 	}
-	for _, o := range []Options{{Batch: -1}, {Batch: 1, BatchWorkers: -1}, {Batch: MaxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, BatchWorkers: MaxBatchWorkers + 1}} {
-		if s, err := New(good, o); !errors.Is(err, ErrConfig) {
+	for _, o := range []Options{{Batch: -1}, {Batch: 1, BatchWorkers: -1}, {Batch: maxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, BatchWorkers: maxBatchWorkers + 1}} {
+		if s, err := New(good, o); !errors.Is(err, errConfig) {
 			if s != nil {
 				_ = s.Close()
 			}
-			t.Errorf("Batch %d, BatchWorkers %d: err = %v, want ErrConfig", o.Batch, o.BatchWorkers, err)
+			t.Errorf("Batch %d, BatchWorkers %d: err = %v, want errConfig", o.Batch, o.BatchWorkers, err)
 		}
 	}
-	s, err := New(good, Options{Batch: MaxBatch, BatchWorkers: MaxBatchWorkers})
+	s, err := New(good, Options{Batch: maxBatch, BatchWorkers: maxBatchWorkers})
 	if err != nil {
 		t.Fatalf("the largest batch: %v", err)
 	}
 	_ = s.Close()
-	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, ErrConfig) {
-		t.Errorf("negative cool-down: err = %v, want ErrConfig", err)
+	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, errConfig) {
+		t.Errorf("negative cool-down: err = %v, want errConfig", err)
 	}
 }
 
@@ -272,14 +272,14 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	const key = "{bad}:message:EVENT"
 	at := storetest.T0.UnixMilli()
 	nan, inf := math.NaN(), math.Inf(1)
-	full := DefaultPrefix + key + ":1000:60000" + valueTag
+	full := defaultPrefix + key + ":1000:60000" + valueTag
 	for _, v := range []string{"garbage", "", "1 " + itoa(at) + " 1 " + itoa(at), stored(at, []float64{1}),
 		stored(at, []float64{nan, 1}), stored(at, []float64{1, inf}), stored(at, []float64{-inf, 1}), stored(at, []float64{1, -1}),
 		stored(-5, []float64{1, 1}), string(pack(1.5, 1, 1)), string(pack(nan, 1, 1)), stored(at, []float64{1, 1})[:23]} {
 		c.Del(ctx, full)
 		c.Set(ctx, full, v, 0)
 		d, err := s.Decide(ctx, key, limits, storetest.T0)
-		if !errors.Is(err, ratelimit.ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+		if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
 			t.Errorf("holding %q: %+v %v, want ErrBadReply", v, d, err)
 		}
 		if st := s.BreakerState(); st != BreakerClosed {
@@ -296,7 +296,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	c.Set(ctx, ids[0], stored(at, []float64{1, nan}, "seen"), 0)
 	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 2 || v[0] != int64(-1) {
 		t.Errorf("repeat with a corrupt window replied %v %v, want -1", v, err)
-	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ratelimit.ErrBadReply) {
+	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ErrBadReply) {
 		t.Errorf("repeat with a corrupt window: %v, want a script refusal", err)
 	}
 }
@@ -328,34 +328,40 @@ func TestRequestAllocs(t *testing.T) {
 	}
 }
 
-// TestRequestFromWindows: a request's one key is the prefix, the key, the
-// windows' KeySuffix (each window's Suffix, in order) and valueTag, and its
-// command sends the windows' ScriptLimits as they are, after the packed
-// instant, cutoff and list count.
+// TestRequestFromWindows: a request's one key is the prefix, the key,
+// ":<period_ms>" of each window in order and valueTag, and its command
+// packs each window's rate, half-life in ms and cost (the default cost as
+// 1) after the packed instant, cutoff, list count and window count.
 func TestRequestFromWindows(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{Prefix: "p:"})
-	for _, ws := range []*ratelimit.Windows{
-		ratelimit.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
-		ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
-			ratelimit.Limit{Rate: 2.5, Period: time.Hour, Cost: 0.5}, ratelimit.PerPeriod(1e4, 24*time.Hour)),
+	t0 := float64(storetest.T0.UnixMilli())
+	for _, c := range []struct {
+		ws   *ratelimit.Windows
+		key  string
+		nums []float64
+	}{
+		{ratelimit.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
+			"p:{k}:message:EVENT:1500:bin", []float64{t0, 0, 1, 1, 5, 1500, 1}},
+		{ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
+			ratelimit.Limit{Rate: 2.5, Period: 90 * time.Minute, Cost: 0.5}, ratelimit.Limit{Rate: 1e4, Period: 24 * time.Hour}),
+			"p:{k}:message:EVENT:1000:60000:5400000:86400000:bin",
+			[]float64{t0, 0, 1, 4, 10, 1000, 1, 240, 60000, 1, 2.5, 5400000, 0.5, 1e4, 86400000, 1}},
 	} {
-		r := s.request("{k}:message:EVENT", ws, storetest.T0)
-		if r.windows != ws || len(r.keys) != 1 {
-			t.Fatalf("%v: request of %d keys, want 1", ws, len(r.keys))
+		r := s.request("{k}:message:EVENT", c.ws, storetest.T0)
+		if r.windows != c.ws || len(r.keys) != 1 {
+			t.Fatalf("%v: request of %d keys, want 1", c.ws, len(r.keys))
 		}
-		want := "p:{k}:message:EVENT"
-		for i := range ws.Len() {
-			want += ws.Suffix(i)
+		if r.keys[0] != c.key {
+			t.Errorf("%v: key is %q, want %q", c.ws, r.keys[0], c.key)
 		}
-		if want += valueTag; r.keys[0] != want {
-			t.Errorf("%v: key is %q, want %q", ws, r.keys[0], want)
+		if len(r.id) != idLen {
+			t.Errorf("%v: request id %q, want %d bytes", c.ws, r.id, idLen)
 		}
+		// evalsha, sha, numkeys, the key, then the packed numbers; then
+		// the index and the id.
 		args := command([]*request{r})
-		// evalsha, sha, numkeys, the key, then the packed numbers: the
-		// instant, the cutoff, the number of lists, the list as
-		// ScriptLimits packs it; then the index and the id.
-		if got := argStrings(args); got[4] != string(pack(float64(storetest.T0.UnixMilli()), 0, 1))+ws.ScriptLimits() || len(args) != 7 {
-			t.Errorf("%v: command %q does not carry ScriptLimits", ws, argStrings(args))
+		if got := argStrings(args); got[4] != string(pack(c.nums...)) || len(args) != 7 {
+			t.Errorf("%v: command %q, want the numbers %v packed", c.ws, got, c.nums)
 		}
 	}
 }

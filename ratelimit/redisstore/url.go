@@ -14,20 +14,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ClusterReadTimeout is the read timeout NewClient gives a cluster client
+// clusterReadTimeout is the read timeout NewClient gives a cluster client
 // whose URL sets none (go-redis's default is 3 s). A decision's own
 // deadline is shorter and unaffected; what it bounds is the client's
 // background slot-map reload, which asks the nodes one after another with
-// no deadline of its own: one hung node asked first held a reload, and so
-// the decisions of a failed-over master's clients, 3 s longer (measured
-// after a hung master's failover: decisions resumed 4.0-4.4 s after the
-// promotion with 3 s, 0.9-1.3 s with 1 s). go-redis caps every call at
-// the read timeout, so a Store Timeout above it needs read_timeout in the
-// URL.
-const ClusterReadTimeout = time.Second
+// no deadline of its own: one hung node asked first holds a reload, and so
+// the decisions of a failed-over master's clients, for the whole read
+// timeout. go-redis caps every call at the read timeout, so a Store
+// Timeout above it needs read_timeout in the URL.
+const clusterReadTimeout = time.Second
 
-// ErrURL is wrapped by NewClient for a URL it cannot use.
-var ErrURL = errors.New("redisstore: invalid redis URL")
+// errURL is wrapped by NewClient for a URL it cannot use.
+var errURL = errors.New("redisstore: invalid redis URL")
 
 // NewClient returns a go-redis client for rawURL, ready for New:
 //
@@ -47,16 +45,14 @@ var ErrURL = errors.New("redisstore: invalid redis URL")
 // deadline bounds socket reads and writes. Retries (max_retries) are left to
 // go-redis: the Store's script is idempotent, so a retried call never
 // charges twice, and a retry carries a decision past a connection that died
-// under it (under connection resets, measured: 100 % answered with
-// retries, 89-98 % without). max_retries=-1 turns them off: the Store then
-// sends no request id and a decision alone as the lean script (see New),
-// about 1.4 µs less Redis CPU per call; a lost reply or a reset then fails
-// its decision as unavailable.
+// under it. max_retries=-1 turns them off: the Store then sends no request
+// id (less work for Redis per call), and a lost reply or a reset fails its
+// decision as unavailable.
 //
-// A cluster URL without read_timeout gets ClusterReadTimeout (1 s), so that
+// A cluster URL without read_timeout gets 1 s, so that
 // a hung node cannot hold the client's slot-map reload for go-redis's 3 s.
 //
-// The error, wrapping ErrURL, names what is wrong; the password is never
+// The error names what is wrong; the password is never
 // part of it. The caller owns the client and closes it.
 func NewClient(rawURL string) (redis.UniversalClient, error) {
 	o, err := parseURL(rawURL)
@@ -137,19 +133,19 @@ func (f failedConn) SetWriteDeadline(time.Time) error { return nil }
 func parseURL(rawURL string) (clientOptions, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return clientOptions{}, fmt.Errorf("%w: %q has no scheme (want redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)", ErrURL, RedactURL(rawURL))
+		return clientOptions{}, fmt.Errorf("%w: %q has no scheme (want redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)", errURL, RedactURL(rawURL))
 	}
 	// A password with a raw '/', '?' or '#' (base64 passwords have '/')
 	// makes every URL parser cut it in two and echo the pieces as a host or
 	// a path; say what is wrong instead.
 	if at := strings.LastIndexByte(rest, '@'); at >= 0 && strings.ContainsAny(rest[:at], "/?#") {
-		return clientOptions{}, fmt.Errorf("%w: %s: '/', '?' or '#' before the last '@': percent-escape them in the user name and password (%%2F, %%3F, %%23; '@' is %%40)", ErrURL, RedactURL(rawURL))
+		return clientOptions{}, fmt.Errorf("%w: %s: '/', '?' or '#' before the last '@': percent-escape them in the user name and password (%%2F, %%3F, %%23; '@' is %%40)", errURL, RedactURL(rawURL))
 	}
 	switch s := strings.ToLower(scheme); s {
 	case "redis", "rediss", "unix":
 		o, err := redis.ParseURL(s + "://" + rest)
 		if err != nil {
-			return clientOptions{}, fmt.Errorf("%w: %s: %s", ErrURL, RedactURL(rawURL), redactErr(err, rawURL))
+			return clientOptions{}, fmt.Errorf("%w: %s: %s", errURL, RedactURL(rawURL), redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true
 		return clientOptions{standalone: o}, nil
@@ -160,7 +156,7 @@ func parseURL(rawURL string) (clientOptions, error) {
 		o, err := parseCluster(strings.TrimSuffix(s, "+cluster"), rest, rawURL)
 		return clientOptions{cluster: o}, err
 	}
-	return clientOptions{}, fmt.Errorf("%w: unknown scheme %q (want redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster or rediss+cluster)", ErrURL, RedactURL(scheme))
+	return clientOptions{}, fmt.Errorf("%w: unknown scheme %q (want redis, rediss, unix, redis+sentinel, rediss+sentinel, redis+cluster or rediss+cluster)", errURL, RedactURL(scheme))
 }
 
 // splitHosts parses "[userinfo@]h:p[,h:p…][/path][?query]" into its parts.
@@ -168,7 +164,7 @@ func parseURL(rawURL string) (clientOptions, error) {
 // separated host list with ports.
 func splitHosts(rest, rawURL string) (user *url.Userinfo, hosts []string, path, query string, err error) {
 	if i := strings.IndexByte(rest, '#'); i >= 0 {
-		return nil, nil, "", "", fmt.Errorf("%w: %s: a fragment (#…) means nothing here", ErrURL, RedactURL(rawURL))
+		return nil, nil, "", "", fmt.Errorf("%w: %s: a fragment (#…) means nothing here", errURL, RedactURL(rawURL))
 	}
 	if i := strings.IndexByte(rest, '?'); i >= 0 {
 		rest, query = rest[:i], rest[i+1:]
@@ -181,17 +177,17 @@ func splitHosts(rest, rawURL string) (user *url.Userinfo, hosts []string, path, 
 		// Let net/url decode the userinfo (percent escapes) on a dummy host.
 		u, perr := url.Parse("redis://" + authority[:i+1] + "h")
 		if perr != nil || u.User == nil {
-			return nil, nil, "", "", fmt.Errorf("%w: %s: unreadable user:password part", ErrURL, RedactURL(rawURL))
+			return nil, nil, "", "", fmt.Errorf("%w: %s: unreadable user:password part", errURL, RedactURL(rawURL))
 		}
 		user, authority = u.User, authority[i+1:]
 	}
 	if authority == "" {
-		return nil, nil, "", "", fmt.Errorf("%w: %s: no host:port", ErrURL, RedactURL(rawURL))
+		return nil, nil, "", "", fmt.Errorf("%w: %s: no host:port", errURL, RedactURL(rawURL))
 	}
 	for _, h := range strings.Split(authority, ",") {
 		host, port, serr := net.SplitHostPort(h)
 		if serr != nil || host == "" || port == "" {
-			return nil, nil, "", "", fmt.Errorf("%w: %s: %q is not host:port", ErrURL, RedactURL(rawURL), h)
+			return nil, nil, "", "", fmt.Errorf("%w: %s: %q is not host:port", errURL, RedactURL(rawURL), h)
 		}
 		hosts = append(hosts, net.JoinHostPort(host, port))
 	}
@@ -215,18 +211,18 @@ func parseSentinel(scheme, rest, rawURL string) (*redis.FailoverOptions, error) 
 	}
 	q, err := url.ParseQuery(query)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: query: %v", ErrURL, RedactURL(rawURL), err)
+		return nil, fmt.Errorf("%w: %s: query: %v", errURL, RedactURL(rawURL), err)
 	}
 	parts := strings.FieldsFunc(path, func(r rune) bool { return r == '/' })
 	if len(parts) == 0 || len(parts) > 2 {
-		return nil, fmt.Errorf("%w: %s: want /mastername[/db] after the sentinel addresses", ErrURL, RedactURL(rawURL))
+		return nil, fmt.Errorf("%w: %s: want /mastername[/db] after the sentinel addresses", errURL, RedactURL(rawURL))
 	}
 	master, err := url.PathUnescape(parts[0])
 	if err != nil || master == "" {
-		return nil, fmt.Errorf("%w: %s: unreadable master name", ErrURL, RedactURL(rawURL))
+		return nil, fmt.Errorf("%w: %s: unreadable master name", errURL, RedactURL(rawURL))
 	}
 	if q.Has("master_name") {
-		return nil, fmt.Errorf("%w: %s: the master name goes in the path, not in master_name=", ErrURL, RedactURL(rawURL))
+		return nil, fmt.Errorf("%w: %s: the master name goes in the path, not in master_name=", errURL, RedactURL(rawURL))
 	}
 	q.Set("master_name", master)
 	sentUser, sentPass := q.Get("sentinel_username"), q.Get("sentinel_password")
@@ -241,7 +237,7 @@ func parseSentinel(scheme, rest, rawURL string) (*redis.FailoverOptions, error) 
 	native := goRedisURL(scheme, nil, hosts, dbPath, q)
 	o, err := redis.ParseFailoverURL(native)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %s", ErrURL, RedactURL(rawURL), redactErr(err, rawURL))
+		return nil, fmt.Errorf("%w: %s: %s", errURL, RedactURL(rawURL), redactErr(err, rawURL))
 	}
 	if user != nil {
 		o.Username = user.Username()
@@ -258,19 +254,19 @@ func parseCluster(scheme, rest, rawURL string) (*redis.ClusterOptions, error) {
 		return nil, err
 	}
 	if path != "" && path != "/" {
-		return nil, fmt.Errorf("%w: %s: a cluster URL has no path (Redis Cluster has only database 0)", ErrURL, RedactURL(rawURL))
+		return nil, fmt.Errorf("%w: %s: a cluster URL has no path (Redis Cluster has only database 0)", errURL, RedactURL(rawURL))
 	}
 	q, err := url.ParseQuery(query)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: query: %v", ErrURL, RedactURL(rawURL), err)
+		return nil, fmt.Errorf("%w: %s: query: %v", errURL, RedactURL(rawURL), err)
 	}
 	explicit := q.Has("read_timeout")
 	o, err := redis.ParseClusterURL(goRedisURL(scheme, user, hosts, "", q))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %s", ErrURL, RedactURL(rawURL), redactErr(err, rawURL))
+		return nil, fmt.Errorf("%w: %s: %s", errURL, RedactURL(rawURL), redactErr(err, rawURL))
 	}
 	if !explicit {
-		o.ReadTimeout = ClusterReadTimeout
+		o.ReadTimeout = clusterReadTimeout
 	}
 	o.ContextTimeoutEnabled = true
 	return o, nil

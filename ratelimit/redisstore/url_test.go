@@ -73,10 +73,10 @@ func TestParseURLCluster(t *testing.T) {
 	if err != nil || o.cluster.TLSConfig == nil {
 		t.Errorf("rediss+cluster: %+v %v", o.cluster, err)
 	}
-	// No read_timeout: ClusterReadTimeout, not go-redis's 3 s; one given
+	// No read_timeout: clusterReadTimeout, not go-redis's 3 s; one given
 	// in the URL is kept, -1 (none) included.
-	if o.cluster.ReadTimeout != ClusterReadTimeout {
-		t.Errorf("cluster read timeout %v without read_timeout, want %v", o.cluster.ReadTimeout, ClusterReadTimeout)
+	if o.cluster.ReadTimeout != clusterReadTimeout {
+		t.Errorf("cluster read timeout %v without read_timeout, want %v", o.cluster.ReadTimeout, clusterReadTimeout)
 	}
 	for q, want := range map[string]time.Duration{"read_timeout=5s": 5 * time.Second, "read_timeout=-1": -1} {
 		o, err = parseURL("redis+cluster://h:1?" + q)
@@ -114,7 +114,7 @@ func TestNewClientTypes(t *testing.T) {
 	}
 }
 
-// TestNewClientHostile: URLs that are wrong in every way fail with ErrURL,
+// TestNewClientHostile: URLs that are wrong in every way fail with errURL,
 // never panic, and never echo the password.
 func TestNewClientHostile(t *testing.T) {
 	for _, raw := range []string{
@@ -182,8 +182,8 @@ func TestNewClientHostile(t *testing.T) {
 				t.Errorf("%.60q: no error", raw)
 				return
 			}
-			if !errors.Is(err, ErrURL) {
-				t.Errorf("%.60q: %v does not wrap ErrURL", raw, err)
+			if !errors.Is(err, errURL) {
+				t.Errorf("%.60q: %v does not wrap errURL", raw, err)
 			}
 			if strings.Contains(err.Error(), "sekrit") {
 				t.Errorf("%.60q: the error shows the password: %v", raw, err)
@@ -195,7 +195,7 @@ func TestNewClientHostile(t *testing.T) {
 	}
 }
 
-// FuzzNewClient: no input panics, a failure wraps ErrURL, and a password
+// FuzzNewClient: no input panics, a failure wraps errURL, and a password
 // never shows in an error.
 func FuzzNewClient(f *testing.F) {
 	for _, s := range []string{
@@ -208,8 +208,8 @@ func FuzzNewClient(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw string) {
 		o, err := parseURL(raw)
 		if err != nil {
-			if !errors.Is(err, ErrURL) {
-				t.Fatalf("%q: %v does not wrap ErrURL", raw, err)
+			if !errors.Is(err, errURL) {
+				t.Fatalf("%q: %v does not wrap errURL", raw, err)
 			}
 			return
 		}

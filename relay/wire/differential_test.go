@@ -22,11 +22,11 @@ import (
 
 // scanReasons is every reason Scan gives.
 var scanReasons = map[string]bool{
-	ReasonNotNostr: true, ReasonUnknownType: true, ReasonNotUTF8: true, ReasonShape: true,
-	ReasonEvent: true, ReasonAuthKind: true, ReasonEventKind: true, ReasonSubID: true,
-	ReasonFilter: true, ReasonFilters: true, ReasonCountOne: true, ReasonNegentropy: true,
-	ReasonTagEmpty: true, ReasonTagNoValue: true, ReasonTags: true, ReasonTagValue: true,
-	ReasonFilterValues: true, ReasonFanout: true,
+	reasonNotNostr: true, reasonUnknownType: true, reasonNotUTF8: true, reasonShape: true,
+	reasonEvent: true, reasonAuthKind: true, reasonEventKind: true, reasonSubID: true,
+	reasonFilter: true, ReasonFilters: true, reasonCountOne: true, reasonNegentropy: true,
+	reasonTagEmpty: true, reasonTagNoValue: true, reasonTags: true, reasonTagValue: true,
+	reasonFilterValues: true, reasonFanout: true,
 }
 
 // khatruParse reads frame as khatru v0.19.1 does (handlers.go, from line
@@ -91,7 +91,7 @@ func checkScan(t *testing.T, frame []byte) {
 	}
 
 	// The gate forwards it. Its facts are pieces of the frame.
-	for name, b := range map[string][]byte{"SubID": f.SubID, "Neg": f.Neg, "IDLit": f.Event.IDLit, "Raw": f.Event.Raw, "Challenge": f.Event.Challenge, "Relay": f.Event.Relay} {
+	for name, b := range map[string][]byte{"SubID": f.SubID, "neg": f.neg, "iDLit": f.Event.iDLit, "Raw": f.Event.Raw, "Challenge": f.Event.Challenge, "Relay": f.Event.Relay} {
 		if b != nil && !isSubSlice(frame, b) {
 			t.Fatalf("%s %q is not a piece of the frame %q", name, b, frame)
 		}
@@ -134,8 +134,8 @@ func checkScan(t *testing.T, frame []byte) {
 		}
 	case TypeNEGOPEN, TypeNEGMSG:
 		var neg string
-		if err := json.Unmarshal(elems[len(elems)-1], &neg); err != nil || neg != string(f.Neg) {
-			t.Fatalf("encoding/json negentropy message %q (%v), Scan %q: %q", neg, err, f.Neg, frame)
+		if err := json.Unmarshal(elems[len(elems)-1], &neg); err != nil || neg != string(f.neg) {
+			t.Fatalf("encoding/json negentropy message %q (%v), Scan %q: %q", neg, err, f.neg, frame)
 		}
 	}
 
@@ -180,13 +180,13 @@ func checkScan(t *testing.T, frame []byte) {
 			t.Fatalf("khatru reads CLOSE %q, Scan %s: %q", string(*e), f.SubID, frame)
 		}
 	case *nip77.OpenEnvelope:
-		if e.SubscriptionID != sub || e.Message != string(f.Neg) {
-			t.Fatalf("khatru reads NEG-OPEN %q %q, Scan %s %q: %q", e.SubscriptionID, e.Message, f.SubID, f.Neg, frame)
+		if e.SubscriptionID != sub || e.Message != string(f.neg) {
+			t.Fatalf("khatru reads NEG-OPEN %q %q, Scan %s %q: %q", e.SubscriptionID, e.Message, f.SubID, f.neg, frame)
 		}
 		checkGoNostrFilter(t, frame, e.Filter)
 	case *nip77.MessageEnvelope:
-		if e.SubscriptionID != sub || e.Message != string(f.Neg) {
-			t.Fatalf("khatru reads NEG-MSG %q %q, Scan %s %q: %q", e.SubscriptionID, e.Message, f.SubID, f.Neg, frame)
+		if e.SubscriptionID != sub || e.Message != string(f.neg) {
+			t.Fatalf("khatru reads NEG-MSG %q %q, Scan %s %q: %q", e.SubscriptionID, e.Message, f.SubID, f.neg, frame)
 		}
 	case *nip77.CloseEnvelope:
 		if e.SubscriptionID != sub {
@@ -198,7 +198,7 @@ func checkScan(t *testing.T, frame []byte) {
 
 	// (c) khatru's negentropy survives the message, and reads it whole.
 	if f.Type == TypeNEGOPEN || f.Type == TypeNEGMSG {
-		checkReconcile(t, string(f.Neg))
+		checkReconcile(t, string(f.neg))
 	}
 }
 
@@ -223,8 +223,8 @@ func checkJSONEvent(t *testing.T, frame []byte, f Facts, raw json.RawMessage) {
 		t.Fatalf("encoding/json reads id %s pubkey %s kind %d created_at %d; Scan %s %s %d %d: %q",
 			ev.ID, ev.PubKey, ev.Kind, ev.CreatedAt, f.Event.ID, f.Event.Pubkey, f.Event.Kind, f.Event.CreatedAt, frame)
 	}
-	if string(f.Event.IDLit) != `"`+ev.ID+`"` {
-		t.Fatalf("IDLit %s, id %s", f.Event.IDLit, ev.ID)
+	if string(f.Event.iDLit) != `"`+ev.ID+`"` {
+		t.Fatalf("iDLit %s, id %s", f.Event.iDLit, ev.ID)
 	}
 }
 
@@ -281,7 +281,7 @@ func checkGoNostrEvent(t *testing.T, frame []byte, f Facts, ev *nostr.Event) {
 // checkReconcile runs msg through go-nostr's server side, as khatru does
 // for NEG-OPEN and NEG-MSG, over small non-empty sets (one past the size
 // where go-nostr splits ranges into fingerprints): it must neither panic
-// nor fail, since CheckNegentropy accepted it.
+// nor fail, since checkNegentropy accepted it.
 func checkReconcile(t *testing.T, msg string) {
 	t.Helper()
 	for _, n := range []int{3, 40} {
@@ -290,7 +290,7 @@ func checkReconcile(t *testing.T, msg string) {
 			t.Fatalf("go-nostr's Reconcile panics on %q (%d items): %v\n%s", msg, n, p, stack)
 		}
 		if err != nil {
-			t.Fatalf("go-nostr's Reconcile fails on %q (%d items), which CheckNegentropy accepts: %v", msg, n, err)
+			t.Fatalf("go-nostr's Reconcile fails on %q (%d items), which checkNegentropy accepts: %v", msg, n, err)
 		}
 	}
 }
@@ -356,7 +356,7 @@ func negSeeds(tb testing.TB) []string {
 		"61"+negVarint(1<<62+1)+"0000"+negVarint(1<<62+1)+"0000"+"01000200")
 }
 
-// FuzzCheckNegentropy: whatever CheckNegentropy accepts, go-nostr's
+// FuzzCheckNegentropy: whatever checkNegentropy accepts, go-nostr's
 // server reads without a panic or an error. Each input is tried as it is
 // and hex-encoded, so the fuzzer mutates both the message's bytes and its
 // hex.
@@ -369,7 +369,7 @@ func FuzzCheckNegentropy(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, msg := range [][]byte{data, []byte(hex.EncodeToString(data)), []byte(negBuild(data))} {
-			if CheckNegentropy(msg) {
+			if checkNegentropy(msg) {
 				checkReconcile(t, string(msg))
 			}
 		}
@@ -380,7 +380,7 @@ func FuzzCheckNegentropy(f *testing.F) {
 // well-formed byte by byte (the version, then bounds of any timestamp
 // varint of up to 9 bytes, id prefixes of 0 to 33 bytes, modes 0 to 3
 // with their payloads, ids from the test vectors' or any), so that
-// FuzzCheckNegentropy spends its time on what CheckNegentropy may
+// FuzzCheckNegentropy spends its time on what checkNegentropy may
 // accept: sums of timestamps, bounds after the infinite one, ids the
 // server has.
 func negBuild(data []byte) string {

@@ -1,9 +1,7 @@
 // Package wire is sluice's reading of Nostr client frames, as bytes: the
 // one bounded scanner every check of the gate asks, and the replies the
-// gate writes. It does no I/O and allocates nothing on the per-frame path.
-// Besides the standard library it imports only package ratelimit (itself
-// standard-library only), for the one rule that rounds a wait up to the
-// seconds a refusal states.
+// gate writes. It does no I/O, allocates nothing on the per-frame path and
+// imports only the standard library.
 //
 // # Two readings, one scanner
 //
@@ -22,7 +20,7 @@
 // folds the case of keys and keeps the last of duplicates. A canonical
 // frame is one all of them read alike: the exact ["LABEL", prefix, one
 // event with exactly NIP-01's fields, typed filters, subscription ids
-// without escapes, negentropy payloads checked by CheckNegentropy. Scan
+// without escapes, negentropy payloads checked as NIP-77 messages. Scan
 // returns the facts the gate charges (type, subscription id, filter count,
 // event id, pubkey, kind, created_at, an AUTH's challenge and relay tags)
 // or the "invalid:" reason the client is told.
@@ -32,10 +30,10 @@
 // AppendRefusal and its specialised forms write NIP-01 refusals: OK false
 // for EVENT and AUTH, CLOSED for REQ and COUNT, NOTICE for the rest, each
 // carrying the id exactly as the client sent it; and NIP-77's NEG-ERR for
-// NEG-OPEN and NEG-MSG. DESIGN.md's table of replies puts the NEG- types
-// under "anything else: NOTICE", but a client that sent a NEG-OPEN waits
-// for NEG-MSG or NEG-ERR about that sync: a NOTICE left it waiting for a
-// sync the gate had refused.
+// NEG-OPEN and NEG-MSG, since a client that sent one waits for NEG-MSG or
+// NEG-ERR about that sync, not a NOTICE. A wait is stated in whole seconds
+// rounded up, never 0 (RetrySeconds), so a client that waits as told is
+// admitted.
 //
 // ParseOK and ParseAuthChallenge read the two relay frames the gate acts
 // on: the OK that charges a quota or binds an AUTH, and the relay's NIP-42

@@ -155,7 +155,7 @@ func checkPeek(t *testing.T, frame []byte) {
 	switch f.Type {
 	case TypeREQ, TypeCOUNT, TypeCLOSE:
 		var want []byte
-		if len(elems) > 1 && elems[1][0] == '"' && len(elems[1]) <= MaxSubIDLen && utf8.Valid(elems[1]) {
+		if len(elems) > 1 && elems[1][0] == '"' && len(elems[1]) <= maxSubIDLen && utf8.Valid(elems[1]) {
 			want = elems[1]
 		}
 		if !bytes.Equal(f.ID, want) {

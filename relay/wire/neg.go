@@ -1,8 +1,8 @@
 package wire
 
-// NegentropyVersion is the protocol version byte of NIP-77's negentropy
+// negentropyVersion is the protocol version byte of NIP-77's negentropy
 // messages (version 1).
-const NegentropyVersion = 0x61
+const negentropyVersion = 0x61
 
 // The modes of a negentropy range.
 const (
@@ -11,12 +11,12 @@ const (
 	negIDList      = 2
 )
 
-// maxVarintBytes is the longest varint CheckNegentropy accepts: 9 bytes
+// maxVarintBytes is the longest varint checkNegentropy accepts: 9 bytes
 // hold 63 bits, so the value fits a non-negative int64 however a decoder
 // shifts it in.
 const maxVarintBytes = 9
 
-// negMaxFinite is the largest finite bound timestamp CheckNegentropy
+// negMaxFinite is the largest finite bound timestamp checkNegentropy
 // accepts. go-nostr's server writes a bound it read back as a delta from
 // the last one it wrote, plus one, and its varint encoder (EncodeVarInt)
 // has room for 8 bytes, 56 bits: a delta of 2^56-1 or more, or a negative
@@ -24,9 +24,9 @@ const maxVarintBytes = 9
 // decreasing, keep every delta it writes below that.
 const negMaxFinite = 1<<56 - 2
 
-// CheckNegentropy reports whether msg, the hex payload of a NEG-OPEN or
+// checkNegentropy reports whether msg, the hex payload of a NEG-OPEN or
 // NEG-MSG, is a complete, well-formed negentropy message: lowercase hex of
-// even length whose bytes are the version byte (NegentropyVersion)
+// even length whose bytes are the version byte (negentropyVersion)
 // followed by ranges, each a bound (a timestamp varint, an id-prefix
 // length varint of at most 32 and that many bytes) and a mode varint:
 // skip, a fingerprint (16 bytes), or an id list (a count varint and that
@@ -46,14 +46,14 @@ const negMaxFinite = 1<<56 - 2
 // varint encoder off the start of its buffer ("6100000002000001000200":
 // an infinite bound, then one more; "61818080808080808000000200": a
 // bound at 2^56-1). Each is a panic in a goroutine nothing recovers,
-// which ends the whole relay process. CheckNegentropy walks the hex in
+// which ends the whole relay process. checkNegentropy walks the hex in
 // place and allocates nothing.
-func CheckNegentropy(msg []byte) bool {
+func checkNegentropy(msg []byte) bool {
 	if len(msg) < 2 || len(msg)%2 != 0 || !isLowerHex(msg) {
 		return false
 	}
 	r := negReader{h: msg}
-	if v, ok := r.byte(); !ok || v != NegentropyVersion {
+	if v, ok := r.byte(); !ok || v != negentropyVersion {
 		return false
 	}
 	var ts uint64 // the finite bound timestamps so far, summed

@@ -52,7 +52,7 @@ const (
 	//	github.com/nbd-wtf/go-nostr/nip77/negentropy.(*Negentropy).writeTimestamp(...)
 	//		nip77/negentropy/encoding.go:68
 	//
-	// CheckNegentropy accepted it until it learnt to sum the timestamps.
+	// checkNegentropy accepted it until it learnt to sum the timestamps.
 	negPanicWrap = "6100000002000001000200"
 
 	// negPanicBigDelta is a bound of timestamp 2^56-1 (a 9-byte varint of
@@ -175,7 +175,7 @@ func reconcile(clientIdx, serverIdx []int, frameLimit int) (msgs []string, have,
 
 // TestCheckNegentropyGoNostr: every message go-nostr's negentropy sends,
 // client or server, in reconciliations of every size and with frame
-// limits that split them into many rounds, passes CheckNegentropy, and
+// limits that split them into many rounds, passes checkNegentropy, and
 // Scan forwards it in NEG-OPEN and NEG-MSG.
 func TestCheckNegentropyGoNostr(t *testing.T) {
 	odd := func(i int) bool { return i%7 != 0 }
@@ -200,7 +200,7 @@ func TestCheckNegentropyGoNostr(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, m := range msgs {
-				if !CheckNegentropy([]byte(m)) {
+				if !checkNegentropy([]byte(m)) {
 					t.Fatalf("message %d of %d refused: %.200s", i, len(msgs), m)
 				}
 				label := "NEG-MSG"
@@ -208,8 +208,8 @@ func TestCheckNegentropyGoNostr(t *testing.T) {
 				if i == 0 {
 					label, frame = "NEG-OPEN", `["NEG-OPEN","s",{"kinds":[1]},"`+m+`"]`
 				}
-				if f, reason := Scan([]byte(frame), nil); reason != "" || string(f.Neg) != m {
-					t.Fatalf("Scan of %s %d: %q, Neg %.40q", label, i, reason, f.Neg)
+				if f, reason := Scan([]byte(frame), nil); reason != "" || string(f.neg) != m {
+					t.Fatalf("Scan of %s %d: %q, neg %.40q", label, i, reason, f.neg)
 				}
 			}
 			// The round was a real one: the client learnt the differences.
@@ -301,8 +301,8 @@ func TestCheckNegentropy(t *testing.T) {
 		{"timestamp of 9 bytes", "61" + negVarint(1<<63-1) + "00" + "00", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := CheckNegentropy([]byte(tc.msg)); got != tc.ok {
-				t.Errorf("CheckNegentropy(%q) = %v, want %v", tc.msg, got, tc.ok)
+			if got := checkNegentropy([]byte(tc.msg)); got != tc.ok {
+				t.Errorf("checkNegentropy(%q) = %v, want %v", tc.msg, got, tc.ok)
 			}
 			if !tc.ok {
 				return
@@ -318,7 +318,7 @@ func TestCheckNegentropy(t *testing.T) {
 }
 
 // TestGoNostrNegentropyPanics pins the go-nostr v0.52.3 panics that
-// CheckNegentropy keeps from khatru (the inputs are in the comments of
+// checkNegentropy keeps from khatru (the inputs are in the comments of
 // negPanicReadBound, negPanicHugeLength and negPanicWrap), and shows Scan
 // refusing each in a NEG-OPEN and a NEG-MSG (negPanicBigDelta too). Should go-nostr fix them,
 // the test says so, and the comments can go into the changelog.
@@ -341,15 +341,15 @@ func TestGoNostrNegentropyPanics(t *testing.T) {
 			if !strings.Contains(stack, "readBound") && !strings.Contains(tc.at, "writeTimestamp") {
 				t.Errorf("panic not reached from readBound:\n%s", stack)
 			}
-			if CheckNegentropy([]byte(tc.msg)) {
-				t.Errorf("CheckNegentropy accepts %q", tc.msg)
+			if checkNegentropy([]byte(tc.msg)) {
+				t.Errorf("checkNegentropy accepts %q", tc.msg)
 			}
 			for _, frame := range []string{
 				`["NEG-OPEN","s",{},"` + tc.msg + `"]`,
 				`["NEG-MSG","s","` + tc.msg + `"]`,
 			} {
-				if _, reason := Scan([]byte(frame), nil); reason != ReasonNegentropy {
-					t.Errorf("Scan(%s) = %q, want %q", frame, reason, ReasonNegentropy)
+				if _, reason := Scan([]byte(frame), nil); reason != reasonNegentropy {
+					t.Errorf("Scan(%s) = %q, want %q", frame, reason, reasonNegentropy)
 				}
 			}
 		})
@@ -364,11 +364,11 @@ func TestCheckNegentropyAllocs(t *testing.T) {
 	}
 	b.WriteString("00" + "00" + "02" + "02" + negID(1) + negID(2))
 	msg := []byte(b.String())
-	if !CheckNegentropy(msg) {
+	if !checkNegentropy(msg) {
 		t.Fatalf("test message refused: %s", msg)
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = CheckNegentropy(msg) }); n != 0 {
-		t.Errorf("CheckNegentropy allocates %v times", n)
+	if n := testing.AllocsPerRun(100, func() { _ = checkNegentropy(msg) }); n != 0 {
+		t.Errorf("checkNegentropy allocates %v times", n)
 	}
 }
 
@@ -391,7 +391,7 @@ func TestGoNostrNegentropyStoredTimestamps(t *testing.T) {
 	}
 	client := negentropy.New(negVector(negRange(0, 60, nil)), 1<<16).Start()
 	for _, msg := range []string{"61000001" + strings.Repeat("00", 16), client, "6100000200"} {
-		if !CheckNegentropy([]byte(msg)) {
+		if !checkNegentropy([]byte(msg)) {
 			t.Fatalf("honest message refused: %.60s", msg)
 		}
 		if _, err, p, stack := serverReconcile(stored(maxCreatedAt), msg); p != nil || err != nil {
@@ -403,7 +403,7 @@ func TestGoNostrNegentropyStoredTimestamps(t *testing.T) {
 		t.Errorf("go-nostr no longer panics on stored events of created_at 2^57: maxCreatedAt could go")
 	}
 	frame := `["EVENT",` + evWith("created_at", `"created_at":144115188075855872`) + `]`
-	if _, reason := Scan([]byte(frame), scanBounds); reason != ReasonEvent {
-		t.Errorf("Scan of an event of created_at 2^57 = %q, want %q", reason, ReasonEvent)
+	if _, reason := Scan([]byte(frame), scanBounds); reason != reasonEvent {
+		t.Errorf("Scan of an event of created_at 2^57 = %q, want %q", reason, reasonEvent)
 	}
 }

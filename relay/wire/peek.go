@@ -41,14 +41,14 @@ var typeNames = [NumTypes]string{
 // that decodes to more bytes than this is TypeOther, and Peek stops reading it.
 const maxLabelLen = 9
 
-// MaxSubIDLen bounds Frame.ID for REQ, COUNT and CLOSE: the raw JSON literal,
+// maxSubIDLen bounds Frame.ID for REQ, COUNT and CLOSE: the raw JSON literal,
 // quotes and escapes included, may be at most this many bytes. NIP-01 caps a
 // subscription id at 64 characters; the bound is lenient (room for escapes
 // and multi-byte characters) but finite, so a client can never make a reply
 // large. A longer id is not used, and the reply falls back to NOTICE.
-const MaxSubIDLen = 256
+const maxSubIDLen = 256
 
-// MaxIDScan bounds the scan for an event's top-level "id" (EVENT, AUTH): at
+// maxIDScan bounds the scan for an event's top-level "id" (EVENT, AUTH): at
 // most this many bytes of the frame are looked at. It equals the gate's
 // default read limit, so the id of a real event the gate accepts is found
 // wherever the client's library put it (nostr-tools and NDK write it after
@@ -56,13 +56,13 @@ const MaxSubIDLen = 256
 // bodies with bytes.IndexByte and stops at the id, so the usual cost is a
 // few hundred bytes; a budget of structural bytes (see maxIDTokens) keeps a
 // frame built to be expensive from costing a byte-by-byte walk of all of it.
-const MaxIDScan = 512 << 10
+const maxIDScan = 512 << 10
 
 // maxIDTokens bounds the structural bytes (brackets, braces, commas,
 // strings) the id scan acts on. Real events need few even when they are large
-// (a contact list filling MaxIDScan has under 45,000; a long article's content
+// (a contact list filling maxIDScan has under 45,000; a long article's content
 // is one string, skipped at memchr speed); a frame made of nothing but
-// "[]," would otherwise cost a byte-by-byte walk over all of MaxIDScan.
+// "[]," would otherwise cost a byte-by-byte walk over all of maxIDScan.
 const maxIDTokens = 1 << 16
 
 // String returns the wire label ("EVENT", "NEG-OPEN", …; "OTHER" for the
@@ -151,10 +151,10 @@ type Frame struct {
 // ID is found as Frame.ID describes. For REQ, COUNT, CLOSE and the NEG-
 // types it is the
 // second element when that is a well-formed JSON string of valid UTF-8 of at
-// most MaxSubIDLen raw bytes. For EVENT and AUTH it is the value of the
+// most 256 raw bytes. For EVENT and AUTH it is the value of the
 // event object's top-level "id" key (the key spelled without escapes; an "id"
 // inside tags or content does not count), found by a bounded scan (at most
-// MaxIDScan bytes) that tracks string state and nesting depth and never
+// maxIDScan bytes) that tracks string state and nesting depth and never
 // decodes the event; it is used only when it is exactly 64 lowercase hex
 // digits. Otherwise ID is nil.
 func Peek(frame []byte) Frame {
@@ -165,10 +165,10 @@ func Peek(frame []byte) Frame {
 // Peeked is a frame as PeekType classified it, its id not yet looked for.
 type Peeked struct {
 	Type Type
-	// Shaped reports whether the frame is shaped as a Nostr message at
+	// shaped reports whether the frame is shaped as a Nostr message at
 	// all: an array whose first element is a complete JSON string without
 	// a comma (any label, known or not) followed by ',' or ']'.
-	Shaped bool
+	shaped bool
 	frame  []byte
 	rest   int // index of the second element, or -1
 }
@@ -177,7 +177,7 @@ type Peeked struct {
 // EVENT finding it is a scan of most of the event. Frame adds it.
 func PeekType(frame []byte) Peeked {
 	t, rest, shaped := peekType(frame)
-	return Peeked{Type: t, Shaped: shaped, frame: frame, rest: rest}
+	return Peeked{Type: t, shaped: shaped, frame: frame, rest: rest}
 }
 
 // Frame returns the Frame that Peek would, id included.
@@ -347,12 +347,12 @@ func hex4(b []byte, i int) (rune, bool) {
 }
 
 // subID returns the JSON string literal starting at b[i] when it is
-// well-formed, valid UTF-8 and at most MaxSubIDLen bytes raw; nil otherwise.
+// well-formed, valid UTF-8 and at most maxSubIDLen bytes raw; nil otherwise.
 func subID(b []byte, i int) []byte {
 	if i >= len(b) || b[i] != '"' {
 		return nil
 	}
-	limit := min(len(b), i+MaxSubIDLen)
+	limit := min(len(b), i+maxSubIDLen)
 	j := i + 1
 	for j < limit {
 		c := b[j]
@@ -394,13 +394,13 @@ func subID(b []byte, i int) []byte {
 // top-level "id" decides: a later duplicate is not looked for. The scan
 // tracks string state and nesting depth, so keys and values inside nested
 // objects, arrays and strings never count, and it gives up (nil) at the end
-// of the object, at the end of input, after MaxIDScan bytes or after
+// of the object, at the end of input, after maxIDScan bytes or after
 // maxIDTokens structural bytes.
 func eventID(b []byte, i int) []byte {
 	if i >= len(b) || b[i] != '{' {
 		return nil
 	}
-	b = b[:min(len(b), i+MaxIDScan)]
+	b = b[:min(len(b), i+maxIDScan)]
 	depth := 1
 	expectKey := true // at depth 1, the next string is a key
 	tokens := 0

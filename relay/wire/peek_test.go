@@ -59,8 +59,8 @@ func TestPeek(t *testing.T) {
 		{"req sub id control char", "[\"REQ\",\"a\tb\",{}]", TypeREQ, ""},
 		{"req sub id invalid utf-8", "[\"REQ\",\"a\xffb\",{}]", TypeREQ, ""},
 		{"req sub id truncated", `["REQ","abc`, TypeREQ, ""},
-		{"req sub id max", `["REQ","` + strings.Repeat("s", MaxSubIDLen-2) + `"]`, TypeREQ, `"` + strings.Repeat("s", MaxSubIDLen-2) + `"`},
-		{"req sub id too long", `["REQ","` + strings.Repeat("s", MaxSubIDLen-1) + `"]`, TypeREQ, ""},
+		{"req sub id max", `["REQ","` + strings.Repeat("s", maxSubIDLen-2) + `"]`, TypeREQ, `"` + strings.Repeat("s", maxSubIDLen-2) + `"`},
+		{"req sub id too long", `["REQ","` + strings.Repeat("s", maxSubIDLen-1) + `"]`, TypeREQ, ""},
 		{"count", `["COUNT","c",{}]`, TypeCOUNT, `"c"`},
 		{"close", `["CLOSE","sub1"]`, TypeCLOSE, `"sub1"`},
 		{"close alone", `["CLOSE"]`, TypeCLOSE, ""},
@@ -164,8 +164,8 @@ func TestPeekLargeEvents(t *testing.T) {
 		follows.WriteString(`["p","` + testID2 + `","wss://relay.example.com","alice"]`)
 	}
 	contacts := []byte(`["EVENT",{"kind":3,"created_at":1,"tags":[` + follows.String() + `],"content":"","pubkey":"` + testID2 + `","id":"` + testID + `","sig":"00"}]`)
-	if len(contacts) > MaxIDScan {
-		t.Fatalf("test event of %d bytes exceeds MaxIDScan", len(contacts))
+	if len(contacts) > maxIDScan {
+		t.Fatalf("test event of %d bytes exceeds maxIDScan", len(contacts))
 	}
 	if f := Peek(contacts); string(f.ID) != `"`+testID+`"` {
 		t.Errorf("contact list (%d bytes): ID = %q, want the id", len(contacts), f.ID)
@@ -178,9 +178,9 @@ func TestPeekLargeEvents(t *testing.T) {
 	if f := Peek(flood); f.Type != TypeEVENT || f.ID != nil {
 		t.Errorf("structural flood: %v %q, want EVENT without id", f.Type, f.ID)
 	}
-	past := []byte(`["EVENT",{"content":"` + strings.Repeat("x", MaxIDScan) + `","id":"` + testID + `"}]`)
+	past := []byte(`["EVENT",{"content":"` + strings.Repeat("x", maxIDScan) + `","id":"` + testID + `"}]`)
 	if f := Peek(past); f.Type != TypeEVENT || f.ID != nil {
-		t.Errorf("id past MaxIDScan: %v %q, want EVENT without id", f.Type, f.ID)
+		t.Errorf("id past maxIDScan: %v %q, want EVENT without id", f.Type, f.ID)
 	}
 }
 

@@ -4,8 +4,6 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
-
-	"github.com/sluice-relay/sluice/ratelimit"
 )
 
 // ReasonUnavailable is the refusal reason when the limiter could not decide
@@ -19,17 +17,23 @@ const reasonRateLimited = "rate-limited: slow down; retry in "
 
 // RateLimitedReason returns the reason for a message refused by a limit:
 // "rate-limited: slow down; retry in 18s", the wait rounded up to whole
-// seconds and never 0 (ratelimit.RetrySeconds), so a client that waits as
-// told is admitted. It allocates; AppendRateLimitedReason does not.
+// seconds and never 0 (RetrySeconds), so a client that waits as
+// told is admitted. It allocates; appendRateLimitedReason does not.
 func RateLimitedReason(wait time.Duration) string {
 	var buf [64]byte
-	return string(AppendRateLimitedReason(buf[:0], wait))
+	return string(appendRateLimitedReason(buf[:0], wait))
 }
 
-// AppendRateLimitedReason appends RateLimitedReason(wait) to dst.
-func AppendRateLimitedReason(dst []byte, wait time.Duration) []byte {
+// RetrySeconds renders a wait for a client: whole seconds rounded up, never
+// 0, so that a client that waits as told is not refused again.
+func RetrySeconds(wait time.Duration) int64 {
+	return max(int64((wait+time.Second-1)/time.Second), 1)
+}
+
+// appendRateLimitedReason appends RateLimitedReason(wait) to dst.
+func appendRateLimitedReason(dst []byte, wait time.Duration) []byte {
 	dst = append(dst, reasonRateLimited...)
-	dst = strconv.AppendInt(dst, ratelimit.RetrySeconds(wait), 10)
+	dst = strconv.AppendInt(dst, RetrySeconds(wait), 10)
 	return append(dst, 's')
 }
 
@@ -56,7 +60,7 @@ func AppendRefusal(dst []byte, f Frame, reason string) []byte {
 // wait: AppendRefusal(dst, f, RateLimitedReason(wait)) without allocating.
 func AppendRateLimited(dst []byte, f Frame, wait time.Duration) []byte {
 	dst = appendRefusalHead(dst, f)
-	dst = AppendRateLimitedReason(dst, wait) // plain ASCII: nothing to escape
+	dst = appendRateLimitedReason(dst, wait) // plain ASCII: nothing to escape
 	return append(dst, `"]`...)
 }
 

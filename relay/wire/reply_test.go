@@ -262,3 +262,26 @@ func ExamplePeek() {
 	// OTHER id=
 	// OTHER id=
 }
+
+func TestRetrySeconds(t *testing.T) {
+	tests := []struct {
+		wait time.Duration
+		want int64
+	}{
+		{-time.Second, 1},
+		{0, 1},
+		{time.Nanosecond, 1},
+		{time.Millisecond, 1},
+		{999 * time.Millisecond, 1},
+		{time.Second, 1},
+		{time.Second + time.Nanosecond, 2},
+		{17*time.Second + 1, 18},
+		{18 * time.Second, 18},
+		{time.Hour, 3600},
+	}
+	for _, tt := range tests {
+		if got := RetrySeconds(tt.wait); got != tt.want {
+			t.Errorf("RetrySeconds(%v) = %d, want %d", tt.wait, got, tt.want)
+		}
+	}
+}

@@ -20,16 +20,16 @@ type Facts struct {
 	Filters int
 	// Event is the event of an EVENT or AUTH frame.
 	Event Event
-	// Neg is the negentropy payload of a NEG-OPEN or NEG-MSG frame: its hex
-	// digits, without quotes, checked by CheckNegentropy.
-	Neg []byte
+	// neg is the negentropy payload of a NEG-OPEN or NEG-MSG frame: its hex
+	// digits, without quotes, checked to be a well-formed NIP-77 message.
+	neg []byte
 }
 
 // Event is what Scan read of the event inside an EVENT or AUTH frame.
 type Event struct {
 	ID, Pubkey Hex32
-	// IDLit is the id's JSON literal, quotes included, for replies.
-	IDLit     []byte
+	// iDLit is the id's JSON literal, quotes included, for replies.
+	iDLit     []byte
 	Kind      int
 	CreatedAt int64
 	// Raw is the event object, braces included: what an AUTH's id and
@@ -41,38 +41,38 @@ type Event struct {
 	Challenge, Relay []byte
 }
 
-// KindAuth is the kind of a NIP-42 authentication event.
-const KindAuth = 22242
+// kindAuth is the kind of a NIP-42 authentication event.
+const kindAuth = 22242
 
 // Reasons Scan gives for a frame it will not call canonical. Each is a
 // NIP-01 "invalid:" reason, sent to the client as the refusal's reason.
 const (
-	ReasonNotNostr    = "invalid: not a Nostr message"
-	ReasonUnknownType = "invalid: unknown message type"
-	ReasonNotUTF8     = "invalid: frame is not UTF-8"
-	ReasonShape       = "invalid: frame is not in NIP-01's exact shape"
-	ReasonEvent       = "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"
-	ReasonAuthKind    = "invalid: AUTH event must be kind 22242"
-	ReasonEventKind   = "invalid: kind 22242 is sent with AUTH, not EVENT"
-	ReasonSubID       = "invalid: subscription id must be 1 to 64 characters, without escapes or control characters"
-	ReasonFilter      = "invalid: filter must be an object of NIP-01's fields (ids, authors, kinds, #<letter>, since, until, limit, search), each once, in their types"
+	reasonNotNostr    = "invalid: not a Nostr message"
+	reasonUnknownType = "invalid: unknown message type"
+	reasonNotUTF8     = "invalid: frame is not UTF-8"
+	reasonShape       = "invalid: frame is not in NIP-01's exact shape"
+	reasonEvent       = "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"
+	reasonAuthKind    = "invalid: AUTH event must be kind 22242"
+	reasonEventKind   = "invalid: kind 22242 is sent with AUTH, not EVENT"
+	reasonSubID       = "invalid: subscription id must be 1 to 64 characters, without escapes or control characters"
+	reasonFilter      = "invalid: filter must be an object of NIP-01's fields (ids, authors, kinds, #<letter>, since, until, limit, search), each once, in their types"
 	ReasonFilters     = "invalid: too many filters"
-	ReasonCountOne    = "invalid: COUNT takes exactly one filter"
-	ReasonNegentropy  = "invalid: negentropy message is malformed"
-	// ReasonTagEmpty refuses the tag []: a tag is its name and values,
+	reasonCountOne    = "invalid: COUNT takes exactly one filter"
+	reasonNegentropy  = "invalid: negentropy message is malformed"
+	// reasonTagEmpty refuses the tag []: a tag is its name and values,
 	// and relays read a nameless one by position (tag[0]) without
 	// checking, each in its own way.
-	ReasonTagEmpty = "invalid: a tag must have a name"
-	// ReasonTagNoValue refuses a tag named by one letter without a value,
+	reasonTagEmpty = "invalid: a tag must have a name"
+	// reasonTagNoValue refuses a tag named by one letter without a value,
 	// such as ["d"]: relays index these tags by position and read tag[1]
 	// (khatru's check of an addressable event panics on ["d"]).
-	ReasonTagNoValue = "invalid: a tag named by one letter must have a value"
-	ReasonTags       = "invalid: too many tags (max_event_tags)"
-	ReasonTagValue   = "invalid: a one-letter tag's value is too long (max_tag_value_bytes)"
-	// ReasonFilterValues and ReasonFanout name the bound a filter passed:
+	reasonTagNoValue = "invalid: a tag named by one letter must have a value"
+	reasonTags       = "invalid: too many tags (max_event_tags)"
+	reasonTagValue   = "invalid: a one-letter tag's value is too long (max_tag_value_bytes)"
+	// reasonFilterValues and reasonFanout name the bound a filter passed:
 	// what it would make the relay's store do.
-	ReasonFilterValues = "invalid: filter asks too much: too many values in one field (max_filter_values)"
-	ReasonFanout       = "invalid: filter asks too much: too many index scans, such as authors times kinds (max_filter_fanout)"
+	reasonFilterValues = "invalid: filter asks too much: too many values in one field (max_filter_values)"
+	reasonFanout       = "invalid: filter asks too much: too many index scans, such as authors times kinds (max_filter_fanout)"
 )
 
 // MaxSubIDBytes is the longest subscription id a canonical frame may
@@ -104,7 +104,7 @@ var prefixes = func() (p [NumTypes][]byte) {
 //	["REQ","sub",{filter},…]            1 to MaxFilters filters
 //	["COUNT","sub",{filter}]            one filter
 //	["CLOSE","sub"]
-//	["NEG-OPEN","sub",{filter},"hex"]   hex checked by CheckNegentropy
+//	["NEG-OPEN","sub",{filter},"hex"]   hex checked as a NIP-77 message
 //	["NEG-MSG","sub","hex"]
 //	["NEG-CLOSE","sub"]
 //
@@ -128,23 +128,23 @@ var prefixes = func() (p [NumTypes][]byte) {
 // MaxFilterValues values in each field and asks for at most MaxFanout
 // index scans. Scan allocates nothing and never panics.
 //
-// Frames that are not arrays led by a label (Peek's "shaped") get
-// ReasonNotNostr; frames whose label is not one of the types above get
-// ReasonUnknownType.
+// Frames that are not arrays led by a label get "invalid: not a Nostr
+// message"; frames whose label is not one of the types above get
+// "invalid: unknown message type".
 func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 	p := PeekType(frame)
 	f.Type = p.Type
 	switch {
-	case !p.Shaped:
-		return f, ReasonNotNostr
+	case !p.shaped:
+		return f, reasonNotNostr
 	case p.Type == TypeOther:
-		return f, ReasonUnknownType
+		return f, reasonUnknownType
 	}
 	if !bytes.HasPrefix(frame, prefixes[f.Type]) {
-		return f, ReasonShape
+		return f, reasonShape
 	}
 	if !utf8.Valid(frame) {
-		return f, ReasonNotUTF8
+		return f, reasonNotUTF8
 	}
 	s := scanner{b: frame, i: len(prefixes[f.Type]), lim: b.resolved()}
 	s.ws()
@@ -154,10 +154,10 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 			return f, r
 		}
 		switch {
-		case f.Type == TypeAUTH && f.Event.Kind != KindAuth:
-			return f, ReasonAuthKind
-		case f.Type == TypeEVENT && f.Event.Kind == KindAuth:
-			return f, ReasonEventKind
+		case f.Type == TypeAUTH && f.Event.Kind != kindAuth:
+			return f, reasonAuthKind
+		case f.Type == TypeEVENT && f.Event.Kind == kindAuth:
+			return f, reasonEventKind
 		}
 	case TypeREQ, TypeCOUNT:
 		if f.SubID, reason = s.subID(); reason != "" {
@@ -178,12 +178,12 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 			}
 		}
 		if f.Filters == 0 {
-			return f, ReasonShape
+			return f, reasonShape
 		}
 		if f.Type == TypeCOUNT && f.Filters != 1 {
 			// go-nostr reads every filter of a COUNT into one (the last
 			// field wins), so a relay on it would count something else.
-			return f, ReasonCountOne
+			return f, reasonCountOne
 		}
 	case TypeCLOSE, TypeNEGCLOSE:
 		if f.SubID, reason = s.subID(); reason != "" {
@@ -195,7 +195,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 		}
 		if f.Type == TypeNEGOPEN {
 			if !s.comma() {
-				return f, ReasonShape
+				return f, reasonShape
 			}
 			if r := s.filter(); r != "" {
 				return f, r
@@ -203,19 +203,19 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 			f.Filters = 1
 		}
 		if !s.comma() {
-			return f, ReasonShape
+			return f, reasonShape
 		}
 		lit, ok := s.plainStr()
 		if !ok {
-			return f, ReasonNegentropy
+			return f, reasonNegentropy
 		}
-		f.Neg = lit[1 : len(lit)-1]
-		if !CheckNegentropy(f.Neg) {
-			return f, ReasonNegentropy
+		f.neg = lit[1 : len(lit)-1]
+		if !checkNegentropy(f.neg) {
+			return f, reasonNegentropy
 		}
 	}
 	if !s.end() {
-		return f, ReasonShape
+		return f, reasonShape
 	}
 	return f, ""
 }
@@ -356,7 +356,7 @@ func (s *scanner) plainStr() ([]byte, bool) {
 func (s *scanner) subID() ([]byte, string) {
 	lit, ok := s.plainStr()
 	if !ok || len(lit) < 3 || len(lit) > MaxSubIDBytes+2 {
-		return nil, ReasonSubID
+		return nil, reasonSubID
 	}
 	return lit, ""
 }
@@ -485,7 +485,7 @@ func (s *scanner) event(ev *Event, auth bool) string {
 			if !ok {
 				return false
 			}
-			ev.IDLit = lit
+			ev.iDLit = lit
 			ev.ID, _ = DecodeHex32(lit[1:65])
 		case "pubkey":
 			bit = evPubkey
@@ -536,7 +536,7 @@ func (s *scanner) event(ev *Event, auth bool) string {
 		return s.why
 	}
 	if !ok || seen != evAll {
-		return ReasonEvent
+		return reasonEvent
 	}
 	ev.Raw = s.b[start:s.i]
 	return ""
@@ -551,7 +551,7 @@ func (s *scanner) event(ev *Event, auth bool) string {
 func (s *scanner) tags(ev *Event, auth bool) bool {
 	return s.array(func(n int) bool {
 		if n >= s.lim.MaxTags {
-			return s.refuse(ReasonTags)
+			return s.refuse(reasonTags)
 		}
 		var name authTag
 		letter := false
@@ -569,7 +569,7 @@ func (s *scanner) tags(ev *Event, auth bool) bool {
 					name = authTagName(lit, escaped)
 				}
 			case i == 1 && letter && len(lit)-2 > s.lim.MaxTagValueBytes:
-				return s.refuse(ReasonTagValue)
+				return s.refuse(reasonTagValue)
 			}
 			switch {
 			case !auth:
@@ -584,9 +584,9 @@ func (s *scanner) tags(ev *Event, auth bool) bool {
 		}
 		switch {
 		case elems == 0:
-			return s.refuse(ReasonTagEmpty)
+			return s.refuse(reasonTagEmpty)
 		case elems == 1 && letter:
-			return s.refuse(ReasonTagNoValue)
+			return s.refuse(reasonTagNoValue)
 		}
 		return true
 	})
@@ -657,7 +657,7 @@ func (s *scanner) filter() string {
 		n := 0
 		ok := s.array(func(i int) bool {
 			if i >= s.lim.MaxFilterValues {
-				return s.refuse(ReasonFilterValues)
+				return s.refuse(reasonFilterValues)
 			}
 			n = i + 1
 			return elem()
@@ -734,9 +734,9 @@ func (s *scanner) filter() string {
 	case s.why != "":
 		return s.why
 	case !ok:
-		return ReasonFilter
+		return reasonFilter
 	case c.fanout() > s.lim.MaxFanout:
-		return ReasonFanout
+		return reasonFanout
 	}
 	return ""
 }

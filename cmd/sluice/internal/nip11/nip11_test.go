@@ -55,7 +55,7 @@ func testLimitation(t *testing.T) Limitation {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Limitation{MaxMessageLength: 524288, Limits: &l, Quota: q.Local(nil)}
+	return Limitation{MaxMessageLength: 524288, Limits: &l, Quota: q.WithClock(nil)}
 }
 
 func TestMergeNIP11KeepsUnknownFields(t *testing.T) {
