@@ -54,7 +54,7 @@ type Options struct {
 	// defaults (see policy.Config). A REQ with more filters than
 	// Policy.Bounds.MaxFilters (lowered by policy.EffectiveMaxFilters) is
 	// refused "invalid: too many filters"; each filter is charged as one
-	// REQ.
+	// REQ. It is compiled once, by New: another policy takes new Hooks.
 	Policy policy.Config
 	// Observer receives every decision, as from a Gate. If nil, none.
 	Observer *policy.Observer
