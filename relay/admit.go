@@ -6,7 +6,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/internal/charge"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
@@ -75,8 +74,9 @@ func (c *conn) closeClosed(frame []byte) bool {
 // type comes from Peek's bounded prefix; a client already refused for
 // that type is answered from the limiter's local table before anything
 // else is read; otherwise the whole frame is scanned once (wire.Scan) for
-// its canonical shape and facts, charged (a REQ by its filters), and only
-// then checked against the quota or, for AUTH, verified.
+// its canonical shape and facts, and charged: a REQ by its filters, a
+// canonical EVENT by the EVENT rule (its windows, then the actor quota);
+// an AUTH is then verified.
 func (c *conn) admit(frame []byte) bool {
 	p := wire.PeekType(frame)
 	t := p.Type
@@ -84,9 +84,8 @@ func (c *conn) admit(frame []byte) bool {
 	gp := c.g.current()
 	sub := c.subject(gp.p)
 	free := sub.Free()
-	charge := !free && sub.Charged(t)
-	shadowed := false
-	if charge {
+	paid := !free && sub.Charged(t)
+	if paid {
 		if wait, refused := sub.Refused(c.g.limiter, t); refused {
 			c.refuseRateLimited(p.Frame(), wait)
 			if !c.knocks.allow(time.Now()) {
@@ -103,21 +102,35 @@ func (c *conn) admit(frame []byte) bool {
 			reason = gp.tooManyFilters
 		}
 	}
-	if charge {
-		filters, kind := 0, -1
-		if reason == "" {
-			filters = facts.Filters
-			if t == wire.TypeEVENT {
-				kind = int(facts.Event.Kind)
+	// A canonical EVENT is decided by the EVENT rule (charge.Subject.Event:
+	// its windows, then the actor quota); actor is who the quota charges
+	// on the relay's OK, "" for nobody.
+	event := t == wire.TypeEVENT && reason == "" && !free
+	actor := ""
+	shadowed := false
+	if paid || event {
+		var v charge.Verdict
+		if event {
+			v, actor = sub.Event(c.ctx, c.g.limiter, int(facts.Event.Kind), c.authPubkey(), &facts.Event.Pubkey)
+		} else {
+			filters := 0
+			if reason == "" {
+				filters = facts.Filters
 			}
+			v = sub.Charge(c.ctx, c.g.limiter, t, filters, -1)
 		}
-		v := sub.Charge(c.ctx, c.g.limiter, t, filters, kind)
 		switch {
 		case v.Err != nil:
 			fr := p.Frame()
 			obs.ReportFrame(t, policy.Unavailable)
 			c.dropSub(fr)
 			c.side.reply(wire.AppendUnavailable(replyBuf(fr), fr))
+			return false
+		case v.Refused && v.Quota:
+			fr := p.Frame()
+			obs.ReportFrame(t, policy.QuotaExceeded)
+			obs.ReportRefusal(c.who, t, policy.QuotaExceeded)
+			c.side.reply(wire.AppendRateLimited(replyBuf(fr), fr, v.Wait))
 			return false
 		case v.Refused:
 			// A refusal the store made is the first of its wait (the
@@ -137,12 +150,19 @@ func (c *conn) admit(frame []byte) bool {
 				c.g.log.Info("would be rate-limited (shadow)", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
 			}
 		}
+		if v.Allowlisted {
+			// An allow-listed author: exempt from the quota, nothing to
+			// settle.
+			c.owed.add()
+			obs.ReportFrame(t, policy.Allowlisted)
+			return true
+		}
 	}
 	if reason != "" {
 		// Charged (to its type, or the catch-all when that is free) but
 		// not forwarded: the relay could read it otherwise than the gate
 		// did (wire.Scan says how).
-		if !free && !charge && !c.chargeAnswered(sub, p.Frame()) {
+		if !free && !paid && !c.chargeAnswered(sub, p.Frame()) {
 			return false
 		}
 		c.refuse(p.Frame(), reason)
@@ -214,8 +234,8 @@ func (c *conn) admit(frame []byte) bool {
 		// its NEG-CLOSEs all go.
 		forward = c.closeSync(facts.SubID[1:len(facts.SubID)-1]) || free
 	case wire.TypeEVENT:
-		if q := sub.Quota(); q != nil && !free {
-			ok := c.admitEvent(p.Frame(), &facts.Event, q, shadowed)
+		if actor != "" {
+			ok := c.admitEvent(p.Frame(), &facts.Event, actor, shadowed)
 			if ok {
 				c.owed.add()
 			}
@@ -237,7 +257,7 @@ func (c *conn) admit(frame []byte) bool {
 	case !forward:
 		// A CLOSE or NEG-CLOSE naming nothing open: the gate's to answer,
 		// so charged like every frame it answers.
-		if !free && !charge && !c.chargeAnswered(sub, p.Frame()) {
+		if !free && !paid && !c.chargeAnswered(sub, p.Frame()) {
 			return false
 		}
 		obs.ReportFrame(t, policy.Unmatched)
@@ -251,23 +271,13 @@ func (c *conn) admit(frame []byte) bool {
 	return forward
 }
 
-// admitEvent applies the actor quota to a canonical EVENT the limits
-// admitted.
-func (c *conn) admitEvent(f wire.Frame, ev *wire.Event, q ratelimit.ActorQuota, shadowed bool) bool {
-	actor := c.authPubkey()
-	if actor == "" {
-		actor = ev.Pubkey.String()
-		if c.g.allowPubkey(actor) {
-			// Not charged: an allow-listed author. Forging its pubkey
-			// gains nothing, since the quota only counts events the
-			// relay validated.
-			c.g.obs.ReportFrame(f.Type, policy.Allowlisted)
-			return true
-		}
-	}
-	over, wait, err := q.Exceeded(c.ctx, actor)
+// admitEvent forwards a canonical EVENT that the EVENT rule admitted
+// (charge.Subject.Event) and whose actor the quota will charge on the
+// relay's OK: it holds a place for it in the tables of events awaiting
+// their OK, or refuses it when they are full.
+func (c *conn) admitEvent(f wire.Frame, ev *wire.Event, actor string, shadowed bool) bool {
 	_, again := c.pending.get(ev.ID) // sent again before its OK: counted once
-	if err == nil && !over && !again {
+	if !again {
 		// Not one more without an answer past the tables (see
 		// DefaultPending and MaxActorPending): an event forwarded past
 		// them would be charged late or by nobody.
@@ -282,27 +292,16 @@ func (c *conn) admitEvent(f wire.Frame, ev *wire.Event, q ratelimit.ActorQuota, 
 			c.side.reply(wire.AppendRefusal(replyBuf(f), f, reason))
 			return false
 		}
-	}
-	if err != nil {
-		c.g.obs.ReportFrame(f.Type, policy.Unavailable)
-		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
-		return false
-	}
-	if over {
-		c.g.obs.ReportFrame(f.Type, policy.QuotaExceeded)
-		c.g.obs.ReportRefusal(c.who, f.Type, policy.QuotaExceeded)
-		c.side.reply(wire.AppendRateLimited(replyBuf(f), f, wait))
-		return false
-	}
-	if !again && !c.pending.addOpen(ev.ID, pendingEvent{actor, time.Now()}) {
-		// The connection has ended (settlePending closed its table)
-		// while this frame was being decided: nothing is forwarded any
-		// more.
-		c.g.takeInflight(c.inflightKey(actor))
-		return false
-	}
-	if c.g.stored != nil && !again {
-		c.armSettle()
+		if !c.pending.addOpen(ev.ID, pendingEvent{actor, time.Now()}) {
+			// The connection has ended (settlePending closed its table)
+			// while this frame was being decided: nothing is forwarded
+			// any more.
+			c.g.takeInflight(c.inflightKey(actor))
+			return false
+		}
+		if c.g.stored != nil {
+			c.armSettle()
+		}
 	}
 	if shadowed {
 		c.g.obs.ReportFrame(f.Type, policy.Shadowed)

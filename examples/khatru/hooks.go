@@ -14,13 +14,10 @@ func withHooks(rl *khatru.Relay, opts hooks.Options) error {
 	if err != nil {
 		return err
 	}
-	k := h.Khatru(hooks.KhatruAccess{
-		// The TCP peer: this program serves clients directly. Behind a
-		// proxy that overwrites X-Forwarded-For, khatru.GetIP would do.
-		IP:     peerAddr,
-		Authed: khatru.GetAuthed,
-		// RequestIP nil: the upgrade request's TCP peer.
-	})
+	// The TCP peer (peerAddr, and nil for the upgrade request's): this
+	// program serves clients directly. Behind a proxy that overwrites
+	// X-Forwarded-For, khatru.GetIP and khatru.GetIPFromRequest would do.
+	k := h.Khatru(peerAddr, nil, khatru.GetAuthed)
 	rl.RejectConnection = append(rl.RejectConnection, k.RejectConnection)
 	rl.OnConnect = append(rl.OnConnect, k.OnConnect)
 	rl.RejectEvent = append(rl.RejectEvent, k.RejectEvent)

@@ -51,9 +51,8 @@ func ExampleHooks_Khatru() {
 	if err != nil {
 		panic(err)
 	}
-	k := h.Khatru(hooks.KhatruAccess{
-		IP: func(ctx context.Context) string { return "203.0.113.7" }, // khatru.GetIP
-	})
+	ip := func(ctx context.Context) string { return "203.0.113.7" } // khatru.GetIP
+	k := h.Khatru(ip, nil, nil)                                     // khatru.GetIPFromRequest, khatru.GetAuthed
 
 	var rl khatruRelay
 	rl.RejectConnection = append(rl.RejectConnection, k.RejectConnection)

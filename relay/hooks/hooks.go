@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip11"
@@ -20,31 +19,25 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// ErrRateLimited is wrapped by a Refusal for a message or connection that a
-// limit or the actor quota refused. Test with errors.Is.
+// ErrRateLimited is wrapped by the error a rely hook returns for a message
+// or connection that a limit or the actor quota refused; a store that
+// could not decide is ratelimit.ErrUnavailable instead. Test with
+// errors.Is.
 var ErrRateLimited = errors.New("hooks: rate limited")
 
-// Refusal is the error the rely hooks return. Its Error is the NIP-01 reason
-// the framework sends to the client unchanged, "rate-limited: slow down;
-// retry in 3s" or "error: rate limiter unavailable"; it unwraps to
+// refusal is the error the rely hooks return. Its Error is the NIP-01
+// reason that rely sends to the client unchanged, "rate-limited: slow
+// down; retry in 3s" or "error: rate limiter unavailable"; it unwraps to
 // ErrRateLimited or to the store's error (which wraps
-// ratelimit.ErrUnavailable), so a caller can tell the two apart with
+// ratelimit.ErrUnavailable), so that a caller tells the two apart with
 // errors.Is.
-type Refusal struct {
-	// Reason is the wire reason, with its NIP-01 prefix.
-	Reason string
-	// Wait is the exact wait behind a rate-limited reason; 0 when the store
-	// was unavailable.
-	Wait time.Duration
-	err  error
+type refusal struct {
+	reason string
+	err    error
 }
 
-// Error returns Reason, so that a framework that sends err.Error() to the
-// client sends exactly the NIP-01 reason.
-func (r *Refusal) Error() string { return r.Reason }
-
-// Unwrap returns ErrRateLimited or the store's error.
-func (r *Refusal) Unwrap() error { return r.err }
+func (r *refusal) Error() string { return r.reason }
+func (r *refusal) Unwrap() error { return r.err }
 
 // Options configures Hooks. The zero value is usable: the default policy
 // (policy.Config's zero value: policy.DefaultLimits, no actor quota, no
@@ -61,7 +54,7 @@ type Options struct {
 	// defaults (see policy.Config). A REQ with more filters than
 	// Policy.Bounds.MaxFilters (lowered by policy.EffectiveMaxFilters) is
 	// refused "invalid: too many filters"; each filter is charged as one
-	// REQ. Reload replaces it.
+	// REQ. It is compiled once, by New: another policy takes new Hooks.
 	Policy policy.Config
 	// Observer receives every decision, as from a Gate. If nil, none.
 	Observer *policy.Observer
@@ -115,9 +108,11 @@ type Options struct {
 // relay does.
 type Hooks struct {
 	lim *ratelimit.Limiter
-	pol atomic.Pointer[hookPolicy] // the running policy; Reload swaps it
-	now func() time.Time
+	p   *charge.Policy
 	obs *charge.Observer
+	// tooManyFilters is the refusal of a REQ with more filters than
+	// p.MaxFilters.
+	tooManyFilters string
 
 	// reqs holds the cancellation scope (ctx.Done()) of every REQ whose
 	// context is still live, with how many of its filters were charged;
@@ -137,47 +132,26 @@ type Hooks struct {
 // returns an error wrapping ratelimit.ErrInvalidLimit that names the
 // offending field (*policy.FieldError), as policy.Config.Validate does.
 func New(opts Options) (*Hooks, error) {
-	h := &Hooks{lim: opts.Limiter, obs: (*charge.Observer)(opts.Observer)}
-	if err := h.Reload(opts.Policy); err != nil {
+	p, err := charge.Compile(opts.Policy)
+	if err != nil {
 		return nil, err
+	}
+	h := &Hooks{
+		lim:            opts.Limiter,
+		p:              p,
+		obs:            (*charge.Observer)(opts.Observer),
+		tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters()),
 	}
 	if h.lim == nil {
 		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
 	}
-	h.now = h.lim.Now
 	return h, nil
-}
-
-// hookPolicy is a compiled policy with what the hooks derive from it once.
-type hookPolicy struct {
-	p              *charge.Policy
-	tooManyFilters string // the refusal of a REQ with more filters
-}
-
-func (h *Hooks) current() *hookPolicy { return h.pol.Load() }
-
-// Reload compiles cfg and makes it the hooks' policy for every call from
-// now on; an invalid cfg is refused and the running policy kept. The
-// functions Khatru and Rely returned read the running policy, except that
-// whether Khatru fills OnEventSaved (a quota) and what its
-// OverwriteRelayInformation states are fixed when Khatru is called.
-func (h *Hooks) Reload(cfg policy.Config) error {
-	p, err := charge.Compile(cfg)
-	if err != nil {
-		return err
-	}
-	h.pol.Store(&hookPolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())})
-	if h.lim != nil {
-		h.lim.Forget() // waits told under the old policy need not hold
-	}
-	return nil
 }
 
 // verdict is the outcome of one charge: pass, or refuse with reason.
 type verdict struct {
 	refuse bool
 	reason string
-	wait   time.Duration
 	err    error // ErrRateLimited or the store's error when refused
 }
 
@@ -186,129 +160,90 @@ func (v verdict) refusal() error {
 	if !v.refuse {
 		return nil
 	}
-	return &Refusal{Reason: v.reason, Wait: v.wait, err: v.err}
+	return &refusal{reason: v.reason, err: v.err}
 }
 
 // subject returns who pays for a call from the client at addr whose
-// NIP-42 authenticated pubkey is authed ("" for none), under the running
-// policy: a tier member's budget, or the address's (charged nothing when
-// the address or the authenticated pubkey is allow-listed). addr must not
-// be empty.
+// NIP-42 authenticated pubkey is authed ("" for none): a tier member's
+// budget, or the address's (charged nothing when the address or the
+// authenticated pubkey is allow-listed). addr must not be empty.
 func (h *Hooks) subject(addr, authed string) *charge.Subject {
-	p := h.current().p
-	id := p.Identity()
-	key, a, free := id.ClientOf(addr)
-	if !free && authed != "" && p.AllowsPubkey(authed) {
+	key, a, free := h.p.Identity().ClientOf(addr)
+	if !free && authed != "" && h.p.AllowsPubkey(authed) {
 		free = true
 	}
-	return p.CallSubject(key, a, free, authed)
+	return h.p.CallSubject(key, a, free, authed)
 }
 
-// charge decides one message of type t (a REQ of filters filters; an
-// EVENT of kind kind, -1 for none) from the client at addr, whose NIP-42
-// authenticated pubkey is authed ("" for none), and reports it. An empty
-// addr is a call from inside the relay (khatru's AddEvent has no
-// connection), not a client's, and passes uncharged.
+// charge decides one message of type t (a REQ of filters filters) from
+// the client at addr, whose NIP-42 authenticated pubkey is authed ("" for
+// none), and reports it. An empty addr is a call from inside the relay
+// (khatru's AddEvent has no connection), not a client's, and passes
+// uncharged.
 func (h *Hooks) charge(ctx context.Context, addr, authed string, t wire.Type, filters int) verdict {
 	if addr == "" {
 		return verdict{}
 	}
-	sub := h.subject(addr, authed)
-	if sub.Free() {
-		h.frame(t, policy.Allowlisted)
-		return verdict{}
-	}
-	v, o := h.verdict(sub.Charge(ctx, h.lim, t, filters, -1))
-	h.frame(t, o)
-	return v
+	return h.report(t, h.subject(addr, authed).Charge(ctx, h.lim, t, filters, -1))
 }
 
-// verdict turns a policy verdict into the hooks' and its outcome: the
-// store failing is never a rate limit; a shadow refusal passes.
-func (h *Hooks) verdict(pv charge.Verdict) (verdict, policy.Outcome) {
+// report tells the observer of pv, a decision on a message of type t, and
+// turns it into the hooks' verdict: the store failing is never a rate
+// limit; a shadow refusal passes.
+func (h *Hooks) report(t wire.Type, pv charge.Verdict) verdict {
+	h.obs.ReportFrame(t, pv.Outcome())
+	return hookVerdict(pv)
+}
+
+func hookVerdict(pv charge.Verdict) verdict {
 	switch {
 	case pv.Err != nil:
-		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: pv.Err}, policy.Unavailable
+		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: pv.Err}
 	case pv.Refused:
-		return verdict{refuse: true, reason: wire.RateLimitedReason(pv.Wait), wait: pv.Wait, err: ErrRateLimited}, policy.RateLimited
-	case pv.Shadow:
-		return verdict{}, policy.Shadowed
+		return verdict{refuse: true, reason: wire.RateLimitedReason(pv.Wait), err: ErrRateLimited}
 	}
-	return verdict{}, policy.Admitted
+	return verdict{}
 }
-
-func (h *Hooks) frame(t wire.Type, o policy.Outcome) { h.obs.ReportFrame(t, o) }
 
 // connection decides one WebSocket upgrade from the client at addr.
 func (h *Hooks) connection(ctx context.Context, addr string) verdict {
-	sub := h.subject(addr, "")
-	var v verdict
-	o := policy.Allowlisted
-	if !sub.Free() {
-		v, o = h.verdict(sub.ChargeConnection(ctx, h.lim))
-	}
-	h.obs.ReportConnection(o)
-	return v
+	pv := h.subject(addr, "").ChargeConnection(ctx, h.lim)
+	h.obs.ReportConnection(pv.Outcome())
+	return hookVerdict(pv)
 }
 
-// event decides an EVENT by the gate's rule (relay.Options.Policy.Quota): the
-// EVENT windows (and its kind class's) first, then the actor quota. The
-// quota's actor is authed when there is one, else the event's author; an
-// allow-listed author is exempt from the quota only, an allow-listed
-// address or authenticated pubkey from everything. A quota that cannot
-// decide refuses, as unavailable.
+// event decides an EVENT from the client at addr whose NIP-42 pubkey is
+// authed ("" for none) by the gate's rule (charge.Subject.Event): its
+// windows, then the actor quota.
 func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event) verdict {
 	if addr == "" {
 		return verdict{} // the relay's own event, not a client's
 	}
-	sub := h.subject(addr, authed)
-	if sub.Free() {
-		h.frame(wire.TypeEVENT, policy.Allowlisted)
-		return verdict{}
-	}
-	v, o := h.verdict(sub.Charge(ctx, h.lim, wire.TypeEVENT, 0, evt.Kind))
-	q := sub.Quota()
-	if v.refuse || q == nil {
-		h.frame(wire.TypeEVENT, o)
-		return v
-	}
-	actor := evt.PubKey
-	if authed != "" {
-		actor = authed
-	} else if h.current().p.AllowsPubkey(actor) {
-		// Exempt from the quota only: the quota counts events the relay
-		// validated, so forging the author buys nothing, while the EVENT
-		// windows above are what a forger would otherwise skip.
-		h.frame(wire.TypeEVENT, policy.Allowlisted)
-		return verdict{}
-	}
-	if actor == "" {
-		h.frame(wire.TypeEVENT, o)
-		return verdict{}
-	}
-	over, wait, err := q.Exceeded(ctx, actor)
-	switch {
-	case err != nil:
-		h.frame(wire.TypeEVENT, policy.Unavailable)
-		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: err}
-	case over:
-		h.frame(wire.TypeEVENT, policy.QuotaExceeded)
-		return verdict{refuse: true, reason: wire.RateLimitedReason(wait), wait: wait, err: ErrRateLimited}
-	}
-	h.frame(wire.TypeEVENT, o)
-	return verdict{}
+	pv, _ := h.subject(addr, authed).Event(ctx, h.lim, evt.Kind, authed, author(evt))
+	return h.report(wire.TypeEVENT, pv)
 }
 
-// saved charges a validated event, saved for the client at addr whose
-// NIP-42 pubkey is authed, to its actor's quota. A failed charge leaves
-// the event uncounted, as in a Gate.
-func (h *Hooks) saved(ctx context.Context, addr, authed, actor string) {
-	if actor == "" {
-		return
+// saved charges evt, validated and saved for the client at addr whose
+// NIP-42 pubkey is authed, to the actor quota, as the EVENT rule names
+// the actor (charge.Subject.EventActor). A failed charge leaves the event
+// uncounted, as in a Gate.
+func (h *Hooks) saved(ctx context.Context, addr, authed string, evt *nostr.Event) {
+	if addr == "" {
+		return // saved by the relay itself, not by a client
 	}
-	if q := h.subject(addr, authed).Quota(); q != nil {
+	if q, actor, _ := h.subject(addr, authed).EventActor(authed, author(evt)); q != nil {
 		_, _ = q.Add(ctx, actor)
 	}
+}
+
+// author is evt's pubkey, decoded; nil when it is not 64 hex digits (such
+// an event fails its signature check, and is never saved).
+func author(evt *nostr.Event) *wire.Hex32 {
+	k, ok := wire.DecodeHex32(evt.PubKey)
+	if !ok {
+		return nil
+	}
+	return &k
 }
 
 // requestAddr is the TCP peer's host, for a connection hook given no
@@ -319,28 +254,6 @@ func requestAddr(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
-}
-
-// KhatruAccess holds khatru's accessors, passed in so that this package
-// need not import khatru.
-type KhatruAccess struct {
-	// IP returns the client's address for a connection's context:
-	// khatru.GetIP. Required. An empty address (khatru's own AddEvent
-	// calls have no connection) is not charged.
-	//
-	// khatru.GetIP believes the first public X-Forwarded-For address from
-	// any peer. Use it only behind a proxy that overwrites that header, or
-	// behind a Gate; otherwise pass a function that reads the peer address,
-	// such as func(ctx) string { return khatru.GetConnection(ctx).Request.RemoteAddr }
-	// (a host:port is accepted).
-	IP func(ctx context.Context) string
-	// RequestIP returns the client's address for an upgrade request, such
-	// as khatru.GetIPFromRequest. Nil means the host of r.RemoteAddr.
-	RequestIP func(r *http.Request) string
-	// Authed returns the NIP-42 authenticated pubkey of a connection, or
-	// "": khatru.GetAuthed. The actor quota charges it instead of the
-	// event's pubkey when there is one. Nil means the event's pubkey.
-	Authed func(ctx context.Context) string
 }
 
 // KhatruHooks are functions whose types fit khatru v0.19.1's hook slices,
@@ -360,7 +273,7 @@ type KhatruHooks struct {
 	RejectEvent func(ctx context.Context, event *nostr.Event) (reject bool, msg string)
 	// RejectFilter charges each filter of a REQ as one REQ, as a Gate
 	// does: khatru calls it once per filter, every time under the REQ's
-	// own context, and refuses a filter past Options.MaxFilters.
+	// own context, and refuses a filter past the policy's MaxFilters (policy.EffectiveMaxFilters).
 	// Filters with "limit": 0 skip khatru's RejectFilter altogether, so
 	// they are not charged. A call under a connection's context is a
 	// NEG-OPEN and charged as one.
@@ -378,39 +291,49 @@ type KhatruHooks struct {
 	OverwriteRelayInformation func(ctx context.Context, r *http.Request, info nip11.RelayInformationDocument) nip11.RelayInformationDocument
 }
 
-// Khatru returns hooks for a khatru v0.19.1 relay. It panics if acc.IP is
-// nil, a wiring error that no request could survive.
-func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
-	if acc.IP == nil {
-		panic("relay: KhatruAccess.IP is nil")
+// Khatru returns hooks for a khatru v0.19.1 relay; this package need not
+// import khatru, so its accessors are passed in:
+//
+//   - ip returns the client's address for a connection's context, such as
+//     khatru.GetIP (a host:port is accepted). Required: Khatru panics if
+//     it is nil. An empty address (khatru's own AddEvent calls have no
+//     connection) is not charged. khatru.GetIP believes the first public
+//     X-Forwarded-For address from any peer: use it only behind a proxy
+//     that overwrites that header, or behind a Gate; otherwise pass a
+//     function that reads the peer address, such as func(ctx) string {
+//     return khatru.GetConnection(ctx).Request.RemoteAddr }.
+//   - requestIP returns the client's address for an upgrade request, such
+//     as khatru.GetIPFromRequest. Nil means the host of r.RemoteAddr.
+//   - authed returns the NIP-42 authenticated pubkey of a connection, or
+//     "": khatru.GetAuthed. Nil means none: the actor quota then charges
+//     the event's pubkey, and no call is a tier member's.
+func (h *Hooks) Khatru(ip func(context.Context) string, requestIP func(*http.Request) string, authed func(context.Context) string) KhatruHooks {
+	if ip == nil {
+		panic("hooks: Khatru ip is nil")
 	}
-	reqIP := acc.RequestIP
-	if reqIP == nil {
-		reqIP = requestAddr
+	if requestIP == nil {
+		requestIP = requestAddr
 	}
-	authed := func(ctx context.Context) string {
-		if acc.Authed == nil {
-			return ""
-		}
-		return acc.Authed(ctx)
+	if authed == nil {
+		authed = func(context.Context) string { return "" }
 	}
 	k := KhatruHooks{
 		RejectConnection: func(r *http.Request) bool {
-			return h.connection(r.Context(), reqIP(r)).refuse
+			return h.connection(r.Context(), requestIP(r)).refuse
 		},
 		OnConnect: func(ctx context.Context) {
 			h.track(&h.conns, ctx)
 		},
 		RejectEvent: func(ctx context.Context, evt *nostr.Event) (bool, string) {
-			v := h.event(ctx, acc.IP(ctx), authed(ctx), evt)
+			v := h.event(ctx, ip(ctx), authed(ctx), evt)
 			return v.refuse, v.reason
 		},
 		RejectFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
-			v := h.filter(ctx, acc.IP(ctx), authed(ctx))
+			v := h.filter(ctx, ip(ctx), authed(ctx))
 			return v.refuse, v.reason
 		},
 		RejectCountFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
-			v := h.charge(ctx, acc.IP(ctx), authed(ctx), wire.TypeCOUNT, 0)
+			v := h.charge(ctx, ip(ctx), authed(ctx), wire.TypeCOUNT, 0)
 			return v.refuse, v.reason
 		},
 	}
@@ -425,18 +348,9 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 		}
 		return info
 	}
-	if h.current().p.HasQuota() {
+	if h.p.HasQuota() {
 		k.OnEventSaved = func(ctx context.Context, evt *nostr.Event) {
-			addr := acc.IP(ctx)
-			if addr == "" {
-				return // saved by the relay itself, not by a client
-			}
-			actor := evt.PubKey
-			pk := authed(ctx)
-			if pk != "" {
-				actor = pk
-			}
-			h.saved(ctx, addr, pk, actor)
+			h.saved(ctx, ip(ctx), authed(ctx), evt)
 		}
 	}
 	return k
@@ -445,7 +359,7 @@ func (h *Hooks) Khatru(acc KhatruAccess) KhatruHooks {
 // summary states in one line the limits that hooks enforce (the types a
 // hook sees), or "" when there are none.
 func (h *Hooks) summary() string {
-	p := h.current().p
+	p := h.p
 	var parts []string
 	if c := p.Connection(); c.Len() > 0 {
 		parts = append(parts, "connections "+c.String())
@@ -483,9 +397,9 @@ func (h *Hooks) filter(ctx context.Context, addr, authed string) verdict {
 	if !loaded {
 		context.AfterFunc(ctx, func() { h.reqs.Delete(scope) })
 	}
-	if hp := h.current(); n.(*atomic.Int32).Add(1) > int32(hp.p.MaxFilters()) {
-		h.frame(wire.TypeREQ, policy.Invalid)
-		return verdict{refuse: true, reason: hp.tooManyFilters}
+	if n.(*atomic.Int32).Add(1) > int32(h.p.MaxFilters()) {
+		h.obs.ReportFrame(wire.TypeREQ, policy.Invalid)
+		return verdict{refuse: true, reason: h.tooManyFilters}
 	}
 	return h.charge(ctx, addr, authed, wire.TypeREQ, 1)
 }
@@ -496,9 +410,9 @@ func (h *Hooks) req(ctx context.Context, addr string, n int) verdict {
 	if addr == "" {
 		return verdict{}
 	}
-	if hp := h.current(); n > hp.p.MaxFilters() {
-		h.frame(wire.TypeREQ, policy.Invalid)
-		return verdict{refuse: true, reason: hp.tooManyFilters}
+	if n > h.p.MaxFilters() {
+		h.obs.ReportFrame(wire.TypeREQ, policy.Invalid)
+		return verdict{refuse: true, reason: h.tooManyFilters}
 	}
 	return h.charge(ctx, addr, "", wire.TypeREQ, n)
 }
@@ -527,7 +441,7 @@ type RelyHooks[C, S any] struct {
 	// signature check before rely's own.
 	Event func(C, *nostr.Event) error
 	// Req charges a REQ as many REQs as it has filters, as a Gate does,
-	// and refuses one with more than Options.MaxFilters; rely passes
+	// and refuses one with more than the policy's MaxFilters; rely passes
 	// all its filters in one call.
 	Req func(C, nostr.Filters) error
 	// Count charges a COUNT.
@@ -546,8 +460,8 @@ type RelyHooks[C, S any] struct {
 //
 // The actor quota, if any, is charged by the function that SaveEvent returns.
 // Rely lets a client authenticate as several pubkeys at once, so the actor is
-// always the event's pubkey. Rely answers every refusal with the Refusal's
-// Error, the NIP-01 reason.
+// always the event's pubkey. Rely answers every refusal with the error's
+// text, the NIP-01 reason.
 func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) string) RelyHooks[C, S] {
 	if ip == nil {
 		panic("relay: Rely ip is nil")
@@ -580,14 +494,14 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 // that an event it saves without error is charged to its pubkey's quota:
 // relay.On.Event = hooks.SaveEvent(store). Without a quota it returns save.
 func (r RelyHooks[C, S]) SaveEvent(save func(C, *nostr.Event) error) func(C, *nostr.Event) error {
-	if r.h == nil || !r.h.current().p.HasQuota() {
+	if r.h == nil || !r.h.p.HasQuota() {
 		return save
 	}
 	return func(c C, evt *nostr.Event) error {
 		if err := save(c, evt); err != nil {
 			return err
 		}
-		r.h.saved(context.Background(), r.ip(c), "", evt.PubKey)
+		r.h.saved(context.Background(), r.ip(c), "", evt)
 		return nil
 	}
 }

@@ -186,6 +186,13 @@ type Verdict struct {
 	// Refused does not answer for, costs one log line per wait, not one
 	// per frame.
 	Local bool
+	// Quota: the refusal (Refused, or Err) is the actor quota's, not a
+	// window's (Event).
+	Quota bool
+	// Allowlisted: the frame passes because of an allow-list: the payer
+	// is charged nothing (Free), or an EVENT's author is exempt from the
+	// quota (EventActor).
+	Allowlisted bool
 }
 
 // Pass reports whether the frame may go on.
@@ -211,7 +218,7 @@ type charge struct {
 // ones.
 func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Type, filters, kind int) Verdict {
 	if s.free {
-		return Verdict{}
+		return Verdict{Allowlisted: true}
 	}
 	var buf [2 + stackAggregates]charge
 	cs := buf[:0]
@@ -250,7 +257,7 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 // inside a prefix multiplies both).
 func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) Verdict {
 	if s.free {
-		return Verdict{}
+		return Verdict{Allowlisted: true}
 	}
 	var buf [1 + stackAggregates]charge
 	cs := buf[:0]

@@ -1,0 +1,133 @@
+package charge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
+)
+
+// failingQuota is an actor quota whose store is down.
+type failingQuota struct{ ratelimit.ActorQuota }
+
+func (failingQuota) Exceeded(context.Context, string) (bool, time.Duration, error) {
+	return false, 0, fmt.Errorf("test: %w", ratelimit.ErrUnavailable)
+}
+
+// TestEvent: the EVENT rule step by step, on a clock that stands still
+// (the relay-level table, TestE2EEventRule in package relay, runs the same
+// rule through a gate and the hooks). Each admitted event with an actor is
+// settled (charged) as the relay's OK would have it.
+func TestEvent(t *testing.T) {
+	const (
+		allowed = "1111111111111111111111111111111111111111111111111111111111111111"
+		author  = "2222222222222222222222222222222222222222222222222222222222222222"
+		session = "3333333333333333333333333333333333333333333333333333333333333333"
+	)
+	type step struct {
+		authed, author string
+		out            policy.Outcome
+		wait           time.Duration // of a refusal
+		actor          string        // to settle; "" none
+	}
+	q, err := ratelimit.NewQuota(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(3, time.Hour))
+	const windowWait = 2106 * time.Second // 3 an hour, past its burst
+	for _, tc := range []struct {
+		name  string
+		quota ratelimit.ActorQuota // nil: q on the frozen clock
+		steps []step
+	}{{
+		name: "the author's quota",
+		steps: []step{
+			{author: author, out: policy.Admitted, actor: author},
+			{author: author, out: policy.Admitted, actor: author},
+			{author: author, out: policy.QuotaExceeded, wait: time.Minute},
+		},
+	}, {
+		name: "windows before quota",
+		steps: []step{
+			{author: author, out: policy.Admitted, actor: author},
+			{author: author, out: policy.Admitted, actor: author},
+			{author: session, out: policy.Admitted, actor: session},
+			{author: author, out: policy.RateLimited, wait: windowWait},
+		},
+	}, {
+		name: "allow-listed author: exempt from the quota, not the windows",
+		steps: []step{
+			{author: allowed, out: policy.Allowlisted},
+			{author: allowed, out: policy.Allowlisted},
+			{author: allowed, out: policy.Allowlisted},
+			{author: allowed, out: policy.RateLimited, wait: windowWait},
+		},
+	}, {
+		name: "the session's quota, whoever the author",
+		steps: []step{
+			{authed: session, author: author, out: policy.Admitted, actor: session},
+			{authed: session, author: allowed, out: policy.Admitted, actor: session},
+			{authed: session, author: session, out: policy.QuotaExceeded, wait: time.Minute},
+		},
+	}, {
+		name:  "quota unavailable",
+		quota: failingQuota{},
+		steps: []step{{author: author, out: policy.Unavailable}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			quota := tc.quota
+			if quota == nil {
+				quota = q.WithClock(func() time.Time { return t0.Add(time.Duration(len(tc.name)) * 24 * time.Hour) })
+			}
+			p, err := Compile(policy.Config{Limits: &l, Quota: quota, Identity: policy.Identity{AllowPubkeys: []string{allowed}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lim := frozenLimiter()
+			ctx := context.Background()
+			for i, st := range tc.steps {
+				a, _ := wire.DecodeHex32(st.author)
+				sub := p.CallSubject("203.0.113.7", netip.MustParseAddr("203.0.113.7"), false, st.authed)
+				v, actor := sub.Event(ctx, lim, 1, st.authed, &a)
+				if v.Outcome() != st.out || v.Wait.Round(time.Second) != st.wait || actor != st.actor {
+					t.Fatalf("step %d: %v wait %v actor %.8s, want %v wait %v actor %.8s", i, v.Outcome(), v.Wait, actor, st.out, st.wait, st.actor)
+				}
+				if st.out == policy.Unavailable && !errors.Is(v.Err, ratelimit.ErrUnavailable) {
+					t.Errorf("step %d: error %v, want ErrUnavailable", i, v.Err)
+				}
+				// EventActor names, for the settlement, the actor Event
+				// asked.
+				if q, settle, _ := sub.EventActor(st.authed, &a); v.Pass() && (settle != actor || (q == nil) != (actor == "")) {
+					t.Errorf("step %d: EventActor says %.8s, Event %.8s", i, settle, actor)
+				}
+				if actor != "" {
+					_, _ = quota.Add(ctx, actor)
+				}
+			}
+		})
+	}
+
+	// A free payer pays nothing, whatever the store says.
+	p, err := Compile(policy.Config{Limits: &l, Quota: failingQuota{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := wire.DecodeHex32(author)
+	v, actor := p.AddressSubject("203.0.113.7", netip.MustParseAddr("203.0.113.7"), true).Event(context.Background(), frozenLimiter(), 1, "", &a)
+	if v.Outcome() != policy.Allowlisted || actor != "" {
+		t.Errorf("free payer: %v, actor %q", v.Outcome(), actor)
+	}
+	// No author (an event whose pubkey is not 64 hex digits): no actor,
+	// the windows only.
+	if v, actor := p.AddressSubject("x", netip.Addr{}, false).Event(context.Background(), frozenLimiter(), 1, "", nil); !v.Pass() || actor != "" {
+		t.Errorf("no author: %+v, actor %q", v, actor)
+	}
+}
