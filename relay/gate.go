@@ -947,5 +947,3 @@ func (g *Gate) client(r *http.Request) (client, addr string, ip netip.Addr, free
 func (g *Gate) fromTrustedProxy(r *http.Request) bool {
 	return g.current().p.Identity().FromTrustedProxy(r)
 }
-
-func (g *Gate) allowPubkey(pk string) bool { return g.current().p.AllowsPubkey(pk) }
