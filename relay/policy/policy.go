@@ -18,8 +18,8 @@ const (
 
 // Config is everything a Policy is compiled from: the one way to configure
 // a Gate (relay.Options.Policy) and Hooks (hooks.Options.Policy). The zero
-// Config is the defaults: DefaultLimits, wire's default bounds, no kind classes, tiers or aggregates, no actor quota, the zero
-// Identity.
+// Config is the defaults: DefaultLimits, wire's default bounds, no kind
+// classes, tiers or aggregates, no actor quota, the zero Identity.
 type Config struct {
 	// Limits are the address budget: per message type and per upgrade.
 	// Nil means DefaultLimits(); a non-nil Limits is used as it is, so
@@ -52,7 +52,7 @@ type Config struct {
 	// decided, stored and counted as they would be, and forwarded anyway.
 	Shadow bool
 	// Quota is the actor quota of the address budget: the in-process
-	// table (ratelimit.Quota.Local) for one process, or redisstore's
+	// table (ratelimit.Quota, with the limiter's clock: WithClock) for one process, or redisstore's
 	// shared one. Nil means no quota: EVENTs pass on their message limits
 	// alone.
 	Quota ratelimit.ActorQuota

@@ -52,8 +52,8 @@ func (errs *fieldErrors) addf(path, format string, args ...any) {
 // limits (each window must pass ratelimit.Limit.Validate, at most
 // ratelimit.MaxWindows of them and no period twice, as
 // ratelimit.ValidateLimits has it), the bounds, the kind classes, the
-// tiers, the aggregates, the identity. relay.New, relay.Gate.Reload,
-// hooks.New and hooks.Hooks.Reload refuse what Validate refuses. It
+// tiers, the aggregates, the identity. relay.New, relay.Gate.Reload and
+// hooks.New refuse what Validate refuses. It
 // returns nil for a valid c.
 func (c *Config) Validate() error {
 	var errs fieldErrors
