@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -194,6 +195,86 @@ func serve(t testing.TB, h http.Handler) string {
 	t.Cleanup(srv.Close)
 	return "ws" + strings.TrimPrefix(srv.URL, "http")
 }
+
+// pipeNet is an in-memory network for tests inside a testing/synctest
+// bubble: each dial is a net.Pipe, whose reads, writes and deadlines block
+// durably and run on the bubble's clock, so the gate's timers (settling,
+// draining, write timeouts) can be driven without a real socket or a
+// sleep. A pipe has no file descriptor, so the tap writes everything
+// through its queue, as on a connection without one.
+type pipeNet struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+	port  atomic.Int32
+}
+
+// servePipe serves h on a new pipeNet and returns it with a ws:// URL for
+// its dial; the server closes at cleanup.
+func servePipe(t testing.TB, h http.Handler) (*pipeNet, string) {
+	t.Helper()
+	pn := &pipeNet{conns: make(chan net.Conn), done: make(chan struct{})}
+	srv := &http.Server{Handler: h, ErrorLog: log.New(io.Discard, "", 0)}
+	go func() { _ = srv.Serve(pn) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return pn, "ws://127.0.0.1:7777"
+}
+
+// pipeConn is one end of a pipe with the addresses of a loopback TCP
+// connection, which the gate's identity reads.
+type pipeConn struct {
+	net.Conn
+	local, remote net.Addr
+}
+
+func (c pipeConn) LocalAddr() net.Addr  { return c.local }
+func (c pipeConn) RemoteAddr() net.Addr { return c.remote }
+
+// dial connects to the server: its end is accepted, the client's returned.
+func (pn *pipeNet) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	cl, sv := net.Pipe()
+	srvAddr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7777}
+	cliAddr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000 + int(pn.port.Add(1))}
+	select {
+	case pn.conns <- pipeConn{sv, srvAddr, cliAddr}:
+		return pipeConn{cl, cliAddr, srvAddr}, nil
+	case <-pn.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// dialWS opens a WebSocket to the server, closed at cleanup.
+func (pn *pipeNet) dialWS(t testing.TB, url string) *websocket.Conn {
+	t.Helper()
+	d := websocket.Dialer{NetDialContext: pn.dial, HandshakeTimeout: 5 * time.Second}
+	c, _, err := d.Dial(url, nil)
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Accept implements net.Listener.
+func (pn *pipeNet) Accept() (net.Conn, error) {
+	select {
+	case c := <-pn.conns:
+		return c, nil
+	case <-pn.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close implements net.Listener.
+func (pn *pipeNet) Close() error {
+	pn.once.Do(func() { close(pn.done) })
+	return nil
+}
+
+// Addr implements net.Listener.
+func (pn *pipeNet) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7777} }
 
 // serveSelf serves the handler build makes of a new gate with opts, and
 // returns the URL it is served at, which is also the gate's RelayURL

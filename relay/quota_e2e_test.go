@@ -203,3 +203,17 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 		t.Fatalf("the actor's first event after the attack: %v, want the quota's refusal", err)
 	}
 }
+
+// quotaSpent waits up to 20 s for actor to be over quota ql and reports
+// whether it is. It polls because khatru's goroutines and the sockets of
+// an end-to-end test run outside a synctest bubble; 20 s is a "did it
+// happen at all" bound, far past the gate's last settling look.
+func quotaSpent(t *testing.T, ql ratelimit.ActorQuota, actor string) bool {
+	t.Helper()
+	for start := time.Now(); time.Since(start) < 20*time.Second; time.Sleep(10 * time.Millisecond) {
+		if quotaOver(t, ql, actor) {
+			return true
+		}
+	}
+	return false
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -273,11 +274,13 @@ func (s *storedSet) take(id [32]byte) bool {
 // Events the relay stored but whose OK the gate never saw (the client kept
 // the OKs behind a reply it did not read, then hung up, or holds them
 // there: khatru stores an event before it writes the OK) are charged once
-// the connection has ended, or once they have waited settleAge. They were
-// free: quota 2, and an actor published without end.
+// the connection has ended, or once they have waited settleAge, and not
+// before: a gate that charges only on an OK lets an actor with a quota of
+// 2 publish these 5 for nothing. In a synctest bubble, on the bubble's
+// clock.
 func TestGateQuotaChargesStoredEventsLeftUnanswered(t *testing.T) {
-	t.Run("connection ends", func(t *testing.T) { chargesUnanswered(t, true) })
-	t.Run("connection stays", func(t *testing.T) { chargesUnanswered(t, false) })
+	t.Run("connection ends", func(t *testing.T) { synctest.Test(t, func(t *testing.T) { chargesUnanswered(t, true) }) })
+	t.Run("connection stays", func(t *testing.T) { synctest.Test(t, func(t *testing.T) { chargesUnanswered(t, false) }) })
 }
 
 func chargesUnanswered(t *testing.T, end bool) {
@@ -288,9 +291,10 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT: the OKs the client kept from the gate
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take}).Wrap(rec))
+	pn, url := servePipe(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take}).Wrap(rec))
+	ql := q.WithClock(clk.Now)
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
-	c := dialRaw(t, url)
+	c := pn.dialWS(t, url)
 	for id := 1; id <= 5; id++ {
 		stored.mark(id)
 		if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, actor))); err != nil {
@@ -302,11 +306,20 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 	if end {
 		_ = c.Close()
+		synctest.Wait() // the connection's end, seen by the gate
+	} else {
+		time.Sleep(settleAge - time.Millisecond)
+		synctest.Wait()
+		if quotaOver(t, ql, actor) {
+			t.Fatal("the events were charged before they had awaited their OK for settleAge")
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
 	}
-	if !quotaSpent(t, q.WithClock(clk.Now), actor) {
-		t.Fatalf("20 s on (connection ended: %v), the 5 stored events have not spent the actor's quota of 2", end)
+	if !quotaOver(t, ql, actor) {
+		t.Fatalf("connection ended: %v; the 5 stored events have not spent the actor's quota of 2", end)
 	}
-	c2 := dialRaw(t, url)
+	c2 := pn.dialWS(t, url)
 	_ = c2.WriteMessage(websocket.TextMessage, []byte(eventFrame(6, actor)))
 	if got, want := readText(t, c2), okReply(6, false, "rate-limited: slow down; retry in 60s"); got != want {
 		t.Fatalf("the actor's next event:\n got %s\nwant %s", got, want)
@@ -379,20 +392,14 @@ func boundsUnanswered(t *testing.T, withStored bool) {
 	}
 }
 
-// quotaSpent waits up to 20 s for actor to be over quota ql and reports
-// whether it is.
-func quotaSpent(t *testing.T, ql ratelimit.ActorQuota, actor string) bool {
+// quotaOver reports whether actor is over quota ql now.
+func quotaOver(t *testing.T, ql ratelimit.ActorQuota, actor string) bool {
 	t.Helper()
-	for start := time.Now(); time.Since(start) < 20*time.Second; time.Sleep(10 * time.Millisecond) {
-		over, _, err := ql.Exceeded(context.Background(), actor)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if over {
-			return true
-		}
+	over, _, err := ql.Exceeded(context.Background(), actor)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return false
+	return over
 }
 
 // A connection's pending table, once drained at its end (settlePending),
@@ -415,67 +422,86 @@ func TestPendingDrainedTakesNoMore(t *testing.T) {
 // When a connection ends, the events it left unanswered that the relay
 // never stored (refused, say, in an OK the client kept from the gate) are
 // given up after the last look (settleAfter): their actor's count in
-// flight is released, and nothing keeps asking about them.
+// flight is released then, and not before (a store may save an event
+// after the connection has gone), and nothing keeps asking about them. A
+// gate that never gives up keeps the actor's count held for ever. In a
+// synctest bubble, on the bubble's clock.
 func TestGateQuotaGivesUpUnstoredEventsAtEnd(t *testing.T) {
-	clk := nostrtest.NewClock()
-	q, err := ratelimit.NewQuota(1000, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stored storedSet // nothing is stored
-	rec := newRecorder() // answers no EVENT
-	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take})
-	url := serve(t, g.Wrap(rec))
-	actor := apartPubkeys(q, clk.Now(), 1)[0]
-	c := dialRaw(t, url)
-	for id := 1; id <= 3; id++ {
-		_ = c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, actor)))
-	}
-	if got := rec.frames(3); len(got) != 3 {
-		t.Fatalf("the relay got %d of the 3 events", len(got))
-	}
-	_ = c.Close()
-	inflight := func() int {
-		g.inflightMu.Lock()
-		defer g.inflightMu.Unlock()
-		return len(g.inflight)
-	}
-	for start := time.Now(); inflight() != 0; time.Sleep(50 * time.Millisecond) {
-		if time.Since(start) > 20*time.Second {
-			t.Fatalf("20 s after the connection ended, %d actors still have events counted in flight", inflight())
+	synctest.Test(t, func(t *testing.T) {
+		clk := nostrtest.NewClock()
+		q, err := ratelimit.NewQuota(1000, time.Minute)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		var stored storedSet // nothing is stored
+		rec := newRecorder() // answers no EVENT
+		g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take})
+		pn, url := servePipe(t, g.Wrap(rec))
+		actor := apartPubkeys(q, clk.Now(), 1)[0]
+		c := pn.dialWS(t, url)
+		for id := 1; id <= 3; id++ {
+			_ = c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, actor)))
+		}
+		if got := rec.frames(3); len(got) != 3 {
+			t.Fatalf("the relay got %d of the 3 events", len(got))
+		}
+		inflight := func() int {
+			g.inflightMu.Lock()
+			defer g.inflightMu.Unlock()
+			return len(g.inflight)
+		}
+		_ = c.Close()
+		last := settleAfter[len(settleAfter)-1]
+		time.Sleep(last - time.Millisecond)
+		synctest.Wait()
+		if inflight() == 0 {
+			t.Fatal("the events were given up before the last look")
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if n := inflight(); n != 0 {
+			t.Fatalf("%v after the connection ended, %d actors still have events counted in flight", last, n)
+		}
+	})
 }
 
 // Behind Proxy, when a client goes with events the relay has not
 // answered, the gate reads the relay's answers on (drainUpstream), but not
-// for ever: a relay that never answers gets the close within drainAnswers
-// and a little, not at its read deadline two ping intervals on.
+// for ever: a relay that never answers gets the close drainAnswers after
+// the client went, not at its read deadline two ping intervals on, and not
+// before (a gate that does not drain closes it at once). In a synctest
+// bubble, on the bubble's clock; the handler is Proxy's, its upstream
+// dialled over the bubble's pipes.
 func TestProxyDrainEndsWhenTheRelayNeverAnswers(t *testing.T) {
-	clk := nostrtest.NewClock()
-	q, err := ratelimit.NewQuota(10, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := newRecorder() // answers no EVENT
-	h, err := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}}).Proxy(serve(t, rec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := dialRaw(t, serve(t, h))
-	actor := apartPubkeys(q, clk.Now(), 1)[0]
-	if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(1, actor))); err != nil {
-		t.Fatal(err)
-	}
-	if got := rec.frames(1); len(got) != 1 {
-		t.Fatalf("the relay got %d events", len(got))
-	}
-	start := time.Now()
-	_ = c.Close()
-	if code := rec.closed(); code != closeGoingAway {
-		t.Fatalf("the relay's side: close %d after %v, want %d within %v and a little", code, time.Since(start).Round(time.Millisecond), closeGoingAway, drainAnswers)
-	}
-	if took := time.Since(start); took < drainAnswers-100*time.Millisecond {
-		t.Fatalf("closed %v after the client, before drainAnswers: no drain", took)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		clk := nostrtest.NewClock()
+		q, err := ratelimit.NewQuota(10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := newRecorder() // answers no EVENT
+		relayNet, relayURL := servePipe(t, rec)
+		up, _, err := newURLUpstream(relayURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		up.dialer.NetDialContext = relayNet.dial
+		g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}})
+		pn, url := servePipe(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serveWS(w, r, up) }))
+		c := pn.dialWS(t, url)
+		actor := apartPubkeys(q, clk.Now(), 1)[0]
+		if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(1, actor))); err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.frames(1); len(got) != 1 {
+			t.Fatalf("the relay got %d events", len(got))
+		}
+		start := time.Now()
+		_ = c.Close()
+		code := rec.closed()
+		took := time.Since(start)
+		if code != closeGoingAway || took != drainAnswers {
+			t.Fatalf("the relay's side: close %d after %v, want %d after drainAnswers (%v)", code, took, closeGoingAway, drainAnswers)
+		}
+	})
 }
