@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -948,26 +949,33 @@ func TestGateSlowClientDisconnected(t *testing.T) {
 
 // A client that reads, however slowly, is not cut while its backlog stays
 // under the queue's bound: 8 MiB, far more than the write timeout's worth
-// of a fast client, reaches a client that takes a pause now and then,
-// whole and in order.
+// of a fast client, reaches a client that pauses for most of the write
+// timeout now and then, whole and in order. A gate that times a whole
+// write, or a batch, rather than the socket's progress cuts it. In a
+// synctest bubble over pipes, whose writes make progress only as the
+// client reads: the pauses are exact, with no kernel buffer to hide them.
 func TestGateSlowReaderNotCut(t *testing.T) {
-	rec := newRecorder()
-	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 16 << 20, WriteTimeout: 500 * time.Millisecond})
-	c := dialRaw(t, serve(t, g.Wrap(rec)))
-	if err := c.WriteMessage(websocket.TextMessage, recorderCmd("burst", "")); err != nil {
-		t.Fatal(err)
-	}
-	// 8 MiB in 64 KiB frames: 32 times the queue, read 2 MiB at a time
-	// with a pause of the write timeout's length between.
-	for i := range 128 {
-		if i%32 == 31 {
-			time.Sleep(400 * time.Millisecond) // shorter than the write timeout: a pause, not a stop
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 500 * time.Millisecond
+		rec := newRecorder()
+		g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, QueueBytes: 16 << 20, WriteTimeout: timeout})
+		pn, url := servePipe(t, g.Wrap(rec))
+		c := pn.dialWS(t, url)
+		if err := c.WriteMessage(websocket.TextMessage, recorderCmd("burst", "")); err != nil {
+			t.Fatal(err)
 		}
-		typ, data, err := c.ReadMessage()
-		if err != nil || typ != websocket.BinaryMessage || len(data) != 64<<10 {
-			t.Fatalf("frame %d: %d bytes, %v", i, len(data), err)
+		// 8 MiB in 64 KiB frames, read 2 MiB at a time
+		// with a pause just short of the write timeout between.
+		for i := range 128 {
+			if i%32 == 31 {
+				time.Sleep(timeout - time.Millisecond) // the bubble's clock: a pause, not a stop
+			}
+			typ, data, err := c.ReadMessage()
+			if err != nil || typ != websocket.BinaryMessage || len(data) != 64<<10 {
+				t.Fatalf("frame %d: %d bytes, %v", i, len(data), err)
+			}
 		}
-	}
+	})
 }
 
 // Binary frames are classified like text frames (khatru reads them as
