@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -573,37 +574,49 @@ func FuzzTapClientStream(f *testing.F) {
 	})
 }
 
-// --- Finding 6 -------------------------------------------------------------
-
-// A message's payload is charged to the control meter as it is read off
-// the socket (meteredConn.Read) but credited back only once the whole
-// frame has been read (next: io.ReadFull, then credit). A frame whose
-// payload arrives in more than one read, the first of them over the
-// control burst (16 KiB), finds the meter in debt at its second read and
-// the client is cut as a control flood: any honest EVENT of a few tens of
-// KB that the network delivers in pieces (a long-form article, a contact
-// list). The bridge credits each read as it returns (readFrame).
+// A message's payload read off the socket in pieces is credited back to
+// the control meter as each read returns, so a frame whose first piece is
+// over the control burst (16 KiB) is not a control flood: an honest EVENT
+// of a few tens of KB that the network delivers in pieces (a long-form
+// article, a contact list) reaches the relay. A gate that credits the
+// payload only once the whole frame is read finds the meter in debt at
+// the second read and cuts the client. In a synctest bubble over a pipe:
+// the first piece is read whole, and the gate waits for the rest, before
+// the rest is sent; no time passes, so nothing is repaid meanwhile.
 func TestTapAttackLargeFrameInPiecesNotFlood(t *testing.T) {
-	rec := newRecorder()
-	log := &floodLog{}
-	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, Logger: slog.New(log)}).Wrap(rec))
-	nc, br, _ := rawUpgrade(t, url, "", nil)
-	if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
-		t.Fatalf("handshake: %q %v", head, err)
-	}
-	big := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("x", 100_000)+`hello`, 1) + `]`
-	f := zeroKeyFrame(opText, true, []byte(big))
-	// As a network delivers it: 40 KB, then the rest a moment later.
-	if _, err := nc.Write(f[:40_000]); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	if _, err := nc.Write(f[40_000:]); err != nil {
-		t.Fatal(err)
-	}
-	if got := rec.frames(1); len(got) != 1 || got[0] != big {
-		t.Fatalf("relay got %d frames (flood cuts logged: %d), want the 100 KB EVENT", len(got), log.n.Load())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		rec := newRecorder()
+		log := &floodLog{}
+		pn, _ := servePipe(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, Logger: slog.New(log)}).Wrap(rec))
+		nc, err := pn.dial(context.Background(), "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		req := "GET / HTTP/1.1\r\nHost: 127.0.0.1:7777\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+		if _, err := nc.Write([]byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(nc)
+		if head, err := readHead(br); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
+			t.Fatalf("handshake: %q %v", head, err)
+		}
+		big := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("x", 100_000)+`hello`, 1) + `]`
+		f := zeroKeyFrame(opText, true, []byte(big))
+		// As a network delivers it: 40 KB, then the rest once the gate has
+		// read those and waits for more.
+		if _, err := nc.Write(f[:40_000]); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if _, err := nc.Write(f[40_000:]); err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.frames(1); len(got) != 1 || got[0] != big {
+			t.Fatalf("relay got %d frames (flood cuts logged: %d), want the 100 KB EVENT", len(got), log.n.Load())
+		}
+	})
 }
 
 // --- Finding 7 (found by FuzzTapClientStream) ---------------------------------
