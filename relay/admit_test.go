@@ -142,8 +142,8 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 
 // TestReadFrameDropsLargeBuffers: the buffer of one large frame is not
 // reused for the next, so a client cannot pin a read-limit-sized buffer per
-// connection with one frame, even one the gate refuses (the refused path
-// used to skip the check).
+// connection with one frame, even one the gate refuses (a refused frame's
+// path must drop it too).
 func TestReadFrameDropsLargeBuffers(t *testing.T) {
 	small := make([]byte, 0, 4096)
 	buf, err := readFrame(strings.NewReader(`["REQ","s"]`), small, newControlMeter())

@@ -141,7 +141,7 @@ func TestE2EStalledSubscriberHoldsNoPublisher(t *testing.T) {
 			}
 			deadline := time.Now().Add(nostrtest.Timeout)
 			for live.Load() < n && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond) // the listener's reader is a goroutine of go-nostr's
+				time.Sleep(10 * time.Millisecond) // polls go-nostr's listener, a goroutine of its own, up to nostrtest.Timeout
 			}
 			if got := live.Load(); got != n {
 				t.Fatalf("honest listener got %d of %d live events", got, n)
@@ -251,8 +251,9 @@ func TestE2EBackloggedClientWaitsInItsSocket(t *testing.T) {
 				}
 				wrote <- nil
 			}()
-			// Time for a gate that reads on to hand the relay every
-			// frame; this one hands it a few.
+			// A second of real time (khatru serves real sockets) for a gate
+			// that reads on to hand the relay every frame; this one hands
+			// it a few.
 			time.Sleep(time.Second)
 			t.Logf("while behind: %d EVENTs handed to the relay, goroutines %+d", seen.Load(), runtime.NumGoroutine()-base)
 			if got := seen.Load(); got > 50 {
@@ -329,7 +330,8 @@ func TestE2ESteadySlowReadersNotCut(t *testing.T) {
 					}
 					got++
 					read += len(b)
-					// Keep to the rate: sleep until read bytes are due.
+					// Keep to the rate on a real socket: sleep until read
+					// bytes are due (at most one frame's worth at rate).
 					time.Sleep(time.Until(start.Add(time.Duration(read) * time.Second / time.Duration(rate))))
 				}
 				if got != events || cuts.n.Load() != 0 {
@@ -428,10 +430,10 @@ func TestE2EHalfOpenClientFoundByPings(t *testing.T) {
 	dialRaw(t, url) // never reads: the pings go unanswered
 	deadline := time.Now().Add(10 * time.Second)
 	for open.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // the gate counts the connection on its own goroutine
+		time.Sleep(10 * time.Millisecond) // polls, up to 10 s: the gate counts the connection on its own goroutine
 	}
 	for open.Load() != 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // two ping intervals
+		time.Sleep(10 * time.Millisecond) // polls, up to 10 s, for the close two ping intervals of real sockets on
 	}
 	if open.Load() != 0 {
 		t.Fatal("a client answering no ping was not closed")

@@ -223,8 +223,10 @@ func TestMeteredLargePayloadNotFlood(t *testing.T) {
 }
 
 // End to end: canonical EVENTs of 30 KB reach the relay, and the client
-// is not cut. (Once the gate's pooled frame buffers have grown, such a
-// frame's payload was read in one piece of 30 KB, and the 4th was cut.)
+// is not cut. Once the gate's pooled frame buffers have grown, such a
+// frame's payload is read in one piece of 30 KB, over the control burst:
+// a gate that charges that read to the meter before crediting it as
+// payload cuts the client after a few of them.
 func TestGateLargeEventNotCut(t *testing.T) {
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }

@@ -380,7 +380,7 @@ func TestGateRefusalWire(t *testing.T) {
 	}
 	c.Close()
 	for i := 0; i < 200 && open.Load() != 0; i++ {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls, up to 2 s: the gate sees the real socket's close on its own goroutine
 	}
 	if n := open.Load(); n != 0 {
 		t.Errorf("observer counts %d open connections after close, want 0", n)
@@ -639,7 +639,9 @@ func dialRaw(t testing.TB, url string) *websocket.Conn {
 	return c
 }
 
-// settle waits for the goroutine count to come back to at most base.
+// settle waits, up to 5 s, for the goroutine count to come back to at
+// most base: the goroutines of real sockets' connections end on their own
+// schedule after a close.
 func settle(t *testing.T, base int) {
 	t.Helper()
 	var n int

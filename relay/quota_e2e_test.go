@@ -23,10 +23,10 @@ import (
 	"github.com/sluice-relay/sluice/relay/policy"
 )
 
-// (issue 5, item 5) With a small quota, one author past it is refused while
-// another author on the same connection is accepted, and the refused author
-// is admitted again in the next window. Charged on khatru's OK true only,
-// and once per event however often it is re-sent (issue 10).
+// With a small quota, one author past it is refused while another author
+// on the same connection is accepted, and the refused author is admitted
+// again in the next window. Charged on khatru's OK true only, and once per
+// event however often it is re-sent.
 func TestE2EQuota(t *testing.T) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(2, time.Minute)
@@ -70,11 +70,10 @@ func TestE2EQuota(t *testing.T) {
 	}
 }
 
-// ["EVENT",<A's event>,<B's event>]: the gate read the first object and
-// charged A, khatru (go-nostr's 3-element form) stored the last, B, whose
-// OK matched nothing pending: 20 of 20 such events were stored after B's
-// quota was spent. Such a frame is not canonical now, and is answered by
-// the gate.
+// ["EVENT",<A's event>,<B's event>] is not canonical, and is answered by
+// the gate, never forwarded: khatru (go-nostr's 3-element form) stores the
+// last object, B, so a gate that read the first and charged A would let B
+// publish past its spent quota, its OK matching nothing pending.
 func TestE2EQuotaTwoEventFrame(t *testing.T) {
 	clk := nostrtest.NewClock()
 	q, err := ratelimit.NewQuota(1, time.Minute)
@@ -107,21 +106,20 @@ func TestE2EQuotaTwoEventFrame(t *testing.T) {
 	}
 }
 
-// The attack that spent no quota (issue 13, the third review): a client
-// keeps khatru's writer busy with a reply it does not read (a REQ for
-// large stored events into a small receive buffer), publishes, and hangs
-// up. khatru stores each event before it writes the OK, the OKs wait
-// behind the unread reply and die with the connection, and the gate,
-// which charged the quota on the OK it sees, charged nothing: 90 events of
-// one actor stored against a quota of 2 in three rounds. With the relay's
+// An actor cannot publish past its quota by keeping its OKs from the gate:
+// a client keeps khatru's writer busy with a reply it does not read (a REQ
+// for large stored events into a small receive buffer), publishes, and
+// hangs up. khatru stores each event before it writes the OK, and the OKs
+// wait behind the unread reply and die with the connection, so a gate
+// that charges only on the OKs it sees charges nothing. With the relay's
 // store telling the gate what it stored (Options.Stored, as sluice relay
 // has it), the events left unanswered are charged when the connection
 // ends, and the actor's next event is refused. Behind Proxy the gate has
 // no store to ask: it reads the relay's answers on after the client has
 // gone (drainUpstream), and charges the events the relay accepted. Since
-// the gate stops reading a client that is behind on its answers, the
-// events now mostly wait in the client's socket and die with it: either
-// way no more than the quota's worth may be stored uncharged.
+// the gate stops reading a client that is behind on its answers, most
+// events wait in the client's socket and die with it: either way no more
+// than the quota's worth may be stored uncharged.
 func TestE2EQuotaUnansweredEventsCharged(t *testing.T) {
 	t.Run("relay", func(t *testing.T) { unansweredEventsCharged(t, false) })
 	t.Run("proxy", func(t *testing.T) { unansweredEventsCharged(t, true) })
@@ -177,7 +175,10 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 	if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","fill",{"limit":200}]`)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // the attack's own pacing: the reply waits unread (the queue's bound is raised so that the client is not cut for it)
+	// The attack's own pacing, a second of real time (khatru serves real
+	// sockets): the reply waits unread (the queue's bound is raised so
+	// that the client is not cut for it).
+	time.Sleep(time.Second)
 	for i := range 30 {
 		b, err := nostr.EventEnvelope{Event: nostrtest.Note(t, sk, fmt.Sprint("event ", i))}.MarshalJSON()
 		if err != nil {
@@ -187,7 +188,7 @@ func unansweredEventsCharged(t *testing.T, proxy bool) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // khatru stores them; their OKs wait
+	time.Sleep(500 * time.Millisecond) // real time for khatru to store them; their OKs wait
 	_ = c.NetConn().Close()
 	r := connect(t, url)
 	// The gate stops reading a client that is behind on its answers, so

@@ -18,12 +18,12 @@ import (
 
 // TestE2EFramesKhatruReadsDifferently: khatru (go-nostr's default parser)
 // reads the label as the text between a frame's first two quotes and
-// parses binary frames as text, so frames the gate once charged to OTHER
-// were EVENTs to khatru: [0,"EVENT",{…}] and a binary ["EVENT",{…}] got
-// past the EVENT limits and the actor quota. And with negentropy on,
-// khatru panics (taking the whole process down) on [1,"X"] or [",",1].
-// The gate now peeks binary frames like text, and answers frames that are
-// not shaped as a Nostr message itself.
+// parses binary frames as text, so a gate that charged [0,"EVENT",{…}] or
+// a binary ["EVENT",{…}] to OTHER would let EVENTs past the EVENT limits
+// and the actor quota; and with negentropy on, khatru panics (taking the
+// whole process down) on [1,"X"] or [",",1]. The gate peeks binary frames
+// like text, and answers frames that are not shaped as a Nostr message
+// itself.
 func TestE2EFramesKhatruReadsDifferently(t *testing.T) {
 	kr := newKhatru(t)
 	kr.Negentropy = true

@@ -139,9 +139,7 @@ func honestReaders(t *testing.T, url string) {
 	// reads anything; the client's socket takes 64 KiB, so the kernel
 	// cannot hold them either. The queue holds up the relay and the
 	// client's next requests instead of cutting it (outQueue.push,
-	// outQueue.wait). Before that backpressure, two per REQ (6.2 MB) were
-	// cut in 4–6 runs of 10 on this machine, and one per REQ (3.1 MB) was
-	// what the test could ask.
+	// outQueue.wait); a gate without that backpressure cuts the client.
 	d := websocket.Dialer{NetDial: func(network, addr string) (net.Conn, error) {
 		nc, err := net.Dial(network, addr)
 		if tc, ok := nc.(*net.TCPConn); ok {
@@ -159,8 +157,9 @@ func honestReaders(t *testing.T, url string) {
 			t.Fatalf("REQ %d: %v", i, err)
 		}
 	}
-	// And it looks away for a second before reading: everything it asked
-	// is answered by then, or waiting for it.
+	// And it looks away for a second of real time before reading (khatru
+	// serves real sockets): everything it asked is answered by then, or
+	// waiting for it.
 	time.Sleep(time.Second)
 	eose, events := 0, 0
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -90,7 +90,7 @@ func TestGateSyncCap(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the closed connection's syncs still count")
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls, up to 5 s: the gate sees the real socket's close on its own goroutine
 	}
 	if !forwarded(c2, negOpen("h")) || forwarded(c2, negOpen("i")) {
 		t.Fatal("after the close: want exactly two places")

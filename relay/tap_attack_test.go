@@ -143,18 +143,16 @@ func parseServerFrames(b []byte) ([]wireFrame, error) {
 	return out, nil
 }
 
-// --- Finding 1 -------------------------------------------------------------
+// --- The handler's write deadline ------------------------------------------
 
-// The gate's own replies are written with the deadline the handler last
-// set for its own write. gorilla and fasthttp (khatru) answer a client's
-// ping with WriteControl(pong, now+1s) and leave that deadline on the
-// connection until their next data write resets it; a refusal the gate
-// sends more than a second later, before the relay has written a data
-// message, then goes out with a deadline in the past: the write fails at
-// once and the client is cut as a slow reader. Any client that pings
-// (go-nostr does, every 29 s) and is then refused something (a
-// rate-limited EVENT, an invalid frame, a REQ over the subscription cap)
-// is disconnected instead of answered.
+// A refusal the gate sends more than a second after the handler answered
+// a ping is written, and the client is not cut. gorilla and fasthttp
+// (khatru) answer a ping with WriteControl(pong, now+1s) and leave that
+// deadline on the connection until their next data write; a gate that
+// writes its own replies under the handler's last deadline fails the
+// write at once and cuts the client as a slow reader, so any client that
+// pings (go-nostr does, every 29 s) and is then refused something would
+// be disconnected instead of answered.
 func TestTapAttackReplyAfterPongNotCut(t *testing.T) {
 	var cuts atomic.Int64
 	obs := &policy.Observer{Cut: func(r policy.CutReason) {
@@ -187,7 +185,10 @@ func TestTapAttackReplyAfterPongNotCut(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no pong")
 	}
-	time.Sleep(1500 * time.Millisecond) // past the pong's deadline
+	// Real time past the pong's 1 s deadline: it is the socket's own,
+	// which the direct write (sockwrite_unix.go) checks, and a pipe has no
+	// descriptor to write to directly.
+	time.Sleep(1500 * time.Millisecond)
 	// Not a Nostr message: the gate answers it itself.
 	if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ"]`)); err != nil {
 		t.Fatal(err)
@@ -207,7 +208,7 @@ func TestTapAttackReplyAfterPongNotCut(t *testing.T) {
 	}
 }
 
-// --- Finding 2 -------------------------------------------------------------
+// --- Declared lengths ------------------------------------------------------
 
 // tapHeap is the live heap after a collection.
 func tapHeap() uint64 {
@@ -217,14 +218,13 @@ func tapHeap() uint64 {
 	return m.HeapAlloc
 }
 
-// A frame header is all it takes to make the gate allocate the frame's
-// whole declared length: next sizes the message's buffer from the header
-// (make(…, n) or append(…, make([]byte, n)…)) before a byte of payload has
-// come. 14 bytes per connection hold 512 KiB each (the read limit) for as
-// long as the relay's read deadline allows (khatru: 60 s; a handler
-// without one: for ever); one address's 64 connections hold 32 MiB for
-// under a kilobyte sent. The bridge (readFrame) and gorilla grow a
-// message's buffer as its bytes arrive.
+// A frame header alone does not make the gate allocate the frame's
+// declared length: a message's buffer grows with the bytes that arrive, as
+// the bridge's (readFrame) and gorilla's do. A gate that sizes the buffer
+// from the header would hold 512 KiB (the read limit) per 14-byte header
+// for as long as the relay's read deadline allows (khatru: 60 s; a
+// handler without one: for ever), 32 MiB for one address's 64
+// connections, and fails the bound below.
 func TestTapAttackDeclaredLengthNotPreallocated(t *testing.T) {
 	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
 	url := serve(t, g.Wrap(newRecorder()))
@@ -242,7 +242,7 @@ func TestTapAttackDeclaredLengthNotPreallocated(t *testing.T) {
 		}
 		return append(binary.BigEndian.AppendUint64(b, n), 1, 2, 3, 4)
 	}
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // the handshakes' allocations settle (real sockets, outside any bubble)
 	before := tapHeap()
 	for i, c := range cs {
 		h := hdr(true, DefaultReadLimit)
@@ -253,7 +253,7 @@ func TestTapAttackDeclaredLengthNotPreallocated(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // the gate reads the headers on the handlers' goroutines, over real sockets
 	after := tapHeap()
 	grown := int64(after) - int64(before)
 	t.Logf("heap grew %d KiB for %d headers of %d bytes", grown>>10, conns, 14)
@@ -264,15 +264,15 @@ func TestTapAttackDeclaredLengthNotPreallocated(t *testing.T) {
 	runtime.KeepAlive(cs)
 }
 
-// --- Finding 3 -------------------------------------------------------------
+// --- Ended before the hijack ------------------------------------------------
 
 // A connection the gate ends before the handler has hijacked it
 // (Shutdown while the handler is still deciding, e.g. in a khatru
-// RejectConnection hook) is marked dead with no socket to close; when the
-// handler then hijacks, tapConn.Close finds conn.once spent and the
-// hijacked socket is never closed: the client's TCP connection (and the
-// gate's file descriptor) stays open for ever, after Shutdown has
-// returned.
+// RejectConnection hook) has its socket closed once the handler hijacks
+// it. The end has run by then (conn.once is spent) with no socket to
+// close; a gate that closes sockets only there leaves the client's TCP
+// connection, and its own file descriptor, open for ever after Shutdown
+// has returned, and the client's read below times out.
 func TestTapAttackEndedBeforeHijackClosesSocket(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	returned := make(chan struct{})
@@ -321,15 +321,15 @@ func TestTapAttackEndedBeforeHijackClosesSocket(t *testing.T) {
 	}
 }
 
-// --- Finding 4 -------------------------------------------------------------
+// --- Nothing before the 101 -----------------------------------------------
 
-// The gate's goodbye (shutLocked) and replies (reply) check that the relay
-// is between frames, not that it has sent its 101: a connection ended
-// after the hijack and before the handler's answer gets a bare WebSocket
-// close frame as its HTTP response. Here the handler hijacks and panics
-// (the gate recovers and ends the connection with 1011); Shutdown in the
-// same window, or a refusal to a handler that reads before it answers, do
-// the same.
+// The gate writes no frame of its own (goodbye, reply) before the
+// handler's 101: a connection ended after the hijack and before the
+// handler's answer gets no WebSocket frame as its HTTP response. A gate
+// that checks only that the relay is between frames sends a bare close
+// frame there. Here the handler hijacks and panics (the gate recovers and
+// ends the connection with 1011); Shutdown in the same window, or a
+// refusal to a handler that reads before it answers, meet the same check.
 func TestTapAttackNoFrameBeforeHandshake(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, _, err := w.(http.Hijacker).Hijack(); err != nil {
@@ -346,17 +346,18 @@ func TestTapAttackNoFrameBeforeHandshake(t *testing.T) {
 	}
 }
 
-// --- Finding 5 -------------------------------------------------------------
+// --- Replies and fragmented messages -------------------------------------
 
 // A refusal queued while the relay is inside a fragmented message waits
-// for the message's end (Write); but when the gate ends the connection
-// before that end (a protocol error, a knock or flood cut, Shutdown),
-// shutLocked writes the queued replies, data frames, in front of its close
-// frame, inside the fragmented message whose first fragments are on the
-// client's socket already: a client fails the connection on them ("data
-// frame inside a fragmented message") and misses the close. khatru sends
-// every message over 1 KiB fragmented (its write buffer is 1 KiB); one
-// over 64 KiB reaches the socket before its end.
+// for the message's end; when the gate ends the connection before that end
+// (a protocol error, a knock or flood cut, Shutdown), the client's stream
+// stays valid RFC 6455 and ends in the close frame. A gate that writes the
+// queued replies, data frames, in front of its close frame puts them
+// inside the fragmented message already on the client's socket: the client
+// fails the connection on them ("data frame inside a fragmented message")
+// and misses the close. khatru sends every message over 1 KiB fragmented
+// (its write buffer is 1 KiB); one over 64 KiB reaches the socket before
+// its end.
 func TestTapAttackShutRepliesNotInsideFragmentedMessage(t *testing.T) {
 	started := make(chan struct{})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -619,14 +620,13 @@ func TestTapAttackLargeFrameInPiecesNotFlood(t *testing.T) {
 	})
 }
 
-// --- Finding 7 (found by FuzzTapClientStream) ---------------------------------
+// --- Close codes the handler reads -----------------------------------------
 
-// The gate passes a client's close on to the handler when its code is one
-// validReceivedCloseCode accepts, "as gorilla judges it"; but it accepts
-// 1014 (Bad Gateway), which gorilla and fasthttp (khatru) do not: the
-// handler's read fails with a protocol error ("bad close code 1014")
-// instead of the client's close, and it answers the client 1002. The
-// handler reads a frame of the gate's it cannot read.
+// A client's close with code 1014 (Bad Gateway), which RFC 6455 allows
+// but gorilla and fasthttp (khatru) fail a read on, reaches the handler as
+// a close it can read. A gate that passes 1014 on as it came makes the
+// handler's read fail with a protocol error ("bad close code 1014")
+// instead of the client's close, and no close code is recorded.
 func TestTapAttackClientCloseCodeRelayReads(t *testing.T) {
 	rec := newRecorder()
 	url := serve(t, newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}}).Wrap(rec))

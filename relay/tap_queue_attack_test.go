@@ -113,18 +113,16 @@ func readQueued(t *testing.T, c *websocket.Conn, n int) {
 	}
 }
 
-// --- Finding 1 -------------------------------------------------------------
+// --- The handler's Close ---------------------------------------------------
 
-// The handler's Close closes the client's socket at once, whatever the
-// queue still holds: everything the relay wrote that the client's socket
-// had not taken yet (its last messages, its close frame) is accepted by
-// Write and never sent. A relay that says goodbye (a last NOTICE, a close
+// The handler's Close lets the queue be written (each write with the write
+// timeout to make progress, as any queued write) before it closes the
+// client's socket: a relay that says goodbye (a last NOTICE, a close
 // frame) to a client that is a little behind, or answers a client's close
-// while its stream to that client is queued, has its last words cut off
-// and the client sees its connection reset, where behind Proxy (and
-// without the gate) everything arrives. Close must let the queue be
-// written (each write with the write timeout to make progress, as any
-// queued write) before it closes the socket.
+// while its stream to that client is queued, has its last words read, as
+// behind Proxy and without the gate. A Close that closes the socket at
+// once loses what Write accepted and the socket had not taken: the client
+// misses the last messages and sees its connection reset.
 func TestTapQueueAttackCloseWritesQueue(t *testing.T) {
 	t.Run("client silent", func(t *testing.T) { closeWritesQueue(t, false) })
 	t.Run("client requests unread", func(t *testing.T) { closeWritesQueue(t, true) })
@@ -183,7 +181,7 @@ func closeWritesQueue(t *testing.T, unread bool) {
 	}
 }
 
-// The Close that writes the queue (Finding 1) does not wait for ever on a
+// The Close that writes the queue (above) does not wait for ever on a
 // client that has stopped reading: the queue's write timeout cuts it, and
 // its flush ends the connection although the handler's Close waits for it.
 func TestTapQueueAttackCloseCutsStoppedClient(t *testing.T) {
@@ -242,9 +240,9 @@ func TestTapQueueBoundCountsWhatIsBeingWritten(t *testing.T) {
 
 // The gate's own goodbye (here its shutdown's 1001) to a client whose
 // queue is being written follows that queue: the client reads every
-// message the relay wrote and then the close frame with the gate's reason,
-// where the gate used to close the socket at once, without a close frame
-// (the client saw the connection drop, 1006, and never learnt why).
+// message the relay wrote and then the close frame with the gate's reason.
+// A gate that closes the socket at once, without a close frame, leaves the
+// client a dropped connection (1006) and no reason.
 func TestTapGateCloseFollowsQueue(t *testing.T) {
 	written := make(chan queueFilled, 1)
 	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: 10 * time.Second})
@@ -266,8 +264,8 @@ func TestTapGateCloseFollowsQueue(t *testing.T) {
 
 // A handler that takes the socket and answers with something other than a
 // 101 writes under the write timeout, as frames are written: a client that
-// sent the upgrade and never reads the answer does not hold the handler
-// (it used to: those writes went to the socket with no deadline at all).
+// sent the upgrade and never reads the answer does not hold the handler,
+// as it would if those writes went to the socket with no deadline.
 // The write that times out is the handler's failed write, whether it is
 // the answer's first (which the gate reads for a 101) or a later one: not
 // a handler fault, logged and closed 1011.
@@ -355,9 +353,10 @@ func TestTapGoodbyeToStoppedClientIsNoSlowCut(t *testing.T) {
 
 // A queue written out leaves the socket no write deadline: the relay's
 // next write, however long after, goes out. The flush sets a deadline per
-// write to see whether the client reads; one left behind made the next
-// direct write fail at once as a timeout, and cut a client that had read
-// everything (a khatru ping half a minute after a large answer did).
+// write to see whether the client reads; a gate that leaves the last one
+// behind fails the next direct write at once as a timeout and cuts a
+// client that had read everything (a khatru ping half a minute after a
+// large answer, say).
 func TestTapWriteAfterQueueDrainedNotCut(t *testing.T) {
 	const stall = 200 * time.Millisecond
 	var cuts atomic.Int64
@@ -383,7 +382,9 @@ func TestTapWriteAfterQueueDrainedNotCut(t *testing.T) {
 	c := dialSmall(t, url)
 	res := waitFilled(t, written)
 	readQueued(t, c, res.n)
-	// Longer than the flush's last deadline reaches past its last write.
+	// Real time past the flush's last deadline (3 stalls): the deadline is
+	// the socket's own, which only the direct write on a descriptor
+	// (sockwrite_unix.go) checks, so a pipe in a bubble cannot show it.
 	time.Sleep(3 * stall)
 	close(again)
 	if got := readText(t, c); got != "after" {

@@ -279,7 +279,7 @@ func TestKhatruMetrics(t *testing.T) {
 		if g, rss, err = scrape(context.Background(), "http://"+maddr+"/metrics"); err == nil {
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polls, up to 5 s, for runKhatru's metrics listener to come up
 	}
 	cancel()
 	if err != nil || g < 1 || rss <= 0 {
