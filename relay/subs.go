@@ -20,8 +20,9 @@ const DefaultMaxSubscriptions = 50
 // DefaultMaxConnections caps the connections one client (an IPv4 address,
 // an IPv6 prefix) holds open at once, in one gate process. A household or
 // office behind one NAT runs a few clients with a connection to this relay
-// each; 64 leaves a large NAT room while 5,000 idle sockets from one
-// address (322 MB on the relay side) are out of reach.
+// each; 64 leaves a large NAT room while thousands of idle sockets from
+// one address, each a connection's memory on the relay's side, are out of
+// reach.
 const DefaultMaxConnections = 64
 
 // DefaultMaxFilterBytes caps the bytes of REQs one client (an IPv4
@@ -386,9 +387,9 @@ func subID(buf *[wire.MaxSubIDBytes]byte, lit []byte) ([]byte, bool) {
 // at the relay at once, across its connections in one gate process. A
 // sync is one reconciliation of a filter, a few rounds long; a client
 // runs one or two at a time. The relay keeps each one's set of events
-// while it lasts (sluice relay: ~8 MB for one over 100,000 events,
-// BenchmarkSyncCost in cmd/sluice), and a NEG-MSG every few seconds keeps it alive, so without a
-// cap one client could hold any number of them.
+// while it lasts, in proportion to the events the filter matches, and a
+// NEG-MSG every few seconds keeps it alive, so without a cap one client
+// could hold any number of them.
 const DefaultMaxSyncs = 4
 
 // syncTable is the NIP-77 syncs a connection has open at the relay, by id,
