@@ -14,7 +14,7 @@ import (
 // or Upgrade header), and with at most PlainBodyLimit bytes of its body
 // for the relay to read; any other method is answered 405 with nothing
 // read. A relay that reads whatever it is sent (as khatru's NIP-86 handler
-// does) read the whole 64 MiB before.
+// does) would otherwise read the whole 64 MiB sent below.
 func TestWrapPlainHTTPBounded(t *testing.T) {
 	const limit = 1 << 10
 	type seen struct {
