@@ -154,23 +154,6 @@ func TestE2EStalledSubscriberHoldsNoPublisher(t *testing.T) {
 	}
 }
 
-// sendBufListener sets each accepted connection's socket send buffer to n
-// bytes: small, so that what the gate writes toward a client that reads
-// nothing stays in the gate's backlog instead of the kernel's; or large,
-// as autotuning makes it for a client that was fast before it slowed.
-type sendBufListener struct {
-	net.Listener
-	n int
-}
-
-func (l sendBufListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetWriteBuffer(l.n)
-	}
-	return c, err
-}
-
 // sendBufTarget is hostileTarget with sendBufListener's send buffers of
 // sendBuf bytes on the gate's side.
 func sendBufTarget(t *testing.T, mode string, kr http.Handler, sendBuf int, opts Options) string {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -128,6 +129,34 @@ func TestTapQueueAttackCloseWritesQueue(t *testing.T) {
 	t.Run("client requests unread", func(t *testing.T) { closeWritesQueue(t, true) })
 }
 
+// sendBufListener sets each accepted connection's socket send buffer to n
+// bytes: small, so that what the gate writes toward a client that reads
+// nothing stays in the gate's queue instead of the kernel's (which
+// autotunes to megabytes); or large, as autotuning makes it for a client
+// that was fast before it slowed.
+type sendBufListener struct {
+	net.Listener
+	n int
+}
+
+func (l sendBufListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(l.n)
+	}
+	return c, err
+}
+
+// serveSendBuf is serve with sendBufListener's send buffers of n bytes.
+func serveSendBuf(t testing.TB, h http.Handler, n int) string {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.Listener = sendBufListener{srv.Listener, n}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return "ws://" + srv.Listener.Addr().String()
+}
+
 func closeWritesQueue(t *testing.T, unread bool) {
 	type result struct {
 		n      int
@@ -153,7 +182,9 @@ func closeWritesQueue(t *testing.T, unread bool) {
 		_ = ws.Close()
 	})
 	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: 10 * time.Second})
-	c := dialSmall(t, serve(t, g.Wrap(h)))
+	// A small send buffer: the kernel cannot take the queue off the gate
+	// before the handler looks at it.
+	c := dialSmall(t, serveSendBuf(t, g.Wrap(h), 16<<10))
 	if unread {
 		// Requests the relay never reads: closed with them unread, the
 		// socket is reset, and what the kernel still holds for the client
