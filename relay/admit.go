@@ -54,7 +54,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 	}
 	var keep []byte
 	var buf [wire.MaxSubIDBytes]byte
-	if f := wire.Peek(frame); f.Type == wire.TypeREQ && f.ID != nil {
+	if f := wire.Peek(frame).Frame(); f.Type == wire.TypeREQ && f.ID != nil {
 		if id, ok := subID(&buf, f.ID); ok {
 			keep = id
 		}
@@ -78,7 +78,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 // its canonical shape and facts, charged (a REQ by its filters), and only
 // then checked against the quota or, for AUTH, verified.
 func (c *conn) admit(frame []byte) bool {
-	p := wire.PeekType(frame)
+	p := wire.Peek(frame)
 	t := p.Type
 	obs := c.g.obs
 	gp := c.g.current()
@@ -117,7 +117,7 @@ func (c *conn) admit(frame []byte) bool {
 			fr := p.Frame()
 			obs.ReportFrame(t, policy.Unavailable)
 			c.dropSub(fr)
-			c.side.reply(wire.AppendUnavailable(replyBuf(fr), fr))
+			c.side.reply(wire.AppendRefusal(replyBuf(fr), fr, wire.ReasonUnavailable))
 			return false
 		case v.Refused:
 			// A refusal the store made is the first of its wait (the
@@ -285,7 +285,7 @@ func (c *conn) admitEvent(f wire.Frame, ev *wire.Event, q ratelimit.ActorQuota, 
 	}
 	if err != nil {
 		c.g.obs.ReportFrame(f.Type, policy.Unavailable)
-		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
+		c.side.reply(wire.AppendRefusal(replyBuf(f), f, wire.ReasonUnavailable))
 		return false
 	}
 	if over {
@@ -341,7 +341,7 @@ func (c *conn) chargeAnswered(sub *charge.Subject, f wire.Frame) bool {
 	switch {
 	case v.Err != nil:
 		c.g.obs.ReportFrame(f.Type, policy.Unavailable)
-		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
+		c.side.reply(wire.AppendRefusal(replyBuf(f), f, wire.ReasonUnavailable))
 		return false
 	case v.Refused:
 		if !v.Local {

@@ -135,7 +135,7 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 	if allocs != 1 {
 		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
 	}
-	if fr := wire.Peek(event); len(wire.AppendRefusal(nil, fr, wire.ReasonUnavailable)) > cap(replyBuf(fr)) {
+	if fr := wire.Peek(event).Frame(); len(wire.AppendRefusal(nil, fr, wire.ReasonUnavailable)) > cap(replyBuf(fr)) {
 		t.Errorf("replyBuf too small for the unavailable reply")
 	}
 }
@@ -242,8 +242,8 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
 		t.Errorf("reply %s", got)
 	}
-	if got := c.g.current().p.MaxFilters(); got != wire.DefaultMaxFilters {
-		t.Errorf("MaxFilters %d, want %d", got, wire.DefaultMaxFilters)
+	if got := c.g.current().p.MaxFilters(); got != wire.DefaultBounds().MaxFilters {
+		t.Errorf("MaxFilters %d, want %d", got, wire.DefaultBounds().MaxFilters)
 	}
 
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}

@@ -63,7 +63,7 @@ var readyLimit = ratelimit.MustWindows(ratelimit.Limit{Rate: 2, Period: time.Mil
 // storeCheck asks store for a real decision on readyKey, as a client's
 // message would: with Redis that is the script, the store's deadline, its
 // breaker (an open breaker refuses at once) and its pool, all at once.
-func storeCheck(store ratelimit.Store, breaker func() redisstore.BreakerState) readyCheck {
+func storeCheck(store ratelimit.Store, breaker func() string) readyCheck {
 	c := readyCheck{
 		name: "store",
 		check: func(ctx context.Context) error {
@@ -73,7 +73,7 @@ func storeCheck(store ratelimit.Store, breaker func() redisstore.BreakerState) r
 		detail: func() string { return "memory" },
 	}
 	if breaker != nil {
-		c.detail = func() string { return "redis, breaker " + breaker().String() }
+		c.detail = func() string { return "redis, breaker " + breaker() }
 	}
 	return c
 }

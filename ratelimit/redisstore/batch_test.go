@@ -121,7 +121,7 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 
 // TestBatchRefusalStaysWithItsDecision: in one script call, a decision
 // whose stored value is corrupt gets the script's refusal (an error wrapping
-// ErrBadReply that does not count against Redis); the other decisions of
+// errBadReply that does not count against Redis); the other decisions of
 // the call are decided and written as usual.
 func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 	for _, tc := range []struct {
@@ -150,7 +150,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 				res := <-cl.res
 				d, err := res.d, res.err
 				if i == 1 {
-					if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
+					if !errors.Is(err, errBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
 						t.Errorf("corrupt key: %+v %v, want a per-key refusal", d, err)
 					}
 					continue

@@ -53,8 +53,8 @@ func BenchmarkRedis(b *testing.B) {
 	b.Run("Decide2Windows", e.decide(twoWindows, Options{}, false, benchGoroutines))
 	b.Run("RedisRateAllow1Window", e.rate(false, benchGoroutines))
 	b.Run("Decide1Window", e.decide(oneWindow, Options{}, false, benchGoroutines))
-	b.Run("Decide2WindowsBatch32x2", e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, benchGoroutines))
-	b.Run("Decide1WindowBatch32x2", e.decide(oneWindow, Options{Batch: 32, BatchWorkers: 2}, false, benchGoroutines))
+	b.Run("Decide2WindowsBatch32x2", e.decide(twoWindows, Options{Batch: 32, batchWorkers: 2}, false, benchGoroutines))
+	b.Run("Decide1WindowBatch32x2", e.decide(oneWindow, Options{Batch: 32, batchWorkers: 2}, false, benchGoroutines))
 	b.Run("Decide2WindowsGoRedisAutoPipeline", e.decide(twoWindows, Options{}, true, benchGoroutines))
 	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", e.rate(true, benchGoroutines))
 }
@@ -69,10 +69,10 @@ func BenchmarkRedisConcurrency(b *testing.B) {
 	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
-		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 1}, false, g))
-		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
-		b.Run("Decide2WindowsBatch32x4/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 4}, false, g))
-		b.Run("Decide2WindowsBatch32x2NoRetries/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g, "?max_retries=-1"))
+		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 1}, false, g))
+		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 2}, false, g))
+		b.Run("Decide2WindowsBatch32x4/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 4}, false, g))
+		b.Run("Decide2WindowsBatch32x2NoRetries/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 2}, false, g, "?max_retries=-1"))
 		b.Run("RedisRateAllow1Window/"+name, e.rate(false, g))
 		b.Run("RedisRateAllow1WindowGoRedisAutoPipeline/"+name, e.rate(true, g))
 	}
@@ -137,8 +137,8 @@ func BenchmarkRedisClusterConcurrency(b *testing.B) {
 	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
-		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 1}, false, g))
-		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
+		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 1}, false, g))
+		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 2}, false, g))
 		b.Run("RedisRateAllow1Window/"+name, e.rate(false, g))
 	}
 }
@@ -311,14 +311,14 @@ func evalshaMicros(b *testing.B, c *redis.Client) float64 {
 func BenchmarkDecideBreakerOpen(b *testing.B) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = c.Close() })
-	s := newStore(b, c, Options{Breaker: BreakerOptions{Failures: 1, CoolDown: time.Hour}})
+	s := newStore(b, c, Options{breaker: breakerOptions{Failures: 1, CoolDown: time.Hour}})
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	ctx := context.Background()
 	if _, err := s.Decide(ctx, benchKeys[0], limits, time.Time{}); err == nil {
 		b.Fatal("decided against a closed port")
 	}
-	if s.BreakerState() != BreakerOpen {
-		b.Fatalf("breaker %v", s.BreakerState())
+	if s.breakerNow() != breakerOpen {
+		b.Fatalf("breaker %v", s.breakerNow())
 	}
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -336,7 +336,7 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 		t.Logf("refused a client whose slot stayed: %s", e)
 	}
 	for i, s := range l.stores {
-		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.BreakerState(), s.NodeBreakers())
+		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.breakerNow(), s.NodeBreakers())
 	}
 	if asked == 0 || tally.duringDecided[1]+tally.duringRefused[1] == 0 {
 		t.Errorf("no decisions asked during the move (steady %d, moving %d): the load did not overlap it", asked, tally.duringDecided[1]+tally.duringRefused[1])

@@ -88,7 +88,7 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 	var observed, observedErr atomic.Int64
 	s := newStore(t, c, Options{
 		Batch:   batchSize(batch),
-		Breaker: BreakerOptions{Failures: 3, CoolDown: 200 * time.Millisecond},
+		breaker: breakerOptions{Failures: 3, CoolDown: 200 * time.Millisecond},
 		Observe: func(d time.Duration, err error) {
 			observed.Add(1)
 			if err != nil {
@@ -157,7 +157,7 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 	if n := dials.Load() - dialsBefore; n > 40 {
 		t.Errorf("%d dials for 400 decisions against a dead Redis", n)
 	}
-	if st := s.BreakerState(); st == BreakerClosed {
+	if st := s.breakerNow(); st == breakerClosed {
 		t.Errorf("breaker %v with Redis dead", st)
 	}
 
@@ -178,7 +178,7 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 	if d, err := lim.Allow(context.Background(), "{kill-y}:message:EVENT", limits); err != nil || !d.Allowed {
 		t.Fatalf("Limiter after restart: %+v %v", d, err)
 	}
-	if st := s.BreakerState(); st != BreakerClosed {
+	if st := s.breakerNow(); st != breakerClosed {
 		t.Errorf("breaker %v after healing", st)
 	}
 	if observed.Load() == 0 || observedErr.Load() == 0 {
@@ -219,7 +219,7 @@ func testHungRedis(t *testing.T, batch bool) {
 	if pid <= 0 {
 		t.Fatalf("no process_id in INFO server")
 	}
-	s := newStore(t, c, Options{Batch: batchSize(batch), Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: -1}})
+	s := newStore(t, c, Options{Batch: batchSize(batch), Timeout: 100 * time.Millisecond, breaker: breakerOptions{Failures: -1}})
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Second))
 	if _, err := decideTimed(t, s, "{hang}:message:EVENT", limits); err != nil {
 		t.Fatal(err)
@@ -272,7 +272,7 @@ func testHungRedis(t *testing.T, batch bool) {
 // fail their own decisions but say nothing about Redis.
 func TestCallerCancelDoesNotTrip(t *testing.T) {
 	_, c := realRedis(t)
-	s := newStore(t, c, Options{Breaker: BreakerOptions{Failures: 2}})
+	s := newStore(t, c, Options{breaker: breakerOptions{Failures: 2}})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for range 10 {
@@ -280,7 +280,7 @@ func TestCallerCancelDoesNotTrip(t *testing.T) {
 			t.Fatalf("cancelled: %v", err)
 		}
 	}
-	if st := s.BreakerState(); st != BreakerClosed {
+	if st := s.breakerNow(); st != breakerClosed {
 		t.Errorf("breaker %v after callers gave up", st)
 	}
 }
@@ -512,7 +512,7 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 		}
 		mu.Unlock()
 	})
-	s := newStore(t, client(t, ln.Addr().String()), Options{Timeout: 5 * time.Second, Breaker: BreakerOptions{Failures: 2, CoolDown: time.Hour}})
+	s := newStore(t, client(t, ln.Addr().String()), Options{Timeout: 5 * time.Second, breaker: breakerOptions{Failures: 2, CoolDown: time.Hour}})
 	for i := range 2 {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		_, err := s.Decide(ctx, "{hung}:message:EVENT", twoWindows, time.Time{})
@@ -521,7 +521,7 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 			t.Fatalf("#%d: %v, want ErrUnavailable", i, err)
 		}
 	}
-	if st := s.BreakerState(); st != BreakerOpen {
+	if st := s.breakerNow(); st != breakerOpen {
 		t.Errorf("breaker %v after 2 calls that Redis never answered, want open", st)
 	}
 }

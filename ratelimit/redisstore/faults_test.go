@@ -54,7 +54,7 @@ func newFaultEnv(t *testing.T, query ...string) *faultEnv {
 	t.Cleanup(func() { _ = u.Close() })
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = admin.Close() })
-	s := newStore(t, u, Options{Batch: 32, BatchWorkers: 2})
+	s := newStore(t, u, Options{Batch: 32, batchWorkers: 2})
 	t.Cleanup(func() { _ = s.Close() })
 	// Warm up as a gate that was running under this load: the script
 	// cached and the pool holds as many connections as round trips the

@@ -226,20 +226,20 @@ func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
 	if _, err := New(nil, Options{}); !errors.Is(err, errConfig) {
 		t.Errorf("nil client: err = %v, want errConfig", err)
 	}
-	for _, o := range []Options{{Batch: -1}, {Batch: 1, BatchWorkers: -1}, {Batch: maxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, BatchWorkers: maxBatchWorkers + 1}} {
+	for _, o := range []Options{{Batch: -1}, {Batch: 1, batchWorkers: -1}, {Batch: maxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, batchWorkers: maxBatchWorkers + 1}} {
 		if s, err := New(good, o); !errors.Is(err, errConfig) {
 			if s != nil {
 				_ = s.Close()
 			}
-			t.Errorf("Batch %d, BatchWorkers %d: err = %v, want errConfig", o.Batch, o.BatchWorkers, err)
+			t.Errorf("Batch %d, batchWorkers %d: err = %v, want errConfig", o.Batch, o.batchWorkers, err)
 		}
 	}
-	s, err := New(good, Options{Batch: maxBatch, BatchWorkers: maxBatchWorkers})
+	s, err := New(good, Options{Batch: maxBatch, batchWorkers: maxBatchWorkers})
 	if err != nil {
 		t.Fatalf("the largest batch: %v", err)
 	}
 	_ = s.Close()
-	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, errConfig) {
+	if _, err := New(good, Options{breaker: breakerOptions{CoolDown: -1}}); !errors.Is(err, errConfig) {
 		t.Errorf("negative cool-down: err = %v, want errConfig", err)
 	}
 }
@@ -255,7 +255,7 @@ func TestAgreeDegenerate(t *testing.T) {
 
 // TestMalformedStoredValue: a window holding something the script did not
 // write (garbage, NaN, infinity, a negative score, a fractional or negative
-// instant) is an error wrapping ErrBadReply — never an admission on a score
+// instant) is an error wrapping errBadReply — never an admission on a score
 // of zero, never a refusal with a wait of decades — and, since Redis did
 // answer, it does not open the breaker for every other client.
 func TestMalformedStoredValue(t *testing.T) {
@@ -267,7 +267,7 @@ func TestMalformedStoredValue(t *testing.T) {
 
 func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	ctx := context.Background()
-	s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 1}})
+	s := newStore(t, c, Options{Timeout: slow.Timeout, breaker: breakerOptions{Failures: 1}})
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
 	const key = "{bad}:message:EVENT"
 	at := storetest.T0.UnixMilli()
@@ -279,10 +279,10 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 		c.Del(ctx, full)
 		c.Set(ctx, full, v, 0)
 		d, err := s.Decide(ctx, key, limits, storetest.T0)
-		if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
-			t.Errorf("holding %q: %+v %v, want ErrBadReply", v, d, err)
+		if !errors.Is(err, errBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Errorf("holding %q: %+v %v, want errBadReply", v, d, err)
 		}
-		if st := s.BreakerState(); st != BreakerClosed {
+		if st := s.breakerNow(); st != breakerClosed {
 			t.Fatalf("holding %q: breaker %v, want closed", v, st)
 		}
 	}
@@ -296,7 +296,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	c.Set(ctx, ids[0], stored(at, []float64{1, nan}, "seen"), 0)
 	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 2 || v[0] != int64(-1) {
 		t.Errorf("repeat with a corrupt window replied %v %v, want -1", v, err)
-	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ErrBadReply) {
+	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, errBadReply) {
 		t.Errorf("repeat with a corrupt window: %v, want a script refusal", err)
 	}
 }

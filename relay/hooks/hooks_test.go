@@ -107,7 +107,7 @@ func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
 	k = g.h.Khatru(KhatruAccess{IP: ipOf})
 	ctx, cancel = reqCtx(context.Background(), "many")
 	defer cancel()
-	for j := range wire.DefaultMaxFilters {
+	for j := range wire.DefaultBounds().MaxFilters {
 		if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
 			t.Fatalf("filter %d refused: %q", j, msg)
 		}

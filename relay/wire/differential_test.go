@@ -80,8 +80,8 @@ func checkScan(t *testing.T, frame []byte) {
 	if !bytes.Equal(frame, orig) {
 		t.Fatalf("Scan modified its input")
 	}
-	if want := PeekType(frame).Type; f.Type != want {
-		t.Fatalf("Scan type %v, PeekType %v, frame %q", f.Type, want, frame)
+	if want := Peek(frame).Type; f.Type != want {
+		t.Fatalf("Scan type %v, Peek %v, frame %q", f.Type, want, frame)
 	}
 	if reason != "" {
 		if !scanReasons[reason] {
@@ -232,8 +232,8 @@ func checkJSONEvent(t *testing.T, frame []byte, f Facts, raw json.RawMessage) {
 // AUTH the first challenge and relay tags, as nip42 finds them.
 func checkGoNostrEvent(t *testing.T, frame []byte, f Facts, ev *nostr.Event) {
 	t.Helper()
-	if len(ev.Tags) > DefaultMaxTags {
-		t.Fatalf("go-nostr reads %d tags, the bound is %d: %.200q", len(ev.Tags), DefaultMaxTags, frame)
+	if len(ev.Tags) > defaultMaxTags {
+		t.Fatalf("go-nostr reads %d tags, the bound is %d: %.200q", len(ev.Tags), defaultMaxTags, frame)
 	}
 	for _, tag := range ev.Tags {
 		letter := len(tag) > 0 && len(tag[0]) == 1 && isLetter(tag[0][0])
@@ -242,7 +242,7 @@ func checkGoNostrEvent(t *testing.T, frame []byte, f Facts, ev *nostr.Event) {
 			t.Fatalf("go-nostr reads an empty tag in a forwarded event: %.200q", frame)
 		case letter && len(tag) < 2:
 			t.Fatalf("go-nostr reads the one-letter tag %q without a value: %.200q", tag, frame)
-		case letter && len(tag[1]) > DefaultMaxTagValueBytes:
+		case letter && len(tag[1]) > defaultMaxTagValueBytes:
 			// Scan bounds the value as written, so the decoded one can
 			// only be shorter.
 			t.Fatalf("go-nostr reads a %d-byte %s value: %.200q", len(tag[1]), tag[0], frame)
@@ -464,12 +464,12 @@ func checkGoNostrFilter(t *testing.T, frame []byte, fl nostr.Filter) {
 		fields["#"+k] = len(v)
 	}
 	for name, n := range fields {
-		if n > DefaultMaxFilterValues {
-			t.Fatalf("go-nostr reads %d %s, the bound is %d: %.200q", n, name, DefaultMaxFilterValues, frame)
+		if n > defaultMaxFilterValues {
+			t.Fatalf("go-nostr reads %d %s, the bound is %d: %.200q", n, name, defaultMaxFilterValues, frame)
 		}
 	}
-	if n := plannerFanout(fl); n > DefaultMaxFanout {
-		t.Fatalf("eventstore's planner opens %d scans for a forwarded filter, the bound is %d: %.200q", n, DefaultMaxFanout, frame)
+	if n := plannerFanout(fl); n > defaultMaxFanout {
+		t.Fatalf("eventstore's planner opens %d scans for a forwarded filter, the bound is %d: %.200q", n, defaultMaxFanout, frame)
 	}
 }
 

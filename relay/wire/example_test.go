@@ -17,7 +17,7 @@ func ExampleScan() {
 		return
 	}
 	fmt.Printf("%v %s, %d filter(s)\n", f.Type, f.SubID, f.Filters)
-	reply := wire.AppendRateLimited(nil, wire.Peek(frame), 17*time.Second+time.Millisecond)
+	reply := wire.AppendRateLimited(nil, wire.Peek(frame).Frame(), 17*time.Second+time.Millisecond)
 	fmt.Printf("%s\n", reply)
 	// Output:
 	// REQ "feed", 1 filter(s)

@@ -132,7 +132,7 @@ var prefixes = func() (p [NumTypes][]byte) {
 // message"; frames whose label is not one of the types above get
 // "invalid: unknown message type".
 func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
-	p := PeekType(frame)
+	p := Peek(frame)
 	f.Type = p.Type
 	switch {
 	case !p.shaped:

@@ -224,10 +224,10 @@ func compileBounds(b wire.Bounds, maxFilters int) wire.Bounds {
 			*v = d
 		}
 	}
-	def(&b.MaxTags, wire.DefaultMaxTags)
-	def(&b.MaxTagValueBytes, wire.DefaultMaxTagValueBytes)
-	def(&b.MaxFilterValues, wire.DefaultMaxFilterValues)
-	def(&b.MaxFanout, wire.DefaultMaxFanout)
+	def(&b.MaxTags, wire.DefaultBounds().MaxTags)
+	def(&b.MaxTagValueBytes, wire.DefaultBounds().MaxTagValueBytes)
+	def(&b.MaxFilterValues, wire.DefaultBounds().MaxFilterValues)
+	def(&b.MaxFanout, wire.DefaultBounds().MaxFanout)
 	b.MaxFilters = maxFilters
 	return b
 }

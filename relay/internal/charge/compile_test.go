@@ -19,11 +19,11 @@ func TestEffectiveMaxFilters(t *testing.T) {
 		l.Message[wire.TypeREQ] = ls
 		return policy.Config{Limits: &l, Bounds: wire.Bounds{MaxFilters: max}}
 	}
-	if got := policy.EffectiveMaxFilters(req(0)); got != wire.DefaultMaxFilters {
+	if got := policy.EffectiveMaxFilters(req(0)); got != wire.DefaultBounds().MaxFilters {
 		t.Errorf("EffectiveMaxFilters(0, no windows) = %d", got)
 	}
-	if got := policy.EffectiveMaxFilters(policy.Config{}); got != wire.DefaultMaxFilters {
-		t.Errorf("EffectiveMaxFilters(zero Config) = %d, want %d (the default REQ window admits more)", got, wire.DefaultMaxFilters)
+	if got := policy.EffectiveMaxFilters(policy.Config{}); got != wire.DefaultBounds().MaxFilters {
+		t.Errorf("EffectiveMaxFilters(zero Config) = %d, want %d (the default REQ window admits more)", got, wire.DefaultBounds().MaxFilters)
 	}
 	if got := policy.EffectiveMaxFilters(req(50, ratelimit.Limit{Rate: 20, Period: time.Second, Cost: 2})); got != 9 {
 		t.Errorf("EffectiveMaxFilters under rate 20, cost 2 = %d, want 9 (9·2 < 20)", got)
@@ -49,7 +49,7 @@ func TestCompile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.MaxFilters() != wire.DefaultMaxFilters {
+	if p.MaxFilters() != wire.DefaultBounds().MaxFilters {
 		t.Errorf("MaxFilters = %d", p.MaxFilters())
 	}
 	if !p.budget.msg[wire.TypeCLOSE].empty() || p.budget.msg[wire.TypeOther].empty() || p.budget.msg[wire.TypeEVENT].empty() {
