@@ -129,5 +129,5 @@
 // that the gate and the framework adapters of package relay/hooks (khatru's
 // and rely's hook slots) share, so the two cannot disagree on what a frame
 // costs. Frames are read by package relay/wire, the one scanner. The one clock is the Limiter's
-// (ratelimit.LimiterOptions.Clock).
+// (ratelimit.NewLimiter).
 package relay

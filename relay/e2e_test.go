@@ -187,7 +187,7 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 	clk := nostrtest.NewClock()
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	g := newGate(t, Options{
-		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
+		Limiter: ratelimit.NewLimiter(store, clk.Now),
 		Policy:  policy.Config{Limits: tightLimits()},
 	})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
@@ -225,11 +225,11 @@ func redisLimiterBatch(t testing.TB, url string, clk *nostrtest.Clock, batch int
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	opts := ratelimit.LimiterOptions{}
+	var clock ratelimit.Clock
 	if clk != nil {
-		opts.Clock = clk.Now
+		clock = clk.Now
 	}
-	return ratelimit.NewLimiter(st, opts)
+	return ratelimit.NewLimiter(st, clock)
 }
 
 // (d) Redis stopped: "error: rate limiter unavailable", never

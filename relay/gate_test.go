@@ -234,7 +234,7 @@ func newGate(t testing.TB, opts Options) *Gate {
 
 // memLimiter returns a limiter over a memory store on clock c.
 func memLimiter(c *nostrtest.Clock) *ratelimit.Limiter {
-	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: c.Now})
+	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), c.Now)
 }
 
 // The refusal on the wire: the OK carries the event id exactly as sent,
@@ -313,7 +313,7 @@ func TestGateConnectionLimit(t *testing.T) {
 	var outcomes [policy.Unmatched + 1]atomic.Int64
 	obs := &policy.Observer{Connection: func(o policy.Outcome) { outcomes[o].Add(1) }}
 	g := newGate(t, Options{
-		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
+		Limiter:  ratelimit.NewLimiter(store, clk.Now),
 		Policy:   policy.Config{Limits: &l},
 		Observer: obs,
 	})

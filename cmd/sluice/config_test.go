@@ -659,7 +659,7 @@ func FuzzParseConfig(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.LimiterOptions{BlockedSlots: 4})
+	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), nil)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := parseAndValidate(data)
 		if err != nil {

@@ -58,7 +58,13 @@ const readyKey = "{sluice:readyz}:readyz"
 // key's score is gone by the next probe and no client's limit shares its
 // window (no configured period can be 1 ms and matter). Admitted or
 // refused, a decision is an answer: only an error is "not ready".
-var readyLimit = ratelimit.MustWindows(ratelimit.Limit{Rate: 2, Period: time.Millisecond, Cost: 1})
+var readyLimit = func() *ratelimit.Windows {
+	w, err := ratelimit.NewWindows(ratelimit.Limit{Rate: 2, Period: time.Millisecond, Cost: 1})
+	if err != nil {
+		panic(err) // a valid literal
+	}
+	return w
+}()
 
 // storeCheck asks store for a real decision on readyKey, as a client's
 // message would: with Redis that is the script, the store's deadline, its

@@ -24,7 +24,7 @@ func scrape(t *testing.T, m *metrics) string {
 func TestMetrics(t *testing.T) {
 	m := newMetrics()
 	state := "closed"
-	m.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), func() string { return state })
+	m.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), nil), func() string { return state })
 
 	o := m.observer()
 	o.Frame(wire.TypeEVENT, policy.RateLimited)
@@ -91,7 +91,7 @@ func TestConnectionOutcomes(t *testing.T) {
 // histogram and no breaker gauge; with the Redis store there are.
 func TestMemoryStoreMetrics(t *testing.T) {
 	mem := newMetrics()
-	mem.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), nil)
+	mem.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), nil), nil)
 	body := scrape(t, mem)
 	for _, name := range []string{"sluice_store_latency_seconds", "sluice_breaker_open"} {
 		if strings.Contains(body, name) {
@@ -99,7 +99,7 @@ func TestMemoryStoreMetrics(t *testing.T) {
 		}
 	}
 	red := newMetrics()
-	red.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), func() string { return "closed" })
+	red.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), nil), func() string { return "closed" })
 	red.observeStore(time.Millisecond, nil)
 	body = scrape(t, red)
 	for _, name := range []string{"sluice_store_latency_seconds_count", "sluice_breaker_open"} {

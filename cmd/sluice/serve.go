@@ -61,7 +61,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 	p := &limiterParts{store: "memory"}
 	if cfg.Redis == "" {
 		mem := ratelimit.NewMemoryStore(0)
-		p.limiter = ratelimit.NewLimiter(mem, ratelimit.LimiterOptions{})
+		p.limiter = ratelimit.NewLimiter(mem, nil)
 		p.ready = storeCheck(mem, nil)
 		m.watch(p.limiter, nil)
 	} else {
@@ -94,7 +94,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		p.redis = client
 		p.rstore = st
 		p.store = redisstore.RedactURL(cfg.Redis)
-		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
+		p.limiter = ratelimit.NewLimiter(st, nil)
 		p.ready = storeCheck(st, st.BreakerState)
 		if _, cluster := client.(*redis.ClusterClient); cluster {
 			p.ready = clusterStoreCheck(st)

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -29,7 +30,7 @@ const benchClients = 100000
 var benchKeys = func() []string {
 	k := make([]string, benchClients)
 	for i := range k {
-		k[i] = ratelimit.MessageKey("10."+strconv.Itoa(i>>16)+"."+strconv.Itoa(i>>8&255)+"."+strconv.Itoa(i&255), "EVENT")
+		k[i] = messageKey("10."+strconv.Itoa(i>>16)+"."+strconv.Itoa(i>>8&255)+"."+strconv.Itoa(i&255), "EVENT")
 	}
 	return k
 }()
@@ -48,8 +49,8 @@ var benchKeys = func() []string {
 // Options.Batch, and direct-%, the share of decisions that went out alone.
 func BenchmarkRedis(b *testing.B) {
 	e := newBenchEnv(b)
-	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
-	oneWindow := ratelimit.MustWindows(twoWindows.Limit(0))
+	twoWindows := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	oneWindow := storetest.MustWindows(twoWindows.Limit(0))
 	b.Run("Decide2Windows", e.decide(twoWindows, Options{}, false, benchGoroutines))
 	b.Run("RedisRateAllow1Window", e.rate(false, benchGoroutines))
 	b.Run("Decide1Window", e.decide(oneWindow, Options{}, false, benchGoroutines))
@@ -66,7 +67,7 @@ func BenchmarkRedis(b *testing.B) {
 // how many.
 func BenchmarkRedisConcurrency(b *testing.B) {
 	e := newBenchEnv(b)
-	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	twoWindows := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
 		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 1}, false, g))
@@ -134,7 +135,7 @@ func (e *benchEnv) universal(b *testing.B, query ...string) redis.UniversalClien
 func BenchmarkRedisClusterConcurrency(b *testing.B) {
 	addrs := startCluster(b)
 	e := newBenchEnvOn(b, "redis+cluster://"+strings.Join(addrs, ","), addrs...)
-	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	twoWindows := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
 		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 1}, false, g))
@@ -312,7 +313,7 @@ func BenchmarkDecideBreakerOpen(b *testing.B) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = c.Close() })
 	s := newStore(b, c, Options{breaker: breakerOptions{Failures: 1, CoolDown: time.Hour}})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	ctx := context.Background()
 	if _, err := s.Decide(ctx, benchKeys[0], limits, time.Time{}); err == nil {
 		b.Fatal("decided against a closed port")

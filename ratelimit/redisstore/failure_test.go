@@ -96,8 +96,8 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 			}
 		},
 	})
-	lim := ratelimit.NewLimiter(s, ratelimit.LimiterOptions{})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1000, time.Second), ratelimit.PerPeriod(100000, time.Minute))
+	lim := ratelimit.NewLimiter(s, nil)
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1000, time.Second), ratelimit.PerPeriod(100000, time.Minute))
 
 	// Healthy traffic from several goroutines, then the kill lands mid-run.
 	var wg sync.WaitGroup
@@ -220,7 +220,7 @@ func testHungRedis(t *testing.T, batch bool) {
 		t.Fatalf("no process_id in INFO server")
 	}
 	s := newStore(t, c, Options{Batch: batchSize(batch), Timeout: 100 * time.Millisecond, breaker: breakerOptions{Failures: -1}})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(100, time.Second))
 	if _, err := decideTimed(t, s, "{hang}:message:EVENT", limits); err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +363,7 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	c := client(t, p.ln.Addr().String()) // go-redis defaults: MaxRetries 3
 	s := newStore(t, c, Options{Timeout: slow.Timeout, Batch: batchSize(batch)})
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 	key := "{lost}:message:EVENT"
 	// stored is the score in Redis; with an hour's half-life the few ms the
 	// test takes decay it by less than 1e-5.
@@ -432,7 +432,7 @@ func testLostReplyNoRetry(t *testing.T, batch bool) {
 		t.Fatal("a client without retries: the store is not lean")
 	}
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 	key := "{lostlean}:message:EVENT"
 	stored := func() string {
 		v, _ := direct.Get(ctx, defaultPrefix+key+":3600000"+valueTag).Result()
@@ -532,7 +532,7 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 func TestBatchCloseStrandsNoCall(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, Options{Timeout: slow.Timeout})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
 	for round := range 50 {
 		b := newBatcher(c, true, 4, 2, time.Millisecond, nil)
 		var wg sync.WaitGroup

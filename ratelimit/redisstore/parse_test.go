@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
-var twoWindows = ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+var twoWindows = storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 
 // sc is a reply's scores as the script packs them: t, then the scores.
 func sc(scores ...float64) string { return stored(storetest.T0.UnixMilli(), scores) }
@@ -182,7 +182,7 @@ func TestParseReplyRefusal(t *testing.T) {
 // of the call; a well-formed one is cut at the right places.
 func TestSplitHostile(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	one := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Second))
+	one := storetest.MustWindows(ratelimit.PerPeriod(5, time.Second))
 	reqs := []*request{s.request("{a}:message:EVENT", twoWindows, time.Time{}), s.request("{b}:message:REQ", one, time.Time{})}
 	for name, reply := range map[string]any{
 		"nil":            nil,

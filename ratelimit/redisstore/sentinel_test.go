@@ -120,7 +120,7 @@ func TestSentinelFailover(t *testing.T) {
 	// A generous deadline: the first call also discovers the master through
 	// the sentinel and loads the script, and CI runs this under -race.
 	s := newStore(t, c, Options{Timeout: 2 * time.Second, breaker: breakerOptions{CoolDown: 100 * time.Millisecond}})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1000, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1000, time.Second))
 	if _, err := s.Decide(context.Background(), "{fo}:message:EVENT", limits, time.Time{}); err != nil {
 		t.Fatal(err)
 	}

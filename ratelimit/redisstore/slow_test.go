@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/faultproxy"
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -25,7 +26,7 @@ import (
 func slowLoad(t *testing.T, p *faultproxy.Proxy, g, perG int) (answered, unavailable int64, slowest time.Duration) {
 	t.Helper()
 	c := client(t, p.Addr())
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1e6, time.Second), ratelimit.PerPeriod(1e7, time.Minute))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1e6, time.Second), ratelimit.PerPeriod(1e7, time.Minute))
 	// Warm up, as a gate that was running before Redis slowed down: the
 	// script cached and the pool's connections open (a new connection
 	// costs a HELLO round trip of its own), with no deadline to miss.

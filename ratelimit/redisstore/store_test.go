@@ -87,7 +87,7 @@ func TestRedisTime(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, slow)
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(3, time.Hour))
 	key := "{time}:message:EVENT"
 	for i := range 3 {
 		d, err := s.Decide(ctx, key, limits, time.Time{})
@@ -124,7 +124,7 @@ func TestKeysAndTTL(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, Options{Prefix: "p:", Timeout: slow.Timeout})
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for range 10 {
 		if _, err := s.Decide(ctx, "{203.0.113.7}:message:EVENT", limits, time.Time{}); err != nil {
 			t.Fatal(err)
@@ -136,7 +136,8 @@ func TestKeysAndTTL(t *testing.T) {
 	}
 	// One key holds both windows: its TTL serves the longer-lived of them.
 	const key = "p:{203.0.113.7}:message:EVENT:1000:60000" + valueTag
-	for _, l := range limits.Limits() {
+	for i := range limits.Len() {
+		l := limits.Limit(i)
 		ttl, err := c.PTTL(ctx, key).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -156,7 +157,8 @@ func TestKeysAndTTL(t *testing.T) {
 	// And bounded: at most T·log2(1024·R/min(c,R−c)) plus slack, for the
 	// longest-lived window.
 	var bound time.Duration
-	for _, l := range limits.Limits() {
+	for i := range limits.Len() {
+		l := limits.Limit(i)
 		bound = max(bound, time.Duration(float64(l.Period)*(log2(1024*l.Rate)+1)))
 	}
 	if ttl := c.PTTL(ctx, key).Val(); ttl > bound {
@@ -186,7 +188,7 @@ func testNoScriptHeals(t *testing.T, opts Options) {
 	s := newStore(t, c, opts)
 	defer s.Close()
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(100, time.Second))
 	if _, err := s.Decide(ctx, "{flush}:message:EVENT", limits, storetest.T0); err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +270,7 @@ func TestMalformedStoredValue(t *testing.T) {
 func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	ctx := context.Background()
 	s := newStore(t, c, Options{Timeout: slow.Timeout, breaker: breakerOptions{Failures: 1}})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
 	const key = "{bad}:message:EVENT"
 	at := storetest.T0.UnixMilli()
 	nan, inf := math.NaN(), math.Inf(1)
@@ -307,7 +309,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 // costs none. It was 6 of the 27 allocations per Decide before.
 func TestRequestAllocs(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute), ratelimit.PerPeriod(1000, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute), ratelimit.PerPeriod(1000, time.Hour))
 	if n := testing.AllocsPerRun(100, func() { s.request("{a}:message:EVENT", limits, time.Time{}) }); n > 2 {
 		t.Errorf("request: %v allocations, want at most 2", n)
 	}
@@ -340,9 +342,9 @@ func TestRequestFromWindows(t *testing.T) {
 		key  string
 		nums []float64
 	}{
-		{ratelimit.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
+		{storetest.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
 			"p:{k}:message:EVENT:1500:bin", []float64{t0, 0, 1, 1, 5, 1500, 1}},
-		{ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
+		{storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
 			ratelimit.Limit{Rate: 2.5, Period: 90 * time.Minute, Cost: 0.5}, ratelimit.Limit{Rate: 1e4, Period: 24 * time.Hour}),
 			"p:{k}:message:EVENT:1000:60000:5400000:86400000:bin",
 			[]float64{t0, 0, 1, 4, 10, 1000, 1, 240, 60000, 1, 2.5, 5400000, 0.5, 1e4, 86400000, 1}},
@@ -370,8 +372,8 @@ func TestRequestFromWindows(t *testing.T) {
 // in order, send each distinct set of windows once, and point at it by index.
 func TestCommandSharesLists(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	two := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
-	one := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Second))
+	two := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	one := storetest.MustWindows(ratelimit.PerPeriod(5, time.Second))
 	a := s.request("{a}:message:EVENT", two, time.Time{})
 	b := s.request("{b}:message:REQ", one, time.Time{})
 	c := s.request("{c}:message:EVENT", two, time.Time{})
@@ -412,7 +414,7 @@ func TestRequestIDsStartApart(t *testing.T) {
 	c := client(t, "127.0.0.1:1")
 	a, b := newStore(t, c, Options{}), newStore(t, c, Options{})
 	b.idBase = a.idBase
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second))
 	ida := a.request("{x}:message:EVENT", limits, time.Time{}).id
 	idb := b.request("{x}:message:EVENT", limits, time.Time{}).id
 	if ida == idb || len(ida) != idLen {
@@ -446,7 +448,7 @@ func TestScriptRefusals(t *testing.T) {
 // script's source, of a batch call the batch script's.
 func TestEvalArgsPicksSource(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	r := s.request("{a}:message:EVENT", ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second)), time.Time{})
+	r := s.request("{a}:message:EVENT", storetest.MustWindows(ratelimit.PerPeriod(10, time.Second)), time.Time{})
 	if a := evalArgs(leanArgs(r, 0)); a[0] != argEval || a[1] != argSource1 {
 		t.Errorf("lean call falls back to %.20q", a[:2])
 	}

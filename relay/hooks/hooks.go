@@ -142,7 +142,7 @@ func New(opts Options) (*Hooks, error) {
 		return nil, err
 	}
 	if h.lim == nil {
-		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), nil)
 	}
 	h.now = h.lim.Now
 	return h, nil

@@ -168,7 +168,7 @@ func compileBudget(l policy.Limits, maxFilters int, shadow bool) (budget, error)
 // splitOf validates ls as one key's windows and prepares its enforcing and
 // its shadow windows apart (all in shadow when shadow).
 func splitOf(ls []ratelimit.Limit, shadow bool) (split, error) {
-	if err := ratelimit.ValidateLimits(ls); err != nil {
+	if _, err := ratelimit.NewWindows(ls...); err != nil {
 		return split{}, err
 	}
 	var enforce, sh []ratelimit.Limit

@@ -55,7 +55,7 @@ func TestCompile(t *testing.T) {
 	if !p.budget.msg[wire.TypeCLOSE].empty() || p.budget.msg[wire.TypeOther].empty() || p.budget.msg[wire.TypeEVENT].empty() {
 		t.Error("CLOSE must be free, OTHER and EVENT charged")
 	}
-	if got := p.Message(wire.TypeEVENT).Limits(); len(got) != 2 || got[0] != l.Message[wire.TypeEVENT][0] {
+	if got := p.Message(wire.TypeEVENT); got.Len() != 2 || got.Limit(0) != l.Message[wire.TypeEVENT][0] {
 		t.Errorf("EVENT windows %v", got)
 	}
 	for n := 1; n <= p.MaxFilters(); n++ {
@@ -80,7 +80,7 @@ func TestCompile(t *testing.T) {
 var t0 = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
 
 func frozenLimiter() *ratelimit.Limiter {
-	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: func() time.Time { return t0 }})
+	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), func() time.Time { return t0 })
 }
 
 func lims(ls ...ratelimit.Limit) []ratelimit.Limit { return ls }
