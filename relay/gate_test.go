@@ -429,9 +429,9 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var eose []byte
 		if rec.eose {
 			switch f, reason := wire.Scan(data, nil); {
-			case reason == "" && f.Type == wire.TypeREQ:
+			case reason == "" && wire.Peek(data).Type == wire.TypeREQ:
 				eose = []byte(`["EOSE",` + string(f.SubID) + `]`)
-			case reason == "" && f.Type == wire.TypeCOUNT:
+			case reason == "" && wire.Peek(data).Type == wire.TypeCOUNT:
 				eose = []byte(`["COUNT",` + string(f.SubID) + `,{"count":0}]`)
 			}
 		}
@@ -468,7 +468,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case rec.answerOK != nil:
-			if f, reason := wire.Scan(data, nil); reason == "" && (f.Type == wire.TypeEVENT || f.Type == wire.TypeAUTH) {
+			if f, reason := wire.Scan(data, nil); reason == "" && (wire.Peek(data).Type == wire.TypeEVENT || wire.Peek(data).Type == wire.TypeAUTH) {
 				id := f.Event.ID
 				reason := ""
 				if rec.okReason != nil {

@@ -80,8 +80,8 @@ func checkScan(t *testing.T, frame []byte) {
 	if !bytes.Equal(frame, orig) {
 		t.Fatalf("Scan modified its input")
 	}
-	if want := Peek(frame).Type; f.Type != want {
-		t.Fatalf("Scan type %v, Peek %v, frame %q", f.Type, want, frame)
+	if want := Peek(frame).Type; f.typ != want {
+		t.Fatalf("Scan type %v, Peek %v, frame %q", f.typ, want, frame)
 	}
 	if reason != "" {
 		if !scanReasons[reason] {
@@ -108,15 +108,15 @@ func checkScan(t *testing.T, frame []byte) {
 	if err := json.Unmarshal(frame, &elems); err != nil {
 		t.Fatalf("encoding/json: %v, frame %q", err, frame)
 	}
-	if want := scanElems(f.Type, f.Filters); len(elems) != want {
-		t.Fatalf("encoding/json reads %d elements, Scan's %v of %d filters has %d: %q", len(elems), f.Type, f.Filters, want, frame)
+	if want := scanElems(f.typ, f.Filters); len(elems) != want {
+		t.Fatalf("encoding/json reads %d elements, Scan's %v of %d filters has %d: %q", len(elems), f.typ, f.Filters, want, frame)
 	}
 	var label string
-	if err := json.Unmarshal(elems[0], &label); err != nil || label != f.Type.String() {
-		t.Fatalf("encoding/json label %q (%v), Scan %v: %q", label, err, f.Type, frame)
+	if err := json.Unmarshal(elems[0], &label); err != nil || label != f.typ.String() {
+		t.Fatalf("encoding/json label %q (%v), Scan %v: %q", label, err, f.typ, frame)
 	}
 	var sub string
-	switch f.Type {
+	switch f.typ {
 	case TypeEVENT, TypeAUTH:
 		checkJSONEvent(t, frame, f, elems[1])
 	default:
@@ -124,7 +124,7 @@ func checkScan(t *testing.T, frame []byte) {
 			t.Fatalf("encoding/json sub id %q (%v), Scan %s: %q", sub, err, f.SubID, frame)
 		}
 	}
-	switch f.Type {
+	switch f.typ {
 	case TypeREQ, TypeCOUNT:
 		for _, e := range elems[2:] {
 			var m map[string]json.RawMessage
@@ -147,8 +147,8 @@ func checkScan(t *testing.T, frame []byte) {
 	if env == nil {
 		t.Fatalf("khatru cannot read a forwarded frame (%v): %q", err, frame)
 	}
-	if env.Label() != f.Type.String() {
-		t.Fatalf("khatru reads %s, Scan %v: %q", env.Label(), f.Type, frame)
+	if env.Label() != f.typ.String() {
+		t.Fatalf("khatru reads %s, Scan %v: %q", env.Label(), f.typ, frame)
 	}
 	switch e := env.(type) {
 	case *nostr.EventEnvelope:
@@ -193,11 +193,11 @@ func checkScan(t *testing.T, frame []byte) {
 			t.Fatalf("khatru reads NEG-CLOSE %q, Scan %s: %q", e.SubscriptionID, f.SubID, frame)
 		}
 	default:
-		t.Fatalf("khatru reads %T, Scan %v: %q", env, f.Type, frame)
+		t.Fatalf("khatru reads %T, Scan %v: %q", env, f.typ, frame)
 	}
 
 	// (c) khatru's negentropy survives the message, and reads it whole.
-	if f.Type == TypeNEGOPEN || f.Type == TypeNEGMSG {
+	if f.typ == TypeNEGOPEN || f.typ == TypeNEGMSG {
 		checkReconcile(t, string(f.neg))
 	}
 }
@@ -252,7 +252,7 @@ func checkGoNostrEvent(t *testing.T, frame []byte, f Facts, ev *nostr.Event) {
 		t.Fatalf("khatru reads id %s pubkey %s kind %d created_at %d; Scan %s %s %d %d: %q",
 			ev.ID, ev.PubKey, ev.Kind, ev.CreatedAt, f.Event.ID, f.Event.Pubkey, f.Event.Kind, f.Event.CreatedAt, frame)
 	}
-	if f.Type != TypeAUTH {
+	if f.typ != TypeAUTH {
 		if f.Event.Challenge != nil || f.Event.Relay != nil {
 			t.Fatalf("EVENT with AUTH tags in its facts: %q", frame)
 		}

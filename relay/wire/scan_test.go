@@ -399,8 +399,8 @@ func checkFacts(t *testing.T, frame []byte, f Facts, want scanWant) {
 		{"Challenge", ev.Challenge, want.challenge},
 		{"Relay", ev.Relay, want.relay},
 	}
-	if f.Type != want.typ {
-		t.Errorf("Type = %v, want %v", f.Type, want.typ)
+	if f.typ != want.typ {
+		t.Errorf("Type = %v, want %v", f.typ, want.typ)
 	}
 	for _, l := range lits {
 		switch {
@@ -473,8 +473,8 @@ func TestScanGoNostrFrames(t *testing.T) {
 			t.Fatal(err)
 		}
 		f, reason := Scan(frame, scanBounds)
-		if reason != "" || f.Type != tc.typ || f.Filters != tc.want {
-			t.Errorf("Scan(%s) = %v %d %q, want %v %d canonical", frame, f.Type, f.Filters, reason, tc.typ, tc.want)
+		if reason != "" || f.typ != tc.typ || f.Filters != tc.want {
+			t.Errorf("Scan(%s) = %v %d %q, want %v %d canonical", frame, f.typ, f.Filters, reason, tc.typ, tc.want)
 		}
 		if tc.typ == TypeEVENT || tc.typ == TypeAUTH {
 			if f.Event.ID.String() != testID || f.Event.Pubkey.String() != scanPub || f.Event.CreatedAt != 1673347337 {
@@ -496,8 +496,8 @@ func TestScanHostile(t *testing.T) {
 				t.Errorf("Scan(%.300q) = %q, want %q", frame, reason, tc.reason)
 			}
 			// The type is Peek's whatever the shape: it decides the bucket.
-			if want := Peek(frame).Type; f.Type != want {
-				t.Errorf("Type = %v, Peek says %v", f.Type, want)
+			if want := Peek(frame).Type; f.typ != want {
+				t.Errorf("Type = %v, Peek says %v", f.typ, want)
 			}
 		})
 	}
