@@ -10,7 +10,7 @@ import (
 
 // TestQuotaWithClock: a Quota reads its instants from its clock, never
 // fails, and the Quota WithClock makes shares the counts of the one it was
-// made from; nil and Unlimited admit everything.
+// made from; nil admits everything.
 func TestQuotaWithClock(t *testing.T) {
 	ctx := context.Background()
 	base, _ := ratelimit.NewQuota(2, time.Minute)
@@ -34,7 +34,7 @@ func TestQuotaWithClock(t *testing.T) {
 	if over, _, err := aq.Exceeded(ctx, "alice"); over || err != nil {
 		t.Errorf("next window: Exceeded = %v %v", over, err)
 	}
-	for _, u := range []*ratelimit.Quota{nil, ratelimit.Unlimited(), ratelimit.Unlimited().WithClock(nil)} {
+	for _, u := range []*ratelimit.Quota{nil, (*ratelimit.Quota)(nil).WithClock(nil)} {
 		for range 3 {
 			if ok, err := u.Add(ctx, "alice"); !ok || err != nil {
 				t.Fatalf("unlimited Add = %v %v", ok, err)

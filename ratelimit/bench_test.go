@@ -14,7 +14,7 @@ import (
 var benchKeys = func() []string {
 	keys := make([]string, 4096)
 	for i := range keys {
-		keys[i] = ratelimit.MessageKey("2001:db8:"+strconv.FormatInt(int64(i), 16)+"::/64", "EVENT")
+		keys[i] = messageKey("2001:db8:"+strconv.FormatInt(int64(i), 16)+"::/64", "EVENT")
 	}
 	return keys
 }()
@@ -63,7 +63,7 @@ func BenchmarkMemoryStoreDecide(b *testing.B) {
 // BenchmarkLimiterAllow is the gate's hot path over the memory store:
 // local table lookup, then the store's allocation-free decision.
 func BenchmarkLimiterAllow(b *testing.B) {
-	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), nil)
 	limits := benchLimits["windows=2"]
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -82,7 +82,7 @@ func BenchmarkLimiterAllow(b *testing.B) {
 // local table answers, so the store is called ≈ 0 times per message.
 func BenchmarkLimiterBlockedFlood(b *testing.B) {
 	store := &countingStore{inner: ratelimit.NewMemoryStore(0)}
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	lim := ratelimit.NewLimiter(store, nil)
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Hour))
 	ctx := context.Background()
 	flooders := benchKeys[:64]

@@ -9,17 +9,15 @@ import (
 )
 
 func ExampleLimiter_Allow() {
-	// Tests and examples pass the clock; a server leaves Clock nil.
+	// Tests and examples pass the clock; a server passes nil.
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{
-		Clock: func() time.Time { return now },
-	})
+	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), func() time.Time { return now })
 	// Prepared once, at start-up: validated, and ready for every decision.
 	events, err := ratelimit.NewWindows(ratelimit.PerPeriod(3, time.Second))
 	if err != nil {
 		panic(err)
 	}
-	key := ratelimit.MessageKey("203.0.113.7", "EVENT")
+	key := "{203.0.113.7}:message:EVENT" // the client in braces: one Redis Cluster slot
 
 	for i := 1; i <= 4; i++ {
 		d, err := lim.Allow(context.Background(), key, events)

@@ -36,3 +36,27 @@ func (q *Quota) ExceededAt(actor string, now time.Time) (bool, time.Duration) {
 }
 
 func (q *Quota) AddAt(actor string, now time.Time) bool { return q.add(actor, now) }
+
+// NewLimiterSlots is NewLimiter with a refused-until table of slots
+// entries.
+func NewLimiterSlots(store Store, clock Clock, slots int) *Limiter {
+	return newLimiter(store, clock, slots)
+}
+
+// MustWindows is NewWindows for limits known to be valid; it panics on an
+// invalid list.
+func MustWindows(limits ...Limit) *Windows {
+	w, err := NewWindows(limits...)
+	if err != nil {
+		panic(err)
+	}
+	return w
+}
+
+// Limits returns the limits w was made from.
+func (w *Windows) Limits() []Limit {
+	if w == nil {
+		return nil
+	}
+	return w.limits
+}

@@ -164,11 +164,10 @@ func (l Limit) String() string {
 	return s
 }
 
-// ValidateLimits checks the limits of one key at configuration time, so that
-// deciding them need not: every limit valid, at most MaxWindows of them, and
-// no two with the same period (they would share one store key). An empty
-// list is valid and means the key passes free.
-func ValidateLimits(limits []Limit) error {
+// validateLimits checks the limits of one key for NewWindows, at
+// configuration time, so that deciding them need not. An empty list is
+// valid and means the key passes free.
+func validateLimits(limits []Limit) error {
 	if len(limits) > MaxWindows {
 		return fmt.Errorf("%w: %d windows, at most %d", ErrInvalidLimit, len(limits), MaxWindows)
 	}

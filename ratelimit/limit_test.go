@@ -47,13 +47,19 @@ func TestLimitValidate(t *testing.T) {
 	}
 }
 
-func TestValidateLimits(t *testing.T) {
+// TestNewWindowsValidates: NewWindows refuses an invalid limit, a period
+// twice and more than MaxWindows; no limits is valid.
+func TestNewWindowsValidates(t *testing.T) {
+	validate := func(ls []ratelimit.Limit) error {
+		_, err := ratelimit.NewWindows(ls...)
+		return err
+	}
 	sec := ratelimit.PerPeriod(10, time.Second)
 	min := ratelimit.PerPeriod(240, time.Minute)
-	if err := ratelimit.ValidateLimits(nil); err != nil {
+	if err := validate(nil); err != nil {
 		t.Errorf("no limits: %v, want nil (the type passes free)", err)
 	}
-	if err := ratelimit.ValidateLimits([]ratelimit.Limit{sec, min}); err != nil {
+	if err := validate([]ratelimit.Limit{sec, min}); err != nil {
 		t.Errorf("two windows: %v", err)
 	}
 	bad := []struct {
@@ -71,7 +77,7 @@ func TestValidateLimits(t *testing.T) {
 		}()},
 	}
 	for _, tt := range bad {
-		if err := ratelimit.ValidateLimits(tt.limits); !errors.Is(err, ratelimit.ErrInvalidLimit) {
+		if err := validate(tt.limits); !errors.Is(err, ratelimit.ErrInvalidLimit) {
 			t.Errorf("%s: %v, want ErrInvalidLimit", tt.name, err)
 		}
 	}
@@ -115,14 +121,5 @@ func TestLimitString(t *testing.T) {
 		if got := l.String(); got != want {
 			t.Errorf("String(%+v) = %q, want %q", l, got, want)
 		}
-	}
-}
-
-func TestKeys(t *testing.T) {
-	if got, want := ratelimit.MessageKey("203.0.113.7", "EVENT"), "{203.0.113.7}:message:EVENT"; got != want {
-		t.Errorf("MessageKey = %q, want %q", got, want)
-	}
-	if got, want := ratelimit.ConnectionKey("2001:db8::/64"), "{2001:db8::/64}:connection"; got != want {
-		t.Errorf("ConnectionKey = %q, want %q", got, want)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// defaultBlockedSlots is the size of a Limiter's refused-until table when
-// LimiterOptions.BlockedSlots is 0: 16,384 clients-and-types at 32 bytes each.
+// defaultBlockedSlots is the size of a Limiter's refused-until table:
+// 16,384 clients-and-types at 32 bytes each.
 const defaultBlockedSlots = 1 << 14
 
 // blockedWays is the number of slots a key may use: one bucket.
@@ -47,19 +47,6 @@ type Limiter struct {
 	stats   [statStripes]statStripe
 }
 
-// LimiterOptions configures a Limiter. The zero value is usable.
-type LimiterOptions struct {
-	// Clock is the one clock of everything built on this Limiter (a Gate,
-	// Hooks read it through Now). Nil means the real, monotonic Clock, and
-	// then the store's own clock decides (Redis TIME; the memory store
-	// reads the same real Clock); a non-nil Clock's instants are passed to
-	// the store, which is how tests run step tables.
-	Clock Clock
-	// BlockedSlots sizes the local refused-until table (rounded up to a
-	// power of two, at least 4); 0 or less means 16,384.
-	BlockedSlots int
-}
-
 // LimiterStats counts what a Limiter did since it was created.
 type LimiterStats struct {
 	// StoreCalls is the number of decisions asked of the store.
@@ -91,11 +78,23 @@ type statStripe struct {
 
 // NewLimiter returns a Limiter over store. A nil store means a new
 // MemoryStore of the default size.
-func NewLimiter(store Store, opts LimiterOptions) *Limiter {
+//
+// clock is the one clock of everything built on this Limiter (a Gate,
+// Hooks read it through Now). Nil means the real, monotonic Clock, and
+// then the store's own clock decides (Redis TIME; the memory store reads
+// the same real Clock); a non-nil Clock's instants are passed to the
+// store, which is how tests run step tables.
+func NewLimiter(store Store, clock Clock) *Limiter {
+	return newLimiter(store, clock, 0)
+}
+
+// newLimiter is NewLimiter with a refused-until table of slots entries
+// (rounded up to a power of two, at least 4); 0 or less means 16,384.
+func newLimiter(store Store, clock Clock, slots int) *Limiter {
 	if store == nil {
 		store = NewMemoryStore(0)
 	}
-	n := opts.BlockedSlots
+	n := slots
 	if n <= 0 {
 		n = defaultBlockedSlots
 	}
@@ -105,7 +104,7 @@ func NewLimiter(store Store, opts LimiterOptions) *Limiter {
 	n = max(1<<bits.Len(uint(n-1)), blockedWays)
 	l := &Limiter{
 		store:   store,
-		clock:   opts.Clock,
+		clock:   clock,
 		seed:    maphash.MakeSeed(),
 		blocked: make([]blockedBucket, n/blockedWays),
 		mask:    uint64(n/blockedWays - 1),
@@ -114,7 +113,7 @@ func NewLimiter(store Store, opts LimiterOptions) *Limiter {
 }
 
 // Now returns the current instant of the Limiter's clock (see
-// LimiterOptions.Clock).
+// NewLimiter).
 func (l *Limiter) Now() time.Time { return l.clock.Now() }
 
 // Allow decides one message for key against windows at the Limiter's

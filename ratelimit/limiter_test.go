@@ -60,9 +60,9 @@ func (s *perKeyStore) Decide(ctx context.Context, key string, limits *ratelimit.
 
 func TestLimiterBlockedFloodCostsNoStoreCalls(t *testing.T) {
 	store := newCounting()
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	lim := ratelimit.NewLimiter(store, nil)
 	ctx := context.Background()
-	key := ratelimit.MessageKey("192.0.2.1", "EVENT")
+	key := messageKey("192.0.2.1", "EVENT")
 	for i := range 3 {
 		if d, err := lim.AllowAt(ctx, key, per3s, t0); err != nil || !d.Allowed {
 			t.Fatalf("message %d: %+v %v", i, d, err)
@@ -92,14 +92,14 @@ func TestLimiterBlockedFloodCostsNoStoreCalls(t *testing.T) {
 	}
 
 	// Another type of the same client is not blocked.
-	if d, _ := lim.AllowAt(ctx, ratelimit.MessageKey("192.0.2.1", "REQ"), per3s, t1); !d.Allowed {
+	if d, _ := lim.AllowAt(ctx, messageKey("192.0.2.1", "REQ"), per3s, t1); !d.Allowed {
 		t.Fatalf("REQ blocked by EVENT's refusal: %+v", d)
 	}
 }
 
 func TestLimiterLocalBlockExpires(t *testing.T) {
 	store := newCounting()
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	lim := ratelimit.NewLimiter(store, nil)
 	ctx := context.Background()
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second))
 	lim.AllowAt(ctx, "k", limits, t0)
@@ -128,7 +128,7 @@ func TestLimiterStoreErrorsFailClosed(t *testing.T) {
 	wrapped := errors.Join(ratelimit.ErrUnavailable, plain)
 	for _, storeErr := range []error{plain, wrapped, context.DeadlineExceeded} {
 		store := &countingStore{err: storeErr}
-		lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+		lim := ratelimit.NewLimiter(store, nil)
 		for range 3 {
 			d, err := lim.AllowAt(context.Background(), "k", per3s, t0)
 			if d.Allowed {
@@ -153,7 +153,7 @@ func TestLimiterStoreErrorsFailClosed(t *testing.T) {
 // blocked key's entry must never refuse another key.
 func TestLimiterFingerprintCollision(t *testing.T) {
 	store := newCounting()
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{BlockedSlots: 1})
+	lim := ratelimit.NewLimiterSlots(store, nil, 1)
 	ctx := context.Background()
 	for range 4 {
 		lim.AllowAt(ctx, "blocked", per3s, t0)
@@ -186,7 +186,7 @@ func TestLimiterFingerprintCollision(t *testing.T) {
 // full bucket evicts the entry that ends first.
 func TestLimiterSharedBucketDoesNotThrash(t *testing.T) {
 	store := newCounting()
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{BlockedSlots: 4})
+	lim := ratelimit.NewLimiterSlots(store, nil, 4)
 	ctx := context.Background()
 	block := func(k string, at time.Time) {
 		for range 4 {
@@ -222,7 +222,7 @@ func TestLimiterSharedBucketDoesNotThrash(t *testing.T) {
 
 func TestLimiterNoLimitsPassFree(t *testing.T) {
 	store := newCounting()
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	lim := ratelimit.NewLimiter(store, nil)
 	for range 100 {
 		if d, err := lim.Allow(context.Background(), "k", nil); err != nil || !d.Allowed {
 			t.Fatalf("no limits: %+v %v", d, err)
@@ -236,7 +236,7 @@ func TestLimiterNoLimitsPassFree(t *testing.T) {
 func TestLimiterClock(t *testing.T) {
 	// Without a clock the store's own clock decides: it gets the zero instant.
 	store := newCounting()
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	lim := ratelimit.NewLimiter(store, nil)
 	lim.Allow(context.Background(), "k", per3s)
 	if store.zeroNows.Load() != 1 {
 		t.Fatal("nil Clock: the store was not left to its own clock")
@@ -244,7 +244,7 @@ func TestLimiterClock(t *testing.T) {
 	// With a clock, it is used for both the store and the local table.
 	now := t0
 	store = newCounting()
-	lim = ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: func() time.Time { return now }})
+	lim = ratelimit.NewLimiter(store, func() time.Time { return now })
 	for range 4 {
 		lim.Allow(context.Background(), "k", per3s)
 	}
@@ -270,15 +270,15 @@ func TestLimiterOverMemory(t *testing.T) {
 			// answer: the store alone decides.
 			m := ratelimit.NewMemoryStore(0)
 			for i, st := range tt.steps {
-				d, err := ratelimit.NewLimiter(m, ratelimit.LimiterOptions{}).AllowAt(context.Background(), "k", tt.limits, st.at)
+				d, err := ratelimit.NewLimiter(m, nil).AllowAt(context.Background(), "k", tt.limits, st.at)
 				if err != nil || d.Allowed != st.allowed || d.Wait != st.wait {
 					t.Errorf("step %d: %+v %v, want allowed %v wait %v", i, d, err, st.allowed, st.wait)
 				}
 			}
 		})
 	}
-	lim := ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return t0 }})
-	key := ratelimit.MessageKey("192.0.2.9", "EVENT")
+	lim := ratelimit.NewLimiter(nil, func() time.Time { return t0 })
+	key := messageKey("192.0.2.9", "EVENT")
 	if allocs := testing.AllocsPerRun(1000, func() { lim.Allow(context.Background(), key, twoWindows) }); allocs != 0 {
 		t.Errorf("Allow over a MemoryStore allocates %v per call, want 0", allocs)
 	}
@@ -288,7 +288,7 @@ func TestLimiterOverMemory(t *testing.T) {
 // goroutines, few slots, keys blocking and expiring. Each key's admissions
 // never exceed what the store allows.
 func TestLimiterConcurrent(t *testing.T) {
-	lim := ratelimit.NewLimiter(&perKeyStore{}, ratelimit.LimiterOptions{BlockedSlots: 4})
+	lim := ratelimit.NewLimiterSlots(&perKeyStore{}, nil, 4)
 	limits := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Hour))
 	var admitted [16]atomic.Int64
 	var wg sync.WaitGroup
@@ -348,8 +348,8 @@ func TestLimiterWaitIsExactAtAnyInstant(t *testing.T) {
 		}
 		limits := ratelimit.MustWindows(list...)
 		store := &perKeyStore{}
-		a := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
-		b := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+		a := ratelimit.NewLimiter(store, nil)
+		b := ratelimit.NewLimiter(store, nil)
 		now := t0.Add(time.Duration(next(1e9)))
 		var d ratelimit.Decision
 		for i := 0; ; i++ {
@@ -385,7 +385,7 @@ func TestLimiterWaitIsExactAtAnyInstant(t *testing.T) {
 // which decides by the windows it is given now.
 func TestLimiterForget(t *testing.T) {
 	store := newCounting()
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{})
+	lim := ratelimit.NewLimiter(store, nil)
 	ctx := context.Background()
 	tight := ratelimit.MustWindows(ratelimit.PerPeriod(1.5, time.Hour))
 	lim.AllowAt(ctx, "k", tight, t0)
@@ -405,3 +405,7 @@ func TestLimiterForget(t *testing.T) {
 		t.Fatalf("after Forget, under 100/1h: %+v, want admitted", d)
 	}
 }
+
+// messageKey is the key the gate decides messages of type typ from client
+// under ("{client}:message:TYPE").
+func messageKey(client, typ string) string { return "{" + client + "}:message:" + typ }

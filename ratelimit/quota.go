@@ -63,11 +63,10 @@ type Quota struct {
 
 // quotaTable is a Quota's counts, shared by the Quotas WithClock makes.
 type quotaTable struct {
-	events    uint64
-	window    int64 // nanoseconds
-	unlimited bool
-	seed      maphash.Seed
-	slots     [quotaSlots]atomic.Uint64
+	events uint64
+	window int64 // nanoseconds
+	seed   maphash.Seed
+	slots  [quotaSlots]atomic.Uint64
 }
 
 var _ ActorQuota = (*Quota)(nil)
@@ -87,11 +86,6 @@ func NewQuota(events int, window time.Duration) (*Quota, error) {
 	return &Quota{t: &quotaTable{events: uint64(events), window: int64(window), seed: maphash.MakeSeed()}}, nil
 }
 
-// Unlimited returns a Quota that admits every event and reports Events 0.
-// A nil *Quota does the same; this one is a non-nil ActorQuota, for a
-// configuration that must tell "no quota here" from "not configured".
-func Unlimited() *Quota { return &Quota{t: &quotaTable{unlimited: true}} }
-
 // WithClock returns a Quota that shares q's counts and reads the time from
 // clock: pass the Limiter's (Limiter.Now), so that the quota runs on the
 // one clock; nil means the real Clock. A nil q gives nil.
@@ -102,19 +96,17 @@ func (q *Quota) WithClock(clock Clock) *Quota {
 	return &Quota{t: q.t, clock: clock}
 }
 
-func (q *Quota) unlimited() bool { return q == nil || q.t.unlimited }
-
-// Events returns the events allowed per actor per window; 0 when unlimited.
+// Events returns the events allowed per actor per window; 0 for a nil Quota (no quota).
 func (q *Quota) Events() int {
-	if q.unlimited() {
+	if q == nil {
 		return 0
 	}
 	return int(q.t.events)
 }
 
-// Window returns the window length; 0 when unlimited.
+// Window returns the window length; 0 for a nil Quota (no quota).
 func (q *Quota) Window() time.Duration {
-	if q.unlimited() {
+	if q == nil {
 		return 0
 	}
 	return time.Duration(q.t.window)
@@ -124,7 +116,7 @@ func (q *Quota) Window() time.Duration {
 // window, and if so how long until the next window, when it starts afresh.
 // The error is always nil.
 func (q *Quota) Exceeded(_ context.Context, actor string) (bool, time.Duration, error) {
-	if q.unlimited() {
+	if q == nil {
 		return false, 0, nil // before reading a clock it may not have
 	}
 	over, wait := q.exceeded(actor, q.clock.Now())
@@ -135,7 +127,7 @@ func (q *Quota) Exceeded(_ context.Context, actor string) (bool, time.Duration, 
 // reports false when the actor was already at its limit (the event is not
 // counted). The error is always nil.
 func (q *Quota) Add(_ context.Context, actor string) (bool, error) {
-	if q.unlimited() {
+	if q == nil {
 		return true, nil
 	}
 	return q.add(actor, q.clock.Now()), nil
@@ -143,7 +135,7 @@ func (q *Quota) Add(_ context.Context, actor string) (bool, error) {
 
 // exceeded is Exceeded at the instant now.
 func (q *Quota) exceeded(actor string, now time.Time) (bool, time.Duration) {
-	if q.unlimited() {
+	if q == nil {
 		return false, 0
 	}
 	t := q.t
@@ -161,7 +153,7 @@ func (q *Quota) exceeded(actor string, now time.Time) (bool, time.Duration) {
 
 // add is Add at the instant now.
 func (q *Quota) add(actor string, now time.Time) bool {
-	if q.unlimited() {
+	if q == nil {
 		return true
 	}
 	t := q.t

@@ -26,7 +26,8 @@ type Decision struct {
 
 // Store decides all windows of one key in one atomic step. Key names the
 // client and the kind of decision, such as "{203.0.113.7}:message:EVENT"
-// (MessageKey); a store tells the windows of one key apart by their
+// (the client in braces, so that a store which shards by key can keep
+// everything of one client together, as a Redis Cluster hash tag); a store tells the windows of one key apart by their
 // periods however it keeps them. The windows were validated when they were
 // prepared (NewWindows), so a store does not check them again; no windows
 // admits without a call.
@@ -36,17 +37,4 @@ type Decision struct {
 // decide and wraps ErrUnavailable.
 type Store interface {
 	Decide(ctx context.Context, key string, windows *Windows, now time.Time) (Decision, error)
-}
-
-// MessageKey returns the Store key for messages of type typ from client:
-// "{client}:message:TYPE". The client is in braces so that a store which
-// shards by key can keep everything of one client together (a Redis
-// Cluster hash tag). Callers on a hot path build it once per connection.
-func MessageKey(client, typ string) string {
-	return "{" + client + "}:message:" + typ
-}
-
-// ConnectionKey returns the Store key for connections from client.
-func ConnectionKey(client string) string {
-	return "{" + client + "}:connection"
 }

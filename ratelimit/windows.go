@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"fmt"
 	"strings"
 	"time"
 )
@@ -27,11 +26,13 @@ type window struct {
 	period               uint64 // whole milliseconds: the memory store's slot
 }
 
-// NewWindows validates limits with ValidateLimits and prepares them. The
+// NewWindows validates limits and prepares them: every limit valid
+// (Limit.Validate), at most MaxWindows of them, and no two with the same
+// period (they would share one store key). The
 // limits are copied: changing the slice afterwards changes nothing. No
 // limits gives an empty, non-nil Windows that passes free, like nil.
 func NewWindows(limits ...Limit) (*Windows, error) {
-	if err := ValidateLimits(limits); err != nil {
+	if err := validateLimits(limits); err != nil {
 		return nil, err
 	}
 	w := &Windows{
@@ -48,16 +49,6 @@ func NewWindows(limits ...Limit) (*Windows, error) {
 	return w, nil
 }
 
-// MustWindows is NewWindows for limits known to be valid, such as
-// literals in a program or a test; it panics on an invalid list.
-func MustWindows(limits ...Limit) *Windows {
-	w, err := NewWindows(limits...)
-	if err != nil {
-		panic(fmt.Sprintf("ratelimit: MustWindows: %v", err))
-	}
-	return w
-}
-
 // Len returns the number of windows; 0 for nil.
 func (w *Windows) Len() int {
 	if w == nil {
@@ -66,15 +57,7 @@ func (w *Windows) Len() int {
 	return len(w.win)
 }
 
-// Limits returns a copy of the limits w was made from, in order.
-func (w *Windows) Limits() []Limit {
-	if w == nil {
-		return nil
-	}
-	return append([]Limit(nil), w.limits...)
-}
-
-// Limit returns window i's limit, without the copy Limits makes: a store
+// Limit returns window i's limit, in the order w was made from: a store
 // that encodes the windows for its backend reads them one by one.
 func (w *Windows) Limit(i int) Limit { return w.limits[i] }
 

@@ -53,7 +53,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 	}
 	var keep []byte
 	var buf [wire.MaxSubIDBytes]byte
-	if f := wire.Peek(frame); f.Type == wire.TypeREQ && f.ID != nil {
+	if f := wire.Peek(frame).Frame(); f.Type == wire.TypeREQ && f.ID != nil {
 		if id, ok := subID(&buf, f.ID); ok {
 			keep = id
 		}
@@ -78,7 +78,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 // canonical EVENT by the EVENT rule (its windows, then the actor quota);
 // an AUTH is then verified.
 func (c *conn) admit(frame []byte) bool {
-	p := wire.PeekType(frame)
+	p := wire.Peek(frame)
 	t := p.Type
 	obs := c.g.obs
 	gp := c.g.current()
@@ -124,7 +124,7 @@ func (c *conn) admit(frame []byte) bool {
 			fr := p.Frame()
 			obs.ReportFrame(t, policy.Unavailable)
 			c.dropSub(fr)
-			c.side.reply(wire.AppendUnavailable(replyBuf(fr), fr))
+			c.side.reply(wire.AppendRefusal(replyBuf(fr), fr, wire.ReasonUnavailable))
 			return false
 		case v.Refused && v.Quota:
 			fr := p.Frame()
@@ -340,7 +340,7 @@ func (c *conn) chargeAnswered(sub *charge.Subject, f wire.Frame) bool {
 	switch {
 	case v.Err != nil:
 		c.g.obs.ReportFrame(f.Type, policy.Unavailable)
-		c.side.reply(wire.AppendUnavailable(replyBuf(f), f))
+		c.side.reply(wire.AppendRefusal(replyBuf(f), f, wire.ReasonUnavailable))
 		return false
 	case v.Refused:
 		if !v.Local {

@@ -92,7 +92,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 		t.Errorf("rate-limited REQ reply %s, want prefix %s", got, want)
 	}
 
-	c = admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeEVENT)}, Limiter: ratelimit.NewLimiter(&downStore{}, ratelimit.LimiterOptions{})})
+	c = admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeEVENT)}, Limiter: ratelimit.NewLimiter(&downStore{}, nil)})
 	c.admit(event)
 	if got, want := c.reply(t), okPrefix+wire.ReasonUnavailable+`"]`; got != want {
 		t.Errorf("unavailable EVENT reply %s, want %s", got, want)
@@ -104,7 +104,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	_, _ = q.WithClock(func() time.Time { return now }).Add(context.Background(), "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93")
-	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, ratelimit.LimiterOptions{Clock: func() time.Time { return now }}), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(func() time.Time { return now })}})
+	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, func() time.Time { return now }), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(func() time.Time { return now })}})
 	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
@@ -135,7 +135,7 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 	if allocs != 1 {
 		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
 	}
-	if fr := wire.Peek(event); len(wire.AppendRefusal(nil, fr, wire.ReasonUnavailable)) > cap(replyBuf(fr)) {
+	if fr := wire.Peek(event).Frame(); len(wire.AppendRefusal(nil, fr, wire.ReasonUnavailable)) > cap(replyBuf(fr)) {
 		t.Errorf("replyBuf too small for the unavailable reply")
 	}
 }
@@ -242,8 +242,8 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
 		t.Errorf("reply %s", got)
 	}
-	if got := c.g.current().p.MaxFilters(); got != wire.DefaultMaxFilters {
-		t.Errorf("MaxFilters %d, want %d", got, wire.DefaultMaxFilters)
+	if got := c.g.current().p.MaxFilters(); got != wire.DefaultBounds().MaxFilters {
+		t.Errorf("MaxFilters %d, want %d", got, wire.DefaultBounds().MaxFilters)
 	}
 
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}

@@ -97,45 +97,40 @@ type clientSide interface {
 // answer the client's subscriptions and syncs (subTable, syncTable). It
 // runs on the relay reader only.
 func (c *conn) watch(frame []byte) {
-	if wire.IsEvent(frame) {
+	label, lit := wire.ReadRelay(frame)
+	switch label {
+	case "", "EVENT":
+		return
+	case "AUTH":
+		if lit != nil && c.g.current().watchOK {
+			c.auths.challenge(lit)
+		}
 		return
 	}
-	if wire.IsAnswer(frame) {
-		c.owed.answered()
-	}
-	if lit, ok := wire.ParseEOSE(frame); ok {
-		var buf [wire.MaxSubIDBytes]byte
+	// What is left answers a client's request: OK (EVENT, AUTH), EOSE and
+	// CLOSED (REQ), COUNT and CLOSED (COUNT), NEG-MSG and NEG-ERR
+	// (NEG-OPEN, NEG-MSG).
+	c.owed.answered()
+	var buf [wire.MaxSubIDBytes]byte
+	switch label {
+	case "EOSE":
 		if id, ok := subID(&buf, lit); ok {
 			c.subs.answered(id)
 		}
-		return
-	}
-	if lit, ok := wire.ParseClosed(frame); ok {
-		var buf [wire.MaxSubIDBytes]byte
+	case "CLOSED":
 		if id, ok := subID(&buf, lit); ok && !c.subs.counted(id) {
 			c.subs.closedByRelay(id)
 		}
-		return
-	}
-	if lit, ok := wire.ParseCountReply(frame); ok {
-		var buf [wire.MaxSubIDBytes]byte
+	case "COUNT":
 		if id, ok := subID(&buf, lit); ok {
 			c.subs.counted(id)
 		}
-		return
-	}
-	if lit, ok := wire.ParseNegErr(frame); ok {
-		var buf [wire.MaxSubIDBytes]byte
+	case "NEG-ERR":
 		if id, ok := subID(&buf, lit); ok {
 			c.closeSync(id)
 		}
-		return
 	}
-	if !c.g.current().watchOK {
-		return
-	}
-	if lit, ok := wire.ParseAuthChallenge(frame); ok {
-		c.auths.challenge(lit)
+	if label != "OK" || !c.g.current().watchOK {
 		return
 	}
 	id, accepted, duplicate, isOK := wire.ParseOK(frame)
@@ -163,8 +158,17 @@ func (c *conn) delivers(frame []byte) bool {
 	if c.subs.nGone.Load() == 0 {
 		return true
 	}
-	lit, ok := wire.ParseAddressed(frame)
-	return !ok || c.deliversUnder(lit)
+	lit := addressed(frame)
+	return lit == nil || c.deliversUnder(lit)
+}
+
+// addressed returns the subscription id literal of a relay frame sent
+// under a subscription (an EVENT or EOSE); nil for any other.
+func addressed(frame []byte) []byte {
+	if label, lit := wire.ReadRelay(frame); label == "EVENT" || label == "EOSE" {
+		return lit
+	}
+	return nil
 }
 
 // deliversUnder reports whether a relay frame under the subscription id

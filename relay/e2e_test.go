@@ -187,7 +187,7 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 	clk := nostrtest.NewClock()
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	g := newGate(t, Options{
-		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
+		Limiter: ratelimit.NewLimiter(store, clk.Now),
 		Policy:  policy.Config{Limits: tightLimits()},
 	})
 	r := connect(t, serve(t, g.Wrap(newKhatru(t))))
@@ -203,8 +203,7 @@ func TestE2EStoreOutageFailsClosed(t *testing.T) {
 	}
 }
 
-// redisLimiter returns a limiter on a fresh client of url, without a
-// breaker so that it heals on the first call after a restart.
+// redisLimiter returns a limiter on a fresh client of url.
 func redisLimiter(t testing.TB, url string, clk *nostrtest.Clock) *ratelimit.Limiter {
 	t.Helper()
 	return redisLimiterBatch(t, url, clk, 0)
@@ -221,16 +220,16 @@ func redisLimiterBatch(t testing.TB, url string, clk *nostrtest.Clock, batch int
 	t.Cleanup(func() { client.Close() })
 	// A generous deadline: these tests assert outcomes, not speed, and CI
 	// runs them on a loaded machine.
-	st, err := redisstore.New(client, redisstore.Options{Timeout: 2 * time.Second, Breaker: redisstore.BreakerOptions{Failures: -1}, Batch: batch})
+	st, err := redisstore.New(client, redisstore.Options{Timeout: 2 * time.Second, Batch: batch})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	opts := ratelimit.LimiterOptions{}
+	var clock ratelimit.Clock
 	if clk != nil {
-		opts.Clock = clk.Now
+		clock = clk.Now
 	}
-	return ratelimit.NewLimiter(st, opts)
+	return ratelimit.NewLimiter(st, clock)
 }
 
 // (d) Redis stopped: "error: rate limiter unavailable", never
@@ -250,6 +249,8 @@ func TestE2ERedisOutage(t *testing.T) {
 		t.Fatalf("before the outage: %v", err)
 	}
 	srv.Kill()
+	// Three refusals: fewer failed round trips than open the store's breaker
+	// (five), so the first decision after the restart reaches Redis.
 	for i := range 3 {
 		err := nostrtest.Publish(t, gated, nostrtest.Note(t, sk, "during"))
 		if err == nil || err.Error() != "msg: "+wire.ReasonUnavailable {

@@ -231,7 +231,7 @@ func runEventCase(t *testing.T, tc eventCase, mode string) {
 		pk[eventKeyNames[i]], _ = nostr.GetPublicKey(k)
 	}
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
-	lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now})
+	lim := ratelimit.NewLimiter(store, clk.Now)
 	var mu sync.Mutex
 	var outs []policy.Outcome
 	obs := &policy.Observer{Frame: func(typ wire.Type, o policy.Outcome) {

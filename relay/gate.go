@@ -389,7 +389,7 @@ func New(opts Options) (*Gate, error) {
 		return nil, err
 	}
 	if g.limiter == nil {
-		g.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+		g.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), nil)
 	}
 	g.now = g.limiter.Now
 	if g.readLimit <= 0 {

@@ -316,7 +316,7 @@ func newGate(t testing.TB, opts Options) *Gate {
 
 // memLimiter returns a limiter over a memory store on clock c.
 func memLimiter(c *nostrtest.Clock) *ratelimit.Limiter {
-	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: c.Now})
+	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), c.Now)
 }
 
 // The refusal on the wire: the OK carries the event id exactly as sent,
@@ -395,7 +395,7 @@ func TestGateConnectionLimit(t *testing.T) {
 	var outcomes [policy.Unmatched + 1]atomic.Int64
 	obs := &policy.Observer{Connection: func(o policy.Outcome) { outcomes[o].Add(1) }}
 	g := newGate(t, Options{
-		Limiter:  ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clk.Now}),
+		Limiter:  ratelimit.NewLimiter(store, clk.Now),
 		Policy:   policy.Config{Limits: &l},
 		Observer: obs,
 	})
@@ -511,9 +511,9 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var eose []byte
 		if rec.eose {
 			switch f, reason := wire.Scan(data, nil); {
-			case reason == "" && f.Type == wire.TypeREQ:
+			case reason == "" && wire.Peek(data).Type == wire.TypeREQ:
 				eose = []byte(`["EOSE",` + string(f.SubID) + `]`)
-			case reason == "" && f.Type == wire.TypeCOUNT:
+			case reason == "" && wire.Peek(data).Type == wire.TypeCOUNT:
 				eose = []byte(`["COUNT",` + string(f.SubID) + `,{"count":0}]`)
 			}
 		}
@@ -550,7 +550,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case rec.answerOK != nil:
-			if f, reason := wire.Scan(data, nil); reason == "" && (f.Type == wire.TypeEVENT || f.Type == wire.TypeAUTH) {
+			if f, reason := wire.Scan(data, nil); reason == "" && (wire.Peek(data).Type == wire.TypeEVENT || wire.Peek(data).Type == wire.TypeAUTH) {
 				id := f.Event.ID
 				reason := ""
 				if rec.okReason != nil {

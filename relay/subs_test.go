@@ -11,7 +11,6 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/relay/policy"
-	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // eoseRelay is an upstream that records the frames it receives and
@@ -111,22 +110,6 @@ func TestGateCloseBeforeEOSEKeepsPlace(t *testing.T) {
 	early := []string{`["REQ","a",{}]`, `["CLOSE","a"]`, `["REQ","b",{}]`, `["NEG-OPEN","eose-a",{},"61"]`, `["CLOSE","a"]`, `["NEG-OPEN","eose-z",{},"61"]`, `["REQ","c",{}]`}
 	if g := strings.Join(got, " "); g != strings.Join(want, " ") && g != strings.Join(early, " ") {
 		t.Fatalf("relay got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
-}
-
-func TestParseEOSE(t *testing.T) {
-	for _, tc := range []struct{ frame, want string }{
-		{`["EOSE","a"]`, `"a"`},
-		{` [ "EOSE" , "a\"b" ] `, `"a\"b"`},
-		{`["EOSE"]`, ""},
-		{`["EOSE",1]`, ""},
-		{`["CLOSED","a",""]`, ""},
-		{`["EOSEX","a"]`, ""},
-	} {
-		lit, ok := wire.ParseEOSE([]byte(tc.frame))
-		if string(lit) != tc.want || ok != (tc.want != "") {
-			t.Errorf("ParseEOSE(%s) = %q, %v; want %q", tc.frame, lit, ok, tc.want)
-		}
 	}
 }
 

@@ -124,26 +124,6 @@ func TestGateRefusedSyncClosedAtRelay(t *testing.T) {
 	}
 }
 
-// TestParseNegErr: NIP-77's NEG-ERR and go-nostr's NEG-ERROR are read;
-// nothing else is.
-func TestParseNegErr(t *testing.T) {
-	for _, tc := range []struct {
-		frame, want string
-	}{
-		{`["NEG-ERR","s","blocked: x"]`, `"s"`},
-		{` [ "NEG-ERROR" , "s\"t" , "closed" ] `, `"s\"t"`},
-		{`["NEG-MSG","s","61"]`, ""},
-		{`["NEG-ERRS","s","x"]`, ""},
-		{`["CLOSED","s","x"]`, ""},
-		{`["NEG-ERR",1,"x"]`, ""},
-	} {
-		lit, ok := wire.ParseNegErr([]byte(tc.frame))
-		if ok != (tc.want != "") || string(lit) != tc.want {
-			t.Errorf("ParseNegErr(%s) = %q, %v; want %q", tc.frame, lit, ok, tc.want)
-		}
-	}
-}
-
 // TestGateRefusedNegMsgClosesSync: a NEG-MSG the gate refuses (here by its
 // rate limit) is answered NEG-ERR, after which NIP-77 has the sync closed:
 // a client need send no NEG-CLOSE for it (this one does not). So the gate

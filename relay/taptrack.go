@@ -112,7 +112,7 @@ func (f *frameTrack) gather(b []byte) {
 	f.msg = append(f.msg, b...)
 	if !f.decided && len(f.msg) >= len(`["EVENT",`) {
 		f.decided = true
-		if wire.IsEvent(f.msg) { // its label and comma are enough
+		if label, _ := wire.ReadRelay(f.msg); label == "EVENT" { // its label and comma are enough
 			f.watch = false
 		}
 	}
@@ -165,7 +165,7 @@ func (t *tapConn) track(p []byte) ([]byte, error) {
 					// Decided at once when what of the message is in p
 					// says enough: nothing held back, nothing copied.
 					n := int(min(uint64(len(p)-i), f.left))
-					if lit, ok := wire.ParseAddressed(p[i : i+n]); ok {
+					if lit := addressed(p[i : i+n]); lit != nil {
 						f.sift = t.verdict(lit)
 					} else if f.fin && uint64(n) == f.left || n >= judgeBytes {
 						f.sift = siftNone
@@ -276,7 +276,7 @@ func (t *tapConn) route(o *tapOut, b []byte, at int, payload bool) {
 			return
 		}
 		f.head = append(f.head, b[:min(len(b), judgeBytes-len(f.head))]...)
-		if lit, ok := wire.ParseAddressed(f.head); ok {
+		if lit := addressed(f.head); lit != nil {
 			t.judge(o, t.verdict(lit))
 		} else if len(f.head) >= judgeBytes {
 			t.judge(o, siftNone)

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/scripts"
 )
@@ -278,8 +279,8 @@ func TestScriptsAgreeWithGo(t *testing.T) {
 		// One decision of every window from rest writes the seeds in the
 		// memory store (in one call, so that its windows take the slots the
 		// decisions below look in).
-		limits := ratelimit.MustWindows(list...)
-		if _, err := mem.Decide(ctx, "m", ratelimit.MustWindows(seeds...), time.UnixMilli(at)); err != nil {
+		limits := storetest.MustWindows(list...)
+		if _, err := mem.Decide(ctx, "m", storetest.MustWindows(seeds...), time.UnixMilli(at)); err != nil {
 			t.Fatal(err)
 		}
 		seeded := map[string]string{}

@@ -80,14 +80,7 @@ func (d *slowDialer) dial(ctx context.Context, xff string) (*websocket.Conn, *sl
 		// Set before connect, so that the window the relay sees is the
 		// small one from the first byte (the kernel doubles the value).
 		nd.Control = func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			err := rc.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, d.rcvbuf)
-			})
-			if err != nil {
-				return err
-			}
-			return serr
+			return setRcvbuf(rc, d.rcvbuf)
 		}
 	}
 	ws := websocket.Dialer{

@@ -116,10 +116,10 @@ func printShape(w io.Writer, cfg *config) {
 		v   *int
 		def int
 	}{
-		{&b.MaxTags, wire.DefaultMaxTags},
-		{&b.MaxTagValueBytes, wire.DefaultMaxTagValueBytes},
-		{&b.MaxFilterValues, wire.DefaultMaxFilterValues},
-		{&b.MaxFanout, wire.DefaultMaxFanout},
+		{&b.MaxTags, wire.DefaultBounds().MaxTags},
+		{&b.MaxTagValueBytes, wire.DefaultBounds().MaxTagValueBytes},
+		{&b.MaxFilterValues, wire.DefaultBounds().MaxFilterValues},
+		{&b.MaxFanout, wire.DefaultBounds().MaxFanout},
 	} {
 		if *f.v == 0 {
 			*f.v = f.def

@@ -489,6 +489,18 @@ func forwardedTypes() string {
 	return strings.Join(names, ", ")
 }
 
+// parseType maps a message type as the file names it onto a wire.Type; ok
+// is false for an unknown one. It is case-sensitive, as NIP-01 labels are,
+// and takes "OTHER" for the catch-all bucket.
+func parseType(label string) (t wire.Type, ok bool) {
+	for t := range wire.NumTypes {
+		if t.String() == label {
+			return t, true
+		}
+	}
+	return wire.TypeOther, false
+}
+
 func knownTypes() string {
 	return forwardedTypes() + ", " + wire.TypeOther.String()
 }

@@ -251,7 +251,7 @@ func (v *checker) convert() (*config, *libPaths) {
 	}
 	for _, label := range slices.Sorted(maps.Keys(fc.Limits.FrameSize)) {
 		path := "limits.frame_size." + label
-		t, known := wire.ParseType(label)
+		t, known := parseType(label)
 		switch n := fc.Limits.FrameSize[label]; {
 		case !known:
 			v.bad(path, "unknown message type; known are %s", forwardedTypes())
@@ -327,7 +327,7 @@ func (v *checker) windows(lp *libPaths, path string, ls []limitConfig) []ratelim
 func (v *checker) messages(lp *libPaths, path string, msg map[string][]limitConfig, lim *policy.Limits) {
 	for _, label := range slices.Sorted(maps.Keys(msg)) {
 		p := path + "." + label
-		t, known := wire.ParseType(label)
+		t, known := parseType(label)
 		ls := msg[label]
 		switch {
 		case !known:

@@ -98,8 +98,8 @@ func TestShapeDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.MaxFilters != wire.DefaultMaxFilters {
-		t.Errorf("MaxFilters = %d, want relay.DefaultMaxFilters %d", cfg.MaxFilters, wire.DefaultMaxFilters)
+	if cfg.MaxFilters != wire.DefaultBounds().MaxFilters {
+		t.Errorf("MaxFilters = %d, want relay.DefaultMaxFilters %d", cfg.MaxFilters, wire.DefaultBounds().MaxFilters)
 	}
 	if cfg.FrameSize != ([wire.NumTypes]int{}) {
 		t.Errorf("FrameSize = %v, want all 0 (relay.DefaultFrameSize)", cfg.FrameSize)
@@ -659,7 +659,7 @@ func FuzzParseConfig(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), ratelimit.LimiterOptions{BlockedSlots: 4})
+	lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1), nil)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := parseAndValidate(data)
 		if err != nil {

@@ -58,12 +58,18 @@ const readyKey = "{sluice:readyz}:readyz"
 // key's score is gone by the next probe and no client's limit shares its
 // window (no configured period can be 1 ms and matter). Admitted or
 // refused, a decision is an answer: only an error is "not ready".
-var readyLimit = ratelimit.MustWindows(ratelimit.Limit{Rate: 2, Period: time.Millisecond, Cost: 1})
+var readyLimit = func() *ratelimit.Windows {
+	w, err := ratelimit.NewWindows(ratelimit.Limit{Rate: 2, Period: time.Millisecond, Cost: 1})
+	if err != nil {
+		panic(err) // a valid literal
+	}
+	return w
+}()
 
 // storeCheck asks store for a real decision on readyKey, as a client's
 // message would: with Redis that is the script, the store's deadline, its
 // breaker (an open breaker refuses at once) and its pool, all at once.
-func storeCheck(store ratelimit.Store, breaker func() redisstore.BreakerState) readyCheck {
+func storeCheck(store ratelimit.Store, breaker func() string) readyCheck {
 	c := readyCheck{
 		name: "store",
 		check: func(ctx context.Context) error {
@@ -73,7 +79,7 @@ func storeCheck(store ratelimit.Store, breaker func() redisstore.BreakerState) r
 		detail: func() string { return "memory" },
 	}
 	if breaker != nil {
-		c.detail = func() string { return "redis, breaker " + breaker().String() }
+		c.detail = func() string { return "redis, breaker " + breaker() }
 	}
 	return c
 }

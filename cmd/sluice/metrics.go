@@ -127,14 +127,14 @@ func (m *metrics) setPolicy(pc policy.Config) {
 // (the Redis store), the breaker gauge and the store latency histogram
 // (the memory store is not observed: with it they would be a series that
 // never moves, read as a Redis that is never called).
-func (m *metrics) watch(limiter *ratelimit.Limiter, breaker func() redisstore.BreakerState) {
+func (m *metrics) watch(limiter *ratelimit.Limiter, breaker func() string) {
 	if breaker != nil {
 		m.reg.MustRegister(m.latency)
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_breaker_open",
 			Help: "1 while the Redis store's breaker is open or half-open (decisions fail closed without calling Redis), else 0.",
 		}, func() float64 {
-			if breaker() == redisstore.BreakerClosed {
+			if breaker() == "closed" {
 				return 0
 			}
 			return 1
@@ -170,12 +170,12 @@ var masterBreakerDesc = prometheus.NewDesc("sluice_redis_master_breaker_open",
 func (m masterBreakers) Describe(ch chan<- *prometheus.Desc) { ch <- masterBreakerDesc }
 
 func (m masterBreakers) Collect(ch chan<- prometheus.Metric) {
-	for _, nb := range m.st.NodeBreakers() {
+	for addr, state := range m.st.NodeBreakers() {
 		v := 0.0
-		if nb.State != redisstore.BreakerClosed {
+		if state != "closed" {
 			v = 1
 		}
-		ch <- prometheus.MustNewConstMetric(masterBreakerDesc, prometheus.GaugeValue, v, nb.Addr)
+		ch <- prometheus.MustNewConstMetric(masterBreakerDesc, prometheus.GaugeValue, v, addr)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -24,8 +23,8 @@ func scrape(t *testing.T, m *metrics) string {
 
 func TestMetrics(t *testing.T) {
 	m := newMetrics()
-	state := redisstore.BreakerClosed
-	m.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), func() redisstore.BreakerState { return state })
+	state := "closed"
+	m.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), nil), func() string { return state })
 
 	o := m.observer()
 	o.Frame(wire.TypeEVENT, policy.RateLimited)
@@ -58,7 +57,7 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	state = redisstore.BreakerHalfOpen
+	state = "half-open"
 	if body := scrape(t, m); !strings.Contains(body, "sluice_breaker_open 1") {
 		t.Errorf("half-open breaker not reported as open")
 	}
@@ -92,7 +91,7 @@ func TestConnectionOutcomes(t *testing.T) {
 // histogram and no breaker gauge; with the Redis store there are.
 func TestMemoryStoreMetrics(t *testing.T) {
 	mem := newMetrics()
-	mem.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), nil)
+	mem.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), nil), nil)
 	body := scrape(t, mem)
 	for _, name := range []string{"sluice_store_latency_seconds", "sluice_breaker_open"} {
 		if strings.Contains(body, name) {
@@ -100,7 +99,7 @@ func TestMemoryStoreMetrics(t *testing.T) {
 		}
 	}
 	red := newMetrics()
-	red.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), ratelimit.LimiterOptions{}), func() redisstore.BreakerState { return redisstore.BreakerClosed })
+	red.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), nil), func() string { return "closed" })
 	red.observeStore(time.Millisecond, nil)
 	body = scrape(t, red)
 	for _, name := range []string{"sluice_store_latency_seconds_count", "sluice_breaker_open"} {

@@ -36,7 +36,7 @@ func TestOutageLogPerKey(t *testing.T) {
 	errs.observe(nil)
 	errs.observe(redisReply("ERR sluice ewma: malformed stored value"))
 	errs.observe(redisReply("CROSSSLOT Keys in request don't hash to the same slot"))
-	errs.observe(fmt.Errorf("%w: reply is not a list", redisstore.ErrBadReply))
+	errs.observe(redisReply("ERR sluice ewma: bad window count in limit list 1"))
 	errs.observe(fmt.Errorf("decide: %w", context.Canceled))
 	o.step(ctx)
 	out := buf.String()

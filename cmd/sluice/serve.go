@@ -31,17 +31,14 @@ const shutdownTimeout = 10 * time.Second
 const redisPingTimeout = 2 * time.Second
 
 // The Redis store's batching: up to redisBatch decisions per round trip
-// (and per script call: on a cluster, per master), up to redisBatchWorkers
+// (and per script call: on a cluster, per master), with the store's two
 // round trips in flight (twice as many of decisions sent alone while none
 // has had to queue since nothing was in flight, and more only for
 // decisions that waited a twentieth of the timeout); one in flight did
 // worse at 1 goroutine on a standalone Redis and at 4 on a cluster, better
 // at 64 and 256 (docs/BENCHMARKS.md, "Round trips in flight"): not a
 // clear win, so two.
-const (
-	redisBatch        = 32
-	redisBatchWorkers = 2
-)
+const redisBatch = 32
 
 // limiterParts is the limiter and what must be closed with it.
 type limiterParts struct {
@@ -64,7 +61,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 	p := &limiterParts{store: "memory"}
 	if cfg.Redis == "" {
 		mem := ratelimit.NewMemoryStore(0)
-		p.limiter = ratelimit.NewLimiter(mem, ratelimit.LimiterOptions{})
+		p.limiter = ratelimit.NewLimiter(mem, nil)
 		p.ready = storeCheck(mem, nil)
 		m.watch(p.limiter, nil)
 	} else {
@@ -88,8 +85,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 			// cluster) one script call per batch instead of per message,
 			// which is most of the cost under load (see docs/BENCHMARKS.md);
 			// each message still keeps its own deadline.
-			Batch:        redisBatch,
-			BatchWorkers: redisBatchWorkers,
+			Batch: redisBatch,
 		})
 		if err != nil {
 			client.Close()
@@ -98,7 +94,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		p.redis = client
 		p.rstore = st
 		p.store = redisstore.RedactURL(cfg.Redis)
-		p.limiter = ratelimit.NewLimiter(st, ratelimit.LimiterOptions{})
+		p.limiter = ratelimit.NewLimiter(st, nil)
 		p.ready = storeCheck(st, st.BreakerState)
 		if _, cluster := client.(*redis.ClusterClient); cluster {
 			p.ready = clusterStoreCheck(st)
@@ -113,7 +109,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 				return s.RoundTrips, s.RoundTripFailures
 			},
 			timeout: cfg.StoreTimeout,
-			breaker: func() string { return st.BreakerState().String() },
+			breaker: st.BreakerState,
 			logger:  logger,
 		}
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{

@@ -51,7 +51,7 @@ var modes = []struct {
 func start(t *testing.T, useHooks bool, limits policy.Limits, quota *ratelimit.Quota) *env {
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
-	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
+	lim := ratelimit.NewLimiter(e.store, e.clock.Now)
 	e.http, e.ws = serve(t, useHooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: localQuota(quota, e.clock.Now)}})
 	return e
 }
@@ -311,7 +311,7 @@ func TestRedisOutage(t *testing.T) {
 			l := limitsOf(wire.TypeEVENT, 100, time.Second)
 			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 			_, ws := serve(t, m.hooks, relay.Options{
-				Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
+				Limiter: ratelimit.NewLimiter(store, nil),
 				Policy:  policy.Config{Limits: &l},
 			})
 			r := nostrtest.Connect(t, ws)
@@ -360,7 +360,7 @@ func TestGateAndHooksAgree(t *testing.T) {
 			}
 			store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}
 			clock := nostrtest.NewClock()
-			lim := ratelimit.NewLimiter(store, ratelimit.LimiterOptions{Clock: clock.Now})
+			lim := ratelimit.NewLimiter(store, clock.Now)
 			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: q.WithClock(clock.Now), Identity: policy.Identity{AllowPubkeys: []string{memberPK}}},
 				RelayURL: "ws://relay.example"}) // allow-listed pubkeys need it (nothing here AUTHs)
 			r := nostrtest.Connect(t, ws)
@@ -403,7 +403,7 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 				}
 			}}
 			clock := nostrtest.NewClock()
-			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: clock.Now})
+			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), clock.Now)
 			_, ws := serve(t, m.hooks, relay.Options{Limiter: lim, Policy: cfg, Observer: obs})
 			r := nostrtest.Connect(t, ws)
 			for i, k := range kinds {

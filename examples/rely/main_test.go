@@ -47,7 +47,7 @@ var modes = []struct {
 func start(t *testing.T, useHooks bool, limits policy.Limits, quota *ratelimit.Quota, setup func(*rely.Relay)) *env {
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
-	lim := ratelimit.NewLimiter(e.store, ratelimit.LimiterOptions{Clock: e.clock.Now})
+	lim := ratelimit.NewLimiter(e.store, e.clock.Now)
 	h, r, gate, err := build(useHooks, relay.Options{Limiter: lim, Policy: policy.Config{Limits: &limits, Quota: localQuota(quota, e.clock.Now)}})
 	if err != nil {
 		t.Fatal(err)

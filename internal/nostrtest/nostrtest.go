@@ -43,7 +43,7 @@ func NewClock() *Clock {
 	return c
 }
 
-// Now returns the clock's instant; pass it as LimiterOptions.Clock.
+// Now returns the clock's instant; pass it as NewLimiter's clock.
 func (c *Clock) Now() time.Time { return *c.t.Load() }
 
 // Set moves the clock to t.

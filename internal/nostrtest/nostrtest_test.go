@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -25,7 +26,7 @@ func TestClock(t *testing.T) {
 // the memory store beneath decides, with the budget it had.
 func TestOutageStore(t *testing.T) {
 	s := &OutageStore{Store: ratelimit.NewMemoryStore(16)}
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1.5, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1.5, time.Hour))
 	ctx := context.Background()
 	if d, err := s.Decide(ctx, "k", limits, T0); err != nil || !d.Allowed {
 		t.Fatalf("first: %+v, %v; want allowed", d, err)

@@ -194,7 +194,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Scorer) {
 	for i, tc := range table {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStore(t)
-			ws := ratelimit.MustWindows(tc.limits...)
+			ws := MustWindows(tc.limits...)
 			key := fmt.Sprintf("{storetest-%s-%d}:message:EVENT", run, i)
 			for j, st := range tc.steps {
 				for k := 0; k < max(st.n, 1); k++ {
@@ -209,7 +209,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Scorer) {
 	}
 	t.Run("keys are independent", func(t *testing.T) {
 		s := newStore(t)
-		limits := ratelimit.MustWindows(lim(2, time.Second, 1))
+		limits := MustWindows(lim(2, time.Second, 1))
 		k1 := "{storetest-" + run + "-a}:message:EVENT"
 		k2 := "{storetest-" + run + "-b}:message:EVENT"
 		k3 := "{storetest-" + run + "-a}:message:REQ"
@@ -222,7 +222,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Scorer) {
 	})
 	t.Run("concurrent burst is atomic", func(t *testing.T) {
 		s := newStore(t)
-		limits := ratelimit.MustWindows(lim(50, time.Second, 1), lim(80, time.Minute, 1))
+		limits := MustWindows(lim(50, time.Second, 1), lim(80, time.Minute, 1))
 		key := "{storetest-" + run + "-conc}:message:EVENT"
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
@@ -292,6 +292,16 @@ func checkDecision(t *testing.T, what string, d ratelimit.Decision, scores []flo
 			}
 		}
 	}
+}
+
+// MustWindows is ratelimit.NewWindows for limits known to be valid, as in
+// a test's table; it panics on an invalid list.
+func MustWindows(limits ...ratelimit.Limit) *ratelimit.Windows {
+	w, err := ratelimit.NewWindows(limits...)
+	if err != nil {
+		panic(err)
+	}
+	return w
 }
 
 // Close reports whether two scores agree within Tolerance, relative.
@@ -410,7 +420,7 @@ func WaitIsExact(t *testing.T, store ratelimit.Store, seed uint64, rounds int) {
 	refusals := 0
 	for round := range rounds {
 		list := RandomLimits(r)
-		limits := ratelimit.MustWindows(list...)
+		limits := MustWindows(list...)
 		key := fmt.Sprintf("{storetest-wait-%s-%d}:message:EVENT", run, round)
 		shortest := list[0].Period
 		for _, l := range list {
@@ -501,7 +511,7 @@ func AgreeOn(t *testing.T, newWant func() Scorer, got Scorer, seed uint64, round
 	for round := range rounds {
 		want := newWant()
 		list := draw(r)
-		limits := ratelimit.MustWindows(list...)
+		limits := MustWindows(list...)
 		key := fmt.Sprintf("{storetest-agree-%s-%d}:message:EVENT", run, round)
 		now := T0.Add(time.Duration(r.IntN(1000)) * ms)
 		for range 20 {

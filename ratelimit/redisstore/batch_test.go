@@ -38,9 +38,9 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 	b := &batcher{client: c, shared: true, max: 64} // no workers: exec is called directly
 	want := memory()
 	lists := []*ratelimit.Windows{
-		ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(5, time.Minute)),
-		ratelimit.MustWindows(ratelimit.PerPeriod(2, 500*time.Millisecond)),
-		ratelimit.MustWindows(ratelimit.PerPeriod(4, time.Second), ratelimit.PerPeriod(6, 10*time.Second), ratelimit.PerPeriod(9, time.Hour)),
+		storetest.MustWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(5, time.Minute)),
+		storetest.MustWindows(ratelimit.PerPeriod(2, 500*time.Millisecond)),
+		storetest.MustWindows(ratelimit.PerPeriod(4, time.Second), ratelimit.PerPeriod(6, 10*time.Second), ratelimit.PerPeriod(9, time.Hour)),
 	}
 	r := rand.New(rand.NewPCG(3, 5))
 	if err := ewma.Load(ctx, c).Err(); err != nil {
@@ -121,7 +121,7 @@ func testBatchOneCall(t *testing.T, c *redis.Client, countCalls bool) {
 
 // TestBatchRefusalStaysWithItsDecision: in one script call, a decision
 // whose stored value is corrupt gets the script's refusal (an error wrapping
-// ErrBadReply that does not count against Redis); the other decisions of
+// errBadReply that does not count against Redis); the other decisions of
 // the call are decided and written as usual.
 func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 	for _, tc := range []struct {
@@ -135,7 +135,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 			ctx := context.Background()
 			s := newStore(t, c, slow)
 			b := &batcher{client: c, shared: true, max: 8}
-			limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second))
+			limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second))
 			if err := c.Set(ctx, defaultPrefix+"{bad}:message:EVENT"+keySuffix(limits), "garbage", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -150,7 +150,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 				res := <-cl.res
 				d, err := res.d, res.err
 				if i == 1 {
-					if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
+					if !errors.Is(err, errBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !IsPerKey(err) || !strings.Contains(err.Error(), "malformed value") {
 						t.Errorf("corrupt key: %+v %v, want a per-key refusal", d, err)
 					}
 					continue
@@ -177,7 +177,7 @@ func TestBatchRefusalStaysWithItsDecision(t *testing.T) {
 func TestBatchStraightOutUpToTwiceFlight(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, Options{Timeout: slow.Timeout})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
 	// Patience an hour: only a finished round trip can start a batch.
 	b := newBatcher(c, true, 32, 2, time.Hour, nil)
 	t.Cleanup(b.close)

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -29,7 +30,7 @@ const benchClients = 100000
 var benchKeys = func() []string {
 	k := make([]string, benchClients)
 	for i := range k {
-		k[i] = ratelimit.MessageKey("10."+strconv.Itoa(i>>16)+"."+strconv.Itoa(i>>8&255)+"."+strconv.Itoa(i&255), "EVENT")
+		k[i] = messageKey("10."+strconv.Itoa(i>>16)+"."+strconv.Itoa(i>>8&255)+"."+strconv.Itoa(i&255), "EVENT")
 	}
 	return k
 }()
@@ -48,13 +49,13 @@ var benchKeys = func() []string {
 // Options.Batch, and direct-%, the share of decisions that went out alone.
 func BenchmarkRedis(b *testing.B) {
 	e := newBenchEnv(b)
-	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
-	oneWindow := ratelimit.MustWindows(twoWindows.Limit(0))
+	twoWindows := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	oneWindow := storetest.MustWindows(twoWindows.Limit(0))
 	b.Run("Decide2Windows", e.decide(twoWindows, Options{}, false, benchGoroutines))
 	b.Run("RedisRateAllow1Window", e.rate(false, benchGoroutines))
 	b.Run("Decide1Window", e.decide(oneWindow, Options{}, false, benchGoroutines))
-	b.Run("Decide2WindowsBatch32x2", e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, benchGoroutines))
-	b.Run("Decide1WindowBatch32x2", e.decide(oneWindow, Options{Batch: 32, BatchWorkers: 2}, false, benchGoroutines))
+	b.Run("Decide2WindowsBatch32x2", e.decide(twoWindows, Options{Batch: 32, batchWorkers: 2}, false, benchGoroutines))
+	b.Run("Decide1WindowBatch32x2", e.decide(oneWindow, Options{Batch: 32, batchWorkers: 2}, false, benchGoroutines))
 	b.Run("Decide2WindowsGoRedisAutoPipeline", e.decide(twoWindows, Options{}, true, benchGoroutines))
 	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", e.rate(true, benchGoroutines))
 }
@@ -66,13 +67,13 @@ func BenchmarkRedis(b *testing.B) {
 // how many.
 func BenchmarkRedisConcurrency(b *testing.B) {
 	e := newBenchEnv(b)
-	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	twoWindows := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
-		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 1}, false, g))
-		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
-		b.Run("Decide2WindowsBatch32x4/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 4}, false, g))
-		b.Run("Decide2WindowsBatch32x2NoRetries/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g, "?max_retries=-1"))
+		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 1}, false, g))
+		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 2}, false, g))
+		b.Run("Decide2WindowsBatch32x4/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 4}, false, g))
+		b.Run("Decide2WindowsBatch32x2NoRetries/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 2}, false, g, "?max_retries=-1"))
 		b.Run("RedisRateAllow1Window/"+name, e.rate(false, g))
 		b.Run("RedisRateAllow1WindowGoRedisAutoPipeline/"+name, e.rate(true, g))
 	}
@@ -134,11 +135,11 @@ func (e *benchEnv) universal(b *testing.B, query ...string) redis.UniversalClien
 func BenchmarkRedisClusterConcurrency(b *testing.B) {
 	addrs := startCluster(b)
 	e := newBenchEnvOn(b, "redis+cluster://"+strings.Join(addrs, ","), addrs...)
-	twoWindows := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	twoWindows := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for _, g := range []int{1, 4, 16, 64, 256} {
 		name := "goroutines=" + strconv.Itoa(g)
-		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 1}, false, g))
-		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, BatchWorkers: 2}, false, g))
+		b.Run("Decide2WindowsBatch32x1/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 1}, false, g))
+		b.Run("Decide2WindowsBatch32x2/"+name, e.decide(twoWindows, Options{Batch: 32, batchWorkers: 2}, false, g))
 		b.Run("RedisRateAllow1Window/"+name, e.rate(false, g))
 	}
 }
@@ -311,14 +312,14 @@ func evalshaMicros(b *testing.B, c *redis.Client) float64 {
 func BenchmarkDecideBreakerOpen(b *testing.B) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = c.Close() })
-	s := newStore(b, c, Options{Breaker: BreakerOptions{Failures: 1, CoolDown: time.Hour}})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	s := newStore(b, c, Options{breaker: breakerOptions{Failures: 1, CoolDown: time.Hour}})
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	ctx := context.Background()
 	if _, err := s.Decide(ctx, benchKeys[0], limits, time.Time{}); err == nil {
 		b.Fatal("decided against a closed port")
 	}
-	if s.BreakerState() != BreakerOpen {
-		b.Fatalf("breaker %v", s.BreakerState())
+	if s.breakerNow() != breakerOpen {
+		b.Fatalf("breaker %v", s.breakerNow())
 	}
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// Breaker defaults applied for zero BreakerOptions fields.
+// Breaker defaults applied for zero breakerOptions fields (Options
+// describes the breaker they make).
 const (
 	defaultBreakerFailures    = 5
 	defaultBreakerFailureRate = 0.5
@@ -16,16 +17,9 @@ const (
 	defaultBreakerCoolDown    = 100 * time.Millisecond
 )
 
-// BreakerOptions configures the circuit breaker. The zero value means the
-// defaults: open when, within the last second, at least 5 round trips to
-// Redis failed and they were at least half of the round trips; probe after
-// 10 ms, then after twice as long at each failed probe, up to 100 ms.
-//
-// The breaker measures Redis, so it counts round trips, not decisions: a
-// batch of 32 decisions that timed out is one failure, not 32, and a
-// decision that expired in the store's own queue (ErrOverloaded) is not a
-// round trip at all.
-type BreakerOptions struct {
+// breakerOptions tunes the circuit breaker; the zero value means the
+// defaults.
+type breakerOptions struct {
 	// Failures is how many failed round trips within Window (at least
 	// FailureRate of them) open the breaker; 0 means 5,
 	// a negative value disables the breaker (every decision then reaches
@@ -48,34 +42,33 @@ type BreakerOptions struct {
 
 	// now is the breaker's clock; nil means the real, monotonic one
 	// (ratelimit.Clock): a host clock stepped back must not hold it open.
-	// Tests set it.
 	now func() time.Time
 }
 
-// BreakerState is the state of a Store's breaker.
-type BreakerState int
+// breakerState is the state of a breaker.
+type breakerState int
 
 // Breaker states.
 const (
-	// BreakerClosed: calls go to Redis.
-	BreakerClosed BreakerState = iota
-	// BreakerOpen: calls fail at once, as unavailable, without reaching Redis.
-	BreakerOpen
-	// BreakerHalfOpen: the cool-down has passed; the next call is a probe.
-	BreakerHalfOpen
+	// breakerClosed: calls go to Redis.
+	breakerClosed breakerState = iota
+	// breakerOpen: calls fail at once, as unavailable, without reaching Redis.
+	breakerOpen
+	// breakerHalfOpen: the cool-down has passed; the next call is a probe.
+	breakerHalfOpen
 )
 
-// String returns "closed", "open" or "half-open".
-func (s BreakerState) String() string {
+// String returns "closed", "open" or "half-open" (Store.BreakerState).
+func (s breakerState) String() string {
 	switch s {
-	case BreakerClosed:
+	case breakerClosed:
 		return "closed"
-	case BreakerOpen:
+	case breakerOpen:
 		return "open"
-	case BreakerHalfOpen:
+	case breakerHalfOpen:
 		return "half-open"
 	}
-	return fmt.Sprintf("BreakerState(%d)", int(s))
+	return fmt.Sprintf("breakerState(%d)", int(s))
 }
 
 // outcome is what one round trip says about Redis.
@@ -113,7 +106,7 @@ func (b *breaker) firstCoolDown() time.Duration {
 	return max(b.coolDown/10, time.Millisecond)
 }
 
-func newBreaker(o BreakerOptions) (*breaker, error) {
+func newBreaker(o breakerOptions) (*breaker, error) {
 	if o.CoolDown < 0 || o.Window < 0 || o.FailureRate < 0 || o.FailureRate > 1 {
 		return nil, fmt.Errorf("%w: breaker cool-down %v, window %v and failure rate %v must not be negative (and the rate at most 1)", errConfig, o.CoolDown, o.Window, o.FailureRate)
 	}
@@ -210,13 +203,13 @@ func (b *breaker) record(probe bool, o outcome) {
 	}
 }
 
-func (b *breaker) state() BreakerState {
+func (b *breaker) state() breakerState {
 	until := b.openUntil.Load()
 	switch {
 	case until == 0:
-		return BreakerClosed
+		return breakerClosed
 	case b.now().UnixNano() < until:
-		return BreakerOpen
+		return breakerOpen
 	}
-	return BreakerHalfOpen
+	return breakerHalfOpen
 }

@@ -17,7 +17,7 @@ func newFakeClock() *fakeClock {
 }
 func (c *fakeClock) now() time.Time      { return time.Unix(0, c.ns.Load()) }
 func (c *fakeClock) add(d time.Duration) { c.ns.Add(int64(d)) }
-func mustBreaker(t *testing.T, o BreakerOptions) *breaker {
+func mustBreaker(t *testing.T, o breakerOptions) *breaker {
 	t.Helper()
 	b, err := newBreaker(o)
 	if err != nil {
@@ -38,18 +38,18 @@ func trip(t *testing.T, b *breaker, o outcome) {
 
 func TestBreakerOpensOnFailureRate(t *testing.T) {
 	clk := newFakeClock()
-	b := mustBreaker(t, BreakerOptions{Failures: 3, CoolDown: time.Second, now: clk.now})
+	b := mustBreaker(t, breakerOptions{Failures: 3, CoolDown: time.Second, now: clk.now})
 	// 2 failures in 3: the rate is over half, but fewer than 3 failures.
 	trip(t, b, outcomeFailed)
 	trip(t, b, outcomeOK)
 	trip(t, b, outcomeFailed)
-	if b.state() != BreakerClosed {
+	if b.state() != breakerClosed {
 		t.Fatalf("state %v after 2 failures, want closed", b.state())
 	}
 	// Not consecutive, and still opens: 3 failures of 5 round trips.
 	trip(t, b, outcomeOK)
 	trip(t, b, outcomeFailed)
-	if b.state() != BreakerOpen {
+	if b.state() != breakerOpen {
 		t.Fatalf("state %v after 3 failures of 5, want open", b.state())
 	}
 	for range 1000 {
@@ -59,11 +59,11 @@ func TestBreakerOpensOnFailureRate(t *testing.T) {
 	}
 	// The first probe comes after a tenth of the cool-down.
 	clk.add(99 * time.Millisecond)
-	if _, ok := b.allow(); ok || b.state() != BreakerOpen {
+	if _, ok := b.allow(); ok || b.state() != breakerOpen {
 		t.Fatal("let a call through before the first cool-down ended")
 	}
 	clk.add(time.Millisecond)
-	if b.state() != BreakerHalfOpen {
+	if b.state() != breakerHalfOpen {
 		t.Fatalf("state %v after the first cool-down, want half-open", b.state())
 	}
 }
@@ -74,7 +74,7 @@ func TestBreakerOpensOnFailureRate(t *testing.T) {
 // it over.
 func TestBreakerProbesBackOff(t *testing.T) {
 	clk := newFakeClock()
-	b := mustBreaker(t, BreakerOptions{Failures: 1, CoolDown: time.Second, now: clk.now})
+	b := mustBreaker(t, breakerOptions{Failures: 1, CoolDown: time.Second, now: clk.now})
 	b.record(false, outcomeFailed)
 	for _, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
 		want *= time.Millisecond
@@ -105,7 +105,7 @@ func TestBreakerProbesBackOff(t *testing.T) {
 // answered ones (one stalled batch, a reset connection) are not an outage.
 func TestBreakerRateBelowHalfStaysClosed(t *testing.T) {
 	clk := newFakeClock()
-	b := mustBreaker(t, BreakerOptions{now: clk.now})
+	b := mustBreaker(t, breakerOptions{now: clk.now})
 	for range 20 {
 		for range 2 {
 			trip(t, b, outcomeOK)
@@ -113,7 +113,7 @@ func TestBreakerRateBelowHalfStaysClosed(t *testing.T) {
 		}
 		trip(t, b, outcomeFailed)
 	}
-	if b.state() != BreakerClosed {
+	if b.state() != breakerClosed {
 		t.Fatalf("state %v with a third of round trips failing, want closed", b.state())
 	}
 }
@@ -122,28 +122,28 @@ func TestBreakerRateBelowHalfStaysClosed(t *testing.T) {
 // with new ones.
 func TestBreakerWindowForgets(t *testing.T) {
 	clk := newFakeClock()
-	b := mustBreaker(t, BreakerOptions{Failures: 5, Window: time.Second, now: clk.now})
+	b := mustBreaker(t, breakerOptions{Failures: 5, Window: time.Second, now: clk.now})
 	for range 10 {
 		for range 4 {
 			trip(t, b, outcomeFailed)
 		}
 		clk.add(1100 * time.Millisecond)
 	}
-	if b.state() != BreakerClosed {
+	if b.state() != breakerClosed {
 		t.Fatalf("state %v: 4 failures a window never reach 5, want closed", b.state())
 	}
 	trip(t, b, outcomeFailed)
 	for range 4 {
 		trip(t, b, outcomeFailed)
 	}
-	if b.state() != BreakerOpen {
+	if b.state() != breakerOpen {
 		t.Fatalf("state %v after 5 failures in a window, want open", b.state())
 	}
 }
 
 func TestBreakerHalfOpenLetsOneProbe(t *testing.T) {
 	clk := newFakeClock()
-	b := mustBreaker(t, BreakerOptions{Failures: 1, CoolDown: time.Second, now: clk.now})
+	b := mustBreaker(t, breakerOptions{Failures: 1, CoolDown: time.Second, now: clk.now})
 	b.record(false, outcomeFailed)
 	clk.add(time.Second)
 
@@ -170,7 +170,7 @@ func TestBreakerHalfOpenLetsOneProbe(t *testing.T) {
 
 	// The probe fails: open for another cool-down.
 	b.record(true, outcomeFailed)
-	if b.state() != BreakerOpen {
+	if b.state() != breakerOpen {
 		t.Fatalf("state %v after a failed probe, want open", b.state())
 	}
 	clk.add(time.Second)
@@ -180,7 +180,7 @@ func TestBreakerHalfOpenLetsOneProbe(t *testing.T) {
 	}
 	// The probe succeeds: closed, with a fresh window, and calls flow.
 	b.record(true, outcomeOK)
-	if b.state() != BreakerClosed {
+	if b.state() != breakerClosed {
 		t.Fatalf("state %v after a good probe, want closed", b.state())
 	}
 	for range 10 {
@@ -192,11 +192,11 @@ func TestBreakerHalfOpenLetsOneProbe(t *testing.T) {
 
 func TestBreakerCallerGaveUp(t *testing.T) {
 	clk := newFakeClock()
-	b := mustBreaker(t, BreakerOptions{Failures: 2, CoolDown: time.Second, now: clk.now})
+	b := mustBreaker(t, breakerOptions{Failures: 2, CoolDown: time.Second, now: clk.now})
 	for range 10 {
 		b.record(false, outcomeIgnored)
 	}
-	if b.state() != BreakerClosed {
+	if b.state() != breakerClosed {
 		t.Fatal("callers giving up opened the breaker")
 	}
 	b.record(false, outcomeFailed)
@@ -214,17 +214,17 @@ func TestBreakerCallerGaveUp(t *testing.T) {
 }
 
 func TestBreakerDisabled(t *testing.T) {
-	b := mustBreaker(t, BreakerOptions{Failures: -1})
+	b := mustBreaker(t, breakerOptions{Failures: -1})
 	for range 100 {
 		b.record(false, outcomeFailed)
 	}
-	if _, ok := b.allow(); !ok || b.state() != BreakerClosed {
+	if _, ok := b.allow(); !ok || b.state() != breakerClosed {
 		t.Fatal("disabled breaker opened")
 	}
 }
 
 func TestBreakerStateString(t *testing.T) {
-	for s, want := range map[BreakerState]string{BreakerClosed: "closed", BreakerOpen: "open", BreakerHalfOpen: "half-open", 7: "BreakerState(7)"} {
+	for s, want := range map[breakerState]string{breakerClosed: "closed", breakerOpen: "open", breakerHalfOpen: "half-open", 7: "breakerState(7)"} {
 		if s.String() != want {
 			t.Errorf("%d: %q, want %q", int(s), s.String(), want)
 		}

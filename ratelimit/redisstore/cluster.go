@@ -19,7 +19,7 @@ import (
 const slotReloadEvery = 250 * time.Millisecond
 
 // nodeIdle is how long a node no decision was routed to is still reported
-// by BreakerState and NodeBreakers: a master that lost its slots in a
+// by breakerState and NodeBreakers: a master that lost its slots in a
 // failover stops counting after it.
 const nodeIdle = 3 * time.Second
 
@@ -33,7 +33,7 @@ const nodeIdle = 3 * time.Second
 // reload (a minute by default), long after a replica took its slots over.
 type nodes struct {
 	cc   *redis.ClusterClient
-	opts BreakerOptions
+	opts breakerOptions
 
 	mu  sync.Mutex                       // held to add or forget a node
 	all atomic.Pointer[map[string]*node] // copied on write: read without a lock
@@ -51,7 +51,7 @@ type node struct {
 	used    atomic.Int64 // unix ns, updated at most every 100 ms
 }
 
-func newNodes(cc *redis.ClusterClient, opts BreakerOptions) *nodes {
+func newNodes(cc *redis.ClusterClient, opts breakerOptions) *nodes {
 	n := &nodes{cc: cc, opts: opts}
 	empty := map[string]*node{}
 	n.all.Store(&empty)
@@ -166,20 +166,14 @@ func (n *nodes) live() []*node {
 	return out
 }
 
-// NodeBreaker is the breaker of one cluster master (see Store.NodeBreakers).
-type NodeBreaker struct {
-	Addr  string // the master's address, as the client's slot map names it
-	State BreakerState
-}
-
 // worse orders breaker states for a summary: open, then half-open, then
 // closed.
-func worse(a, b BreakerState) BreakerState {
-	rank := func(s BreakerState) int {
+func worse(a, b breakerState) breakerState {
+	rank := func(s breakerState) int {
 		switch s {
-		case BreakerOpen:
+		case breakerOpen:
 			return 2
-		case BreakerHalfOpen:
+		case breakerHalfOpen:
 			return 1
 		}
 		return 0

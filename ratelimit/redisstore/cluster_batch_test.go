@@ -121,10 +121,10 @@ func (cb *clusterBatch) reset(t *testing.T) {
 // Before, every decision on a cluster was its own call.
 func TestClusterBatchOneCallPerMaster(t *testing.T) {
 	cb := newClusterBatch(t)
-	ws := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(20, time.Minute))
+	ws := storetest.MustWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(20, time.Minute))
 	var keys []string
 	for i := range 40 {
-		keys = append(keys, ratelimit.MessageKey("10.1.0."+strconv.Itoa(i), "EVENT"))
+		keys = append(keys, messageKey("10.1.0."+strconv.Itoa(i), "EVENT"))
 	}
 	// Two messages of one client in one batch: the second must see the first.
 	keys = append(keys, keys[0], keys[7])
@@ -165,7 +165,7 @@ func TestClusterBatchOneCallPerMaster(t *testing.T) {
 	var same []string
 	var first *node
 	for i := 0; len(same) < minClusterCall; i++ {
-		k := ratelimit.MessageKey("10.2.0."+strconv.Itoa(i), "EVENT")
+		k := messageKey("10.2.0."+strconv.Itoa(i), "EVENT")
 		nd, err := cb.s.nodes.of(context.Background(), time.Now().Add(time.Second), routeKey(k), time.Now())
 		if err != nil {
 			t.Fatal(err)
@@ -206,10 +206,10 @@ func total(ns []int) int {
 // master: every client charged exactly once, as the memory store says.
 func TestClusterBatchSplitsWhatAMasterRefuses(t *testing.T) {
 	cb := newClusterBatch(t)
-	ws := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second))
+	ws := storetest.MustWindows(ratelimit.PerPeriod(2, time.Second))
 	var keys []string
 	for i := range 12 {
-		keys = append(keys, ratelimit.MessageKey("10.2.0."+strconv.Itoa(i), "REQ"))
+		keys = append(keys, messageKey("10.2.0."+strconv.Itoa(i), "REQ"))
 	}
 	ref := memory()
 	for round := range 3 {
@@ -262,10 +262,10 @@ func TestRingBatchOneCallPerDecision(t *testing.T) {
 	t.Cleanup(func() { _ = ring.Close() })
 	s := newStore(t, ring, Options{Timeout: slow.Timeout, Batch: 32})
 	t.Cleanup(func() { _ = s.Close() })
-	ws := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second))
+	ws := storetest.MustWindows(ratelimit.PerPeriod(3, time.Second))
 	var keys []string
 	for i := range 24 {
-		keys = append(keys, ratelimit.MessageKey("10.3.0."+strconv.Itoa(i), "EVENT"))
+		keys = append(keys, messageKey("10.3.0."+strconv.Itoa(i), "EVENT"))
 	}
 	ref := memory()
 	ctx := context.Background()
@@ -320,10 +320,10 @@ func TestClusterSplitHungMaster(t *testing.T) {
 	cb := &clusterBatch{s: newStore(t, c, Options{Timeout: time.Second, Batch: 32})}
 	t.Cleanup(func() { _ = cb.s.Close() })
 	ctx := context.Background()
-	ws := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second))
+	ws := storetest.MustWindows(ratelimit.PerPeriod(2, time.Second))
 	var keys []string
 	for i := range 12 {
-		keys = append(keys, ratelimit.MessageKey("10.4.0."+strconv.Itoa(i), "EVENT"))
+		keys = append(keys, messageKey("10.4.0."+strconv.Itoa(i), "EVENT"))
 	}
 	masterOf := func(k string) string {
 		m, err := c.(*redis.ClusterClient).MasterForKey(ctx, cb.s.prefix+k)

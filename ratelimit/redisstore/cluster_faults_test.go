@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -166,7 +167,7 @@ func (cl *cluster) clients(n int) [][]string {
 	out := make([][]string, 3)
 	for i := 0; len(out[0]) < n || len(out[1]) < n || len(out[2]) < n; i++ {
 		name := "client-" + strconv.Itoa(i)
-		slot := keySlot(ratelimit.MessageKey(name, "EVENT"))
+		slot := keySlot(messageKey(name, "EVENT"))
 		for m, r := range cl.ranges {
 			if slot >= r[0] && slot <= r[1] && len(out[m]) < n {
 				out[m] = append(out[m], name)
@@ -195,14 +196,14 @@ func TestKeySlot(t *testing.T) {
 	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(redistest.FreePort(t)))
 	c := client(t, srv.Addr())
 	keys := []string{"", "a", "foo", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{}", "{", "}{x}",
-		defaultPrefix + ratelimit.MessageKey("alice", "EVENT") + ":1000", defaultPrefix + "notag:message:EVENT:60000"}
+		defaultPrefix + messageKey("alice", "EVENT") + ":1000", defaultPrefix + "notag:message:EVENT:60000"}
 	for i := range 200 {
 		keys = append(keys, "client-"+strconv.Itoa(i))
 	}
 	for i := range 50 {
 		// The store routes a tagged key by the key itself: same slot as
 		// its windows' full keys.
-		k := ratelimit.MessageKey("client-"+strconv.Itoa(i), "EVENT")
+		k := messageKey("client-"+strconv.Itoa(i), "EVENT")
 		if rk := routeKey(k); rk == "" || keySlot(rk) != keySlot(defaultPrefix+k+":1000") {
 			t.Errorf("routeKey(%q) = %q: not the slot of its windows", k, rk)
 		}
@@ -253,7 +254,7 @@ func newFaultLoad(t *testing.T, cl *cluster, nStores int) *faultLoad {
 	t.Helper()
 	l := &faultLoad{
 		clients:   cl.clients(8),
-		limits:    ratelimit.MustWindows(ratelimit.PerPeriod(burst, time.Hour), ratelimit.PerPeriod(10*burst, 24*time.Hour)),
+		limits:    storetest.MustWindows(ratelimit.PerPeriod(burst, time.Hour), ratelimit.PerPeriod(10*burst, 24*time.Hour)),
 		allowedBy: map[string]int{},
 		faulty:    -1,
 		start:     time.Now(),
@@ -303,7 +304,7 @@ func (l *faultLoad) run(t *testing.T, workers int) (stop func()) {
 
 func (l *faultLoad) decide(t *testing.T, si int, s *Store, m int, name string) error {
 	asked := time.Now()
-	d, scores, err := scorer(s)(context.Background(), ratelimit.MessageKey(name, "EVENT"), l.limits, time.Time{})
+	d, scores, err := scorer(s)(context.Background(), messageKey(name, "EVENT"), l.limits, time.Time{})
 	now := time.Now()
 	fault := l.fault.Load()
 	l.mu.Lock()
@@ -368,7 +369,7 @@ func (l *faultLoad) spend(t *testing.T) {
 	each(func(si int, s *Store, m int, name string) {
 		var err error
 		for range 250 {
-			if _, err = s.Decide(context.Background(), ratelimit.MessageKey(name, "REQ"), l.limits, time.Time{}); err == nil {
+			if _, err = s.Decide(context.Background(), messageKey(name, "REQ"), l.limits, time.Time{}); err == nil {
 				return
 			}
 			time.Sleep(20 * time.Millisecond) // a cold start (-race) may open a breaker: let it probe
@@ -502,7 +503,7 @@ func clusterFailover(t *testing.T, what string, fault func(*redistest.Server)) {
 		what, cl.masters[victim].Addr(), promoted.Sub(begin).Round(time.Millisecond), heal.Sub(begin).Round(time.Millisecond),
 		heal.Sub(promoted).Round(time.Millisecond), lastFail.Sub(begin).Round(time.Millisecond))
 	for i, s := range l.stores {
-		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.BreakerState(), s.NodeBreakers())
+		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.breakerNow(), s.NodeBreakers())
 	}
 	l.check(t, what)
 	if refused == 0 {
@@ -535,16 +536,14 @@ func TestClusterMasterHung(t *testing.T) {
 	// the store's summary says so; the others' are not what refuses.
 	for i, s := range l.stores {
 		nb := s.NodeBreakers()
-		t.Logf("store %d during the hang: breaker %v, nodes %v", i, s.BreakerState(), nb)
-		for _, n := range nb {
-			if n.Addr == cl.masters[victim].Addr() && n.State == BreakerClosed {
-				t.Errorf("store %d: the hung master's breaker is closed after 2 s of timeouts", i)
-			}
-		}
-		if !slices.ContainsFunc(nb, func(n NodeBreaker) bool { return n.Addr == cl.masters[victim].Addr() }) {
+		t.Logf("store %d during the hang: breaker %v, nodes %v", i, s.breakerNow(), nb)
+		state, named := nb[cl.masters[victim].Addr()]
+		if !named {
 			t.Errorf("store %d: NodeBreakers %v does not name the hung master %s", i, nb, cl.masters[victim].Addr())
+		} else if state == breakerClosed.String() {
+			t.Errorf("store %d: the hung master's breaker is closed after 2 s of timeouts", i)
 		}
-		if s.BreakerState() == BreakerClosed {
+		if s.breakerNow() == breakerClosed {
 			t.Errorf("store %d: BreakerState closed while a master's breaker is open", i)
 		}
 	}
@@ -568,7 +567,7 @@ func TestClusterMasterHung(t *testing.T) {
 	t.Logf("hung master %s for %v: decisions resumed in every store %v after SIGCONT", cl.masters[victim].Addr(),
 		resumed.Sub(pause).Round(time.Millisecond), heal.Sub(resumed).Round(time.Millisecond))
 	for i, s := range l.stores {
-		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.BreakerState(), s.NodeBreakers())
+		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.breakerNow(), s.NodeBreakers())
 	}
 	l.check(t, "master hung")
 	if refused == 0 {
@@ -607,7 +606,7 @@ func TestClusterEmptyRestart(t *testing.T) {
 				// pool's connections to the restarted node dead: retry
 				// those, they are not what is measured.
 				for range 20 {
-					if d, err = s.Decide(context.Background(), ratelimit.MessageKey(name, "EVENT"), l.limits, time.Time{}); err == nil {
+					if d, err = s.Decide(context.Background(), messageKey(name, "EVENT"), l.limits, time.Time{}); err == nil {
 						break
 					}
 				}
@@ -650,9 +649,9 @@ func TestEmptyRestartPersistence(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t, tc.args...)
 			s := newStore(t, client(t, srv.Addr()), slow)
-			limits := ratelimit.MustWindows(ratelimit.PerPeriod(burst, time.Hour))
+			limits := storetest.MustWindows(ratelimit.PerPeriod(burst, time.Hour))
 			const n = 50
-			key := func(i int) string { return ratelimit.MessageKey("c"+strconv.Itoa(i), "EVENT") }
+			key := func(i int) string { return messageKey("c"+strconv.Itoa(i), "EVENT") }
 			for i := range n {
 				for range burst {
 					if _, err := s.Decide(context.Background(), key(i), limits, time.Time{}); err != nil {

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/sluice-relay/sluice/ratelimit"
 )
 
 // reshardSlots is how many slots TestClusterReshardUnderLoad moves: the
@@ -86,7 +84,7 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 	var in, out []string
 	for i := 0; len(in) < 4 || len(out) < 5; i++ {
 		name := "client-" + strconv.Itoa(i)
-		slot := keySlot(ratelimit.MessageKey(name, "EVENT"))
+		slot := keySlot(messageKey(name, "EVENT"))
 		switch {
 		case moving(slot) && len(in) < 3:
 			in = append(in, name)
@@ -97,7 +95,7 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 		}
 	}
 	split := in[3]
-	splitSlot := keySlot(ratelimit.MessageKey(split, "EVENT"))
+	splitSlot := keySlot(messageKey(split, "EVENT"))
 	l.clients[from] = append(slices.Clone(in), out...)
 	isMoving := map[string]bool{}
 	for _, name := range in {
@@ -257,7 +255,7 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 		t.Fatalf("redis-cli --cluster reshard: %v; its output ends:\n%s", err, tail[max(0, len(tail)-2000):])
 	}
 	cliDone := time.Now()
-	splitFor := migrateSplit(t, cl, from, to, ids, splitSlot, ratelimit.MessageKey(split, "EVENT"))
+	splitFor := migrateSplit(t, cl, from, to, ids, splitSlot, messageKey(split, "EVENT"))
 	end := time.Now()
 	close(probeDone)
 	probes.Wait()
@@ -291,7 +289,7 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 		return ""
 	}
 	for _, name := range all {
-		slot := keySlot(ratelimit.MessageKey(name, "EVENT"))
+		slot := keySlot(messageKey(name, "EVENT"))
 		switch got := owner(slot); {
 		case isMoving[name] && got != ids[to]:
 			t.Errorf("%s: slot %d is %q's after the reshard, want the target %s", name, slot, got, ids[to])
@@ -336,7 +334,7 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 		t.Logf("refused a client whose slot stayed: %s", e)
 	}
 	for i, s := range l.stores {
-		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.BreakerState(), s.NodeBreakers())
+		t.Logf("store %d: %+v, breaker %v, nodes %v", i, s.Stats(), s.breakerNow(), s.NodeBreakers())
 	}
 	if asked == 0 || tally.duringDecided[1]+tally.duringRefused[1] == 0 {
 		t.Errorf("no decisions asked during the move (steady %d, moving %d): the load did not overlap it", asked, tally.duringDecided[1]+tally.duringRefused[1])

@@ -65,8 +65,8 @@ func TestConformanceCluster(t *testing.T) {
 	// slots: a key without a hash tag, and the empty tag "{}" of a client
 	// whose identity came out empty (which Redis ignores), are decided like
 	// any other.
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
-	for _, key := range []string{"notag:message:EVENT", "{notag}:message:EVENT", ratelimit.MessageKey("", "EVENT")} {
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
+	for _, key := range []string{"notag:message:EVENT", "{notag}:message:EVENT", messageKey("", "EVENT")} {
 		if d, err := s.Decide(ctx, key, limits, storetest.T0); err != nil || !d.Allowed {
 			t.Errorf("%s on a cluster: %+v %v, want admitted", key, d, err)
 		}

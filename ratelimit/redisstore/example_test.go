@@ -41,8 +41,11 @@ func decideBurst(url string) {
 	}
 	defer store.Close()
 
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(100, time.Minute))
-	key := ratelimit.MessageKey("203.0.113.7", "EVENT")
+	limits, err := ratelimit.NewWindows(ratelimit.PerPeriod(3, time.Second), ratelimit.PerPeriod(100, time.Minute))
+	if err != nil {
+		panic(err)
+	}
+	key := "{203.0.113.7}:message:EVENT" // the client in braces: one Redis Cluster slot
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 4 {
 		d, err := store.Decide(context.Background(), key, limits, t0)

@@ -88,7 +88,7 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 	var observed, observedErr atomic.Int64
 	s := newStore(t, c, Options{
 		Batch:   batchSize(batch),
-		Breaker: BreakerOptions{Failures: 3, CoolDown: 200 * time.Millisecond},
+		breaker: breakerOptions{Failures: 3, CoolDown: 200 * time.Millisecond},
 		Observe: func(d time.Duration, err error) {
 			observed.Add(1)
 			if err != nil {
@@ -96,8 +96,8 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 			}
 		},
 	})
-	lim := ratelimit.NewLimiter(s, ratelimit.LimiterOptions{})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1000, time.Second), ratelimit.PerPeriod(100000, time.Minute))
+	lim := ratelimit.NewLimiter(s, nil)
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1000, time.Second), ratelimit.PerPeriod(100000, time.Minute))
 
 	// Healthy traffic from several goroutines, then the kill lands mid-run.
 	var wg sync.WaitGroup
@@ -157,7 +157,7 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 	if n := dials.Load() - dialsBefore; n > 40 {
 		t.Errorf("%d dials for 400 decisions against a dead Redis", n)
 	}
-	if st := s.BreakerState(); st == BreakerClosed {
+	if st := s.breakerNow(); st == breakerClosed {
 		t.Errorf("breaker %v with Redis dead", st)
 	}
 
@@ -178,7 +178,7 @@ func testKilledAndRestarted(t *testing.T, batch bool) {
 	if d, err := lim.Allow(context.Background(), "{kill-y}:message:EVENT", limits); err != nil || !d.Allowed {
 		t.Fatalf("Limiter after restart: %+v %v", d, err)
 	}
-	if st := s.BreakerState(); st != BreakerClosed {
+	if st := s.breakerNow(); st != breakerClosed {
 		t.Errorf("breaker %v after healing", st)
 	}
 	if observed.Load() == 0 || observedErr.Load() == 0 {
@@ -219,8 +219,8 @@ func testHungRedis(t *testing.T, batch bool) {
 	if pid <= 0 {
 		t.Fatalf("no process_id in INFO server")
 	}
-	s := newStore(t, c, Options{Batch: batchSize(batch), Timeout: 100 * time.Millisecond, Breaker: BreakerOptions{Failures: -1}})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Second))
+	s := newStore(t, c, Options{Batch: batchSize(batch), Timeout: 100 * time.Millisecond, breaker: breakerOptions{Failures: -1}})
+	limits := storetest.MustWindows(ratelimit.PerPeriod(100, time.Second))
 	if _, err := decideTimed(t, s, "{hang}:message:EVENT", limits); err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func testHungRedis(t *testing.T, batch bool) {
 // fail their own decisions but say nothing about Redis.
 func TestCallerCancelDoesNotTrip(t *testing.T) {
 	_, c := realRedis(t)
-	s := newStore(t, c, Options{Breaker: BreakerOptions{Failures: 2}})
+	s := newStore(t, c, Options{breaker: breakerOptions{Failures: 2}})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for range 10 {
@@ -280,7 +280,7 @@ func TestCallerCancelDoesNotTrip(t *testing.T) {
 			t.Fatalf("cancelled: %v", err)
 		}
 	}
-	if st := s.BreakerState(); st != BreakerClosed {
+	if st := s.breakerNow(); st != breakerClosed {
 		t.Errorf("breaker %v after callers gave up", st)
 	}
 }
@@ -363,7 +363,7 @@ func testLostReplyChargesOnce(t *testing.T, batch bool) {
 	c := client(t, p.ln.Addr().String()) // go-redis defaults: MaxRetries 3
 	s := newStore(t, c, Options{Timeout: slow.Timeout, Batch: batchSize(batch)})
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 	key := "{lost}:message:EVENT"
 	// stored is the score in Redis; with an hour's half-life the few ms the
 	// test takes decay it by less than 1e-5.
@@ -432,7 +432,7 @@ func testLostReplyNoRetry(t *testing.T, batch bool) {
 		t.Fatal("a client without retries: the store is not lean")
 	}
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 	key := "{lostlean}:message:EVENT"
 	stored := func() string {
 		v, _ := direct.Get(ctx, defaultPrefix+key+":3600000"+valueTag).Result()
@@ -512,7 +512,7 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 		}
 		mu.Unlock()
 	})
-	s := newStore(t, client(t, ln.Addr().String()), Options{Timeout: 5 * time.Second, Breaker: BreakerOptions{Failures: 2, CoolDown: time.Hour}})
+	s := newStore(t, client(t, ln.Addr().String()), Options{Timeout: 5 * time.Second, breaker: breakerOptions{Failures: 2, CoolDown: time.Hour}})
 	for i := range 2 {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		_, err := s.Decide(ctx, "{hung}:message:EVENT", twoWindows, time.Time{})
@@ -521,7 +521,7 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 			t.Fatalf("#%d: %v, want ErrUnavailable", i, err)
 		}
 	}
-	if st := s.BreakerState(); st != BreakerOpen {
+	if st := s.breakerNow(); st != breakerOpen {
 		t.Errorf("breaker %v after 2 calls that Redis never answered, want open", st)
 	}
 }
@@ -532,7 +532,7 @@ func TestCallerDeadlineOnHungRedisTrips(t *testing.T) {
 func TestBatchCloseStrandsNoCall(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, Options{Timeout: slow.Timeout})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1e9, time.Second))
 	for round := range 50 {
 		b := newBatcher(c, true, 4, 2, time.Millisecond, nil)
 		var wg sync.WaitGroup

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/faultproxy"
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -30,7 +31,7 @@ import (
 
 // faultLimits are never reached: a key's score counts its charges (a
 // thousand-hour half-life decays a score by less than 1e-5 in a test).
-var faultLimits = ratelimit.MustWindows(ratelimit.PerPeriod(1e7, time.Second), ratelimit.PerPeriod(1e7, 1000*time.Hour))
+var faultLimits = storetest.MustWindows(ratelimit.PerPeriod(1e7, time.Second), ratelimit.PerPeriod(1e7, 1000*time.Hour))
 
 const faultG, faultPerG = 16, 40
 
@@ -54,7 +55,7 @@ func newFaultEnv(t *testing.T, query ...string) *faultEnv {
 	t.Cleanup(func() { _ = u.Close() })
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = admin.Close() })
-	s := newStore(t, u, Options{Batch: 32, BatchWorkers: 2})
+	s := newStore(t, u, Options{Batch: 32, batchWorkers: 2})
 	t.Cleanup(func() { _ = s.Close() })
 	// Warm up as a gate that was running under this load: the script
 	// cached and the pool holds as many connections as round trips the

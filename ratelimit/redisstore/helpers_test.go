@@ -140,3 +140,7 @@ func storedScores(v string, n int) (t int64, scores []float64, ok bool) {
 
 // keySuffix is what the store appends to a decision's key for ws.
 func keySuffix(ws *ratelimit.Windows) string { return string(appendKeySuffix(nil, ws)) }
+
+// messageKey is the key the gate decides messages of type typ from client
+// under ("{client}:message:TYPE").
+func messageKey(client, typ string) string { return "{" + client + "}:message:" + typ }

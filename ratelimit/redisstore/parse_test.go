@@ -13,13 +13,13 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
-var twoWindows = ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+var twoWindows = storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 
 // sc is a reply's scores as the script packs them: t, then the scores.
 func sc(scores ...float64) string { return stored(storetest.T0.UnixMilli(), scores) }
 
 // TestParseReplyHostile: every reply that is not exactly {wait, value
-// holding the scores} is an error wrapping ErrBadReply and ErrUnavailable —
+// holding the scores} is an error wrapping errBadReply and ErrUnavailable —
 // never a decision, and above all never a zero score.
 func TestParseReplyHostile(t *testing.T) {
 	nan, inf := math.NaN(), math.Inf(1)
@@ -53,8 +53,8 @@ func TestParseReplyHostile(t *testing.T) {
 	} {
 		scores := []float64{-1, -1}
 		d, err := parseReply(reply, twoWindows.Len(), scores)
-		if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
-			t.Errorf("%s: %+v, err = %v; want ErrBadReply and ErrUnavailable", name, d, err)
+		if !errors.Is(err, errBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Errorf("%s: %+v, err = %v; want errBadReply and ErrUnavailable", name, d, err)
 		}
 		if d != (ratelimit.Decision{}) {
 			t.Errorf("%s: a decision came back with the error: %+v", name, d)
@@ -78,7 +78,7 @@ func TestParseReplyBareAdmission(t *testing.T) {
 		t.Fatalf("bare 0 without scores: %+v, %v", d, err)
 	}
 	scores := []float64{-1, -1}
-	if d, err := parseReply(int64(0), twoWindows.Len(), scores); !errors.Is(err, ErrBadReply) || d != (ratelimit.Decision{}) || scores[0] != -1 {
+	if d, err := parseReply(int64(0), twoWindows.Len(), scores); !errors.Is(err, errBadReply) || d != (ratelimit.Decision{}) || scores[0] != -1 {
 		t.Fatalf("bare 0 with scores asked: %+v, %v, %v", d, err, scores)
 	}
 	// The batch script's bare admission: 0, 0 — and nothing like it.
@@ -93,7 +93,7 @@ func TestParseReplyBareAdmission(t *testing.T) {
 		{[]any{int64(5), int64(0)}, nil},
 		{[]any{int64(0), int64(1)}, nil},
 	} {
-		if d, err := parseReply(bad.reply, twoWindows.Len(), bad.scores); !errors.Is(err, ErrBadReply) || d != (ratelimit.Decision{}) {
+		if d, err := parseReply(bad.reply, twoWindows.Len(), bad.scores); !errors.Is(err, errBadReply) || d != (ratelimit.Decision{}) {
 			t.Errorf("%v (scores asked: %v): %+v, %v, want a bad reply", bad.reply, bad.scores != nil, d, err)
 		}
 	}
@@ -151,25 +151,25 @@ func TestWrongShapeThroughClient(t *testing.T) {
 	} {
 		c := client(t, m.Addr())
 		c.AddHook(replaceReply{v})
-		s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 2}})
+		s := newStore(t, c, Options{Timeout: slow.Timeout, breaker: breakerOptions{Failures: 2}})
 		for i := range 2 {
 			d, err := s.Decide(context.Background(), "{shape}:message:EVENT", twoWindows, storetest.T0)
-			if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
-				t.Errorf("%s #%d: %+v %v, want ErrBadReply", name, i, d, err)
+			if !errors.Is(err, errBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+				t.Errorf("%s #%d: %+v %v, want errBadReply", name, i, d, err)
 			}
 		}
-		if st := s.BreakerState(); st != BreakerOpen {
+		if st := s.breakerNow(); st != breakerOpen {
 			t.Errorf("%s: breaker %v after 2 bad replies, want open", name, st)
 		}
 	}
 }
 
 // TestParseReplyRefusal: a -1 flag with the script's own message is that
-// decision's refusal — an error wrapping ErrBadReply that IsPerKey (Redis
+// decision's refusal — an error wrapping errBadReply that IsPerKey (Redis
 // answered) — and a -1 with any other message is not.
 func TestParseReplyRefusal(t *testing.T) {
 	d, err := parseReply([]any{int64(-1), "ERR sluice ewma: malformed value at k"}, twoWindows.Len(), nil)
-	if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !isScriptRefusal(err) || !IsPerKey(err) || d.Allowed {
+	if !errors.Is(err, errBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) || !isScriptRefusal(err) || !IsPerKey(err) || d.Allowed {
 		t.Errorf("script refusal: %+v, %v", d, err)
 	}
 	if _, err := parseReply([]any{int64(-1), "ERR something else"}, twoWindows.Len(), nil); isScriptRefusal(err) {
@@ -182,7 +182,7 @@ func TestParseReplyRefusal(t *testing.T) {
 // of the call; a well-formed one is cut at the right places.
 func TestSplitHostile(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	one := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Second))
+	one := storetest.MustWindows(ratelimit.PerPeriod(5, time.Second))
 	reqs := []*request{s.request("{a}:message:EVENT", twoWindows, time.Time{}), s.request("{b}:message:REQ", one, time.Time{})}
 	for name, reply := range map[string]any{
 		"nil":            nil,
@@ -200,8 +200,8 @@ func TestSplitHostile(t *testing.T) {
 		n := 0
 		split(cmd, reqs, func(i int, r any, err error) {
 			n++
-			if !errors.Is(err, ErrBadReply) || r != nil {
-				t.Errorf("%s: decision %d got %v, %v; want ErrBadReply", name, i, r, err)
+			if !errors.Is(err, errBadReply) || r != nil {
+				t.Errorf("%s: decision %d got %v, %v; want errBadReply", name, i, r, err)
 			}
 		})
 		if n != len(reqs) {

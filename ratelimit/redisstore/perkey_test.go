@@ -24,7 +24,7 @@ func TestIsPerKey(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{"malformed reply", fmt.Errorf("%w: %w: got nil", ratelimit.ErrUnavailable, ErrBadReply), true},
+		{"malformed reply", fmt.Errorf("%w: %w: got nil", ratelimit.ErrUnavailable, errBadReply), true},
 		{"script refusal", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, replyErr("ERR sluice ewma: malformed value")), true},
 		{"crossslot", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, replyErr("CROSSSLOT Keys in request don't hash to the same slot")), true},
 		{"other reply error", fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, replyErr("LOADING Redis is loading the dataset")), false},

@@ -253,10 +253,10 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	switch {
 	case err == nil:
 		return flag, wait, nil
-	case errors.Is(err, ErrBadReply):
+	case errors.Is(err, errBadReply):
 		return false, 0, err
 	case refused:
-		return false, 0, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ErrBadReply, err)
+		return false, 0, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, errBadReply, err)
 	}
 	return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 }
@@ -274,7 +274,7 @@ func isQuotaRefusal(err error) bool {
 // parseQuotaReply reads the script's reply strictly: three integers, a
 // flag of 0 or 1, a wait that is 1…2^40 ms with an Exceeded's "over" (1) or
 // an Add's "refused" (0) and 0 otherwise, and a count of at least 0.
-// Anything else wraps ErrBadReply and ratelimit.ErrUnavailable:
+// Anything else wraps errBadReply and ratelimit.ErrUnavailable:
 // never "not exceeded".
 func parseQuotaReply(reply any, add bool) (bool, time.Duration, error) {
 	arr, ok := reply.([]any)

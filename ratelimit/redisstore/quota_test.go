@@ -394,7 +394,7 @@ func TestQuotaDownFailsClosed(t *testing.T) {
 		}
 		srv.Kill()
 		check(t, q, "killed")
-		if st := q.s.BreakerState(); st == BreakerClosed {
+		if st := q.s.breakerNow(); st == breakerClosed {
 			t.Errorf("breaker %v with Redis dead", st)
 		}
 	})
@@ -439,7 +439,7 @@ func TestQuotaDownFailsClosed(t *testing.T) {
 
 // TestQuotaMalformed: a stored value the script cannot read, a key of
 // another type, or a reply of the wrong shape is an error wrapping
-// ErrUnavailable and ErrBadReply, never "not exceeded" and never a count
+// ErrUnavailable and errBadReply, never "not exceeded" and never a count
 // of zero; and, being about one key, it does not open the breaker.
 func TestQuotaMalformed(t *testing.T) {
 	ctx := context.Background()
@@ -451,7 +451,7 @@ func TestQuotaMalformed(t *testing.T) {
 			} else {
 				c = client(t, miniredis.RunT(t).Addr())
 			}
-			s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 1}})
+			s := newStore(t, c, Options{Timeout: slow.Timeout, breaker: breakerOptions{Failures: 1}})
 			q := newQuota(t, s, 5, time.Minute)
 			for _, v := range []string{"garbage", "1 ", " 1", "29458924 x", "29458924 5 zz", "-1 5", "1.5 2"} {
 				key, _ := q.key("mallory", false)
@@ -459,7 +459,7 @@ func TestQuotaMalformed(t *testing.T) {
 					t.Fatal(err)
 				}
 				over, _, err := q.exceededAt(ctx, "mallory", m0)
-				if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) || !IsPerKey(err) {
+				if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, errBadReply) || !IsPerKey(err) {
 					t.Errorf("value %q: Exceeded = %v %v", v, over, err)
 				}
 				added, err := q.addAt(ctx, "mallory", m0)
@@ -475,10 +475,10 @@ func TestQuotaMalformed(t *testing.T) {
 			if err := c.HSet(ctx, key, "f", "1").Err(); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := q.Exceeded(ctx, "hash"); !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) {
+			if _, _, err := q.Exceeded(ctx, "hash"); !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, errBadReply) {
 				t.Errorf("key of another type: %v", err)
 			}
-			if st := s.BreakerState(); st != BreakerClosed {
+			if st := s.breakerNow(); st != breakerClosed {
 				t.Errorf("breaker %v after malformed values", st)
 			}
 			if _, err := q.Add(ctx, "alice"); err != nil {
@@ -518,7 +518,7 @@ func TestParseQuotaReply(t *testing.T) {
 	} {
 		over, wait, err := parseQuotaReply(tt.reply, tt.add)
 		if !tt.ok {
-			if err == nil || !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, ErrBadReply) || over {
+			if err == nil || !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, errBadReply) || over {
 				t.Errorf("%#v (add %v): %v %v %v, want a bad reply", tt.reply, tt.add, over, wait, err)
 			}
 			continue

@@ -119,8 +119,8 @@ func TestSentinelFailover(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	// A generous deadline: the first call also discovers the master through
 	// the sentinel and loads the script, and CI runs this under -race.
-	s := newStore(t, c, Options{Timeout: 2 * time.Second, Breaker: BreakerOptions{CoolDown: 100 * time.Millisecond}})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1000, time.Second))
+	s := newStore(t, c, Options{Timeout: 2 * time.Second, breaker: breakerOptions{CoolDown: 100 * time.Millisecond}})
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1000, time.Second))
 	if _, err := s.Decide(context.Background(), "{fo}:message:EVENT", limits, time.Time{}); err != nil {
 		t.Fatal(err)
 	}

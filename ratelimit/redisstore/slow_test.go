@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/faultproxy"
 	"github.com/sluice-relay/sluice/internal/redistest"
+	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -25,7 +26,7 @@ import (
 func slowLoad(t *testing.T, p *faultproxy.Proxy, g, perG int) (answered, unavailable int64, slowest time.Duration) {
 	t.Helper()
 	c := client(t, p.Addr())
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(1e6, time.Second), ratelimit.PerPeriod(1e7, time.Minute))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1e6, time.Second), ratelimit.PerPeriod(1e7, time.Minute))
 	// Warm up, as a gate that was running before Redis slowed down: the
 	// script cached and the pool's connections open (a new connection
 	// costs a HELLO round trip of its own), with no deadline to miss.
@@ -41,7 +42,7 @@ func slowLoad(t *testing.T, p *faultproxy.Proxy, g, perG int) (answered, unavail
 		}()
 	}
 	wwg.Wait()
-	s := newStore(t, c, Options{Batch: 32, BatchWorkers: 2})
+	s := newStore(t, c, Options{Batch: 32, batchWorkers: 2})
 	t.Cleanup(func() { _ = s.Close() })
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -149,7 +150,7 @@ func TestOwnQueueExpiryIsNotRedisFailing(t *testing.T) {
 			}
 		}
 		cancel()
-		if st := s.BreakerState(); st != BreakerClosed {
+		if st := s.breakerNow(); st != breakerClosed {
 			t.Errorf("batch %v: breaker %v after 100 decisions that expired in our own hands", batch, st)
 		}
 		if st := s.Stats(); st.Overloaded != 100 || st.RoundTripFailures != 0 {
@@ -176,7 +177,7 @@ func TestOneFailedBatchDoesNotTrip(t *testing.T) {
 	p := faultproxy.Start(t, srv.Addr())
 	c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer c.Close()
-	s := newStore(t, c, Options{Batch: 32, BatchWorkers: 1, Timeout: slow.Timeout})
+	s := newStore(t, c, Options{Batch: 32, batchWorkers: 1, Timeout: slow.Timeout})
 	defer s.Close()
 	if _, err := s.Decide(context.Background(), "{batch-warm}:message:EVENT", twoWindows, time.Time{}); err != nil {
 		t.Fatal(err)
@@ -194,7 +195,7 @@ func TestOneFailedBatchDoesNotTrip(t *testing.T) {
 	for _, cn := range conns {
 		cn.Close()
 	}
-	// The slots decisions go straight out on (twice BatchWorkers) are
+	// The slots decisions go straight out on (twice batchWorkers) are
 	// taken, as decisions in flight would take them, so the next 32
 	// queue and go out together once the last of them has (Batch 32; a
 	// 33rd queued before the first 32 are taken would start a round trip
@@ -226,7 +227,7 @@ func TestOneFailedBatchDoesNotTrip(t *testing.T) {
 	if failed.Load() != 32 || p.Lost() != 1 || st.RoundTripFailures != 1 {
 		t.Fatalf("%d of 32 decisions lost, %d replies dropped; stats %+v: want the one batch of 32 lost", failed.Load(), p.Lost(), st)
 	}
-	if st := s.BreakerState(); st != BreakerClosed {
+	if st := s.breakerNow(); st != breakerClosed {
 		t.Errorf("breaker %v after one failed batch of 32 decisions", st)
 	}
 	if _, err := s.Decide(context.Background(), "{batch-after}:message:EVENT", twoWindows, time.Time{}); err != nil {
@@ -244,7 +245,7 @@ func TestLateScriptChargesNothing(t *testing.T) {
 			srv, admin := realRedis(t)
 			p := faultproxy.Start(t, srv.Addr())
 			c := client(t, p.Addr())
-			s := newStore(t, c, Options{Batch: batchSize(batch), Breaker: BreakerOptions{Failures: -1}})
+			s := newStore(t, c, Options{Batch: batchSize(batch), breaker: breakerOptions{Failures: -1}})
 			t.Cleanup(func() { _ = s.Close() })
 			ctx := context.Background()
 			if err := ewma.Load(ctx, admin).Err(); err != nil {
@@ -318,7 +319,7 @@ func TestHealsAsSoonAsRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	s := newStore(t, c, Options{Breaker: BreakerOptions{Failures: -1}})
+	s := newStore(t, c, Options{breaker: breakerOptions{Failures: -1}})
 	ctx := context.Background()
 	if _, err := s.Decide(ctx, "{heal}:message:EVENT", twoWindows, time.Time{}); err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ const (
 	defaultTimeout = 100 * time.Millisecond
 )
 
-// The largest Options.Batch and Options.BatchWorkers New accepts. Beyond a
+// The largest Options.Batch and Options.batchWorkers New accepts. Beyond a
 // few dozen decisions per call nothing is gained (see the package
 // benchmarks), and the queue is allocated up front.
 const (
@@ -40,11 +40,11 @@ var (
 	errBreakerOpen = errors.New("redisstore: breaker open")
 	// errConfig is wrapped by New for options or clients it cannot work with.
 	errConfig = errors.New("redisstore: invalid configuration")
-	// ErrBadReply means Redis answered with something that is not the
+	// errBadReply means Redis answered with something that is not the
 	// script's reply, or the script refused a stored value: a protocol
 	// disagreement about one key, never read as a score. It is always
 	// wrapped together with ratelimit.ErrUnavailable.
-	ErrBadReply = errors.New("redisstore: malformed reply")
+	errBadReply = errors.New("redisstore: malformed reply")
 )
 
 // Prebuilt so that refusing a flood while Redis is down allocates nothing.
@@ -66,6 +66,17 @@ var ewma1 = redis.NewScript(scripts.EWMA1)
 var ewmaCluster = redis.NewScript(scripts.EWMACluster)
 
 // Options configures a Store. The zero value is usable.
+//
+// Every Store has a circuit breaker, which measures Redis in round trips
+// (a batch of 32 decisions that timed out is one failure; a decision that
+// expired in the store's own queue, ErrOverloaded, is none). It opens when,
+// within the last second, at least 5 round trips failed and they were at
+// least half of the round trips: decisions then fail at once, as
+// unavailable, without reaching for Redis. It lets one probe through after
+// 10 ms, then after twice as long at each failed probe, up to 100 ms, so
+// decisions resume within about that of Redis answering again while an
+// outage costs a few dial attempts a second. On a cluster each master has
+// a breaker of its own.
 type Options struct {
 	// Prefix is prepended to every key; "" means "sluice:". It must not
 	// contain '{' or '}': the client part of the key carries the Redis
@@ -79,8 +90,6 @@ type Options struct {
 	// cancelled during the round trip does not cut it short: it ends by
 	// its deadline at the latest.
 	Timeout time.Duration
-	// Breaker configures the circuit breaker; the zero value means its defaults.
-	Breaker BreakerOptions
 	// Observe, when not nil, is called after every call that reached for
 	// Redis with its duration and error (nil on success), for a latency
 	// histogram. Decisions refused by the open breaker are not observed.
@@ -88,20 +97,23 @@ type Options struct {
 	Observe func(d time.Duration, err error)
 	// Batch, when positive, sends the decisions of concurrent callers to
 	// Redis together, up to Batch per round trip (and, on a plain client,
-	// per script call; docs/redis.md, "Batching"), from BatchWorkers
-	// goroutines: one write and one read per batch instead of per
-	// decision, on both sides. Each decision still returns at its own
-	// deadline. 0 means every decision is its own round trip; at most
-	// 1024. Call Close when done.
+	// per script call; docs/redis.md, "Batching"): one write and one read
+	// per batch instead of per decision, on both sides. Two round trips
+	// may be in flight before decisions queue for a shared one (four
+	// while none has queued since nothing was in flight); decisions that
+	// waited a twentieth of the Timeout start more (up to 32), so a slow
+	// Redis does not eat their deadlines in the queue. Each decision
+	// still returns at its own deadline. 0 means every decision is its
+	// own round trip; at most 1024. With Batch the Store owns no
+	// goroutines; Close fails what is queued.
 	Batch int
-	// BatchWorkers is how many round trips may be in flight before
-	// decisions queue for a shared one (twice as many while none has
-	// queued since nothing was in flight); 0 means 2, at most 64.
-	// Decisions that waited a twentieth of the Timeout start more (up to
-	// 16 × BatchWorkers), so a slow Redis does not eat their deadlines in
-	// the queue. With Batch the Store owns no goroutines; Close fails what
-	// is queued.
-	BatchWorkers int
+
+	// breaker tunes the circuit breaker; the zero value is the one
+	// described above. Tests set it.
+	breaker breakerOptions
+	// batchWorkers is the round trips in flight before decisions queue
+	// (the two above); 0 means 2, at most 64. Tests and benchmarks set it.
+	batchWorkers int
 }
 
 // Store is a ratelimit.Store on Redis. It is safe for concurrent use. The
@@ -185,7 +197,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if timeout == 0 {
 		timeout = defaultTimeout
 	}
-	br, err := newBreaker(opts.Breaker)
+	br, err := newBreaker(opts.breaker)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +213,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		idBase:  hex.EncodeToString(seed[:3]),
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
-		st.nodes = newNodes(cc, opts.Breaker)
+		st.nodes = newNodes(cc, opts.breaker)
 	}
 	if c, ok := client.(*redis.Client); ok && c.Options().MaxRetries == 0 {
 		st.lean = true
@@ -211,13 +223,13 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	// an id repeated within a key's last 4 admissions is admitted free.
 	st.idSeq.Store(binary.LittleEndian.Uint64(seed[:]) >> 24)
 	switch {
-	case opts.Batch < 0 || opts.BatchWorkers < 0:
-		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must not be negative", errConfig, opts.Batch, opts.BatchWorkers)
-	case opts.Batch > maxBatch || opts.BatchWorkers > maxBatchWorkers:
-		// The queue holds Batch × BatchWorkers calls, allocated up front.
-		return nil, fmt.Errorf("%w: Batch %d and BatchWorkers %d must be at most %d and %d", errConfig, opts.Batch, opts.BatchWorkers, maxBatch, maxBatchWorkers)
+	case opts.Batch < 0 || opts.batchWorkers < 0:
+		return nil, fmt.Errorf("%w: Batch %d and batchWorkers %d must not be negative", errConfig, opts.Batch, opts.batchWorkers)
+	case opts.Batch > maxBatch || opts.batchWorkers > maxBatchWorkers:
+		// The queue holds Batch × batchWorkers calls, allocated up front.
+		return nil, fmt.Errorf("%w: Batch %d and batchWorkers %d must be at most %d and %d", errConfig, opts.Batch, opts.batchWorkers, maxBatch, maxBatchWorkers)
 	case opts.Batch > 0:
-		workers := opts.BatchWorkers
+		workers := opts.batchWorkers
 		if workers == 0 {
 			workers = 2
 		}
@@ -289,13 +301,18 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// BreakerState reports the breaker's state now, for metrics. On a cluster
-// it is the worst of the masters' breakers (open, then half-open, then
-// closed) among the masters decisions were routed to in the last 3 s,
-// and of the breaker that refuses decisions while no slot map can be
-// loaded at all: "open" then means some clients are refused, not all (see
-// NodeBreakers for which node).
-func (s *Store) BreakerState() BreakerState {
+// BreakerState reports the breaker's state now, for metrics: "closed"
+// (calls go to Redis), "open" (calls fail at once, as unavailable, without
+// reaching Redis) or "half-open" (the cool-down has passed; the next call
+// is a probe). On a cluster it is the worst of the masters' breakers
+// (open, then half-open, then closed) among the masters decisions were
+// routed to in the last 3 s, and of the breaker that refuses decisions
+// while no slot map can be loaded at all: "open" then means some clients
+// are refused, not all (see NodeBreakers for which node).
+func (s *Store) BreakerState() string { return s.breakerNow().String() }
+
+// breakerNow is BreakerState as a breakerState.
+func (s *Store) breakerNow() breakerState {
 	st := s.br.state()
 	if s.nodes != nil {
 		for _, nd := range s.nodes.live() {
@@ -305,17 +322,18 @@ func (s *Store) BreakerState() BreakerState {
 	return st
 }
 
-// NodeBreakers reports, on a cluster, the breaker of each master decisions
-// were routed to in the last 3 s, sorted by address; nil on a plain or
-// failover client, whose one breaker is BreakerState.
-func (s *Store) NodeBreakers() []NodeBreaker {
+// NodeBreakers reports, on a cluster, the state of the breaker of each
+// master decisions were routed to in the last 3 s (as BreakerState words
+// it), by the master's address as the client's slot map names it; nil on
+// a plain or failover client, whose one breaker is BreakerState.
+func (s *Store) NodeBreakers() map[string]string {
 	if s.nodes == nil {
 		return nil
 	}
 	live := s.nodes.live()
-	out := make([]NodeBreaker, len(live))
-	for i, nd := range live {
-		out[i] = NodeBreaker{Addr: nd.addr, State: nd.br.state()}
+	out := make(map[string]string, len(live))
+	for _, nd := range live {
+		out[nd.addr] = nd.br.state().String()
 	}
 	return out
 }
@@ -409,10 +427,10 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 		return d, nil
 	case errors.Is(err, ErrOverloaded), errors.Is(err, errClosed):
 		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
-	case errors.Is(err, ErrBadReply):
+	case errors.Is(err, errBadReply):
 		return ratelimit.Decision{}, err
 	case refusedValue:
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ErrBadReply, err)
+		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, errBadReply, err)
 	}
 	return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 }
@@ -485,7 +503,7 @@ func isLate(err error) bool {
 // other client is served; the breaker does not count it, and an operator's
 // outage alarm should not either.
 func IsPerKey(err error) bool {
-	return errors.Is(err, ErrBadReply) || isScriptRefusal(err) || isCrossSlot(err)
+	return errors.Is(err, errBadReply) || isScriptRefusal(err) || isCrossSlot(err)
 }
 
 // isScriptRefusal reports whether err is the script's own error reply
@@ -870,7 +888,7 @@ const maxWaitMs = 1 << 40
 // (scripts/ewma.lua: 8 bytes of t, then one little-endian double per
 // window, then possibly request ids), each finite and non-negative.
 // Anything else is a protocol disagreement and an error wrapping both
-// ErrBadReply and ErrUnavailable — never a score of zero. A wait of -1 is
+// errBadReply and ErrUnavailable — never a score of zero. A wait of -1 is
 // the script refusing this decision (a malformed stored value): its
 // message comes second, and the error is also a refusal
 // (isScriptRefusal), since Redis did answer. Every score is checked; they
@@ -897,7 +915,7 @@ func parseReply(reply any, n int, scores []float64) (ratelimit.Decision, error) 
 	wait, ok := arr[0].(int64)
 	if ok && wait == -1 {
 		if msg, ok := arr[1].(string); ok && strings.HasPrefix(msg, refusalPrefix) {
-			return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, ErrBadReply, refusal(msg))
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, errBadReply, refusal(msg))
 		}
 	}
 	if !ok || wait < 0 || wait > maxWaitMs {
@@ -936,5 +954,5 @@ func packedFloat(v string) float64 {
 }
 
 func badReply(format string, args ...any) error {
-	return fmt.Errorf("%w: %w: %s", ratelimit.ErrUnavailable, ErrBadReply, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %w: %s", ratelimit.ErrUnavailable, errBadReply, fmt.Sprintf(format, args...))
 }

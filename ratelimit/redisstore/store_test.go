@@ -87,7 +87,7 @@ func TestRedisTime(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, slow)
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(3, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(3, time.Hour))
 	key := "{time}:message:EVENT"
 	for i := range 3 {
 		d, err := s.Decide(ctx, key, limits, time.Time{})
@@ -124,7 +124,7 @@ func TestKeysAndTTL(t *testing.T) {
 	_, c := realRedis(t)
 	s := newStore(t, c, Options{Prefix: "p:", Timeout: slow.Timeout})
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
 	for range 10 {
 		if _, err := s.Decide(ctx, "{203.0.113.7}:message:EVENT", limits, time.Time{}); err != nil {
 			t.Fatal(err)
@@ -136,7 +136,8 @@ func TestKeysAndTTL(t *testing.T) {
 	}
 	// One key holds both windows: its TTL serves the longer-lived of them.
 	const key = "p:{203.0.113.7}:message:EVENT:1000:60000" + valueTag
-	for _, l := range limits.Limits() {
+	for i := range limits.Len() {
+		l := limits.Limit(i)
 		ttl, err := c.PTTL(ctx, key).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -156,7 +157,8 @@ func TestKeysAndTTL(t *testing.T) {
 	// And bounded: at most T·log2(1024·R/min(c,R−c)) plus slack, for the
 	// longest-lived window.
 	var bound time.Duration
-	for _, l := range limits.Limits() {
+	for i := range limits.Len() {
+		l := limits.Limit(i)
 		bound = max(bound, time.Duration(float64(l.Period)*(log2(1024*l.Rate)+1)))
 	}
 	if ttl := c.PTTL(ctx, key).Val(); ttl > bound {
@@ -186,7 +188,7 @@ func testNoScriptHeals(t *testing.T, opts Options) {
 	s := newStore(t, c, opts)
 	defer s.Close()
 	ctx := context.Background()
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(100, time.Second))
 	if _, err := s.Decide(ctx, "{flush}:message:EVENT", limits, storetest.T0); err != nil {
 		t.Fatal(err)
 	}
@@ -226,20 +228,20 @@ func TestNewRefusesClientWithoutContextTimeouts(t *testing.T) {
 	if _, err := New(nil, Options{}); !errors.Is(err, errConfig) {
 		t.Errorf("nil client: err = %v, want errConfig", err)
 	}
-	for _, o := range []Options{{Batch: -1}, {Batch: 1, BatchWorkers: -1}, {Batch: maxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, BatchWorkers: maxBatchWorkers + 1}} {
+	for _, o := range []Options{{Batch: -1}, {Batch: 1, batchWorkers: -1}, {Batch: maxBatch + 1}, {Batch: 1 << 40}, {Batch: 1, batchWorkers: maxBatchWorkers + 1}} {
 		if s, err := New(good, o); !errors.Is(err, errConfig) {
 			if s != nil {
 				_ = s.Close()
 			}
-			t.Errorf("Batch %d, BatchWorkers %d: err = %v, want errConfig", o.Batch, o.BatchWorkers, err)
+			t.Errorf("Batch %d, batchWorkers %d: err = %v, want errConfig", o.Batch, o.batchWorkers, err)
 		}
 	}
-	s, err := New(good, Options{Batch: maxBatch, BatchWorkers: maxBatchWorkers})
+	s, err := New(good, Options{Batch: maxBatch, batchWorkers: maxBatchWorkers})
 	if err != nil {
 		t.Fatalf("the largest batch: %v", err)
 	}
 	_ = s.Close()
-	if _, err := New(good, Options{Breaker: BreakerOptions{CoolDown: -1}}); !errors.Is(err, errConfig) {
+	if _, err := New(good, Options{breaker: breakerOptions{CoolDown: -1}}); !errors.Is(err, errConfig) {
 		t.Errorf("negative cool-down: err = %v, want errConfig", err)
 	}
 }
@@ -255,7 +257,7 @@ func TestAgreeDegenerate(t *testing.T) {
 
 // TestMalformedStoredValue: a window holding something the script did not
 // write (garbage, NaN, infinity, a negative score, a fractional or negative
-// instant) is an error wrapping ErrBadReply — never an admission on a score
+// instant) is an error wrapping errBadReply — never an admission on a score
 // of zero, never a refusal with a wait of decades — and, since Redis did
 // answer, it does not open the breaker for every other client.
 func TestMalformedStoredValue(t *testing.T) {
@@ -267,8 +269,8 @@ func TestMalformedStoredValue(t *testing.T) {
 
 func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	ctx := context.Background()
-	s := newStore(t, c, Options{Timeout: slow.Timeout, Breaker: BreakerOptions{Failures: 1}})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
+	s := newStore(t, c, Options{Timeout: slow.Timeout, breaker: breakerOptions{Failures: 1}})
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(100, time.Minute))
 	const key = "{bad}:message:EVENT"
 	at := storetest.T0.UnixMilli()
 	nan, inf := math.NaN(), math.Inf(1)
@@ -279,10 +281,10 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 		c.Del(ctx, full)
 		c.Set(ctx, full, v, 0)
 		d, err := s.Decide(ctx, key, limits, storetest.T0)
-		if !errors.Is(err, ErrBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
-			t.Errorf("holding %q: %+v %v, want ErrBadReply", v, d, err)
+		if !errors.Is(err, errBadReply) || !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Errorf("holding %q: %+v %v, want errBadReply", v, d, err)
 		}
-		if st := s.BreakerState(); st != BreakerClosed {
+		if st := s.breakerNow(); st != breakerClosed {
 			t.Fatalf("holding %q: breaker %v, want closed", v, st)
 		}
 	}
@@ -296,7 +298,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 	c.Set(ctx, ids[0], stored(at, []float64{1, nan}, "seen"), 0)
 	if v, err := ewma.Run(ctx, c, ids, seen...).Slice(); err != nil || len(v) != 2 || v[0] != int64(-1) {
 		t.Errorf("repeat with a corrupt window replied %v %v, want -1", v, err)
-	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, ErrBadReply) {
+	} else if _, err := parseReply(v, limits.Len(), nil); !isScriptRefusal(err) || !errors.Is(err, errBadReply) {
 		t.Errorf("repeat with a corrupt window: %v, want a script refusal", err)
 	}
 }
@@ -307,7 +309,7 @@ func testMalformedStoredValue(t *testing.T, c *redis.Client) {
 // costs none. It was 6 of the 27 allocations per Decide before.
 func TestRequestAllocs(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute), ratelimit.PerPeriod(1000, time.Hour))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute), ratelimit.PerPeriod(1000, time.Hour))
 	if n := testing.AllocsPerRun(100, func() { s.request("{a}:message:EVENT", limits, time.Time{}) }); n > 2 {
 		t.Errorf("request: %v allocations, want at most 2", n)
 	}
@@ -340,9 +342,9 @@ func TestRequestFromWindows(t *testing.T) {
 		key  string
 		nums []float64
 	}{
-		{ratelimit.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
+		{storetest.MustWindows(ratelimit.PerPeriod(5, 1500*time.Millisecond)),
 			"p:{k}:message:EVENT:1500:bin", []float64{t0, 0, 1, 1, 5, 1500, 1}},
-		{ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
+		{storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute),
 			ratelimit.Limit{Rate: 2.5, Period: 90 * time.Minute, Cost: 0.5}, ratelimit.Limit{Rate: 1e4, Period: 24 * time.Hour}),
 			"p:{k}:message:EVENT:1000:60000:5400000:86400000:bin",
 			[]float64{t0, 0, 1, 4, 10, 1000, 1, 240, 60000, 1, 2.5, 5400000, 0.5, 1e4, 86400000, 1}},
@@ -370,8 +372,8 @@ func TestRequestFromWindows(t *testing.T) {
 // in order, send each distinct set of windows once, and point at it by index.
 func TestCommandSharesLists(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	two := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
-	one := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Second))
+	two := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second), ratelimit.PerPeriod(240, time.Minute))
+	one := storetest.MustWindows(ratelimit.PerPeriod(5, time.Second))
 	a := s.request("{a}:message:EVENT", two, time.Time{})
 	b := s.request("{b}:message:REQ", one, time.Time{})
 	c := s.request("{c}:message:EVENT", two, time.Time{})
@@ -412,7 +414,7 @@ func TestRequestIDsStartApart(t *testing.T) {
 	c := client(t, "127.0.0.1:1")
 	a, b := newStore(t, c, Options{}), newStore(t, c, Options{})
 	b.idBase = a.idBase
-	limits := ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second))
+	limits := storetest.MustWindows(ratelimit.PerPeriod(10, time.Second))
 	ida := a.request("{x}:message:EVENT", limits, time.Time{}).id
 	idb := b.request("{x}:message:EVENT", limits, time.Time{}).id
 	if ida == idb || len(ida) != idLen {
@@ -446,7 +448,7 @@ func TestScriptRefusals(t *testing.T) {
 // script's source, of a batch call the batch script's.
 func TestEvalArgsPicksSource(t *testing.T) {
 	s := newStore(t, client(t, "127.0.0.1:1"), Options{})
-	r := s.request("{a}:message:EVENT", ratelimit.MustWindows(ratelimit.PerPeriod(10, time.Second)), time.Time{})
+	r := s.request("{a}:message:EVENT", storetest.MustWindows(ratelimit.PerPeriod(10, time.Second)), time.Time{})
 	if a := evalArgs(leanArgs(r, 0)); a[0] != argEval || a[1] != argSource1 {
 		t.Errorf("lean call falls back to %.20q", a[:2])
 	}

@@ -45,7 +45,7 @@ func ExampleHooks_Khatru() {
 	limits.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(3, 10*time.Second)}
 	limits.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
 	h, err := hooks.New(hooks.Options{
-		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: frozen}),
+		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), frozen),
 		Policy:  policy.Config{Limits: &limits},
 	})
 	if err != nil {
@@ -108,7 +108,7 @@ func ExampleRely() {
 	limits := policy.DefaultLimits()
 	limits.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(7, 10*time.Second)}
 	h, err := hooks.New(hooks.Options{
-		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{Clock: frozen}),
+		Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), frozen),
 		Policy:  policy.Config{Limits: &limits},
 	})
 	if err != nil {

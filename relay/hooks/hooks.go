@@ -143,7 +143,7 @@ func New(opts Options) (*Hooks, error) {
 		tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters()),
 	}
 	if h.lim == nil {
-		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), ratelimit.LimiterOptions{})
+		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), nil)
 	}
 	return h, nil
 }

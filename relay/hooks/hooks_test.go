@@ -39,7 +39,7 @@ func newHookFixture(t *testing.T, limits policy.Limits, quota *ratelimit.Quota) 
 	// 64 slots the REQ and NEG-OPEN keys of one test met in 1 run of 64.
 	f := &hookFixture{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 20)}, clock: nostrtest.NewClock()}
 	h, err := New(Options{
-		Limiter: ratelimit.NewLimiter(f.store, ratelimit.LimiterOptions{Clock: f.clock.Now}),
+		Limiter: ratelimit.NewLimiter(f.store, f.clock.Now),
 		Policy:  policy.Config{Limits: &limits, Quota: localQuota(quota, f.clock.Now)},
 
 		Observer: &policy.Observer{
@@ -107,7 +107,7 @@ func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
 	k = g.h.Khatru(ipOf, nil, nil)
 	ctx, cancel = reqCtx(context.Background(), "many")
 	defer cancel()
-	for j := range wire.DefaultMaxFilters {
+	for j := range wire.DefaultBounds().MaxFilters {
 		if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
 			t.Fatalf("filter %d refused: %q", j, msg)
 		}
@@ -518,7 +518,7 @@ func TestHooksAllowList(t *testing.T) {
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(64)}
 	store.Down.Store(true)
 	h, err := New(Options{
-		Limiter: ratelimit.NewLimiter(store, ratelimit.LimiterOptions{}),
+		Limiter: ratelimit.NewLimiter(store, nil),
 		Policy:  policy.Config{Limits: &l, Identity: policy.Identity{AllowIPs: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, AllowPubkeys: []string{pk}}},
 	})
 	if err != nil {
@@ -584,7 +584,7 @@ func TestHooksTier(t *testing.T) {
 	tierL.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(5, time.Hour)}
 	cfg := policy.Config{Limits: &addr, Tiers: []policy.Tier{{Name: "members", Pubkeys: []string{member}, Limits: tierL}}}
 	clock := nostrtest.NewClock()
-	h, err := New(Options{Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: clock.Now}), Policy: cfg})
+	h, err := New(Options{Limiter: ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), clock.Now), Policy: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ type Config struct {
 	// Bounds are what one frame may ask of the relay: filters per REQ,
 	// tags per event, the length of an indexed tag's value, values per
 	// filter field and a filter's index fan-out (each zero field means its
-	// default: wire.DefaultMaxFilters and the rest of wire's defaults).
+	// default: wire.DefaultBounds()).
 	// Bounds.MaxFilters is lowered by EffectiveMaxFilters.
 	Bounds wire.Bounds
 	// Kinds are named classes of event kinds with windows of their own,
@@ -121,7 +121,7 @@ func checkName(errs *fieldErrors, path, what, name string, seen map[string]bool)
 }
 
 // EffectiveMaxFilters returns how many filters a REQ may hold under cfg:
-// cfg.Bounds.MaxFilters (0 or less meaning wire.DefaultMaxFilters), lowered to
+// cfg.Bounds.MaxFilters (0 or less meaning wire.DefaultBounds().MaxFilters), lowered to
 // the largest n with n·cost < rate in every REQ window of the address
 // budget and of every tier that is not free (a REQ that no window could
 // ever admit would be told a wait that never comes), and at least 1. It is
@@ -129,7 +129,7 @@ func checkName(errs *fieldErrors, path, what, name string, seen map[string]bool)
 func EffectiveMaxFilters(cfg Config) int {
 	limit := cfg.Bounds.MaxFilters
 	if limit <= 0 {
-		limit = wire.DefaultMaxFilters
+		limit = wire.DefaultBounds().MaxFilters
 	}
 	lowered := func(req []ratelimit.Limit) {
 		for _, l := range req {

@@ -176,7 +176,7 @@ func (c *Config) Validate() error {
 // checkWindows adds an error for each window of ls at path that the
 // ratelimit package refuses: one Limit.Validate refuses, the first past
 // ratelimit.MaxWindows (those beyond it are not looked at), and one whose
-// period an earlier window has (ratelimit.ValidateLimits).
+// period an earlier window has (ratelimit.NewWindows).
 func checkWindows(errs *fieldErrors, path string, ls []ratelimit.Limit) {
 	ok := make([]ratelimit.Limit, 0, ratelimit.MaxWindows+1)
 	for i, l := range ls[:min(len(ls), ratelimit.MaxWindows+1)] {
@@ -189,7 +189,7 @@ func checkWindows(errs *fieldErrors, path string, ls []ratelimit.Limit) {
 			errs.add(p, err)
 			continue
 		}
-		if err := ratelimit.ValidateLimits(append(ok, l)); err != nil {
+		if _, err := ratelimit.NewWindows(append(ok, l)...); err != nil {
 			errs.add(p, err) // a period an earlier window has
 			continue
 		}

@@ -80,8 +80,8 @@ func checkScan(t *testing.T, frame []byte) {
 	if !bytes.Equal(frame, orig) {
 		t.Fatalf("Scan modified its input")
 	}
-	if want := PeekType(frame).Type; f.Type != want {
-		t.Fatalf("Scan type %v, PeekType %v, frame %q", f.Type, want, frame)
+	if want := Peek(frame).Type; f.typ != want {
+		t.Fatalf("Scan type %v, Peek %v, frame %q", f.typ, want, frame)
 	}
 	if reason != "" {
 		if !scanReasons[reason] {
@@ -108,15 +108,15 @@ func checkScan(t *testing.T, frame []byte) {
 	if err := json.Unmarshal(frame, &elems); err != nil {
 		t.Fatalf("encoding/json: %v, frame %q", err, frame)
 	}
-	if want := scanElems(f.Type, f.Filters); len(elems) != want {
-		t.Fatalf("encoding/json reads %d elements, Scan's %v of %d filters has %d: %q", len(elems), f.Type, f.Filters, want, frame)
+	if want := scanElems(f.typ, f.Filters); len(elems) != want {
+		t.Fatalf("encoding/json reads %d elements, Scan's %v of %d filters has %d: %q", len(elems), f.typ, f.Filters, want, frame)
 	}
 	var label string
-	if err := json.Unmarshal(elems[0], &label); err != nil || label != f.Type.String() {
-		t.Fatalf("encoding/json label %q (%v), Scan %v: %q", label, err, f.Type, frame)
+	if err := json.Unmarshal(elems[0], &label); err != nil || label != f.typ.String() {
+		t.Fatalf("encoding/json label %q (%v), Scan %v: %q", label, err, f.typ, frame)
 	}
 	var sub string
-	switch f.Type {
+	switch f.typ {
 	case TypeEVENT, TypeAUTH:
 		checkJSONEvent(t, frame, f, elems[1])
 	default:
@@ -124,7 +124,7 @@ func checkScan(t *testing.T, frame []byte) {
 			t.Fatalf("encoding/json sub id %q (%v), Scan %s: %q", sub, err, f.SubID, frame)
 		}
 	}
-	switch f.Type {
+	switch f.typ {
 	case TypeREQ, TypeCOUNT:
 		for _, e := range elems[2:] {
 			var m map[string]json.RawMessage
@@ -147,8 +147,8 @@ func checkScan(t *testing.T, frame []byte) {
 	if env == nil {
 		t.Fatalf("khatru cannot read a forwarded frame (%v): %q", err, frame)
 	}
-	if env.Label() != f.Type.String() {
-		t.Fatalf("khatru reads %s, Scan %v: %q", env.Label(), f.Type, frame)
+	if env.Label() != f.typ.String() {
+		t.Fatalf("khatru reads %s, Scan %v: %q", env.Label(), f.typ, frame)
 	}
 	switch e := env.(type) {
 	case *nostr.EventEnvelope:
@@ -193,11 +193,11 @@ func checkScan(t *testing.T, frame []byte) {
 			t.Fatalf("khatru reads NEG-CLOSE %q, Scan %s: %q", e.SubscriptionID, f.SubID, frame)
 		}
 	default:
-		t.Fatalf("khatru reads %T, Scan %v: %q", env, f.Type, frame)
+		t.Fatalf("khatru reads %T, Scan %v: %q", env, f.typ, frame)
 	}
 
 	// (c) khatru's negentropy survives the message, and reads it whole.
-	if f.Type == TypeNEGOPEN || f.Type == TypeNEGMSG {
+	if f.typ == TypeNEGOPEN || f.typ == TypeNEGMSG {
 		checkReconcile(t, string(f.neg))
 	}
 }
@@ -232,8 +232,8 @@ func checkJSONEvent(t *testing.T, frame []byte, f Facts, raw json.RawMessage) {
 // AUTH the first challenge and relay tags, as nip42 finds them.
 func checkGoNostrEvent(t *testing.T, frame []byte, f Facts, ev *nostr.Event) {
 	t.Helper()
-	if len(ev.Tags) > DefaultMaxTags {
-		t.Fatalf("go-nostr reads %d tags, the bound is %d: %.200q", len(ev.Tags), DefaultMaxTags, frame)
+	if len(ev.Tags) > defaultMaxTags {
+		t.Fatalf("go-nostr reads %d tags, the bound is %d: %.200q", len(ev.Tags), defaultMaxTags, frame)
 	}
 	for _, tag := range ev.Tags {
 		letter := len(tag) > 0 && len(tag[0]) == 1 && isLetter(tag[0][0])
@@ -242,7 +242,7 @@ func checkGoNostrEvent(t *testing.T, frame []byte, f Facts, ev *nostr.Event) {
 			t.Fatalf("go-nostr reads an empty tag in a forwarded event: %.200q", frame)
 		case letter && len(tag) < 2:
 			t.Fatalf("go-nostr reads the one-letter tag %q without a value: %.200q", tag, frame)
-		case letter && len(tag[1]) > DefaultMaxTagValueBytes:
+		case letter && len(tag[1]) > defaultMaxTagValueBytes:
 			// Scan bounds the value as written, so the decoded one can
 			// only be shorter.
 			t.Fatalf("go-nostr reads a %d-byte %s value: %.200q", len(tag[1]), tag[0], frame)
@@ -252,7 +252,7 @@ func checkGoNostrEvent(t *testing.T, frame []byte, f Facts, ev *nostr.Event) {
 		t.Fatalf("khatru reads id %s pubkey %s kind %d created_at %d; Scan %s %s %d %d: %q",
 			ev.ID, ev.PubKey, ev.Kind, ev.CreatedAt, f.Event.ID, f.Event.Pubkey, f.Event.Kind, f.Event.CreatedAt, frame)
 	}
-	if f.Type != TypeAUTH {
+	if f.typ != TypeAUTH {
 		if f.Event.Challenge != nil || f.Event.Relay != nil {
 			t.Fatalf("EVENT with AUTH tags in its facts: %q", frame)
 		}
@@ -464,12 +464,12 @@ func checkGoNostrFilter(t *testing.T, frame []byte, fl nostr.Filter) {
 		fields["#"+k] = len(v)
 	}
 	for name, n := range fields {
-		if n > DefaultMaxFilterValues {
-			t.Fatalf("go-nostr reads %d %s, the bound is %d: %.200q", n, name, DefaultMaxFilterValues, frame)
+		if n > defaultMaxFilterValues {
+			t.Fatalf("go-nostr reads %d %s, the bound is %d: %.200q", n, name, defaultMaxFilterValues, frame)
 		}
 	}
-	if n := plannerFanout(fl); n > DefaultMaxFanout {
-		t.Fatalf("eventstore's planner opens %d scans for a forwarded filter, the bound is %d: %.200q", n, DefaultMaxFanout, frame)
+	if n := plannerFanout(fl); n > defaultMaxFanout {
+		t.Fatalf("eventstore's planner opens %d scans for a forwarded filter, the bound is %d: %.200q", n, defaultMaxFanout, frame)
 	}
 }
 

@@ -5,7 +5,7 @@
 //
 // # Two readings, one scanner
 //
-// Peek (and PeekType) classifies a frame from a bounded prefix: its type,
+// Peek classifies a frame from a bounded prefix: its type,
 // from the first JSON string decoded as a relay's JSON parser would, and
 // for a refusal the id to answer with. A refused frame costs this and
 // nothing more.
@@ -27,15 +27,15 @@
 //
 // # Replies
 //
-// AppendRefusal and its specialised forms write NIP-01 refusals: OK false
-// for EVENT and AUTH, CLOSED for REQ and COUNT, NOTICE for the rest, each
-// carrying the id exactly as the client sent it; and NIP-77's NEG-ERR for
-// NEG-OPEN and NEG-MSG, since a client that sent one waits for NEG-MSG or
-// NEG-ERR about that sync, not a NOTICE. A wait is stated in whole seconds
-// rounded up, never 0 (RetrySeconds), so a client that waits as told is
-// admitted.
+// AppendRefusal writes NIP-01 refusals (AppendRateLimited, one for a wait,
+// without allocating): OK false for EVENT and AUTH, CLOSED for REQ and
+// COUNT, NOTICE for the rest, each carrying the id exactly as the client
+// sent it; and NIP-77's NEG-ERR for NEG-OPEN and NEG-MSG, since a client
+// that sent one waits for NEG-MSG or NEG-ERR about that sync, not a
+// NOTICE. A wait is stated in whole seconds rounded up, never 0
+// (RetrySeconds), so a client that waits as told is admitted.
 //
-// ParseOK and ParseAuthChallenge read the two relay frames the gate acts
-// on: the OK that charges a quota or binds an AUTH, and the relay's NIP-42
-// challenge.
+// ReadRelay and ParseOK read the relay frames the gate acts on: the
+// answers that end a client's subscriptions and syncs, the OK that charges
+// a quota or binds an AUTH, and the relay's NIP-42 challenge.
 package wire

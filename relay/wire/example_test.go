@@ -7,17 +7,18 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// A frame is scanned once; a refusal is answered in the shape NIP-01 wants
+// A frame is peeked for its type, then scanned once; a refusal is answered in the shape NIP-01 wants
 // for its type, with the wait rounded up to whole seconds.
 func ExampleScan() {
 	frame := []byte(`["REQ","feed",{"kinds":[1],"limit":20}]`)
+	p := wire.Peek(frame)
 	f, reason := wire.Scan(frame, nil)
 	if reason != "" {
 		fmt.Println("refused:", reason)
 		return
 	}
-	fmt.Printf("%v %s, %d filter(s)\n", f.Type, f.SubID, f.Filters)
-	reply := wire.AppendRateLimited(nil, wire.Peek(frame), 17*time.Second+time.Millisecond)
+	fmt.Printf("%v %s, %d filter(s)\n", p.Type, f.SubID, f.Filters)
+	reply := wire.AppendRateLimited(nil, p.Frame(), 17*time.Second+time.Millisecond)
 	fmt.Printf("%s\n", reply)
 	// Output:
 	// REQ "feed", 1 filter(s)

@@ -108,7 +108,7 @@ func TestHostileFrames(t *testing.T) {
 func checkPeek(t *testing.T, frame []byte) {
 	t.Helper()
 	orig := bytes.Clone(frame)
-	f := Peek(frame)
+	f := Peek(frame).Frame()
 	if !bytes.Equal(frame, orig) {
 		t.Fatalf("Peek modified its input")
 	}
@@ -127,7 +127,7 @@ func checkPeek(t *testing.T, frame []byte) {
 		mp := nostr.NewMessageParser()
 		if _, err := mp.ParseMessage(string(frame)); err == nostr.UnknownLabel {
 			if env := nip77.ParseNegMessage(string(frame)); env != nil {
-				if want, _ := ParseType(env.Label()); typ != want {
+				if want := labelType([]byte(env.Label())); typ != want {
 					t.Fatalf("khatru reads %q as %s, the gate charges it as %v and forwards it", frame, env.Label(), typ)
 				}
 			}
@@ -135,7 +135,7 @@ func checkPeek(t *testing.T, frame []byte) {
 	}
 	if env := nostr.ParseMessage(string(frame)); env != nil {
 		if typ, _, shaped := peekType(frame); shaped {
-			if want, _ := ParseType(env.Label()); typ != want {
+			if want := labelType([]byte(env.Label())); typ != want {
 				t.Fatalf("go-nostr reads %q as %s, the gate charges it as %v and forwards it", frame, env.Label(), typ)
 			}
 		}
@@ -260,7 +260,7 @@ func FuzzAppendRefusal(f *testing.F) {
 	f.Add([]byte(`["REQ","\ud800",{}]`), "bad \xff utf8 \u2028", int64(-5))
 	f.Add([]byte(`["COUNT","a\"b",{}]`), "\"\\\x00", int64(1<<40))
 	f.Fuzz(func(t *testing.T, frame []byte, reason string, waitMs int64) {
-		fr := Peek(frame)
+		fr := Peek(frame).Frame()
 		reply := AppendRefusal(nil, fr, reason)
 		if !utf8.Valid(reply) {
 			t.Fatalf("reply is not valid UTF-8: %q", reply)
@@ -307,7 +307,7 @@ func FuzzAppendRefusal(f *testing.F) {
 		if via := AppendRefusal(nil, fr, RateLimitedReason(wait)); !bytes.Equal(rl, via) {
 			t.Fatalf("AppendRateLimited %s != AppendRefusal %s", rl, via)
 		}
-		if !json.Valid(rl) || !json.Valid(AppendUnavailable(nil, fr)) {
+		if !json.Valid(rl) || !json.Valid(AppendRefusal(nil, fr, ReasonUnavailable)) {
 			t.Fatalf("invalid JSON from the specialised forms: %s", rl)
 		}
 	})

@@ -74,18 +74,6 @@ func (t Type) String() string {
 	return typeNames[t]
 }
 
-// ParseType maps a config or wire label onto a Type; ok is false for an
-// unknown label. It is case-sensitive, as NIP-01 labels are, and accepts
-// "OTHER" for the catch-all bucket so a config can name it.
-func ParseType(s string) (t Type, ok bool) {
-	for i, name := range typeNames {
-		if s == name {
-			return Type(i), true
-		}
-	}
-	return TypeOther, false
-}
-
 // labelType maps a decoded wire label onto a Type; anything unknown
 // (including the literal "OTHER") is TypeOther. It does not allocate: the
 // compiler turns a switch on string(b) into comparisons without a copy.
@@ -122,7 +110,8 @@ type Frame struct {
 	ID []byte
 }
 
-// Peek classifies a text frame. It never allocates and never panics.
+// Peek classifies a text frame; Frame adds its id. It never allocates and
+// never panics.
 //
 // The type is the first element of the JSON array, decoded as a real JSON
 // string: whitespace, escapes ("\u0045VENT" is EVENT) and surrogates (which
@@ -148,21 +137,21 @@ type Frame struct {
 // relays (khatru) read a binary frame as text, so its label must be charged
 // as the relay will read it.
 //
-// ID is found as Frame.ID describes. For REQ, COUNT, CLOSE and the NEG-
-// types it is the
-// second element when that is a well-formed JSON string of valid UTF-8 of at
-// most 256 raw bytes. For EVENT and AUTH it is the value of the
-// event object's top-level "id" key (the key spelled without escapes; an "id"
-// inside tags or content does not count), found by a bounded scan (at most
-// maxIDScan bytes) that tracks string state and nesting depth and never
-// decodes the event; it is used only when it is exactly 64 lowercase hex
-// digits. Otherwise ID is nil.
-func Peek(frame []byte) Frame {
-	t, rest, _ := peekType(frame)
-	return Frame{Type: t, ID: frameID(t, frame, rest)}
+// Peeked.Frame finds the id, which a refusal alone needs (for an EVENT it
+// is a scan of most of the event). For REQ, COUNT, CLOSE and the NEG-
+// types it is the second element when that is a well-formed JSON string
+// of valid UTF-8 of at most 256 raw bytes. For EVENT and AUTH it is the
+// value of the event object's top-level "id" key (the key spelled without
+// escapes; an "id" inside tags or content does not count), found by a
+// bounded scan (at most maxIDScan bytes) that tracks string state and
+// nesting depth and never decodes the event; it is used only when it is
+// exactly 64 lowercase hex digits. Otherwise ID is nil.
+func Peek(frame []byte) Peeked {
+	t, rest, shaped := peekType(frame)
+	return Peeked{Type: t, shaped: shaped, frame: frame, rest: rest}
 }
 
-// Peeked is a frame as PeekType classified it, its id not yet looked for.
+// Peeked is a frame as Peek classified it, its id not yet looked for.
 type Peeked struct {
 	Type Type
 	// shaped reports whether the frame is shaped as a Nostr message at
@@ -173,14 +162,7 @@ type Peeked struct {
 	rest   int // index of the second element, or -1
 }
 
-// PeekType is Peek without the id, which a refusal alone needs: for an
-// EVENT finding it is a scan of most of the event. Frame adds it.
-func PeekType(frame []byte) Peeked {
-	t, rest, shaped := peekType(frame)
-	return Peeked{Type: t, shaped: shaped, frame: frame, rest: rest}
-}
-
-// Frame returns the Frame that Peek would, id included.
+// Frame returns the frame's type and id (Frame.ID).
 func (p Peeked) Frame() Frame {
 	return Frame{Type: p.Type, ID: frameID(p.Type, p.frame, p.rest)}
 }

@@ -1,5 +1,7 @@
 package wire
 
+import "bytes"
+
 // This file reads the few relay frames the gate acts on. They come from
 // the relay, not the client, but are read as strictly as client frames:
 // a relay frame the gate misreads could bind a pubkey or charge a quota.
@@ -32,20 +34,6 @@ func ParseOK(frame []byte) (id Hex32, accepted, duplicate, isOK bool) {
 	return id, true, duplicate, true
 }
 
-// ParseAuthChallenge reads a relay frame ["AUTH",<challenge>] (NIP-42)
-// and returns the challenge as its JSON literal, quotes included.
-func ParseAuthChallenge(frame []byte) (challenge []byte, ok bool) {
-	s := scanner{b: frame}
-	if !s.label(`"AUTH"`) {
-		return nil, false
-	}
-	lit, _, ok := s.str()
-	if !ok || !s.end() {
-		return nil, false
-	}
-	return lit, true
-}
-
 // label consumes the start of a relay frame whose label is lit (quotes
 // included): '[', the label and a comma, with whitespace anywhere between
 // (relays write compact JSON, but a relay that does not must not have its
@@ -71,74 +59,70 @@ func (s *scanner) literal(lit string) bool {
 	return true
 }
 
-// IsEvent reports whether a relay frame is an ["EVENT",…]: most of what a
-// relay sends, and nothing the gate acts on, so the relay reader tells it
-// apart first, with one look at its label.
-func IsEvent(frame []byte) bool {
+// ReadRelay reads the start of a relay frame: its label, when it is one
+// the gate acts on, and arg, the JSON literal (quotes included) of the
+// string that follows the label. The labels are "EVENT", "EOSE", "CLOSED",
+// "COUNT", "NEG-MSG" and "NEG-ERR", whose arg is a subscription id; "OK",
+// whose arg is the event id (ParseOK reads the rest); and "AUTH" (NIP-42),
+// whose arg is the challenge. go-nostr's nip77 writes, and so khatru sends,
+// NEG-ERROR for NEG-ERR: either way the relay has ended that sync, and it
+// is read as "NEG-ERR". label is "" for any other frame; arg is nil when
+// the label is not followed by a whole string, and for an AUTH that does
+// not end after it.
+//
+// The label needs only '[', the label and a comma, and arg is read only
+// as far as its closing quote (an AUTH's to the frame's end), so the start
+// of a frame is enough. It is called on every relay frame, so it gives up
+// on the first byte that does not fit.
+func ReadRelay(frame []byte) (label string, arg []byte) {
 	s := scanner{b: frame}
-	return s.label(`"EVENT"`)
-}
-
-// ParseAddressed reads the subscription id of a relay frame
-// ["EVENT",<sub id>,…] or ["EOSE",<sub id>] as its JSON literal, quotes
-// included: what a relay sends under a subscription. It reads only as far
-// as the literal, so the start of a frame is enough.
-func ParseAddressed(frame []byte) (sub []byte, ok bool) {
-	return subFrame(frame, `"EVENT"`, `"EOSE"`)
-}
-
-// ParseClosed reads a relay frame ["CLOSED",<sub id>,<reason>] and returns
-// the subscription id as its JSON literal, quotes included.
-func ParseClosed(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"CLOSED"`) }
-
-// subFrame reads the subscription id literal that follows label, the first
-// of labels that frame starts with.
-func subFrame(frame []byte, labels ...string) (sub []byte, ok bool) {
-	for _, label := range labels {
-		s := scanner{b: frame}
-		if !s.label(label) {
-			continue
-		}
-		lit, _, ok := s.str()
-		if !ok {
-			return nil, false
-		}
-		return lit, true
+	s.ws()
+	if !s.eat('[') {
+		return "", nil
 	}
-	return nil, false
-}
-
-// answerLabels are the labels of the relay frames that answer a client's
-// request: OK (EVENT, AUTH), EOSE and CLOSED (REQ), COUNT and CLOSED
-// (COUNT), NEG-MSG and NEG-ERR (NEG-OPEN, NEG-MSG; go-nostr writes
-// NEG-ERROR).
-var answerLabels = [...]string{`"OK"`, `"EOSE"`, `"CLOSED"`, `"COUNT"`, `"NEG-MSG"`, `"NEG-ERR"`, `"NEG-ERROR"`}
-
-// IsAnswer reports whether a relay frame answers a client's request (see
-// answerLabels), reading only its label.
-func IsAnswer(frame []byte) bool {
-	for _, l := range answerLabels {
-		s := scanner{b: frame}
-		if s.label(l) {
-			return true
-		}
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return "", nil
 	}
-	return false
+	rest := s.b[s.i+1:]
+	n := bytes.IndexByte(rest[:min(len(rest), len("NEG-ERROR")+1)], '"')
+	if n < 0 {
+		return "", nil
+	}
+	if label = relayLabel(rest[:n]); label == "" {
+		return "", nil
+	}
+	s.i += n + 2
+	if !s.comma() {
+		return "", nil
+	}
+	lit, _, ok := s.str()
+	if !ok || label == "AUTH" && !s.end() {
+		return label, nil
+	}
+	return label, lit
 }
 
-// ParseCountReply reads a relay frame ["COUNT",<sub id>,{…}] (NIP-45's
-// answer) and returns the subscription id as its JSON literal, quotes
-// included.
-func ParseCountReply(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"COUNT"`) }
-
-// ParseEOSE reads a relay frame ["EOSE",<sub id>] and returns the
-// subscription id as its JSON literal, quotes included.
-func ParseEOSE(frame []byte) (sub []byte, ok bool) { return subFrame(frame, `"EOSE"`) }
-
-// ParseNegErr reads a relay frame ["NEG-ERR",<sub id>,<reason>] (NIP-77)
-// and returns the subscription id as its JSON literal, quotes included.
-// The label go-nostr's nip77 writes, and so khatru sends, NEG-ERROR, is
-// read too: either way the relay has ended that sync.
-func ParseNegErr(frame []byte) (sub []byte, ok bool) {
-	return subFrame(frame, `"NEG-ERR"`, `"NEG-ERROR"`)
+// relayLabel returns the label ReadRelay reports for the bytes between a
+// relay frame's first two quotes; "" for one the gate does not act on.
+func relayLabel(b []byte) string {
+	switch string(b) {
+	case "EVENT":
+		return "EVENT"
+	case "OK":
+		return "OK"
+	case "EOSE":
+		return "EOSE"
+	case "CLOSED":
+		return "CLOSED"
+	case "COUNT":
+		return "COUNT"
+	case "NEG-MSG":
+		return "NEG-MSG"
+	case "NEG-ERR", "NEG-ERROR":
+		return "NEG-ERR"
+	case "AUTH":
+		return "AUTH"
+	}
+	return ""
 }

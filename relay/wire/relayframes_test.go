@@ -31,36 +31,43 @@ func TestParseOK(t *testing.T) {
 	}
 }
 
-func TestParseAuthChallenge(t *testing.T) {
-	for _, tc := range []struct{ frame, want string }{
-		{`["AUTH","abc"]`, `"abc"`},
-		{` [ "AUTH" , "a\"b" ] `, `"a\"b"`},
-		{`["AUTH",{"id":"x"}]`, ""},
-		{`["AUTH","abc",1]`, ""},
-		{`["AUTH","abc"`, ""},
-		{`["OK","abc"]`, ""},
+// TestReadRelay: each label the gate acts on is read, spaced or not, with
+// the string after it; NEG-ERROR reads as NEG-ERR; a label spelled any
+// other way, or not followed by a comma, is no label; an arg that is not a
+// whole string (or an AUTH that goes on after it) is nil.
+func TestReadRelay(t *testing.T) {
+	for _, tc := range []struct{ frame, label, arg string }{
+		{`["EVENT","s",{}]`, "EVENT", `"s"`},
+		{` [ "EVENT" , "s",{}]`, "EVENT", `"s"`},
+		{`["EVENT",`, "EVENT", ""},
+		{`["EVENT"`, "", ""},
+		{`["EVENTS","s",{}]`, "", ""},
+		{`["\u0045VENT","s",{}]`, "", ""},
+		{`{"EVENT":1}`, "", ""},
+		{``, "", ""},
+		{`["OK","` + idHex + `",true,""]`, "OK", `"` + idHex + `"`},
+		{`["EOSE","a"]`, "EOSE", `"a"`},
+		{` [ "EOSE" , "a\"b" ] `, "EOSE", `"a\"b"`},
+		{`["EOSE"]`, "", ""},
+		{`["EOSE",1]`, "EOSE", ""},
+		{`["EOSEX","a"]`, "", ""},
+		{`["CLOSED","a",""]`, "CLOSED", `"a"`},
+		{`["COUNT","c",{"count":1}]`, "COUNT", `"c"`},
+		{`["NEG-MSG","s","61"]`, "NEG-MSG", `"s"`},
+		{`["NEG-ERR","s","blocked: x"]`, "NEG-ERR", `"s"`},
+		{` [ "NEG-ERROR" , "s\"t" , "closed" ] `, "NEG-ERR", `"s\"t"`},
+		{`["NEG-ERRS","s","x"]`, "", ""},
+		{`["NEG-ERR",1,"x"]`, "NEG-ERR", ""},
+		{`["NOTICE","x"]`, "", ""},
+		{`["AUTH","abc"]`, "AUTH", `"abc"`},
+		{` [ "AUTH" , "a\"b" ] `, "AUTH", `"a\"b"`},
+		{`["AUTH",{"id":"x"}]`, "AUTH", ""},
+		{`["AUTH","abc",1]`, "AUTH", ""},
+		{`["AUTH","abc"`, "AUTH", ""},
 	} {
-		got, ok := ParseAuthChallenge([]byte(tc.frame))
-		if string(got) != tc.want || ok != (tc.want != "") {
-			t.Errorf("ParseAuthChallenge(%s) = %s %v, want %s", tc.frame, got, ok, tc.want)
-		}
-	}
-}
-
-// TestIsEvent: a relay's EVENT, spaced or not, is told apart; nothing
-// else is taken for one.
-func TestIsEvent(t *testing.T) {
-	for frame, want := range map[string]bool{
-		`["EVENT","s",{}]`:      true,
-		` [ "EVENT" , "s",{}]`:  true,
-		`["EOSE","s"]`:          false,
-		`["EVENTS","s",{}]`:     false,
-		`["\u0045VENT","s",{}]`: false,
-		`{"EVENT":1}`:           false,
-		``:                      false,
-	} {
-		if got := IsEvent([]byte(frame)); got != want {
-			t.Errorf("IsEvent(%s) = %v, want %v", frame, got, want)
+		label, arg := ReadRelay([]byte(tc.frame))
+		if label != tc.label || string(arg) != tc.arg || (arg == nil) != (tc.arg == "") {
+			t.Errorf("ReadRelay(%s) = %q %q, want %q %q", tc.frame, label, arg, tc.label, tc.arg)
 		}
 	}
 }

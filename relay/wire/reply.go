@@ -64,14 +64,6 @@ func AppendRateLimited(dst []byte, f Frame, wait time.Duration) []byte {
 	return append(dst, `"]`...)
 }
 
-// AppendUnavailable appends the reply refusing f because the limiter could
-// not decide: AppendRefusal(dst, f, ReasonUnavailable).
-func AppendUnavailable(dst []byte, f Frame) []byte {
-	dst = appendRefusalHead(dst, f)
-	dst = append(dst, ReasonUnavailable...)
-	return append(dst, `"]`...)
-}
-
 // appendRefusalHead appends everything of the reply up to the opening quote
 // of the reason.
 func appendRefusalHead(dst []byte, f Frame) []byte {

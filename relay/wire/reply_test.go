@@ -51,13 +51,13 @@ func TestGolden(t *testing.T) {
 		build  func(dst []byte, f Frame) []byte
 	}{
 		{"rate-limited", "rate-limited: slow down; retry in 18s", func(dst []byte, f Frame) []byte { return AppendRateLimited(dst, f, goldenWait) }},
-		{"unavailable", ReasonUnavailable, AppendUnavailable},
+		{"unavailable", ReasonUnavailable, func(dst []byte, f Frame) []byte { return AppendRefusal(dst, f, ReasonUnavailable) }},
 	}
 	for _, shape := range refusalShapes {
 		for _, r := range reasons {
 			name := shape.name + "." + r.name
 			t.Run(name, func(t *testing.T) {
-				f := Peek([]byte(shape.frame))
+				f := Peek([]byte(shape.frame)).Frame()
 				got := r.build([]byte("prefix:"), f)
 				if !bytes.HasPrefix(got, []byte("prefix:")) {
 					t.Fatalf("did not append to dst: %q", got)
@@ -165,7 +165,7 @@ func TestRateLimitedReason(t *testing.T) {
 // a reply that decodes back to that reason (invalid UTF-8 becoming U+FFFD,
 // as encoding/json does).
 func TestAppendRefusalEscapes(t *testing.T) {
-	f := Peek([]byte(`["REQ","s"]`))
+	f := Peek([]byte(`["REQ","s"]`)).Frame()
 	for _, reason := range []string{
 		``, `plain`, `"quoted"`, `back\slash`, "nl\nnl", "cr\rtab\t", "\x00\x01\x1f\x7f",
 		"é ü 🙂", "\u2028\u2029", "bad \xff\xfe utf8", "\xed\xa0\x80", "</script>&",
@@ -195,13 +195,10 @@ func TestAppendRefusalEscapes(t *testing.T) {
 }
 
 func TestAppendRefusalAllocs(t *testing.T) {
-	f := Peek([]byte(`["EVENT",` + goNostrEvent + `]`))
+	f := Peek([]byte(`["EVENT",` + goNostrEvent + `]`)).Frame()
 	buf := make([]byte, 0, 256)
 	if n := testing.AllocsPerRun(100, func() { buf = AppendRateLimited(buf[:0], f, goldenWait) }); n != 0 {
 		t.Errorf("AppendRateLimited allocates %v times", n)
-	}
-	if n := testing.AllocsPerRun(100, func() { buf = AppendUnavailable(buf[:0], f) }); n != 0 {
-		t.Errorf("AppendUnavailable allocates %v times", n)
 	}
 	if n := testing.AllocsPerRun(100, func() { buf = AppendRefusal(buf[:0], f, "reason with \"quotes\"") }); n != 0 {
 		t.Errorf("AppendRefusal allocates %v times", n)
@@ -209,8 +206,8 @@ func TestAppendRefusalAllocs(t *testing.T) {
 }
 
 func BenchmarkAppendRefusal(b *testing.B) {
-	event := Peek([]byte(`["EVENT",` + goNostrEvent + `]`))
-	req := Peek([]byte(`["REQ","sub:1",{}]`))
+	event := Peek([]byte(`["EVENT",` + goNostrEvent + `]`)).Frame()
+	req := Peek([]byte(`["REQ","sub:1",{}]`)).Frame()
 	b.Run("EVENT-rate-limited", func(b *testing.B) {
 		b.ReportAllocs()
 		buf := make([]byte, 0, 256)
@@ -222,7 +219,7 @@ func BenchmarkAppendRefusal(b *testing.B) {
 		b.ReportAllocs()
 		buf := make([]byte, 0, 256)
 		for b.Loop() {
-			buf = AppendUnavailable(buf[:0], req)
+			buf = AppendRefusal(buf[:0], req, ReasonUnavailable)
 		}
 	})
 	b.Run("NOTICE-escaped-reason", func(b *testing.B) {
@@ -236,10 +233,10 @@ func BenchmarkAppendRefusal(b *testing.B) {
 
 func ExampleAppendRateLimited() {
 	frame := []byte(`["REQ","feed",{"kinds":[1],"limit":20}]`)
-	f := Peek(frame)
+	f := Peek(frame).Frame()
 	fmt.Println(f.Type, string(f.ID))
 	fmt.Println(string(AppendRateLimited(nil, f, 17200*time.Millisecond)))
-	fmt.Println(string(AppendUnavailable(nil, Peek([]byte(`["CLOSE","feed"]`)))))
+	fmt.Println(string(AppendRefusal(nil, Peek([]byte(`["CLOSE","feed"]`)).Frame(), ReasonUnavailable)))
 	// Output:
 	// REQ "feed"
 	// ["CLOSED","feed","rate-limited: slow down; retry in 18s"]
@@ -253,7 +250,7 @@ func ExamplePeek() {
 		`["event",{}]`,
 		`["EVENT"`,
 	} {
-		f := Peek([]byte(frame))
+		f := Peek([]byte(frame)).Frame()
 		fmt.Printf("%v id=%s\n", f.Type, f.ID)
 	}
 	// Output:

@@ -9,9 +9,10 @@ import (
 )
 
 // Facts is what Scan read of a client frame that is in canonical shape:
-// everything the gate charges and checks before it forwards the frame.
+// everything the gate charges and checks before it forwards the frame,
+// beside its type (Peek's).
 type Facts struct {
-	Type Type
+	typ Type // Peek's type of the frame
 	// SubID is the subscription id of a REQ, COUNT, CLOSE or NEG-* frame
 	// as its JSON literal, quotes included. A canonical id holds no
 	// escapes, so the bytes between the quotes are the id itself.
@@ -132,31 +133,31 @@ var prefixes = func() (p [NumTypes][]byte) {
 // message"; frames whose label is not one of the types above get
 // "invalid: unknown message type".
 func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
-	p := PeekType(frame)
-	f.Type = p.Type
+	p := Peek(frame)
+	f.typ = p.Type
 	switch {
 	case !p.shaped:
 		return f, reasonNotNostr
 	case p.Type == TypeOther:
 		return f, reasonUnknownType
 	}
-	if !bytes.HasPrefix(frame, prefixes[f.Type]) {
+	if !bytes.HasPrefix(frame, prefixes[f.typ]) {
 		return f, reasonShape
 	}
 	if !utf8.Valid(frame) {
 		return f, reasonNotUTF8
 	}
-	s := scanner{b: frame, i: len(prefixes[f.Type]), lim: b.resolved()}
+	s := scanner{b: frame, i: len(prefixes[f.typ]), lim: b.resolved()}
 	s.ws()
-	switch f.Type {
+	switch f.typ {
 	case TypeEVENT, TypeAUTH:
-		if r := s.event(&f.Event, f.Type == TypeAUTH); r != "" {
+		if r := s.event(&f.Event, f.typ == TypeAUTH); r != "" {
 			return f, r
 		}
 		switch {
-		case f.Type == TypeAUTH && f.Event.Kind != kindAuth:
+		case f.typ == TypeAUTH && f.Event.Kind != kindAuth:
 			return f, reasonAuthKind
-		case f.Type == TypeEVENT && f.Event.Kind == kindAuth:
+		case f.typ == TypeEVENT && f.Event.Kind == kindAuth:
 			return f, reasonEventKind
 		}
 	case TypeREQ, TypeCOUNT:
@@ -180,7 +181,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 		if f.Filters == 0 {
 			return f, reasonShape
 		}
-		if f.Type == TypeCOUNT && f.Filters != 1 {
+		if f.typ == TypeCOUNT && f.Filters != 1 {
 			// go-nostr reads every filter of a COUNT into one (the last
 			// field wins), so a relay on it would count something else.
 			return f, reasonCountOne
@@ -193,7 +194,7 @@ func Scan(frame []byte, b *Bounds) (f Facts, reason string) {
 		if f.SubID, reason = s.subID(); reason != "" {
 			return f, reason
 		}
-		if f.Type == TypeNEGOPEN {
+		if f.typ == TypeNEGOPEN {
 			if !s.comma() {
 				return f, reasonShape
 			}

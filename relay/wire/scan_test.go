@@ -119,9 +119,9 @@ var scanCanonical = []struct {
 	{"req one filter", `["REQ","sub:1",` + scanFilter + `]`, scanWant{typ: TypeREQ, sub: `"sub:1"`, filters: 1}},
 	{"req empty filter", `["REQ","s",{}]`, scanWant{typ: TypeREQ, sub: `"s"`, filters: 1}},
 	{"req maxFilters filters", `["REQ","many",` + repeatJoin(scanFilter, scanMaxFilters, ",") + `]`, scanWant{typ: TypeREQ, sub: `"many"`, filters: scanMaxFilters}},
-	{"req follow feed at the fan-out bound", `["REQ","feed",{"authors":[` + repeatJoin(`"`+scanPub+`"`, 2500, ",") + `],"kinds":[` + repeatJoin(`1`, DefaultMaxFanout/2500, ",") + `],"limit":500}]`, scanWant{typ: TypeREQ, sub: `"feed"`, filters: 1}},
-	{"req values at the bound, narrow tag", `["REQ","s",{"#e":["` + testID2 + `"],"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFilterValues, ",") + `],"kinds":[` + repeatJoin(`1`, 100, ",") + `]}]`, scanWant{typ: TypeREQ, sub: `"s"`, filters: 1}},
-	{"event tags at the bounds", `["EVENT",` + evWith("tags", `"tags":[["r","`+strings.Repeat("x", DefaultMaxTagValueBytes)+`"],["d",""],["-"],["client"],`+repeatJoin(`["t","x"]`, DefaultMaxTags-4, ",")+`]`) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
+	{"req follow feed at the fan-out bound", `["REQ","feed",{"authors":[` + repeatJoin(`"`+scanPub+`"`, 2500, ",") + `],"kinds":[` + repeatJoin(`1`, defaultMaxFanout/2500, ",") + `],"limit":500}]`, scanWant{typ: TypeREQ, sub: `"feed"`, filters: 1}},
+	{"req values at the bound, narrow tag", `["REQ","s",{"#e":["` + testID2 + `"],"authors":[` + repeatJoin(`"`+scanPub+`"`, defaultMaxFilterValues, ",") + `],"kinds":[` + repeatJoin(`1`, 100, ",") + `]}]`, scanWant{typ: TypeREQ, sub: `"s"`, filters: 1}},
+	{"event tags at the bounds", `["EVENT",` + evWith("tags", `"tags":[["r","`+strings.Repeat("x", defaultMaxTagValueBytes)+`"],["d",""],["-"],["client"],`+repeatJoin(`["t","x"]`, defaultMaxTags-4, ",")+`]`) + `]`, scanWant{typ: TypeEVENT, id: testID, pubkey: scanPub, kind: 1, createdAt: 1673347337}},
 	{"req python spelling", `["REQ", "sub", {"kinds": [1], "limit": 10}, {"#e": ["` + testID2 + `"]}]`, scanWant{typ: TypeREQ, sub: `"sub"`, filters: 2}},
 	{"req whitespace", "[\"REQ\", \"s\" ,\n{ } , {\"limit\":0}\t]\n", scanWant{typ: TypeREQ, sub: `"s"`, filters: 2}},
 	{"req sub id of 64 bytes", `["REQ","` + strings.Repeat("x", 64) + `",{}]`, scanWant{typ: TypeREQ, sub: `"` + strings.Repeat("x", 64) + `"`, filters: 1}},
@@ -224,15 +224,15 @@ var scanHostile = []struct {
 	{"tag d without value", `["EVENT",` + evWith("tags", `"tags":[["d"]]`) + `]`, reasonTagNoValue},
 	{"tag escaped d without value", `["EVENT",` + evWith("tags", `"tags":[["\u0064"]]`) + `]`, reasonTagNoValue},
 	{"tag P without value", `["EVENT",` + evWith("tags", `"tags":[["e","x"],["P"]]`) + `]`, reasonTagNoValue},
-	{"tags one too many", `["EVENT",` + evWith("tags", `"tags":[`+repeatJoin(`["t","x"]`, DefaultMaxTags+1, ",")+`]`) + `]`, reasonTags},
-	{"tag value too long", `["EVENT",` + evWith("tags", `"tags":[["r","`+strings.Repeat("x", DefaultMaxTagValueBytes+1)+`"]]`) + `]`, reasonTagValue},
-	{"tag value too long as written", `["EVENT",` + evWith("tags", `"tags":[["t","`+strings.Repeat(`\n`, DefaultMaxTagValueBytes/2)+`x"]]`) + `]`, reasonTagValue},
-	{"filter too many authors", `["REQ","s",{"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFilterValues+1, ",") + `]}]`, reasonFilterValues},
-	{"filter too many kinds", `["REQ","s",{"kinds":[` + repeatJoin(`1`, DefaultMaxFilterValues+1, ",") + `]}]`, reasonFilterValues},
-	{"filter too many tag values", `["COUNT","s",{"#t":[` + repeatJoin(`"x"`, DefaultMaxFilterValues+1, ",") + `]}]`, reasonFilterValues},
-	{"filter too many ids NEG-OPEN", `["NEG-OPEN","s",{"ids":[` + repeatJoin(`"`+testID+`"`, DefaultMaxFilterValues+1, ",") + `]},"` + negOpenMsg + `"]`, reasonFilterValues},
+	{"tags one too many", `["EVENT",` + evWith("tags", `"tags":[`+repeatJoin(`["t","x"]`, defaultMaxTags+1, ",")+`]`) + `]`, reasonTags},
+	{"tag value too long", `["EVENT",` + evWith("tags", `"tags":[["r","`+strings.Repeat("x", defaultMaxTagValueBytes+1)+`"]]`) + `]`, reasonTagValue},
+	{"tag value too long as written", `["EVENT",` + evWith("tags", `"tags":[["t","`+strings.Repeat(`\n`, defaultMaxTagValueBytes/2)+`x"]]`) + `]`, reasonTagValue},
+	{"filter too many authors", `["REQ","s",{"authors":[` + repeatJoin(`"`+scanPub+`"`, defaultMaxFilterValues+1, ",") + `]}]`, reasonFilterValues},
+	{"filter too many kinds", `["REQ","s",{"kinds":[` + repeatJoin(`1`, defaultMaxFilterValues+1, ",") + `]}]`, reasonFilterValues},
+	{"filter too many tag values", `["COUNT","s",{"#t":[` + repeatJoin(`"x"`, defaultMaxFilterValues+1, ",") + `]}]`, reasonFilterValues},
+	{"filter too many ids NEG-OPEN", `["NEG-OPEN","s",{"ids":[` + repeatJoin(`"`+testID+`"`, defaultMaxFilterValues+1, ",") + `]},"` + negOpenMsg + `"]`, reasonFilterValues},
 	{"filter fan-out authors x kinds", `["REQ","s",{"authors":[` + repeatJoin(`"`+scanPub+`"`, 480, ",") + `],"kinds":[` + repeatJoin(`1`, 4000, ",") + `]}]`, reasonFanout},
-	{"filter fan-out one over", `["REQ","s",{"kinds":[` + repeatJoin(`7`, 11, ",") + `],"authors":[` + repeatJoin(`"`+scanPub+`"`, DefaultMaxFanout/10, ",") + `],"#p":["x"]}]`, reasonFanout},
+	{"filter fan-out one over", `["REQ","s",{"kinds":[` + repeatJoin(`7`, 11, ",") + `],"authors":[` + repeatJoin(`"`+scanPub+`"`, defaultMaxFanout/10, ",") + `],"#p":["x"]}]`, reasonFanout},
 	{"tags with a nested array", `["EVENT",` + evWith("tags", `"tags":[["e",["x"]]]`) + `]`, reasonEvent},
 	{"tags of strings", `["EVENT",` + evWith("tags", `"tags":["e","x"]`) + `]`, reasonEvent},
 	{"tags as object", `["EVENT",` + evWith("tags", `"tags":{"e":"x"}`) + `]`, reasonEvent},
@@ -399,8 +399,8 @@ func checkFacts(t *testing.T, frame []byte, f Facts, want scanWant) {
 		{"Challenge", ev.Challenge, want.challenge},
 		{"Relay", ev.Relay, want.relay},
 	}
-	if f.Type != want.typ {
-		t.Errorf("Type = %v, want %v", f.Type, want.typ)
+	if f.typ != want.typ {
+		t.Errorf("Type = %v, want %v", f.typ, want.typ)
 	}
 	for _, l := range lits {
 		switch {
@@ -473,8 +473,8 @@ func TestScanGoNostrFrames(t *testing.T) {
 			t.Fatal(err)
 		}
 		f, reason := Scan(frame, scanBounds)
-		if reason != "" || f.Type != tc.typ || f.Filters != tc.want {
-			t.Errorf("Scan(%s) = %v %d %q, want %v %d canonical", frame, f.Type, f.Filters, reason, tc.typ, tc.want)
+		if reason != "" || f.typ != tc.typ || f.Filters != tc.want {
+			t.Errorf("Scan(%s) = %v %d %q, want %v %d canonical", frame, f.typ, f.Filters, reason, tc.typ, tc.want)
 		}
 		if tc.typ == TypeEVENT || tc.typ == TypeAUTH {
 			if f.Event.ID.String() != testID || f.Event.Pubkey.String() != scanPub || f.Event.CreatedAt != 1673347337 {
@@ -496,8 +496,8 @@ func TestScanHostile(t *testing.T) {
 				t.Errorf("Scan(%.300q) = %q, want %q", frame, reason, tc.reason)
 			}
 			// The type is Peek's whatever the shape: it decides the bucket.
-			if want := PeekType(frame).Type; f.Type != want {
-				t.Errorf("Type = %v, Peek says %v", f.Type, want)
+			if want := Peek(frame).Type; f.typ != want {
+				t.Errorf("Type = %v, Peek says %v", f.typ, want)
 			}
 		})
 	}
@@ -514,9 +514,9 @@ func TestScanMaxFilters(t *testing.T) {
 	if _, reason := Scan([]byte(`["NEG-OPEN","s",{},"61"]`), &Bounds{MaxFilters: 1}); reason != "" {
 		t.Errorf("NEG-OPEN with MaxFilters 1 = %q", reason)
 	}
-	many := []byte(`["REQ","s",` + repeatJoin(`{}`, DefaultMaxFilters+1, ",") + `]`)
+	many := []byte(`["REQ","s",` + repeatJoin(`{}`, defaultMaxFilters+1, ",") + `]`)
 	if _, reason := Scan(many, nil); reason != ReasonFilters {
-		t.Errorf("%d filters with nil Bounds = %q, want %q", DefaultMaxFilters+1, reason, ReasonFilters)
+		t.Errorf("%d filters with nil Bounds = %q, want %q", defaultMaxFilters+1, reason, ReasonFilters)
 	}
 }
 

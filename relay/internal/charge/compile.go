@@ -168,7 +168,7 @@ func compileBudget(l policy.Limits, maxFilters int, shadow bool) (budget, error)
 // splitOf validates ls as one key's windows and prepares its enforcing and
 // its shadow windows apart (all in shadow when shadow).
 func splitOf(ls []ratelimit.Limit, shadow bool) (split, error) {
-	if err := ratelimit.ValidateLimits(ls); err != nil {
+	if _, err := ratelimit.NewWindows(ls...); err != nil {
 		return split{}, err
 	}
 	var enforce, sh []ratelimit.Limit
@@ -224,10 +224,10 @@ func compileBounds(b wire.Bounds, maxFilters int) wire.Bounds {
 			*v = d
 		}
 	}
-	def(&b.MaxTags, wire.DefaultMaxTags)
-	def(&b.MaxTagValueBytes, wire.DefaultMaxTagValueBytes)
-	def(&b.MaxFilterValues, wire.DefaultMaxFilterValues)
-	def(&b.MaxFanout, wire.DefaultMaxFanout)
+	def(&b.MaxTags, wire.DefaultBounds().MaxTags)
+	def(&b.MaxTagValueBytes, wire.DefaultBounds().MaxTagValueBytes)
+	def(&b.MaxFilterValues, wire.DefaultBounds().MaxFilterValues)
+	def(&b.MaxFanout, wire.DefaultBounds().MaxFanout)
 	b.MaxFilters = maxFilters
 	return b
 }

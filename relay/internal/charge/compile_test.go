@@ -19,11 +19,11 @@ func TestEffectiveMaxFilters(t *testing.T) {
 		l.Message[wire.TypeREQ] = ls
 		return policy.Config{Limits: &l, Bounds: wire.Bounds{MaxFilters: max}}
 	}
-	if got := policy.EffectiveMaxFilters(req(0)); got != wire.DefaultMaxFilters {
+	if got := policy.EffectiveMaxFilters(req(0)); got != wire.DefaultBounds().MaxFilters {
 		t.Errorf("EffectiveMaxFilters(0, no windows) = %d", got)
 	}
-	if got := policy.EffectiveMaxFilters(policy.Config{}); got != wire.DefaultMaxFilters {
-		t.Errorf("EffectiveMaxFilters(zero Config) = %d, want %d (the default REQ window admits more)", got, wire.DefaultMaxFilters)
+	if got := policy.EffectiveMaxFilters(policy.Config{}); got != wire.DefaultBounds().MaxFilters {
+		t.Errorf("EffectiveMaxFilters(zero Config) = %d, want %d (the default REQ window admits more)", got, wire.DefaultBounds().MaxFilters)
 	}
 	if got := policy.EffectiveMaxFilters(req(50, ratelimit.Limit{Rate: 20, Period: time.Second, Cost: 2})); got != 9 {
 		t.Errorf("EffectiveMaxFilters under rate 20, cost 2 = %d, want 9 (9·2 < 20)", got)
@@ -49,13 +49,13 @@ func TestCompile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.MaxFilters() != wire.DefaultMaxFilters {
+	if p.MaxFilters() != wire.DefaultBounds().MaxFilters {
 		t.Errorf("MaxFilters = %d", p.MaxFilters())
 	}
 	if !p.budget.msg[wire.TypeCLOSE].empty() || p.budget.msg[wire.TypeOther].empty() || p.budget.msg[wire.TypeEVENT].empty() {
 		t.Error("CLOSE must be free, OTHER and EVENT charged")
 	}
-	if got := p.Message(wire.TypeEVENT).Limits(); len(got) != 2 || got[0] != l.Message[wire.TypeEVENT][0] {
+	if got := p.Message(wire.TypeEVENT); got.Len() != 2 || got.Limit(0) != l.Message[wire.TypeEVENT][0] {
 		t.Errorf("EVENT windows %v", got)
 	}
 	for n := 1; n <= p.MaxFilters(); n++ {
@@ -80,7 +80,7 @@ func TestCompile(t *testing.T) {
 var t0 = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
 
 func frozenLimiter() *ratelimit.Limiter {
-	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), ratelimit.LimiterOptions{Clock: func() time.Time { return t0 }})
+	return ratelimit.NewLimiter(ratelimit.NewMemoryStore(1<<16), func() time.Time { return t0 })
 }
 
 func lims(ls ...ratelimit.Limit) []ratelimit.Limit { return ls }

@@ -45,7 +45,7 @@ func (p *Policy) addressSubject(client string, addr netip.Addr, free, lazy bool)
 	s.build()
 	if !free {
 		if !lazy { // a hook call builds its connection key when it charges one
-			s.conn = ratelimit.ConnectionKey(client)
+			s.conn = connectionKey(client)
 			s.connShadow = shadowKey(s.conn, p.conn)
 		}
 		for i := range p.aggs {
@@ -104,7 +104,7 @@ func (s *Subject) build() {
 		if s.b.msg[t].empty() { // REQ's per-filter windows are these, scaled
 			continue
 		}
-		s.msg[t] = ratelimit.MessageKey(s.name, wire.Type(t).String())
+		s.msg[t] = messageKey(s.name, wire.Type(t).String())
 		s.msgShadow[t] = shadowKey(s.msg[t], s.b.msg[t])
 	}
 	for _, c := range s.p.classes {
@@ -229,7 +229,7 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 	if !win.empty() {
 		k, sk := s.msg[t], s.msgShadow[t]
 		if s.lazy {
-			k = ratelimit.MessageKey(s.name, t.String())
+			k = messageKey(s.name, t.String())
 			sk = shadowKey(k, win)
 		}
 		cs = append(cs, charge{k, sk, win, t.String()})
@@ -264,7 +264,7 @@ func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) 
 	if !s.p.conn.empty() {
 		k, sk := s.conn, s.connShadow
 		if s.lazy {
-			k = ratelimit.ConnectionKey(s.name)
+			k = connectionKey(s.name)
 			sk = shadowKey(k, s.p.conn)
 		}
 		cs = append(cs, charge{k, sk, s.p.conn, "connection"})
