@@ -34,7 +34,7 @@ func decayAt(s float64, at, now int64, periodMs float64) float64 {
 // product converted to float64 so that no compiler fuses it into a
 // multiply-add. It is therefore the same bits on every GOARCH and GOAMD64
 // level — math.Exp2 is assembly on arm64 and loong64 and fused on amd64 v3 —
-// and the same bits as scripts/ewma.lua's decay, which does these steps in
+// and the same bits as internal/scripts/ewma.lua's decay, which does these steps in
 // Lua, where each operation is one IEEE double operation: the Redis store
 // and the memory store decide alike to the last bit, at an exact boundary
 // too (scripts.TestScriptsAgreeWithGo). On amd64 v1 it equals math.Exp2(-x).

@@ -7,7 +7,7 @@ import (
 )
 
 // TestExp2negBits pins exp2neg's bits: they must be the same on every
-// GOARCH and GOAMD64 level (and they are scripts/ewma.lua's, see
+// GOARCH and GOAMD64 level (and they are internal/scripts/ewma.lua's, see
 // scripts.TestScriptsAgreeWithGo), so a compiler fusing one of its
 // products into a multiply-add, or a change of its steps, fails here on
 // the machine where it happens.

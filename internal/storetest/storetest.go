@@ -472,7 +472,7 @@ func WaitIsExact(t *testing.T, store ratelimit.Store, seed uint64, rounds int) {
 // Agree drives two stores with the same seeded random limits and arrivals
 // and fails at the first decision they disagree on: allowed, wait, or any
 // score, all compared exactly. The stores compute the decay alike to the
-// last bit (ratelimit's exp2neg and scripts/ewma.lua's decay do the same
+// last bit (ratelimit's exp2neg and internal/scripts/ewma.lua's decay do the same
 // IEEE operations), so a last-bit difference in a score is a regression —
 // C pow against math.Exp2 differ so for about one x in eight
 // (scripts.TestPowIsNotExp2) — and one that, at an exact boundary, would

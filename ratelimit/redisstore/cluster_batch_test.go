@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/scripts"
+	"github.com/sluice-relay/sluice/internal/scripts"
 )
 
 // clusterBatch is a cluster, a batched store on it and its masters'

@@ -116,7 +116,7 @@ func pack(nums ...float64) []byte {
 	return b
 }
 
-// stored is a decision's stored value (scripts/ewma.lua, "Stored value"):
+// stored is a decision's stored value (internal/scripts/ewma.lua, "Stored value"):
 // write time t (unix ms), the windows' scores, then the request ids.
 func stored(t int64, scores []float64, ids ...string) string {
 	v := string(pack(append([]float64{float64(t)}, scores...)...))

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/scripts"
+	"github.com/sluice-relay/sluice/internal/scripts"
 )
 
 // quotaScript is shared by every Quota: the SHA is a property of the source.
@@ -29,7 +29,7 @@ var (
 )
 
 // quotaRefusalPrefix starts the script's error for a stored value it will
-// not read (see scripts/quota.lua).
+// not read (see internal/scripts/quota.lua).
 const quotaRefusalPrefix = "ERR sluice quota: "
 
 // maxActorLen is the longest actor a Quota puts in a key as it is. A longer
@@ -46,7 +46,7 @@ const maxActorLen = 64
 // the instances share.
 //
 // Each actor has one key, "<prefix>{q:<actor>}:quota:<window ms>", holding
-// the window it counts and the count (scripts/quota.lua), with a TTL of the
+// the window it counts and the count (internal/scripts/quota.lua), with a TTL of the
 // rest of that window plus a second (or the window, if shorter): Redis's
 // memory for the quota is bounded by time, not by a table. Unlike the
 // in-process Quota there are no shared slots: an actor never shares a

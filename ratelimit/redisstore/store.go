@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/scripts"
+	"github.com/sluice-relay/sluice/internal/scripts"
 )
 
 // Defaults applied by New for zero Options fields.
@@ -574,7 +574,7 @@ type request struct {
 }
 
 // command returns the EVALSHA deciding reqs, which share one instant, in
-// order (see scripts/ewma.lua): numkeys, every decision's key, the packed
+// order (see internal/scripts/ewma.lua): numkeys, every decision's key, the packed
 // numbers (the instant, the cutoff, each distinct set of windows once), the
 // packed index of each request's set, then the ids if the store sends
 // them. Keys, ids and the packed arguments go in as *string, which an
@@ -584,7 +584,7 @@ func command(reqs []*request) []any { return commandBy(reqs, 0) }
 
 // commandBy is command with a cutoff (unix ms; 0: none) past which, by
 // Redis TIME, the script must decide and write nothing (see
-// scripts/ewma.lua, ARGV[1]).
+// internal/scripts/ewma.lua, ARGV[1]).
 func commandBy(reqs []*request, cutoff int64) []any { return commandOf(reqs, cutoff, false) }
 
 // clusterCommand is commandBy for scripts.EWMACluster: the decisions' keys,
@@ -665,7 +665,7 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	return args
 }
 
-// withValue is the bit of a decision's list index (scripts/ewma.lua's
+// withValue is the bit of a decision's list index (internal/scripts/ewma.lua's
 // ARGV[2]) that asks for its admission to be replied with the value
 // written; without it an admission is 0, 0.
 const withValue = 1 << 15
@@ -678,7 +678,7 @@ func appendFloat(b []byte, f float64) []byte {
 
 // appendLimits appends ws as the scripts read a limit list's windows: per
 // window its rate, half-life in whole milliseconds and cost, packed (see
-// scripts/ewma.lua, ARGV[1]). The windows were validated when they were
+// internal/scripts/ewma.lua, ARGV[1]). The windows were validated when they were
 // made, so every number is one the script accepts.
 func appendLimits(b []byte, ws *ratelimit.Windows) []byte {
 	for i := range ws.Len() {
@@ -751,7 +751,7 @@ func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, e
 	return reply, err
 }
 
-// runLean decides req alone with the lean script (scripts/ewma1.lua; a
+// runLean decides req alone with the lean script (internal/scripts/ewma1.lua; a
 // decision of more than two windows with the batch script, see leanArgs):
 // no limit list index, the request id after the packed numbers when there
 // is one; EVAL on NOSCRIPT as runBy.
@@ -771,7 +771,7 @@ func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any,
 	return reply, nil
 }
 
-// leanArgs returns the EVALSHA of the lean script (scripts/ewma1.lua)
+// leanArgs returns the EVALSHA of the lean script (internal/scripts/ewma1.lua)
 // deciding req alone with the cutoff (unix ms; 0: none): its key, the
 // instant, the cutoff, its windows' arguments and its request id if any,
 // then 's' if req wants its scores (without it an admission is answered
@@ -834,7 +834,7 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 }
 
 // request builds the key and the id of one decision (see
-// scripts/ewma.lua): one allocation for the request and one for its
+// internal/scripts/ewma.lua): one allocation for the request and one for its
 // strings. The key holds every window:
 // "<prefix><key>:<period_ms>…:bin" (appendKeySuffix).
 func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *request {
@@ -858,7 +858,7 @@ func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *
 }
 
 // valueTag ends every decision's key name: its value is packed
-// (scripts/ewma.lua, "Stored value"), and a value of digits under the name
+// (internal/scripts/ewma.lua, "Stored value"), and a value of digits under the name
 // without it is never read as a packed one (docs/redis.md).
 const valueTag = ":bin"
 
@@ -885,7 +885,7 @@ const maxWaitMs = 1 << 40
 // parseReply reads one decision's part of the script's reply strictly:
 // exactly 2 elements — the wait in milliseconds (0 when admitted, 1…2^40
 // when refused), then the decision's scores in a stored value's layout
-// (scripts/ewma.lua: 8 bytes of t, then one little-endian double per
+// (internal/scripts/ewma.lua: 8 bytes of t, then one little-endian double per
 // window, then possibly request ids), each finite and non-negative.
 // Anything else is a protocol disagreement and an error wrapping both
 // errBadReply and ErrUnavailable — never a score of zero. A wait of -1 is

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-relay/sluice/scripts"
+	"github.com/sluice-relay/sluice/internal/scripts"
 )
 
 var ewma1 = redis.NewScript(scripts.EWMA1)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-relay/sluice/scripts"
+	"github.com/sluice-relay/sluice/internal/scripts"
 )
 
 func TestQuotaEmbedIsTheFile(t *testing.T) {

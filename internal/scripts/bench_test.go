@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/redistest"
-	"github.com/sluice-relay/sluice/scripts"
+	"github.com/sluice-relay/sluice/internal/scripts"
 )
 
 // BenchmarkScriptCPU measures what a two-window decision (1 s and 60 s
