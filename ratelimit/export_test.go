@@ -60,3 +60,6 @@ func (w *Windows) Limits() []Limit {
 	}
 	return w.limits
 }
+
+// MaxQuotaEvents is the largest events-per-window NewQuota accepts.
+const MaxQuotaEvents = maxQuotaEvents

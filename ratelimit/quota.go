@@ -13,9 +13,9 @@ import (
 // configurable. A power of two, so that a hash picks a slot with a mask.
 const quotaSlots = 1024
 
-// MaxQuotaEvents is the largest events-per-window a Quota accepts: the count
+// maxQuotaEvents is the largest events-per-window a Quota accepts: the count
 // shares one 64-bit word with the window number.
-const MaxQuotaEvents = 1<<22 - 1
+const maxQuotaEvents = 1<<22 - 1
 
 // ErrInvalidQuota is wrapped by NewQuota.
 var ErrInvalidQuota = errors.New("ratelimit: invalid quota")
@@ -24,7 +24,7 @@ const (
 	quotaCountBits = 22 // up to 4,194,303 events per window
 	quotaWinBits   = 64 - quotaCountBits
 	quotaWinMask   = 1<<quotaWinBits - 1
-	quotaCountMask = MaxQuotaEvents
+	quotaCountMask = maxQuotaEvents
 	quotaHalf      = 1 << (quotaWinBits - 1) // serial-number comparison
 )
 
@@ -72,14 +72,14 @@ type quotaTable struct {
 var _ ActorQuota = (*Quota)(nil)
 
 // NewQuota returns a quota of events per window on the real Clock.
-// events ≤ 0, events > MaxQuotaEvents or window ≤ 0 is an error wrapping
+// events ≤ 0, events above 2²²−1 (4,194,303) or window ≤ 0 is an error wrapping
 // ErrInvalidQuota; a nil *Quota (or ActorQuota) is no quota.
 func NewQuota(events int, window time.Duration) (*Quota, error) {
 	switch {
 	case events <= 0:
 		return nil, fmt.Errorf("%w: events %d must be at least 1 (no quota is a nil quota)", ErrInvalidQuota, events)
-	case events > MaxQuotaEvents:
-		return nil, fmt.Errorf("%w: events %d must be at most %d", ErrInvalidQuota, events, MaxQuotaEvents)
+	case events > maxQuotaEvents:
+		return nil, fmt.Errorf("%w: events %d must be at most %d", ErrInvalidQuota, events, maxQuotaEvents)
 	case window <= 0:
 		return nil, fmt.Errorf("%w: window %v must be positive", ErrInvalidQuota, window)
 	}

@@ -46,7 +46,7 @@ func benchTargets(b *testing.B) []struct {
 	url  func(b *testing.B) string
 } {
 	quota := func(b *testing.B) *ratelimit.Quota {
-		q, err := ratelimit.NewQuota(ratelimit.MaxQuotaEvents, time.Minute)
+		q, err := ratelimit.NewQuota(bigQuota, time.Minute)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -171,7 +171,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		rec.discard = true
 		return rec
 	}
-	q, _ := ratelimit.NewQuota(ratelimit.MaxQuotaEvents, time.Minute)
+	q, _ := ratelimit.NewQuota(bigQuota, time.Minute)
 	for _, tg := range []struct {
 		name string
 		url  func(b *testing.B) string

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 
 	"net"
 	"net/url"
@@ -298,14 +299,15 @@ func (v *checker) checkWindow(path string, l ratelimit.Limit) {
 }
 
 // quotaEventsProblem says, in the file's terms, what is wrong with a
-// quota's events count ("" when nothing is): ratelimit.NewQuota's own error
-// says "use Unlimited", a Go field, where the file has unlimitedKey.
+// quota's events count ("" when nothing is). Below 1 the file has its own
+// word (unlimitedKey turns the quota off); the upper bound is
+// ratelimit.NewQuota's, asked rather than repeated.
 func quotaEventsProblem(events int64, unlimitedKey string) string {
-	switch {
-	case events < 1:
+	if events < 1 {
 		return fmt.Sprintf("must be at least 1, got %d (set %s: true to turn the quota off)", events, unlimitedKey)
-	case events > ratelimit.MaxQuotaEvents:
-		return fmt.Sprintf("must be at most %d, got %d", ratelimit.MaxQuotaEvents, events)
+	}
+	if _, err := ratelimit.NewQuota(int(min(events, math.MaxInt)), time.Minute); err != nil {
+		return err.Error()
 	}
 	return ""
 }

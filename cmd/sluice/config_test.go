@@ -325,7 +325,7 @@ func TestHostileConfigs(t *testing.T) {
 		{"relay url not a string", "relay_url: [wss://a]", "relay_url (line 1, column 12): expected a string, got !!seq"},
 		{"quota zero", "quota: {events: 0}", "quota.events (line 1, column 9): must be at least 1, got 0 (set quota.unlimited: true to turn the quota off)"},
 		{"quota zero even when unlimited", "quota: {events: 0, unlimited: true}", "quota.events (line 1, column 9): must be at least 1, got 0 (set quota.unlimited: true to turn the quota off)"},
-		{"quota too large", "quota: {events: 99999999999}", "quota.events (line 1, column 9): must be at most 4194303, got 99999999999"},
+		{"quota too large", "quota: {events: 99999999999}", "quota.events (line 1, column 9): ratelimit: invalid quota: events 99999999999 must be at most 4194303"},
 		{"quota negative", "quota: {events: -5}", "quota.events (line 1, column 9): must be at least 1, got -5 (set quota.unlimited: true to turn the quota off)"},
 		{"quota window zero", "quota: {window: 0s}", "quota.window"},
 		{"quota window empty", "quota: {window: \"\"}", "quota.window (line 1, column 9): is required (a duration such as 1s or 100ms)"},

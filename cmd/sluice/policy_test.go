@@ -230,7 +230,7 @@ func TestPolicyRefused(t *testing.T) {
 		{"tier OTHER free", "tiers: {t: {pubkeys: [" + pkA + "], limits: {message: {OTHER: []}}}}", nil, "tiers.t.limits.message.OTHER (line 1, column 109): must have at least one window"},
 		{"tier bad window", "tiers: {t: {pubkeys: [" + pkA + "], limits: {message: {EVENT: [{rate: 2, period: 1s, cost: 3}]}}}}", nil, "tiers.t.limits.message.EVENT[0] (line 1, column 117): ratelimit: invalid limit"},
 		{"tier quota events 0", "tiers: {t: {pubkeys: [" + pkA + "], quota: {events: 0}}}", nil, "tiers.t.quota.events (line 1, column 98): must be at least 1, got 0 (set tiers.t.quota.unlimited: true to turn the quota off)"},
-		{"tier quota events too many", "tiers: {t: {pubkeys: [" + pkA + "], quota: {events: 99999999999}}}", nil, "tiers.t.quota.events (line 1, column 98): must be at most 4194303, got 99999999999"},
+		{"tier quota events too many", "tiers: {t: {pubkeys: [" + pkA + "], quota: {events: 99999999999}}}", nil, "tiers.t.quota.events (line 1, column 98): ratelimit: invalid quota: events 99999999999 must be at most 4194303"},
 		{"tier quota window short", "tiers: {t: {pubkeys: [" + pkA + "], quota: {window: 10ms}}}", nil, "tiers.t.quota.window (line 1, column 98): must be between 1s and 24h0m0s, got 10ms"},
 		{"tier quota window not a duration", "tiers: {t: {pubkeys: [" + pkA + "], quota: {window: soon}}}", nil, "tiers.t.quota.window (line 1, column 98): not a duration"},
 		{"tier quota unknown field", "tiers: {t: {pubkeys: [" + pkA + "], quota: {per: 1h}}}", nil, "tiers.t.quota.per (line 1, column 98): unknown field"},

@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/internal/scripts"
+	"github.com/sluice-relay/sluice/ratelimit"
 )
 
 // quotaScript is shared by every Quota: the SHA is a property of the source.

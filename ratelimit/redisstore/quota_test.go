@@ -145,7 +145,7 @@ func TestNewQuotaValidates(t *testing.T) {
 		window time.Duration
 	}{
 		{0, time.Minute}, {-1, time.Minute}, {10, 0}, {10, -time.Second},
-		{ratelimit.MaxQuotaEvents + 1, time.Minute}, {10, time.Second + time.Microsecond},
+		{bigQuota + 1, time.Minute}, {10, time.Second + time.Microsecond},
 	} {
 		if q, err := NewQuota(s, tt.events, tt.window); !errors.Is(err, ratelimit.ErrInvalidQuota) || q != nil {
 			t.Errorf("NewQuota(%d, %v) = %v, %v; want ErrInvalidQuota", tt.events, tt.window, q, err)
@@ -604,7 +604,7 @@ func usedMemory(t *testing.T, c *redis.Client) int64 {
 // each.
 func BenchmarkRedisQuota(b *testing.B) {
 	_, c := realRedis(b)
-	q := newQuota(b, newStore(b, c, Options{}), ratelimit.MaxQuotaEvents, time.Minute)
+	q := newQuota(b, newStore(b, c, Options{}), bigQuota, time.Minute)
 	ctx := context.Background()
 	var seq atomic.Uint64
 	b.ReportAllocs()
@@ -678,3 +678,6 @@ func TestQuotaLostReplyChargesOnce(t *testing.T) {
 		t.Errorf("stored %q %v after two Adds (one resent), want a count of 2", v, err)
 	}
 }
+
+// bigQuota is the largest events-per-window a quota takes.
+const bigQuota = 1<<22 - 1

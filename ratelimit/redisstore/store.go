@@ -16,8 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/internal/scripts"
+	"github.com/sluice-relay/sluice/ratelimit"
 )
 
 // Defaults applied by New for zero Options fields.
