@@ -94,25 +94,27 @@
 // "duplicate:", …; failed upgrades by HTTP status. A run that sets up no
 // connection at all exits 1; bad flags exit 2.
 //
-// Example:
+// The text report's format (<…> stands for a run's own figures; results,
+// with the commands that produced them, are in docs/BENCHMARKS.md,
+// "`sluice relay` against plain khatru, from outside (`cmd/sluice-load`)"):
 //
 //	$ sluice-load publish -url ws://127.0.0.1:7777 -conns 64 -events 20000 -xff
 //	sluice-load publish ws://127.0.0.1:7777
 //	  params       events=20000 inflight=1 keys=64 kind=1 size=64 xff=true
 //	  connections  64 of 64 set up
 //	  events sent  20000
-//	  OKs          20000 (OK true 1360)
-//	  elapsed      1.912s
-//	  rate         711 events/s (OK true per second of wall time)
-//	  latency      p50 2.95ms  p90 6.10ms  p99 11.73ms  max 30.02ms  (20000 samples)
+//	  OKs          20000 (OK true <a>)
+//	  elapsed      <t>s
+//	  rate         <r> events/s (OK true per second of wall time)
+//	  latency      p50 <ms>ms  p90 <ms>ms  p99 <ms>ms  max <ms>ms  (20000 samples)
 //	  replies by prefix
-//	    ""                       1360
-//	    "rate-limited:"          18640
+//	    ""                       <a>
+//	    "rate-limited:"          <20000 - a>
 //	  connection failures
 //	    (none)
 //
-// (The numbers are illustrative: sluice's default EVENT limit admits a
-// burst of 10 per client and then about 6.6 a second.)
+// Against sluice's default EVENT limit (a burst of 10 per client, then
+// about 6.6 a second) most of such a run's events are rate-limited.
 package main
 
 import (

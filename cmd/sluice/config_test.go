@@ -454,7 +454,7 @@ func TestQuotaUnlimited(t *testing.T) {
 }
 
 // TestListenCollisionFromFlag: a collision made by a flag names the flag,
-// and check refuses it (it used to pass check and fail at start).
+// and check refuses it (rather than passing it for start to fail on).
 func TestListenCollisionFromFlag(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run(context.Background(), []string{"check", "--metrics-listen", "127.0.0.1:7777"}, func(string) string { return "" }, &out, &errb)

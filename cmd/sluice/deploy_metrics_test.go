@@ -215,7 +215,8 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 			exprs = append(exprs, r.Expr)
 		}
 	}
-	// What issue 15 asks the rules to watch.
+	// The failures an operator must be paged for: Redis unavailable, the
+	// breaker open, a spike of refused frames, slow readers being cut.
 	for _, a := range []string{"SluiceStoreUnavailable", "SluiceBreakerOpen", "SluiceFrameRefusalSpike", "SluiceSlowReaderCuts"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)

@@ -569,7 +569,7 @@ func TestE2ESharedRedis(t *testing.T) {
 	ctx := testCtx(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "c.yaml")
-	// A generous store deadline: this machine is shared and loaded, and
+	// A generous store deadline: a test machine may be shared and loaded, and
 	// the test is about sharing, not latency.
 	conf := "store: {timeout: 5s}\nlimits: {message: {EVENT: [{rate: 10, period: 1h}]}}\n"
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
@@ -675,7 +675,8 @@ func TestE2ERedisOutage(t *testing.T) {
 	if code := p.stop(); code != 0 {
 		t.Errorf("exit code %d\n%s", code, p.logs())
 	}
-	// One outage, one line each (recovery was once logged twice).
+	// One outage, one line each: a second line would report an outage or
+	// a recovery that did not happen.
 	for _, line := range []string{"rate limiter store unavailable", "rate limiter store answers again"} {
 		if n := strings.Count(p.logs(), line); n != 1 {
 			t.Errorf("%q logged %d times, want once:\n%s", line, n, p.logs())

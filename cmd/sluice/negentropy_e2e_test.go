@@ -24,10 +24,9 @@ import (
 // memory in proportion to max_sync_events, not to the event store's own
 // bound. Without max_sync_events, eventstore's badger backend allows
 // 16,777,216 events per sync and allocates its result slice at that size
-// whatever matches (BenchmarkSyncCost: four over 1,000 events took the
-// heap 2.4–3.2 GB up; this test, at the commit before max_sync_events,
-// measured 1306 MB of peak RSS), so one client's burst could take the
-// relay down.
+// whatever matches, so one client's burst of syncs could take the relay
+// down (BenchmarkSyncCost; docs/BENCHMARKS.md, "NIP-77 syncs on the event
+// store (`max_sync_events`)").
 // Here 10 NEG-OPENs for everything, one after another, must leave the
 // process's peak resident memory (VmHWM) under 256 MB.
 func TestE2ESyncMemoryBounded(t *testing.T) {

@@ -58,9 +58,9 @@ func nip98NoU(t *testing.T) string {
 // its body, whatever its Upgrade header: khatru, behind the gate, is never
 // called, so neither its NIP-86 handler's unbounded read of the body
 // (before it checks the caller) nor its panic on a NIP-98 event without a
-// "u" tag can be reached. The front used to route any request with an
-// Upgrade header to the gate, which passed it to khatru as plain HTTP:
-// khatru read all 64 MiB, and panicked on the NIP-98 event.
+// "u" tag can be reached. A front that routed any request with an
+// Upgrade header to the gate would have it passed to khatru as plain
+// HTTP: khatru would read all 64 MiB, and panic on the NIP-98 event.
 func TestRelayPlainPOSTNeverReachesKhatru(t *testing.T) {
 	kr := khatru.NewRelay()
 	kr.Log = log.New(io.Discard, "", 0)
@@ -111,8 +111,8 @@ func TestRelayPlainPOSTNeverReachesKhatru(t *testing.T) {
 
 // Through sluice proxy a plain POST the operator allows (PlainMethods)
 // reaches the upstream with at most the plain body limit of its body: a
-// streamed 64 MiB body is cut there, and the client is answered 413. The
-// pass-through used to stream all of it to the upstream.
+// streamed 64 MiB body is cut there, and the client is answered 413. A
+// pass-through without that bound would stream all of it to the upstream.
 func TestProxyPlainBodyBounded(t *testing.T) {
 	upstream, got := proxyUpstream(t)
 	g := quietGate(t, relay.Options{PlainMethods: []string{"POST"}})

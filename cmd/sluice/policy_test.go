@@ -171,8 +171,9 @@ func TestPolicyFields(t *testing.T) {
 	}
 }
 
-// TestPolicyDefaults: without the new sections, the policy is the one
-// sluice ran before: enforce, no classes, tiers or aggregates.
+// TestPolicyDefaults: a config without the policy sections gets the plain
+// policy (enforce, no classes, tiers or aggregates), so a config that names
+// none of them keeps its meaning.
 func TestPolicyDefaults(t *testing.T) {
 	c, err := parseAndValidate(nil)
 	if err != nil {

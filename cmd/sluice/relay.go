@@ -24,9 +24,11 @@ const relayPage = "This is a Nostr relay (" + sluiceURL + ").\nConnect to it wit
 // runRelay runs khatru on a badger event store under cfg.DataDir with the
 // gate in front, until ctx is done.
 //
-// Badger, not LMDB: measured on the development machine it saved events
-// about 15 times faster at equal query latency (docs/operations.md,
-// "Storage"), and it is pure Go, so "go build" needs no C compiler. The
+// Badger, not LMDB: LMDB commits and fsyncs every event, badger does not,
+// so badger saves events far faster at query latencies of the same order
+// (docs/BENCHMARKS.md, "The event store of `sluice relay` (badger or
+// lmdb)"; docs/operations.md, "Storage: badger, not LMDB"), and it is
+// pure Go, so "go build" needs no C compiler. The
 // price is that an acknowledged event sits in the OS page cache until
 // badger syncs: it survives a crash of sluice, not a crash of the
 // machine.

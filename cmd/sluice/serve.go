@@ -34,10 +34,9 @@ const redisPingTimeout = 2 * time.Second
 // (and per script call: on a cluster, per master), with the store's two
 // round trips in flight (twice as many of decisions sent alone while none
 // has had to queue since nothing was in flight, and more only for
-// decisions that waited a twentieth of the timeout); one in flight did
-// worse at 1 goroutine on a standalone Redis and at 4 on a cluster, better
-// at 64 and 256 (docs/BENCHMARKS.md, "Round trips in flight"): not a
-// clear win, so two.
+// decisions that waited a twentieth of the timeout). Neither one nor four
+// in flight is a clear win over two across client counts, standalone or
+// cluster (docs/BENCHMARKS.md, "Round trips in flight").
 const redisBatch = 32
 
 // limiterParts is the limiter and what must be closed with it.
@@ -372,8 +371,8 @@ func (s *storeErrors) observe(err error) {
 //
 // Redis answers again when decisions say so: round trips since the last
 // tick, none of them failed. With no traffic to tell, a ping with the
-// store's own timeout decides (a ping allowed two seconds once said
-// "answers again" of a Redis too slow for every decision).
+// store's own timeout decides (a ping allowed longer would say "answers
+// again" of a Redis too slow for every decision).
 type outageLog struct {
 	errs    *storeErrors
 	ping    func(context.Context) error

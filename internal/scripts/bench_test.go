@@ -112,9 +112,9 @@ func evalshaUsec(b *testing.B, c *redis.Client) float64 {
 // BenchmarkLuaDecay times, inside Redis's Lua (one EVAL looping 10^5
 // times), one decay as the scripts compute it (ewma.lua's decay function,
 // taken from the embedded source: Go's steps, a call) against the inline C
-// pow (s * 2 ^ -x) the scripts used before, and the bare loop. It reports
-// ns per decay: what the exact arithmetic and the function call add to each
-// window of each decision.
+// pow (s * 2 ^ -x), which is not exact (TestPowIsNotExp2), and the bare
+// loop. It reports ns per decay: what the exact arithmetic and the
+// function call add to each window of each decision.
 func BenchmarkLuaDecay(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
