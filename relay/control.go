@@ -119,6 +119,9 @@ type meteredConn struct {
 	// messages (the gate sets none) and its own for control frames, whose
 	// short deadlines (a close frame's second) hold.
 	limit time.Time
+	// alive, when set, is called when a blocked write sees the client
+	// read (writeProgressing).
+	alive func()
 
 	wmu      sync.Mutex
 	wbuf     []byte
@@ -155,7 +158,7 @@ func (c *meteredConn) write(p []byte) (int, error) {
 	if c.stall <= 0 {
 		return c.Conn.Write(p)
 	}
-	return writeProgressing(c.Conn, p, c.stall, c.limit)
+	return writeProgressing(c.Conn, p, c.stall, c.limit, c.alive)
 }
 
 // coalesce starts gathering writes (on) or writes what was gathered and
