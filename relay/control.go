@@ -119,9 +119,6 @@ type meteredConn struct {
 	// messages (the gate sets none) and its own for control frames, whose
 	// short deadlines (a close frame's second) hold.
 	limit time.Time
-	// alive, when set, is called when a blocked write sees the client
-	// read (writeProgressing).
-	alive func()
 
 	wmu      sync.Mutex
 	wbuf     []byte
@@ -158,7 +155,7 @@ func (c *meteredConn) write(p []byte) (int, error) {
 	if c.stall <= 0 {
 		return c.Conn.Write(p)
 	}
-	return writeProgressing(c.Conn, p, c.stall, c.limit, c.alive)
+	return writeProgressing(c.Conn, p, c.stall, c.limit)
 }
 
 // coalesce starts gathering writes (on) or writes what was gathered and

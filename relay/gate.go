@@ -761,10 +761,6 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		return
 	}
 	mc := &meteredConn{m: c.meter, stall: g.writeTimeout}
-	// A client that reads is alive, though the gate's ping waits behind
-	// what the kernel holds for it: its reading moves its read deadline
-	// as a pong would.
-	mc.alive = func() { _ = mc.Conn.SetReadDeadline(time.Now().Add(2 * g.pingInterval)) }
 	clientConn, err := g.upgrader.Upgrade(meteredWriter{w, mc}, r, nil)
 	if err != nil {
 		cancel()

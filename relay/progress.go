@@ -20,11 +20,7 @@ import (
 // A client is therefore cut here only when it reads nothing for stall;
 // one that reads slowly is cut, if ever, by what waits for it growing past
 // the queue's bound (Options.QueueBytes), which the callers check.
-//
-// alive, when not nil, is called each time a blocked write sees the client
-// make progress: a client that reads is alive, though a keepalive ping
-// may wait behind what the kernel holds for it.
-func writeProgressing(conn net.Conn, p []byte, stall time.Duration, limit time.Time, alive func()) (int, error) {
+func writeProgressing(conn net.Conn, p []byte, stall time.Duration, limit time.Time) (int, error) {
 	done := 0
 	unsent, known := unsentBytes(conn)
 	for {
@@ -46,9 +42,6 @@ func writeProgressing(conn net.Conn, p []byte, stall time.Duration, limit time.T
 		unsent, known = now, ok
 		if !progressed {
 			return done, err
-		}
-		if alive != nil {
-			alive()
 		}
 	}
 }

@@ -295,7 +295,7 @@ func (t *tapConn) flush() {
 		t.over = spare[:0]
 		t.flying = len(out)
 		t.omu.Unlock()
-		_, err := writeProgressing(t.raw, out, t.mc.stall, time.Time{}, nil)
+		_, err := writeProgressing(t.raw, out, t.mc.stall, time.Time{})
 		t.omu.Lock()
 		t.flying = 0
 		if err != nil {
@@ -375,5 +375,5 @@ func (t *tapConn) writeAnswer(b []byte) (int, error) {
 	if ns := t.limit.Load(); ns != 0 {
 		limit = time.Unix(0, ns)
 	}
-	return writeProgressing(t.raw, b, t.mc.stall, limit, nil)
+	return writeProgressing(t.raw, b, t.mc.stall, limit)
 }
