@@ -81,8 +81,9 @@ func mustInt(s string) int64 {
 	return n
 }
 
-// TestLeanSharesPieces: both scripts are composed with the one decay and
-// the one wait search (decay.lua, waitms.lua), with no include left
+// TestLeanSharesPieces: both scripts are composed with the one decay, the
+// one wait search and the one read of the clock (decay.lua, waitms.lua,
+// clock.lua), with no include left
 // unresolved; ewma1.lua's search for a kept request id is ewma.lua's, line
 // for line (indentation aside), so that a fix to one cannot miss the
 // other. (Its reading of a stored value, written for one or two windows,
@@ -92,7 +93,7 @@ func TestLeanSharesPieces(t *testing.T) {
 		if strings.Contains(src, "#include") {
 			t.Errorf("%s: an include is left unresolved", name)
 		}
-		for _, piece := range []string{"\nlocal function decay\\(s, t, now, p\\)\n", "\nwaitms = function\\(now, s, at, p, c, r\\)\n"} {
+		for _, piece := range []string{"\nlocal function decay\\(s, t, now, p\\)\n", "\nwaitms = function\\(now, s, at, p, c, r\\)\n", "\n  local tm = redis.call\\('TIME'\\)\n"} {
 			if n := len(regexp.MustCompile(piece).FindAllString(src, -1)); n != 1 {
 				t.Errorf("%s: %d copies of %q, want 1", name, n, piece)
 			}

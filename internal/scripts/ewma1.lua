@@ -76,24 +76,7 @@ if not (r1 < HUGE and p1 >= 1 and p1 % 1 == 0 and p1 < EXACT and c1 > 0 and r1 -
   return redis.error_reply('ERR sluice ewma: bad limit in limit list 1')
 end
 
-if not (now % 1 == 0 and now < EXACT) then
-  return redis.error_reply('ERR sluice ewma: want now in whole unix ms (0: Redis TIME)')
-end
-if not (cutoff % 1 == 0 and cutoff < EXACT) then
-  return redis.error_reply('ERR sluice ewma: want a cutoff in whole unix ms (0: none)')
-end
-if cutoff <= 0 then cutoff = nil end
-local clock
-if cutoff or now <= 0 then
-  if not redis.REDIS_VERSION and redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local tm = redis.call('TIME')
-  clock = tm[1] * 1000 + floor(tm[2] / 1000)
-  if cutoff and clock > cutoff then
-    return redis.error_reply('ERR sluice late: past the cutoff, nothing decided')
-  end
-end
+-- #include clock.lua
 local key = KEYS[1]
 local v = redis.call('GET', key)
 if now <= 0 then
