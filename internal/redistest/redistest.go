@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,12 +59,35 @@ func FreePort(tb testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// freeBusPort returns a loopback port that was free a moment ago together
+// with port+10000, which a Redis Cluster node listens on for its bus: a
+// node whose bus port is taken exits at start.
+func freeBusPort(tb testing.TB) int {
+	tb.Helper()
+	for range 100 {
+		p := FreePort(tb)
+		if p+10000 > 65535 {
+			continue
+		}
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000)); err == nil {
+			l.Close()
+			return p
+		}
+	}
+	tb.Fatal("no free port with a free cluster bus port")
+	return 0
+}
+
 // Start starts a redis-server on a free loopback port with no persistence and
 // stops it when the test ends. Extra arguments are passed to redis-server
 // (for example "--cluster-enabled", "yes").
 func Start(tb testing.TB, extra ...string) *Server {
 	tb.Helper()
-	s := &Server{tb: tb, bin: Binary(tb), dir: tb.TempDir(), Port: FreePort(tb)}
+	port := FreePort(tb)
+	if slices.Contains(extra, "--cluster-enabled") {
+		port = freeBusPort(tb)
+	}
+	s := &Server{tb: tb, bin: Binary(tb), dir: tb.TempDir(), Port: port}
 	s.args = append([]string{
 		"--port", strconv.Itoa(s.Port),
 		"--bind", "127.0.0.1",
