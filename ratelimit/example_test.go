@@ -70,7 +70,7 @@ func ExampleQuota() {
 			fmt.Printf("event %d: over quota, next window in %v\n", i, wait)
 			continue
 		}
-		q.Add(ctx, alice) // once the relay has accepted the event
+		q.Add(ctx, alice, "", 0) // once the relay has accepted the event
 		fmt.Printf("event %d: accepted\n", i)
 	}
 	now = now.Add(45 * time.Second)

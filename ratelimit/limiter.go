@@ -167,6 +167,99 @@ func (l *Limiter) allowAt(ctx context.Context, key string, windows *Windows, now
 	return d, nil
 }
 
+// AllowAll decides one message that pays every one of budgets, at the
+// Limiter's clock, as one decision: admitted only if every budget admits,
+// and only then is any of them charged; refused, nothing is written and
+// Wait is the largest wait among the refusing budgets (Decision.By names
+// it). It is one critical section on the memory store and one round trip
+// on Redis (per master on a Cluster; see redisstore.Store.DecideAll). A
+// budget in the local table of refused clients refuses the message
+// without a store call; a store refusal enters the refusing budget's key
+// there. Budgets with no windows pass free; errors are as for Allow.
+func (l *Limiter) AllowAll(ctx context.Context, budgets []Budget) (Decision, error) {
+	return l.allowAllAt(ctx, budgets, time.Time{})
+}
+
+func (l *Limiter) allowAllAt(ctx context.Context, budgets []Budget, now time.Time) (Decision, error) {
+	var only, charged int
+	for i, b := range budgets {
+		if b.Windows.Len() > 0 {
+			only, charged = i, charged+1
+		}
+	}
+	switch charged {
+	case 0:
+		return Decision{Allowed: true}, nil
+	case 1:
+		d, err := l.allowAt(ctx, budgets[only].Key, budgets[only].Windows, now)
+		if !d.Allowed {
+			d.By = only
+		}
+		return d, err
+	}
+	storeNow := now
+	if now.IsZero() {
+		now = l.clock.Now()
+		if l.clock != nil {
+			storeNow = now
+		}
+	}
+	nowNs := now.UnixNano()
+	var fpBuf [maxStackBudgets]uint64
+	fps := fpBuf[:0]
+	for i, b := range budgets {
+		h := maphash.String(l.seed, b.Key)
+		fp := max(h, 1) // 0 marks the empty slot
+		fps = append(fps, fp)
+		if b.Windows.Len() == 0 {
+			continue
+		}
+		if until, ok := l.blocked[(h>>32)&l.mask].load(fp); ok && nowNs < until {
+			l.stats[h>>60].localRefusals.Add(1)
+			return Decision{Wait: time.Duration(until - nowNs), Local: true, By: i}, nil
+		}
+	}
+	st := &l.stats[fps[0]>>60]
+	st.storeCalls.Add(1)
+	var d Decision
+	var err error
+	if ms, ok := l.store.(multiStore); ok {
+		d, err = ms.DecideAll(ctx, budgets, storeNow)
+	} else {
+		d, err = l.oneByOne(ctx, budgets, storeNow)
+	}
+	if err != nil {
+		st.storeErrors.Add(1)
+		if !errors.Is(err, ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return Decision{By: d.By}, err
+	}
+	if !d.Allowed && d.Wait > 0 && d.By >= 0 && d.By < len(fps) {
+		fp := fps[d.By]
+		h := maphash.String(l.seed, budgets[d.By].Key)
+		l.blocked[(h>>32)&l.mask].remember(fp, nowNs, nowNs+int64(d.Wait))
+	}
+	return d, nil
+}
+
+// oneByOne decides budgets on a store that cannot decide them at once
+// (not one of sluice's): in order, stopping at the first refusal or error,
+// so a message refused by a later budget has paid the earlier ones.
+func (l *Limiter) oneByOne(ctx context.Context, budgets []Budget, now time.Time) (Decision, error) {
+	for i, b := range budgets {
+		if b.Windows.Len() == 0 {
+			continue
+		}
+		d, err := l.store.Decide(ctx, b.Key, b.Windows, now)
+		if err != nil || !d.Allowed {
+			d.By = i
+			return d, err
+		}
+	}
+	return Decision{Allowed: true}, nil
+}
+
 // Refused reports whether key is in the local table of refused clients at
 // the Limiter's clock, and the wait that is left: what Allow would answer
 // for key without a store call, whatever the limits. A caller with work to

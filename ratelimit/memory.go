@@ -111,8 +111,107 @@ func (m *MemoryStore) decide(key string, ws *Windows, now time.Time, out []float
 		scoreBuf [MaxWindows]float64
 		atBuf    [MaxWindows]int64
 	)
-	idx, score, at := idxBuf[:], scoreBuf[:], atBuf[:]
+	idx, score, at := idxBuf[:n], scoreBuf[:n], atBuf[:n]
+	sh := &m.shards[m.slotsOf(key, ws, idx)]
+	sh.mu.Lock()
+	m.read(idx, score, at)
+	allowed, wait := decide(ws, score, at, now.UnixMilli(), out)
+	if allowed {
+		m.write(idx, score, at)
+	}
+	sh.mu.Unlock()
+	return Decision{Allowed: allowed, Wait: wait}
+}
 
+// maxStackBudgets is how many budgets of one message DecideAll decides
+// without touching the heap: a frame pays its type, a kind class and up
+// to four aggregates.
+const maxStackBudgets = 8
+
+// DecideAll decides budgets as one message (see Limiter.AllowAll) in one
+// critical section: the locks of every shard the budgets' slots are in,
+// taken in ascending order (so two messages never wait on each other in a
+// cycle), held while every budget is decided and, when all admit, written.
+// It never fails; ctx is not consulted.
+func (m *MemoryStore) DecideAll(_ context.Context, budgets []Budget, now time.Time) (Decision, error) {
+	m.once.Do(m.init)
+	if now.IsZero() {
+		now = Clock(nil).Now()
+	}
+	type part struct {
+		idx   [MaxWindows]uint64
+		score [MaxWindows]float64
+		at    [MaxWindows]int64
+		shard uint64
+	}
+	var buf [maxStackBudgets]part
+	parts := buf[:0]
+	if len(budgets) > maxStackBudgets {
+		parts = make([]part, 0, len(budgets))
+	}
+	var shardBuf [maxStackBudgets]uint64
+	shards := shardBuf[:0]
+	for _, b := range budgets {
+		parts = append(parts, part{})
+		p := &parts[len(parts)-1]
+		n := b.Windows.Len()
+		if n == 0 {
+			continue
+		}
+		p.shard = m.slotsOf(b.Key, b.Windows, p.idx[:n])
+		i := 0
+		for i < len(shards) && shards[i] < p.shard {
+			i++
+		}
+		if i == len(shards) || shards[i] != p.shard {
+			shards = append(shards, 0)
+			copy(shards[i+1:], shards[i:])
+			shards[i] = p.shard
+		}
+	}
+	if len(shards) == 0 {
+		return Decision{Allowed: true}, nil
+	}
+	for _, sh := range shards {
+		m.shards[sh].mu.Lock()
+	}
+	ms := now.UnixMilli()
+	d := Decision{Allowed: true}
+	var wait time.Duration
+	for i, b := range budgets {
+		n := b.Windows.Len()
+		if n == 0 {
+			continue
+		}
+		p := &parts[i]
+		m.read(p.idx[:n], p.score[:n], p.at[:n])
+		ok, w := decide(b.Windows, p.score[:n], p.at[:n], ms, nil)
+		if !ok {
+			d.Allowed = false
+			if w > wait || d.Wait == 0 {
+				wait, d.Wait, d.By = w, w, i
+			}
+		}
+	}
+	if d.Allowed {
+		// Written in order: two budgets whose windows meet in one slot
+		// share it (see MemoryStore), the later write standing.
+		for i, b := range budgets {
+			if n := b.Windows.Len(); n > 0 {
+				m.write(parts[i].idx[:n], parts[i].score[:n], parts[i].at[:n])
+			}
+		}
+	}
+	for _, sh := range shards {
+		m.shards[sh].mu.Unlock()
+	}
+	return d, nil
+}
+
+// slotsOf fills idx with the slot of each window of key (len(idx) is
+// ws.Len()) and returns their shard, whose lock guards them.
+func (m *MemoryStore) slotsOf(key string, ws *Windows, idx []uint64) uint64 {
+	n := len(idx)
 	h := maphash.String(m.seed, key)
 	shard := h >> m.shardShift
 	base := shard << m.slotBits
@@ -133,22 +232,23 @@ func (m *MemoryStore) decide(key string, ws *Windows, now time.Time, out []float
 		}
 		idx[i] = base + j
 	}
+	return shard
+}
 
-	sh := &m.shards[shard]
-	sh.mu.Lock()
-	for i := range n {
-		s := &m.slots[idx[i]]
+// read and write copy the slots idx to and from score and at; the caller
+// holds their shard's lock.
+func (m *MemoryStore) read(idx []uint64, score []float64, at []int64) {
+	for i, j := range idx {
+		s := &m.slots[j]
 		score[i], at[i] = s.score, s.at
 	}
-	allowed, wait := decide(ws, score[:n], at[:n], now.UnixMilli(), out)
-	if allowed {
-		for i := range n {
-			s := &m.slots[idx[i]]
-			s.score, s.at = score[i], at[i]
-		}
+}
+
+func (m *MemoryStore) write(idx []uint64, score []float64, at []int64) {
+	for i, j := range idx {
+		s := &m.slots[j]
+		s.score, s.at = score[i], at[i]
 	}
-	sh.mu.Unlock()
-	return Decision{Allowed: allowed, Wait: wait}
 }
 
 // mix64 is the splitmix64 finaliser: it spreads a keyed hash and a period

@@ -398,3 +398,51 @@ func TestMemoryStoreAtomicWindows(t *testing.T) {
 		t.Fatalf("admitted %d of 320, want exactly 50", got)
 	}
 }
+
+// TestDecideAllIsOneDecision: budgets decided together are admitted only
+// if all admit and written only then; a refusal names the budget with the
+// largest wait and charges none of them.
+func TestDecideAllIsOneDecision(t *testing.T) {
+	m := ratelimit.NewMemoryStore(0)
+	ctx := context.Background()
+	event := ratelimit.MustWindows(ratelimit.PerPeriod(5, time.Hour))
+	class := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Hour))
+	short := ratelimit.MustWindows(ratelimit.PerPeriod(2, time.Second))
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	frame := func(kind string) []ratelimit.Budget {
+		bs := []ratelimit.Budget{{Key: "{c}:message:EVENT", Windows: event}}
+		if kind != "" {
+			bs = append(bs, ratelimit.Budget{Key: "{c}:kind:" + kind, Windows: class})
+		}
+		return bs
+	}
+	for i := range 2 {
+		if d, _ := m.DecideAll(ctx, frame("r"), now); !d.Allowed {
+			t.Fatalf("reaction %d refused: %+v", i, d)
+		}
+	}
+	for i := range 10 {
+		d, _ := m.DecideAll(ctx, frame("r"), now)
+		if d.Allowed || d.By != 1 || d.Wait <= 0 {
+			t.Fatalf("reaction %d: %+v, want refused by budget 1", i+2, d)
+		}
+	}
+	for i := range 3 {
+		if d, _ := m.DecideAll(ctx, frame(""), now); !d.Allowed {
+			t.Fatalf("note %d refused: %+v (the refused reactions were charged)", i, d)
+		}
+	}
+	// The largest wait wins: EVENT is full now (5 of 5, an hour's
+	// half-life), the short window full too (2 of 2, a second's).
+	bs := []ratelimit.Budget{{Key: "{c}:s", Windows: short}, {Key: "{c}:s", Windows: short}}
+	if d, _ := m.DecideAll(ctx, bs[:1], now); !d.Allowed {
+		t.Fatal(d)
+	}
+	if d, _ := m.DecideAll(ctx, bs[:1], now); !d.Allowed {
+		t.Fatal(d)
+	}
+	d, _ := m.DecideAll(ctx, []ratelimit.Budget{{Key: "{c}:s", Windows: short}, {}, {Key: "{c}:message:EVENT", Windows: event}}, now)
+	if d.Allowed || d.By != 2 || d.Wait < time.Minute {
+		t.Fatalf("%+v, want refused by budget 2 with the hour's wait", d)
+	}
+}

@@ -67,6 +67,7 @@ type quotaTable struct {
 	window int64 // nanoseconds
 	seed   maphash.Seed
 	slots  [quotaSlots]atomic.Uint64
+	seen   [1 << seenBits]atomic.Uint64 // ids charged, by id and window
 }
 
 var _ ActorQuota = (*Quota)(nil)
@@ -125,13 +126,44 @@ func (q *Quota) Exceeded(_ context.Context, actor string) (bool, time.Duration, 
 
 // Add charges one validated event to actor in the current window; it
 // reports false when the actor was already at its limit (the event is not
-// counted). The error is always nil.
-func (q *Quota) Add(_ context.Context, actor string) (bool, error) {
+// counted). An id charged before in this window, or an event created more
+// than Window ago, reports true and counts nothing (see ActorQuota). The
+// seen-set is fixed-size like the counts: 16,384 one-word entries hashed
+// with the per-process seed, so an id whose entry a later one took is
+// charged again if re-sent in the window. The error is always nil.
+func (q *Quota) Add(_ context.Context, actor, id string, createdAt int64) (bool, error) {
 	if q == nil {
 		return true, nil
 	}
-	return q.add(actor, q.clock.Now()), nil
+	return q.addEvent(actor, id, createdAt, q.clock.Now()), nil
 }
+
+// addEvent is Add at the instant now.
+func (q *Quota) addEvent(actor, id string, createdAt int64, now time.Time) bool {
+	t := q.t
+	if createdAt > 0 && createdAt < (now.UnixNano()-t.window)/int64(time.Second) {
+		return true // older than the window: not its author's charge
+	}
+	if id == "" {
+		return q.add(actor, now)
+	}
+	full, _ := t.windowOf(now)
+	fp := mix64(maphash.String(t.seed, id)^uint64(full)*0x9e3779b97f4a7c15) | 1
+	slot := &t.seen[fp>>(64-seenBits)]
+	for {
+		old := slot.Load()
+		if old == fp {
+			return true // charged in this window already
+		}
+		if slot.CompareAndSwap(old, fp) {
+			break
+		}
+	}
+	return q.add(actor, now)
+}
+
+// seenBits sizes a Quota's seen-set: 2^14 entries of 8 bytes.
+const seenBits = 14
 
 // exceeded is Exceeded at the instant now.
 func (q *Quota) exceeded(actor string, now time.Time) (bool, time.Duration) {

@@ -22,6 +22,33 @@ type Decision struct {
 	// the ones that are not Local, one per key and wait, however often a
 	// refused client knocks.
 	Local bool
+	// By is the index, among the budgets decided together (DecideAll,
+	// Limiter.AllowAll), of the one whose wait Wait is; 0 for one key and
+	// for an admission.
+	By int
+}
+
+// Budget is one of the budgets a message pays: a key (as for Decide) and
+// the windows it is decided against. A message that pays several budgets
+// (its type's windows, a class's, an aggregate's) is decided on all of them
+// at once (Limiter.AllowAll): admitted only if every one admits, written
+// only then. A caller that prices one message above another (a read that
+// asks more) passes windows prepared with that cost (Limit.Cost).
+type Budget struct {
+	Key     string
+	Windows *Windows
+}
+
+// multiStore is a Store that decides several budgets in one atomic step:
+// both of sluice's stores. The Limiter asks one that is not, budget by
+// budget, in order, stopping at the first refusal (a budget refused late
+// has then been charged to the earlier ones).
+type multiStore interface {
+	// DecideAll decides budgets as one message: admitted only if every
+	// budget's windows admit, each budget written only then; refused, it
+	// writes nothing, and Wait is the largest of the refusing budgets'
+	// waits (By names that budget). Budgets with no windows are skipped.
+	DecideAll(ctx context.Context, budgets []Budget, now time.Time) (Decision, error)
 }
 
 // Store decides all windows of one key in one atomic step. Key names the

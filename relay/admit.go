@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/sluice-relay/sluice/relay/internal/charge"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -29,8 +30,16 @@ func (c *conn) decide(buf []byte) (fwd []byte, ok bool) {
 	}
 	if c.knocked > 0 {
 		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many refused frames")
-		c.g.obs.ReportCut(policy.CutKnocking)
-		c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(wire.RetrySeconds(c.knocked), 10)+"s")
+		c.g.obs.ReportCut("knocking")
+		wait := c.knocked
+		if c.violation(pointsKnocking) {
+			wait = max(wait, c.banned)
+		}
+		c.end(true, true, closeSlowClient, "sluice: too many refused frames; retry in "+strconv.FormatInt(scan.RetrySeconds(wait), 10)+"s")
+		return nil, false
+	}
+	if c.banned > 0 {
+		c.endBanned()
 		return nil, false
 	}
 	// The client was told its subscription is closed: so is the relay, or
@@ -53,7 +62,7 @@ func (c *conn) closeClosed(frame []byte) bool {
 	}
 	var keep []byte
 	var buf [wire.MaxSubIDBytes]byte
-	if f := wire.Peek(frame).Frame(); f.Type == wire.TypeREQ && f.ID != nil {
+	if f := scan.Peek(frame).Frame(); f.Type == wire.TypeREQ && f.ID != nil {
 		if id, ok := subID(&buf, f.ID); ok {
 			keep = id
 		}
@@ -73,12 +82,12 @@ func (c *conn) closeClosed(frame []byte) bool {
 // The order keeps a refused frame cheap and a forwarded one exact: the
 // type comes from Peek's bounded prefix; a client already refused for
 // that type is answered from the limiter's local table before anything
-// else is read; otherwise the whole frame is scanned once (wire.Scan) for
+// else is read; otherwise the whole frame is scanned once (scan.Scan) for
 // its canonical shape and facts, and charged: a REQ by its filters, a
 // canonical EVENT by the EVENT rule (its windows, then the actor quota);
 // an AUTH is then verified.
 func (c *conn) admit(frame []byte) bool {
-	p := wire.Peek(frame)
+	p := scan.Peek(frame)
 	t := p.Type
 	obs := c.g.obs
 	gp := c.g.current()
@@ -87,6 +96,9 @@ func (c *conn) admit(frame []byte) bool {
 	paid := !free && sub.Charged(t)
 	if paid {
 		if wait, refused := sub.Refused(c.g.limiter, t); refused {
+			if c.shape(t, frame, wait) {
+				return false
+			}
 			c.refuseRateLimited(p.Frame(), wait)
 			if !c.knocks.allow(time.Now()) {
 				c.knocked = wait
@@ -94,12 +106,26 @@ func (c *conn) admit(frame []byte) bool {
 			return false
 		}
 	}
-	var facts wire.Facts
+	if !free && c.readRefused(p.Frame()) {
+		return false
+	}
+	var facts scan.Facts
 	reason := c.g.tooLarge[t]
 	if len(frame) <= c.g.frameSize[t] {
-		facts, reason = wire.Scan(frame, gp.p.Bounds())
-		if reason == wire.ReasonFilters {
+		facts, reason = scan.Scan(frame, gp.p.Bounds())
+		if reason == scan.ReasonFilters {
 			reason = gp.tooManyFilters
+		}
+	}
+	// A canonical COUNT or NEG-OPEN of a NIP the relay does not do is
+	// answered by the gate (refuseUnsupported), charged as one filter.
+	unsupported := ""
+	if reason == "" && c.g.supports != nil {
+		switch {
+		case t == wire.TypeCOUNT && !c.g.supports(45):
+			unsupported = reasonNoCount
+		case t == wire.TypeNEGOPEN && !c.g.supports(77):
+			unsupported = reasonNoSyncs
 		}
 	}
 	// A canonical EVENT is decided by the EVENT rule (charge.Subject.Event:
@@ -114,25 +140,27 @@ func (c *conn) admit(frame []byte) bool {
 			v, actor = sub.Event(c.ctx, c.g.limiter, int(facts.Event.Kind), c.authPubkey(), &facts.Event.Pubkey)
 		} else {
 			filters := 0
-			if reason == "" {
-				filters = facts.Filters
+			if reason == "" && unsupported == "" {
+				filters = c.price(gp.p, t, &facts, frame)
 			}
 			v = sub.Charge(c.ctx, c.g.limiter, t, filters, -1)
 		}
 		switch {
 		case v.Err != nil:
 			fr := p.Frame()
-			obs.ReportFrame(t, policy.Unavailable)
+			obs.ReportFrame(c.who, t, policy.Unavailable)
 			c.dropSub(fr)
-			c.side.reply(wire.AppendRefusal(replyBuf(fr), fr, wire.ReasonUnavailable))
+			c.side.reply(scan.AppendRefusal(replyBuf(fr), fr, scan.ReasonUnavailable))
 			return false
 		case v.Refused && v.Quota:
 			fr := p.Frame()
-			obs.ReportFrame(t, policy.QuotaExceeded)
-			obs.ReportRefusal(c.who, t, policy.QuotaExceeded)
-			c.side.reply(wire.AppendRateLimited(replyBuf(fr), fr, v.Wait))
+			obs.ReportFrame(c.who, t, policy.QuotaExceeded)
+			c.side.reply(scan.AppendRefusal(replyBuf(fr), fr, charge.QuotaReason(sub.Quota(), v.Wait)))
 			return false
 		case v.Refused:
+			if c.shape(t, frame, v.Wait) {
+				return false
+			}
 			// A refusal the store made is the first of its wait (the
 			// rest are answered from the local table: above for the
 			// type's windows, inside Charge for a kind class or an
@@ -145,6 +173,7 @@ func (c *conn) admit(frame []byte) bool {
 			return false
 		case v.Shadow:
 			shadowed = true
+			c.shadowShape(t, v.ShadowWait)
 			if now := time.Now(); !v.Local && !now.Before(c.shadowUntil) {
 				c.shadowUntil = now.Add(v.ShadowWait)
 				c.g.log.Info("would be rate-limited (shadow)", "client", c.who, "type", t.String(), "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
@@ -154,18 +183,25 @@ func (c *conn) admit(frame []byte) bool {
 			// An allow-listed author: exempt from the quota, nothing to
 			// settle.
 			c.owed.add()
-			obs.ReportFrame(t, policy.Allowlisted)
+			obs.ReportFrame(c.who, t, policy.Allowlisted)
 			return true
 		}
 	}
 	if reason != "" {
 		// Charged (to its type, or the catch-all when that is free) but
 		// not forwarded: the relay could read it otherwise than the gate
-		// did (wire.Scan says how).
+		// did (scan.Scan says how).
 		if !free && !paid && !c.chargeAnswered(sub, p.Frame()) {
 			return false
 		}
 		c.refuse(p.Frame(), reason)
+		return false
+	}
+	if unsupported != "" {
+		if !free && !paid && !c.chargeAnswered(sub, p.Frame()) {
+			return false
+		}
+		c.refuseUnsupported(p.Frame(), unsupported)
 		return false
 	}
 	// A CLOSE or NEG-CLOSE that names nothing open at the relay is
@@ -190,11 +226,12 @@ func (c *conn) admit(frame []byte) bool {
 				return false
 			}
 		}
-		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs, held) {
+		if !c.subs.open(facts.SubID[1:len(facts.SubID)-1], c.g.maxSubs, held, time.Now()) {
 			c.g.filterBytes.release(c.who, held)
 			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
 			return false
 		}
+		c.armSubs() // gives it up if the relay never answers (reqHold)
 	case wire.TypeCOUNT:
 		// A COUNT runs the query of a REQ: it takes a place among the
 		// connection's subscriptions until the relay answers it.
@@ -202,6 +239,7 @@ func (c *conn) admit(frame []byte) bool {
 			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
 			return false
 		}
+		c.armSubs() // gives it up if the relay never answers (countHold)
 	case wire.TypeCLOSE:
 		// Not open, or closing already (the gate sends the relay the
 		// CLOSE that follows its answer: subTable).
@@ -209,9 +247,8 @@ func (c *conn) admit(frame []byte) bool {
 	case wire.TypeNEGOPEN:
 		if id := facts.SubID[1 : len(facts.SubID)-1]; !free && !c.syncs.has(id) {
 			if !c.g.holdSync(c.who) {
-				obs.ReportFrame(t, policy.OverCap)
-				obs.ReportRefusal(c.who, t, policy.OverCap)
-				c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySyncs)), p.Frame(), c.g.tooManySyncs))
+				obs.ReportFrame(c.who, t, policy.OverCap)
+				c.side.reply(scan.AppendRefusal(make([]byte, 0, 32+len(facts.SubID)+len(c.g.tooManySyncs)), p.Frame(), c.g.tooManySyncs))
 				return false
 			}
 			c.syncs.add(id)
@@ -234,6 +271,10 @@ func (c *conn) admit(frame []byte) bool {
 		// its NEG-CLOSEs all go.
 		forward = c.closeSync(facts.SubID[1:len(facts.SubID)-1]) || free
 	case wire.TypeEVENT:
+		if actor != "" && c.g.verifySigs && !validSig(&facts.Event) {
+			c.refuse(p.Frame(), reasonSig)
+			return false
+		}
 		if actor != "" {
 			ok := c.admitEvent(p.Frame(), &facts.Event, actor, shadowed)
 			if ok {
@@ -242,6 +283,19 @@ func (c *conn) admit(frame []byte) bool {
 			return ok
 		}
 	case wire.TypeAUTH:
+		if c.gateAuth {
+			// The gate's own challenge: answered here, never forwarded.
+			if reason := c.verifyAuth(&facts.Event); reason != "" {
+				c.refuse(p.Frame(), reason)
+				return false
+			}
+			if pk, ok := c.auths.answered(facts.Event.ID); ok {
+				c.bind(pk)
+			}
+			obs.ReportFrame(c.who, t, policy.Admitted)
+			c.side.reply(append(append(append(replyBuf(p.Frame()), `["OK","`...), facts.Event.ID.String()...), `",true,""]`...))
+			return false
+		}
 		if gp.watchOK {
 			if reason := c.verifyAuth(&facts.Event); reason != "" {
 				c.refuse(p.Frame(), reason)
@@ -260,13 +314,13 @@ func (c *conn) admit(frame []byte) bool {
 		if !free && !paid && !c.chargeAnswered(sub, p.Frame()) {
 			return false
 		}
-		obs.ReportFrame(t, policy.Unmatched)
+		obs.ReportFrame(c.who, t, policy.Unmatched)
 	case free:
-		obs.ReportFrame(t, policy.Allowlisted)
+		obs.ReportFrame(c.who, t, policy.Allowlisted)
 	case shadowed:
-		obs.ReportFrame(t, policy.Shadowed)
+		obs.ReportFrame(c.who, t, policy.Shadowed)
 	default:
-		obs.ReportFrame(t, policy.Admitted)
+		obs.ReportFrame(c.who, t, policy.Admitted)
 	}
 	return forward
 }
@@ -275,11 +329,11 @@ func (c *conn) admit(frame []byte) bool {
 // (charge.Subject.Event) and whose actor the quota will charge on the
 // relay's OK: it holds a place for it in the tables of events awaiting
 // their OK, or refuses it when they are full.
-func (c *conn) admitEvent(f wire.Frame, ev *wire.Event, actor string, shadowed bool) bool {
+func (c *conn) admitEvent(f scan.Frame, ev *scan.Event, actor string, shadowed bool) bool {
 	_, again := c.pending.get(ev.ID) // sent again before its OK: counted once
 	if !again {
 		// Not one more without an answer past the tables (see
-		// DefaultPending and MaxActorPending): an event forwarded past
+		// maxPending and maxActorPending): an event forwarded past
 		// them would be charged late or by nobody.
 		reason := reasonPending
 		full := !c.pending.room()
@@ -287,37 +341,34 @@ func (c *conn) admitEvent(f wire.Frame, ev *wire.Event, actor string, shadowed b
 			full, reason = true, reasonActorPending
 		}
 		if full {
-			c.g.obs.ReportFrame(f.Type, policy.OverCap)
-			c.g.obs.ReportRefusal(c.who, f.Type, policy.OverCap)
-			c.side.reply(wire.AppendRefusal(replyBuf(f), f, reason))
+			c.g.obs.ReportFrame(c.who, f.Type, policy.OverCap)
+			c.side.reply(scan.AppendRefusal(replyBuf(f), f, reason))
 			return false
 		}
-		if !c.pending.addOpen(ev.ID, pendingEvent{actor, time.Now()}) {
+		if !c.pending.addOpen(ev.ID, pendingEvent{actor: actor, at: time.Now(), created: ev.CreatedAt}) {
 			// The connection has ended (settlePending closed its table)
 			// while this frame was being decided: nothing is forwarded
 			// any more.
 			c.g.takeInflight(c.inflightKey(actor))
 			return false
 		}
-		if c.g.stored != nil {
-			c.armSettle()
-		}
+		c.armSettle() // settles or gives it up if no OK names it (pendingHold)
 	}
 	if shadowed {
-		c.g.obs.ReportFrame(f.Type, policy.Shadowed)
+		c.g.obs.ReportFrame(c.who, f.Type, policy.Shadowed)
 	} else {
-		c.g.obs.ReportFrame(f.Type, policy.Admitted)
+		c.g.obs.ReportFrame(c.who, f.Type, policy.Admitted)
 	}
 	return true
 }
 
-// reasonPending refuses an EVENT while DefaultPending of the connection's
+// reasonPending refuses an EVENT while maxPending of the connection's
 // are awaiting the relay's OK.
-var reasonPending = fmt.Sprintf("blocked: too many events awaiting the relay's answer (at most %d); wait for an OK first", DefaultPending)
+var reasonPending = fmt.Sprintf("blocked: too many events awaiting the relay's answer (at most %d); wait for an OK first", maxPending)
 
-// reasonActorPending refuses an EVENT while MaxActorPending of its actor's
+// reasonActorPending refuses an EVENT while maxActorPending of its actor's
 // are awaiting the relay's OK.
-var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events awaiting the relay's answer (at most %d); wait for an OK first", MaxActorPending)
+var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events awaiting the relay's answer (at most %d); wait for an OK first", maxActorPending)
 
 // chargeAnswered charges f, a frame of a free type that the gate answers
 // itself (invalid, or a CLOSE naming nothing open), to the catch-all
@@ -328,7 +379,7 @@ var reasonActorPending = fmt.Sprintf("blocked: too many of this pubkey's events 
 // gate read and answer such frames as fast as its socket takes them. A
 // refusal from the local table counts toward the knocking cut, as for
 // every type.
-func (c *conn) chargeAnswered(sub *charge.Subject, f wire.Frame) bool {
+func (c *conn) chargeAnswered(sub *charge.Subject, f scan.Frame) bool {
 	if wait, refused := sub.Refused(c.g.limiter, wire.TypeOther); refused {
 		c.refuseRateLimited(f, wait)
 		if !c.knocks.allow(time.Now()) {
@@ -339,8 +390,8 @@ func (c *conn) chargeAnswered(sub *charge.Subject, f wire.Frame) bool {
 	v := sub.Charge(c.ctx, c.g.limiter, wire.TypeOther, 0, -1)
 	switch {
 	case v.Err != nil:
-		c.g.obs.ReportFrame(f.Type, policy.Unavailable)
-		c.side.reply(wire.AppendRefusal(replyBuf(f), f, wire.ReasonUnavailable))
+		c.g.obs.ReportFrame(c.who, f.Type, policy.Unavailable)
+		c.side.reply(scan.AppendRefusal(replyBuf(f), f, scan.ReasonUnavailable))
 		return false
 	case v.Refused:
 		if !v.Local {
@@ -387,29 +438,51 @@ func (k *knockMeter) allow(now time.Time) bool {
 // refuseOverCap answers f (a REQ or COUNT under the id literal lit) refused
 // by a cap on what the connection or its client holds open. A REQ reusing
 // an open id is told CLOSED: dropSub closes it at the relay too.
-func (c *conn) refuseOverCap(f wire.Frame, lit []byte, reason string) {
-	c.g.obs.ReportFrame(f.Type, policy.OverCap)
-	c.g.obs.ReportRefusal(c.who, f.Type, policy.OverCap)
+func (c *conn) refuseOverCap(f scan.Frame, lit []byte, reason string) {
+	c.g.obs.ReportFrame(c.who, f.Type, policy.OverCap)
 	c.dropSub(f)
-	c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(lit)+len(reason)), f, reason))
+	c.side.reply(scan.AppendRefusal(make([]byte, 0, 32+len(lit)+len(reason)), f, reason))
 }
 
-// refuse answers f with an "invalid:" reason of the gate's own.
-func (c *conn) refuse(f wire.Frame, reason string) {
-	c.g.obs.ReportFrame(f.Type, policy.Invalid)
-	c.g.obs.ReportRefusal(c.who, f.Type, policy.Invalid)
+// Replies to a COUNT or NEG-OPEN of a NIP the relay does not do
+// (Options.Supports), in NIP-01's prefix-and-message form: a client
+// learns at once to fall back (a REQ for what it would have counted or
+// synced) instead of waiting for an answer such a relay may never send.
+const (
+	reasonNoCount = "unsupported: this relay does not do COUNT (NIP-45)"
+	reasonNoSyncs = "unsupported: this relay does not do negentropy syncs (NIP-77)"
+)
+
+// refuseUnsupported answers f, a COUNT or NEG-OPEN of a NIP the relay does
+// not do, with reason (CLOSED or NEG-ERR). The client asked nothing wrong:
+// it is not reported as an offender nor counted in the penalty box.
+func (c *conn) refuseUnsupported(f scan.Frame, reason string) {
+	c.g.obs.ReportFrame("", f.Type, policy.Invalid) // no client: not its doing
 	c.dropSub(f)
-	c.side.reply(wire.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
+	c.side.reply(scan.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
+}
+
+// refuse answers f with an "invalid:" reason of the gate's own, and
+// counts it in the penalty box (the caller's decide ends the connection
+// if that bans the client).
+func (c *conn) refuse(f scan.Frame, reason string) {
+	c.g.obs.ReportFrame(c.who, f.Type, policy.Invalid)
+	c.dropSub(f)
+	c.side.reply(scan.AppendRefusal(make([]byte, 0, 32+len(f.ID)+len(reason)), f, reason))
+	points := pointsInvalid
+	if f.Type == wire.TypeAUTH {
+		points = pointsAuth
+	}
+	c.violation(points)
 }
 
 // refuseRateLimited answers f refused by a limit whose wait is wait. Like
 // every refusal, it is counted before its reply is queued: queuing may wait
 // for the client to read (outQueue.push), and the count is the decision's.
-func (c *conn) refuseRateLimited(f wire.Frame, wait time.Duration) {
-	c.g.obs.ReportFrame(f.Type, policy.RateLimited)
-	c.g.obs.ReportRefusal(c.who, f.Type, policy.RateLimited)
+func (c *conn) refuseRateLimited(f scan.Frame, wait time.Duration) {
+	c.g.obs.ReportFrame(c.who, f.Type, policy.RateLimited)
 	c.dropSub(f)
-	c.side.reply(wire.AppendRateLimited(replyBuf(f), f, wait))
+	c.side.reply(scan.AppendRateLimited(replyBuf(f), f, wait))
 }
 
 // dropSub is called for every refused frame, before its reply is queued:
@@ -422,7 +495,7 @@ func (c *conn) refuseRateLimited(f wire.Frame, wait time.Duration) {
 // the sync closed, so a client need not send a NEG-CLOSE (go-nostr's does,
 // others may not): without this, a refused NEG-MSG's sync would hold its
 // place in the client's count until the connection ended.
-func (c *conn) dropSub(f wire.Frame) {
+func (c *conn) dropSub(f scan.Frame) {
 	if (f.Type != wire.TypeREQ && f.Type != wire.TypeNEGOPEN && f.Type != wire.TypeNEGMSG) || f.ID == nil {
 		return
 	}
@@ -463,6 +536,6 @@ func (c *conn) closeSync(id []byte) bool {
 // replyBuf returns an empty buffer large enough for any refusal of f that
 // the gate sends, so that a refused frame (a blocked client's flood is
 // nothing else) costs one allocation rather than one per doubling.
-func replyBuf(f wire.Frame) []byte {
+func replyBuf(f scan.Frame) []byte {
 	return make([]byte, 0, 96+len(f.ID))
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -22,7 +23,8 @@ func admitConn(t testing.TB, opts Options) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c := &conn{g: g, ctx: ctx, cancel: cancel, closing: make(chan struct{}), who: "203.0.113.7", addr: netip.MustParseAddr("203.0.113.7")}
-	c.side = &bridge{c: c, out: newOutQueue(DefaultQueueBytes)}
+	c.side = &bridge{c: c, out: newOutQueue(defaultQueueBytes)}
+	c.subs.release = func(n int) { g.filterBytes.release(c.who, n) } // as the gate's connections do
 	return c
 }
 
@@ -72,7 +74,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 		l.Message[typ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 		return &l
 	}
-	okPrefix := `["OK","` + testID + `",false,"`
+	okPrefix := `["OK","` + testID3 + `",false,"`
 
 	c := admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeEVENT)}})
 	if !c.admit(event) {
@@ -94,7 +96,7 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 
 	c = admitConn(t, Options{Policy: policy.Config{Limits: one(wire.TypeEVENT)}, Limiter: ratelimit.NewLimiter(&downStore{}, nil)})
 	c.admit(event)
-	if got, want := c.reply(t), okPrefix+wire.ReasonUnavailable+`"]`; got != want {
+	if got, want := c.reply(t), okPrefix+scan.ReasonUnavailable+`"]`; got != want {
 		t.Errorf("unavailable EVENT reply %s, want %s", got, want)
 	}
 
@@ -103,15 +105,15 @@ func TestAdmitRefusalsCarryTheID(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, _ = q.WithClock(func() time.Time { return now }).Add(context.Background(), "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93")
+	_, _ = q.WithClock(func() time.Time { return now }).Add(context.Background(), "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93", "", 0)
 	c = admitConn(t, Options{Limiter: ratelimit.NewLimiter(nil, func() time.Time { return now }), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(func() time.Time { return now })}})
 	if c.admit(event) {
 		t.Fatal("EVENT admitted past its author's quota")
 	}
-	if got, want := c.reply(t), okPrefix+"rate-limited: slow down; retry in "; len(got) < len(want) || got[:len(want)] != want {
+	if got, want := c.reply(t), okPrefix+"rate-limited: quota: 1 events per 3600s for this pubkey; retry in "; len(got) < len(want) || got[:len(want)] != want {
 		t.Errorf("quota reply %s, want prefix %s", got, want)
 	}
-	twoIDs := []byte(`["EVENT",{"id":"` + testID + `","id":"` + testID + `","pubkey":"6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"}]`)
+	twoIDs := []byte(`["EVENT",{"id":"` + testID3 + `","id":"` + testID3 + `","pubkey":"6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"}]`)
 	if c.admit(twoIDs) {
 		t.Fatal("EVENT with two ids admitted under a quota")
 	}
@@ -135,7 +137,7 @@ func TestAdmitRefusalAllocs(t *testing.T) {
 	if allocs != 1 {
 		t.Errorf("a rate-limited EVENT costs %v allocations, want 1", allocs)
 	}
-	if fr := wire.Peek(event).Frame(); len(wire.AppendRefusal(nil, fr, wire.ReasonUnavailable)) > cap(replyBuf(fr)) {
+	if fr := scan.Peek(event).Frame(); len(scan.AppendRefusal(nil, fr, scan.ReasonUnavailable)) > cap(replyBuf(fr)) {
 		t.Errorf("replyBuf too small for the unavailable reply")
 	}
 }
@@ -150,7 +152,7 @@ func TestReadFrameDropsLargeBuffers(t *testing.T) {
 	if err != nil || string(buf) != `["REQ","s"]` || &buf[:1][0] != &small[:1][0] {
 		t.Fatalf("small buffer not reused: %q %v", buf, err)
 	}
-	big := make([]byte, 0, DefaultReadLimit)
+	big := make([]byte, 0, defaultReadLimit)
 	buf, err = readFrame(strings.NewReader(`["REQ","s"]`), big, newControlMeter())
 	if err != nil || string(buf) != `["REQ","s"]` {
 		t.Fatalf("readFrame: %q %v", buf, err)
@@ -199,7 +201,7 @@ func BenchmarkAdmit(b *testing.B) {
 		sub   string // the REQ's subscription, closed after each
 	}{
 		{"EVENT", Options{Policy: policy.Config{Limits: wide()}}, event, true, ""},
-		{"EVENT-quota", Options{Policy: policy.Config{Limits: wide(), Quota: quota.WithClock(nil)}}, event, true, ""},
+		{"EVENT-quota", Options{UpstreamVerifies: true, Policy: policy.Config{Limits: wide(), Quota: quota.WithClock(nil)}}, event, true, ""},
 		{"REQ", Options{Policy: policy.Config{Limits: wide()}}, req, true, "sub:1"},
 		{"EVENT-blocked", Options{Policy: policy.Config{Limits: tight()}}, event, false, ""},
 	} {
@@ -209,7 +211,7 @@ func BenchmarkAdmit(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if c.admit(bm.frame) != bm.admit && bm.admit {
-					b.Fatal("refused")
+					b.Fatalf("refused: %s", c.reply(b))
 				}
 				c.queued().pop()
 				if len(sub) > 0 {
@@ -223,20 +225,22 @@ func BenchmarkAdmit(b *testing.B) {
 	}
 }
 
-// A REQ is charged one REQ per filter, so a many-filter REQ cannot ride on
-// one charge; a REQ with more filters than every REQ window can admit at
-// once is refused outright; and each type has its own frame bound.
+// A REQ is charged its filters' prices (here narrow ones, 1 each), so a
+// many-filter REQ cannot ride on one charge; a REQ dearer than its windows
+// admit at once is charged what they admit; one past the filter bound is
+// refused; and each type has its own frame bound.
 func TestAdmitChargesPerFilter(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10.5, time.Hour)}
 	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}})
-	five := []byte(`["REQ","s",{},{},{},{},{}]`)
+	narrow := `{"limit":0}`
+	five := []byte(`["REQ","s",` + strings.Repeat(narrow+",", 4) + narrow + `]`)
 	for i := range 2 {
 		if !c.admit(five) {
 			t.Fatalf("5-filter REQ %d refused within a burst of 10", i)
 		}
 	}
-	if c.admit([]byte(`["REQ","s",{}]`)) {
+	if c.admit([]byte(`["REQ","s",` + narrow + `]`)) {
 		t.Fatal("a REQ admitted after 10 filters were charged")
 	}
 	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
@@ -246,15 +250,29 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 		t.Errorf("MaxFilters %d, want %d", got, wire.DefaultBounds().MaxFilters)
 	}
 
+	// Under a burst of 3 a 4-filter REQ is not refused for its size: it is
+	// charged what the window admits at once (3), and a REQ past the
+	// Bounds is refused as too many filters.
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(3.5, time.Hour)}
-	c = admitConn(t, Options{Policy: policy.Config{Limits: &l}})
-	if got := c.g.current().p.MaxFilters(); got != 3 {
-		t.Fatalf("MaxFilters under a burst of 3: %d", got)
+	c = admitConn(t, Options{Policy: policy.Config{Limits: &l, Bounds: wire.Bounds{MaxFilters: 4}}})
+	if got := c.g.current().p.MaxFilters(); got != 4 {
+		t.Fatalf("MaxFilters under a burst of 3: %d, want the bound 4", got)
 	}
-	if c.admit([]byte(`["REQ","s",{},{},{},{}]`)) {
-		t.Fatal("4-filter REQ admitted under a burst of 3")
+	four := []byte(`["REQ","s",` + strings.Repeat(narrow+",", 3) + narrow + `]`)
+	if !c.admit(four) {
+		t.Fatalf("4-filter REQ refused from rest under a burst of 3: %s", c.reply(t))
 	}
-	if got := c.reply(t); got != `["CLOSED","s","`+wire.ReasonFilters+` (at most 3)"]` {
+	if c.admit([]byte(`["REQ","t",` + narrow + `]`)) {
+		t.Fatal("a REQ admitted after the 4-filter REQ took the burst")
+	}
+	if got := c.reply(t); !strings.HasPrefix(got, `["CLOSED","t","rate-limited: `) {
+		t.Errorf("reply %s", got)
+	}
+	c = admitConn(t, Options{Policy: policy.Config{Limits: &l, Bounds: wire.Bounds{MaxFilters: 4}}})
+	if c.admit([]byte(`["REQ","s",{},{},{},{},{}]`)) {
+		t.Fatal("5-filter REQ admitted past a bound of 4")
+	}
+	if got := c.reply(t); got != `["CLOSED","s","`+scan.ReasonFilters+` (at most 4)"]` {
 		t.Errorf("reply %s", got)
 	}
 
@@ -266,19 +284,24 @@ func TestAdmitChargesPerFilter(t *testing.T) {
 	if got := c.reply(t); got != `["CLOSED","s","invalid: REQ frame is larger than 65536 bytes"]` {
 		t.Errorf("reply %s", got)
 	}
-	event := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("a", defaultFilterFrameSize), 1) + `]`
+	event := withID(`["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("a", defaultFilterFrameSize), 1) + `]`)
 	if !c.admit([]byte(event)) {
 		t.Fatalf("EVENT of %d bytes refused: %s", len(event), c.reply(t))
 	}
 }
 
-// Refusals reach Observer.Refusal with the client's key; the store's own
-// failures do not.
+// Refusals reach Observer.Frame with the client's key and the outcome that
+// says what refused them.
 func TestObserverRefusal(t *testing.T) {
 	refusals := map[string]int{}
+	refused := func(client string, _ wire.Type, o policy.Outcome) {
+		if o == policy.RateLimited || o == policy.Invalid {
+			refusals[client]++
+		}
+	}
 	var l policy.Limits
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
-	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}, Observer: &policy.Observer{Refusal: func(client string, _ wire.Type, _ policy.Outcome) { refusals[client]++ }}})
+	c := admitConn(t, Options{Policy: policy.Config{Limits: &l}, Observer: &policy.Observer{Frame: refused}})
 	for range 5 {
 		c.admit([]byte(`["REQ","s",{}]`))
 	}

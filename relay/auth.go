@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"net"
 	"net/url"
 	"strings"
@@ -10,6 +12,8 @@ import (
 	"github.com/mailru/easyjson"
 	"github.com/nbd-wtf/go-nostr"
 
+	"github.com/sluice-relay/sluice/relay/internal/scan"
+	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -21,6 +25,15 @@ import (
 // maxAuthAge is how far an AUTH event's created_at may be from the gate's
 // clock, either way: NIP-42's "about 10 minutes".
 const maxAuthAge = 10 * time.Minute
+
+// authSilence is how long the gate waits for the relay's OK to an AUTH it
+// verified and forwarded. khatru answers every AUTH; some relays
+// authenticate the client and say nothing. When no OK names the AUTH by
+// then (an OK false does: the relay refused it), the gate binds the
+// connection to its pubkey on its own verification — the relay sent the
+// challenge, and the gate checked the event as NIP-42 says a relay must —
+// and logs and counts it (policy.Unanswered).
+const authSilence = 2 * time.Second
 
 // authChallenges is how many of the relay's latest challenges a
 // connection remembers; maxChallengeLen bounds each one.
@@ -34,7 +47,6 @@ const (
 	reasonAuthChallenge = "invalid: AUTH challenge is not one this relay sent on this connection"
 	reasonAuthRelay     = "invalid: AUTH relay tag does not name this relay"
 	reasonAuthTime      = "invalid: AUTH created_at is more than 10 minutes away"
-	reasonAuthID        = "invalid: AUTH id is not the hash of the event"
 	reasonAuthSig       = "invalid: AUTH signature is invalid"
 )
 
@@ -52,7 +64,7 @@ type auths struct {
 // challenge records a challenge the relay sent, as its JSON literal.
 func (a *auths) challenge(lit []byte) {
 	var buf [maxChallengeLen]byte
-	ch, ok := wire.Unquote(buf[:0], lit)
+	ch, ok := scan.Unquote(buf[:0], lit)
 	if !ok || len(ch) == 0 {
 		return
 	}
@@ -60,6 +72,16 @@ func (a *auths) challenge(lit []byte) {
 	a.challenges[a.next] = string(ch)
 	a.next = (a.next + 1) % authChallenges
 	a.mu.Unlock()
+}
+
+// issue records a fresh random challenge of the gate's own and returns the
+// AUTH frame that sends it (Options.GateAuth).
+func (a *auths) issue() []byte {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	lit := `"` + hex.EncodeToString(b[:]) + `"`
+	a.challenge([]byte(lit))
+	return []byte(`["AUTH",` + lit + `]`)
 }
 
 // sent reports whether the relay sent challenge ch on this connection.
@@ -93,35 +115,61 @@ func (a *auths) answered(id hex32) (string, bool) {
 	return pk, true
 }
 
-// verifyAuth checks a canonical AUTH event (wire.Scan has checked its
+// verifyAuth checks a canonical AUTH event (scan.Scan has checked its
 // shape and kind) as NIP-42 says a relay must, and on success records it
 // as in flight: a challenge tag naming a challenge the relay sent on this
 // connection, a relay tag naming this relay, created_at within maxAuthAge
-// of the gate's clock, an id that is the event's hash, and a valid
-// signature. It returns "" or the reason for refusing it.
-func (c *conn) verifyAuth(ev *wire.Event) string {
+// of the gate's clock, and a valid signature (scan.Scan has checked that
+// its id is its hash). It returns "" or the reason for refusing it.
+func (c *conn) verifyAuth(ev *scan.Event) string {
 	var buf [maxChallengeLen]byte
-	ch, ok := wire.Unquote(buf[:0], ev.Challenge)
+	ch, ok := scan.Unquote(buf[:0], ev.Challenge)
 	if !ok || !c.auths.sent(ch) {
 		return reasonAuthChallenge
 	}
 	var ubuf [1024]byte
-	u, ok := wire.Unquote(ubuf[:0], ev.Relay)
+	u, ok := scan.Unquote(ubuf[:0], ev.Relay)
 	if !ok || !c.g.namesThisRelay(string(u), c.host) {
 		return reasonAuthRelay
 	}
 	if d := c.g.now().Sub(time.Unix(ev.CreatedAt, 0)); d > maxAuthAge || d < -maxAuthAge {
 		return reasonAuthTime
 	}
-	var e nostr.Event
-	if err := easyjson.Unmarshal(ev.Raw, &e); err != nil || !e.CheckID() {
-		return reasonAuthID
+	var e nostr.Event // its id is its hash: scan.Scan checked it
+	if err := easyjson.Unmarshal(ev.Raw, &e); err != nil {
+		return reasonAuthSig
 	}
 	if ok, err := e.CheckSignature(); err != nil || !ok {
 		return reasonAuthSig
 	}
 	c.auths.inFlight(ev.ID, ev.Pubkey.String())
+	id := ev.ID
+	time.AfterFunc(authSilence, func() { c.authUnanswered(id) })
 	return ""
+}
+
+// authUnanswered binds the connection to the pubkey of the verified AUTH
+// id if it is still awaiting the relay's OK (see authSilence).
+func (c *conn) authUnanswered(id hex32) {
+	select {
+	case <-c.closing:
+		return
+	default:
+	}
+	pk, ok := c.auths.answered(id)
+	if !ok {
+		return
+	}
+	c.g.log.Info("relay did not answer AUTH; bound on the gate's own verification", "client", c.who, "pubkey", pk, "after", authSilence.String())
+	c.g.obs.ReportFrame(c.who, wire.TypeAUTH, policy.Unanswered)
+	c.bind(pk)
+}
+
+// bind makes pk the connection's NIP-42 pubkey: from its next frame on,
+// the connection is charged as pk (its tier, or nothing when allow-listed).
+func (c *conn) bind(pk string) {
+	c.authed.Store(&authState{pubkey: pk})
+	c.sub.Store(c.subjectFor(c.g.current().p))
 }
 
 // namesThisRelay reports whether an AUTH relay tag names this relay: its

@@ -58,8 +58,8 @@ type cutCounter struct {
 func newCutCounter() *cutCounter { return &cutCounter{cut: make(chan struct{})} }
 
 func (c *cutCounter) observer() *policy.Observer {
-	return &policy.Observer{Cut: func(r policy.CutReason) {
-		if r == policy.CutSlowReader {
+	return &policy.Observer{Cut: func(r string) {
+		if r == "slow_reader" {
 			c.n.Add(1)
 			c.once.Do(func() { close(c.cut) })
 		}
@@ -420,5 +420,87 @@ func TestE2EHalfOpenClientFoundByPings(t *testing.T) {
 	}
 	if open.Load() != 0 {
 		t.Fatal("a client answering no ping was not closed")
+	}
+}
+
+// A client reading steadily behind a backlog is alive, in both modes,
+// though the keepalive ping waits behind what the kernel holds for it and
+// its pong comes late: its reading (the bytes its socket acknowledges)
+// keeps it connected. Here the pong deadline (the gate's two intervals in
+// proxy mode, khatru's PongWait in relay mode: 4 s) is shorter than the
+// time the client takes to read what the sockets hold before the ping
+// (~270 KB at 32 KB/s); a gate that waits for the pong alone drops it.
+func TestE2ESlowReaderOutlivesItsPongs(t *testing.T) {
+	kr := newKhatru(t)
+	kr.PingPeriod, kr.PongWait = 2*time.Second, 4*time.Second
+	storeNotes(t, kr, 150, 3<<10)
+	const rate = 32 << 10
+	for _, mode := range []string{"relay", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			cuts := newCutCounter()
+			url := sendBufTarget(t, mode, kr, 256<<10, Options{Policy: policy.Config{Limits: &policy.Limits{}},
+				WriteTimeout: time.Second, PingInterval: 2 * time.Second, Observer: cuts.observer()})
+			c := dialReadBuffer(t, url, 8<<10)
+			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","r",{"kinds":[1],"limit":150}]`)); err != nil {
+				t.Fatal(err)
+			}
+			start, read, got := time.Now(), 0, 0
+			for {
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				_, b, err := c.ReadMessage()
+				if err != nil {
+					t.Fatalf("dropped after %d of 150 events, %d bytes read at %d B/s: %v", got, read, rate, err)
+				}
+				if strings.HasPrefix(string(b), `["EOSE",`) {
+					break
+				}
+				got++
+				read += len(b)
+				time.Sleep(time.Until(start.Add(time.Duration(read) * time.Second / rate))) // keeps to the rate
+			}
+			if got != 150 || cuts.n.Load() != 0 {
+				t.Fatalf("%d of 150 events, %d cuts", got, cuts.n.Load())
+			}
+			// Still connected, not drained on its way out: it is answered.
+			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","after",{"kinds":[1],"limit":1}]`)); err != nil {
+				t.Fatal(err)
+			}
+			if got := readText(t, c); !strings.HasPrefix(got, `["EVENT","after",`) {
+				t.Fatalf("after the result: %.100s", got)
+			}
+		})
+	}
+}
+
+// A client that stops reading behind a backlog smaller than the queue's
+// bound, with no write timeout to cut it, is still closed by the
+// keepalive: once its receive buffer is full it acknowledges nothing, so
+// what keeps a slow reader alive does not keep it.
+func TestE2EStoppedReaderClosedByKeepalive(t *testing.T) {
+	kr := newKhatru(t)
+	kr.PingPeriod, kr.PongWait = 200*time.Millisecond, 400*time.Millisecond
+	storeNotes(t, kr, 100, 3<<10)
+	for _, mode := range []string{"relay", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			var open atomic.Int64
+			obs := &policy.Observer{Open: func(d int) { open.Add(int64(d)) }}
+			url := sendBufTarget(t, mode, kr, 16<<10, Options{Policy: policy.Config{Limits: &policy.Limits{}},
+				QueueBytes: 64 << 20, WriteTimeout: noWriteDeadline, PingInterval: 200 * time.Millisecond, Observer: obs})
+			c := dialReadBuffer(t, url, 8<<10)
+			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","r",{"kinds":[1],"limit":100}]`)); err != nil {
+				t.Fatal(err)
+			}
+			if got := readText(t, c); !strings.HasPrefix(got, `["EVENT","r",`) {
+				t.Fatalf("first answer %.100s", got)
+			}
+			// Reads nothing more: ~300 KB wait for it.
+			deadline := time.Now().Add(20 * time.Second)
+			for open.Load() != 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond) // polls, up to 20 s, for the keepalive's close
+			}
+			if open.Load() != 0 {
+				t.Fatal("a client that stopped reading behind a backlog was not closed")
+			}
+		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -103,7 +104,7 @@ func roundTrip(b *testing.B, c *websocket.Conn, frame []byte, ok string) bool {
 			return true
 		}
 		if len(reply) > 5 && string(reply[:5]) == `["OK"` {
-			if strings.Contains(string(reply), wire.ReasonUnavailable) {
+			if strings.Contains(string(reply), scan.ReasonUnavailable) {
 				return false
 			}
 			b.Fatalf("refused: %s", reply)
@@ -292,7 +293,7 @@ func modeURL(b *testing.B, mode string) string {
 // BenchmarkPublishUnderHeldFilters publishes a note with a hashtag through
 // the gate (Wrap) to khatru and waits for its OK, with nothing else open
 // ("idle"), and with one other address holding open as many filters as
-// DefaultMaxFilterBytes lets it ("held"): each filter of the kind khatru
+// defaultMaxFilterBytes lets it ("held"): each filter of the kind khatru
 // takes longest to reject for such a note, a "#t" list of 1,000 values as
 // long as the note's tag, so every value is compared in full. khatru
 // matches every new event against every open filter before it answers, so
@@ -307,10 +308,10 @@ func BenchmarkPublishUnderHeldFilters(b *testing.B) {
 			hold := 0
 			switch mode {
 			case "held":
-				hold = DefaultMaxFilterBytes
+				hold = defaultMaxFilterBytes
 			case "unbounded":
 				opts.MaxFilterBytes = -1
-				hold = 8 * DefaultMaxFilterBytes
+				hold = 8 * defaultMaxFilterBytes
 			}
 			url := serve(b, newGate(b, opts).Wrap(newKhatru(b)))
 			var req strings.Builder

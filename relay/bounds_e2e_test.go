@@ -21,7 +21,7 @@ import (
 
 // badgerKhatru is khatru on eventstore's badger, as sluice relay runs
 // it, counting every filter and event its hooks see.
-func badgerKhatru(t *testing.T, filters, events *atomic.Int64) *khatru.Relay {
+func badgerKhatru(t testing.TB, filters, events *atomic.Int64) *khatru.Relay {
 	t.Helper()
 	db := &badger.BadgerBackend{Path: t.TempDir()}
 	if err := db.Init(); err != nil {

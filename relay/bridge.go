@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-
-	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // bridge is a gated connection behind Proxy: the client's WebSocket
@@ -173,7 +171,7 @@ func (b *bridge) readClient() {
 		}
 		if err != nil && c.meter.flooded.Load() {
 			c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many control frames")
-			c.g.obs.ReportCut(policy.CutControlFlood)
+			c.g.obs.ReportCut("control_flood")
 			c.end(true, true, closeSlowClient, "sluice: too many control frames")
 			return
 		}
@@ -189,7 +187,7 @@ func (b *bridge) readClient() {
 			}
 			return
 		}
-		fwd, ok := c.decide(buf)
+		fwd, ok, _ := c.decideHeld(buf)
 		if fwd == nil || !ok {
 			putFrameBuf(buf)
 			if !ok {
@@ -272,8 +270,17 @@ func (b *bridge) readUpstream() {
 			b.send(websocket.CloseMessage, websocket.FormatCloseMessage(code, text))
 			return
 		}
+		counted := false
 		if typ == websocket.TextMessage {
 			c.watch(data)
+			closed, pass := c.readOut(data)
+			if !pass {
+				if closed == nil {
+					continue
+				}
+				data = closed // the read budget is spent: readmeter.go
+			}
+			counted = pass
 		}
 		// Looked at and queued under order: a reply that tells the client
 		// a subscription is closed is queued after every frame under it
@@ -282,6 +289,8 @@ func (b *bridge) readUpstream() {
 		c.subs.order.Lock()
 		if c.delivers(data) {
 			sent = b.send(typ, data)
+		} else if counted {
+			c.readUntake(len(data)) // closed for the client since readOut
 		}
 		c.subs.order.Unlock()
 		if !sent {
@@ -423,7 +432,7 @@ const slowCloseWait = 10 * time.Millisecond
 func (b *bridge) cutBacklog() {
 	c := b.c
 	c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "backlog over the queue bound", "queued_bytes", b.out.queued())
-	c.g.obs.ReportCut(policy.CutSlowReader)
+	c.g.obs.ReportCut("slow_reader")
 	c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 }
 
@@ -432,6 +441,6 @@ func (b *bridge) cutBacklog() {
 func (b *bridge) cutSlow() {
 	c := b.c
 	c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "queued_bytes", b.out.queued())
-	c.g.obs.ReportCut(policy.CutSlowReader)
+	c.g.obs.ReportCut("slow_reader")
 	c.end(true, true, closeSlowClient, "sluice: client reads too slowly")
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/relay/internal/charge"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -29,6 +30,10 @@ type conn struct {
 	// Set before the goroutines start, read-only after.
 	who  string     // the client's budget key, for logs
 	addr netip.Addr // the client's address, for its aggregates
+	aggs []string   // its aggregates' prefixes when it connected, for the penalty box
+	// banned is the wait of a ban of the penalty box this connection's
+	// violations brought on its client: the connection is then ended.
+	banned time.Duration
 
 	host  string        // the host the client asked for, for NIP-42's relay tag
 	meter *controlMeter // what the client's stream owes in control frames
@@ -36,19 +41,24 @@ type conn struct {
 	owed  owed      // requests forwarded and not yet answered by the relay
 	subs  subTable  // subscriptions open at the relay
 	syncs syncTable // NIP-77 syncs open at the relay
+	reads connReads // its payer's read account (readmeter.go)
 	// Owned by the client reader: a CLOSE to send the relay after a
 	// refusal, and the wait of a client cut for knocking.
 	closeUp []byte
 	knocks  knockMeter
 	knocked time.Duration
+	hold    holdState // the frame held rather than refused (shaping)
 
 	pending pending // forwarded EVENTs awaiting the relay's OK (quota only)
-	// settling: settleAged is due (a timer), with Options.Stored.
+	// settling: settleAged is due (a timer), with Options.Stored;
+	// subTimer: expireSubs is due, while a REQ or COUNT awaits its answer.
 	settleMu sync.Mutex
 	settling *time.Timer
+	subTimer *time.Timer
 	ended    bool    // settlePending ran: no timer any more
 	charged  charged // EVENTs charged to the quota (its own lock: the relay reader and the settling)
 	auths    auths   // NIP-42 challenges seen and verified AUTHs in flight
+	gateAuth bool    // the gate does NIP-42 itself (Options.GateAuth, behind Proxy)
 	// authed is what the relay accepted (NIP-42); nil before. Read on
 	// every frame, written once per accepted AUTH.
 	authed atomic.Pointer[authState]
@@ -97,9 +107,18 @@ type clientSide interface {
 // answer the client's subscriptions and syncs (subTable, syncTable). It
 // runs on the relay reader only.
 func (c *conn) watch(frame []byte) {
-	label, lit := wire.ReadRelay(frame)
+	label, lit := scan.ReadRelay(frame)
 	switch label {
-	case "", "EVENT":
+	case "":
+		return
+	case "EVENT":
+		// Stored events on their way answer a REQ too (reqHold).
+		if c.subs.awaiting.Load() > 0 && lit != nil {
+			var buf [wire.MaxSubIDBytes]byte
+			if id, ok := subID(&buf, lit); ok {
+				c.subs.heard(id, time.Now())
+			}
+		}
 		return
 	case "AUTH":
 		if lit != nil && c.g.current().watchOK {
@@ -133,20 +152,19 @@ func (c *conn) watch(frame []byte) {
 	if label != "OK" || !c.g.current().watchOK {
 		return
 	}
-	id, accepted, duplicate, isOK := wire.ParseOK(frame)
+	id, accepted, duplicate, isOK := scan.ParseOK(frame)
 	if !isOK {
 		return
 	}
 	if pe, ok := c.pending.take(id); ok {
 		c.g.takeInflight(c.inflightKey(pe.actor))
 		if q := c.subject(c.g.current().p).Quota(); accepted && !duplicate && q != nil && (c.g.stored == nil || c.g.stored(id)) {
-			c.charge(c.ctx, q, id, pe.actor)
+			c.charge(c.ctx, q, id, pe)
 		}
 		return
 	}
 	if pk, ok := c.auths.answered(id); ok && accepted {
-		c.authed.Store(&authState{pubkey: pk})
-		c.sub.Store(c.subjectFor(c.g.current().p))
+		c.bind(pk)
 	}
 }
 
@@ -165,15 +183,19 @@ func (c *conn) delivers(frame []byte) bool {
 // addressed returns the subscription id literal of a relay frame sent
 // under a subscription (an EVENT or EOSE); nil for any other.
 func addressed(frame []byte) []byte {
-	if label, lit := wire.ReadRelay(frame); label == "EVENT" || label == "EOSE" {
+	if label, lit := scan.ReadRelay(frame); label == "EVENT" || label == "EOSE" {
 		return lit
 	}
 	return nil
 }
 
 // deliversUnder reports whether a relay frame under the subscription id
-// literal lit (an EVENT's or EOSE's) may go to the client.
+// literal lit (an EVENT's or EOSE's) may go to the client; an atomic load
+// while no subscription is closed for it.
 func (c *conn) deliversUnder(lit []byte) bool {
+	if c.subs.nGone.Load() == 0 {
+		return true
+	}
 	var buf [wire.MaxSubIDBytes]byte
 	id, ok := subID(&buf, lit)
 	return !ok || !c.subs.isGone(id)

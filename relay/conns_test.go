@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -100,9 +102,9 @@ func TestGateRefusedREQClosesAtRelay(t *testing.T) {
 	g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l}})
 	c := dialRaw(t, serve(t, g.Wrap(rec)))
 	send := func(frame string) { _ = c.WriteMessage(websocket.TextMessage, []byte(frame)) }
-	send(`["REQ","s",{"kinds":[1]}]`)
-	send(`["REQ","t",{"kinds":[1]}]`)
-	send(`["REQ","s",{"kinds":[7]}]`) // over the budget
+	send(`["REQ","s",{"kinds":[1],"limit":0}]`)
+	send(`["REQ","t",{"kinds":[1],"limit":0}]`)
+	send(`["REQ","s",{"kinds":[7],"limit":0}]`) // over the budget
 	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","s","rate-limited: `) {
 		t.Fatalf("third REQ answered %s", got)
 	}
@@ -114,7 +116,7 @@ func TestGateRefusedREQClosesAtRelay(t *testing.T) {
 	if got := readText(t, c); !strings.HasPrefix(got, `["CLOSED","u","rate-limited: `) {
 		t.Fatalf("REQ u answered %s", got)
 	}
-	want := []string{`["REQ","s",{"kinds":[1]}]`, `["REQ","t",{"kinds":[1]}]`, `["CLOSE","s"]`, `["CLOSE","t"]`}
+	want := []string{`["REQ","s",{"kinds":[1],"limit":0}]`, `["REQ","t",{"kinds":[1],"limit":0}]`, `["CLOSE","s"]`, `["CLOSE","t"]`}
 	got := rec.frames(len(want))
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("relay got %q, want %q", got, want)
@@ -122,8 +124,8 @@ func TestGateRefusedREQClosesAtRelay(t *testing.T) {
 }
 
 // The connections one client holds open at once are capped; an upgrade
-// past the cap gets 429 without Retry-After; closing one frees a place;
-// an allow-listed address is not counted.
+// past the cap gets 429 with the hold-off as Retry-After; closing one frees
+// a place at once; an allow-listed address is not counted.
 func TestGateConnectionCap(t *testing.T) {
 	closed := make(chan struct{}, 8)
 	obs := &policy.Observer{Open: func(d int) {
@@ -136,8 +138,8 @@ func TestGateConnectionCap(t *testing.T) {
 	c1 := dialRaw(t, url)
 	dialRaw(t, url)
 	_, resp, err := websocket.DefaultDialer.Dial(url, nil)
-	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "" {
-		t.Fatalf("third connection: %v %v, want 429 without Retry-After", resp, err)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "5" {
+		t.Fatalf("third connection: %v %v, want 429 with Retry-After: 5", resp, err)
 	}
 	c1.Close()
 	select {
@@ -162,13 +164,13 @@ func TestGateKnockingClientClosed(t *testing.T) {
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Hour)}
 	var refused, cuts atomic.Int64
 	obs := &policy.Observer{
-		Frame: func(_ wire.Type, o policy.Outcome) {
+		Frame: func(_ string, _ wire.Type, o policy.Outcome) {
 			if o == policy.RateLimited {
 				refused.Add(1)
 			}
 		},
-		Cut: func(r policy.CutReason) {
-			if r == policy.CutKnocking {
+		Cut: func(r string) {
+			if r == "knocking" {
 				cuts.Add(1)
 			}
 		},
@@ -213,4 +215,103 @@ func TestGateKnockingClientClosed(t *testing.T) {
 	if code := rec.closed(); code != websocket.CloseGoingAway {
 		t.Errorf("relay saw close %d, want 1001", code)
 	}
+}
+
+// rendezvous is a Store and a Guard in which each decision waits (up to
+// ten seconds) for a Hold to have been asked: a gate that asks the Guard
+// only after the connection's budget is decided makes every decision
+// wait out the bound.
+type rendezvous struct {
+	ratelimit.Store
+	ratelimit.Guard
+	holds chan struct{}
+	late  atomic.Int64
+}
+
+func (r *rendezvous) Decide(ctx context.Context, key string, ws *ratelimit.Windows, now time.Time) (ratelimit.Decision, error) {
+	select {
+	case <-r.holds:
+	case <-time.After(10 * time.Second):
+		r.late.Add(1)
+	}
+	return r.Store.Decide(ctx, key, ws, now)
+}
+
+func (r *rendezvous) Hold(ctx context.Context, client string, aggs []string, max int) (time.Duration, bool, error) {
+	r.holds <- struct{}{}
+	return r.Guard.Hold(ctx, client, aggs, max)
+}
+
+// TestGateSharedGuardAskedAlongside: with a Guard of the caller's (shared
+// by instances, a round trip away), an upgrade asks it for a place while
+// its connection budget is decided, not after; an upgrade the budget
+// refuses gives back the place its Hold took, so the client's next
+// admitted upgrade finds it.
+func TestGateSharedGuardAskedAlongside(t *testing.T) {
+	clk := nostrtest.NewClock()
+	rv := &rendezvous{Store: ratelimit.NewMemoryStore(0), Guard: ratelimit.NewMemoryGuard(clk.Now), holds: make(chan struct{}, 16)}
+	l := policy.Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}}
+	g := newGate(t, Options{
+		Limiter:        ratelimit.NewLimiter(rv, clk.Now),
+		Guard:          rv,
+		Policy:         policy.Config{Limits: &l},
+		MaxConnections: 3,
+	})
+	url := serve(t, g.Wrap(newRecorder()))
+	dialRaw(t, url)
+	dialRaw(t, url)
+	// Refused by the budget (2 per 10 s), several times: each Hold asked
+	// alongside took the third place, and gave it back.
+	for range 3 {
+		_, resp, err := websocket.DefaultDialer.Dial(url, nil)
+		if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "10" {
+			t.Fatalf("an upgrade past the budget: %v %v, want 429 with Retry-After: 10", resp, err)
+		}
+	}
+	clk.Advance(10 * time.Second)
+	dialRaw(t, url) // the third place, free again
+	if n := rv.late.Load(); n != 0 {
+		t.Errorf("%d connection decisions waited for a Hold asked after them", n)
+	}
+}
+
+// TestGateKnockingAsksNoGuard: a client whose upgrades the limiter refuses
+// from its local table is answered 429 with the wait left, without a call
+// of a shared Guard (countingGuard: Hold, Release or Violate; penalty off)
+// or of the store: knocking costs no round trip.
+func TestGateKnockingAsksNoGuard(t *testing.T) {
+	clk := nostrtest.NewClock()
+	st := &countingStore{Store: ratelimit.NewMemoryStore(0)}
+	hc := &countingGuard{Guard: ratelimit.NewMemoryGuard(clk.Now)}
+	l := policy.Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}}
+	g := newGate(t, Options{Limiter: ratelimit.NewLimiter(st, clk.Now), Guard: hc, Policy: policy.Config{Limits: &l}, MaxConnections: 8})
+	url := serve(t, g.Wrap(newRecorder()))
+	dialRaw(t, url)
+	dialRaw(t, url)
+	_, resp, err := websocket.DefaultDialer.Dial(url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("past the budget: %v %v, want 429", resp, err)
+	}
+	holds, calls := hc.calls.Load(), st.n.Load()
+	for i := range 5 {
+		clk.Advance(time.Second)
+		_, resp, err := websocket.DefaultDialer.Dial(url, nil)
+		if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != strconv.Itoa(9-i) {
+			t.Fatalf("knock %d: %v %v, want 429 with Retry-After: %d", i, resp, err, 9-i)
+		}
+	}
+	if h, c := hc.calls.Load()-holds, st.n.Load()-calls; h != 0 || c != 0 {
+		t.Errorf("5 knocks refused from the local table asked the Guard %d times and the store %d", h, c)
+	}
+}
+
+// countingStore counts a Store's decisions.
+type countingStore struct {
+	ratelimit.Store
+	n atomic.Int64
+}
+
+func (s *countingStore) Decide(ctx context.Context, key string, ws *ratelimit.Windows, now time.Time) (ratelimit.Decision, error) {
+	s.n.Add(1)
+	return s.Store.Decide(ctx, key, ws, now)
 }

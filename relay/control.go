@@ -120,19 +120,73 @@ type meteredConn struct {
 	// short deadlines (a close frame's second) hold.
 	limit time.Time
 
+	// The read deadline last set (unix ns, 0: none), the span it was set
+	// for and the bytes the client had acknowledged then: see Read.
+	rdAt, rdSpan, rdAcked atomic.Int64
+
 	wmu      sync.Mutex
 	wbuf     []byte
 	batching bool
 }
 
-// Read implements net.Conn.
+// Read implements net.Conn. A read that times out at the deadline last
+// set through SetReadDeadline goes on, with the deadline moved one span
+// ahead, when the client has read meanwhile: bytes of a backlog it was
+// sent are waiting in the socket, and it acknowledged more of them than
+// when the deadline was set. Such a client is alive though its answer to
+// a keepalive ping waits behind what the kernel holds for it (megabytes
+// of send and receive buffer, which a slow reader takes minutes to get
+// through). A client whose application reads nothing stops acknowledging
+// once its receive buffer is full, and one that is sent nothing but pings
+// has no backlog, so either is still closed at its deadline.
 func (c *meteredConn) Read(p []byte) (int, error) {
-	if !c.m.solvent() {
-		return 0, errControlFlood
+	for {
+		if !c.m.solvent() {
+			return 0, errControlFlood
+		}
+		n, err := c.Conn.Read(p)
+		c.m.spend(n)
+		if n > 0 || err == nil || !c.readingBehind(err) {
+			return n, err
+		}
 	}
-	n, err := c.Conn.Read(p)
-	c.m.spend(n)
-	return n, err
+}
+
+// SetReadDeadline implements net.Conn, noting what Read needs to tell a
+// client that reads behind a backlog from a silent one.
+func (c *meteredConn) SetReadDeadline(t time.Time) error {
+	var at, span int64
+	if !t.IsZero() {
+		at, span = t.UnixNano(), int64(time.Until(t))
+		acked, _ := ackedBytes(c.Conn)
+		c.rdAcked.Store(acked)
+	}
+	c.rdSpan.Store(span)
+	c.rdAt.Store(at)
+	return c.Conn.SetReadDeadline(t)
+}
+
+// readingBehind reports whether err is the read deadline set through
+// SetReadDeadline passing while the client reads behind a backlog (see
+// Read), and if so moves the deadline one span ahead.
+func (c *meteredConn) readingBehind(err error) bool {
+	span, at := c.rdSpan.Load(), c.rdAt.Load()
+	// A deadline set on the socket directly (to end reads at once) is
+	// not one of these.
+	if span <= 0 || !isTimeout(err) || time.Now().UnixNano() < at {
+		return false
+	}
+	if unsent, ok := unsentBytes(c.Conn); !ok || unsent == 0 {
+		return false
+	}
+	acked, ok := ackedBytes(c.Conn)
+	if !ok || acked <= c.rdAcked.Load() {
+		return false
+	}
+	c.rdAcked.Store(acked)
+	next := time.Now().Add(time.Duration(span))
+	c.rdAt.Store(next.UnixNano())
+	return c.Conn.SetReadDeadline(next) == nil
 }
 
 // Write implements net.Conn.

@@ -240,7 +240,7 @@ func TestGateLargeEventNotCut(t *testing.T) {
 	}
 	defer c.Close()
 	const n = 10
-	big := `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("x", 30_000)+`hello`, 1) + `]`
+	big := withID(`["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"`+strings.Repeat("x", 30_000)+`hello`, 1) + `]`)
 	for i := range n {
 		if err := c.WriteMessage(websocket.TextMessage, []byte(big)); err != nil {
 			t.Fatal(err)

@@ -19,8 +19,9 @@
 // New builds a Gate from Options; its Policy field (package relay/policy)
 // is what the gate charges, and its zero value is the defaults. The gate
 // and the hooks compile it the same way and read frames with the same
-// scanner (package relay/wire), so they cannot disagree on what a frame
-// costs. The one clock is the Limiter's (ratelimit.LimiterOptions.Clock).
+// scanner (internal to relay), so they cannot disagree on what a frame
+// costs. The one clock is the Limiter's (the one given to
+// ratelimit.NewLimiter).
 //
 // The rules the gate keeps on the wire are in docs/protocol.md: which
 // frames reach the relay and in what shape, how each refusal is worded,

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/hooks"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -65,7 +66,7 @@ type eventCase struct {
 }
 
 // quotaRefusal is a quota of 2 a minute refusing at a minute's start.
-const quotaRefusal = "rate-limited: slow down; retry in 60s"
+const quotaRefusal = "rate-limited: quota: 2 events per 60s for this pubkey; retry in 60s"
 
 // windowRefusal is eventWindows(n) refusing after their burst of n, on a
 // clock that stands still: a wait that is not the quota's.
@@ -86,7 +87,7 @@ func eventCases() []eventCase {
 	allowed := func(by string) eventStep { return eventStep{by: by, out: policy.Allowlisted} }
 	quota := func(by string) eventStep { return eventStep{by, quotaRefusal, policy.QuotaExceeded} }
 	windows := func(n float64, by string) eventStep { return eventStep{by, windowRefusal[n], policy.RateLimited} }
-	down := func(by string) eventStep { return eventStep{by, wire.ReasonUnavailable, policy.Unavailable} }
+	down := func(by string) eventStep { return eventStep{by, scan.ReasonUnavailable, policy.Unavailable} }
 	allowList := func(cidrs []string, pks ...string) policy.Identity {
 		id := policy.Identity{AllowPubkeys: pks}
 		for _, c := range cidrs {
@@ -102,13 +103,14 @@ func eventCases() []eventCase {
 		steps:   []eventStep{ok(keyA), ok(keyA), quota(keyA), ok(keyB)},
 		charged: map[string]int{keyA: 2, keyB: 1},
 	}, {
-		name: "windows before quota",
+		name: "quota before windows",
 		cfg: func(_ map[string]string, q ratelimit.ActorQuota) policy.Config {
-			return policy.Config{Limits: eventWindows(2), Quota: q}
+			return policy.Config{Limits: eventWindows(3), Quota: q}
 		},
-		// Both are spent by the third: the windows answer.
-		steps:   []eventStep{ok(keyA), ok(keyA), windows(2, keyA)},
-		charged: map[string]int{keyA: 2},
+		// The quota answers from memory first, and its refusal charges
+		// the windows nothing: their third admission is B's.
+		steps:   []eventStep{ok(keyA), ok(keyA), quota(keyA), ok(keyB), windows(3, keyB)},
+		charged: map[string]int{keyA: 2, keyB: 1},
 	}, {
 		name: "allow-listed author: exempt from the quota, not the windows",
 		cfg: func(pk map[string]string, q ratelimit.ActorQuota) policy.Config {
@@ -210,11 +212,11 @@ func (q *tableQuota) Exceeded(ctx context.Context, actor string) (bool, time.Dur
 	return q.ActorQuota.Exceeded(ctx, actor)
 }
 
-func (q *tableQuota) Add(ctx context.Context, actor string) (bool, error) {
+func (q *tableQuota) Add(ctx context.Context, actor, id string, createdAt int64) (bool, error) {
 	q.mu.Lock()
 	q.adds[actor]++
 	q.mu.Unlock()
-	return q.ActorQuota.Add(ctx, actor)
+	return q.ActorQuota.Add(ctx, actor, id, createdAt)
 }
 
 func runEventCase(t *testing.T, tc eventCase, mode string) {
@@ -234,7 +236,7 @@ func runEventCase(t *testing.T, tc eventCase, mode string) {
 	lim := ratelimit.NewLimiter(store, clk.Now)
 	var mu sync.Mutex
 	var outs []policy.Outcome
-	obs := &policy.Observer{Frame: func(typ wire.Type, o policy.Outcome) {
+	obs := &policy.Observer{Frame: func(_ string, typ wire.Type, o policy.Outcome) {
 		if typ == wire.TypeEVENT {
 			mu.Lock()
 			outs = append(outs, o)

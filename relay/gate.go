@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"net/url"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,13 +19,14 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/internal/charge"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// ErrUpstream is wrapped by Proxy for an upstream URL it cannot use. Test
+// errUpstream is wrapped by Proxy for an upstream URL it cannot use. Test
 // with errors.Is.
-var ErrUpstream = errors.New("relay: bad upstream")
+var errUpstream = errors.New("relay: bad upstream")
 
 // errNoRelayURL is the RelayURL error of a policy that grants budgets by
 // NIP-42 pubkey (member tiers, allow-listed pubkeys) on a gate without
@@ -44,9 +44,9 @@ const minQueueBytes = 64 << 10
 
 // Defaults for the zero values of Options.
 const (
-	// DefaultReadLimit is the largest client frame the gate reads: 512 KiB,
+	// defaultReadLimit is the largest client frame the gate reads: 512 KiB,
 	// a little above khatru's own 512,000-byte limit.
-	DefaultReadLimit = 512 << 10
+	defaultReadLimit = 512 << 10
 	// defaultPingInterval is how often the gate pings each client; a
 	// client that answers nothing for two intervals is disconnected.
 	defaultPingInterval = 30 * time.Second
@@ -63,19 +63,19 @@ const (
 	// defaultCloseFrameSize is the largest CLOSE or NEG-CLOSE: a label
 	// and a subscription id.
 	defaultCloseFrameSize = 1 << 10
-	// defaultPlainBodyLimit is the largest body of a plain HTTP request
-	// the gate passes to the relay: a NIP-86 management call is a JSON
-	// method and a few parameters, and a NIP-11 or page GET has none.
-	defaultPlainBodyLimit = 64 << 10
+	// plainBodyLimit is the largest body of a plain HTTP request the gate
+	// passes to the relay: a NIP-86 management call is a JSON method and
+	// a few parameters, and a NIP-11 or page GET has none.
+	plainBodyLimit = 64 << 10
 )
 
-// DefaultFrameSize returns the largest frame of type t the gate forwards
+// defaultFrameSize returns the largest frame of type t the gate forwards
 // when Options.FrameSize leaves it 0: defaultFilterFrameSize for REQ and
 // COUNT, defaultAuthFrameSize for AUTH, defaultCloseFrameSize for CLOSE
 // and NEG-CLOSE, and the read limit for EVENT, NEG-OPEN and NEG-MSG
 // (whose events and negentropy messages are as large as clients make
 // them).
-func DefaultFrameSize(t wire.Type, readLimit int64) int {
+func defaultFrameSize(t wire.Type, readLimit int64) int {
 	switch t {
 	case wire.TypeREQ, wire.TypeCOUNT:
 		return defaultFilterFrameSize
@@ -117,7 +117,7 @@ type Options struct {
 	// nothing. Events in flight are not yet charged, so an actor can
 	// exceed its quota by what it has in flight at the moment it crosses
 	// it (at most 256 per connection). The id and pubkey are the ones
-	// wire.Scan read of a canonical EVENT (one event, each field once): a
+	// the gate read of a canonical EVENT (one event, each field once): a
 	// relay reads the same, so its OK charges the author the gate saw. An
 	// id the relay accepts again on the same connection within the window
 	// (a re-send, which khatru answers OK true without "duplicate:") is
@@ -129,39 +129,45 @@ type Options struct {
 	// event's author.
 	Policy policy.Config
 	// ReadLimit is the largest client frame in bytes; a larger one closes
-	// the connection (1009). If 0, DefaultReadLimit (512 KiB) is used.
+	// the connection (1009). If 0, 512 KiB (a little
+	// above khatru's own 512,000-byte limit).
 	ReadLimit int64
 	// FrameSize bounds the frames of each type the gate forwards, in
 	// bytes; a larger one is charged and answered "invalid: …", never
-	// forwarded. A 0 entry means DefaultFrameSize for that type.
+	// forwarded. A 0 entry means the type's default: 64 KiB for REQ and
+	// COUNT, 16 KiB for AUTH, 1 KiB for CLOSE and NEG-CLOSE, the read
+	// limit for the rest (events and negentropy messages are as large as
+	// clients make them).
 	FrameSize [wire.NumTypes]int
 	// MaxSubscriptions caps the subscriptions one connection holds open
 	// at the relay (a place per forwarded REQ, a reused id included;
 	// freed by a CLOSE, or by the relay's CLOSED once the gate has sent
-	// the relay a CLOSE for it); a REQ past it is answered CLOSED
-	// "blocked: …" and not forwarded. If 0, DefaultMaxSubscriptions is
-	// used.
+	// the relay a CLOSE for it, or when the relay has sent nothing under
+	// its id for 30 seconds without answering it: the client is then told
+	// CLOSED "error: …"); a REQ past it is answered CLOSED "blocked: …"
+	// and not forwarded. If 0 or less, 50.
 	MaxSubscriptions int
 	// MaxConnections caps the connections one client (its key, as
-	// Policy.Identity makes it) holds open at once through this gate; an
-	// upgrade past it is refused with HTTP 429 and no Retry-After (a cap
-	// has no wait to tell: a connection closing frees a place). The count
-	// is this process's own. If 0, DefaultMaxConnections is used;
-	// negative means no cap. Allow-listed addresses are not counted.
+	// Policy.Identity makes it) holds open at once, counted by Guard (this
+	// process's own, or every instance's on one Redis); an upgrade past it
+	// is refused with HTTP 429 and a Retry-After of 5 seconds, during which
+	// the gate refuses that client's upgrades without asking (a cap has no
+	// wait of its own: a connection closing frees a place at any time). If
+	// 0, 64; negative means no cap. Allow-listed
+	// addresses are not counted.
 	MaxConnections int
 	// MaxSyncs caps the NIP-77 syncs (NEG-OPEN) one client holds open at
 	// once through this gate, across its connections; a NEG-OPEN past it
 	// is answered NEG-ERR ("blocked: …") and not forwarded. The count is
-	// this process's own. If 0, DefaultMaxSyncs is used; negative means
-	// no cap. Allow-listed clients are not counted.
+	// this process's own. If 0, 4; negative means no cap. Allow-listed clients are not counted.
 	MaxSyncs int
 	// MaxFilterBytes caps the bytes of the REQs whose subscriptions one
 	// client holds open at the relay, across its connections through this
 	// gate: the relay keeps every such filter as a listener, and matches
 	// every new event against all of them. A REQ that would take the
 	// client past it is answered CLOSED ("blocked: …") and not forwarded.
-	// The count is this process's own. If 0, DefaultMaxFilterBytes is
-	// used; negative means no cap. Allow-listed clients are not counted.
+	// The count is this process's own. If 0, 512 KiB; negative
+	// means no cap. Allow-listed clients are not counted.
 	MaxFilterBytes int
 	// Stored, when set, reports whether the relay stored the event with
 	// this id (32 bytes, as in the event's "id") since Stored was last
@@ -182,8 +188,41 @@ type Options struct {
 	// mode the OKs a client kept from the gate are lost with it, uncharged
 	// (set Stored there). Either way an actor from one client (its
 	// address) has at most 64 events awaiting their OK through this gate
-	// process, and a connection at most 256.
+	// process, and a connection at most 256; an event whose OK has not
+	// come 5 seconds after it was forwarded (a relay that refuses by
+	// NOTICE, answers OK with another id or none, or says nothing) stops
+	// waiting within a second more, uncharged.
 	Stored func(id [32]byte) bool
+	// UpstreamVerifies declares that the relay verifies every event's
+	// signature before it answers OK true (khatru, strfry and
+	// nostr-rs-relay do). If false, the gate verifies the signature of
+	// every EVENT the actor quota would charge (its author is not
+	// allow-listed, the policy has a quota) before forwarding it, and
+	// answers an invalid one OK false "invalid: signature is invalid":
+	// the quota never charges an event whose signature nobody verified.
+	// That costs one BIP-340 verification per such EVENT (see
+	// docs/BENCHMARKS.md). Either way the gate checks every event's id
+	// against its hash.
+	UpstreamVerifies bool
+	// GateAuth makes the gate do NIP-42 itself behind Proxy, for a relay
+	// that does not: it sends every connection a challenge of its own as
+	// it opens, and answers a client's AUTH itself (OK true once it has
+	// verified it, as for a relay's challenge; "invalid: …" otherwise),
+	// without forwarding it. Tiers and allow-listed pubkeys then apply
+	// behind any relay. Leave it false for a relay that sends its own
+	// challenges: the gate passes those on. Wrap ignores it (sluice
+	// relay's khatru does NIP-42).
+	GateAuth bool
+	// Supports, when set, reports whether the relay does NIP nip (as its
+	// NIP-11 document's supported_nips lists it). The gate asks it of
+	// NIP-45 for every COUNT and of NIP-77 for every NEG-OPEN it would
+	// forward, and answers one of a NIP the relay does not do itself,
+	// CLOSED or NEG-ERR "unsupported: …", without forwarding it: a relay
+	// that does not know the frame answers with a NOTICE or nothing, and
+	// the client would wait on. It is called on every connection's reader,
+	// so it must be quick and safe for concurrent use. If nil, the relay
+	// does both: every COUNT and NEG-OPEN the gate admits is forwarded.
+	Supports func(nip int) bool
 	// RelayURL is the public URL of the relay, which a NIP-42 AUTH
 	// event's relay tag must name (host and, when RelayURL has one, path).
 	// If "", the tag's host must be the host the client connected to (its
@@ -201,7 +240,7 @@ type Options struct {
 	// 64 KiB) or has requests the relay has not answered, the gate stops
 	// reading it. A client whose socket takes nothing at all for
 	// WriteTimeout is closed (1008) as a slow reader. If 0,
-	// DefaultQueueBytes (4 MiB) is used; otherwise it must be at least
+	// 4 MiB; otherwise it must be at least
 	// 64 KiB.
 	QueueBytes int
 	// PingInterval is the keepalive period towards clients and relays
@@ -222,15 +261,24 @@ type Options struct {
 	// 405 with an Allow header, and not a byte of its body is read. If
 	// nil, none: POST is refused, since a relay's NIP-86 handler may read
 	// the whole body before it checks the caller (khatru's does).
+	//
+	// The body of a plain request passed to the relay, whatever its
+	// method, is bounded at 64 KiB (a NIP-86 call is a JSON method and a
+	// few parameters): one that declares a longer Content-Length is
+	// answered 413 unread, and a longer one sent without (chunked) fails
+	// the relay's read past the bound (http.MaxBytesReader; the server
+	// then closes the connection, and Proxy answers 413).
 	PlainMethods []string
-	// PlainBodyLimit bounds the body of a plain HTTP request passed to
-	// the relay, in bytes, whatever its method: one that declares a
-	// longer Content-Length is answered 413 unread, and a longer one sent
-	// without (chunked) fails the relay's read past the bound
-	// (http.MaxBytesReader; the server then closes the connection, and
-	// Proxy answers 413). If 0, 64 KiB: a NIP-86 call is a JSON method
-	// and a few parameters.
-	PlainBodyLimit int64
+	// Guard counts each client's open connections against MaxConnections
+	// and keeps the penalty box's records (Policy.Penalty):
+	// redisstore.NewGuard shares both across every instance on one Redis
+	// (the cap then holds across instances, and a ban refuses the client's
+	// upgrades on all of them). If nil, both are this process's own
+	// (ratelimit.NewMemoryGuard on the Limiter's clock). A Guard set here
+	// is asked at an upgrade alongside the connection's budget, not after
+	// it: a place taken by an upgrade the budget refuses is given back. The
+	// gate does not close it.
+	Guard ratelimit.Guard
 	// Observer receives decisions, for metrics. If nil, none.
 	Observer *policy.Observer
 	// Logger receives connection-level events (upstream failures, slow
@@ -244,18 +292,30 @@ type Options struct {
 //
 // Per WebSocket upgrade the gate charges the connection limit (refused:
 // HTTP 429 with Retry-After; store down: HTTP 503 with the body
-// ReasonUnavailable), opens the upstream connection, and only then
-// upgrades the client. Per client frame it charges the frame's type (as
-// Peek reads it, binary frames included, since khatru reads those as
-// text): a refusal is answered by the gate with the reply AppendRefusal
-// describes and never reaches the relay. An admitted frame is forwarded,
-// byte for byte as a text frame, only when wire.Scan finds it canonical;
+// "error: rate limiter unavailable"), opens the upstream connection, and
+// only then upgrades the client. Per client frame it charges the frame's
+// type (read from a bounded prefix, binary frames included, since khatru
+// reads those as text): a refusal is answered by the gate in NIP-01's
+// shape for its type (OK false, CLOSED, NOTICE; NEG-ERR for NIP-77) and
+// never reaches the relay. An admitted frame is forwarded, byte for byte
+// as a text frame, only when the gate finds it canonical;
 // any other frame (unknown labels, frames not shaped as a Nostr message,
 // extra elements, duplicate or escaped keys, malformed negentropy
 // payloads, frames over their type's bound) is charged and answered with
 // an "invalid:" reason: relays disagree about such frames (khatru reads
 // [0,"EVENT",{…}] as an EVENT, stores B of ["EVENT",A,B], and panics on
 // some negentropy payloads). Relay frames return unchanged.
+//
+// Shaping: a frame a message limit refuses with a wait no longer than the
+// policy's Limits.MaxDelay is held instead (the defaults hold for up to
+// 3 s), and decided again when the wait is over: forwarded, in order, if
+// its budget admits it then, refused with the wait otherwise. While a
+// frame is held its connection's reading stops (it holds one frame at a
+// time; at most 64 KiB is held, and at most 32 MiB over the gate, past
+// which frames are refused as without shaping). The delay counts from the
+// first of a run of held frames, so a client over its budget for longer
+// than MaxDelay is refused as without shaping. Observer.Held hears of
+// each held frame.
 //
 // The relay learns the client's address from X-Forwarded-For and
 // X-Real-IP, which the gate sets (replacing the client's own) on the
@@ -275,9 +335,13 @@ type Gate struct {
 	tooManySubs  string                 // the refusal of a REQ past maxSubs
 	connCounts   clientCounts           // open connections per client key
 	stored       func(id [32]byte) bool // Options.Stored
+	verifySigs   bool                   // !Options.UpstreamVerifies
+	gateAuth     bool                   // Options.GateAuth
+	supports     func(nip int) bool     // Options.Supports
 	syncCounts   clientCounts           // open NIP-77 syncs per client key
 	tooManySyncs string
 	filterBytes  clientCounts // bytes of REQs held open at the relay per client key
+	reads        readMeter    // what the relay sent each payer, owed to its read budget
 	tooManyBytes string
 	relayURL     *url.URL
 	queueBytes   int
@@ -289,7 +353,12 @@ type Gate struct {
 	upgrader     websocket.Upgrader
 	plainMethods map[string]bool // Options.PlainMethods, GET, HEAD and OPTIONS
 	plainAllow   string          // the Allow header of a 405
-	plainBody    int64           // Options.PlainBodyLimit
+	plainBody    int64           // plainBodyLimit
+
+	guard       ratelimit.Guard // Options.Guard, or this process's
+	sharedGuard bool            // guard is Options.Guard: asked alongside the connection's budget (askHold)
+	deny        denyCache       // clients refused at the upgrade, until when
+	pending     pendingPoints   // penalty points not yet sent to guard
 
 	mu      sync.Mutex
 	closed  bool
@@ -304,6 +373,10 @@ type Gate struct {
 	// settlePending); only with Stored.
 	inflightMu sync.Mutex
 	inflight   map[string]int
+
+	// The frames held by every connection (shaping: hold.go) and their
+	// buffers' bytes, bounded by maxHeldBytes.
+	heldFrames, heldBytes atomic.Int64
 }
 
 // Validate reports everything wrong with o that New refuses, as
@@ -333,7 +406,7 @@ func (o *Options) Validate() error {
 	}
 	readLimit := o.ReadLimit
 	if readLimit <= 0 {
-		readLimit = DefaultReadLimit
+		readLimit = defaultReadLimit
 	}
 	for t, n := range o.FrameSize {
 		if n < 0 || int64(n) > readLimit {
@@ -341,7 +414,7 @@ func (o *Options) Validate() error {
 		}
 	}
 	if o.QueueBytes < 0 || (o.QueueBytes > 0 && o.QueueBytes < minQueueBytes) {
-		add("QueueBytes", fmt.Errorf("must be 0 (the default, %d) or at least %d, got %d", DefaultQueueBytes, minQueueBytes, o.QueueBytes))
+		add("QueueBytes", fmt.Errorf("must be 0 (the default, %d) or at least %d, got %d", defaultQueueBytes, minQueueBytes, o.QueueBytes))
 	}
 	return errors.Join(errs...)
 }
@@ -362,12 +435,46 @@ func grantsByPubkey(cfg *policy.Config) bool {
 	return len(cfg.Tiers) > 0 || len(cfg.Identity.AllowPubkeys) > 0
 }
 
+// Resolved returns o with every zero size, cap and interval at the value
+// New uses for it: what a Gate built on o enforces, for `sluice check` and
+// NIP-11. A negative cap (no cap) is kept.
+func (o Options) Resolved() Options {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if o.ReadLimit <= 0 {
+		o.ReadLimit = defaultReadLimit
+	}
+	for t := range o.FrameSize {
+		if o.FrameSize[t] == 0 {
+			o.FrameSize[t] = defaultFrameSize(wire.Type(t), o.ReadLimit)
+		}
+	}
+	if o.MaxSubscriptions <= 0 {
+		o.MaxSubscriptions = defaultMaxSubscriptions
+	}
+	def(&o.MaxConnections, defaultMaxConnections)
+	def(&o.MaxSyncs, defaultMaxSyncs)
+	def(&o.MaxFilterBytes, defaultMaxFilterBytes)
+	def(&o.QueueBytes, defaultQueueBytes)
+	if o.PingInterval <= 0 {
+		o.PingInterval = defaultPingInterval
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = defaultWriteTimeout
+	}
+	return o
+}
+
 // New returns a Gate. It refuses what Options.Validate refuses, with its
 // error.
 func New(opts Options) (*Gate, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	opts = opts.Resolved()
 	g := &Gate{
 		limiter:      opts.Limiter,
 		readLimit:    opts.ReadLimit,
@@ -378,6 +485,9 @@ func New(opts Options) (*Gate, error) {
 		log:          opts.Logger,
 		conns:        make(map[*conn]struct{}),
 		stored:       opts.Stored,
+		verifySigs:   !opts.UpstreamVerifies,
+		gateAuth:     opts.GateAuth,
+		supports:     opts.Supports,
 		stopped:      make(chan struct{}),
 		drained:      make(chan struct{}),
 		inflight:     make(map[string]int),
@@ -392,35 +502,21 @@ func New(opts Options) (*Gate, error) {
 		g.limiter = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), nil)
 	}
 	g.now = g.limiter.Now
-	if g.readLimit <= 0 {
-		g.readLimit = DefaultReadLimit
+	g.guard, g.sharedGuard = opts.Guard, opts.Guard != nil
+	if g.guard == nil {
+		g.guard = ratelimit.NewMemoryGuard(g.limiter.Now)
 	}
 	for t := range g.frameSize {
 		g.frameSize[t] = opts.FrameSize[t] // Validate has bounded it
-		if g.frameSize[t] == 0 {
-			g.frameSize[t] = DefaultFrameSize(wire.Type(t), g.readLimit)
-		}
 		g.tooLarge[t] = fmt.Sprintf("invalid: %v frame is larger than %d bytes", wire.Type(t), g.frameSize[t])
 	}
 	g.maxSubs = opts.MaxSubscriptions
-	if g.maxSubs <= 0 {
-		g.maxSubs = DefaultMaxSubscriptions
-	}
 	g.tooManySubs = fmt.Sprintf("blocked: too many open subscriptions (at most %d); close one first", g.maxSubs)
-	g.connCounts.init(opts.MaxConnections, DefaultMaxConnections)
-	g.syncCounts.init(opts.MaxSyncs, DefaultMaxSyncs)
+	g.connCounts.init(opts.MaxConnections)
+	g.syncCounts.init(opts.MaxSyncs)
 	g.tooManySyncs = fmt.Sprintf("blocked: too many open syncs (at most %d); send NEG-CLOSE for one first", g.syncCounts.max)
-	g.filterBytes.init(opts.MaxFilterBytes, DefaultMaxFilterBytes)
+	g.filterBytes.init(opts.MaxFilterBytes)
 	g.tooManyBytes = fmt.Sprintf("blocked: the subscriptions open from your address hold too many filter bytes (at most %d); close one first", g.filterBytes.max)
-	if g.queueBytes <= 0 {
-		g.queueBytes = DefaultQueueBytes
-	}
-	if g.pingInterval <= 0 {
-		g.pingInterval = defaultPingInterval
-	}
-	if g.writeTimeout <= 0 {
-		g.writeTimeout = defaultWriteTimeout
-	}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -433,10 +529,7 @@ func New(opts Options) (*Gate, error) {
 		}
 	}
 	g.plainAllow = strings.Join(allow, ", ")
-	g.plainBody = opts.PlainBodyLimit
-	if g.plainBody <= 0 {
-		g.plainBody = defaultPlainBodyLimit
-	}
+	g.plainBody = plainBodyLimit
 	g.upgrader = websocket.Upgrader{
 		// Nostr clients are web pages on any origin; a relay is public.
 		CheckOrigin:      func(*http.Request) bool { return true },
@@ -451,12 +544,12 @@ func New(opts Options) (*Gate, error) {
 	return g, nil
 }
 
-// holdConn counts one more open connection for client, unless it holds
-// the most it may already.
-func (g *Gate) holdConn(client string) bool { return g.connCounts.hold(client) }
-
-// releaseConn counts one connection of client closed.
-func (g *Gate) releaseConn(client string) { g.connCounts.release(client, 1) }
+// releaseConn gives back the place of one connection of client that
+// holdUpgrade took.
+func (g *Gate) releaseConn(client string) {
+	g.guard.Release(client)
+	g.deny.lift(client)
+}
 
 // holdSync counts one more open NIP-77 sync for client, unless it holds
 // the most it may already.
@@ -474,16 +567,10 @@ type clientCounts struct {
 	open map[string]int
 }
 
-// init sets the cap from an Options cap per client: 0 (the option's zero
-// value) means def, negative no cap.
-func (c *clientCounts) init(n, def int) {
-	switch {
-	case n == 0:
-		n = def
-	case n < 0:
-		n = 0
-	}
-	c.max, c.open = n, make(map[string]int)
+// init sets the cap from a resolved Options cap per client: negative
+// means no cap.
+func (c *clientCounts) init(n int) {
+	c.max, c.open = max(n, 0), make(map[string]int)
 }
 
 // hold counts one more for client unless it holds max already.
@@ -523,7 +610,10 @@ type gatePolicy struct {
 	// allow-listed pubkeys a connection may authenticate as), so AUTHs and
 	// OKs are read.
 	watchOK        bool
-	tooManyFilters string // the refusal of a REQ with more filters
+	tooManyFilters string        // the refusal of a REQ with more filters
+	maxDelay       time.Duration // the longest hold (policy.Limits.MaxDelay); 0: none
+	// penalty is the policy's penalty box with its defaults; nil: none.
+	penalty *ratelimit.Penalty
 }
 
 // current returns the running policy.
@@ -550,8 +640,17 @@ func (g *Gate) Reload(cfg policy.Config) error {
 	if byPubkey && g.relayURL == nil {
 		return &policy.FieldError{Path: "RelayURL", Err: errNoRelayURL}
 	}
-	gp := &gatePolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters())}
+	gp := &gatePolicy{p: p, tooManyFilters: fmt.Sprintf("%s (at most %d)", scan.ReasonFilters, p.MaxFilters())}
 	gp.watchOK = p.HasQuota() || byPubkey
+	if cfg.Limits == nil {
+		gp.maxDelay = policy.DefaultLimits().MaxDelay
+	} else {
+		gp.maxDelay = cfg.Limits.MaxDelay
+	}
+	if cfg.Penalty != nil && !cfg.Shadow {
+		pen := cfg.Penalty.WithDefaults()
+		gp.penalty = &pen
+	}
 	g.pol.Store(gp)
 	if g.limiter != nil {
 		g.limiter.Forget() // waits told under the old policy need not hold
@@ -569,7 +668,7 @@ func (g *Gate) Reload(cfg policy.Config) error {
 //
 // Every other request is plain HTTP (NIP-11, web pages) and goes to h
 // ungated, on GET, HEAD, OPTIONS and Options.PlainMethods only, with its
-// body bounded by Options.PlainBodyLimit and without its Connection and
+// body bounded at 64 KiB and without its Connection and
 // Upgrade headers (so h cannot read it as an upgrade); any other method is
 // answered 405 without reading the body (see Options.PlainMethods).
 //
@@ -599,8 +698,8 @@ func (g *Gate) Wrap(h http.Handler) http.Handler {
 // client's path and query are appended to upstream's path. Every other
 // request is plain HTTP (NIP-11, web pages) and is reverse-proxied
 // ungated to the same host over http:// or https://, on the methods and
-// with the body bound that Wrap passes (Options.PlainMethods,
-// Options.PlainBodyLimit), and never as an upgrade: the Connection and
+// with the body bound that Wrap passes (Options.PlainMethods, 64 KiB),
+// and never as an upgrade: the Connection and
 // Upgrade headers are removed, so no plain request can open an ungated
 // tunnel to the relay.
 //
@@ -655,8 +754,15 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	gp := g.current()
 	client, addr, ip, freeIP := g.client(r)
 	sub := gp.p.AddressSubject(client, ip, freeIP)
+	var aggs []string
+	if !freeIP {
+		aggs = sub.Aggregates()
+		if g.refuseDenied(w, client, addr, aggs) {
+			return
+		}
+	}
 	if !g.track(1) {
-		http.Error(w, "sluice: shutting down", http.StatusServiceUnavailable)
+		refuseUnavailable(w, "sluice: shutting down")
 		return
 	}
 	// Until the connection is handed to a goroutine of its own, its
@@ -668,17 +774,23 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}
 	}()
 
+	// A client the limiter refuses from its local table is answered
+	// before anything asks the Guard: knocking costs no store call.
+	if wait, refused := sub.ConnectionRefused(g.limiter); refused {
+		g.refuseRateUpgrade(r.Context(), w, client, addr, aggs, wait)
+		return
+	}
+	asked := g.askHold(r.Context(), gp, client, aggs, freeIP)
 	v := sub.ChargeConnection(r.Context(), g.limiter)
 	switch {
 	case v.Err != nil:
-		g.obs.ReportConnection(policy.Unavailable)
-		http.Error(w, wire.ReasonUnavailable, http.StatusServiceUnavailable)
+		g.dropHold(client, asked)
+		g.obs.ReportConnection(client, policy.Unavailable)
+		refuseUnavailable(w, scan.ReasonUnavailable)
 		return
 	case v.Refused:
-		g.obs.ReportConnection(policy.RateLimited)
-		g.obs.ReportRefusal(client, wire.NumTypes, policy.RateLimited)
-		w.Header().Set("Retry-After", strconv.FormatInt(wire.RetrySeconds(v.Wait), 10))
-		http.Error(w, wire.RateLimitedReason(v.Wait), http.StatusTooManyRequests)
+		g.dropHold(client, asked)
+		g.refuseRateUpgrade(r.Context(), w, client, addr, aggs, v.Wait)
 		return
 	case v.Shadow && !v.Local:
 		// Once per client and wait: the shadow refusals that follow are
@@ -686,13 +798,14 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		// that knocks on the door must not write a log line per knock.
 		g.log.Info("upgrade would be rate-limited (shadow)", "client", client, "limit", v.Budget, "wait", v.ShadowWait.Round(time.Millisecond).String())
 	}
-	if !freeIP && !g.holdConn(client) {
-		g.obs.ReportConnection(policy.OverCap)
-		g.obs.ReportRefusal(client, wire.NumTypes, policy.OverCap)
-		http.Error(w, fmt.Sprintf("blocked: too many open connections from your address (at most %d)", g.connCounts.max), http.StatusTooManyRequests)
-		return
-	}
+	held := false
 	if !freeIP {
+		var ok bool
+		if held, ok = g.holdUpgrade(r.Context(), w, gp, client, addr, aggs, asked); !ok {
+			return
+		}
+	}
+	if held {
 		defer func() {
 			if !handedOff {
 				g.releaseConn(client)
@@ -700,9 +813,9 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		}()
 	}
 	if freeIP {
-		g.obs.ReportConnection(policy.Allowlisted)
+		g.obs.ReportConnection(client, policy.Allowlisted)
 	} else {
-		g.obs.ReportConnection(policy.Admitted)
+		g.obs.ReportConnection(client, policy.Admitted)
 	}
 
 	if !handshakeOK(r) {
@@ -723,6 +836,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		host:    host,
 		meter:   newControlMeter(),
 		addr:    ip,
+		aggs:    aggs,
 	}
 	c.sub.Store(sub)
 	// Once the connection has been handed over, its cleanups are done
@@ -737,7 +851,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		g.releaseSyncs(client, c.syncs.clear())
 		c.subs.clear()
 		g.remove(c)
-		if !freeIP {
+		if held {
 			g.releaseConn(client)
 		}
 		g.obs.ReportOpen(-1)
@@ -770,6 +884,10 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	clientConn.SetReadLimit(g.readLimit)
 	b := &bridge{c: c, client: clientConn, up: upConn, wire: mc, out: newOutQueue(g.queueBytes)}
 	c.side = b
+	if g.gateAuth {
+		c.gateAuth = true
+		b.reply(c.auths.issue())
+	}
 	if !g.add(c) {
 		c.end(true, true, closeGoingAway, "sluice: shutting down")
 		return

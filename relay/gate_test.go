@@ -25,31 +25,32 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 const (
-	idHex = "4376c65d2f232afbe9b882a35baa4f6fe8667c4e684749af565f981833ed6a65"
+	idHex = testID
 	pkHex = "6e468422dfb74a5738702a8823b9b28168abab8655faacb6853cd0ee15deee93"
 )
 
 func TestPendingBounded(t *testing.T) {
 	var p pending
 	idOf := func(i int) hex32 { var h hex32; h[0], h[1] = byte(i), byte(i>>8); return h }
-	for i := 0; i < 3*DefaultPending; i++ {
+	for i := 0; i < 3*maxPending; i++ {
 		p.add(idOf(i), pendingEvent{actor: "actor"})
 	}
-	if n := p.len(); n != DefaultPending {
-		t.Fatalf("pending holds %d ids, want the bound %d", n, DefaultPending)
+	if n := p.len(); n != maxPending {
+		t.Fatalf("pending holds %d ids, want the bound %d", n, maxPending)
 	}
 	if _, ok := p.take(idOf(0)); ok {
 		t.Error("oldest id survived eviction")
 	}
-	if a, ok := p.take(idOf(3*DefaultPending - 1)); !ok || a.actor != "actor" {
+	if a, ok := p.take(idOf(3*maxPending - 1)); !ok || a.actor != "actor" {
 		t.Error("newest id lost")
 	}
-	if _, ok := p.take(idOf(3*DefaultPending - 1)); ok {
+	if _, ok := p.take(idOf(3*maxPending - 1)); ok {
 		t.Error("id taken twice")
 	}
 	// An id taken and added again keeps its new slot when its old slot is
@@ -57,7 +58,7 @@ func TestPendingBounded(t *testing.T) {
 	var q pending
 	q.add(idOf(1000), pendingEvent{actor: "a"})
 	q.take(idOf(1000))
-	for i := 0; i < DefaultPending-1; i++ {
+	for i := 0; i < maxPending-1; i++ {
 		q.add(idOf(i), pendingEvent{actor: "x"})
 	}
 	q.add(idOf(1000), pendingEvent{actor: "b"}) // the ring wraps: slot 0 next
@@ -103,7 +104,7 @@ func TestNewValidatesLimits(t *testing.T) {
 
 // A frame bound the gate could never apply is refused at construction.
 func TestNewValidatesFrameSize(t *testing.T) {
-	for _, n := range []int{-1, DefaultReadLimit + 1} {
+	for _, n := range []int{-1, defaultReadLimit + 1} {
 		var fs [wire.NumTypes]int
 		fs[wire.TypeREQ] = n
 		if _, err := New(Options{FrameSize: fs}); !hasFieldError(err, "FrameSize[REQ]") {
@@ -172,8 +173,8 @@ func TestProxyRejectsBadURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, u := range []string{"http://example.com", "ws://", "::", "example.com"} {
-		if _, err := g.Proxy(u); !errors.Is(err, ErrUpstream) {
-			t.Errorf("Proxy(%q) err = %v, want ErrUpstream", u, err)
+		if _, err := g.Proxy(u); !errors.Is(err, errUpstream) {
+			t.Errorf("Proxy(%q) err = %v, want errUpstream", u, err)
 		}
 	}
 }
@@ -331,7 +332,7 @@ func TestGateRefusalWire(t *testing.T) {
 	seen := map[string]int{}
 	var open atomic.Int64
 	obs := &policy.Observer{
-		Frame: func(ty wire.Type, o policy.Outcome) {
+		Frame: func(_ string, ty wire.Type, o policy.Outcome) {
 			mu.Lock()
 			seen[ty.String()+" "+o.String()]++
 			mu.Unlock()
@@ -393,7 +394,7 @@ func TestGateConnectionLimit(t *testing.T) {
 	store := &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(0)}
 	l := policy.Limits{Connection: []ratelimit.Limit{ratelimit.PerPeriod(2, 10*time.Second)}}
 	var outcomes [policy.Unmatched + 1]atomic.Int64
-	obs := &policy.Observer{Connection: func(o policy.Outcome) { outcomes[o].Add(1) }}
+	obs := &policy.Observer{Connection: func(_ string, o policy.Outcome) { outcomes[o].Add(1) }}
 	g := newGate(t, Options{
 		Limiter:  ratelimit.NewLimiter(store, clk.Now),
 		Policy:   policy.Config{Limits: &l},
@@ -421,8 +422,8 @@ func TestGateConnectionLimit(t *testing.T) {
 		t.Fatalf("store down: err %v resp %v, want 503", err, resp)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	if strings.TrimSpace(string(body)) != wire.ReasonUnavailable {
-		t.Errorf("503 body %q, want %q", body, wire.ReasonUnavailable)
+	if strings.TrimSpace(string(body)) != scan.ReasonUnavailable {
+		t.Errorf("503 body %q, want %q", body, scan.ReasonUnavailable)
 	}
 	if outcomes[policy.Admitted].Load() != 2 || outcomes[policy.RateLimited].Load() != 1 || outcomes[policy.Unavailable].Load() != 1 {
 		t.Errorf("observer saw admitted %d, rate-limited %d, unavailable %d; want 2, 1, 1",
@@ -510,10 +511,10 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cmd, arg := recorderCommand(data)
 		var eose []byte
 		if rec.eose {
-			switch f, reason := wire.Scan(data, nil); {
-			case reason == "" && wire.Peek(data).Type == wire.TypeREQ:
+			switch f, reason := scan.Scan(data, nil); {
+			case reason == "" && scan.Peek(data).Type == wire.TypeREQ:
 				eose = []byte(`["EOSE",` + string(f.SubID) + `]`)
-			case reason == "" && wire.Peek(data).Type == wire.TypeCOUNT:
+			case reason == "" && scan.Peek(data).Type == wire.TypeCOUNT:
 				eose = []byte(`["COUNT",` + string(f.SubID) + `,{"count":0}]`)
 			}
 		}
@@ -550,7 +551,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case rec.answerOK != nil:
-			if f, reason := wire.Scan(data, nil); reason == "" && (wire.Peek(data).Type == wire.TypeEVENT || wire.Peek(data).Type == wire.TypeAUTH) {
+			if f, reason := scan.Scan(data, nil); reason == "" && (scan.Peek(data).Type == wire.TypeEVENT || scan.Peek(data).Type == wire.TypeAUTH) {
 				id := f.Event.ID
 				reason := ""
 				if rec.okReason != nil {
@@ -708,7 +709,7 @@ func TestGateForwardsByteForByte(t *testing.T) {
 				data string
 			}{
 				{websocket.TextMessage, `["REQ", "x" , { "kinds" : [ 1 ] } ] ` + "\n"},
-				{websocket.TextMessage, `["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"\u00e9 é ☃ hello`, 1) + `]`},
+				{websocket.TextMessage, withID(`["EVENT",` + strings.Replace(goNostrEvent, `"hello`, `"\u00e9 é ☃ hello`, 1) + `]`)},
 				// Binary, but canonical: forwarded as the text it is.
 				{websocket.BinaryMessage, `["CLOSE","x"]`},
 				{websocket.TextMessage, string(recorderCmd("echo", `["NOTICE","é\u0000"]`))},
@@ -925,8 +926,8 @@ func TestGateShutdown(t *testing.T) {
 func TestGateSlowClientDisconnected(t *testing.T) {
 	rec := newRecorder()
 	var cuts atomic.Int64
-	obs := &policy.Observer{Cut: func(r policy.CutReason) {
-		if r == policy.CutSlowReader {
+	obs := &policy.Observer{Cut: func(r string) {
+		if r == "slow_reader" {
 			cuts.Add(1)
 		}
 	}}

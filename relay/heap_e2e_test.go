@@ -12,7 +12,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
-	"github.com/sluice-relay/sluice/relay/wire"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 )
 
 // heapInUse returns the live heap and goroutine stacks after a
@@ -78,7 +78,7 @@ func TestE2ELargeREQsBoundHeap(t *testing.T) {
 			got := readText(t, c)
 			switch {
 			case strings.HasPrefix(got, `["CLOSED","many`):
-				if !strings.Contains(got, wire.ReasonFilters) && !strings.Contains(got, "rate-limited:") {
+				if !strings.Contains(got, scan.ReasonFilters) && !strings.Contains(got, "rate-limited:") {
 					t.Errorf("many-filter REQ answered %s", got)
 				}
 				refusedMany++

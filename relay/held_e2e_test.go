@@ -28,7 +28,7 @@ func TestE2EUnmatchedClosesAreCharged(t *testing.T) {
 	for _, mode := range []string{"relay", "proxy"} {
 		t.Run(mode, func(t *testing.T) {
 			var unmatched, limited atomic.Int64
-			obs := &policy.Observer{Frame: func(ty wire.Type, o policy.Outcome) {
+			obs := &policy.Observer{Frame: func(_ string, ty wire.Type, o policy.Outcome) {
 				switch {
 				case o == policy.Unmatched:
 					unmatched.Add(1)

@@ -45,7 +45,7 @@ func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewJSONHandler(
 func TestGateLogsLaterBudgetRefusalOncePerWait(t *testing.T) {
 	generous := []ratelimit.Limit{ratelimit.PerPeriod(1000, time.Second)}
 	once := []ratelimit.Limit{ratelimit.PerPeriod(1.6, time.Hour)} // a burst of 1
-	reaction := `["EVENT",` + strings.Replace(goNostrEvent, `"kind":1`, `"kind":7`, 1) + `]`
+	reaction := withID(`["EVENT",` + strings.Replace(goNostrEvent, `"kind":1`, `"kind":7`, 1) + `]`)
 	for _, tc := range []struct {
 		name  string
 		cfg   policy.Config
@@ -53,7 +53,7 @@ func TestGateLogsLaterBudgetRefusalOncePerWait(t *testing.T) {
 	}{
 		{"kind class", policy.Config{
 			Limits: func() (l *policy.Limits) { l = new(policy.Limits); l.Message[wire.TypeEVENT] = generous; return }(),
-			Kinds:  []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: once}},
+			Kinds:  []policy.Class{{Name: "reactions", Kinds: [][2]int{{7, 7}}, Limits: once}},
 		}, func(int) string { return reaction }},
 		{"aggregate", policy.Config{
 			Limits:     func() (l *policy.Limits) { l = new(policy.Limits); l.Message[wire.TypeREQ] = generous; return }(),

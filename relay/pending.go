@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
-	"github.com/sluice-relay/sluice/relay/wire"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 )
 
 // This file holds what the gate needs for the actor quota: bounded
@@ -17,9 +17,9 @@ import (
 // store says it stored the event (settleAged, settlePending).
 
 // hex32 is an event id or a pubkey, decoded from its 64 hex digits.
-type hex32 = wire.Hex32
+type hex32 = scan.Hex32
 
-// DefaultPending is how many forwarded EVENTs per connection the gate
+// maxPending is how many forwarded EVENTs per connection the gate
 // remembers while it waits for the relay's OK. 256 covers any honest
 // client (relays answer in milliseconds) and bounds the table at ~25 KiB
 // per connection. When the relay says which events it stored
@@ -33,11 +33,12 @@ type hex32 = wire.Hex32
 // the gate cannot tell which of them the relay stored: an EVENT past the
 // bound is refused the same way, and when the client goes with events
 // awaiting their OK the gate reads the relay's answers on for up to
-// drainAnswers, charging those it accepted (drainUpstream); there is no
-// timer.
-const DefaultPending = 256
+// drainAnswers, charging those it accepted (drainUpstream). Either way an
+// event no OK has named pendingHold after it was forwarded leaves the
+// table uncharged (expirePending).
+const maxPending = 256
 
-// MaxActorPending is how many events of one actor (an authenticated
+// maxActorPending is how many events of one actor (an authenticated
 // pubkey, else the event's author) from one client (its address, as
 // Identity keys it) may await the relay's OK at once across the gate's
 // connections: the quota is charged when the relay has answered or, if it
@@ -46,22 +47,23 @@ const DefaultPending = 256
 // ends), or, without Stored, when its OK arrives, read after the client
 // has gone if need be (drainUpstream), so events in flight have passed the
 // quota's check without counting yet. A further EVENT of the actor from
-// that client is refused ("blocked: …") until one is answered. 64 is more
+// that client is refused ("blocked: …") until one is answered, or has
+// waited pendingHold for an answer that names it. 64 is more
 // than an honest client has in flight (relays answer in milliseconds); it
 // bounds what one actor's events can exceed its quota by to 64 per client
 // address and gate process. Counted per client, not per actor alone: the
 // gate does not check signatures, and events forged in a victim's name
 // whose OKs a client keeps from the gate would otherwise hold the victim
 // up everywhere.
-const MaxActorPending = 64
+const maxActorPending = 64
 
 // addInflight counts one more event of actor in flight (see
-// MaxActorPending), or reports false, counting nothing, when the actor has
-// MaxActorPending already; takeInflight counts one settled.
+// maxActorPending), or reports false, counting nothing, when the actor has
+// maxActorPending already; takeInflight counts one settled.
 func (g *Gate) addInflight(actor string) bool {
 	g.inflightMu.Lock()
 	defer g.inflightMu.Unlock()
-	if g.inflight[actor] >= MaxActorPending {
+	if g.inflight[actor] >= maxActorPending {
 		return false
 	}
 	g.inflight[actor]++
@@ -87,19 +89,32 @@ func (g *Gate) takeInflight(actor string) {
 // longer than the store remembers its saves.
 const settleAge = time.Second
 
+// pendingHold is how long an event may await the relay's OK before it
+// leaves the table of events awaiting one, uncharged, whatever the relay
+// answered meanwhile: relays do not all answer with an OK that names the
+// event (some refuse with a NOTICE, an OK whose id is "" or another
+// event's, or nothing at all), and an entry that waited for such an answer
+// would hold its connection's place and its actor's count in flight
+// (maxActorPending) for the life of the connection. The settling timer
+// (settleAged, every settleAge while events await their OK) takes them
+// out, so an event leaves at most pendingHold + settleAge after it was
+// forwarded. An OK that comes later charges nothing: behind a relay that
+// never answers with the event's id, the quota counts nothing.
+const pendingHold = 5 * time.Second
+
 // settleAfter are the delays, after a connection ended, at which the gate
 // asks the relay's store (Options.Stored) about the events still awaiting
 // their OK: the relay may still be storing the last of them.
 var settleAfter = [...]time.Duration{0, 100 * time.Millisecond, time.Second, 5 * time.Second}
 
 // idTable is a bounded table of event ids and a value each, holding the
-// DefaultPending ids added last: adding past that evicts the oldest. Its
+// maxPending ids added last: adding past that evicts the oldest. Its
 // ring is allocated by the first add (most connections only read, and
 // 8 KiB each would add up). It is safe for concurrent use.
 type idTable[V any] struct {
 	mu     sync.Mutex
 	byID   map[hex32]idEntry[V]
-	ring   *[DefaultPending]hex32
+	ring   *[maxPending]hex32
 	next   int // the ring slot written next, and evicted first
 	full   bool
 	closed bool // by close or drain: addOpen adds nothing more
@@ -132,7 +147,7 @@ func (t *idTable[V]) addOpen(id hex32, v V) bool {
 func (t *idTable[V]) addLocked(id hex32, v V) {
 	if t.byID == nil {
 		t.byID = make(map[hex32]idEntry[V], 16)
-		t.ring = new([DefaultPending]hex32)
+		t.ring = new([maxPending]hex32)
 	}
 	if t.full {
 		old := t.ring[t.next]
@@ -232,14 +247,15 @@ func (t *idTable[V]) len() int {
 type pending = idTable[pendingEvent]
 
 type pendingEvent struct {
-	actor string
-	at    time.Time // forwarded (the host's monotonic clock)
+	actor   string
+	at      time.Time // forwarded (the host's monotonic clock)
+	created int64     // the event's created_at (the quota's rule for old events)
 }
 
 // charged holds the event ids charged to the quota on one connection and
 // when, so that the relay accepting the same event again (khatru answers a
 // re-sent event OK true, without "duplicate:") within the quota window
-// costs its actor nothing more. It keeps the DefaultPending ids charged
+// costs its actor nothing more. It keeps the maxPending ids charged
 // last: a client re-sending more distinct events than that in one window
 // is charged again for the oldest.
 type charged struct{ at idTable[time.Time] }
@@ -254,23 +270,23 @@ func (c *charged) seen(id hex32, now time.Time, window time.Duration) bool {
 func (c *charged) add(id hex32, now time.Time) { c.at.add(id, now) }
 
 // inflightKey is what the gate counts an event in flight under (see
-// MaxActorPending): its actor from this connection's client, so that
+// maxActorPending): its actor from this connection's client, so that
 // events that name a pubkey they do not come from (the gate does not
 // check signatures; khatru refuses them, in an OK that may be kept from
 // the gate) hold up that pubkey only from the sender's address.
 func (c *conn) inflightKey(actor string) string { return c.who + " " + actor }
 
-// charge charges actor's quota q for event id, which the relay accepted
+// charge charges pe.actor's quota q for event id, which the relay accepted
 // (and stored, with Options.Stored), unless this connection charged it
 // within the quota's window. A failed charge leaves the event uncounted:
 // the relay has it already, and refusing later events for it would punish
 // the actor for our outage.
-func (c *conn) charge(ctx context.Context, q ratelimit.ActorQuota, id hex32, actor string) {
+func (c *conn) charge(ctx context.Context, q ratelimit.ActorQuota, id hex32, pe pendingEvent) {
 	now := c.g.now()
 	if c.charged.seen(id, now, q.Window()) {
 		return
 	}
-	if _, err := q.Add(ctx, actor); err != nil {
+	if _, err := q.Add(ctx, pe.actor, id.String(), pe.created); err != nil {
 		c.g.log.Debug("quota charge failed", "client", c.who, "err", err)
 	}
 	c.charged.add(id, now)
@@ -287,15 +303,40 @@ func (c *conn) armSettle() {
 }
 
 // settleAged settles the events that have awaited the relay's OK for
-// settleAge or more (see settleAge), and is due again while any event
+// settleAge or more, with Options.Stored (see settleAge), gives up those
+// that have awaited it for pendingHold, and is due again while any event
 // awaits its OK.
 func (c *conn) settleAged() {
 	c.settleMu.Lock()
 	c.settling = nil
 	c.settleMu.Unlock()
-	c.settleStored(settleAge)
+	if c.g.stored != nil {
+		c.settleStored(settleAge)
+	}
+	c.expirePending(pendingHold)
 	if c.pending.len() > 0 {
 		c.armSettle()
+	}
+}
+
+// expirePending takes the events that have awaited the relay's OK for age
+// or more from the table, uncharged, and from their actors' counts in
+// flight (see pendingHold).
+func (c *conn) expirePending(age time.Duration) {
+	cut := time.Now().Add(-age)
+	var gone []string
+	c.pending.takeIf(func(_ hex32, pe pendingEvent) bool {
+		if pe.at.After(cut) {
+			return false
+		}
+		gone = append(gone, pe.actor)
+		return true
+	})
+	for _, actor := range gone {
+		c.g.takeInflight(c.inflightKey(actor))
+	}
+	if len(gone) > 0 {
+		c.g.log.Debug("events left unanswered by the relay", "client", c.who, "events", len(gone), "after", age.String())
 	}
 }
 
@@ -317,7 +358,7 @@ func (c *conn) settleStored(age time.Duration) {
 		c.g.takeInflight(c.inflightKey(e.v.actor))
 		if q != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), c.g.writeTimeout)
-			c.charge(ctx, q, e.id, e.v.actor)
+			c.charge(ctx, q, e.id, e.v)
 			cancel()
 		}
 	}
@@ -325,7 +366,7 @@ func (c *conn) settleStored(age time.Duration) {
 
 // settlePending charges, once the connection has ended, the events it
 // forwarded whose OK the gate never saw but that the relay stored (see
-// DefaultPending): with Options.Stored asking the relay's store at each of
+// maxPending): with Options.Stored asking the relay's store at each of
 // settleAfter, and giving up on the rest (a goroutine for at most
 // settleAfter's last delay, holding the connection's pending table and
 // nothing else of it); without it (behind Proxy) giving up at once on
@@ -336,6 +377,10 @@ func (c *conn) settlePending() {
 	if c.settling != nil {
 		c.settling.Stop()
 		c.settling = nil
+	}
+	if c.subTimer != nil {
+		c.subTimer.Stop()
+		c.subTimer = nil
 	}
 	c.settleMu.Unlock()
 	c.pending.close() // an EVENT decided meanwhile is not forwarded

@@ -11,12 +11,12 @@ import (
 
 // Wrap passes plain HTTP to the relay on GET, HEAD, OPTIONS and the
 // methods Options.PlainMethods names, never as an upgrade (no Connection
-// or Upgrade header), and with at most PlainBodyLimit bytes of its body
+// or Upgrade header), and with at most plainBodyLimit bytes of its body
 // for the relay to read; any other method is answered 405 with nothing
 // read. A relay that reads whatever it is sent (as khatru's NIP-86 handler
 // does) would otherwise read the whole 64 MiB sent below.
 func TestWrapPlainHTTPBounded(t *testing.T) {
-	const limit = 1 << 10
+	const limit = plainBodyLimit
 	type seen struct {
 		method, upgrade string
 		read            int64
@@ -42,7 +42,7 @@ func TestWrapPlainHTTPBounded(t *testing.T) {
 		{"GET with a body", nil, "GET", false, http.StatusOK, limit + 1, true},
 	} {
 		got = nil
-		h := newGate(t, Options{PlainMethods: c.methods, PlainBodyLimit: limit}).Wrap(inner)
+		h := newGate(t, Options{PlainMethods: c.methods}).Wrap(inner)
 		body := nostrtest.NewCountingBody(64 << 20)
 		r := httptest.NewRequest(c.method, "/", body)
 		r.ContentLength = -1

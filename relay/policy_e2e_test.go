@@ -98,9 +98,9 @@ func TestE2EPolicy(t *testing.T) {
 			sk, _ := newKey(t)
 			var l policy.Limits
 			l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
-			cfg := policy.Config{Limits: &l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
+			cfg := policy.Config{Limits: &l, Kinds: []policy.Class{{Name: "reactions", Kinds: [][2]int{{7, 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
 			var shadowed atomic.Int64
-			obs := &policy.Observer{Frame: func(t wire.Type, o policy.Outcome) {
+			obs := &policy.Observer{Frame: func(_ string, t wire.Type, o policy.Outcome) {
 				if t == wire.TypeEVENT && o == policy.Shadowed {
 					shadowed.Add(1)
 				}

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// DefaultQueueBytes bounds what may wait for one client, in bytes: relay
+// defaultQueueBytes bounds what may wait for one client, in bytes: relay
 // frames and the gate's own replies that its socket has not taken. A
 // client whose backlog would pass it is cut (1008): the relay's writer
 // never waits for one client, so one slow reader cannot hold up the relay
@@ -15,7 +15,7 @@ import (
 // it is behind, so its backlog grows only by what it asked for before and
 // by live events). strfry cuts at 32 MiB pending; 4 MiB keeps what one
 // address can make the gate hold (connections × this) in hundreds of MB.
-const DefaultQueueBytes = 4 << 20
+const defaultQueueBytes = 4 << 20
 
 // backlogLow is the backlog below which a client's next request is read:
 // above it the client is behind, and its requests wait in its own socket

@@ -56,7 +56,7 @@ func TestE2EQuota(t *testing.T) {
 		t.Fatal("tampered event accepted")
 	}
 	err = nostrtest.Publish(t, r, nostrtest.Note(t, skA, "a3"))
-	if err == nil || err.Error() != "msg: rate-limited: slow down; retry in 60s" {
+	if err == nil || err.Error() != "msg: rate-limited: quota: 2 events per 60s for this pubkey; retry in 60s" {
 		t.Fatalf("A past quota: %v, want rate-limited retry in 60s", err)
 	}
 	for i := range 2 {

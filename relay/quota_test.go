@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -23,12 +24,43 @@ func pubkeyN(n int) string { return nostrtest.PubkeyN(n) }
 
 var apartPubkeys = nostrtest.ApartPubkeys
 
-func eventFrame(id int, pubkey string) string {
-	return fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","created_at":1,"kind":1,"tags":[],"content":"x","sig":"%s"}]`, id, pubkey, testSig)
+// eventFrame returns event n of pubkey (its content is n), with its id
+// the event's hash, and remembers that id as event n's (evID): the
+// tests name events by number. Its created_at (in 2100) is ahead of
+// every test clock, so the quota never finds it older than its window
+// (such an event is not charged to its author).
+func eventFrame(n int, pubkey string) string {
+	f := withID(fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","created_at":4102444800,"kind":1,"tags":[],"content":"%d","sig":"%s"}]`, 0, pubkey, n, testSig))
+	eventIDs.Store(n, idOf(f))
+	return f
 }
 
-func okReply(id int, accepted bool, reason string) string {
-	return fmt.Sprintf(`["OK","%064x",%v,"%s"]`, id, accepted, reason)
+// eventIDs holds the id of the event eventFrame built last under each
+// number.
+var eventIDs sync.Map
+
+// evID returns the id of the event eventFrame built last as number n.
+func evID(n int) hex32 {
+	v, ok := eventIDs.Load(n)
+	if !ok {
+		panic(fmt.Sprintf("no event %d built yet", n))
+	}
+	id, _ := scan.DecodeHex32(v.(string))
+	return id
+}
+
+// isEv reports whether id is that of event n, for n in [from, to].
+func isEv(id hex32, from, to int) bool {
+	for n := from; n <= to; n++ {
+		if v, ok := eventIDs.Load(n); ok && v.(string) == fmt.Sprintf("%x", id[:]) {
+			return true
+		}
+	}
+	return false
+}
+
+func okReply(n int, accepted bool, reason string) string {
+	return okFor(evID(n), accepted, reason)
 }
 
 // The quota counts what the relay accepted, per actor: the event's author,
@@ -43,15 +75,14 @@ func TestGateQuota(t *testing.T) {
 	}
 	allowed := pubkeyN(99)
 	rec := newRecorder()
-	rejected := hex32{31: 5} // the relay refuses event 5
-	rec.answerOK = func(id hex32) bool { return id != rejected }
-	rec.okReason = func(id hex32) string { // events 40-42: the relay had them
-		if id[31] >= 40 && id[31] <= 42 {
+	rec.answerOK = func(id hex32) bool { return !isEv(id, 5, 5) } // the relay refuses event 5
+	rec.okReason = func(id hex32) string {                        // events 40-42: the relay had them
+		if isEv(id, 40, 42) {
 			return "duplicate: have it"
 		}
 		return ""
 	}
-	c := dialRaw(t, serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{allowed}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
+	c := dialRaw(t, serveSelf(t, Options{UpstreamVerifies: true, Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{allowed}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) }))
 
 	step := func(frame, want string) {
 		t.Helper()
@@ -64,7 +95,7 @@ func TestGateQuota(t *testing.T) {
 	}
 	actors := apartPubkeys(q, clk.Now(), 4)
 	a, b, cc, d := actors[0], actors[1], actors[2], actors[3]
-	over := "rate-limited: slow down; retry in 60s"
+	over := "rate-limited: quota: 2 events per 60s for this pubkey; retry in 60s"
 	step(eventFrame(1, a), okReply(1, true, ""))
 	step(eventFrame(2, a), okReply(2, true, ""))
 	step(eventFrame(3, a), okReply(3, false, over))
@@ -87,11 +118,11 @@ func TestGateQuota(t *testing.T) {
 	}
 	// Two pubkeys: the relay might keep either, so the gate forwards neither.
 	dup := fmt.Sprintf(`["EVENT",{"id":"%064x","pubkey":"%s","pubkey":"%s"}]`, 30, a, b)
-	step(dup, okReply(30, false, "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"))
+	step(dup, okFor(hex32{31: 30}, false, "invalid: event must have exactly the fields id, pubkey, created_at, kind, tags, content and sig, each once, in NIP-01's types"))
 
 	// The next window starts afresh; the wait told was the remainder.
 	clk.Advance(30 * time.Second)
-	step(eventFrame(9, a), okReply(9, false, "rate-limited: slow down; retry in 30s"))
+	step(eventFrame(9, a), okReply(9, false, "rate-limited: quota: 2 events per 60s for this pubkey; retry in 30s"))
 	clk.Advance(30 * time.Second)
 	step(eventFrame(10, a), okReply(10, true, ""))
 
@@ -119,7 +150,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	rec.challenge = "chal"
-	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Quota: q.WithClock(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{trusted}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
+	url := serveSelf(t, Options{UpstreamVerifies: true, Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Quota: q.WithClock(clk.Now), Identity: policy.Identity{AllowPubkeys: []string{trusted}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 
 	step := func(c *websocket.Conn, frame, want string) {
 		t.Helper()
@@ -148,7 +179,7 @@ func TestGateQuotaAuthenticatedActor(t *testing.T) {
 	auth(c, xSK)
 	step(c, eventFrame(1, pubkeyN(1)), okReply(1, true, ""))
 	step(c, eventFrame(2, pubkeyN(2)), okReply(2, true, ""))
-	step(c, eventFrame(3, pubkeyN(3)), okReply(3, false, "rate-limited: slow down; retry in 60s"))
+	step(c, eventFrame(3, pubkeyN(3)), okReply(3, false, "rate-limited: quota: 2 events per 60s for this pubkey; retry in 60s"))
 
 	// An allow-listed, authenticated connection passes limits and quota.
 	c2 := dial()
@@ -176,7 +207,7 @@ func TestGateAuthAllowlistWithoutQuota(t *testing.T) {
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(1.5, time.Second)}
 	rec := newRecorder()
 	rec.challenge = "chal"
-	url := serveSelf(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{AllowPubkeys: []string{trusted}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
+	url := serveSelf(t, Options{UpstreamVerifies: true, Limiter: memLimiter(clk), Policy: policy.Config{Limits: &l, Identity: policy.Identity{AllowPubkeys: []string{trusted}}}}, func(g *Gate) http.Handler { return g.Wrap(rec) })
 	refused, refusedID := signedAuth(t, trustedSK, "chal", url, clk.Now())
 	accepted, acceptedID := signedAuth(t, trustedSK, "chal", url, clk.Now().Add(time.Second))
 	rec.answerOK = func(id hex32) bool { return id != refusedID }
@@ -211,64 +242,61 @@ func TestGateQuotaChargesOnlyStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := map[[32]byte]bool{}
-	var mu sync.Mutex
+	var stored storedSet
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
-	url := serve(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)},
-		Stored: func(id [32]byte) bool { mu.Lock(); defer mu.Unlock(); ok := stored[id]; delete(stored, id); return ok }}).Wrap(rec))
+	url := serve(t, newGate(t, Options{UpstreamVerifies: true, Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)},
+		Stored: stored.take}).Wrap(rec))
 	victim := apartPubkeys(q, clk.Now(), 1)[0]
-	store := func(id int) {
-		var k [32]byte
-		k[31] = byte(id)
-		mu.Lock()
-		stored[k] = true
-		mu.Unlock()
-	}
-	step := func(c *websocket.Conn, id int, want string) {
+	store := stored.mark
+	step := func(c *websocket.Conn, id int, accepted bool, reason string) {
 		t.Helper()
 		_ = c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, victim)))
-		if got := readText(t, c); got != want {
+		if got, want := readText(t, c), okReply(id, accepted, reason); got != want {
 			t.Fatalf("event %d\n got %s\nwant %s", id, got, want)
 		}
 	}
 	c := dialRaw(t, url)
 	store(1)
-	step(c, 1, okReply(1, true, "")) // stored: 1 of 2
-	for range 3 {                    // the same event again, from fresh connections: the relay has it
-		step(dialRaw(t, url), 1, okReply(1, true, ""))
+	step(c, 1, true, "") // stored: 1 of 2
+	for range 3 {        // the same event again, from fresh connections: the relay has it
+		step(dialRaw(t, url), 1, true, "")
 	}
-	step(c, 2, okReply(2, true, "")) // not stored (an older replaceable, say): free
+	step(c, 2, true, "") // not stored (an older replaceable, say): free
 	store(3)
-	step(c, 3, okReply(3, true, "")) // stored: 2 of 2
+	step(c, 3, true, "") // stored: 2 of 2
 	store(4)
-	step(c, 4, okReply(4, false, "rate-limited: slow down; retry in 60s"))
+	step(c, 4, false, "rate-limited: quota: 2 events per 60s for this pubkey; retry in 60s")
 }
 
 // storedSet is Options.Stored over a set the test fills: true once for
 // each id marked.
+// storedSet is a relay store's answer to Options.Stored, for events named
+// by number (eventFrame): an event marked stored is reported once.
 type storedSet struct {
 	mu  sync.Mutex
-	ids map[[32]byte]bool
+	ids map[int]bool
 }
 
-func (s *storedSet) mark(id int) {
-	var k [32]byte
-	k[31] = byte(id)
+func (s *storedSet) mark(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ids == nil {
-		s.ids = map[[32]byte]bool{}
+		s.ids = map[int]bool{}
 	}
-	s.ids[k] = true
+	s.ids[n] = true
 }
 
 func (s *storedSet) take(id [32]byte) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ok := s.ids[id]
-	delete(s.ids, id)
-	return ok
+	for n := range s.ids {
+		if isEv(id, n, n) {
+			delete(s.ids, n)
+			return true
+		}
+	}
+	return false
 }
 
 // Events the relay stored but whose OK the gate never saw (the client kept
@@ -291,7 +319,7 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT: the OKs the client kept from the gate
-	pn, url := servePipe(t, newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take}).Wrap(rec))
+	pn, url := servePipe(t, newGate(t, Options{UpstreamVerifies: true, Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take}).Wrap(rec))
 	ql := q.WithClock(clk.Now)
 	actor := apartPubkeys(q, clk.Now(), 1)[0]
 	c := pn.dialWS(t, url)
@@ -321,12 +349,12 @@ func chargesUnanswered(t *testing.T, end bool) {
 	}
 	c2 := pn.dialWS(t, url)
 	_ = c2.WriteMessage(websocket.TextMessage, []byte(eventFrame(6, actor)))
-	if got, want := readText(t, c2), okReply(6, false, "rate-limited: slow down; retry in 60s"); got != want {
+	if got, want := readText(t, c2), okReply(6, false, "rate-limited: quota: 2 events per 60s for this pubkey; retry in 60s"); got != want {
 		t.Fatalf("the actor's next event:\n got %s\nwant %s", got, want)
 	}
 }
 
-// An actor has at most MaxActorPending events awaiting the relay's OK
+// An actor has at most maxActorPending events awaiting the relay's OK
 // across the gate's connections, with Options.Stored or without: each has
 // passed the quota's check without counting yet, so more would let the
 // actor past its quota by as many as it can keep unanswered.
@@ -344,7 +372,7 @@ func boundsUnanswered(t *testing.T, withStored bool) {
 	var stored storedSet
 	rec := newRecorder() // answers no EVENT
 	id := &policy.Identity{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	opts := Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now), Identity: *id}, Stored: stored.take}
+	opts := Options{UpstreamVerifies: true, Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now), Identity: *id}, Stored: stored.take}
 	if !withStored {
 		opts.Stored = nil
 	}
@@ -354,28 +382,28 @@ func boundsUnanswered(t *testing.T, withStored bool) {
 	// Across connections, each with fewer than maxOwed unanswered (past
 	// that the gate stops reading the connection for a while).
 	var conns []*websocket.Conn
-	for range MaxActorPending/(maxOwed-1) + 1 {
+	for range maxActorPending/(maxOwed-1) + 1 {
 		conns = append(conns, dialRaw(t, url))
 	}
 	a, b := conns[0], conns[1]
-	for id := 1; id <= MaxActorPending; id++ {
+	for id := 1; id <= maxActorPending; id++ {
 		c := conns[id%len(conns)]
 		if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(id, actor))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := rec.frames(MaxActorPending); len(got) != MaxActorPending {
-		t.Fatalf("the relay got %d of the actor's first %d events", len(got), MaxActorPending)
+	if got := rec.frames(maxActorPending); len(got) != maxActorPending {
+		t.Fatalf("the relay got %d of the actor's first %d events", len(got), maxActorPending)
 	}
-	_ = a.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+1, actor)))
-	if got, want := readText(t, a), okReply(MaxActorPending+1, false, reasonActorPending); got != want {
-		t.Fatalf("the actor's event past %d unanswered:\n got %s\nwant %s", MaxActorPending, got, want)
+	_ = a.WriteMessage(websocket.TextMessage, []byte(eventFrame(maxActorPending+1, actor)))
+	if got, want := readText(t, a), okReply(maxActorPending+1, false, reasonActorPending); got != want {
+		t.Fatalf("the actor's event past %d unanswered:\n got %s\nwant %s", maxActorPending, got, want)
 	}
 	// Another actor is not held up, and the same event sent again before
 	// its OK is not counted twice.
-	_ = b.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+2, other)))
-	_ = b.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+2, other)))
-	if got := rec.frames(MaxActorPending + 2); len(got) != MaxActorPending+2 {
+	_ = b.WriteMessage(websocket.TextMessage, []byte(eventFrame(maxActorPending+2, other)))
+	_ = b.WriteMessage(websocket.TextMessage, []byte(eventFrame(maxActorPending+2, other)))
+	if got := rec.frames(maxActorPending + 2); len(got) != maxActorPending+2 {
 		t.Fatalf("the relay got %d events, want the other actor's two as well", len(got))
 	}
 	// The count is per client: the gate does not check signatures, so
@@ -386,8 +414,8 @@ func boundsUnanswered(t *testing.T, withStored bool) {
 		t.Fatal(err)
 	}
 	defer own.Close()
-	_ = own.WriteMessage(websocket.TextMessage, []byte(eventFrame(MaxActorPending+3, actor)))
-	if got := rec.frames(MaxActorPending + 3); len(got) != MaxActorPending+3 {
+	_ = own.WriteMessage(websocket.TextMessage, []byte(eventFrame(maxActorPending+3, actor)))
+	if got := rec.frames(maxActorPending + 3); len(got) != maxActorPending+3 {
 		t.Fatalf("the relay got %d events: the actor's event from another address was held up", len(got))
 	}
 }
@@ -435,7 +463,7 @@ func TestGateQuotaGivesUpUnstoredEventsAtEnd(t *testing.T) {
 		}
 		var stored storedSet // nothing is stored
 		rec := newRecorder() // answers no EVENT
-		g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take})
+		g := newGate(t, Options{UpstreamVerifies: true, Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}, Stored: stored.take})
 		pn, url := servePipe(t, g.Wrap(rec))
 		actor := apartPubkeys(q, clk.Now(), 1)[0]
 		c := pn.dialWS(t, url)
@@ -486,7 +514,7 @@ func TestProxyDrainEndsWhenTheRelayNeverAnswers(t *testing.T) {
 			t.Fatal(err)
 		}
 		up.dialer.NetDialContext = relayNet.dial
-		g := newGate(t, Options{Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}})
+		g := newGate(t, Options{UpstreamVerifies: true, Limiter: memLimiter(clk), Policy: policy.Config{Limits: &policy.Limits{}, Quota: q.WithClock(clk.Now)}})
 		pn, url := servePipe(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serveWS(w, r, up) }))
 		c := pn.dialWS(t, url)
 		actor := apartPubkeys(q, clk.Now(), 1)[0]

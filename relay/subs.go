@@ -5,27 +5,28 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// DefaultMaxSubscriptions caps the subscriptions one connection holds open
+// defaultMaxSubscriptions caps the subscriptions one connection holds open
 // at the relay (NIP-11's max_subscriptions; NIP-11's example document and
 // nostr.land's, quoted there, give 20). Clients keep one open per feed,
 // thread or profile they show, and close them as the view changes: tens at
 // most on one relay. 50 leaves them room over 20 and keeps what one
 // connection makes a relay hold (a listener and its filters per
 // subscription) small.
-const DefaultMaxSubscriptions = 50
+const defaultMaxSubscriptions = 50
 
-// DefaultMaxConnections caps the connections one client (an IPv4 address,
+// defaultMaxConnections caps the connections one client (an IPv4 address,
 // an IPv6 prefix) holds open at once, in one gate process. A household or
 // office behind one NAT runs a few clients with a connection to this relay
 // each; 64 leaves a large NAT room while thousands of idle sockets from
 // one address, each a connection's memory on the relay's side, are out of
 // reach.
-const DefaultMaxConnections = 64
+const defaultMaxConnections = 64
 
-// DefaultMaxFilterBytes caps the bytes of REQs one client (an IPv4
+// defaultMaxFilterBytes caps the bytes of REQs one client (an IPv4
 // address, an IPv6 prefix) holds open at the relay across its
 // connections (Options.MaxFilterBytes). The relay keeps each open filter
 // parsed (khatru: several times its JSON size) and matches every new
@@ -35,11 +36,11 @@ const DefaultMaxConnections = 64
 // open"). 512 KiB
 // holds eight REQs at the REQ frame bound (a follow feed of ~900 authors
 // each), more than a client keeps open on one relay.
-const DefaultMaxFilterBytes = 512 << 10
+const defaultMaxFilterBytes = 512 << 10
 
 // subTable is what a connection may still hold open at the relay: a place
 // for every REQ forwarded, under its id, since that id was last closed by
-// a forwarded CLOSE. Ids are canonical (wire.Scan: no escapes), so the
+// a forwarded CLOSE. Ids are canonical (scan.Scan: no escapes), so the
 // bytes between a literal's quotes are the id. Safe for concurrent use
 // (the client reader opens and closes, the relay reader marks).
 //
@@ -64,9 +65,8 @@ const DefaultMaxFilterBytes = 512 << 10
 // gate forwards such a CLOSE (it removes what is there already and ends
 // the query) but keeps the id's places, marked closing; the relay's last
 // answer under the id marks it closed, and the CLOSE the gate then sends
-// (takeClosed) frees them. A REQ that the relay never answers keeps its
-// places after a CLOSE until the connection ends: NIP-01 relays answer
-// every REQ they accept with EOSE, and every one they refuse with CLOSED.
+// (takeClosed) frees them. A REQ that the relay never answers, closing or
+// not, is given up after reqHold (expire).
 //
 // Closing an id for the client does not stop the relay at once: the
 // relay handles the CLOSE when it gets to it (khatru on a goroutine of its
@@ -99,6 +99,11 @@ type subTable struct {
 	// (see openCount); each takes a place while it runs.
 	counting map[string]countEntry
 
+	// awaiting is the sum of the entries' unanswered REQs: while it is 0
+	// the relay reader does not look up the ids of the EVENTs it passes
+	// (heard).
+	awaiting atomic.Int32
+
 	// release, when set, gives the bytes of freed entries (the REQ
 	// frames whose filters the relay held as listeners) back to the
 	// client's count across its connections (Gate.filterBytes); it is
@@ -116,7 +121,28 @@ type countEntry struct {
 // relay that does not speak NIP-45 may answer with a NOTICE or nothing,
 // and the place must come back. A relay still counting after it has its
 // work bounded by the filter bounds the gate checked before forwarding.
+// The COUNTs under an id unanswered that long are given up (expire): the
+// place comes back, and the client is told CLOSED (reasonUnanswered).
 const countHold = 30 * time.Second
+
+// reqHold is how long the relay may say nothing under a REQ's id (no
+// EVENT, EOSE or CLOSED) before the REQ is taken as closed by the relay: a
+// relay that refuses a REQ with a NOTICE, or not at all, holds nothing for
+// it, its place must come back, and the client, waiting for an EOSE that
+// will not come, must be told. So an id whose REQs are all unanswered and
+// under which the relay has sent nothing for reqHold since the latest of
+// them (expire, on a timer of the connection's: conn.armSubs) has its
+// places freed, the client is told CLOSED (reasonUnanswered), and the gate
+// sends the relay a CLOSE for it before the client's next frame, so what
+// the count holds is what the relay may hold. A relay still sending the
+// stored events of a large query keeps it open: every EVENT under the id
+// counts as an answer in progress (heard).
+const reqHold = 30 * time.Second
+
+// reasonUnanswered is the CLOSED that tells a client the relay left its
+// REQ or COUNT unanswered for reqHold (countHold): an error on the relay's
+// side, not the client's.
+const reasonUnanswered = "error: the relay did not answer this subscription in 30s"
 
 // maxGone is how many ids closed for the client a connection remembers
 // (subTable): a relay handles a CLOSE in well under the time a client
@@ -124,18 +150,19 @@ const countHold = 30 * time.Second
 const maxGone = 16
 
 type subEntry struct {
-	bytes      int  // the bytes of those REQs (their filters, as the relay holds them)
-	places     int  // REQs forwarded under the id since its last CLOSE
-	unanswered int  // of those, the ones the relay has not answered (EOSE, CLOSED)
-	closing    bool // the client closed it before the relay answered them all
-	closed     bool // the relay said CLOSED, or answered a closing id; the gate has not sent CLOSE yet
+	bytes      int       // the bytes of those REQs (their filters, as the relay holds them)
+	places     int       // REQs forwarded under the id since its last CLOSE
+	unanswered int       // of those, the ones the relay has not answered (EOSE, CLOSED)
+	closing    bool      // the client closed it before the relay answered them all
+	closed     bool      // the relay said CLOSED, or answered a closing id; the gate has not sent CLOSE yet
+	last       time.Time // when the latest REQ under the id was forwarded, or the relay last sent an EVENT under it
 }
 
 // open takes a place for a REQ of n bytes under id unless limit are
 // taken, and reports whether it did. The n bytes are the caller's, held
 // in the client's count already: they are the table's once open returns
 // true, and stay the caller's otherwise.
-func (s *subTable) open(id []byte, limit, n int) bool {
+func (s *subTable) open(id []byte, limit, n int, now time.Time) bool {
 	s.order.Lock()
 	defer s.order.Unlock()
 	s.mu.Lock()
@@ -158,9 +185,126 @@ func (s *subTable) open(id []byte, limit, n int) bool {
 	e.closing = false
 	e.places++
 	e.unanswered++
+	e.last = now
 	s.places++
+	s.awaiting.Add(1)
 	s.ids[string(id)] = e
 	return true
+}
+
+// expire gives up, at now, the REQs and COUNTs the relay has left
+// unanswered too long (reqHold, countHold): it frees their places, marks
+// each REQ's id closed, for the gate to send the relay a CLOSE
+// (takeClosed), and gone, so nothing the relay still sends under it
+// reaches the client; it appends the ids given up to dst, for the caller
+// to tell the client CLOSED (after expire: the ids are gone already).
+// next is how long until the next REQ or COUNT still waiting would be
+// given up, 0 when none waits.
+func (s *subTable) expire(dst [][]byte, now time.Time) (_ [][]byte, next time.Duration) {
+	s.order.Lock()
+	defer s.order.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	due := func(last time.Time, hold time.Duration) bool {
+		left := hold - now.Sub(last)
+		if left <= 0 {
+			return true
+		}
+		if next == 0 || left < next {
+			next = left
+		}
+		return false
+	}
+	for id, e := range s.ids {
+		// An id is given up only when every REQ under it went
+		// unanswered: one the relay answered has its listeners there.
+		if e.unanswered == 0 || e.unanswered < e.places || e.closed || !due(e.last, reqHold) {
+			continue
+		}
+		s.places -= e.places
+		s.freeLocked(e.bytes)
+		s.awaiting.Add(-int32(e.unanswered))
+		e.places, e.bytes, e.unanswered, e.closing = 0, 0, 0, false
+		closing := e.closing // the client closed it already: nothing to tell
+		e.closed = true
+		s.marked.Add(1)
+		s.ids[id] = e
+		s.goneLocked([]byte(id))
+		if !closing {
+			dst = append(dst, []byte(id))
+		}
+	}
+	for id, e := range s.counting {
+		if !due(e.last, countHold) {
+			continue
+		}
+		s.places -= e.n
+		delete(s.counting, id)
+		dst = append(dst, []byte(id))
+	}
+	return dst, next
+}
+
+// armSubs makes expireSubs due when the REQ or COUNT just forwarded would
+// be given up (reqHold, countHold: the same), unless it is due already or
+// the connection has ended.
+func (c *conn) armSubs() {
+	c.settleMu.Lock()
+	defer c.settleMu.Unlock()
+	if c.subTimer == nil && !c.ended {
+		c.subTimer = time.AfterFunc(reqHold, c.expireSubs)
+	}
+}
+
+// expireSubs gives up the REQs and COUNTs the relay has left unanswered
+// too long (subTable.expire), tells the client CLOSED for each, and is due
+// again when the next one still waiting would be.
+func (c *conn) expireSubs() {
+	c.settleMu.Lock()
+	c.subTimer = nil // a REQ forwarded from now on arms its own
+	c.settleMu.Unlock()
+	ids, next := c.subs.expire(nil, time.Now())
+	for _, id := range ids {
+		if !c.side.reply(closedFrame(id, reasonUnanswered)) {
+			break
+		}
+	}
+	if next == 0 {
+		return
+	}
+	c.settleMu.Lock()
+	defer c.settleMu.Unlock()
+	if c.ended {
+		return
+	}
+	if c.subTimer != nil {
+		c.subTimer.Stop() // armed for a later REQ; next comes first
+	}
+	c.subTimer = time.AfterFunc(next, c.expireSubs)
+}
+
+// closedFrame is the CLOSED that tells the client subscription id
+// (canonical: no escapes) is closed, for reason (plain ASCII).
+func closedFrame(id []byte, reason string) []byte {
+	b := make([]byte, 0, 16+len(id)+len(reason))
+	b = append(append(append(b, `["CLOSED","`...), id...), `","`...)
+	return append(append(b, reason...), `"]`...)
+}
+
+// heard records an EVENT the relay sent under id (a REQ's stored events
+// on their way): its REQs are being answered, and are not given up
+// (expire) until the relay has been silent under it for reqHold. It costs
+// nothing while no REQ awaits its answer.
+func (s *subTable) heard(id []byte, now time.Time) {
+	if s.awaiting.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.ids[string(id)]; ok && e.unanswered > 0 {
+		e.last = now
+		s.ids[string(id)] = e
+	}
 }
 
 // remove closes id for the client (a CLOSE, or a refusal that told it
@@ -211,21 +355,16 @@ func (s *subTable) clear() {
 	s.freeLocked(held)
 	s.ids, s.counting, s.places = nil, nil, 0
 	s.marked.Store(0)
+	s.awaiting.Store(0)
 }
 
 // openCount takes a place for a COUNT under id at now unless limit are
 // taken, and reports whether it did. The place is freed by the relay's
 // answer (counted), or countHold after the id's latest COUNT when none
-// comes.
+// comes (expire).
 func (s *subTable) openCount(id []byte, limit int, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k, e := range s.counting {
-		if now.Sub(e.last) >= countHold {
-			s.places -= e.n
-			delete(s.counting, k)
-		}
-	}
 	if s.places >= limit {
 		return false
 	}
@@ -332,6 +471,7 @@ func (s *subTable) answerLocked(id []byte, closed bool) {
 	}
 	if e.unanswered > 0 {
 		e.unanswered--
+		s.awaiting.Add(-1)
 	}
 	if closed && e.unanswered > 0 {
 		e.closing = true // closed once the rest are answered
@@ -379,18 +519,18 @@ func (s *subTable) takeClosed(dst [][]byte, keep []byte) [][]byte {
 // U+2028 as \u2028); ok is false when it does not decode into an id of at
 // most MaxSubIDBytes, and then names no subscription the gate opened.
 func subID(buf *[wire.MaxSubIDBytes]byte, lit []byte) ([]byte, bool) {
-	id, ok := wire.Unquote(buf[:0], lit)
+	id, ok := scan.Unquote(buf[:0], lit)
 	return id, ok && len(id) > 0
 }
 
-// DefaultMaxSyncs caps the NIP-77 syncs (NEG-OPEN) one client holds open
+// defaultMaxSyncs caps the NIP-77 syncs (NEG-OPEN) one client holds open
 // at the relay at once, across its connections in one gate process. A
 // sync is one reconciliation of a filter, a few rounds long; a client
 // runs one or two at a time. The relay keeps each one's set of events
 // while it lasts, in proportion to the events the filter matches, and a
 // NEG-MSG every few seconds keeps it alive, so without a cap one client
 // could hold any number of them.
-const DefaultMaxSyncs = 4
+const defaultMaxSyncs = 4
 
 // syncTable is the NIP-77 syncs a connection has open at the relay, by id,
 // and counted against its client's cap (Gate.holdSync): opened by a

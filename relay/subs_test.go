@@ -158,7 +158,7 @@ func TestSubTableGoneBounded(t *testing.T) {
 	var s subTable
 	id := func(i int) []byte { return []byte(fmt.Sprint("sub-", i)) }
 	for i := range maxGone + 1 {
-		if !s.open(id(i), 100, 0) {
+		if !s.open(id(i), 100, 0, time.Time{}) {
 			t.Fatalf("open %d refused", i)
 		}
 		s.answered(id(i))
@@ -183,12 +183,12 @@ func TestSubTableGoneBounded(t *testing.T) {
 		t.Errorf("%d ids remembered, want %d", n, maxGone)
 	}
 	// Closed again and again, an id takes one place among them.
-	s.open(id(5), 100, 0)
+	s.open(id(5), 100, 0, time.Time{})
 	if s.isGone(id(5)) {
 		t.Error("an id opened again is still remembered as closed")
 	}
 	s.remove(id(5))
-	s.open(id(5), 100, 0)
+	s.open(id(5), 100, 0, time.Time{})
 	s.remove(id(5))
 	if n := s.nGone.Load(); n != maxGone || !s.isGone(id(5)) || !s.isGone(id(1)) {
 		t.Errorf("after closing one id twice: %d remembered, 5 %v, 1 %v", n, s.isGone(id(5)), s.isGone(id(1)))

@@ -309,7 +309,7 @@ func (t *tapConn) shutLocked(toClient bool, code int, text string) {
 // kernel still holds before them. Reads fail at once.
 func (t *tapConn) linger() {
 	t.markShut()
-	_ = t.raw.SetReadDeadline(time.Now())
+	_ = t.mc.SetReadDeadline(time.Now())
 	if cw, ok := t.raw.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 		raw := t.raw
@@ -414,7 +414,7 @@ func (t *tapConn) SetReadDeadline(d time.Time) error {
 		span = time.Until(d)
 	}
 	t.rdSpan.Store(int64(span))
-	return t.raw.SetReadDeadline(d)
+	return t.mc.SetReadDeadline(d)
 }
 
 // SetWriteDeadline implements net.Conn: it caps the deadline of the

@@ -364,8 +364,8 @@ func answerNotSwitching(t *testing.T, oneWrite bool) {
 // ending the connection already.
 func TestTapGoodbyeToStoppedClientIsNoSlowCut(t *testing.T) {
 	var cuts atomic.Int64
-	obs := &policy.Observer{Cut: func(r policy.CutReason) {
-		if r == policy.CutSlowReader {
+	obs := &policy.Observer{Cut: func(r string) {
+		if r == "slow_reader" {
 			cuts.Add(1)
 		}
 	}}
@@ -391,7 +391,7 @@ func TestTapGoodbyeToStoppedClientIsNoSlowCut(t *testing.T) {
 func TestTapWriteAfterQueueDrainedNotCut(t *testing.T) {
 	const stall = 200 * time.Millisecond
 	var cuts atomic.Int64
-	obs := &policy.Observer{Cut: func(policy.CutReason) { cuts.Add(1) }}
+	obs := &policy.Observer{Cut: func(string) { cuts.Add(1) }}
 	g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}, WriteTimeout: stall, Observer: obs})
 	written := make(chan queueFilled, 1)
 	again := make(chan struct{})

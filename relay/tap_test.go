@@ -364,11 +364,11 @@ func BenchmarkTapTrack(b *testing.B) {
 			t.wt.op = 0 // past the 101
 			switch mode {
 			case "closed-other":
-				t.c.subs.open([]byte("old"), 10, 0)
+				t.c.subs.open([]byte("old"), 10, 0, time.Time{})
 				t.c.subs.answered([]byte("old"))
 				t.c.subs.remove([]byte("old"))
 			case "dropped":
-				t.c.subs.open([]byte("feed"), 10, 0)
+				t.c.subs.open([]byte("feed"), 10, 0, time.Time{})
 				t.c.subs.answered([]byte("feed"))
 				t.c.subs.remove([]byte("feed"))
 			}

@@ -9,8 +9,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
-
-	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // This file holds the tap's read side: on the handler's reading
@@ -96,7 +94,7 @@ func (t *tapConn) next() error {
 		// cuts a client that reads nothing): the handler's read deadline
 		// starts again from now.
 		if span := time.Duration(t.rdSpan.Load()); span > 0 {
-			_ = t.raw.SetReadDeadline(time.Now().Add(span))
+			_ = t.mc.SetReadDeadline(time.Now().Add(span))
 		}
 	}
 	var hdr [8]byte
@@ -217,10 +215,17 @@ func (t *tapConn) next() error {
 	}
 	c.meter.credit(messageAllowance)
 	payload := msg[tapHeadroom:]
-	fwd, ok := c.decide(payload)
+	fwd, ok, held := c.decideHeld(payload)
 	if !ok {
 		putFrameBuf(msg)
 		return errTapClosed
+	}
+	if held {
+		// A held frame paused the reading, not the client (see waited
+		// above).
+		if span := time.Duration(t.rdSpan.Load()); span > 0 {
+			_ = t.raw.SetReadDeadline(time.Now().Add(span))
+		}
 	}
 	if fwd == nil {
 		putFrameBuf(msg)
@@ -264,7 +269,7 @@ func (t *tapConn) readFailed(err error) error {
 	c := t.c
 	if c.meter.flooded.Load() {
 		c.g.cutLog.info(c.g.log, "closing client", "client", c.who, "reason", "too many control frames")
-		c.g.obs.ReportCut(policy.CutControlFlood)
+		c.g.obs.ReportCut("control_flood")
 		c.end(true, true, closeSlowClient, "sluice: too many control frames")
 		return errControlFlood
 	}

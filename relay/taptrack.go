@@ -6,7 +6,7 @@ import (
 	"errors"
 	"net"
 
-	"github.com/sluice-relay/sluice/relay/wire"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 )
 
 // This file holds the tracker of what the handler writes: its answer to
@@ -48,6 +48,17 @@ type frameTrack struct {
 	// is judged, head the first judgeBytes of its payload.
 	sift      int
 	pre, head []byte
+	// held is the payload bytes of the current message held back while it
+	// is judged: counted to the read budget if it goes (readmeter.go).
+	held uint64
+	// size is the payload bytes of the current message's first frame (the
+	// whole message, unless fragmented), and paid those of them counted
+	// to the read budget already: at its header (conn.readTake) or when it
+	// was judged (conn.readClosing).
+	size, paid uint64
+	// headDue: the current message is let through and its first payload
+	// bytes are yet to be read by conn.readHead.
+	headDue bool
 }
 
 // started reports whether the 101 has been read.
@@ -112,7 +123,7 @@ func (f *frameTrack) gather(b []byte) {
 	f.msg = append(f.msg, b...)
 	if !f.decided && len(f.msg) >= len(`["EVENT",`) {
 		f.decided = true
-		if label, _ := wire.ReadRelay(f.msg); label == "EVENT" { // its label and comma are enough
+		if label, _ := scan.ReadRelay(f.msg); label == "EVENT" { // its label and comma are enough
 			f.watch = false
 		}
 	}
@@ -159,17 +170,34 @@ func (t *tapConn) track(p []byte) ([]byte, error) {
 			if err := f.begin(need); err != nil {
 				return nil, err
 			}
-			if (f.op == opText || f.op == opBinary) && f.sift == siftNone && t.c.subs.nGone.Load() > 0 {
+			if f.op == opText || f.op == opBinary {
+				f.size, f.paid = f.left, 0
+			}
+			if (f.op == opText || f.op == opBinary) && f.sift == siftNone && (t.c.subs.nGone.Load() > 0 || !t.readTake()) {
 				f.sift = siftJudging
 				if hdrAt >= 0 {
 					// Decided at once when what of the message is in p
 					// says enough: nothing held back, nothing copied.
 					n := int(min(uint64(len(p)-i), f.left))
 					if lit := addressed(p[i : i+n]); lit != nil {
-						f.sift = t.verdict(lit)
+						f.sift = t.verdict(&o, lit)
 					} else if f.fin && uint64(n) == f.left || n >= judgeBytes {
 						f.sift = siftNone
 					}
+				}
+			}
+			if f.op != opClose && f.op != opPing && f.op != opPong {
+				// Sent: counted to the read budget (readmeter.go); a
+				// message held back is counted when it is let through.
+				switch f.sift {
+				case siftNone:
+					t.c.readCount(int(f.left - f.paid))
+					f.paid = 0
+					if f.op != opContinuation {
+						f.headDue = true
+					}
+				case siftJudging:
+					f.held += f.left
 				}
 			}
 			switch {
@@ -189,6 +217,10 @@ func (t *tapConn) track(p []byte) ([]byte, error) {
 		n := int(min(uint64(len(p)-i), f.left))
 		if f.watch {
 			f.gather(p[i : i+n])
+		}
+		if f.headDue && n > 0 {
+			f.headDue = false
+			t.c.readHead(p[i : i+n])
 		}
 		if f.sift == siftNone && !o.copied && i == o.same {
 			o.same = i + n // the common case, inline
@@ -277,7 +309,7 @@ func (t *tapConn) route(o *tapOut, b []byte, at int, payload bool) {
 		}
 		f.head = append(f.head, b[:min(len(b), judgeBytes-len(f.head))]...)
 		if lit := addressed(f.head); lit != nil {
-			t.judge(o, t.verdict(lit))
+			t.judge(o, t.verdict(o, lit))
 		} else if len(f.head) >= judgeBytes {
 			t.judge(o, siftNone)
 		}
@@ -290,17 +322,46 @@ func (t *tapConn) judge(o *tapOut, sift int) {
 	f := &t.wt
 	if f.sift = sift; sift == siftNone {
 		o.emit(f.pre, -1)
+		t.c.readCount(int(f.held - f.paid))
+		t.c.readHead(f.head)
 	}
+	f.held, f.paid = 0, 0
 	f.pre, f.head = resetBuf(f.pre), resetBuf(f.head)
 }
 
 // verdict is how a message under the subscription id literal lit goes:
-// siftNone or siftDrop (conn.deliversUnder).
-func (t *tapConn) verdict(lit []byte) int {
-	if t.c.deliversUnder(lit) {
-		return siftNone
+// siftNone or siftDrop (conn.deliversUnder); a message dropped because
+// the client's read budget is spent is replaced, in o, by the CLOSED that
+// ends its subscription (conn.readClosing).
+func (t *tapConn) verdict(o *tapOut, lit []byte) int {
+	f := &t.wt
+	if !t.c.deliversUnder(lit) {
+		t.c.readUntake(int(f.paid))
+		f.paid = 0
+		return siftDrop
 	}
-	return siftDrop
+	closed, refused := t.c.readClosing(lit, int(f.size-f.paid))
+	if refused {
+		t.c.readUntake(int(f.paid))
+		f.paid = 0
+		if closed != nil {
+			o.emit(appendServerFrame(nil, opText, closed), -1)
+		}
+		return siftDrop
+	}
+	f.paid = f.size
+	return siftNone
+}
+
+// readTake counts the current message's first frame to the read budget
+// as it starts (conn.readTake), and reports whether it did.
+func (t *tapConn) readTake() bool {
+	f := &t.wt
+	if !t.c.readTake(int(f.left)) {
+		return false
+	}
+	f.paid = f.left
+	return true
 }
 
 // frameDone ends the current frame: a data message's final frame hands a

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-
-	"github.com/sluice-relay/sluice/relay/policy"
 )
 
 // This file holds the tap's write side: the handler's writes (Write), the
@@ -357,10 +355,10 @@ func (t *tapConn) writeFailed(err error) {
 		switch {
 		case errors.Is(err, errBacklog):
 			c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "backlog over the queue bound")
-			c.g.obs.ReportCut(policy.CutSlowReader)
+			c.g.obs.ReportCut("slow_reader")
 		case isTimeout(err):
 			c.g.cutLog.info(c.g.log, "closing slow client", "client", c.who, "reason", "reads nothing")
-			c.g.obs.ReportCut(policy.CutSlowReader)
+			c.g.obs.ReportCut("slow_reader")
 		}
 		t.shutLocked(false, 0, "")
 	})

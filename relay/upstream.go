@@ -140,13 +140,13 @@ func requestOrigin(r *http.Request, trustedPeer bool) (proto, host string) {
 func newURLUpstream(raw string) (*upstream, *url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %q: %v", ErrUpstream, raw, err)
+		return nil, nil, fmt.Errorf("%w: %q: %v", errUpstream, raw, err)
 	}
 	if u.Scheme != "ws" && u.Scheme != "wss" {
-		return nil, nil, fmt.Errorf("%w: %q: scheme must be ws or wss", ErrUpstream, raw)
+		return nil, nil, fmt.Errorf("%w: %q: scheme must be ws or wss", errUpstream, raw)
 	}
 	if u.Host == "" {
-		return nil, nil, fmt.Errorf("%w: %q: no host", ErrUpstream, raw)
+		return nil, nil, fmt.Errorf("%w: %q: no host", errUpstream, raw)
 	}
 	base := *u
 	up := &upstream{

@@ -12,8 +12,11 @@ import (
 	"time"
 
 	badgerdb "github.com/dgraph-io/badger/v4"
+	"github.com/fiatjaf/eventstore"
 	"github.com/fiatjaf/eventstore/badger"
+	"github.com/fiatjaf/eventstore/postgresql"
 	"github.com/fiatjaf/khatru"
+	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip11"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -21,18 +24,19 @@ import (
 )
 
 // Settings of sluice relay that its khatru is given (cmd/sluice/relay.go,
-// cmd/sluice/serve.go, relay.DefaultReadLimit and wire.MaxSubIDBytes),
+// cmd/sluice/serve.go, relay.Options.Resolved and wire.MaxSubIDBytes),
 // copied rather than imported so that this peer depends on none of the
 // gate's code.
 const (
-	peerReadLimit         = 512 << 10 // relay.DefaultReadLimit
+	peerReadLimit         = 512 << 10 // relay.Options.Resolved
 	peerMaxSubidLength    = 64        // wire.MaxSubIDBytes
 	peerReadHeaderTimeout = 10 * time.Second
 	peerIdleTimeout       = 2 * time.Minute
 	peerMaxHeaderBytes    = 64 << 10
 )
 
-// newPlainKhatru opens a badger event store under dataDir/events and
+// newPlainKhatru opens a badger event store under dataDir/events, or
+// eventstore's PostgreSQL backend at database when it is not "", and
 // returns khatru on it, set up as sluice relay sets up its khatru, without
 // the gate: the peer sluice relay is measured against.
 //
@@ -41,19 +45,10 @@ const (
 // handler and NIP-11 document (khatru serves its own NIP-11 here), and
 // sluice's guardedStore, which only makes shutdown wait for store calls
 // in flight (a mutex and a counter per call) and changes no result.
-func newPlainKhatru(dataDir string, logger *slog.Logger) (*khatru.Relay, func(), error) {
-	dir := filepath.Join(dataDir, "events")
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return nil, nil, fmt.Errorf("data dir: %w", err)
-	}
-	db := &badger.BadgerBackend{
-		Path: dir,
-		BadgerOptionsModifier: func(o badgerdb.Options) badgerdb.Options {
-			return o.WithLogger(badgerLogger{logger.With("component", "badger")})
-		},
-	}
-	if err := db.Init(); err != nil {
-		return nil, nil, fmt.Errorf("opening the event store in %s: %w", dir, err)
+func newPlainKhatru(dataDir, database string, logger *slog.Logger) (*khatru.Relay, func(), error) {
+	db, maxLimit, closeDB, err := openPeerStore(dataDir, database, logger)
+	if err != nil {
+		return nil, nil, err
 	}
 
 	kr := khatru.NewRelay()
@@ -72,17 +67,50 @@ func newPlainKhatru(dataDir string, logger *slog.Logger) (*khatru.Relay, func(),
 	kr.Info.AddSupportedNIPs([]int{9, 42, 45, 77})
 	kr.Info.Limitation = &nip11.RelayLimitationDocument{
 		MaxMessageLength: peerReadLimit,
-		MaxLimit:         db.MaxLimit,
+		MaxLimit:         maxLimit,
 		MaxSubidLength:   peerMaxSubidLength,
 	}
-	return kr, db.Close, nil
+	return kr, closeDB, nil
+}
+
+// peerStore is what khatru is given of either backend.
+type peerStore interface {
+	eventstore.Store
+	CountEvents(ctx context.Context, filter nostr.Filter) (int64, error)
+}
+
+// openPeerStore opens eventstore's PostgreSQL backend at database, as it
+// comes (the peer of sluice relay --database), or else badger under
+// dataDir/events.
+func openPeerStore(dataDir, database string, logger *slog.Logger) (peerStore, int, func(), error) {
+	if database != "" {
+		db := &postgresql.PostgresBackend{DatabaseURL: database, QueryLimit: 1000}
+		if err := db.Init(); err != nil {
+			return nil, 0, nil, fmt.Errorf("opening the event store in PostgreSQL: %w", err)
+		}
+		return db, db.QueryLimit, db.Close, nil
+	}
+	dir := filepath.Join(dataDir, "events")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, 0, nil, fmt.Errorf("data dir: %w", err)
+	}
+	db := &badger.BadgerBackend{
+		Path: dir,
+		BadgerOptionsModifier: func(o badgerdb.Options) badgerdb.Options {
+			return o.WithLogger(badgerLogger{logger.With("component", "badger")})
+		},
+	}
+	if err := db.Init(); err != nil {
+		return nil, 0, nil, fmt.Errorf("opening the event store in %s: %w", dir, err)
+	}
+	return db, db.MaxLimit, db.Close, nil
 }
 
 // runKhatru serves plain khatru on listen until ctx is done, and the
 // process's Go and process metrics on metrics (when not ""), as sluice's
 // metrics listener serves them: the unguarded peer's goroutines and RSS.
-func runKhatru(ctx context.Context, listen, dataDir, metrics string, logger *slog.Logger) error {
-	kr, closeDB, err := newPlainKhatru(dataDir, logger)
+func runKhatru(ctx context.Context, listen, dataDir, database, metrics string, logger *slog.Logger) error {
+	kr, closeDB, err := newPlainKhatru(dataDir, database, logger)
 	if err != nil {
 		return err
 	}
@@ -118,7 +146,7 @@ func runKhatru(ctx context.Context, listen, dataDir, metrics string, logger *slo
 		defer msrv.Close()
 		logger.Info("plain khatru metrics", "addr", mln.Addr().String())
 	}
-	logger.Info("plain khatru", "addr", ln.Addr().String(), "data", filepath.Join(dataDir, "events"))
+	logger.Info("plain khatru", "addr", ln.Addr().String(), "data", dataDir, "postgres", database != "")
 
 	var runErr error
 	select {

@@ -22,7 +22,7 @@ import (
 // store in a temporary directory and returns its ws:// URL.
 func startKhatru(t *testing.T) string {
 	t.Helper()
-	kr, closeDB, err := newPlainKhatru(t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kr, closeDB, err := newPlainKhatru(t.TempDir(), "", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +161,22 @@ func TestPublishKhatru(t *testing.T) {
 		if rep.Latency.Count != 200 || rep.Latency.Max < rep.Latency.P50 {
 			t.Errorf("inflight %d: latency %+v", inflight, rep.Latency)
 		}
+	}
+}
+
+// TestPublishLive: with -live, every event OK'd is timed at the
+// subscriber, and the report says so.
+func TestPublishLive(t *testing.T) {
+	url := startKhatru(t)
+	rep, err := runPublish(context.Background(), &publishOpts{
+		common: testCommon(url, 4), events: 200, size: 100, kind: 1, inflight: 4, live: url,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCounts(t, rep, 4, 200, 200, 200, map[string]int{"": 200})
+	if rep.Live == nil || rep.Live.Count != 200 || rep.Undelivered != 0 || rep.Live.Max < rep.Live.P50 {
+		t.Fatalf("live %+v, undelivered %d: want 200 delivered", rep.Live, rep.Undelivered)
 	}
 }
 

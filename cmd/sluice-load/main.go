@@ -5,10 +5,10 @@
 // khatru, set up as sluice relay sets up its own, as the peer to compare
 // sluice relay against.
 //
-//	sluice-load publish -url ws://127.0.0.1:7777 -conns N -events M [-inflight K] [-duration D] [-xff] [-size BYTES] [-kind K] [-keys K]
+//	sluice-load publish -url ws://127.0.0.1:7777 -conns N -events M [-inflight K] [-duration D] [-xff] [-size BYTES] [-kind K] [-keys K] [-live URL]
 //	sluice-load req     -url ws://127.0.0.1:7777 -conns N -reqs M [-filters F] [-filter JSON] [-inflight K] [-xff]
 //	sluice-load connect -url ws://127.0.0.1:7777 -conns N [-hold D] [-churn K] [-xff]
-//	sluice-load khatru  -listen 127.0.0.1:7778 -data DIR [-metrics HOST:PORT]
+//	sluice-load khatru  -listen 127.0.0.1:7778 -data DIR|-database URL [-metrics HOST:PORT]
 //	sluice-load stall    -url ws://127.0.0.1:7777 [-stallers K] [-stall-read BYTES/S] [-rcvbuf BYTES] [-publishers P] [-rate R] [-duration D] [-xff]
 //	sluice-load backlog  -url ws://127.0.0.1:7777 [-read BYTES/S] [-filters F] [-event-rate R] [-count-rate R] [-duration D] [-metrics URL,...] [-xff]
 //	sluice-load slowread -url ws://127.0.0.1:7777 [-read BYTES/S] [-rcvbuf BYTES] [-duration D] [-xff]
@@ -23,7 +23,10 @@
 // the events, the next one as soon as an OK frees a slot (one in flight,
 // or -inflight K), and measures each event from its write to its OK. The
 // rate is OK true per second of wall time. -duration stops the sending
-// early; what was sent is still awaited.
+// early; what was sent is still awaited. -live URL subscribes once, at
+// URL (another instance of a relay that shares its events, or -url
+// itself), to new kind-1 events before the clock starts, and times each
+// event from its write to its arrival there.
 //
 // req sends REQs with distinct subscription ids, each of -filters copies
 // of -filter, measures each from its write to its EOSE, and closes it.
@@ -149,10 +152,10 @@ type common struct {
 }
 
 const usageText = `Usage:
-  sluice-load publish -url ws://HOST:PORT -conns N -events M [-inflight K] [-duration D] [-xff] [-size BYTES] [-kind K] [-keys K]
+  sluice-load publish -url ws://HOST:PORT -conns N -events M [-inflight K] [-duration D] [-xff] [-size BYTES] [-kind K] [-keys K] [-live URL]
   sluice-load req     -url ws://HOST:PORT -conns N -reqs M [-filters F] [-filter JSON] [-inflight K] [-duration D] [-xff]
   sluice-load connect -url ws://HOST:PORT -conns N [-hold D] [-churn K] [-xff]
-  sluice-load khatru  -listen HOST:PORT -data DIR [-metrics HOST:PORT]
+  sluice-load khatru  -listen HOST:PORT -data DIR|-database URL [-metrics HOST:PORT]
   sluice-load stall    -url ws://HOST:PORT [-stallers K] [-stall-read BYTES/S] [-rcvbuf BYTES] [-publishers P] [-rate R] [-duration D] [-xff]
   sluice-load backlog  -url ws://HOST:PORT [-read BYTES/S] [-filters F] [-event-rate R] [-count-rate R] [-duration D] [-metrics URL,...] [-xff]
   sluice-load slowread -url ws://HOST:PORT [-read BYTES/S] [-rcvbuf BYTES] [-duration D] [-xff]
@@ -206,14 +209,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "khatru":
 		fs := newFlagSet("khatru", stderr)
 		listen := fs.String("listen", "127.0.0.1:7778", "`host:port` to serve plain khatru on")
-		data := fs.String("data", "", "`directory` of the badger event store (events under DIR/events; required)")
+		data := fs.String("data", "", "`directory` of the badger event store (events under DIR/events; required without -database)")
+		database := fs.String("database", "", "postgres:// `URL`: eventstore's PostgreSQL backend instead of badger")
 		metrics := fs.String("metrics", "", "`host:port` to serve the process's Prometheus /metrics on (go_goroutines, process_resident_memory_bytes); \"\" for none")
-		if err = parseFlags(fs, args); err == nil && *data == "" {
-			err = usagef("khatru: -data is required")
+		if err = parseFlags(fs, args); err == nil && *data == "" && *database == "" {
+			err = usagef("khatru: -data or -database is required")
 		}
 		if err == nil {
 			logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			err = runKhatru(ctx, *listen, *data, *metrics, logger)
+			err = runKhatru(ctx, *listen, *data, *database, *metrics, logger)
 		}
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usageText)
@@ -434,6 +438,7 @@ func parsePublish(args []string, stderr io.Writer) (*publishOpts, error) {
 		fs.IntVar(&o.kind, "kind", 1, "event kind")
 		fs.IntVar(&o.inflight, "inflight", 1, "events in flight per connection")
 		fs.IntVar(&o.keys, "keys", 0, "signing keys shared round-robin by the connections (0: one per connection)")
+		fs.StringVar(&o.live, "live", "", "ws:// `URL` of one subscriber to kind-1 events, which times each event from its write to its arrival (another instance of the relay, or -url)")
 	}); err != nil {
 		return nil, err
 	}
@@ -448,6 +453,8 @@ func parsePublish(args []string, stderr io.Writer) (*publishOpts, error) {
 		return nil, usagef("publish: -inflight must be at least 1, got %d", o.inflight)
 	case o.keys < 0:
 		return nil, usagef("publish: -keys must not be negative, got %d", o.keys)
+	case o.live != "" && o.kind != 1:
+		return nil, usagef("publish: -live subscribes to kind 1: publish -kind 1, got %d", o.kind)
 	}
 	return o, nil
 }

@@ -22,7 +22,8 @@ type publishOpts struct {
 	size     int
 	kind     int
 	inflight int
-	keys     int // 0: one key per connection
+	keys     int    // 0: one key per connection
+	live     string // "": no subscriber; a ws:// URL: one subscriber there times each event's live delivery
 }
 
 // signedEvent is an EVENT message ready to write.
@@ -116,22 +117,56 @@ func runPublish(ctx context.Context, o *publishOpts) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
+	var sent *sync.Map // event id → time.Time of its write; nil without -live
+	var delivered deliveries
+	subDone := make(chan struct{})
+	var sub *websocket.Conn
+	if o.live != "" {
+		rep.Params["live"] = o.live
+		sent = &sync.Map{}
+		// The subscriber's address follows the publishers' under -xff.
+		if sub, _, err = newDialer(o.live, o.xff, o.timeout).dial(ctx, o.conns); err != nil {
+			return nil, fmt.Errorf("the live subscriber: %w", err)
+		}
+		defer sub.Close()
+		if err := subscribeLive(sub, o.timeout); err != nil {
+			return nil, fmt.Errorf("the live subscriber: %w", err)
+		}
+		go func() {
+			defer close(subDone)
+			readLive(sub, sent, &delivered)
+		}()
+	}
 	runLoad(ctx, rep, &o.common, func(i int, c *websocket.Conn, stop *atomic.Bool) *connResult {
-		return publishConn(ctx, c, evs[i], o, stop)
+		return publishConn(ctx, c, evs[i], o, stop, sent)
 	})
 	rep.RateUnit = "events/s (OK true per second of wall time)"
+	if sub != nil {
+		// Every event has its OK; the last ones get -timeout to arrive.
+		delivered.waitFor(rep.OKTrue, o.timeout)
+		_ = sub.SetReadDeadline(time.Now())
+		<-subDone
+		dl := delivered.latencies()
+		live := summarize(dl)
+		rep.Live = &live
+		rep.Undelivered = max(0, rep.OKTrue-len(dl))
+	}
 	return rep, nil
 }
 
 // publishConn sends evs on c, keeping up to o.inflight unanswered, and
-// measures each from its write to its OK.
-func publishConn(ctx context.Context, c *websocket.Conn, evs []signedEvent, o *publishOpts, stop *atomic.Bool) *connResult {
+// measures each from its write to its OK; it notes each write's time in
+// sent (nil: not noted).
+func publishConn(ctx context.Context, c *websocket.Conn, evs []signedEvent, o *publishOpts, stop *atomic.Bool, sent *sync.Map) *connResult {
 	return pipeline(ctx, c, exchange{
 		n:        len(evs),
 		inflight: o.inflight,
 		timeout:  o.timeout,
 		stop:     stop,
 		request: func(i int) (string, []byte) {
+			if sent != nil {
+				sent.Store(evs[i].id, time.Now())
+			}
 			return evs[i].id, evs[i].frame
 		},
 		answers: func(label string) bool { return label == "OK" },

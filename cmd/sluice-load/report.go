@@ -58,6 +58,12 @@ type report struct {
 	// closed, a reply to nothing sent.
 	Errors map[string]int `json:"errors"`
 
+	// Live is each OK'd event's write→arrival at the -live subscriber
+	// (publish -live only); Undelivered counts the OK'd events that did
+	// not arrive within -timeout of the last OK.
+	Live        *latencySummary `json:"live_delivery_ms,omitempty"`
+	Undelivered int             `json:"undelivered,omitempty"`
+
 	// Params echoes the flags that shape the load (size, kind, inflight…).
 	Params map[string]any `json:"params"`
 }
@@ -182,6 +188,11 @@ func (r *report) writeText(w io.Writer) {
 	p("  rate         %.0f %s\n", r.Rate, r.RateUnit)
 	l := r.Latency
 	p("  latency      p50 %.2fms  p90 %.2fms  p99 %.2fms  max %.2fms  (%d samples)\n", l.P50, l.P90, l.P99, l.Max, l.Count)
+	if r.Live != nil {
+		l := *r.Live
+		p("  live         p50 %.2fms  p90 %.2fms  p99 %.2fms  max %.2fms  (%d delivered, %d not)\n",
+			l.P50, l.P90, l.P99, l.Max, l.Count, r.Undelivered)
+	}
 	if r.Mode != "connect" {
 		p("  replies by prefix\n")
 		printTable(w, r.Prefixes, true)

@@ -272,7 +272,7 @@ func TestKhatruMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- runKhatru(ctx, addr, t.TempDir(), maddr, discardLogger())
+		done <- runKhatru(ctx, addr, t.TempDir(), "", maddr, discardLogger())
 	}()
 	var g, rss float64
 	for range 100 {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"strconv"
@@ -12,7 +13,6 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay"
-	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -30,6 +30,9 @@ func printCheck(w io.Writer, cfg *config) {
 		fmt.Fprintln(w, "store: memory (bounded; budgets are this process's own)")
 	} else {
 		fmt.Fprintf(w, "store: redis %s (prefix %q, timeout %v)\n", redisstore.RedactURL(cfg.Redis), cfg.Prefix, cfg.StoreTimeout)
+	}
+	if cfg.Database != "" {
+		fmt.Fprintf(w, "events (sluice relay): postgres %s (shared by every sluice relay on it)\n", redactURL(cfg.Database))
 	}
 	v6 := cfg.Identity.IPv6Prefix
 	fmt.Fprintf(w, "limits, per client (an IPv4 address or an IPv6 /%d):\n", v6)
@@ -58,6 +61,9 @@ func printCheck(w io.Writer, cfg *config) {
 				fam = "IPv4"
 			}
 			printWindows(tw, fmt.Sprintf("%s /%d", fam, a.Bits), a.Limits, sh)
+			if len(a.Read) > 0 {
+				printWindows(tw, fmt.Sprintf("%s /%d read (bytes)", fam, a.Bits), a.Read, sh)
+			}
 		}
 		flushTable(w, tw, &table)
 	}
@@ -86,6 +92,7 @@ func printCheck(w io.Writer, cfg *config) {
 	}
 
 	printShape(w, cfg)
+	printReads(w, cfg)
 	fmt.Fprintf(w, "open at once: at most %d subscriptions per connection (NIP-11 max_subscriptions), %d connections, %d NIP-77 syncs and %d bytes of open REQs per client in this process\n", cfg.Subscriptions, cfg.MaxConnections, cfg.Syncs, cfg.MaxFilterBytes)
 	fmt.Fprintf(w, "waiting for one client: at most %d bytes (limits.max_queued_bytes); past it the client is cut (1008)\n", cfg.QueueBytes)
 	fmt.Fprintf(w, "NIP-77 (sluice relay): a sync covers at most the newest %d events it matches (max_sync_events)\n", cfg.MaxSyncEvents)
@@ -101,16 +108,17 @@ func printCheck(w io.Writer, cfg *config) {
 		fmt.Fprintln(w, "NIP-42: an AUTH's relay tag must name the host the client connected to (set relay_url to name one)")
 	}
 	fmt.Fprintf(w, "a refused client is told the exact wait, rounded up to whole seconds: \"rate-limited: …; retry in Ns\"\n")
+	if d := cfg.Limits.MaxDelay; d > 0 {
+		fmt.Fprintf(w, "shaping: a frame whose wait, counted from the first of a run of held frames, is at most %s is held and forwarded when admitted instead (limits.max_delay)\n", formatDuration(d))
+	} else {
+		fmt.Fprintln(w, "shaping: off (limits.max_delay: 0s); every frame over its budget is refused with its wait")
+	}
 }
 
-// printShape writes the bounds on forwarded frames: filters per REQ (as
-// the gate computes them, which may be below limits.max_filters) and the
-// largest frame of each type.
+// printShape writes the bounds on forwarded frames: filters per REQ and
+// the largest frame of each type.
 func printShape(w io.Writer, cfg *config) {
-	// The gate lowers the bound to what every REQ window admits at once,
-	// the tiers' included.
 	pc, _ := buildPolicy(cfg, localQuotas(nil))
-	maxFilters := policy.EffectiveMaxFilters(pc)
 	b := cfg.Bounds // every zero field at its default:
 	for _, f := range []struct {
 		v   *int
@@ -125,11 +133,7 @@ func printShape(w io.Writer, cfg *config) {
 			*f.v = f.def
 		}
 	}
-	lowered := ""
-	if maxFilters < cfg.MaxFilters {
-		lowered = fmt.Sprintf("; limits.max_filters %d, lowered so that every REQ window admits a REQ of %d at once", cfg.MaxFilters, maxFilters)
-	}
-	fmt.Fprintf(w, "REQ: at most %d filters (NIP-11 max_filters%s), each filter charged as one REQ; COUNT: one filter\n", maxFilters, lowered)
+	fmt.Fprintf(w, "REQ: at most %d filters (NIP-11 max_filters), each filter charged its price by shape (read cost, below), a REQ at most what its windows admit at once; COUNT: one filter\n", reqFilters(pc))
 	fmt.Fprintf(w, "EVENT: at most %d tags (NIP-11 max_event_tags), none empty; a one-letter tag has a value of at most %d bytes (max_tag_value_bytes)\n", b.MaxTags, b.MaxTagValueBytes)
 	fmt.Fprintf(w, "filters (REQ, COUNT, NEG-OPEN): at most %d values per field (max_filter_values) and %d index scans, such as authors x kinds (max_filter_fanout)\n", b.MaxFilterValues, b.MaxFanout)
 
@@ -141,7 +145,7 @@ func printShape(w io.Writer, cfg *config) {
 		}
 		n, note := cfg.FrameSize[t], ""
 		if n == 0 {
-			n = relay.DefaultFrameSize(t, cfg.ReadLimit)
+			n = relay.Options{ReadLimit: cfg.ReadLimit}.Resolved().FrameSize[t]
 			if int64(n) == cfg.ReadLimit {
 				note = "\t(read_limit)"
 			}
@@ -174,12 +178,12 @@ func flushTable(w io.Writer, tw *tabwriter.Writer, buf *bytes.Buffer) {
 }
 
 // kindList writes a class's kinds as the config does: "7, 20000-29999".
-func kindList(rs []policy.KindRange) string {
+func kindList(rs [][2]int) string {
 	parts := make([]string, len(rs))
 	for i, r := range rs {
-		parts[i] = strconv.Itoa(r.From)
-		if r.To != r.From {
-			parts[i] += "-" + strconv.Itoa(r.To)
+		parts[i] = strconv.Itoa(r[0])
+		if r[1] != r[0] {
+			parts[i] += "-" + strconv.Itoa(r[1])
 		}
 	}
 	return strings.Join(parts, ", ")
@@ -244,4 +248,67 @@ func round(d time.Duration) time.Duration {
 		return d.Round(time.Millisecond)
 	}
 	return d.Round(time.Microsecond)
+}
+
+// printReads writes the read side: the read budget in bytes and the price
+// of a filter by its shape.
+func printReads(w io.Writer, cfg *config) {
+	if len(cfg.Limits.Read) == 0 {
+		fmt.Fprintln(w, "read budget: none (limits.read is empty): reads are priced by shape only")
+	} else {
+		fmt.Fprintln(w, "read budget, per client, in bytes the relay sends back (stored results and live events, on all its connections; charged after it is sent, per 64 KiB or query answered; not through the khatru/rely hooks):")
+		for _, l := range cfg.Limits.Read {
+			mark := ""
+			if l.Shadow || cfg.Shadow {
+				mark = " (shadow)"
+			}
+			fmt.Fprintf(w, "  read %s per %s%s: a burst of %s from rest, then about %s per %s (%s/s)\n",
+				byteSize(l.Rate), formatDuration(l.Period), mark, byteSize(l.Rate), byteSize(l.Sustained()*l.Period.Seconds()), formatDuration(l.Period), byteSize(l.Sustained()))
+		}
+		fmt.Fprintln(w, "  a spent client's subscriptions are closed and its REQs refused: \"rate-limited: read budget spent; retry in Ns\"")
+	}
+	rc := cfg.ReadCost.Resolved()
+	fmt.Fprintf(w, "read cost of a filter by its shape (limits.read_cost), charged to the REQ, COUNT or NEG-OPEN windows with the frame:\n")
+	fmt.Fprintf(w, "  narrow %d: ids; or authors or a #tag, with no limit or one of at most %d\n", rc.Narrow, rc.ScrapeLimit)
+	fmt.Fprintf(w, "  wide   %d: authors or a #tag with a limit above %d; or none of these, a limit of at most %d and a span of at most %s\n", rc.Wide, rc.ScrapeLimit, rc.ScrapeLimit, spanString(rc.ScrapeSpan))
+	fmt.Fprintf(w, "  scrape %d: no ids, authors or tag, and a limit above %d or a span above %s (no since: all of time)\n", rc.Scrape, rc.ScrapeLimit, spanString(rc.ScrapeSpan))
+}
+
+// byteSize writes n bytes for a person: "16 MiB", "190 KiB".
+func byteSize(n float64) string {
+	switch {
+	case n >= 1<<20:
+		return strings.TrimSuffix(strconv.FormatFloat(n/(1<<20), 'f', 1, 64), ".0") + " MiB"
+	case n >= 1<<10:
+		return strconv.FormatFloat(n/(1<<10), 'f', 0, 64) + " KiB"
+	}
+	return strconv.FormatFloat(n, 'f', 0, 64) + " B"
+}
+
+// spanString writes a span as limits.read_cost.scrape_span would: "2h".
+func spanString(d time.Duration) string {
+	if d%time.Hour == 0 {
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	}
+	return formatDuration(d)
+}
+
+// pingTimeout bounds sluice check's dial and PING of the Redis store.
+const pingTimeout = 5 * time.Second
+
+// pingRedis dials the configured Redis store and PINGs it: a URL that
+// parses may still name a server that is not there, or refuses the
+// password.
+func pingRedis(ctx context.Context, cfg *config) error {
+	client, err := redisstore.NewClient(cfg.Redis)
+	if err != nil {
+		return fmt.Errorf("redis %s: %w", redisstore.RedactURL(cfg.Redis), err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if err := client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis %s did not answer PING: %w", redisstore.RedactURL(cfg.Redis), err)
+	}
+	return nil
 }

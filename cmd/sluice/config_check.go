@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -165,6 +166,11 @@ func (v *checker) checkBasics(c *config) {
 	if fc.DataDir == "" {
 		v.bad("data_dir", "must not be empty")
 	}
+	if fc.Database != "" {
+		if err := checkDatabase(fc.Database); err != nil {
+			v.bad("database", "%v", err)
+		}
+	}
 	if fc.Upstream != "" {
 		if err := checkUpstream(fc.Upstream); err != nil {
 			v.bad("upstream", "%v", err)
@@ -197,7 +203,7 @@ func (v *checker) checkBasics(c *config) {
 	if fc.Info.Pubkey != "" {
 		if pk, err := parsePubkey(fc.Info.Pubkey); err != nil {
 			v.bad("info.pubkey", "%v", err)
-		} else if _, ok := wire.DecodeHex32(pk); !ok {
+		} else if b, err := hex.DecodeString(pk); err != nil || len(b) != 32 {
 			v.bad("info.pubkey", "must be 64 hex digits or an npub, got %q", fc.Info.Pubkey)
 		} else {
 			c.Info.Pubkey = strings.ToLower(pk)
@@ -394,6 +400,17 @@ func checkUpstream(s string) error {
 		return fmt.Errorf("must be a ws:// or wss:// URL with a host, got %q", s)
 	case u.User != nil:
 		return errors.New("must not carry credentials")
+	}
+	return nil
+}
+
+// checkDatabase accepts a postgres:// or postgresql:// URL with a host
+// (lib/pq's form) and names neither the URL nor its password when it does
+// not: the value usually carries one.
+func checkDatabase(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+		return errors.New(`must be empty (events in badger under data_dir) or a postgres://user:password@host:port/db URL`)
 	}
 	return nil
 }

@@ -57,6 +57,7 @@ var fileFields = []struct{ lib, file string }{
 	{"Bounds.MaxFilterValues", "limits.max_filter_values"},
 	{"Bounds.MaxFanout", "limits.max_filter_fanout"},
 	{"Kinds", "limits.kinds"},
+	{"ReadCost", "limits.read_cost"},
 	{"Tiers", "tiers"},
 	{"Aggregates", "identity"},
 	{"Identity.IPv6Prefix", "identity.ipv6_prefix"},
@@ -67,13 +68,16 @@ var fileFields = []struct{ lib, file string }{
 	{"FrameSize", "limits.frame_size"},
 	{"RelayURL", "relay_url"},
 	{"QueueBytes", "limits.max_queued_bytes"},
+	{"Penalty", "penalty"},
 }
 
 // fileNames are the file's names of nested library fields; "" drops the
 // segment (a class's or tier's Name is its key in the file).
 var fileNames = map[string]string{
 	"Connection": "connection", "Message": "message", "Limits": "limits", "Kinds": "kinds",
-	"Bits": "prefix", "Pubkeys": "pubkeys", "Name": "",
+	"Read": "read", "Narrow": "narrow", "Wide": "wide", "Scrape": "scrape",
+	"ScrapeLimit": "scrape_limit", "ScrapeSpan": "scrape_span", "Rate": "rate", "Cost": "cost",
+	"Bits": "prefix", "Pubkeys": "pubkeys", "Name": "", "MaxDelay": "max_delay",
 }
 
 var (
@@ -204,24 +208,34 @@ func gateOptions(c *config, pc policy.Config) relay.Options {
 func (v *checker) convert() (*config, *libPaths) {
 	fc := v.fc
 	c := &config{
-		Listen:         fc.Listen,
-		MetricsListen:  fc.MetricsListen,
-		DataDir:        fc.DataDir,
-		Upstream:       fc.Upstream,
-		RelayURL:       fc.RelayURL,
-		ReadLimit:      int64(fc.ReadLimit),
-		MaxSyncEvents:  int(min(max(fc.MaxSyncEvents, 0), maxMaxSyncEvents)),
-		LogFormat:      fc.Log.Format,
-		LogLevel:       fc.Log.Level,
-		Info:           fc.Info,
-		Redis:          fc.Store.Redis,
-		Prefix:         fc.Store.Prefix,
-		QuotaEvents:    int(fc.Quota.Events),
-		QuotaUnlimited: bool(fc.Quota.Unlimited),
+		Listen:           fc.Listen,
+		MetricsListen:    fc.MetricsListen,
+		DataDir:          fc.DataDir,
+		Database:         fc.Database,
+		Upstream:         fc.Upstream,
+		UpstreamVerifies: bool(fc.UpstreamVerifies),
+		RelayURL:         fc.RelayURL,
+		ReadLimit:        int64(fc.ReadLimit),
+		MaxSyncEvents:    int(min(max(fc.MaxSyncEvents, 0), maxMaxSyncEvents)),
+		LogFormat:        fc.Log.Format,
+		LogLevel:         fc.Log.Level,
+		Info:             fc.Info,
+		Redis:            fc.Store.Redis,
+		Prefix:           fc.Store.Prefix,
+		QuotaEvents:      int(fc.Quota.Events),
+		QuotaUnlimited:   bool(fc.Quota.Unlimited),
 	}
 	lp := &libPaths{c: c}
 	v.checkBasics(c)
 	v.checkCaps(c)
+
+	switch fc.Auth {
+	case "relay":
+	case "gate":
+		c.GateAuth = true
+	default:
+		v.bad("auth", "must be relay or gate, got %q", fc.Auth)
+	}
 
 	switch fc.Mode {
 	case "enforce":
@@ -242,6 +256,24 @@ func (v *checker) convert() (*config, *libPaths) {
 	}
 	c.Limits.Connection = v.windows(lp, "limits.connection", fc.Limits.Connection)
 	v.messages(lp, "limits.message", fc.Limits.Message, &c.Limits)
+	if d, err := parseDuration(fc.Limits.MaxDelay); err != nil {
+		v.bad("limits.max_delay", "%v", err)
+	} else {
+		c.Limits.MaxDelay = d // bounded by policy.Config.Validate
+	}
+	if fc.Limits.Read == nil {
+		v.bad("limits.read", "must be a list of windows; write [] for no read budget")
+	}
+	c.Limits.Read = v.windows(lp, "limits.read", fc.Limits.Read)
+	rc := fc.Limits.ReadCost
+	c.ReadCost = policy.ReadCost{Narrow: int(rc.Narrow), Wide: int(rc.Wide), Scrape: int(rc.Scrape), ScrapeLimit: int(min(rc.ScrapeLimit, math.MaxInt32))}
+	if rc.ScrapeSpan != "" {
+		if d, err := time.ParseDuration(rc.ScrapeSpan); err != nil || d <= 0 {
+			v.bad("limits.read_cost.scrape_span", "must be a positive duration such as 2h, got %q", rc.ScrapeSpan)
+		} else {
+			c.ReadCost.ScrapeSpan = d
+		}
+	}
 
 	c.Bounds = wire.Bounds{
 		MaxTags:          int(fc.Limits.MaxEventTags),
@@ -276,11 +308,39 @@ func (v *checker) convert() (*config, *libPaths) {
 		v.bad("quota.events", "%s", msg)
 	}
 
+	v.penalty(c)
 	v.identity(c)
 	v.kinds(c, lp)
 	v.tiers(c, lp)
 	v.aggregates(c, lp)
 	return c, lp
+}
+
+// penalty reads the penalty section: durations here, the rest is the
+// library's to refuse (ratelimit.Penalty.Validate, reported at "penalty").
+// Off, it is read all the same, so a mistake shows before it is turned on.
+func (v *checker) penalty(c *config) {
+	fc := v.fc.Penalty
+	p := ratelimit.Penalty{Threshold: float64(fc.Threshold)}
+	for _, f := range []struct {
+		path, s string
+		d       *time.Duration
+	}{{"penalty.half_life", fc.HalfLife, &p.HalfLife}, {"penalty.ban", fc.Ban, &p.Ban}, {"penalty.max_ban", fc.MaxBan, &p.MaxBan}} {
+		d, err := parseDuration(f.s)
+		if err != nil {
+			v.bad(f.path, "%v", err)
+			continue
+		}
+		*f.d = d
+	}
+	if p.Threshold <= 0 {
+		v.bad("penalty.threshold", "must be greater than 0, got %v", fc.Threshold)
+	}
+	if bool(fc.Enabled) {
+		c.Penalty = &p
+	} else if err := p.Validate(); err != nil && !v.covered("penalty") {
+		v.bad("penalty", "%v", err)
+	}
 }
 
 // windows reads the windows at path, one for one: a window the file
@@ -396,7 +456,7 @@ func (v *checker) kinds(c *config, lp *libPaths) {
 		kc := v.fc.Limits.Kinds[name]
 		cl := policy.Class{Name: name, Limits: v.windows(lp, path+".limits", kc.Limits)}
 		for _, k := range kc.Kinds {
-			cl.Kinds = append(cl.Kinds, policy.KindRange{From: int(max(min(k.from, math.MaxInt32), math.MinInt32)), To: int(max(min(k.to, math.MaxInt32), math.MinInt32))})
+			cl.Kinds = append(cl.Kinds, [2]int{int(max(min(k.from, math.MaxInt32), math.MinInt32)), int(max(min(k.to, math.MaxInt32), math.MinInt32))})
 		}
 		c.Kinds = append(c.Kinds, cl)
 		lp.kinds = append(lp.kinds, path)
@@ -449,6 +509,7 @@ func (v *checker) tiers(c *config, lp *libPaths) {
 		}
 		// A type the tier does not name keeps the address's windows.
 		ts.Limits.Message = c.Limits.Message
+		ts.Limits.Read = c.Limits.Read // a tier reads on the address's read windows, by its own key
 		v.messages(lp, path+".limits.message", tc.Limits.Message, &ts.Limits)
 		if q := tc.Quota; q != nil {
 			ts.QuotaSet = true
@@ -485,7 +546,7 @@ func (v *checker) aggregates(c *config, lp *libPaths) {
 	} {
 		for i, ac := range fam.list {
 			path := fmt.Sprintf("%s[%d]", fam.field, i)
-			a := policy.Aggregate{V4: fam.v4, Limits: v.windows(lp, path+".limits", ac.Limits)}
+			a := policy.Aggregate{V4: fam.v4, Limits: v.windows(lp, path+".limits", ac.Limits), Read: v.windows(lp, path+".read", ac.Read)}
 			if ac.Prefix == nil {
 				v.bad(path+".prefix", "is required (e.g. 48 for IPv6, 24 for IPv4)")
 			} else {

@@ -22,10 +22,17 @@ import (
 // parsed by validate so that an error can name the field; pointers mark
 // values whose absence differs from their zero.
 type fileConfig struct {
-	Listen        string         `yaml:"listen"`
-	MetricsListen string         `yaml:"metrics_listen"`
-	DataDir       string         `yaml:"data_dir"`
-	Upstream      string         `yaml:"upstream"`
+	Listen        string `yaml:"listen"`
+	MetricsListen string `yaml:"metrics_listen"`
+	DataDir       string `yaml:"data_dir"`
+	Database      string `yaml:"database"`
+	Upstream      string `yaml:"upstream"`
+	// UpstreamVerifies: the upstream verifies event signatures
+	// (relay.Options.UpstreamVerifies).
+	UpstreamVerifies boolean `yaml:"upstream_verifies"`
+	// Auth is who does NIP-42 behind sluice proxy: "relay" (the relay's
+	// challenges, passed on) or "gate" (relay.Options.GateAuth).
+	Auth          string         `yaml:"auth"`
 	RelayURL      string         `yaml:"relay_url"`
 	ReadLimit     integer        `yaml:"read_limit"`
 	MaxSyncEvents integer        `yaml:"max_sync_events"`
@@ -35,6 +42,7 @@ type fileConfig struct {
 	Store         storeConfig    `yaml:"store"`
 	Limits        limitsConfig   `yaml:"limits"`
 	Quota         quotaConfig    `yaml:"quota"`
+	Penalty       penaltyConfig  `yaml:"penalty"`
 	Identity      identityConfig `yaml:"identity"`
 	Allow         allowConfig    `yaml:"allow"`
 	// Tiers are the member tiers by name (policy.go).
@@ -94,11 +102,27 @@ type limitsConfig struct {
 	// is cut (relay.Options.QueueBytes).
 	MaxQueuedBytes integer `yaml:"max_queued_bytes"`
 	// FrameSize holds only the types the file names; the others keep
-	// relay.DefaultFrameSize, which for EVENT is read_limit whatever
+	// relay.Options.Resolved, which for EVENT is read_limit whatever
 	// read_limit is set to (a number in the defaults could not say that).
 	FrameSize map[string]integer `yaml:"frame_size"`
 	// Kinds are the EVENT kind classes by name (policy.go).
 	Kinds map[string]kindClassConfig `yaml:"kinds"`
+	// MaxDelay is how long a frame whose wait is that short is held
+	// rather than refused (policy.Limits.MaxDelay); "0s" holds nothing.
+	MaxDelay string `yaml:"max_delay"`
+	// Read is the read budget in bytes (policy.Limits.Read); ReadCost the
+	// price of a filter by its shape (policy.ReadCost).
+	Read     []limitConfig  `yaml:"read"`
+	ReadCost readCostConfig `yaml:"read_cost"`
+}
+
+// readCostConfig is limits.read_cost (policy.ReadCost).
+type readCostConfig struct {
+	Narrow      integer `yaml:"narrow"`
+	Wide        integer `yaml:"wide"`
+	Scrape      integer `yaml:"scrape"`
+	ScrapeLimit integer `yaml:"scrape_limit"`
+	ScrapeSpan  string  `yaml:"scrape_span"`
 }
 
 type limitConfig struct {
@@ -112,6 +136,16 @@ type quotaConfig struct {
 	Events    integer `yaml:"events"`
 	Window    string  `yaml:"window"`
 	Unlimited boolean `yaml:"unlimited"`
+}
+
+// penaltyConfig is the penalty box (policy.Config.Penalty), off unless
+// enabled.
+type penaltyConfig struct {
+	Enabled   boolean `yaml:"enabled"`
+	Threshold number  `yaml:"threshold"`
+	HalfLife  string  `yaml:"half_life"`
+	Ban       string  `yaml:"ban"`
+	MaxBan    string  `yaml:"max_ban"`
 }
 
 type identityConfig struct {
@@ -134,7 +168,12 @@ type config struct {
 	Listen        string
 	MetricsListen string // "" turns the metrics listener off
 	DataDir       string
+	Database      string // sluice relay: "" keeps events in badger under DataDir; a postgres:// URL shares them
 	Upstream      string // "" unless proxy mode
+	// UpstreamVerifies is upstream_verifies (relay.Options.UpstreamVerifies).
+	UpstreamVerifies bool
+	// GateAuth is auth: gate (relay.Options.GateAuth).
+	GateAuth      bool
 	RelayURL      string // "": the host the client connected to
 	ReadLimit     int64
 	MaxSyncEvents int    // sluice relay: the events one NIP-77 sync may cover
@@ -147,8 +186,9 @@ type config struct {
 	StoreTimeout time.Duration
 
 	Limits policy.Limits
-	// MaxFilters is limits.max_filters as configured; the gate may lower
-	// it (policy.EffectiveMaxFilters).
+	// ReadCost is limits.read_cost.
+	ReadCost policy.ReadCost
+	// MaxFilters is limits.max_filters.
 	MaxFilters int
 	// Bounds are limits.max_event_tags, max_tag_value_bytes,
 	// max_filter_values and max_filter_fanout (policy.Config.Bounds;
@@ -164,12 +204,15 @@ type config struct {
 	// QueueBytes is limits.max_queued_bytes (relay.Options.QueueBytes).
 	QueueBytes int
 	// FrameSize is limits.frame_size by type; 0 means
-	// relay.DefaultFrameSize.
+	// relay.Options.Resolved.
 	FrameSize [wire.NumTypes]int
 
 	QuotaEvents    int
 	QuotaWindow    time.Duration
 	QuotaUnlimited bool
+
+	// Penalty is the penalty box when penalty.enabled, else nil.
+	Penalty *ratelimit.Penalty
 
 	// Identity says who a client is, and holds allow.ips and
 	// allow.pubkeys (AllowIPs, AllowPubkeys).
@@ -188,6 +231,7 @@ type config struct {
 // sluice.example.yaml spells out exactly this (a test holds them equal).
 func defaultFileConfig() fileConfig {
 	def := policy.DefaultLimits()
+	gate := relay.Options{}.Resolved()
 	msg := make(map[string][]limitConfig, wire.NumTypes)
 	for t := wire.Type(0); t < wire.NumTypes; t++ {
 		msg[t.String()] = toLimitConfigs(def.Message[t])
@@ -195,9 +239,10 @@ func defaultFileConfig() fileConfig {
 	return fileConfig{
 		Listen:        "127.0.0.1:7777",
 		Mode:          "enforce",
+		Auth:          "relay",
 		MetricsListen: "127.0.0.1:9777",
 		DataDir:       "./data",
-		ReadLimit:     relay.DefaultReadLimit,
+		ReadLimit:     integer(gate.ReadLimit),
 		MaxSyncEvents: defaultMaxSyncEvents,
 		Log:           logConfig{Format: "text", Level: "info"},
 		Info: infoConfig{
@@ -213,15 +258,19 @@ func defaultFileConfig() fileConfig {
 			MaxTagValueBytes: integer(wire.DefaultBounds().MaxTagValueBytes),
 			MaxFilterValues:  integer(wire.DefaultBounds().MaxFilterValues),
 			MaxFilterFanout:  integer(wire.DefaultBounds().MaxFanout),
-			Subscriptions:    relay.DefaultMaxSubscriptions,
-			Syncs:            relay.DefaultMaxSyncs,
-			MaxFilterBytes:   relay.DefaultMaxFilterBytes,
-			MaxQueuedBytes:   relay.DefaultQueueBytes,
-			MaxConnections:   relay.DefaultMaxConnections,
+			Subscriptions:    integer(gate.MaxSubscriptions),
+			Syncs:            integer(gate.MaxSyncs),
+			MaxFilterBytes:   integer(gate.MaxFilterBytes),
+			MaxQueuedBytes:   integer(gate.QueueBytes),
+			MaxConnections:   integer(gate.MaxConnections),
 			FrameSize:        map[string]integer{},
 			Kinds:            map[string]kindClassConfig{},
+			MaxDelay:         formatDuration(def.MaxDelay),
+			Read:             toLimitConfigs(def.Read),
+			ReadCost:         defaultReadCost(),
 		},
-		Quota: quotaConfig{Events: 600, Window: "60s"},
+		Quota:   quotaConfig{Events: 600, Window: "60s"},
+		Penalty: penaltyConfig{Threshold: 10, HalfLife: "10m", Ban: "1m", MaxBan: "1h"},
 		Identity: identityConfig{IPv6Prefix: 64, TrustedProxies: []string{}, Header: "X-Forwarded-For",
 			IPv6Aggregate: []aggregateConfig{}, IPv4Aggregate: []aggregateConfig{}},
 		Allow: allowConfig{IPs: []string{}, Pubkeys: []string{}},
@@ -285,6 +334,7 @@ type tierQuotaConfig struct {
 type aggregateConfig struct {
 	Prefix *integer      `yaml:"prefix"`
 	Limits []limitConfig `yaml:"limits"`
+	Read   []limitConfig `yaml:"read"` // policy.Aggregate.Read, bytes
 }
 
 // tierSpec is a validated tier: the policy's Tier without its quota,
@@ -302,4 +352,13 @@ type tierSpec struct {
 	// from says where each of Pubkeys came from: k ≥ 0 is pubkeys[k], -n
 	// is line n of File.
 	from []int32
+}
+
+// defaultReadCost is limits.read_cost as the library's defaults have it.
+func defaultReadCost() readCostConfig {
+	rc := policy.ReadCost{}.Resolved()
+	return readCostConfig{
+		Narrow: integer(rc.Narrow), Wide: integer(rc.Wide), Scrape: integer(rc.Scrape),
+		ScrapeLimit: integer(rc.ScrapeLimit), ScrapeSpan: spanString(rc.ScrapeSpan),
+	}
 }

@@ -59,7 +59,7 @@ func TestDefaultLimitsAreTheGates(t *testing.T) {
 	if want := policy.DefaultLimits(); !sameLimits(cfg.Limits, want) {
 		t.Errorf("default limits\n got %+v\nwant %+v", cfg.Limits, want)
 	}
-	if cfg.ReadLimit != relay.DefaultReadLimit || cfg.Identity.IPv6Prefix != 64 ||
+	if cfg.ReadLimit != (relay.Options{}).Resolved().ReadLimit || cfg.Identity.IPv6Prefix != 64 ||
 		cfg.QuotaEvents != 600 || cfg.QuotaWindow != time.Minute || cfg.QuotaUnlimited || cfg.Redis != "" {
 		t.Errorf("defaults: %+v", cfg)
 	}
@@ -90,8 +90,8 @@ func sameLimits(a, b policy.Limits) bool {
 }
 
 // TestShapeDefaults: max_filters, frame_size and relay_url default to
-// what the gate does with its zero Options: relay.DefaultMaxFilters,
-// relay.DefaultFrameSize for every type, and the host the client used.
+// what the gate does with its zero Options: wire.DefaultBounds().MaxFilters,
+// relay.Options.Resolved for every type, and the host the client used.
 func TestShapeDefaults(t *testing.T) {
 	fc := defaultFileConfig()
 	cfg, err := fc.validate()
@@ -99,15 +99,15 @@ func TestShapeDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.MaxFilters != wire.DefaultBounds().MaxFilters {
-		t.Errorf("MaxFilters = %d, want relay.DefaultMaxFilters %d", cfg.MaxFilters, wire.DefaultBounds().MaxFilters)
+		t.Errorf("MaxFilters = %d, want wire.DefaultBounds().MaxFilters %d", cfg.MaxFilters, wire.DefaultBounds().MaxFilters)
 	}
 	if cfg.FrameSize != ([wire.NumTypes]int{}) {
-		t.Errorf("FrameSize = %v, want all 0 (relay.DefaultFrameSize)", cfg.FrameSize)
+		t.Errorf("FrameSize = %v, want all 0 (relay.Options.Resolved)", cfg.FrameSize)
 	}
 	if cfg.RelayURL != "" {
 		t.Errorf("RelayURL = %q, want \"\"", cfg.RelayURL)
 	}
-	if cfg.Subscriptions != relay.DefaultMaxSubscriptions || cfg.MaxConnections != relay.DefaultMaxConnections {
+	if cfg.Subscriptions != (relay.Options{}).Resolved().MaxSubscriptions || cfg.MaxConnections != (relay.Options{}).Resolved().MaxConnections {
 		t.Errorf("Subscriptions %d MaxConnections %d, want the relay defaults", cfg.Subscriptions, cfg.MaxConnections)
 	}
 }
@@ -183,10 +183,10 @@ limits:
 }
 
 // TestQueuedBytes: limits.max_queued_bytes reaches relay.Options.QueueBytes
-// (default relay.DefaultQueueBytes), and a value the gate would not hold
+// (default (relay.Options{}).Resolved().QueueBytes), and a value the gate would not hold
 // is refused with the field named.
 func TestQueuedBytes(t *testing.T) {
-	for yaml, want := range map[string]int{"": relay.DefaultQueueBytes, "limits: {max_queued_bytes: 65536}": 64 << 10, "limits: {max_queued_bytes: 33554432}": 32 << 20} {
+	for yaml, want := range map[string]int{"": (relay.Options{}).Resolved().QueueBytes, "limits: {max_queued_bytes: 65536}": 64 << 10, "limits: {max_queued_bytes: 33554432}": 32 << 20} {
 		cfg, err := parseAndValidate([]byte(yaml))
 		if err != nil {
 			t.Fatalf("%q: %v", yaml, err)
@@ -328,6 +328,10 @@ func TestHostileConfigs(t *testing.T) {
 		{"quota too large", "quota: {events: 99999999999}", "quota.events (line 1, column 9): ratelimit: invalid quota: events 99999999999 must be at most 4194303"},
 		{"quota negative", "quota: {events: -5}", "quota.events (line 1, column 9): must be at least 1, got -5 (set quota.unlimited: true to turn the quota off)"},
 		{"quota window zero", "quota: {window: 0s}", "quota.window"},
+		{"penalty threshold zero", "penalty: {enabled: true, threshold: 0}", "penalty.threshold"},
+		{"penalty ban bad", "penalty: {ban: soon}", "penalty.ban"},
+		{"penalty ban past max ban", "penalty: {enabled: true, ban: 2h, max_ban: 1h}", "penalty (line 1, column 1): max ban must be from the ban (2h0m0s) to 24h0m0s, got 1h0m0s"},
+		{"penalty ban past max ban, off", "penalty: {ban: 2h, max_ban: 1h}", "penalty"},
 		{"quota window empty", "quota: {window: \"\"}", "quota.window (line 1, column 9): is required (a duration such as 1s or 100ms)"},
 		{"ipv6 prefix zero", "identity: {ipv6_prefix: 0}", "identity.ipv6_prefix (line 1, column 12): must be between 16 and 128, got 0"},
 		{"ipv6 prefix too long", "identity: {ipv6_prefix: 129}", "identity.ipv6_prefix (line 1, column 12): must be between 16 and 128, got 129"},
@@ -606,7 +610,7 @@ func TestCheckPrintsShape(t *testing.T) {
 	}
 	s := check("")
 	printed(s,
-		"REQ: at most 10 filters (NIP-11 max_filters), each filter charged as one REQ; COUNT: one filter\n",
+		"REQ: at most 10 filters (NIP-11 max_filters), each filter charged its price by shape (read cost, below), a REQ at most what its windows admit at once; COUNT: one filter\n",
 		"largest frame forwarded, in bytes",
 		"  EVENT      524288  (read_limit)\n",
 		"  REQ        65536\n",
@@ -634,8 +638,8 @@ limits:
   frame_size: {EVENT: 100000, AUTH: 2048}
 `)
 	printed(s,
-		// 8/60s cost 2 admits 3 filters at once (3·2 < 8), not 50.
-		"REQ: at most 3 filters (NIP-11 max_filters; limits.max_filters 50, lowered so that every REQ window admits a REQ of 3 at once), each filter charged as one REQ",
+		// The windows cap a REQ's price, not its filters.
+		"REQ: at most 50 filters (NIP-11 max_filters), each filter charged its price by shape (read cost, below), a REQ at most what its windows admit at once",
 		"  EVENT      100000\n",
 		"  AUTH       2048\n",
 		"  NEG-MSG    200000  (read_limit)\n",
@@ -697,7 +701,7 @@ func FuzzParseConfig(f *testing.F) {
 		if _, err := relay.New(opts); err != nil {
 			t.Fatalf("accepted a config relay.New refuses: %v", err)
 		}
-		if n := policy.EffectiveMaxFilters(pc); n < 1 || n > cfg.MaxFilters {
+		if n := reqFilters(pc); n < 1 || n > cfg.MaxFilters {
 			t.Fatalf("max_filters %d gave a gate bound of %d", cfg.MaxFilters, n)
 		}
 		for typ, n := range cfg.FrameSize {
@@ -756,5 +760,26 @@ func TestKnownEnv(t *testing.T) {
 	got := unknownEnv([]string{"SLUICE_REDIS=redis://x", "SLUICE_REDIS_URL=redis://x", "PATH=/bin", "SLUICE_=1", "sluice_listen=x"})
 	if want := []string{"SLUICE_REDIS_URL", "SLUICE_"}; !slices.Equal(got, want) {
 		t.Errorf("unknownEnv = %v, want %v", got, want)
+	}
+}
+
+// TestPenaltyEnabled: the penalty box is off unless enabled, and enabled
+// with the defaults of the example file.
+func TestPenaltyEnabled(t *testing.T) {
+	cfg, err := parseAndValidate([]byte(""))
+	if err != nil || cfg.Penalty != nil {
+		t.Fatalf("default: %+v, %v; want no penalty box", cfg.Penalty, err)
+	}
+	cfg, err = parseAndValidate([]byte("penalty: {enabled: true, threshold: 4}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ratelimit.Penalty{Threshold: 4, HalfLife: 10 * time.Minute, Ban: time.Minute, MaxBan: time.Hour}
+	if cfg.Penalty == nil || *cfg.Penalty != want {
+		t.Fatalf("enabled: %+v, want %+v", cfg.Penalty, want)
+	}
+	pc, _ := buildPolicy(cfg, func(string, int, time.Duration, bool) (ratelimit.ActorQuota, error) { return nil, nil })
+	if pc.Penalty == nil || *pc.Penalty != want {
+		t.Fatalf("policy: %+v", pc.Penalty)
 	}
 }

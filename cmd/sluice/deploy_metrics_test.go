@@ -46,7 +46,7 @@ func gatherExported(t *testing.T) exported {
 		// window is in shadow (sluice_shadow_windows) are exported too.
 		cfg.Shadow = redis == ""
 		ctx, cancel := context.WithCancel(context.Background())
-		_, parts, m, err := newGate(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+		_, parts, m, err := newGate(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil)
 		if err != nil {
 			cancel()
 			t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/redis/go-redis/v9"
 	"io"
 	"net"
 	"net/http"
@@ -387,8 +388,8 @@ func TestE2ERelay(t *testing.T) {
 	if !slices.Contains(doc.SupportedNIPs, 11) || !slices.Contains(doc.SupportedNIPs, 42) || !slices.Contains(doc.SupportedNIPs, 77) {
 		t.Errorf("relay NIP-11 supported_nips = %v, want 11, 42 and 77 among them", doc.SupportedNIPs)
 	}
-	if doc.Limitation["max_filters"] != float64(10) || doc.Limitation["max_subid_length"] != float64(64) {
-		t.Errorf("relay NIP-11 limitation = %v, want max_filters 10 and max_subid_length 64", doc.Limitation)
+	if _, ok := doc.Limitation["max_filters"]; ok || doc.Limitation["max_subid_length"] != float64(64) {
+		t.Errorf("relay NIP-11 limitation = %v, want max_subid_length 64 and no max_filters (NIP-11 dropped it)", doc.Limitation)
 	}
 	resp, err := http.Get("http" + strings.TrimPrefix(p.url(), "ws") + "/")
 	if err != nil {
@@ -746,7 +747,11 @@ func TestE2EQuota(t *testing.T) {
 
 // TestE2EQuotaSharedByInstances: with Redis, the actor quota lives there:
 // one pubkey publishing round-robin to three sluice relays gets its quota
-// of 5 accepted once, not once per instance (15 with the in-process quota).
+// of 5 accepted once, not once per instance (15 with the in-process quota),
+// within the bound of charges batched off the event's path: an instance
+// learns the actor is full from the reply to its own charge, which comes
+// back after the relay's OK, so each instance may accept one event more
+// (docs/protocol.md).
 func TestE2EQuotaSharedByInstances(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := testCtx(t)
@@ -763,19 +768,39 @@ func TestE2EQuotaSharedByInstances(t *testing.T) {
 		procs = append(procs, p)
 		relays = append(relays, connect(t, ctx, p.url()))
 	}
+	// The documented bound is one charge round trip per instance after the
+	// relay's OK; the test waits for each charge of the quota's events to
+	// land in Redis (its seen key; a charge refused at the limit writes
+	// nothing) before the next publish, so a loaded machine, on which a
+	// batch can take longer than the next publishes, cannot stretch it.
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rc.Close()
+	landed := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) { // polls a real process's batch
+			keys, err := rc.Keys(ctx, "*:seen:*").Result()
+			if err == nil && len(keys) >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d charges landed in Redis 10 s after %d events were accepted (err %v)", len(keys), n, err)
+			}
+		}
+	}
 	sk := nostr.GeneratePrivateKey()
 	accepted := 0
 	for i := range 15 {
 		err := relays[i%3].Publish(ctx, signed(t, sk, fmt.Sprintf("q %d", i)))
 		if err == nil {
 			accepted++
+			landed(min(accepted, 5))
 			continue
 		}
 		checkRefusal(t, err)
 	}
 	t.Logf("one pubkey, three instances, quota 5: %d of 15 accepted", accepted)
-	if accepted != 5 {
-		t.Errorf("accepted %d of 15 events across three instances, want the one quota of 5", accepted)
+	if accepted < 5 || accepted > 5+3 {
+		t.Errorf("accepted %d of 15 events across three instances, want the one quota of 5, plus at most one per instance", accepted)
 	}
 	for _, p := range procs {
 		if code := p.stop(); code != 0 {

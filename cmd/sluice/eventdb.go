@@ -143,6 +143,14 @@ func (g *guardedStore) ReplaceEvent(ctx context.Context, evt *nostr.Event) (err 
 	}
 	defer g.calls.Done()
 	defer g.contain("replace", &err)
+	if r, ok := g.db.(replacer); ok {
+		var stored bool
+		if stored, err = r.Replace(ctx, evt); err == nil && stored {
+			g.saved.add(evt.ID)
+			g.expiring.track(evt)
+		}
+		return err
+	}
 	// badger's ReplaceEvent answers nil whether it stored evt or kept the
 	// newer event it has (or evt itself, sent again): whether it will
 	// store is asked first, as it decides it.
@@ -153,6 +161,13 @@ func (g *guardedStore) ReplaceEvent(ctx context.Context, evt *nostr.Event) (err 
 		g.expiring.track(evt)
 	}
 	return err
+}
+
+// replacer is an event store whose replacement reports whether it stored
+// (pgstore): asking first, as for badger, could be made stale by another
+// instance between the question and the replacement.
+type replacer interface {
+	Replace(ctx context.Context, evt *nostr.Event) (stored bool, err error)
 }
 
 // replaces reports whether the store holds no event that evt would not
@@ -210,6 +225,11 @@ func (g *guardedStore) QueryEvents(ctx context.Context, filter nostr.Filter) (ch
 	if !tagNamesValid(filter) {
 		return nil, errEmptyTagName
 	}
+	if namesNoTag(filter) {
+		out := make(chan *nostr.Event)
+		close(out)
+		return out, nil
+	}
 	if !g.enter() {
 		return nil, errEventStoreClosed
 	}
@@ -254,6 +274,21 @@ func tagNamesValid(filter nostr.Filter) bool {
 		}
 	}
 	return true
+}
+
+// namesNoTag reports whether filter asks for a tag name that begins with
+// "#". khatru's own deleted-checks ask for "#e" and "#a" on every publish
+// (see RejectEvent), which no client's filter can (a filter's "#e" is the
+// tag "e"), and which find nothing on badger; PostgreSQL's backend matches a
+// value under any tag name, so such a query would cost a round trip and
+// then be discarded. They are answered empty without a store call.
+func namesNoTag(filter nostr.Filter) bool {
+	for name := range filter.Tags {
+		if strings.HasPrefix(name, "#") {
+			return true
+		}
+	}
+	return false
 }
 
 // expired reports whether evt has a NIP-40 expiration at or before now,

@@ -155,3 +155,41 @@ func TestSavedIDs(t *testing.T) {
 		t.Fatal("grew past two generations")
 	}
 }
+
+// replacingDB is a store whose replacement says whether it stored, as
+// pgstore's does; its queries find nothing.
+type replacingDB struct {
+	blockingDB
+	stored bool
+}
+
+func (r *replacingDB) Replace(context.Context, *nostr.Event) (bool, error) { return r.stored, nil }
+func (r *replacingDB) QueryEvents(context.Context, nostr.Filter) (chan *nostr.Event, error) {
+	ch := make(chan *nostr.Event)
+	close(ch)
+	return ch, nil
+}
+
+// TestGuardedStoreTakesReplacersWord: with a store that reports whether a
+// replacement stored, the event is recorded as saved (and so charged to
+// its author's quota) exactly when the store says it stored it, not by
+// asking the store first, which another instance could make stale.
+func TestGuardedStoreTakesReplacersWord(t *testing.T) {
+	sk := nostr.GeneratePrivateKey()
+	for _, stored := range []bool{false, true} {
+		saved := newSavedIDs()
+		g := newGuardedStore(&replacingDB{stored: stored}, saved)
+		evt := &nostr.Event{Kind: 0, CreatedAt: 1000, Tags: nostr.Tags{}}
+		if err := evt.Sign(sk); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.ReplaceEvent(context.Background(), evt); err != nil {
+			t.Fatal(err)
+		}
+		var id [32]byte
+		hex.Decode(id[:], []byte(evt.ID))
+		if got := saved.take(id); got != stored {
+			t.Errorf("store said stored=%v; recorded as saved: %v", stored, got)
+		}
+	}
+}

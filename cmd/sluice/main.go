@@ -59,7 +59,7 @@ func main() {
 }
 
 // knownEnv is every environment variable sluice reads.
-var knownEnv = []string{"SLUICE_CONFIG", "SLUICE_LISTEN", "SLUICE_METRICS_LISTEN", "SLUICE_DATA_DIR",
+var knownEnv = []string{"SLUICE_CONFIG", "SLUICE_LISTEN", "SLUICE_METRICS_LISTEN", "SLUICE_DATA_DIR", "SLUICE_DATABASE",
 	"SLUICE_UPSTREAM", "SLUICE_RELAY_URL", "SLUICE_REDIS", "SLUICE_LOG_FORMAT", "SLUICE_LOG_LEVEL"}
 
 // unknownEnv returns the names of SLUICE_* variables in environ (as
@@ -95,7 +95,7 @@ Configuration comes from, lowest to highest precedence:
   1. built-in defaults (sluice.example.yaml spells out every one, with comments)
   2. the YAML file given by --config or SLUICE_CONFIG
   3. environment variables SLUICE_LISTEN, SLUICE_METRICS_LISTEN, SLUICE_DATA_DIR,
-     SLUICE_UPSTREAM, SLUICE_RELAY_URL, SLUICE_REDIS, SLUICE_LOG_FORMAT,
+     SLUICE_DATABASE, SLUICE_UPSTREAM, SLUICE_RELAY_URL, SLUICE_REDIS, SLUICE_LOG_FORMAT,
      SLUICE_LOG_LEVEL
   4. flags
 
@@ -113,7 +113,8 @@ connection, and keeps the running one if the new file is invalid.
 
 // flagValues holds the flags every subcommand shares.
 type flagValues struct {
-	config, listen, metricsListen, dataDir, upstream, redis, logFormat, logLevel string
+	config, listen, metricsListen, dataDir, database, upstream, redis, logFormat, logLevel string
+	offline                                                                                bool // check: do not dial Redis
 }
 
 // newFlagSet returns the flag set of cmd; the flags it declares depend on
@@ -130,9 +131,13 @@ func newFlagSet(cmd string, out io.Writer) (*flag.FlagSet, *flagValues) {
 	fs.StringVar(&v.logLevel, "log-level", "", "log `level`: debug, info, warn, error (default info; env SLUICE_LOG_LEVEL)")
 	if cmd != "proxy" {
 		fs.StringVar(&v.dataDir, "data-dir", "", "`directory` of the event database (default ./data; env SLUICE_DATA_DIR)")
+		fs.StringVar(&v.database, "database", "", "postgres:// `URL` keeping events in PostgreSQL, shared by every sluice relay on it; empty: badger in --data-dir (env SLUICE_DATABASE)")
 	}
 	if cmd != "relay" {
 		fs.StringVar(&v.upstream, "upstream", "", "ws:// or wss:// `URL` of the relay to protect (env SLUICE_UPSTREAM)")
+	}
+	if cmd == "check" {
+		fs.BoolVar(&v.offline, "offline", false, "do not dial the Redis store (by default check PINGs it, and fails when it does not answer)")
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: sluice %s [flags]\n\n%s\n\nFlags (-flag and --flag both work):\n", cmd, commandHelp[cmd])
@@ -143,7 +148,9 @@ func newFlagSet(cmd string, out io.Writer) (*flag.FlagSet, *flagValues) {
 
 var commandHelp = map[string]string{
 	"relay": `Runs a complete Nostr relay: khatru with events stored on disk under
---data-dir (badger), the gate in front. Serves NIP-11 with the limits in
+--data-dir (badger), or in PostgreSQL with --database, shared by every
+sluice relay on it (events published through one reach the subscribers of
+all), the gate in front. Serves NIP-11 with the limits in
 "limitation" and "rate_limits", and sends every connection a NIP-42
 challenge (set relay_url, or SLUICE_RELAY_URL, to the public wss:// URL).`,
 	"proxy": `Runs the gate in front of the relay at --upstream. Admitted frames are
@@ -152,7 +159,8 @@ sluice's limits merged in.`,
 	"check": `Validates the configuration (file, environment and flags, as relay and proxy
 would see them) and prints, for every limit, the burst it allows from rest
 and the rate it sustains after. Exits 2 and names the field when something
-is wrong.`,
+is wrong. With a Redis store it dials Redis and PINGs it, and exits 1 when
+that fails (--offline skips it).`,
 }
 
 // run is main without the process: it returns the exit code.
@@ -212,6 +220,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if cmd == "check" {
 		printCheck(stdout, cfg)
+		if cfg.Redis != "" && !fv.offline {
+			if err := pingRedis(ctx, cfg); err != nil {
+				fmt.Fprintf(stderr, "sluice check: %v\n", err)
+				return exitFailure
+			}
+			fmt.Fprintln(stdout, "redis: answered PING")
+		}
 		return exitOK
 	}
 
@@ -264,6 +279,7 @@ func loadConfig(fs *flag.FlagSet, fv *flagValues, getenv func(string) string) (*
 		{"listen", "SLUICE_LISTEN", "listen", &fc.Listen, fv.listen},
 		{"metrics-listen", "SLUICE_METRICS_LISTEN", "metrics_listen", &fc.MetricsListen, fv.metricsListen},
 		{"data-dir", "SLUICE_DATA_DIR", "data_dir", &fc.DataDir, fv.dataDir},
+		{"database", "SLUICE_DATABASE", "database", &fc.Database, fv.database},
 		{"upstream", "SLUICE_UPSTREAM", "upstream", &fc.Upstream, fv.upstream},
 		{"", "SLUICE_RELAY_URL", "relay_url", &fc.RelayURL, ""}, // no flag: set once per deployment
 		{"redis", "SLUICE_REDIS", "store.redis", &fc.Store.Redis, fv.redis},

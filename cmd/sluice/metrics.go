@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -17,13 +18,12 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// numOutcomes and numCutReasons size the arrays indexed by policy.Outcome
-// and policy.CutReason: the last of each, plus one (TestOutcomeNames in
-// relay/policy holds the last ones last).
-const (
-	numOutcomes   = policy.Unmatched + 1
-	numCutReasons = policy.CutKnocking + 1
-)
+// numOutcomes sizes the arrays indexed by policy.Outcome: the last one,
+// plus one (TestOutcomeNames in relay/policy holds the last one last).
+const numOutcomes = policy.Unanswered + 1
+
+// cutReasons are the reasons the gate gives Observer.Cut.
+var cutReasons = []string{"slow_reader", "control_flood", "knocking"}
 
 // metrics holds sluice's Prometheus collectors on a registry of its own
 // (not the global one, so tests can build several). Every counter a frame
@@ -34,15 +34,28 @@ type metrics struct {
 
 	frames      [wire.NumTypes][numOutcomes]prometheus.Counter
 	connections [numOutcomes]prometheus.Counter
-	cuts        [numCutReasons]prometheus.Counter
+	cuts        map[string]prometheus.Counter // by reason; read-only once built
 	// offenders are the clients refused most over the last minutes,
 	// served at /top and on the status page.
 	offenders *Offenders
-	open      prometheus.Gauge
+	// bans are the penalty box's bans this process knows of, served at
+	// /top and on the status page.
+	bans *banList
+	// readers are the clients the relay sent most over the last minutes,
+	// counted in MiB (the read budget's settlements), at /top and on the
+	// status page.
+	readers *Offenders
+	// readBytes, readEvents and readRefusals count the read side by payer
+	// kind: "address" or "tier" (a NIP-42 member's budget).
+	readBytes, readEvents, readRefusals *prometheus.CounterVec
+	open                                prometheus.Gauge
 	// shadow counts the running policy's windows in shadow by budget
 	// (setPolicy): no series while nothing is in shadow.
 	shadow  *prometheus.GaugeVec
 	latency *prometheus.HistogramVec // registered by watch with the Redis store only
+	// held observes the frames held rather than refused (limits.max_delay)
+	// by how long, and in shadow mode those that would have been.
+	held, wouldHold prometheus.Observer
 
 	// The same counts as plain atomics, for the status page (reading a
 	// Prometheus counter back means writing it out as a protobuf).
@@ -60,7 +73,7 @@ var connectionOutcomes = []policy.Outcome{policy.Admitted, policy.RateLimited, p
 // newMetrics registers the gate's and the store's collectors; watch adds
 // the limiter's once it exists (the store it wraps needs observeStore first).
 func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), offenders: NewOffenders(0, 0, nil)}
+	m := &metrics{reg: prometheus.NewRegistry(), offenders: NewOffenders(0, 0, nil), bans: newBanList(nil), readers: NewOffenders(0, 0, nil)}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -84,8 +97,9 @@ func newMetrics() *metrics {
 		Name: "sluice_disconnects_total",
 		Help: "Client connections the gate closed on its own account (1008), by reason: slow_reader (a write to it made no progress for the write timeout), control_flood (too many pings, pongs or fragments), knocking (too many frames refused from the local table).",
 	}, []string{"reason"})
-	for r := policy.CutReason(0); r < numCutReasons; r++ {
-		m.cuts[r] = cuts.WithLabelValues(r.String())
+	m.cuts = make(map[string]prometheus.Counter, len(cutReasons))
+	for _, r := range cutReasons {
+		m.cuts[r] = cuts.WithLabelValues(r)
 	}
 	for t := wire.Type(0); t < wire.NumTypes; t++ {
 		for o := policy.Outcome(0); o < numOutcomes; o++ {
@@ -109,9 +123,29 @@ func newMetrics() *metrics {
 		Name: "sluice_shadow_windows",
 		Help: "Windows of the running policy in shadow (mode: shadow, or shadow: true on a window), by budget: connection, a message type, \"kind <class>\", \"tier <name> <type>\", \"prefix IPv6 /48\". No series while none is.",
 	}, []string{"budget"})
+	held := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "sluice_held_seconds",
+		Help: "Client frames held rather than refused (limits.max_delay), by how long, observed when let go (forwarded, or refused after all: see sluice_frames_total); mode=\"shadow\": frames that would have been held, by the wait they would have been held for.",
+		// From a few milliseconds (one frame past a large burst) to the
+		// longest max_delay.
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"mode"})
+	m.held, m.wouldHold = held.WithLabelValues("enforce"), held.WithLabelValues("shadow")
 	m.storeOK = m.latency.WithLabelValues("ok")
 	m.storeErr = m.latency.WithLabelValues("error")
-	m.reg.MustRegister(buildInfo, frames, conns, cuts, m.open, m.shadow)
+	m.readBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_read_bytes_total",
+		Help: "Bytes the relay sent clients, charged to their read budget (limits.read), by payer: address or tier.",
+	}, []string{"budget"})
+	m.readEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_read_events_total",
+		Help: "Events the relay sent clients, with the bytes of sluice_read_bytes_total, by payer: address or tier.",
+	}, []string{"budget"})
+	m.readRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_read_refusals_total",
+		Help: "Subscriptions closed and REQs, COUNTs and NEG-OPENs refused because the client's read budget was spent, by payer: address or tier.",
+	}, []string{"budget"})
+	m.reg.MustRegister(buildInfo, frames, conns, cuts, m.open, m.shadow, held, m.readBytes, m.readEvents, m.readRefusals)
 	return m
 }
 
@@ -182,33 +216,73 @@ func (m masterBreakers) Collect(ch chan<- prometheus.Metric) {
 // observer returns the gate's hook into the counters.
 func (m *metrics) observer() *policy.Observer {
 	return &policy.Observer{
-		Frame: func(t wire.Type, o policy.Outcome) {
+		Frame: func(client string, t wire.Type, o policy.Outcome) {
 			if t < wire.NumTypes && o < numOutcomes {
 				m.frames[t][o].Inc()
 				m.frameCounts[t][o].Add(1)
 			}
+			m.offend(client, o)
 		},
-		Connection: func(o policy.Outcome) {
+		Connection: func(client string, o policy.Outcome) {
 			if o < numOutcomes && m.connections[o] != nil {
 				m.connections[o].Inc()
 			}
+			m.offend(client, o)
 		},
 		Open: func(delta int) {
 			m.open.Add(float64(delta))
 			m.openCount.Add(int64(delta))
 		},
-		Cut: func(r policy.CutReason) {
-			if r < numCutReasons {
-				m.cuts[r].Inc()
+		Cut: func(reason string) {
+			if c := m.cuts[reason]; c != nil {
+				c.Inc()
 			}
 		},
-		Refusal: func(client string, _ wire.Type, _ policy.Outcome) { m.offenders.Add(client) },
+		Held: func(_ wire.Type, d time.Duration, shadow bool) {
+			if shadow {
+				m.wouldHold.Observe(d.Seconds())
+			} else {
+				m.held.Observe(d.Seconds())
+			}
+		},
+		Ban: m.bans.add,
+		Sent: func(client string, bytes, events int64) {
+			b := payerKind(client)
+			m.readBytes.WithLabelValues(b).Add(float64(bytes))
+			m.readEvents.WithLabelValues(b).Add(float64(events))
+			m.readers.addN(client, float64(bytes)/(1<<20))
+		},
+		ReadSpent: func(client string) { m.readRefusals.WithLabelValues(payerKind(client)).Inc() },
 	}
+}
+
+// offend counts a refusal that was the client's doing (not the store's)
+// toward the view of who is being limited.
+func (m *metrics) offend(client string, o policy.Outcome) {
+	if client == "" {
+		return // a refusal that was nobody's doing
+	}
+	switch o {
+	case policy.RateLimited, policy.QuotaExceeded, policy.Invalid, policy.OverCap:
+		m.offenders.Add(client)
+	}
+}
+
+// payerKind is the budget label of a payer: "tier" for a member's
+// ("pk:<hex>"), else "address".
+func payerKind(client string) string {
+	if strings.HasPrefix(client, "pk:") {
+		return "tier"
+	}
+	return "address"
 }
 
 // serveTop writes the clients refused most over the last minutes as JSON:
 // {"half_life_seconds": 60, "clients": [{"client": …, "refusals": …,
-// "overestimate": …}, …]}, most refused first; ?n= caps the list.
+// "overestimate": …}, …], "bans": [{"key": …, "retry_after_seconds": …,
+// "until": …}, …]}, most refused first; ?n= caps the list of clients. The
+// bans are the penalty box's that this process knows of, ending last
+// first.
 func (m *metrics) serveTop(w http.ResponseWriter, r *http.Request) {
 	n := 0
 	if v := r.URL.Query().Get("n"); v != "" {
@@ -222,7 +296,28 @@ func (m *metrics) serveTop(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(struct {
 		HalfLife float64    `json:"half_life_seconds"`
 		Clients  []Offender `json:"clients"`
-	}{DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n)})
+		Bans     []Ban      `json:"bans"`
+		Readers  []reader   `json:"readers"`
+	}{DefaultOffendersHalfLife.Seconds(), m.offenders.Top(n), m.bans.active(), m.topReaders(n)})
+}
+
+// reader is one client of the readers' view: the MiB the relay sent it,
+// fading by half every half-life, at most Overestimate more than the truth.
+type reader struct {
+	Client       string  `json:"client"`
+	MiB          float64 `json:"mib"`
+	Overestimate float64 `json:"overestimate"`
+}
+
+// topReaders returns up to n of the clients the relay sent most (n ≤ 0:
+// all kept).
+func (m *metrics) topReaders(n int) []reader {
+	top := m.readers.Top(n)
+	out := make([]reader, len(top))
+	for i, o := range top {
+		out[i] = reader{Client: o.Client, MiB: o.Refusals, Overestimate: o.Overestimate}
+	}
+	return out
 }
 
 // observeStore is redisstore.Options.Observe.

@@ -27,16 +27,18 @@ func TestMetrics(t *testing.T) {
 	m.watch(ratelimit.NewLimiter(ratelimit.NewMemoryStore(16), nil), func() string { return state })
 
 	o := m.observer()
-	o.Frame(wire.TypeEVENT, policy.RateLimited)
-	o.Frame(wire.TypeEVENT, policy.RateLimited)
-	o.Frame(wire.TypeREQ, policy.Unavailable)
-	o.Frame(wire.NumTypes, policy.Admitted) // out of range: ignored, no panic
-	o.Connection(policy.RateLimited)
+	o.Frame("203.0.113.7", wire.TypeEVENT, policy.RateLimited)
+	o.Frame("203.0.113.7", wire.TypeEVENT, policy.RateLimited)
+	o.Frame("203.0.113.8", wire.TypeREQ, policy.Unavailable)
+	o.Frame("203.0.113.8", wire.NumTypes, policy.Admitted) // out of range: ignored, no panic
+	o.Connection("203.0.113.9", policy.RateLimited)
 	o.Open(1)
 	o.Open(1)
 	o.Open(-1)
 	m.observeStore(3*time.Millisecond, nil)
 	m.observeStore(150*time.Millisecond, errors.New("timeout"))
+	o.Held(wire.TypeREQ, 30*time.Millisecond, false)
+	o.Held(wire.TypeREQ, 2*time.Second, true)
 
 	body := scrape(t, m)
 	for _, want := range []string{
@@ -48,6 +50,10 @@ func TestMetrics(t *testing.T) {
 		`sluice_store_latency_seconds_bucket{result="ok",le="0.005"} 1`,
 		`sluice_store_latency_seconds_count{result="error"} 1`,
 		`sluice_breaker_open 0`,
+		`sluice_held_seconds_bucket{mode="enforce",le="0.05"} 1`,
+		`sluice_held_seconds_count{mode="enforce"} 1`,
+		`sluice_held_seconds_bucket{mode="shadow",le="1"} 0`,
+		`sluice_held_seconds_count{mode="shadow"} 1`,
 		`sluice_limiter_store_calls_total 0`,
 		`sluice_limiter_local_refusals_total 0`,
 		`sluice_build_info{version=`,
@@ -69,8 +75,8 @@ func TestMetrics(t *testing.T) {
 func TestConnectionOutcomes(t *testing.T) {
 	m := newMetrics()
 	o := m.observer()
-	o.Connection(policy.Invalid) // not an upgrade's: ignored, no panic
-	o.Connection(policy.OverCap)
+	o.Connection("203.0.113.9", policy.Invalid) // not an upgrade's: ignored, no panic
+	o.Connection("203.0.113.9", policy.OverCap)
 	body := scrape(t, m)
 	for _, out := range []string{"admitted", "rate_limited", "unavailable", "allowlisted"} {
 		if !strings.Contains(body, `sluice_connections_total{outcome="`+out+`"} 0`) {
@@ -106,5 +112,33 @@ func TestMemoryStoreMetrics(t *testing.T) {
 		if !strings.Contains(body, name) {
 			t.Errorf("Redis store does not export %s", name)
 		}
+	}
+}
+
+// TestReadMetrics: what the relay sent each payer is counted by payer
+// kind, and its readers are at /top and on the status page.
+func TestReadMetrics(t *testing.T) {
+	m := newMetrics()
+	o := m.observer()
+	o.Sent("198.51.100.7", 3<<20, 700)
+	o.Sent("pk:ab", 1<<20, 100)
+	o.Sent("198.51.100.7", 1<<20, 200)
+	o.ReadSpent("198.51.100.7")
+
+	body := scrape(t, m)
+	for _, want := range []string{
+		`sluice_read_bytes_total{budget="address"} 4.194304e+06`,
+		`sluice_read_bytes_total{budget="tier"} 1.048576e+06`,
+		`sluice_read_events_total{budget="address"} 900`,
+		`sluice_read_refusals_total{budget="address"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	w := httptest.NewRecorder()
+	m.serveTop(w, httptest.NewRequest("GET", "/top", nil))
+	if got := w.Body.String(); !strings.Contains(got, `"readers":[{"client":"198.51.100.7","mib":4,"overestimate":0},{"client":"pk:ab","mib":1,"overestimate":0}]`) {
+		t.Errorf("/top: %s", got)
 	}
 }

@@ -24,7 +24,8 @@ const (
 // by at most its Overestimate, the count of the client it displaced. A
 // million distinct clients leave it the size it was made.
 //
-// Feed it from Observer.Refusal. It is safe for concurrent use.
+// Feed it from Observer.Frame and Observer.Connection (their refusals).
+// It is safe for concurrent use.
 type Offenders struct {
 	mu       sync.Mutex
 	k        int
@@ -64,17 +65,20 @@ func NewOffenders(k int, halfLife time.Duration, clock ratelimit.Clock) *Offende
 }
 
 // Add counts one refusal of client.
-func (o *Offenders) Add(client string) {
+func (o *Offenders) Add(client string) { o.addN(client, 1) }
+
+// addN counts n of client (a weight: the readers' view counts MiB sent).
+func (o *Offenders) addN(client string, n float64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.decay()
 	if i, ok := o.index[client]; ok {
-		o.entries[i].count++
+		o.entries[i].count += n
 		return
 	}
 	if len(o.entries) < o.k {
 		o.index[client] = len(o.entries)
-		o.entries = append(o.entries, offender{client: client, count: 1})
+		o.entries = append(o.entries, offender{client: client, count: n})
 		return
 	}
 	// Full: the client takes the place of the one counted least, and
@@ -87,7 +91,7 @@ func (o *Offenders) Add(client string) {
 	}
 	e := &o.entries[low]
 	delete(o.index, e.client)
-	*e = offender{client: client, count: e.count + 1, over: e.count}
+	*e = offender{client: client, count: e.count + n, over: e.count}
 	o.index[client] = low
 }
 

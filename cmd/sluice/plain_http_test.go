@@ -301,6 +301,6 @@ func TestMeasurePlainPOST(t *testing.T) {
 	}
 }
 
-// plainBodyDefault is the gate's plain body bound when
-// relay.Options.PlainBodyLimit is 0, as its doc states it.
+// plainBodyDefault is the gate's bound on a plain body, as the doc of
+// relay.Options.PlainMethods states it.
 const plainBodyDefault = 64 << 10

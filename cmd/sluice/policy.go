@@ -94,10 +94,12 @@ func buildPolicy(c *config, mk quotaMaker) (policy.Config, error) {
 	pc := policy.Config{
 		Limits:     &limits,
 		Bounds:     c.Bounds,
+		ReadCost:   c.ReadCost,
 		Kinds:      c.Kinds,
 		Aggregates: c.Aggregates,
 		Shadow:     c.Shadow,
 		Identity:   c.Identity,
+		Penalty:    c.Penalty,
 	}
 	pc.Bounds.MaxFilters = c.MaxFilters
 	var err error
@@ -139,9 +141,6 @@ func shadowWindows(pc policy.Config) map[string]int {
 		count("kind "+c.Name, c.Limits)
 	}
 	for _, t := range pc.Tiers {
-		if t.Free {
-			continue
-		}
 		for ty := range t.Limits.Message {
 			count("tier "+t.Name+" "+wire.Type(ty).String(), t.Limits.Message[ty])
 		}

@@ -15,7 +15,6 @@ import (
 	"github.com/nbd-wtf/go-nostr/nip19"
 
 	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
-	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -99,10 +98,10 @@ func TestPolicyFields(t *testing.T) {
 	if len(c.Kinds) != 2 || c.Kinds[0].Name != "ephemeral" || c.Kinds[1].Name != "reactions" {
 		t.Fatalf("kind classes %+v, want ephemeral then reactions", c.Kinds)
 	}
-	if got := c.Kinds[0].Kinds; len(got) != 2 || got[0] != (policy.KindRange{From: 20000, To: 29999}) || got[1] != (policy.KindRange{From: 1000, To: 1000}) {
+	if got := c.Kinds[0].Kinds; len(got) != 2 || got[0] != ([2]int{20000, 29999}) || got[1] != ([2]int{1000, 1000}) {
 		t.Errorf("ephemeral kinds %v", got)
 	}
-	if got := c.Kinds[1]; len(got.Kinds) != 1 || got.Kinds[0] != (policy.KindRange{From: 7, To: 7}) || len(got.Limits) != 1 || got.Limits[0].Rate != 5 {
+	if got := c.Kinds[1]; len(got.Kinds) != 1 || got.Kinds[0] != ([2]int{7, 7}) || len(got.Limits) != 1 || got.Limits[0].Rate != 5 {
 		t.Errorf("reactions %+v", got)
 	}
 	if !c.Kinds[0].Limits[0].Shadow {
@@ -163,7 +162,7 @@ func TestPolicyFields(t *testing.T) {
 	if err := pc.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if pc.Kinds[0].Name != "ephemeral" || pc.Kinds[1].Name != "reactions" || pc.Kinds[1].Kinds[0] != (policy.KindRange{From: 7, To: 7}) {
+	if pc.Kinds[0].Name != "ephemeral" || pc.Kinds[1].Name != "reactions" || pc.Kinds[1].Kinds[0] != ([2]int{7, 7}) {
 		t.Errorf("kind classes %+v", pc.Kinds)
 	}
 	if pc.Tiers[1].Name != "members" || pc.Tiers[1].Pubkeys[0] != pkA || pc.Tiers[0].Name != "bots" || pc.Tiers[0].Pubkeys[0] != pkB {
@@ -439,7 +438,7 @@ func TestReloadInProcess(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	gate, parts, m, err := newGate(t.Context(), cfg, logger, nil)
+	gate, parts, m, err := newGate(t.Context(), cfg, logger, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,16 +451,16 @@ func TestReloadInProcess(t *testing.T) {
 		info.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
 		return w.Body.String()
 	}
-	if policy.EffectiveMaxFilters(parts.policy) != 8 || !strings.Contains(served(), `"max_filters":8`) {
-		t.Fatalf("start: max filters %d, document %s", policy.EffectiveMaxFilters(parts.policy), served())
+	if reqFilters(parts.policy) != 8 || !strings.Contains(served(), `"max_filters":8`) {
+		t.Fatalf("start: max filters %d, document %s", reqFilters(parts.policy), served())
 	}
 
 	write("listen: 127.0.0.1:1\nlimits: {max_filters: 4, kinds: {reactions: {kinds: [7], limits: [{rate: 5, period: 1s}]}}}\n")
 	if err := rl.reload(); err != nil {
 		t.Fatal(err)
 	}
-	if policy.EffectiveMaxFilters(parts.policy) != 4 {
-		t.Errorf("after reload: max filters %d, want 4", policy.EffectiveMaxFilters(parts.policy))
+	if reqFilters(parts.policy) != 4 {
+		t.Errorf("after reload: max filters %d, want 4", reqFilters(parts.policy))
 	}
 	if doc := served(); !strings.Contains(doc, `"max_filters":4`) || !strings.Contains(doc, `"reactions"`) {
 		t.Errorf("after reload the document is %s", doc)
@@ -478,8 +477,8 @@ func TestReloadInProcess(t *testing.T) {
 	if err := rl.reload(); err == nil {
 		t.Fatal("an invalid file was applied")
 	}
-	if policy.EffectiveMaxFilters(parts.policy) != 4 || !strings.Contains(served(), `"max_filters":4`) {
-		t.Errorf("an invalid file changed the running policy: max filters %d", policy.EffectiveMaxFilters(parts.policy))
+	if reqFilters(parts.policy) != 4 || !strings.Contains(served(), `"max_filters":4`) {
+		t.Errorf("an invalid file changed the running policy: max filters %d", reqFilters(parts.policy))
 	}
 	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "limits.kinds.reactions.kinds[0]") {
 		t.Errorf("the refusal does not name the field at level error:\n%s", logs.String())

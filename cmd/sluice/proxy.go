@@ -30,8 +30,19 @@ func proxyFront(info, gated http.Handler) http.Handler {
 // limits merged in; if the upstream cannot be asked, a document built from
 // the info section of the config.
 // load re-reads the configuration at SIGHUP (nil: no reload).
+//
+// The upstream's document is fetched once a minute whether or not anyone
+// asks for it (nip11.Handler.Keep), and the same fetch tells the gate which
+// NIPs the relay does: a COUNT is forwarded only while the document
+// served lists NIP-45, a NEG-OPEN only while it lists NIP-77; otherwise the
+// gate answers them "unsupported: …", so what the document promises is
+// what works through the proxy. A failed fetch changes neither: the last
+// document read stays served and in force. Until one has been read (the
+// upstream down at start, or serving no NIP-11 at all) the fallback served
+// lists no NIPs and both are refused.
 func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func() (*config, error)) error {
-	gate, parts, m, err := newGate(ctx, cfg, logger, nil)
+	var nips nip11.NIPs
+	gate, parts, m, err := newGate(ctx, cfg, logger, nil, nips.Supports)
 	if err != nil {
 		return err
 	}
@@ -43,16 +54,31 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 
 	lim := nip11Limitation(cfg, parts.policy)
 	client := &http.Client{Timeout: nip11.DefaultTimeout}
+	lastErr := "" // OnError's and OnDocument's, which one fetch at a time calls
 	info := &nip11.Handler{
 		Fetch: func(ctx context.Context) ([]byte, error) {
 			return nip11.Fetch(ctx, client, cfg.Upstream)
 		},
 		Limitation: lim,
 		Fallback:   proxyFallbackNIP11(cfg, lim),
+		// Keep asks every few seconds while the upstream serves no
+		// document: the same failure is logged once at warn level.
 		OnError: func(err error) {
-			logger.Warn("upstream NIP-11 unavailable; serving the last good or built-in document", "err", err)
+			level := slog.LevelWarn
+			if err.Error() == lastErr {
+				level = slog.LevelDebug
+			}
+			lastErr = err.Error()
+			logger.Log(context.Background(), level, "upstream NIP-11 unavailable; serving the last good or built-in document", "err", err)
+		},
+		OnDocument: func(doc []byte) {
+			lastErr = ""
+			if nips.Learn(doc) {
+				logger.Info("upstream NIP-11 read", "count_nip45", nips.Supports(45), "negentropy_nip77", nips.Supports(77))
+			}
 		},
 	}
+	go info.Keep(ctx)
 
 	if load != nil {
 		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
@@ -71,17 +97,13 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 // has none to give: the info section and the gate's bounds (lim's).
 func proxyFallbackNIP11(cfg *config, lim nip11.Limitation) []byte {
 	// The fallback says only what sluice knows: no supported_nips (those
-	// are the upstream's), no empty fields.
+	// are the upstream's), no empty fields, and no limitation (that is
+	// the relay's; sluice's own bounds are published as sluice's, in
+	// rate_limits.bounds, by the merge).
+	_ = lim
 	doc := map[string]any{
 		"software": sluiceURL,
 		"version":  buildVersion(),
-		// What the gate bounds whatever the upstream allows (an
-		// upstream's own document gets them from MergeNIP11).
-		"limitation": map[string]int64{
-			"max_filters":       lim.MaxFilters,
-			"max_subid_length":  lim.MaxSubidLength,
-			"max_subscriptions": lim.MaxSubscriptions,
-		},
 	}
 	for k, v := range map[string]string{"name": cfg.Info.Name, "description": cfg.Info.Description,
 		"contact": cfg.Info.Contact, "pubkey": cfg.Info.Pubkey, "icon": cfg.Info.Icon} {

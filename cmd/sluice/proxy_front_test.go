@@ -27,7 +27,7 @@ func proxyUpstream(t *testing.T) (url string, got chan upstreamSeen) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if nip11.IsRequest(r) {
 			w.Header().Set("Content-Type", "application/nostr+json")
-			_, _ = io.WriteString(w, `{"name":"upstream"}`)
+			_, _ = io.WriteString(w, `{"name":"upstream","limitation":{"max_message_length":4096}}`)
 			return
 		}
 		var b bytes.Buffer

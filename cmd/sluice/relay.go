@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/nbd-wtf/go-nostr"
 
 	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
+	"github.com/sluice-relay/sluice/cmd/sluice/internal/pgstore"
 )
 
 const sluiceURL = "https://github.com/sluice-relay/sluice"
@@ -21,43 +23,21 @@ const sluiceURL = "https://github.com/sluice-relay/sluice"
 // relayPage is what sluice relay answers a plain GET with.
 const relayPage = "This is a Nostr relay (" + sluiceURL + ").\nConnect to it with a Nostr client over WebSocket at this address.\n"
 
-// runRelay runs khatru on a badger event store under cfg.DataDir with the
-// gate in front, until ctx is done.
-//
-// Badger, not LMDB: LMDB commits and fsyncs every event, badger does not,
-// so badger saves events far faster at query latencies of the same order
-// (docs/BENCHMARKS.md, "The event store of `sluice relay` (badger or
-// lmdb)"; docs/operations.md, "Storage: badger, not LMDB"), and it is
-// pure Go, so "go build" needs no C compiler. The
-// price is that an acknowledged event sits in the OS page cache until
-// badger syncs: it survives a crash of sluice, not a crash of the
-// machine.
+// runRelay runs khatru on the event store cfg names (openEventStore) with
+// the gate in front, until ctx is done.
 //
 // load re-reads the configuration at SIGHUP (nil: no reload).
 func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func() (*config, error)) error {
 	saved := newSavedIDs()
-	gate, parts, m, err := newGate(ctx, cfg, logger, saved.take)
+	gate, parts, m, err := newGate(ctx, cfg, logger, saved.take, nil)
 	if err != nil {
 		return err
 	}
 
-	dir := filepath.Join(cfg.DataDir, "events")
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	db, err := openEventStore(cfg, logger)
+	if err != nil {
 		parts.close()
-		return fmt.Errorf("data dir: %w", err)
-	}
-	db := &badger.BadgerBackend{
-		Path: dir,
-		// Without it a NEG-OPEN may cover 16,777,216 events, and badger
-		// allocates for that many on every one (see defaultMaxSyncEvents).
-		MaxLimitNegentropy: cfg.MaxSyncEvents,
-		BadgerOptionsModifier: func(o badgerdb.Options) badgerdb.Options {
-			return o.WithLogger(badgerLogger{logger.With("component", "badger")})
-		},
-	}
-	if err := db.Init(); err != nil {
-		parts.close()
-		return fmt.Errorf("opening the event store in %s: %w", dir, err)
+		return err
 	}
 
 	kr := khatru.NewRelay()
@@ -66,9 +46,13 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	// khatru's message goroutines outlive the gate's drain; the guard
 	// lets shutdown wait for their store calls before closing badger,
 	// and keeps khatru up and NIP-09/NIP-40 true (see guardedStore).
-	store := newGuardedStore(db, saved)
+	store := newGuardedStore(db.store, saved)
 	store.logger = logger.With("component", "eventstore")
 	hookStore(kr, store)
+	checks := []readyCheck{parts.ready}
+	if db.pg != nil {
+		checks = append(checks, shareEvents(ctx, cfg, db.pg, kr, store, logger)...)
+	}
 	kr.Negentropy = true
 	// NIP-42: khatru sends its challenge only when a hook asks for auth,
 	// which none of sluice's does; without one no client could prove a
@@ -80,7 +64,7 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 		// (an http(s) URL) rather than its guess from the request, so it
 		// agrees with the gate about which URL names this relay.
 		if kr.ServiceURL, err = nip11.URL(cfg.RelayURL); err != nil {
-			db.Close()
+			db.close()
 			parts.close()
 			return fmt.Errorf("%w: relay_url: %v", errConfig, err)
 		}
@@ -94,9 +78,9 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	kr.Info.Version = buildVersion()
 	kr.Info.SupportedNIPs = relaySupportedNIPs
 	lim := nip11Limitation(cfg, parts.policy)
-	base, err := relayNIP11(cfg, lim, db.MaxLimit)
+	base, err := relayNIP11(cfg, lim, db.maxLimit)
 	if err != nil {
-		db.Close()
+		db.close()
 		parts.close()
 		return err
 	}
@@ -104,17 +88,105 @@ func runRelay(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	if load != nil {
 		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
 			nip11: publishNIP11(info, func(c *config, lim nip11.Limitation) ([]byte, error) {
-				return relayNIP11(c, lim, db.MaxLimit)
+				return relayNIP11(c, lim, db.maxLimit)
 			})}
 		go rl.run(ctx)
 	}
 
 	handler := front(info, gate.Wrap(kr), relayPage)
-	logger.Info("sluice relay", "version", buildVersion(), "store", parts.store, "data", dir)
-	return serve(ctx, cfg, logger, handler, m, gate, []readyCheck{parts.ready},
-		func(ctx context.Context) error { return store.close(ctx, db.Close) },
+	logger.Info("sluice relay", "version", buildVersion(), "store", parts.store, "events", db.where)
+	return serve(ctx, cfg, logger, handler, m, gate, checks,
+		func(ctx context.Context) error { return store.close(ctx, db.close) },
 		func(context.Context) error { return parts.close() },
 	)
+}
+
+// maxQueryLimit is the most events one query returns on PostgreSQL
+// (NIP-11 max_limit): badger's default, so that the document does not
+// depend on the store.
+const maxQueryLimit = 1000
+
+// eventDB is the event store sluice relay runs on, badger or PostgreSQL.
+type eventDB struct {
+	store    eventStore     // what the guard wraps: the backend itself, so that its own methods (pgstore's Replace) show
+	pg       *pgstore.Store // nil: badger
+	maxLimit int
+	where    string // for the log: the directory, or the database without its password
+	close    func()
+}
+
+// openEventStore opens the event store cfg names: PostgreSQL at
+// cfg.Database, shared by every instance on it, or else badger under
+// cfg.DataDir.
+//
+// Badger, not LMDB, for one machine: LMDB commits and fsyncs every event,
+// badger does not, so badger saves events far faster at query latencies
+// of the same order (docs/BENCHMARKS.md, "The event store of `sluice
+// relay` (badger or lmdb)"; docs/operations.md, "Storage: badger, not
+// LMDB"), and it is pure Go, so "go build" needs no C compiler. The price
+// is that an acknowledged event sits in the OS page cache until badger
+// syncs: it survives a crash of sluice, not a crash of the machine.
+func openEventStore(cfg *config, logger *slog.Logger) (*eventDB, error) {
+	if cfg.Database != "" {
+		pg, err := pgstore.Open(cfg.Database, pgstore.Limits{
+			MaxLimit: maxQueryLimit, MaxSyncEvents: cfg.MaxSyncEvents, MaxValues: cfg.Bounds.MaxFilterValues,
+		})
+		where := redactURL(cfg.Database)
+		if err != nil {
+			return nil, fmt.Errorf("opening the event store at %s: %w", where, err)
+		}
+		return &eventDB{store: pg, pg: pg, maxLimit: maxQueryLimit, where: where, close: pg.Close}, nil
+	}
+	dir := filepath.Join(cfg.DataDir, "events")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	db := &badger.BadgerBackend{
+		Path: dir,
+		// Without it a NEG-OPEN may cover 16,777,216 events, and badger
+		// allocates for that many on every one (see defaultMaxSyncEvents).
+		MaxLimitNegentropy: cfg.MaxSyncEvents,
+		BadgerOptionsModifier: func(o badgerdb.Options) badgerdb.Options {
+			return o.WithLogger(badgerLogger{logger.With("component", "badger")})
+		},
+	}
+	if err := db.Init(); err != nil {
+		return nil, fmt.Errorf("opening the event store in %s: %w", dir, err)
+	}
+	return &eventDB{store: db, maxLimit: db.MaxLimit, where: dir, close: db.Close}, nil
+}
+
+// redactURL is u without its password, for logs and errors.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
+}
+
+// shareEvents makes kr one of several instances on the PostgreSQL store
+// pg: what kr accepts is announced on the live feed, what others announce
+// reaches kr's subscribers (and the expiration queue of store). It
+// returns the readiness checks of the store and the feed.
+func shareEvents(ctx context.Context, cfg *config, pg *pgstore.Store, kr *khatru.Relay, store *guardedStore, logger *slog.Logger) []readyCheck {
+	log := logger.With("component", "feed")
+	feed := pgstore.NewFeed(cfg.Database, pg.DB(), func(evt *nostr.Event) {
+		store.expiring.track(evt)
+		kr.BroadcastEvent(evt)
+	}, log)
+	// The client may be gone by the time it is sent; the event is stored
+	// (or was accepted) and is announced all the same.
+	announce := func(_ context.Context, evt *nostr.Event) { feed.Announce(evt) }
+	// OnEventSaved runs where khatru notifies its own listeners: after a
+	// save, not for a duplicate or a refusal.
+	kr.OnEventSaved = append(kr.OnEventSaved, announce)
+	kr.OnEphemeralEvent = append(kr.OnEphemeralEvent, announce)
+	go feed.Run(ctx)
+	return []readyCheck{
+		{name: "event store", check: func(ctx context.Context) error { return pg.DB().PingContext(ctx) }},
+		{name: "live feed", check: func(context.Context) error { return feed.Err() }},
+	}
 }
 
 // hookStore gives khatru the guarded store and its hooks. RejectEvent
@@ -167,7 +239,6 @@ type nip11Document struct {
 type relayLimitation struct {
 	MaxMessageLength int64 `json:"max_message_length"`
 	MaxSubscriptions int   `json:"max_subscriptions"`
-	MaxFilters       int   `json:"max_filters"`
 	MaxLimit         int   `json:"max_limit"`
 	MaxSubidLength   int   `json:"max_subid_length"`
 	AuthRequired     bool  `json:"auth_required"`
@@ -192,7 +263,6 @@ func relayNIP11(cfg *config, lim nip11.Limitation, maxLimit int) ([]byte, error)
 		Limitation: relayLimitation{
 			MaxMessageLength: lim.MaxMessageLength,
 			MaxSubscriptions: int(lim.MaxSubscriptions),
-			MaxFilters:       int(lim.MaxFilters),
 			MaxLimit:         maxLimit,
 			MaxSubidLength:   int(lim.MaxSubidLength),
 		},

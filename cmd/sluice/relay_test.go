@@ -147,7 +147,7 @@ func TestRelayNIP11(t *testing.T) {
 	top := checkNIP11(t, "sluice relay", served(t, cfg, doc))
 	lim := top["limitation"].(map[string]any)
 	for k, want := range map[string]any{
-		"max_message_length": float64(200000), "max_subscriptions": float64(30), "max_filters": float64(7),
+		"max_message_length": float64(200000), "max_subscriptions": float64(30),
 		"max_limit": float64(500), "max_subid_length": float64(wire.MaxSubIDBytes),
 		"auth_required": false, "payment_required": false, "restricted_writes": false,
 	} {
@@ -202,7 +202,11 @@ func TestProxyFallbackNIP11(t *testing.T) {
 	if _, ok := top["supported_nips"]; ok {
 		t.Error("the fallback lists supported_nips: those are the upstream's, which sluice does not know")
 	}
-	if lim := top["limitation"].(map[string]any); lim["max_filters"] != float64(10) || lim["max_subscriptions"] != float64(50) || lim["max_message_length"] != float64(524288) {
-		t.Errorf("limitation %v", lim)
+	if lim, ok := top["limitation"]; ok {
+		t.Errorf("limitation %v: the fallback presents sluice's bounds as the relay's", lim)
+	}
+	rl := top["rate_limits"].(map[string]any)
+	if b := rl["bounds"].(map[string]any); b["max_filters"] != float64(10) || b["max_subscriptions"] != float64(50) || b["max_message_length"] != float64(524288) {
+		t.Errorf("rate_limits.bounds %v", b)
 	}
 }

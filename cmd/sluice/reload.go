@@ -43,6 +43,7 @@ var restartFields = []struct {
 	{"listen", func(c *config) any { return c.Listen }},
 	{"metrics_listen", func(c *config) any { return c.MetricsListen }},
 	{"data_dir", func(c *config) any { return c.DataDir }},
+	{"database", func(c *config) any { return c.Database }},
 	{"upstream", func(c *config) any { return c.Upstream }},
 	{"relay_url", func(c *config) any { return c.RelayURL }},
 	{"read_limit", func(c *config) any { return c.ReadLimit }},
@@ -128,7 +129,7 @@ func (r *reloader) reload() error {
 		mode = "shadow"
 	}
 	r.logger.Info("configuration reloaded", "mode", mode, "kind_classes", len(pc.Kinds), "tiers", len(pc.Tiers),
-		"members", members, "aggregates", len(pc.Aggregates), "shadow_windows", shadow, "max_filters", policy.EffectiveMaxFilters(pc))
+		"members", members, "aggregates", len(pc.Aggregates), "shadow_windows", shadow, "max_filters", reqFilters(pc))
 	return nil
 }
 

@@ -31,12 +31,13 @@ const shutdownTimeout = 10 * time.Second
 const redisPingTimeout = 2 * time.Second
 
 // The Redis store's batching: up to redisBatch decisions per round trip
-// (and per script call: on a cluster, per master), with the store's two
+// (and per script call: on a cluster, per master), with the store's four
 // round trips in flight (twice as many of decisions sent alone while none
 // has had to queue since nothing was in flight, and more only for
-// decisions that waited a twentieth of the timeout). Neither one nor four
-// in flight is a clear win over two across client counts, standalone or
-// cluster (docs/BENCHMARKS.md, "Round trips in flight").
+// decisions that waited a twentieth of the timeout). Four rather than two:
+// with Redis a few milliseconds away, a decision then seldom waits for a
+// round trip to end before its own can start (docs/BENCHMARKS.md, "Round
+// trips in flight").
 const redisBatch = 32
 
 // limiterParts is the limiter and what must be closed with it.
@@ -48,8 +49,11 @@ type limiterParts struct {
 	policy policy.Config
 	redis  redis.UniversalClient
 	rstore *redisstore.Store // nil with the memory store
-	store  string            // "memory" or the redacted Redis URL, for logs
-	ready  readyCheck        // /readyz's question to the store
+	// guard counts open connections and keeps the penalty box in Redis,
+	// across instances; nil with the memory store (the gate's own).
+	guard ratelimit.Guard
+	store string     // "memory" or the redacted Redis URL, for logs
+	ready readyCheck // /readyz's question to the store
 }
 
 // newLimiter builds the store (memory, or Redis when cfg.Redis is set), the
@@ -92,6 +96,10 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		}
 		p.redis = client
 		p.rstore = st
+		if p.guard, err = redisstore.NewGuard(st, 0); err != nil {
+			client.Close()
+			return nil, fmt.Errorf("%w: store: %v", errConfig, err)
+		}
 		p.store = redisstore.RedactURL(cfg.Redis)
 		p.limiter = ratelimit.NewLimiter(st, nil)
 		p.ready = storeCheck(st, st.BreakerState)
@@ -133,6 +141,9 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 
 // close stops the Redis store's batch workers, then closes its client.
 func (p *limiterParts) close() error {
+	if p.guard != nil {
+		_ = p.guard.Close() // sends the releases not yet sent, stops its renewals; its leases then run out
+	}
 	if p.rstore != nil {
 		_ = p.rstore.Close() // never fails; it only stops the workers
 	}
@@ -146,9 +157,10 @@ func (p *limiterParts) close() error {
 // them with cfg's limits, identity, read limit, frame sizes, filter bound
 // and relay URL: the wiring that proxy and relay mode share; stored is the
 // relay's word on which events it stored (relay.Options.Stored; nil in
-// proxy mode). On error nothing is left open; otherwise the caller closes p
+// proxy mode), supports its word on the NIPs it does (relay.Options.Supports;
+// nil in relay mode, whose khatru does every one the gate forwards). On error nothing is left open; otherwise the caller closes p
 // after the gate has shut down.
-func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(id [32]byte) bool) (g *relay.Gate, p *limiterParts, m *metrics, err error) {
+func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(id [32]byte) bool, supports func(nip int) bool) (g *relay.Gate, p *limiterParts, m *metrics, err error) {
 	m = newMetrics()
 	p, err = newLimiter(ctx, cfg, m, logger)
 	if err != nil {
@@ -163,6 +175,11 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 	m.setPolicy(pc)
 	opts := gateOptions(cfg, pc)
 	opts.Limiter, opts.Stored, opts.Observer, opts.Logger = p.limiter, stored, m.observer(), logger
+	opts.Guard = p.guard
+	// sluice relay's khatru verifies every signature before its OK.
+	opts.UpstreamVerifies = cfg.UpstreamVerifies || stored != nil
+	opts.GateAuth = cfg.GateAuth
+	opts.Supports = supports
 	g, err = relay.New(opts)
 	if err != nil {
 		p.close()
@@ -171,26 +188,40 @@ func newGate(ctx context.Context, cfg *config, logger *slog.Logger, stored func(
 	return g, p, m, nil
 }
 
+// reqFilters is the most filters a REQ may hold under pc: its bound, or
+// the default.
+func reqFilters(pc policy.Config) int {
+	if pc.Bounds.MaxFilters > 0 {
+		return pc.Bounds.MaxFilters
+	}
+	return wire.DefaultBounds().MaxFilters
+}
+
 // nip11Limitation is what sluice publishes about itself in NIP-11 under
 // the policy pc, the one the gate runs (newGate and the reloader keep it
 // in limiterParts.policy): the one source of every NIP-11 document, sluice
 // relay's, sluice proxy's merge and its fallback, so that the number
-// published is the number enforced (policy.EffectiveMaxFilters is what the
-// gate compiles pc's REQ bound to).
+// published is the number enforced.
 func nip11Limitation(cfg *config, pc policy.Config) nip11.Limitation {
 	limits := policy.DefaultLimits()
 	if pc.Limits != nil {
 		limits = *pc.Limits
 	}
+	var nips []int
+	if cfg.GateAuth {
+		nips = []int{42} // the gate does NIP-42 itself, whatever the relay does
+	}
 	return nip11.Limitation{
+		NIPs:             nips,
 		MaxMessageLength: cfg.ReadLimit,
-		MaxFilters:       int64(policy.EffectiveMaxFilters(pc)),
+		MaxFilters:       int64(reqFilters(pc)),
 		MaxSubidLength:   wire.MaxSubIDBytes,
 		MaxSubscriptions: int64(cfg.Subscriptions),
 		Limits:           &limits,
 		Quota:            pc.Quota,
 		Kinds:            pc.Kinds,
 		Shadow:           pc.Shadow,
+		ReadCost:         pc.ReadCost.Resolved(),
 	}
 }
 

@@ -114,6 +114,10 @@ type statusView struct {
 	// every HalfLife.
 	Offenders []Offender
 	HalfLife  string
+	// Bans are the penalty box's bans this process knows of.
+	Bans []Ban
+	// Readers are the clients the relay sent most, in MiB fading alike.
+	Readers []reader
 }
 
 type statusRow struct {
@@ -199,7 +203,9 @@ func (s *statusPage) view(ctx context.Context) statusView {
 		v.ChartMax = max(v.ChartMax, b.admitted+b.refused)
 	}
 	v.Offenders = s.m.offenders.Top(10)
+	v.Readers = s.m.topReaders(10)
 	v.HalfLife = DefaultOffendersHalfLife.String()
+	v.Bans = s.m.bans.active()
 	v.BarWidth = 600 / (statusSamples + 1) // and the live interval
 	for i, b := range bars {
 		x := 600 - (len(bars)-i)*v.BarWidth
@@ -307,6 +313,21 @@ svg .axis { stroke: #d0d7de; }
 {{end}}</tbody>
 </table>{{else}}<p class="meta" id="offenders">No client has been refused lately.</p>{{end}}
 <p class="meta">Refusals fade by half every {{.HalfLife}}; a fixed-size view (the 64 clients refused most), also as JSON at /top.</p>
+<h2>Banned</h2>
+{{if .Bans}}<table id="bans">
+<thead><tr><th>client or prefix</th><th>retry after</th><th>until</th></tr></thead>
+<tbody>
+{{range .Bans}}<tr><td>{{.Key}}</td><td>{{.RetryAfter}}s</td><td>{{.Until.Format "15:04:05 UTC"}}</td></tr>
+{{end}}</tbody>
+</table>{{else}}<p class="meta" id="bans">No client is banned (penalty box).</p>{{end}}
+<h2>Read most</h2>
+{{if .Readers}}<table id="readers">
+<thead><tr><th>client</th><th>MiB sent</th><th>at most over</th></tr></thead>
+<tbody>
+{{range .Readers}}<tr><td>{{.Client}}</td><td>{{printf "%.1f" .MiB}}</td><td>{{printf "%.1f" .Overestimate}}</td></tr>
+{{end}}</tbody>
+</table>{{else}}<p class="meta" id="readers">The relay has sent no client much lately.</p>{{end}}
+<p class="meta">What the relay sent each client (limits.read), fading by half every {{.HalfLife}}; also as JSON at /top ("readers").</p>
 </body>
 </html>
 `))

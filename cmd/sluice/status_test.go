@@ -32,20 +32,20 @@ func statusFixture(t *testing.T, checks ...readyCheck) (*metrics, *statusPage, *
 	o.Open(1)
 	for i := 1; i <= 12; i++ {
 		for range 10 * i {
-			o.Frame(wire.TypeEVENT, policy.Admitted)
+			o.Frame("203.0.113.7", wire.TypeEVENT, policy.Admitted)
 		}
 		for range i {
-			o.Frame(wire.TypeREQ, policy.Admitted)
+			o.Frame("203.0.113.7", wire.TypeREQ, policy.Admitted)
 		}
 		if i > 8 {
 			for range 5 {
-				o.Frame(wire.TypeEVENT, policy.RateLimited)
+				o.Frame("203.0.113.7", wire.TypeEVENT, policy.RateLimited)
 			}
 		}
 		now = statusT0.Add(time.Duration(i) * statusInterval)
 		s.sample(now)
 	}
-	o.Frame(wire.TypeCOUNT, policy.Unavailable)
+	o.Frame("203.0.113.7", wire.TypeCOUNT, policy.Unavailable)
 	now = now.Add(5 * time.Second)
 	return m, s, &now
 }
@@ -109,12 +109,12 @@ func TestStatusWindow(t *testing.T) {
 	s := newStatusPage(m, nil, func() time.Time { return now })
 	o := m.observer()
 	for range 1000 {
-		o.Frame(wire.TypeEVENT, policy.Admitted) // before the window
+		o.Frame("203.0.113.7", wire.TypeEVENT, policy.Admitted) // before the window
 	}
 	for i := 1; i <= 2*statusSamples; i++ {
 		now = statusT0.Add(time.Duration(i) * statusInterval)
 		s.sample(now)
-		o.Frame(wire.TypeEVENT, policy.Admitted)
+		o.Frame("203.0.113.7", wire.TypeEVENT, policy.Admitted)
 	}
 	body := getStatus(t, m.handler(s))
 	if !strings.Contains(body, "Frames, last 5m0s") || !strings.Contains(body, `<td id="total">31</td>`) {
@@ -132,15 +132,18 @@ func newLoopbackServer(t *testing.T, h http.Handler) string {
 }
 
 // The clients refused most are on the status page and at /top, from the
-// gate's Observer.Refusal, most refused first.
+// gate's Observer (the refusals that were the client's doing), most
+// refused first.
 func TestTopOffenders(t *testing.T) {
 	m, s, _ := statusFixture(t, storeCheck(ratelimit.NewMemoryStore(16), nil))
 	o := m.observer()
 	for range 30 {
-		o.Refusal("198.51.100.7", wire.TypeEVENT, policy.RateLimited)
+		o.Frame("198.51.100.7", wire.TypeEVENT, policy.RateLimited)
 	}
 	for range 3 {
-		o.Refusal("2001:db8:1::/64", wire.TypeREQ, policy.Invalid)
+		o.Frame("2001:db8:1::/64", wire.TypeREQ, policy.Invalid)
+		o.Frame("2001:db8:1::/64", wire.TypeREQ, policy.Unavailable) // the store's doing
+		o.Frame("2001:db8:1::/64", wire.TypeREQ, policy.Admitted)
 	}
 	body := getStatus(t, m.handler(s))
 	for _, want := range []string{`<table id="offenders">`, "<tr><td>198.51.100.7</td><td>30.0</td>", "<tr><td>2001:db8:1::/64</td><td>3.0</td>"} {
@@ -150,12 +153,37 @@ func TestTopOffenders(t *testing.T) {
 	}
 	w := httptest.NewRecorder()
 	m.handler(s).ServeHTTP(w, httptest.NewRequest("GET", "/top?n=1", nil))
-	if got := w.Body.String(); w.Code != 200 || got != `{"half_life_seconds":60,"clients":[{"client":"198.51.100.7","refusals":30,"overestimate":0}]}`+"\n" {
+	if got := w.Body.String(); w.Code != 200 || got != `{"half_life_seconds":60,"clients":[{"client":"198.51.100.7","refusals":30,"overestimate":0}],"bans":[],"readers":[]}`+"\n" {
 		t.Errorf("/top?n=1: %d %s", w.Code, got)
 	}
 	w = httptest.NewRecorder()
 	m.handler(s).ServeHTTP(w, httptest.NewRequest("GET", "/top?n=x", nil))
 	if w.Code != http.StatusBadRequest {
 		t.Errorf("/top?n=x: %d", w.Code)
+	}
+}
+
+// TestTopBans: a ban of the penalty box the gate reports (Observer.Ban)
+// shows on /top and on the status page with its Retry-After, and is gone
+// from both once it ends.
+func TestTopBans(t *testing.T) {
+	m, s, _ := statusFixture(t, storeCheck(ratelimit.NewMemoryStore(16), nil))
+	body := getStatus(t, m.handler(s))
+	if !strings.Contains(body, `<p class="meta" id="bans">`) {
+		t.Error("/status without a ban lacks its note")
+	}
+	m.observer().Ban("203.0.113.9", 90*time.Second)
+	body = getStatus(t, m.handler(s))
+	if !strings.Contains(body, `<table id="bans">`) || !strings.Contains(body, "<tr><td>203.0.113.9</td><td>90s</td>") {
+		t.Errorf("/status lacks the ban:\n%s", body)
+	}
+	w := httptest.NewRecorder()
+	m.handler(s).ServeHTTP(w, httptest.NewRequest("GET", "/top", nil))
+	if got := w.Body.String(); !strings.Contains(got, `"bans":[{"key":"203.0.113.9","retry_after_seconds":90,"until":`) {
+		t.Errorf("/top: %s", got)
+	}
+	m.observer().Ban("203.0.113.10", time.Nanosecond)
+	if bans := m.bans.active(); len(bans) != 1 || bans[0].Key != "203.0.113.9" {
+		t.Errorf("an ended ban is still listed: %+v", bans)
 	}
 }

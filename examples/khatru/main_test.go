@@ -48,6 +48,10 @@ var modes = []struct {
 }{{"wrap", false}, {"hooks", true}}
 
 // start serves a fresh khatru relay with limits and quota, gated or hooked.
+
+// reasonUnavailable is the reply the gate gives while its store is down.
+const reasonUnavailable = "error: rate limiter unavailable"
+
 func start(t *testing.T, useHooks bool, limits policy.Limits, quota *ratelimit.Quota) *env {
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
@@ -110,13 +114,16 @@ func TestEventFlood(t *testing.T) {
 
 // TestREQChargedPerFilter: a REQ of three filters costs three REQs, through
 // the gate and with the hooks alike (khatru's RejectFilter runs once per
-// filter): each filter is a query and a listener on the relay.
+// filter): each filter is a query and a listener on the relay. The filters
+// are author-scoped, the narrowest price (1); a scrape costs more
+// (policy.ReadCost).
 func TestREQChargedPerFilter(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			e := start(t, m.hooks, limitsOf(wire.TypeREQ, 7, 10*time.Second), nil)
 			r := nostrtest.Connect(t, e.ws)
-			three := nostr.Filters{{Kinds: []int{1}}, {Kinds: []int{2}}, {Kinds: []int{3}}}
+			author := []string{strings.Repeat("1", 64)}
+			three := nostr.Filters{{Authors: author, Kinds: []int{1}}, {Authors: author, Kinds: []int{2}}, {Authors: author, Kinds: []int{3}}}
 			for i := range 2 {
 				if got := nostrtest.Subscribe(t, r, three); got != "EOSE" {
 					t.Fatalf("REQ %d: %q, want EOSE", i, got)
@@ -145,7 +152,7 @@ func TestStoreOutage(t *testing.T) {
 			l := limitsOf(wire.TypeEVENT, 10, time.Second)
 			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
 			e := start(t, m.hooks, l, nil)
-			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, wire.ReasonUnavailable)
+			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, reasonUnavailable)
 		})
 	}
 }
@@ -320,9 +327,9 @@ func TestRedisOutage(t *testing.T) {
 				t.Fatalf("event with Redis up: %v", err)
 			}
 			srv.Kill()
-			nostrtest.WantReason(t, "event with Redis down", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "redis down")), wire.ReasonUnavailable)
-			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != wire.ReasonUnavailable {
-				t.Fatalf("REQ with Redis down: %q, want CLOSED %q", got, wire.ReasonUnavailable)
+			nostrtest.WantReason(t, "event with Redis down", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "redis down")), reasonUnavailable)
+			if got := nostrtest.Subscribe(t, r, nostr.Filters{{Kinds: []int{1}}}); got != reasonUnavailable {
+				t.Fatalf("REQ with Redis down: %q, want CLOSED %q", got, reasonUnavailable)
 			}
 		})
 	}
@@ -330,11 +337,12 @@ func TestRedisOutage(t *testing.T) {
 
 // TestGateAndHooksAgree drives one sequence of EVENTs through a gate and
 // through hooks and asserts the same answer to each, by the one rule of
-// policy.Identity and relay.Options.Quota: the EVENT windows are charged
-// first, then the actor quota; an allow-listed author is exempt from the
-// quota only. Hooks that exempted an allow-listed author from the EVENT
-// windows too (as they once did) accept the last event; a gate that let a
-// quota refusal skip the windows accepts the fourth.
+// policy.Identity and relay.Options.Quota: the actor quota is asked first,
+// and a quota refusal charges no window; then the EVENT windows; an
+// allow-listed author is exempt from the quota only. Hooks that exempted
+// an allow-listed author from the EVENT windows too accept the last event;
+// a gate or hooks that charged the windows for a quota refusal refuse the
+// sixth.
 func TestGateAndHooksAgree(t *testing.T) {
 	alice, member := nostr.GeneratePrivateKey(), nostr.GeneratePrivateKey()
 	memberPK, _ := nostr.GetPublicKey(member)
@@ -346,8 +354,9 @@ func TestGateAndHooksAgree(t *testing.T) {
 	}{
 		{alice, ""},
 		{alice, ""},
-		{alice, "rate-limited: slow down; retry in 60s"}, // quota; the EVENT window is charged (3 of 5)
-		{member, ""}, // 4 of 5; exempt from the quota
+		{alice, "rate-limited: quota: 2 events per 60s for this pubkey; retry in 60s"}, // quota; no window charged
+		{member, ""}, // 3 of 5; exempt from the quota
+		{member, ""}, // 4 of 5
 		{member, ""}, // 5 of 5
 		{member, "rate-limited: slow down; retry in 4s"}, // the EVENT window: 10s·log2(5/4) = 3.22s, rounded up
 	}
@@ -389,7 +398,7 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 	sk := nostr.GeneratePrivateKey()
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Hour), {Rate: 3, Period: 2 * time.Hour, Shadow: true}}
-	cfg := policy.Config{Limits: &l, Kinds: []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
+	cfg := policy.Config{Limits: &l, Kinds: []policy.Class{{Name: "reactions", Kinds: [][2]int{{7, 7}}, Limits: []ratelimit.Limit{ratelimit.PerPeriod(2, time.Hour)}}}}
 	kinds := []int{7, 7, 7, 1, 1, 1, 1}
 	want := []string{"", "", "rate-limited: slow down; retry in 3600s", "", "", "", ""}
 	answers := map[string][]string{}
@@ -397,7 +406,7 @@ func TestGateAndHooksAgreeOnPolicy(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			var n atomic.Int64
-			obs := &policy.Observer{Frame: func(t wire.Type, o policy.Outcome) {
+			obs := &policy.Observer{Frame: func(_ string, t wire.Type, o policy.Outcome) {
 				if t == wire.TypeEVENT && o == policy.Shadowed {
 					n.Add(1)
 				}

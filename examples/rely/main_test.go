@@ -44,6 +44,10 @@ var modes = []struct {
 
 // start serves a fresh rely relay with limits and quota, gated or hooked.
 // setup, if not nil, runs on the relay before it starts.
+
+// reasonUnavailable is the reply the gate gives while its store is down.
+const reasonUnavailable = "error: rate limiter unavailable"
+
 func start(t *testing.T, useHooks bool, limits policy.Limits, quota *ratelimit.Quota, setup func(*rely.Relay)) *env {
 	t.Helper()
 	e := &env{store: &nostrtest.OutageStore{Store: ratelimit.NewMemoryStore(1 << 16)}, clock: nostrtest.NewClock()}
@@ -98,7 +102,9 @@ func TestEventFlood(t *testing.T) {
 			// 3 charged, R=3: 10s·log2(3/2) = 5.85s, rounded up.
 			nostrtest.WantReason(t, "event 4", nostrtest.Publish(t, r, nostrtest.Note(t, sk, "flood")), "rate-limited: slow down; retry in 6s")
 
-			three := nostr.Filters{{Kinds: []int{1}}, {Kinds: []int{2}}, {Kinds: []int{3}}}
+			// Author-scoped: the narrowest price, 1 (policy.ReadCost).
+			author := []string{strings.Repeat("1", 64)}
+			three := nostr.Filters{{Authors: author, Kinds: []int{1}}, {Authors: author, Kinds: []int{2}}, {Authors: author, Kinds: []int{3}}}
 			for i := range 2 {
 				if got := nostrtest.Subscribe(t, r, three); got != "EOSE" {
 					t.Fatalf("REQ %d after the flood: %q, want EOSE", i, got)
@@ -126,7 +132,7 @@ func TestStoreOutage(t *testing.T) {
 			l := limitsOf(wire.TypeEVENT, 10, time.Second)
 			l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second)}
 			e := start(t, m.hooks, l, nil, nil)
-			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, wire.ReasonUnavailable)
+			nostrtest.OutageScenario(t, nostrtest.Connect(t, e.ws), e.store, reasonUnavailable)
 		})
 	}
 }

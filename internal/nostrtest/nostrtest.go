@@ -202,7 +202,7 @@ func QuotaScenario(t testing.TB, r *nostr.Relay, clock *Clock, q *ratelimit.Quot
 			t.Fatalf("alice %d: %v", i, err)
 		}
 	}
-	WantReason(t, "alice past quota", Publish(t, r, Note(t, alice, "more")), "rate-limited: slow down; retry in 60s")
+	WantReason(t, "alice past quota", Publish(t, r, Note(t, alice, "more")), fmt.Sprintf("rate-limited: quota: %d events per %.0fs for this pubkey; retry in 60s", q.Events(), q.Window().Seconds()))
 	if err := Publish(t, r, Note(t, bob, "bob")); err != nil {
 		t.Fatalf("bob: %v", err)
 	}
@@ -254,7 +254,7 @@ func QuotaApart(q *ratelimit.Quota, now time.Time, actors ...string) bool {
 		if full, _, _ := p.Exceeded(ctx, a); full {
 			return false // an earlier actor filled this slot
 		}
-		for added, _ := p.Add(ctx, a); added; added, _ = p.Add(ctx, a) {
+		for added, _ := p.Add(ctx, a, "", 0); added; added, _ = p.Add(ctx, a, "", 0) {
 		}
 	}
 	return true

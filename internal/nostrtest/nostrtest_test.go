@@ -68,7 +68,7 @@ func TestQuotaApart(t *testing.T) {
 	for _, p := range pairs {
 		at = at.Add(time.Minute)
 		qa := q.WithClock(func() time.Time { return at })
-		if added, _ := qa.Add(context.Background(), p.a); !added {
+		if added, _ := qa.Add(context.Background(), p.a, "", 0); !added {
 			t.Fatalf("%s refused in a fresh window: probing left a count behind", p.a)
 		}
 		if full, _, _ := qa.Exceeded(context.Background(), p.b); full == p.apart {

@@ -59,3 +59,93 @@ func StartCluster(tb testing.TB, extra ...string) []*Server {
 	}
 	return srvs
 }
+
+// Migration moves one slot from one master of a cluster to another by
+// hand, in redis-cli --cluster reshard's order: the target marked
+// importing before the source migrating (so that an ASK from the source
+// always finds the target ready), the keys carried by MIGRATE, then the
+// slot given to the target on the target first, the source next, the
+// other masters last. Between its steps a test decides under load: keys
+// already moved are answered ASK by the source, and after End a client
+// with the old slot map is answered MOVED.
+type Migration struct {
+	tb       testing.TB
+	slot     int
+	from, to *Server
+	masters  []*Server
+	ids      map[*Server]string
+}
+
+// BeginMigration marks slot, which from serves, as importing on to and
+// migrating on from. masters are every master of the cluster (End tells
+// each the slot's new owner).
+func BeginMigration(tb testing.TB, masters []*Server, from, to *Server, slot int) *Migration {
+	tb.Helper()
+	m := &Migration{tb: tb, slot: slot, from: from, to: to, masters: masters, ids: map[*Server]string{}}
+	for _, s := range masters {
+		id, err := m.do(s, "CLUSTER", "MYID").Text()
+		if err != nil {
+			tb.Fatalf("CLUSTER MYID on %s: %v", s.Addr(), err)
+		}
+		m.ids[s] = id
+	}
+	m.must(to, "CLUSTER", "SETSLOT", slot, "IMPORTING", m.ids[from])
+	m.must(from, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.ids[to])
+	return m
+}
+
+// Keys returns the keys of the slot still on the source.
+func (m *Migration) Keys() []string {
+	m.tb.Helper()
+	keys, err := m.do(m.from, "CLUSTER", "GETKEYSINSLOT", m.slot, 100000).StringSlice()
+	if err != nil {
+		m.tb.Fatalf("CLUSTER GETKEYSINSLOT %d on %s: %v", m.slot, m.from.Addr(), err)
+	}
+	return keys
+}
+
+// Move carries keys of the slot from the source to the target with one
+// MIGRATE; none means every key still on the source.
+func (m *Migration) Move(keys ...string) {
+	m.tb.Helper()
+	if len(keys) == 0 {
+		keys = m.Keys()
+	}
+	if len(keys) == 0 {
+		return
+	}
+	args := []any{"MIGRATE", "127.0.0.1", m.to.Port, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	m.must(m.from, args...)
+}
+
+// End moves what keys are left and gives the slot to the target: on the
+// target, then the source, then the other masters.
+func (m *Migration) End() {
+	m.tb.Helper()
+	m.Move()
+	order := []*Server{m.to, m.from}
+	for _, s := range m.masters {
+		if s != m.to && s != m.from {
+			order = append(order, s)
+		}
+	}
+	for _, s := range order {
+		m.must(s, "CLUSTER", "SETSLOT", m.slot, "NODE", m.ids[m.to])
+	}
+}
+
+func (m *Migration) do(s *Server, args ...any) *redis.Cmd {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	defer c.Close()
+	return c.Do(context.Background(), args...)
+}
+
+func (m *Migration) must(s *Server, args ...any) {
+	m.tb.Helper()
+	if err := m.do(s, args...).Err(); err != nil {
+		m.tb.Fatalf("slot %d: %v on %s: %v", m.slot, args, s.Addr(), err)
+	}
+}

@@ -3,7 +3,8 @@
 // touching anyone else's data.
 //
 // When redis-server is not on PATH the test is skipped, unless the
-// environment sets REQUIRE_REDIS=1 (as CI does), in which case it fails.
+// environment sets CI=true or REQUIRE_REDIS=1 (as CI does), in which case
+// it fails.
 package redistest
 
 import (
@@ -34,14 +35,14 @@ type Server struct {
 	done chan struct{} // closed when cmd has exited
 }
 
-// Binary returns the path of redis-server, skipping (or, under
+// Binary returns the path of redis-server, skipping (or, under CI=true or
 // REQUIRE_REDIS=1, failing) the test when there is none.
 func Binary(tb testing.TB) string {
 	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		if os.Getenv("REQUIRE_REDIS") == "1" {
-			tb.Fatalf("redis-server not found and REQUIRE_REDIS=1: %v", err)
+		if os.Getenv("CI") == "true" || os.Getenv("REQUIRE_REDIS") == "1" {
+			tb.Fatalf("redis-server not found and CI=true or REQUIRE_REDIS=1: %v", err)
 		}
 		tb.Skipf("redis-server not found (set REQUIRE_REDIS=1 to make this a failure): %v", err)
 	}

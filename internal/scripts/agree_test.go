@@ -82,36 +82,22 @@ func mustInt(s string) int64 {
 }
 
 // TestLeanSharesPieces: both scripts are composed with the one decay, the
-// one wait search and the one read of the clock (decay.lua, waitms.lua,
-// clock.lua), with no include left
-// unresolved; ewma1.lua's search for a kept request id is ewma.lua's, line
-// for line (indentation aside), so that a fix to one cannot miss the
-// other. (Its reading of a stored value, written for one or two windows,
-// is pinned by TestLeanEqualsBatch instead.)
+// one wait search, the one search for a kept request id and the one read
+// of the clock (decay.lua, waitms.lua, keptid.lua, clock.lua), with no
+// include left unresolved and no second copy of any of them. (Their
+// reading of a stored value, written for one or two windows, is pinned by
+// TestLeanEqualsBatch instead.)
 func TestLeanSharesPieces(t *testing.T) {
 	for name, src := range map[string]string{"ewma.lua": scripts.EWMA, "ewma1.lua": scripts.EWMA1, "cluster": scripts.EWMACluster} {
 		if strings.Contains(src, "#include") {
 			t.Errorf("%s: an include is left unresolved", name)
 		}
-		for _, piece := range []string{"\nlocal function decay\\(s, t, now, p\\)\n", "\nwaitms = function\\(now, s, at, p, c, r\\)\n", "\n  local tm = redis.call\\('TIME'\\)\n"} {
+		for _, piece := range []string{"\nlocal function decay\\(s, t, now, p\\)\n", "\nwaitms = function\\(now, s, at, p, c, r\\)\n", "\nlocal function kept\\(v, idat, reqid\\)\n", "\n  local tm = redis.call\\('TIME'\\)\n", "find\\(v, reqid, k, true\\)"} {
 			if n := len(regexp.MustCompile(piece).FindAllString(src, -1)); n != 1 {
 				t.Errorf("%s: %d copies of %q, want 1", name, n, piece)
 			}
 		}
 	}
-	ids := regexp.MustCompile(`(?s)\n\s*-- Is reqid one of the kept ids\?.*?\n\s*k = p \+ 1\n\s*end\n`)
-	a, b := unindent(ids.FindString(scripts.EWMA)), unindent(ids.FindString(scripts.EWMA1))
-	if a == "" || a != b {
-		t.Errorf("the search for a kept id: ewma.lua's and ewma1.lua's differ (or one is missing):\n%s\n----\n%s", a, b)
-	}
-}
-
-func unindent(s string) string {
-	lines := strings.Split(s, "\n")
-	for i, l := range lines {
-		lines[i] = strings.TrimLeft(l, " ")
-	}
-	return strings.Join(lines, "\n")
 }
 
 // TestPowIsNotExp2 measures what ewma.lua's header says: in Redis's Lua,

@@ -1,5 +1,7 @@
 -- ewma.lua: decide several messages, each against every window of its
--- client, in one call; each decision atomically, in order.
+-- client, in one call; each decision atomically, in order. A message that
+-- pays several budgets (keys) is one group of consecutive decisions,
+-- admitted only if every one of them admits and written only then.
 --
 -- A window's budget is a score S written at instant t (unix milliseconds).
 -- At instant now it has decayed to S * 2^(-(now - t)/T), T being the
@@ -54,8 +56,10 @@
 --             limit list (its windows are its key's), a little-endian
 --             uint16, with its top bit (32768) set when its admission is
 --             to be replied with the value written (see Reply; only
---             sluice's conformance tests ask). The decisions are
---             m = #ARGV[2]/2 >= 1 = #KEYS.
+--             sluice's conformance tests ask), and bit 14 (16384) set
+--             when it is joined with the next decision: the two are
+--             budgets of one message (see Groups). The decisions are
+--             m = #ARGV[2]/2 >= 1 = #KEYS; the last is joined with none.
 -- ARGV[3...]  either nothing (no request ids) or one request id per
 --             decision, "" for none.
 --             Any of this violated is an error reply for the whole call
@@ -84,6 +88,16 @@
 -- are read with one MGET up front (GET for one decision), and every value
 -- written during the call is kept in a table by key and consulted before
 -- the MGET's.
+--
+-- Groups: consecutive decisions joined by bit 14 are one message paying
+-- several budgets (its type's, a kind class's, an aggregate's). Each is
+-- decided as above, and each admission is written only when every
+-- decision of the group admitted: otherwise the group writes nothing, its
+-- refusals reply their waits (the message's wait is the largest) and its
+-- decisions that would have admitted reply 0, 0 (or their would-be value)
+-- unwritten; the caller reads the group's verdict from all its entries.
+-- A decision of a group with an error (-1) leaves the whole group
+-- unwritten too. A group's keys are distinct.
 --
 -- Reply: one flat array, two entries per decision, in order:
 --   admitted        0, the value written (see "Stored value") if its index
@@ -144,10 +158,12 @@ local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 -- Allocation is the other cost per call (a table, a closure, each upvalue
 -- of a closure, each time a table grows): so the decisions are one loop,
 -- not a function per decision, the tables below are sized by their
--- constructors for the usual calls, and the script makes one closure per
--- call (decay, one upvalue) and the wait search only on a refusal.
+-- constructors for the usual calls, and the script makes two closures per
+-- call (decay and kept, one upvalue each) and the wait search only on a
+-- refusal.
 
 -- #include decay.lua
+-- #include keptid.lua
 
 
 -- Parse and check the whole call before touching anything. lim holds every
@@ -196,12 +212,21 @@ if not (m >= 1 and m == nk and (na == 2 or na == 2 + m)) then
 end
 local sum, most = 0, 0 -- the windows of all decisions; of the largest one
 local keep -- keep[d]: decision d's admission is replied with its value
+local joined -- joined[d]: decision d is joined with d+1 (see Groups)
 for d = 1, m do
   local l, h = byte(ix, 2 * d - 1, 2 * d)
   if h >= 128 then
     h = h - 128
     keep = keep or {}
     keep[d] = true
+  end
+  if h >= 64 then
+    h = h - 64
+    if d == m then
+      return redis.error_reply('ERR sluice ewma: the last decision is joined with none')
+    end
+    joined = joined or {}
+    joined[d] = true
   end
   l = l + 256 * h
   if not (l >= 1 and l <= nl) then
@@ -237,6 +262,11 @@ local win = most <= 2 and {0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {}
 -- The wait search, made on the first refusal of the call: a closure costs
 -- (see Cost), and most calls admit.
 local waitms
+
+-- The open group (see Groups): whether every decision of it so far
+-- admitted, and its admissions waiting for the group's end: per admission
+-- its key, value, TTL and decision number.
+local gok, pend, np = true, nil, 0
 
 -- Decide every message, in order. Message dn has the key KEYS[dn], which
 -- holds all n of its windows, the limits after lim[q] and the request id
@@ -295,19 +325,7 @@ for dn = 1, m do
     end
   end
   if not err and idat and reqid ~= '' then
-    -- Is reqid one of the kept ids? Searched in place, whole ids only.
-    local k, w = idat, #reqid
-    while true do
-      local p = find(v, reqid, k, true)
-      if not p then
-        break
-      end
-      if (p - idat) % w == 0 then
-        seen = true
-        break
-      end
-      k = p + 1
-    end
+    seen = kept(v, idat, reqid)
   end
 
   local o = 2 * dn
@@ -393,15 +411,41 @@ for dn = 1, m do
     elseif idat then
       val = val .. sub(v, idat)
     end
-    redis.call('SET', key, val, 'PX', format('%d', ttl))
     reply[o - 1], reply[o] = 0, keep and keep[dn] and val or 0
-    if dn < m then
-      -- A later decision of this call may read this key.
-      if not wr then
-        wr = {}
+    if np == 0 and not (joined and joined[dn]) then
+      -- A message of one budget: written at once.
+      redis.call('SET', key, val, 'PX', format('%d', ttl))
+      if dn < m then
+        -- A later decision of this call may read this key.
+        if not wr then
+          wr = {}
+        end
+        wr[key] = val
       end
-      wr[key] = val
+    else
+      pend = pend or {}
+      pend[np + 1], pend[np + 2], pend[np + 3], pend[np + 4] = key, val, ttl, dn
+      np = np + 4
     end
+  end
+  if err or not (seen or allowed) then
+    gok = false
+  end
+  if not (joined and joined[dn]) then
+    -- The group (or the lone decision) ends here: its admissions are
+    -- written only if all of it admitted.
+    if gok then
+      for i = 1, np, 4 do
+        redis.call('SET', pend[i], pend[i + 1], 'PX', format('%d', pend[i + 2]))
+        if pend[i + 3] < m then
+          if not wr then
+            wr = {}
+          end
+          wr[pend[i]] = pend[i + 1]
+        end
+      end
+    end
+    gok, np = true, 0
   end
 end
 return reply

@@ -52,6 +52,7 @@ local find, sub, format, pack, unpack = string.find, string.sub, string.format, 
 local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 
 -- #include decay.lua
+-- #include keptid.lua
 
 local a = ARGV[1]
 local la = a and #a
@@ -111,19 +112,7 @@ end
 
 local seen -- whether reqid is one of v's ids (a repeat: charge nothing)
 if idat and reqid ~= '' then
-  -- Is reqid one of the kept ids? Searched in place, whole ids only.
-  local k, w = idat, #reqid
-  while true do
-    local p = find(v, reqid, k, true)
-    if not p then
-      break
-    end
-    if (p - idat) % w == 0 then
-      seen = true
-      break
-    end
-    k = p + 1
-  end
+  seen = kept(v, idat, reqid)
 end
 if seen then
   if not scores then return 0 end

@@ -14,6 +14,13 @@
 -- the window.
 --
 -- KEYS[1] the actor's key, e.g. "sluice:{q:<pubkey>}:quota:60000".
+-- KEYS[2] (an Add's, optional) the event's seen key, in the actor's slot,
+--         e.g. "sluice:{q:<pubkey>}:seen:<event id>": an Add whose seen key
+--         exists is an event charged in this window already (from any
+--         connection or instance) and is answered added, uncounted; else
+--         the key is made, with a TTL of the window. These keys are as
+--         bounded as the counts: one per event accepted in a window, gone
+--         a window later.
 -- ARGV[1] the operation: "x" (Exceeded: read only) or "a" (Add: charge one).
 -- ARGV[2] E, events per window (>= 1).
 -- ARGV[3] W, the window in ms (>= 1).
@@ -25,6 +32,10 @@
 -- ARGV[6] the request id of an Add ("" for none): an Add whose id is the
 --         one stored is a resend of a call that was counted (go-redis
 --         retried after a lost reply) and is answered added, uncounted.
+-- ARGV[7] (optional) the event's created_at in unix ms, "0" for unknown: an
+--         Add of an event created more than W before now is answered
+--         added, uncounted (copies of old events are not their author's
+--         charge).
 --
 -- Reply: {flag, wait_ms, count}, integers.
 --   "x": 1, wait, count when the actor has used its quota (count >= E) in
@@ -41,7 +52,7 @@
 local tonumber, floor, match, format = tonumber, math.floor, string.match, string.format
 
 local op, events, win = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-if #KEYS ~= 1 or #ARGV ~= 6 or (op ~= 'x' and op ~= 'a')
+if #KEYS < 1 or #KEYS > 2 or #ARGV < 6 or #ARGV > 7 or (op ~= 'x' and op ~= 'a')
     or not (events and events >= 1 and win and win >= 1) then
   return redis.error_reply('ERR sluice quota: want one key and op, events, window, now, cutoff, id')
 end
@@ -89,7 +100,12 @@ if op == 'x' then
   return {0, 0, count}
 end
 if id ~= '' and sid == id then return {1, 0, count} end
+local created = tonumber(ARGV[7] or '0')
+if created and created > 0 and created < now - win then return {1, 0, count} end
 if count >= events then return {0, wait, count} end
+if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', format('%.0f', win)) then
+  return {1, 0, count}
+end
 count = count + 1
 local val = format('%.0f %.0f', sw, count)
 if id ~= '' then val = val .. ' ' .. id end

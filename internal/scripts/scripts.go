@@ -10,7 +10,7 @@ import (
 // pieces are the Lua parts several scripts share, each written once and
 // spliced into every script that names it (see include).
 //
-//go:embed decay.lua waitms.lua clock.lua
+//go:embed decay.lua waitms.lua clock.lua keptid.lua
 var pieces embed.FS
 
 //go:embed ewma.lua
@@ -30,6 +30,15 @@ var EWMA = include(ewmaSource)
 // client that never resends a command). Same decisions, stored values and
 // reply as EWMA deciding that one message.
 var EWMA1 = include(ewma1Source)
+
+//go:embed refund.lua
+var refundSource string
+
+// Refund is the source of refund.lua: it takes one admission back off a
+// key (what its cost still weighs, decayed), for a message whose budgets
+// span masters of a Redis Cluster and that another master refused. Its
+// header comment documents KEYS, ARGV and the reply.
+var Refund = include(refundSource)
 
 // Quota is the source of quota.lua: the actor quota's fixed windows in
 // Redis, one key per actor holding its window and count with a TTL of the

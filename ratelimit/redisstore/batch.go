@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"net"
 	"runtime"
 	"slices"
 	"strings"
@@ -19,16 +20,19 @@ import (
 var errClosed = errors.New("redisstore: store closed")
 
 // ErrOverloaded is wrapped (with ratelimit.ErrUnavailable) by Decide for a
-// decision whose deadline passed while it waited in the store's own queue,
-// never sent: the gate was too busy (or too starved of CPU) to ask Redis in
-// time. It says nothing about Redis, and the breaker does not count it.
+// decision whose caller's own deadline (its context's) passed before the
+// decision was sent: the gate was too busy (or too starved of CPU) to ask
+// Redis in time. It says nothing about Redis, and the breaker does not
+// count it. (The store's Timeout runs from the sending, so it alone never
+// expires a decision unsent.)
 var ErrOverloaded = errors.New("redisstore: decision expired in the gate's queue, never sent")
 
 // call is one decision of a batched Store.
 type call struct {
 	req      *request
 	asked    time.Time       // when Decide was called
-	deadline time.Time       // its own whole deadline, from asked; zero: none
+	until    time.Time       // the caller's own deadline (its context's); zero: none
+	deadline time.Time       // its whole deadline, set when it is sent (see deadlineAt); zero: none
 	br       *breaker        // the breaker of the node it goes to
 	probe    bool            // br's half-open probe
 	answered bool            // set by exec: Redis answered its part
@@ -74,16 +78,23 @@ type callResult struct {
 // queued. So at high concurrency decisions go in full batches, flight at a
 // time.
 //
-// Each decision keeps its own whole deadline, from the moment it was asked
-// (the store's Timeout, or the caller's context if shorter), and waiting
-// never spends it: a queued decision waits for a round trip to free up at
-// most patience (a twentieth of the Timeout), after which another round
-// trip is started for it beyond flight (up to hardFlight); a batch is cut
+// Each decision keeps its own whole deadline: the store's Timeout from the
+// moment it is sent, or its caller's context's deadline if earlier (see
+// deadlineAt). The Timeout bounds Redis: the time a decision waits in this
+// queue, or for a CPU, is the gate's own load, and refusing a decision for
+// it would answer "unavailable" while Redis answers every call in time (a
+// gate whose CPU is saturated, at a few hundred publishing connections,
+// did that for a share of its decisions). The wait is bounded all the
+// same: a queued decision waits for a round trip to free up at most
+// patience (a twentieth of the Timeout), after which another round trip is
+// started for it beyond flight (up to hardFlight); past hardFlight it
+// waits for one of them to end, which each does by its own deadline; and
+// once its master's breaker is open it is failed unsent. A batch is cut
 // where its decisions' deadlines spread by more than patience, and its
 // pipeline carries the latest of them, so no decision is cut short by a
 // neighbour's earlier deadline and none is answered later than its own by
-// more than patience. A decision found past its deadline when taken is
-// failed unsent, with ErrOverloaded: our queue, not Redis, was slow.
+// more than patience. A decision whose caller's deadline passed before it
+// was sent is failed unsent, with ErrOverloaded.
 type batcher struct {
 	client       redis.UniversalClient
 	shared       bool // decisions of any keys may share a script call (see exec)
@@ -93,10 +104,15 @@ type batcher struct {
 	directFlight int
 	hardFlight   int
 	patience     time.Duration
+	timeout      time.Duration                     // the store's Timeout, from a decision's sending; 0 or less: none
 	margin       time.Duration                     // see Store.margin
 	trip         func(br *breaker, probe, ok bool) // once per node a round trip reached for
 	stop         chan struct{}
 	timer        *time.Timer
+
+	// nodeAt returns the breaker of the cluster master at addr (nil: none),
+	// which a redirected decision was sent on to (see round).
+	nodeAt func(addr string) *breaker
 
 	mu       sync.Mutex
 	q        []*call // q[head:] are queued (some abandoned)
@@ -114,8 +130,13 @@ type batcher struct {
 	// pipelines and calls count the batched round trips and the decisions
 	// they carried, for the benchmarks' mean batch size; direct counts the
 	// decisions that went straight out; expired those failed unsent;
-	// splits the cluster calls a master refused whole (see round).
-	pipelines, calls, direct, expired, splits atomic.Int64
+	// splits the cluster calls a master refused whole, and redirected the
+	// decisions a master answered MOVED or ASK, sent on alone (see round).
+	pipelines, calls, direct, expired, splits, redirected atomic.Int64
+
+	// known is the Store's: whether Redis has the scripts cached (EVAL
+	// until it has; see Store.known).
+	known *atomic.Bool
 
 	// noCluster: the cluster's servers cannot run scripts.EWMACluster
 	// (older than Redis 7.0): one decision per call.
@@ -302,8 +323,8 @@ func (b *batcher) finish(lead bool) {
 
 // sweep runs patience after a call was queued with every slot busy: if
 // calls still wait, one more round trip is started for them (Redis is
-// slow, not busy: the queue must not eat their deadlines), and calls past
-// their deadline are failed if no round trip can be started.
+// slow, not busy: the queue must not keep them), and calls past their
+// caller's own deadline are failed if no round trip can be started.
 func (b *batcher) sweep() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -316,7 +337,7 @@ func (b *batcher) sweep() {
 	} else {
 		now := time.Now()
 		for i := b.head; i < len(b.q); i++ {
-			if c := b.q[i]; c.state == queued && !c.deadline.IsZero() && !now.Before(c.deadline) {
+			if c := b.q[i]; c.state == queued && !c.until.IsZero() && !now.Before(c.until) {
 				c.state = abandoned
 				b.live--
 				b.expired.Add(1)
@@ -377,9 +398,11 @@ func (b *batcher) lead(first *call) {
 		b.mu.Lock()
 	}
 	first.state = taken
+	now := time.Now()
+	fd := b.deadlineAt(first, now)
 	for len(batch) < b.max {
 		c := b.peekLocked()
-		if c == nil || (!first.deadline.IsZero() && c.deadline.Sub(first.deadline) > b.patience) {
+		if c == nil || (!fd.IsZero() && b.deadlineAt(c, now).Sub(fd) > b.patience) {
 			break
 		}
 		b.popLocked()
@@ -394,14 +417,36 @@ func (b *batcher) lead(first *call) {
 	b.finish(true)
 }
 
-// send fails the calls already past their deadline, unsent, and executes
-// the rest with the latest of their deadlines.
+// deadlineAt is c's whole deadline were it sent at now: the store's
+// Timeout from now, or the caller's own deadline when that is earlier;
+// zero for none.
+func (b *batcher) deadlineAt(c *call, now time.Time) time.Time {
+	var d time.Time
+	if b.timeout > 0 {
+		d = now.Add(b.timeout)
+	}
+	if !c.until.IsZero() && (d.IsZero() || c.until.Before(d)) {
+		d = c.until
+	}
+	return d
+}
+
+// send gives each call its deadline from now, fails unsent those whose
+// caller's deadline has passed and those whose master's breaker opened
+// while they waited (Redis stopped answering: sent, they would only wait
+// out their Timeout), and executes the rest with the latest of their
+// deadlines.
 func (b *batcher) send(batch []*call, sc *batchScratch) {
 	var first, last time.Time
 	none := false // a call without a deadline: the pipeline has none either
 	now := time.Now()
 	live := batch[:0]
 	for _, c := range batch {
+		if c.br != nil && !c.probe && c.br.state() == breakerOpen {
+			c.res <- callResult{err: errOpenRefused}
+			continue
+		}
+		c.deadline = b.deadlineAt(c, now)
 		if c.deadline.IsZero() {
 			none = true
 		} else {
@@ -532,7 +577,7 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 				// Too few to share a call: each decision its own lean
 				// call, which costs Redis less (see minCall).
 				for j := start; j < next; j++ {
-					args = leanArgs(reqs[j], cut)
+					args = evalFirst(leanArgs(reqs[j], cut), b.known)
 					groups = append(groups, group{start: j, end: j + 1, args: args, cmd: newCmd(ctx, args)})
 				}
 				start, keys = next, 0
@@ -542,6 +587,7 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 			default:
 				args = commandBy(reqs[start:next], cut)
 			}
+			args = evalFirst(args, b.known)
 			groups = append(groups, group{start: start, end: next, args: args, cmd: newCmd(ctx, args)})
 			start, keys = next, 0
 		}
@@ -560,16 +606,16 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if !b.round(ctx, cut, reqs, batch, gs) {
+				if !b.round(ctx, cut, reqs, batch, gs, b.master(ctx, reqs, gs)) {
 					failed.Store(true)
 				}
 			}()
 		}
-		ok = b.round(ctx, cut, reqs, batch, nodes[0])
+		ok = b.round(ctx, cut, reqs, batch, nodes[0], b.master(ctx, reqs, nodes[0]))
 		wg.Wait()
 		ok = ok && !failed.Load()
 	} else {
-		ok = b.round(ctx, cut, reqs, batch, groups)
+		ok = b.round(ctx, cut, reqs, batch, groups, b.master(ctx, reqs, groups))
 	}
 	clear(reqs)
 	clear(groups)
@@ -610,12 +656,64 @@ func (b *batcher) byNode(batch []*call, groups []group) [][]group {
 	return out
 }
 
+// master returns the client of the cluster master that groups, one
+// master's calls, go to (the master of the first call's key in the
+// client's slot map), or nil on a plain client or when the cluster client
+// has no slot map: then they go through b.client.
+func (b *batcher) master(ctx context.Context, reqs []*request, groups []group) *redis.Client {
+	cc, ok := b.client.(*redis.ClusterClient)
+	if !ok || b.shared || len(groups) == 0 {
+		return nil
+	}
+	c, err := cc.MasterForKey(ctx, reqs[groups[0].start].keys[0])
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
 // round sends groups as one round trip (EVAL again for those that found
 // the script missing), answers their calls, and reports whether Redis
 // answered every one; cut is the batch's cutoff (see exec), for the
 // decisions of a refused cluster call sent again.
-func (b *batcher) round(ctx context.Context, cut int64, reqs []*request, batch []*call, groups []group) bool {
-	b.process(ctx, groups, false)
+//
+// On a cluster, via is the client of the master the groups go to, and the
+// round trip goes through it rather than through the cluster client: a
+// command answered MOVED or ASK (its slot moved, or is moving and its key
+// is gone) comes back as that reply, and the others are answered at once.
+// Through the cluster client's pipeline, go-redis would follow the
+// redirect inside the pipeline after a retry backoff (10 ms or more,
+// growing at each redirect) with every command of the pipeline waiting,
+// and when the backoff outlasts the context it fails them all with the
+// context's error, the answered ones too: a reshard refused clients whose
+// slots did not move. A redirected decision is sent on alone through the
+// cluster client, which follows MOVED and ASK without a backoff; the
+// master that redirected it did answer, and the master it went on to is
+// judged by that decision's round trip. A command that lost its
+// connection before any reply goes again through the cluster client,
+// which resends on a fresh connection (the request id makes a resent
+// decision count once).
+func (b *batcher) round(ctx context.Context, cut int64, reqs []*request, batch []*call, groups []group, via *redis.Client) bool {
+	var to sender = b.client
+	if via != nil {
+		to = via
+	}
+	b.process(ctx, to, groups, false)
+	if via != nil {
+		lost := false
+		for i := range groups {
+			if lostConn(groups[i].cmd.Err()) && ctx.Err() == nil {
+				groups[i].cmd = newCmd(ctx, groups[i].args)
+				groups[i].again, lost = true, true
+			}
+		}
+		if lost {
+			b.process(ctx, b.client, groups, true)
+			for i := range groups {
+				groups[i].again = false
+			}
+		}
+	}
 	retry := false
 	for i := range groups {
 		if isNoScript(groups[i].cmd.Err()) {
@@ -624,16 +722,30 @@ func (b *batcher) round(ctx context.Context, cut int64, reqs []*request, batch [
 		}
 	}
 	if retry {
-		b.process(ctx, groups, true)
+		b.process(ctx, to, groups, true)
+	}
+	for i := range groups {
+		learnScript(groups[i].cmd.Err(), b.known)
 	}
 	// A cluster call its master refused whole (a key it does not serve or
 	// that is migrating away, a Redis without the shebang): nothing of it
 	// was written; its decisions go again one per call, each to its key's
 	// master (go-redis follows MOVED and ASK for one key).
 	var singles []group
+	var movedTo []string // for each of singles, the master it was redirected to ("": none)
 	for i := range groups {
 		g := &groups[i]
-		if g.end-g.start < 2 || g.args[1] != argSHAX {
+		if via != nil && g.end-g.start == 1 {
+			if addr, ok := redirect(g.cmd.Err()); ok {
+				g.split = true
+				batch[g.start].answered = true // its master answered, with a redirect
+				b.redirected.Add(1)
+				singles = append(singles, group{start: g.start, end: g.end, args: g.args, cmd: newCmd(ctx, g.args)})
+				movedTo = append(movedTo, addr)
+				continue
+			}
+		}
+		if g.end-g.start < 2 || (g.args[1] != argSHAX && g.args[1] != argSourceX) {
 			continue
 		}
 		refused, unsupported := clusterRefusal(g.cmd.Err())
@@ -648,12 +760,12 @@ func (b *batcher) round(ctx context.Context, cut int64, reqs []*request, batch [
 		for j := g.start; j < g.end; j++ {
 			args := leanArgs(reqs[j], cut)
 			singles = append(singles, group{start: j, end: j + 1, args: args, cmd: newCmd(ctx, args)})
+			movedTo = append(movedTo, "")
 		}
 	}
+	// The calls Redis answered are answered first: a moved key's
+	// decisions, sent again below, must not hold the others'.
 	ok := true
-	if len(singles) > 0 {
-		ok = b.splitRound(ctx, cut, reqs, batch, singles)
-	}
 	for _, g := range groups {
 		if g.split {
 			continue
@@ -669,7 +781,49 @@ func (b *batcher) round(ctx context.Context, cut int64, reqs []*request, batch [
 			c.res <- callResult{d: d, err: err}
 		})
 	}
+	if len(singles) > 0 && !b.splitRound(ctx, cut, reqs, batch, singles, movedTo) {
+		ok = false
+	}
 	return ok
+}
+
+// sender is what a round trip needs of a client: the cluster client, or
+// one master's.
+type sender interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+	Pipeline() redis.Pipeliner
+}
+
+// redirect reads a MOVED or ASK reply: the address it names.
+func redirect(err error) (addr string, ok bool) {
+	var re redis.Error
+	if err == nil || !errors.As(err, &re) {
+		return "", false
+	}
+	msg := re.Error()
+	if !strings.HasPrefix(msg, "MOVED ") && !strings.HasPrefix(msg, "ASK ") {
+		return "", false
+	}
+	f := strings.Fields(msg)
+	if len(f) != 3 {
+		return "", false
+	}
+	return f[2], true
+}
+
+// lostConn reports whether err is a command's connection failing before
+// any reply (a reset or closed connection, a closed pool), not a reply and
+// not a deadline: the command may go again on a fresh connection.
+func lostConn(err error) bool {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		return false
+	}
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
 }
 
 // splitRound decides the decisions of cluster calls a master refused whole
@@ -679,15 +833,30 @@ func (b *batcher) round(ctx context.Context, cut int64, reqs []*request, batch [
 // cluster pipeline did that once in TestClusterMasterHung's runs). It is
 // the rare path of a stale slot map or a slot on the move, so a goroutine
 // per decision is cheap enough.
-func (b *batcher) splitRound(ctx context.Context, cut int64, reqs []*request, batch []*call, singles []group) bool {
+//
+// A decision redirected by its master (movedTo[i] names where to) is
+// judged, for the breakers, against the master it was redirected to: the
+// one that redirected it answered.
+func (b *batcher) splitRound(ctx context.Context, cut int64, reqs []*request, batch []*call, singles []group, movedTo []string) bool {
 	var wg sync.WaitGroup
 	var failed atomic.Bool
 	for i := range singles {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !b.round(ctx, cut, reqs, batch, singles[i:i+1]) {
-				failed.Store(true)
+			ok := b.round(ctx, cut, reqs, batch, singles[i:i+1], nil)
+			if movedTo[i] == "" {
+				if !ok {
+					failed.Store(true)
+				}
+				return
+			}
+			c := batch[singles[i].start]
+			c.answered = true
+			if b.nodeAt != nil {
+				if br := b.nodeAt(movedTo[i]); br != nil {
+					b.trip(br, false, ok)
+				}
 			}
 		}()
 	}
@@ -711,14 +880,15 @@ func decision(reply any, err error, r *request) (ratelimit.Decision, error) {
 	return parseReply(reply, r.windows.Len(), r.scores)
 }
 
-// process sends the groups' commands (only the EVAL retries when retry),
-// one directly, several as one pipeline; errors are per command.
-func (b *batcher) process(ctx context.Context, groups []group, retry bool) {
+// process sends the groups' commands (only those marked again when retry)
+// through to, one directly, several as one pipeline; errors are per
+// command.
+func (b *batcher) process(ctx context.Context, to sender, groups []group, retry bool) {
 	if len(groups) == 1 {
-		_ = b.client.Process(ctx, groups[0].cmd)
+		_ = to.Process(ctx, groups[0].cmd)
 		return
 	}
-	pipe := b.client.Pipeline()
+	pipe := to.Pipeline()
 	for _, g := range groups {
 		if !retry || g.again {
 			_ = pipe.Process(ctx, g.cmd)

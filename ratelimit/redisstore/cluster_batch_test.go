@@ -383,3 +383,60 @@ func TestClusterSplitHungMaster(t *testing.T) {
 		t.Errorf("%d decided, %d on the hung master, %d splits: the test wants both and one split", decided, refused, cb.s.batch.splits.Load())
 	}
 }
+
+// TestClusterColdClientHungMaster: the first decision a new cluster client
+// routes by its key (a split, a redirect, a resend) is answered by its
+// healthy master while another master hangs. go-redis's cluster client,
+// with its routing policies on, first asks a random node for COMMAND and
+// holds the call meanwhile; each of the eight clients here picks the hung
+// master with one chance in three, so the test fails without NewClient
+// turning the policies off in all but about 4 % of runs.
+func TestClusterColdClientHungMaster(t *testing.T) {
+	srvs := redistest.StartCluster(t)
+	var addrs []string
+	for _, s := range srvs {
+		addrs = append(addrs, s.Addr())
+	}
+	ctx := context.Background()
+	key := messageKey("10.5.0.1", "EVENT")
+	ws := storetest.MustWindows(ratelimit.PerPeriod(2, time.Second))
+	var clients []*redis.ClusterClient
+	for range 8 {
+		c, err := NewClient("redis+cluster://" + strings.Join(addrs, ","))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		cc := c.(*redis.ClusterClient)
+		// The slot map is loaded before the hang: a client that has none
+		// yet is not what this test is about.
+		if err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.Ping(ctx).Err() }); err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, cc)
+	}
+	s := newStore(t, clients[0], Options{Timeout: time.Second})
+	m, err := clients[0].MasterForKey(ctx, s.prefix+key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hung *redistest.Server
+	for _, srv := range srvs {
+		if srv.Addr() != m.Options().Addr {
+			hung = srv
+			break
+		}
+	}
+	hung.Pause()
+	defer hung.Resume()
+	for i, c := range clients {
+		req := s.request(key, ws, storetest.T0.Add(time.Duration(i)*time.Minute))
+		req.scores = make([]float64, ws.Len())
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := run(cctx, c, req)
+		cancel()
+		if err != nil {
+			t.Errorf("client %d: a decision on a healthy master, %s hung: %v", i, hung.Addr(), err)
+		}
+	}
+}

@@ -6,8 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,11 +58,22 @@ const maxActorLen = 64
 // default prefix; see TestQuotaRotatingActors), which the EVENT limits
 // bound, until the window ends.
 //
-// Every call is one script call (EVALSHA, EVAL on NOSCRIPT) with the
-// Store's client, deadline (Options.Timeout), breaker, Observe and Close,
-// never batched. Every error wraps ratelimit.ErrUnavailable: Exceeded's
-// boolean is then meaningless and the caller refuses the event (fails
-// closed); an Add that fails is most likely uncounted. An Add is
+// Nothing of the quota is on an event's path to the relay. Add queues
+// the charge and returns; one goroutine per Quota sends the queued charges
+// in batches (up to 256 script calls in one pipeline, one round trip), with
+// the Store's client, breaker and Close and ten times its deadline
+// (Options.Timeout: no caller waits for a batch); a batch that fails
+// leaves its events uncounted (the relay has them
+// already). Exceeded asks no one: it answers from a bounded table of the
+// actors this Quota's charges found at their limit (Redis's reply to a
+// charge carries the actor's count in the shared window), until the end of
+// that window. The price, stated as a bound: an actor can get accepted,
+// per instance and window, the events it sends between its count reaching
+// Events (by any instance) and this instance's next charge for it coming
+// back, which is at most one batch round trip after the relay's OK (plus
+// the events already forwarded and awaiting their OK, as without
+// batching); and an actor whose entry another actor's took (4,096 entries,
+// hashed with a per-process seed) gets one such gap more. An Add is
 // idempotent across go-redis's retries (a request id, as Decide's), so a
 // lost reply does not charge an actor twice.
 //
@@ -71,6 +85,67 @@ type Quota struct {
 	window time.Duration
 	tail   string // ":quota:<window ms>"
 	args   [2]any // events and the window in ms, boxed once
+
+	full  *quotaFull    // actors known at their limit (Exceeded)
+	adds  chan quotaAdd // charges queued for the sender
+	start sync.Once     // starts the sender on the first Add
+	sent  atomic.Uint64 // batches sent, for tests
+}
+
+// quotaAdd is one queued charge: the actor, or with done (tests) a marker
+// closed once everything queued before it was sent.
+type quotaAdd struct {
+	actor, id string
+	created   int64 // unix seconds; 0: unknown
+	done      chan struct{}
+}
+
+// The sender's queue and batch. A charge that finds the queue full is sent
+// by its caller, at once: the queue bounds memory, never the count.
+const (
+	quotaQueue = 4096
+	quotaBatch = 256
+)
+
+// quotaPatience is how many of the store's Timeouts a batch of charges may
+// take (see sendBatch).
+const quotaPatience = 10
+
+// quotaFullSlots is the size of the table of actors known at their limit:
+// 4,096 entries of 16 bytes behind a pointer each.
+const quotaFullSlots = 1 << 12
+
+// quotaFull is the bounded table Exceeded reads: per slot (an actor's
+// keyed hash) the actor's fingerprint and the instant (unix ns, the host's
+// clock) its window ends. An entry is replaced whole, so a reader never
+// sees half of one; another actor's entry in the slot simply misses.
+type quotaFull struct {
+	seed  maphash.Seed
+	slots [quotaFullSlots]atomic.Pointer[fullEntry]
+}
+
+type fullEntry struct {
+	fp    uint64
+	until int64
+}
+
+func (f *quotaFull) slot(actor string) (*atomic.Pointer[fullEntry], uint64) {
+	h := maphash.String(f.seed, actor)
+	return &f.slots[h&(quotaFullSlots-1)], h | 1
+}
+
+// until returns the instant (unix ns) actor's full window ends, if known.
+func (f *quotaFull) until(actor string) (int64, bool) {
+	p, fp := f.slot(actor)
+	if e := p.Load(); e != nil && e.fp == fp {
+		return e.until, true
+	}
+	return 0, false
+}
+
+func (f *quotaFull) mark(actor string, until int64) {
+	p, fp := f.slot(actor)
+	p.Store(&fullEntry{fp: fp, until: until})
 }
 
 var _ ratelimit.ActorQuota = (*Quota)(nil)
@@ -101,6 +176,8 @@ func NewQuota(s *Store, events int, window time.Duration) (*Quota, error) {
 		window: window,
 		tail:   "}:quota:" + ms,
 		args:   [2]any{strconv.Itoa(events), ms},
+		full:   &quotaFull{seed: maphash.MakeSeed()},
+		adds:   make(chan quotaAdd, quotaQueue),
 	}, nil
 }
 
@@ -110,33 +187,247 @@ func (q *Quota) Events() int { return q.events }
 // Window returns the window length.
 func (q *Quota) Window() time.Duration { return q.window }
 
-// Exceeded reports whether actor has used its quota in the current window
-// (by Redis TIME) and, if so, how long until the next window. It counts
-// nothing. An error wraps ratelimit.ErrUnavailable.
-func (q *Quota) Exceeded(ctx context.Context, actor string) (bool, time.Duration, error) {
-	return q.exceededAt(ctx, actor, time.Time{})
+// Exceeded reports whether actor is known to have used its quota in the
+// current window and, if so, how long until the next window: what this
+// Quota's charges were told by Redis (see Quota), without a round trip. It
+// counts nothing, and its error is always nil.
+func (q *Quota) Exceeded(_ context.Context, actor string) (bool, time.Duration, error) {
+	until, ok := q.full.until(actor)
+	if !ok {
+		return false, 0, nil
+	}
+	if left := until - time.Now().UnixNano(); left > 0 {
+		return true, time.Duration(left), nil
+	}
+	return false, 0, nil
 }
 
 // exceededAt is Exceeded in the window containing now (at millisecond
 // resolution); a zero now, or one at or before the unix epoch, means Redis
 // TIME. For tests, which pass fixed instants rather than sleep.
 func (q *Quota) exceededAt(ctx context.Context, actor string, now time.Time) (bool, time.Duration, error) {
-	return q.call(ctx, argOpExceeded, actor, now)
+	over, wait, _, err := q.call(ctx, argOpExceeded, quotaAdd{actor: actor}, now)
+	return over, wait, err
 }
 
-// Add charges one accepted event to actor in the current window (by Redis
-// TIME). It reports false, counting nothing, when actor was already at its
-// limit. An error wraps ratelimit.ErrUnavailable; the event is then most
-// likely uncounted (counted if the reply, not the call, was lost).
-func (q *Quota) Add(ctx context.Context, actor string) (bool, error) {
-	return q.addAt(ctx, actor, time.Time{})
+// Add queues the charge of one accepted event to actor in the current
+// window (by Redis TIME) and reports true at once; the charge is sent with
+// others (see Quota). When the queue is full it is sent at once, by the
+// caller: then it reports false, counting nothing, when actor was already
+// at its limit, and an error wrapping ratelimit.ErrUnavailable when Redis
+// did not answer. After the Store's Close it fails at once.
+//
+// The event id ("" for none) is charged once per window across
+// connections and instances: a key per id in the actor's slot
+// ("<prefix>{q:<actor>}:seen:<id>", TTL the window), made by the charge
+// that counts it. An event whose createdAt (unix seconds, 0: unknown) is
+// more than Window before Redis TIME is not charged (ActorQuota).
+func (q *Quota) Add(ctx context.Context, actor, id string, createdAt int64) (bool, error) {
+	if q.s.closed.Load() {
+		return false, errClosedRefused
+	}
+	q.start.Do(func() { go q.send() })
+	select {
+	case q.adds <- quotaAdd{actor: actor, id: id, created: createdAt}:
+		return true, nil
+	default:
+		return q.addEventAt(ctx, actor, id, createdAt, time.Time{})
+	}
 }
 
-// addAt is Add in the window containing now; a zero now means Redis TIME
-// (see exceededAt).
+// addAt charges actor at once, in the window containing now; a zero now
+// means Redis TIME (see exceededAt).
 func (q *Quota) addAt(ctx context.Context, actor string, now time.Time) (bool, error) {
-	added, _, err := q.call(ctx, argOpAdd, actor, now)
+	return q.addEventAt(ctx, actor, "", 0, now)
+}
+
+// addEventAt is addAt for event id created at createdAt (see Add).
+func (q *Quota) addEventAt(ctx context.Context, actor, id string, createdAt int64, now time.Time) (bool, error) {
+	added, wait, count, err := q.call(ctx, argOpAdd, quotaAdd{actor: actor, id: id, created: createdAt}, now)
+	if err == nil {
+		q.learn(actor, added, wait, count)
+	}
 	return added, err
+}
+
+// args returns the script call charging a (see quota.lua): its key, the
+// event's seen key when it has an id, and the arguments, with the cutoff
+// cut (unix ms; 0: none) and the instant nowMs (0: Redis TIME).
+func (q *Quota) argsOf(op any, a quotaAdd, nowMs, cut int64) []any {
+	key, reqID := q.key(a.actor, op == argOpAdd && !q.s.lean)
+	if op != argOpAdd {
+		return []any{argEvalSha, argQuotaSHA, 1, key, op, q.args[0], q.args[1], nowMs, cut, argNoID}
+	}
+	created := a.created * 1000
+	if a.id == "" {
+		return []any{argEvalSha, argQuotaSHA, 1, key, op, q.args[0], q.args[1], nowMs, cut, reqID, created}
+	}
+	id := a.id
+	if len(id) > maxActorLen || strings.ContainsAny(id, "{}") {
+		h := sha256.Sum256([]byte(id))
+		id = "#" + hex.EncodeToString(h[:])
+	}
+	seen := key[:len(key)-len(q.tail)] + "}:seen:" + id
+	return []any{argEvalSha, argQuotaSHA, 2, key, seen, op, q.args[0], q.args[1], nowMs, cut, reqID, created}
+}
+
+// learn enters actor in the table of actors at their limit when a charge's
+// reply says it is: refused with wait, or added as the last of the window
+// (count = Events; the window's end is then taken from the host's clock,
+// windows being aligned on the unix epoch).
+func (q *Quota) learn(actor string, added bool, wait time.Duration, count int64) {
+	now := time.Now().UnixNano()
+	switch {
+	case !added && wait > 0:
+		q.full.mark(actor, now+int64(wait))
+	case added && count >= int64(q.events):
+		w := int64(q.window)
+		q.full.mark(actor, now-now%w+w)
+	}
+}
+
+// send is the Quota's sender: it takes what is queued, up to quotaBatch at
+// a time, and sends it as one pipeline, until the Store is closed.
+func (q *Quota) send() {
+	batch := make([]quotaAdd, 0, quotaBatch)
+	for {
+		select {
+		case a := <-q.adds:
+			batch = append(batch[:0], a)
+		case <-q.s.done:
+			return
+		}
+	more:
+		for len(batch) < quotaBatch {
+			select {
+			case a := <-q.adds:
+				batch = append(batch, a)
+			default:
+				break more
+			}
+		}
+		q.sendBatch(batch)
+		for _, a := range batch {
+			if a.done != nil {
+				close(a.done)
+			}
+		}
+		clear(batch)
+	}
+}
+
+// flushed returns once every charge queued before it was sent (tests).
+func (q *Quota) flushed() {
+	q.start.Do(func() { go q.send() })
+	done := make(chan struct{})
+	q.adds <- quotaAdd{done: done}
+	<-done
+}
+
+// sendBatch charges batch (markers aside) in one pipeline, bounded by
+// quotaPatience of the store's Timeouts, and learns from each reply. It is one round trip for
+// the breaker; an open breaker drops the batch uncounted.
+func (q *Quota) sendBatch(batch []quotaAdd) {
+	s := q.s
+	n := 0
+	for _, a := range batch {
+		if a.done == nil {
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	probe, ok := s.br.allow()
+	if !ok {
+		return
+	}
+	start := time.Now()
+	ctx := context.Background()
+	var deadline time.Time
+	if s.timeout > 0 {
+		// Off the events' path, a batch has no caller waiting: it may
+		// take ten Timeouts before it counts as Redis failing (and
+		// against the breaker every decision shares).
+		deadline = start.Add(quotaPatience * s.timeout)
+		cc := s.ctxs.withDeadline(ctx, deadline)
+		defer cc.release()
+		ctx = cc
+	}
+	cut := cutoff(deadline, s.margin)
+	type one struct {
+		actor string
+		args  []any
+		cmd   *redis.Cmd
+	}
+	ones := make([]one, 0, n)
+	for _, a := range batch {
+		if a.done != nil {
+			continue
+		}
+		args := q.argsOf(argOpAdd, a, 0, cut)
+		ones = append(ones, one{actor: a.actor, args: args, cmd: newCmd(ctx, args)})
+	}
+	exec := func(again bool) {
+		pl := s.nodesOrClient()
+		if len(ones) == 1 || pl == nil {
+			for _, o := range ones {
+				if !again || o.args[0] == argEval {
+					_ = s.client.Process(ctx, o.cmd)
+				}
+			}
+			return
+		}
+		pipe := pl.Pipeline()
+		for _, o := range ones {
+			if !again || o.args[0] == argEval {
+				_ = pipe.Process(ctx, o.cmd)
+			}
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	exec(false)
+	retry := false
+	for i := range ones {
+		if isNoScript(ones[i].cmd.Err()) {
+			ones[i].args[0], ones[i].args[1] = argEval, argQuotaSource
+			ones[i].cmd = newCmd(ctx, ones[i].args)
+			retry = true
+		}
+	}
+	if retry {
+		exec(true)
+	}
+	failed := false
+	var lastErr error
+	for _, o := range ones {
+		reply, err := o.cmd.Result()
+		if err == nil {
+			var added bool
+			var wait time.Duration
+			var count int64
+			if added, wait, count, err = parseQuotaReply(reply, true); err == nil {
+				q.learn(o.actor, added, wait, count)
+				continue
+			}
+		}
+		if !answered(err) && !isQuotaRefusal(err) {
+			failed = true
+		}
+		lastErr = err
+	}
+	s.trips.Add(1)
+	q.sent.Add(1)
+	if failed {
+		s.tripFailures.Add(1)
+		s.br.record(probe, outcomeFailed)
+		s.reloadSlots()
+	} else {
+		s.br.record(probe, outcomeOK)
+	}
+	if s.observe != nil {
+		s.observe(time.Since(start), lastErr)
+	}
 }
 
 // key returns actor's key and, for an Add on a client that may resend, a
@@ -173,14 +464,14 @@ func (q *Quota) key(actor string, withID bool) (key, id string) {
 // call runs the script once for op and reads its reply: for "x" whether
 // actor is over and the wait, for "a" whether it was added. It bounds the
 // call and reports it to the breaker exactly as Decide does a direct call.
-func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (bool, time.Duration, error) {
+func (q *Quota) call(ctx context.Context, op any, a quotaAdd, now time.Time) (bool, time.Duration, int64, error) {
 	s := q.s
 	if s.closed.Load() {
-		return false, 0, errClosedRefused
+		return false, 0, 0, errClosedRefused
 	}
 	probe, ok := s.br.allow()
 	if !ok {
-		return false, 0, errOpenRefused
+		return false, 0, 0, errOpenRefused
 	}
 	start := time.Now()
 	var deadline time.Time
@@ -193,43 +484,39 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	if !deadline.IsZero() && !start.Before(deadline) {
 		s.overloaded.Add(1)
 		s.br.record(probe, outcomeIgnored)
-		return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrOverloaded)
+		return false, 0, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ErrOverloaded)
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up before the call went out (its round trip
 		// would not see it: callCtx).
 		s.br.record(probe, outcomeIgnored)
-		return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+		return false, 0, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 	}
 
-	key, id := q.key(actor, op == argOpAdd && !s.lean)
-	var nowMs, cut int64
+	var nowMs int64
 	if !now.IsZero() {
 		nowMs = max(now.UnixMilli(), 0)
 	}
-	cut = cutoff(deadline, s.margin)
-	args := [...]any{argEvalSha, argQuotaSHA, 1, &key, op, q.args[0], q.args[1], &nowMs, &cut, argNoID}
-	if id != "" {
-		args[9] = &id
-	}
+	args := q.argsOf(op, a, nowMs, cutoff(deadline, s.margin))
 	rctx := ctx
 	if !deadline.IsZero() {
 		cc := s.ctxs.withDeadline(ctx, deadline)
 		defer cc.release()
 		rctx = cc
 	}
-	cmd := newCmd(rctx, args[:])
+	cmd := newCmd(rctx, args)
 	_ = s.client.Process(rctx, cmd)
 	if isNoScript(cmd.Err()) {
 		args[0], args[1] = argEval, argQuotaSource
-		cmd = newCmd(rctx, args[:])
+		cmd = newCmd(rctx, args)
 		_ = s.client.Process(rctx, cmd)
 	}
 	reply, err := cmd.Result()
 	var flag bool
 	var wait time.Duration
+	var count int64
 	if err == nil {
-		flag, wait, err = parseQuotaReply(reply, op == argOpAdd)
+		flag, wait, count, err = parseQuotaReply(reply, op == argOpAdd)
 	}
 
 	s.trips.Add(1)
@@ -252,13 +539,13 @@ func (q *Quota) call(ctx context.Context, op any, actor string, now time.Time) (
 	}
 	switch {
 	case err == nil:
-		return flag, wait, nil
+		return flag, wait, count, nil
 	case errors.Is(err, errBadReply):
-		return false, 0, err
+		return false, 0, 0, err
 	case refused:
-		return false, 0, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, errBadReply, err)
+		return false, 0, 0, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, errBadReply, err)
 	}
-	return false, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+	return false, 0, 0, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 }
 
 // isQuotaRefusal reports whether err is the quota script refusing a stored
@@ -276,19 +563,19 @@ func isQuotaRefusal(err error) bool {
 // an Add's "refused" (0) and 0 otherwise, and a count of at least 0.
 // Anything else wraps errBadReply and ratelimit.ErrUnavailable:
 // never "not exceeded".
-func parseQuotaReply(reply any, add bool) (bool, time.Duration, error) {
+func parseQuotaReply(reply any, add bool) (bool, time.Duration, int64, error) {
 	arr, ok := reply.([]any)
 	if !ok {
-		return false, 0, badReply("quota reply is %T, not an array", reply)
+		return false, 0, 0, badReply("quota reply is %T, not an array", reply)
 	}
 	if len(arr) != 3 {
-		return false, 0, badReply("quota reply has %d elements, want 3", len(arr))
+		return false, 0, 0, badReply("quota reply has %d elements, want 3", len(arr))
 	}
 	var v [3]int64
 	for i, e := range arr {
 		n, ok := e.(int64)
 		if !ok {
-			return false, 0, badReply("quota reply element %d is %#v, not an integer", i, e)
+			return false, 0, 0, badReply("quota reply element %d is %#v, not an integer", i, e)
 		}
 		v[i] = n
 	}
@@ -296,13 +583,13 @@ func parseQuotaReply(reply any, add bool) (bool, time.Duration, error) {
 	waits := (flag == 1) != add // over (Exceeded), refused (Add)
 	switch {
 	case flag != 0 && flag != 1:
-		return false, 0, badReply("quota flag is %d", flag)
+		return false, 0, 0, badReply("quota flag is %d", flag)
 	case waits && (wait < 1 || wait > maxWaitMs):
-		return false, 0, badReply("quota flag %d with a wait of %d ms", flag, wait)
+		return false, 0, 0, badReply("quota flag %d with a wait of %d ms", flag, wait)
 	case !waits && wait != 0:
-		return false, 0, badReply("quota flag %d with a wait of %d ms", flag, wait)
+		return false, 0, 0, badReply("quota flag %d with a wait of %d ms", flag, wait)
 	case count < 0:
-		return false, 0, badReply("quota count is %d", count)
+		return false, 0, 0, badReply("quota count is %d", count)
 	}
-	return flag == 1, time.Duration(wait) * time.Millisecond, nil
+	return flag == 1, time.Duration(wait) * time.Millisecond, count, nil
 }

@@ -97,7 +97,7 @@ func runQuotaSteps(t *testing.T, q *Quota) {
 		case "a":
 			got, err = q.addAt(ctx, st.actor, now)
 			if err == nil {
-				lgot, err = lq.Add(ctx, st.actor)
+				lgot, err = lq.Add(ctx, st.actor, "", 0)
 			}
 		}
 		if err != nil {
@@ -213,7 +213,7 @@ func TestQuotaSharedByInstances(t *testing.T) {
 	if n != 5 {
 		t.Errorf("by Redis TIME: %d of 15 events accepted, want 5", n)
 	}
-	over, wait, err := day[0].Exceeded(context.Background(), "bob")
+	over, wait, err := day[0].exceededAt(context.Background(), "bob", time.Time{})
 	if err != nil || !over || wait <= 0 || wait > 24*time.Hour {
 		t.Errorf("by Redis TIME: Exceeded = %v %v %v, want over with a wait within the window", over, wait, err)
 	}
@@ -271,7 +271,7 @@ func TestQuotaKeyExpires(t *testing.T) {
 	if err != nil || ttl <= 0 || ttl > 50*time.Second+margin {
 		t.Errorf("PTTL after an Add 10 s into the window = %v %v, want (0, 51 s]", ttl, err)
 	}
-	if ok, err := q.Add(ctx, "bob"); !ok || err != nil {
+	if ok, err := q.addAt(ctx, "bob", time.Time{}); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	key, _ = q.key("bob", false)
@@ -280,7 +280,7 @@ func TestQuotaKeyExpires(t *testing.T) {
 		t.Errorf("PTTL by Redis TIME = %v %v, want (0, window + %v]", ttl, err, margin)
 	}
 	// Exceeded writes nothing.
-	if _, _, err := q.Exceeded(ctx, "carol"); err != nil {
+	if _, _, err := q.exceededAt(ctx, "carol", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	key, _ = q.key("carol", false)
@@ -292,10 +292,10 @@ func TestQuotaKeyExpires(t *testing.T) {
 	m := miniredis.RunT(t)
 	mq := newQuota(t, newStore(t, client(t, m.Addr()), slow), 1, time.Minute)
 	m.SetTime(m0.Add(30 * time.Second))
-	if ok, err := mq.Add(ctx, "alice"); !ok || err != nil {
+	if ok, err := mq.addAt(ctx, "alice", time.Time{}); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	if over, wait, err := mq.Exceeded(ctx, "alice"); !over || wait != 30*time.Second || err != nil {
+	if over, wait, err := mq.exceededAt(ctx, "alice", time.Time{}); !over || wait != 30*time.Second || err != nil {
 		t.Fatalf("miniredis at +30s: %v %v %v, want over, 30s", over, wait, err)
 	}
 	key, _ = mq.key("alice", false)
@@ -307,7 +307,7 @@ func TestQuotaKeyExpires(t *testing.T) {
 	if m.Exists(key) {
 		t.Error("key outlived its window and margin")
 	}
-	if ok, err := mq.Add(ctx, "alice"); !ok || err != nil {
+	if ok, err := mq.addAt(ctx, "alice", time.Time{}); !ok || err != nil {
 		t.Errorf("next window: %v %v", ok, err)
 	}
 }
@@ -373,11 +373,11 @@ func TestQuotaDownFailsClosed(t *testing.T) {
 		t.Helper()
 		for i := range 20 {
 			start := time.Now()
-			over, _, err := q.Exceeded(ctx, "alice")
+			over, _, err := q.exceededAt(ctx, "alice", time.Time{})
 			if !errors.Is(err, ratelimit.ErrUnavailable) {
 				t.Fatalf("%s: Exceeded #%d = %v %v, want ErrUnavailable", what, i, over, err)
 			}
-			added, err := q.Add(ctx, "alice")
+			added, err := q.addAt(ctx, "alice", time.Time{})
 			if !errors.Is(err, ratelimit.ErrUnavailable) || added {
 				t.Fatalf("%s: Add #%d = %v %v, want ErrUnavailable", what, i, added, err)
 			}
@@ -389,7 +389,7 @@ func TestQuotaDownFailsClosed(t *testing.T) {
 	t.Run("killed", func(t *testing.T) {
 		srv, c := realRedis(t)
 		q := newQuota(t, newStore(t, c, Options{}), 5, time.Minute)
-		if _, err := q.Add(ctx, "alice"); err != nil {
+		if _, err := q.addAt(ctx, "alice", time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 		srv.Kill()
@@ -401,12 +401,12 @@ func TestQuotaDownFailsClosed(t *testing.T) {
 	t.Run("paused", func(t *testing.T) {
 		srv, c := realRedis(t)
 		q := newQuota(t, newStore(t, c, Options{}), 5, time.Minute)
-		if _, err := q.Add(ctx, "alice"); err != nil {
+		if _, err := q.addAt(ctx, "alice", time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 		srv.Pause()
 		start := time.Now()
-		_, _, err := q.Exceeded(ctx, "alice")
+		_, _, err := q.exceededAt(ctx, "alice", time.Time{})
 		if !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("paused: %v, want ErrUnavailable ending at the deadline", err)
 		}
@@ -419,7 +419,7 @@ func TestQuotaDownFailsClosed(t *testing.T) {
 		srv, _ := realRedis(t)
 		p := faultproxy.Start(t, srv.Addr())
 		q := newQuota(t, newStore(t, client(t, p.Addr()), Options{}), 5, time.Minute)
-		if _, err := q.Add(ctx, "alice"); err != nil {
+		if _, err := q.addAt(ctx, "alice", time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 		p.Blackhole(true)
@@ -431,7 +431,7 @@ func TestQuotaDownFailsClosed(t *testing.T) {
 		s := newStore(t, client(t, m.Addr()), slow)
 		q := newQuota(t, s, 5, time.Minute)
 		_ = s.Close()
-		if _, err := q.Add(ctx, "alice"); !errors.Is(err, errClosed) || !errors.Is(err, ratelimit.ErrUnavailable) {
+		if _, err := q.Add(ctx, "alice", "", 0); !errors.Is(err, errClosed) || !errors.Is(err, ratelimit.ErrUnavailable) {
 			t.Errorf("after Close: %v", err)
 		}
 	})
@@ -475,13 +475,13 @@ func TestQuotaMalformed(t *testing.T) {
 			if err := c.HSet(ctx, key, "f", "1").Err(); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := q.Exceeded(ctx, "hash"); !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, errBadReply) {
+			if _, _, err := q.exceededAt(ctx, "hash", time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, errBadReply) {
 				t.Errorf("key of another type: %v", err)
 			}
 			if st := s.breakerNow(); st != breakerClosed {
 				t.Errorf("breaker %v after malformed values", st)
 			}
-			if _, err := q.Add(ctx, "alice"); err != nil {
+			if _, err := q.addAt(ctx, "alice", time.Time{}); err != nil {
 				t.Errorf("another actor: %v", err)
 			}
 		})
@@ -516,7 +516,7 @@ func TestParseQuotaReply(t *testing.T) {
 		{[]any{int64(0), int64(0), int64(-1)}, false, false, 0, false},
 		{[]any{int64(0), int64(0), nil}, false, false, 0, false},
 	} {
-		over, wait, err := parseQuotaReply(tt.reply, tt.add)
+		over, wait, _, err := parseQuotaReply(tt.reply, tt.add)
 		if !tt.ok {
 			if err == nil || !errors.Is(err, ratelimit.ErrUnavailable) || !errors.Is(err, errBadReply) || over {
 				t.Errorf("%#v (add %v): %v %v %v, want a bad reply", tt.reply, tt.add, over, wait, err)
@@ -541,7 +541,7 @@ func TestQuotaRotatingActors(t *testing.T) {
 	before, _ := c.DBSize(ctx).Result()
 	used0 := usedMemory(t, c)
 	for i := range n {
-		if ok, err := q.Add(ctx, fmt.Sprintf("%064x", i)); !ok || err != nil {
+		if ok, err := q.addAt(ctx, fmt.Sprintf("%064x", i), time.Time{}); !ok || err != nil {
 			t.Fatalf("Add %d: %v %v", i, ok, err)
 		}
 	}
@@ -599,9 +599,9 @@ func usedMemory(t *testing.T, c *redis.Client) int64 {
 	return 0
 }
 
-// BenchmarkRedisQuota: one Add and one Exceeded per op (two script calls,
-// Redis TIME) on a local redis-server, from parallel goroutines, an actor
-// each.
+// BenchmarkRedisQuota: one Add (queued, sent in batches) and one Exceeded
+// (answered locally) per op on a local redis-server, from parallel
+// goroutines, an actor each.
 func BenchmarkRedisQuota(b *testing.B) {
 	_, c := realRedis(b)
 	q := newQuota(b, newStore(b, c, Options{}), bigQuota, time.Minute)
@@ -612,7 +612,7 @@ func BenchmarkRedisQuota(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		actor := fmt.Sprintf("%064x", seq.Add(1))
 		for pb.Next() {
-			if _, err := q.Add(ctx, actor); err != nil {
+			if _, err := q.Add(ctx, actor, "", 0); err != nil {
 				b.Error(err)
 				return
 			}
@@ -681,3 +681,125 @@ func TestQuotaLostReplyChargesOnce(t *testing.T) {
 
 // bigQuota is the largest events-per-window a quota takes.
 const bigQuota = 1<<22 - 1
+
+// TestQuotaAddsBatchedOffPath: Add only queues (no round trip on its
+// caller's path); the queued charges of many events go in a few round
+// trips, all counted; and Exceeded, which asks no one, learns from its own
+// charges' replies that the actor is full — an instance that charged
+// nothing since the others filled the window learns it with its next one.
+func TestQuotaAddsBatchedOffPath(t *testing.T) {
+	srv, _ := realRedis(t)
+	ctx := context.Background()
+	var qs []*Quota
+	var sts []*Store
+	for range 3 {
+		st := newStore(t, client(t, srv.Addr()), slow)
+		sts = append(sts, st)
+		qs = append(qs, newQuota(t, st, 50, time.Hour))
+	}
+	if over, _, err := qs[0].Exceeded(ctx, "alice"); over || err != nil {
+		t.Fatalf("Exceeded before any charge = %v %v", over, err)
+	}
+	if n := sts[0].Stats().RoundTrips; n != 0 {
+		t.Fatalf("Exceeded made %d round trips", n)
+	}
+	for i := range 40 {
+		if ok, err := qs[0].Add(ctx, "alice", "", 0); !ok || err != nil {
+			t.Fatalf("Add %d = %v %v", i, ok, err)
+		}
+	}
+	qs[0].flushed()
+	if n := sts[0].Stats().RoundTrips; n >= 40 || n == 0 {
+		t.Errorf("%d round trips for 40 charges", n)
+	}
+	count := func() string {
+		key, _ := qs[0].key("alice", false)
+		v, _ := client(t, srv.Addr()).Get(ctx, key).Result()
+		if f := strings.Fields(v); len(f) >= 2 {
+			return f[1]
+		}
+		return v
+	}
+	if c := count(); c != "40" {
+		t.Fatalf("count %q after 40 charges", c)
+	}
+	for i := range 12 {
+		q := qs[1+i%2]
+		if _, err := q.Add(ctx, "alice", "", 0); err != nil {
+			t.Fatal(err)
+		}
+		q.flushed()
+	}
+	if c := count(); c != "50" {
+		t.Fatalf("count %q, want the quota's 50", c)
+	}
+	for i, q := range qs[1:] {
+		if over, wait, err := q.Exceeded(ctx, "alice"); !over || wait <= 0 || wait > time.Hour || err != nil {
+			t.Errorf("instance %d: Exceeded = %v %v %v, want over within the hour", i+1, over, wait, err)
+		}
+	}
+	if over, _, _ := qs[0].Exceeded(ctx, "alice"); over {
+		t.Error("instance 0 knows without a charge of its own")
+	}
+	_, _ = qs[0].Add(ctx, "alice", "", 0)
+	qs[0].flushed()
+	if over, _, _ := qs[0].Exceeded(ctx, "alice"); !over {
+		t.Error("instance 0 refused a charge and does not know")
+	}
+	if over, _, _ := qs[1].Exceeded(ctx, "bob"); over {
+		t.Error("bob is over: another actor's charges answered for him")
+	}
+}
+
+// TestQuotaCountsWhatWasSigned: three instances on one Redis each charge
+// the same event (a re-send from other connections, a copy through other
+// gates): the author is charged once in the window. A copy of an event
+// created more than a window ago is not charged at all; one without an id
+// is charged each time.
+func TestQuotaCountsWhatWasSigned(t *testing.T) {
+	srv, c := realRedis(t)
+	ctx := context.Background()
+	var qs []*Quota
+	for range 3 {
+		qs = append(qs, newQuota(t, newStore(t, client(t, srv.Addr()), slow), 10, time.Hour))
+	}
+	count := func() string {
+		key, _ := qs[0].key("victim", false)
+		v, _ := c.Get(ctx, key).Result()
+		if f := strings.Fields(v); len(f) >= 2 {
+			return f[1]
+		}
+		return "0"
+	}
+	now := time.Now().Unix()
+	id := strings.Repeat("ab", 32)
+	for round := range 3 {
+		for _, q := range qs {
+			if ok, err := q.Add(ctx, "victim", id, now); !ok || err != nil {
+				t.Fatalf("round %d: Add = %v %v", round, ok, err)
+			}
+			q.flushed()
+		}
+	}
+	if n := count(); n != "1" {
+		t.Fatalf("one event sent 9 times through 3 instances counted %s times, want 1", n)
+	}
+	for i, q := range qs {
+		_, _ = q.Add(ctx, "victim", strings.Repeat("cd", 32), now-2*3600)
+		_, _ = q.Add(ctx, "victim", fmt.Sprintf("%064x", i), now-3599)
+		q.flushed()
+	}
+	if n := count(); n != "4" {
+		t.Fatalf("count %s after 3 old copies and 3 distinct recent events, want 4", n)
+	}
+	if ttl := c.PTTL(ctx, qs[0].s.prefix+"{q:victim}:seen:"+id).Val(); ttl <= 0 || ttl > time.Hour {
+		t.Errorf("seen key TTL %v, want within the window", ttl)
+	}
+	_, _ = qs[0].Add(ctx, "victim", "", 0)
+	_, _ = qs[1].Add(ctx, "victim", "", 0)
+	qs[0].flushed()
+	qs[1].flushed()
+	if n := count(); n != "6" {
+		t.Fatalf("count %s, want 6: events without an id are charged each time", n)
+	}
+}

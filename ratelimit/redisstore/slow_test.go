@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -302,8 +303,13 @@ func TestLateScriptChargesNothing(t *testing.T) {
 // included).
 func evalshaCalls(t *testing.T, c *redis.Client) int {
 	info := c.Info(context.Background(), "commandstats").Val()
-	_, stat, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
-	n, _ := strconv.Atoi(strings.SplitN(stat, ",", 2)[0])
+	n := 0
+	// EVALSHA, and EVAL: a store sends its first calls with the source.
+	for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+		_, stat, _ := strings.Cut(info, cmd)
+		k, _ := strconv.Atoi(strings.SplitN(stat, ",", 2)[0])
+		n += k
+	}
 	return n
 }
 
@@ -334,4 +340,98 @@ func TestHealsAsSoonAsRedis(t *testing.T) {
 	if _, err := s.Decide(ctx, "{heal}:message:EVENT", twoWindows, time.Time{}); err != nil {
 		t.Fatalf("the first decision after Redis answers again: %v", err)
 	}
+}
+
+// TestSlowRedisColdPool: the binary's client (NewClient) and store
+// (Batch 32, the 100 ms Timeout) on a cold pool — no connection made, no
+// script cached — while Redis answers 50 ms and 80 ms late, under the
+// binary's load: 30 clients publishing and an upgrade every 400 ms. At
+// least 99 % of decisions are answered, from the first one: a new
+// connection costs no round trip before its first command (the dialer
+// answers the protocol handshake, the client sends no CLIENT SETINFO, the
+// first script calls carry the source), so a connection made under load
+// is not a decision lost. As in TestSlowRedisIsNotAnOutage, a try during
+// which the machine starved this process of CPU shows the machine, not
+// the store: up to three tries, each as cold as the first, the best one
+// judged.
+func TestSlowRedisColdPool(t *testing.T) {
+	srv, admin := realRedis(t)
+	for _, lat := range []time.Duration{50 * time.Millisecond, 80 * time.Millisecond} {
+		t.Run(lat.String(), func(t *testing.T) {
+			p := faultproxy.Start(t, srv.Addr())
+			p.SetLatency(lat)
+			var ok, total int64
+			for try := 1; try <= 3; try++ {
+				if err := admin.ScriptFlush(context.Background()).Err(); err != nil {
+					t.Fatal(err)
+				}
+				ok, total = coldLoad(t, p, fmt.Sprintf("cold%v-%d:", lat, try))
+				t.Logf("replies +%v, cold pool, try %d: %d of %d answered (%.2f %%), %d unavailable", lat, try, ok, total, 100*float64(ok)/float64(total), total-ok)
+				if ok*100 >= total*99 {
+					break
+				}
+			}
+			if ok*100 < total*99 {
+				t.Errorf("replies +%v: %d of %d answered in the best of 3 tries, want ≥ 99 %%", lat, ok, total)
+			}
+		})
+	}
+}
+
+// coldLoad is one try of TestSlowRedisColdPool: a new client and store
+// behind p, 30 publishers of 40 decisions each and an upgrade every
+// 400 ms meanwhile; it returns the decisions answered and made.
+func coldLoad(t *testing.T, p *faultproxy.Proxy, prefix string) (int64, int64) {
+	c, err := NewClient("redis://" + p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := newStore(t, c, Options{Prefix: prefix, Batch: 32})
+	defer s.Close()
+	limits := storetest.MustWindows(ratelimit.PerPeriod(1e6, time.Second))
+	const publishers, perPub = 30, 40
+	var ok, unav atomic.Int64
+	decide := func(key string) {
+		_, err := s.Decide(context.Background(), key, limits, time.Time{})
+		switch {
+		case err == nil:
+			ok.Add(1)
+		case errors.Is(err, ratelimit.ErrUnavailable):
+			unav.Add(1)
+		default:
+			t.Errorf("not ErrUnavailable: %v", err)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // an upgrade every 400 ms
+		defer wg.Done()
+		tick := time.NewTicker(400 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				decide("{up-" + strconv.Itoa(i) + "}:connection")
+			}
+		}
+	}()
+	var pubs sync.WaitGroup
+	for i := range publishers {
+		pubs.Add(1)
+		go func() {
+			defer pubs.Done()
+			key := "{pub-" + strconv.Itoa(i) + "}:message:EVENT"
+			for range perPub {
+				decide(key)
+			}
+		}()
+	}
+	pubs.Wait()
+	close(stop)
+	wg.Wait()
+	return ok.Load(), ok.Load() + unav.Load()
 }

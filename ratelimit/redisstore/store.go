@@ -82,13 +82,16 @@ type Options struct {
 	// contain '{' or '}': the client part of the key carries the Redis
 	// Cluster hash tag, and a brace in the prefix would become the tag.
 	Prefix string
-	// Timeout bounds each decision, from the moment Decide is called (the
-	// caller's context's deadline when that is earlier); 0 means
-	// 100 ms, a negative value means no deadline of the store's
-	// own (the caller's context's deadline still applies). A caller's
-	// context cancelled before the call goes out refuses it; one
-	// cancelled during the round trip does not cut it short: it ends by
-	// its deadline at the latest.
+	// Timeout bounds each decision's round trip, from the moment the
+	// decision is sent to Redis (the caller's context's deadline when that
+	// is earlier); 0 means 100 ms, a negative value means no deadline of
+	// the store's own (the caller's context's deadline still applies).
+	// What it bounds is Redis: a decision that waited in the store's own
+	// queue (with Batch) or for a CPU before it was sent is not refused
+	// for that wait, which is the gate's load, not Redis's; that wait is
+	// itself bounded (see Batch). A caller's context cancelled before the
+	// call goes out refuses it; one cancelled during the round trip does
+	// not cut it short: it ends by its deadline at the latest.
 	Timeout time.Duration
 	// Observe, when not nil, is called after every call that reached for
 	// Redis with its duration and error (nil on success), for a latency
@@ -98,12 +101,14 @@ type Options struct {
 	// Batch, when positive, sends the decisions of concurrent callers to
 	// Redis together, up to Batch per round trip (and, on a plain client,
 	// per script call; docs/redis.md, "Batching"): one write and one read
-	// per batch instead of per decision, on both sides. Two round trips
-	// may be in flight before decisions queue for a shared one (four
+	// per batch instead of per decision, on both sides. Four round trips
+	// may be in flight before decisions queue for a shared one (eight
 	// while none has queued since nothing was in flight); decisions that
-	// waited a twentieth of the Timeout start more (up to 32), so a slow
-	// Redis does not eat their deadlines in the queue. Each decision
-	// still returns at its own deadline. 0 means every decision is its
+	// waited a twentieth of the Timeout start more (up to 64), so a slow
+	// Redis does not keep them in the queue; past 64 a queued decision
+	// waits for one of them to end (each does by its own deadline), and
+	// one whose node's breaker opened meanwhile is refused unsent. Each
+	// decision returns by its own deadline from its sending. 0 means every decision is its
 	// own round trip; at most 1024. With Batch the Store owns no
 	// goroutines; Close fails what is queued.
 	Batch int
@@ -112,7 +117,7 @@ type Options struct {
 	// described above. Tests set it.
 	breaker breakerOptions
 	// batchWorkers is the round trips in flight before decisions queue
-	// (the two above); 0 means 2, at most 64. Tests and benchmarks set it.
+	// (the four above); 0 means 4, at most 64. Tests and benchmarks set it.
 	batchWorkers int
 }
 
@@ -145,6 +150,15 @@ type Store struct {
 
 	ctxs callPool // the timers of direct and quota calls (callCtx)
 
+	done chan struct{} // closed by Close: stops the quotas' senders
+
+	// known: Redis has answered a script call of this store, so the
+	// scripts are cached there and calls go as EVALSHA. Until then (a
+	// new store, or after a NOSCRIPT) they go as EVAL with the source: a
+	// NOSCRIPT and a second call would cost a decision two round trips,
+	// past its deadline when Redis is slow.
+	known atomic.Bool
+
 	idBase string // 6 random hex digits per Store, so gates rarely share ids
 	idSeq  atomic.Uint64
 }
@@ -171,7 +185,9 @@ type clusterOptionsClient interface{ Options() *redis.ClusterOptions }
 // socket reads and a hung Redis would hold every decision for the client's
 // ReadTimeout. New refuses a *redis.Client or *redis.ClusterClient built
 // without it; other UniversalClient implementations are
-// taken on trust.
+// taken on trust. A caller-built *redis.ClusterClient should also set
+// DisableRoutingPolicies, as NewClient does: with the policies on, its
+// first routed call waits for COMMAND from a random node, a hung one too.
 func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", errConfig)
@@ -211,6 +227,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		observe: opts.Observe,
 		br:      br,
 		idBase:  hex.EncodeToString(seed[:3]),
+		done:    make(chan struct{}),
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		st.nodes = newNodes(cc, opts.breaker)
@@ -231,17 +248,28 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	case opts.Batch > 0:
 		workers := opts.batchWorkers
 		if workers == 0 {
-			workers = 2
+			workers = 4
 		}
 		// Decisions of different clients share a script call only on a
 		// plain client (one Redis, or a sentinel's master): a cluster's or
 		// a ring's keys live on different nodes and slots.
 		_, shared := client.(*redis.Client)
 		st.batch = newBatcher(client, shared, opts.Batch, workers, timeout/20, st.batchTrip)
+		st.batch.timeout = timeout
 		// On a cluster, decisions whose keys one master serves may share a
 		// call too (scripts.EWMACluster); not on a ring, whose shards are
 		// not slots a script may be told about.
 		st.batch.cluster = st.nodes != nil
+		if st.nodes != nil {
+			st.batch.nodeAt = func(addr string) *breaker {
+				nd, err := st.nodes.add(addr)
+				if err != nil {
+					return nil
+				}
+				return nd.br
+			}
+		}
+		st.batch.known = &st.known
 		st.batch.margin = st.margin
 	}
 	return st, nil
@@ -251,7 +279,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 // ratelimit.ErrUnavailable (the store is closed). It does not close the
 // client. It is safe to call more than once and concurrently with Decide.
 func (s *Store) Close() error {
-	s.closed.Store(true)
+	if !s.closed.Swap(true) {
+		close(s.done)
+	}
 	if s.batch != nil {
 		s.batch.close()
 	}
@@ -270,6 +300,31 @@ func (s *Store) batchTrip(br *breaker, probe, ok bool) {
 	br.record(probe, outcomeFailed)
 	s.reloadSlots()
 }
+
+// callTrip is a direct call's report of its round trip, which ended in
+// err: a call its caller gave up on (a canceled context) says nothing of
+// the node.
+func (s *Store) callTrip(ctx context.Context, br *breaker, probe bool, err error) {
+	if !answered(err) && errors.Is(ctx.Err(), context.Canceled) {
+		s.trips.Add(1)
+		br.record(probe, outcomeIgnored)
+		return
+	}
+	s.batchTrip(br, probe, answered(err))
+}
+
+// nodesOrClient is the client a pipeline of several keys goes through:
+// the cluster client splits it by node.
+func (s *Store) nodesOrClient() pipeliner {
+	if s.nodes != nil {
+		return s.nodes.cc
+	}
+	p, _ := s.client.(pipeliner) // nil only for a benchmark's processor
+	return p
+}
+
+// pipeliner is what a pipeline of several keys needs of a client.
+type pipeliner interface{ Pipeline() redis.Pipeliner }
 
 // reloadSlots asks a cluster client for a fresh slot map (rate-limited):
 // a round trip towards a node failed, and the node may have lost its
@@ -364,13 +419,7 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 	br := s.br
 	var req *request
 	start := time.Now()
-	var deadline time.Time
-	if s.timeout > 0 {
-		deadline = start.Add(s.timeout)
-	}
-	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-		deadline = d
-	}
+	deadline := s.deadline(ctx, start)
 	if s.nodes != nil {
 		// The breaker that judges this decision is its master's. s.br
 		// only refuses while the client cannot load a slot map at all.
@@ -407,32 +456,58 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 	var err error
 	switch {
 	case s.batch != nil && s.batch.tryDirect():
-		d, err = s.direct(ctx, deadline, br, probe, req)
+		d, err = s.direct(ctx, s.deadline(ctx, time.Now()), br, probe, req)
 		s.batch.finish(false)
 	case s.batch != nil:
-		c := &call{req: req, asked: start, deadline: deadline, br: br, probe: probe}
+		c := &call{req: req, asked: start, br: br, probe: probe}
+		if until, ok := ctx.Deadline(); ok {
+			c.until = until
+		}
 		d, err = s.batch.queueLocked(ctx, c) // tryDirect left b.mu held
 		if probe && !c.sent.Load() {
 			br.record(true, outcomeIgnored) // never sent: hand the probe slot back
 		}
 	default:
-		d, err = s.direct(ctx, deadline, br, probe, req)
+		d, err = s.direct(ctx, s.deadline(ctx, time.Now()), br, probe, req)
 	}
-	if s.observe != nil {
+	if s.observe != nil && !errors.Is(err, errBreakerOpen) { // a queued decision its breaker refused was not sent
 		s.observe(time.Since(start), err)
 	}
+	return d, unavailable(err)
+}
+
+// deadline is the whole deadline of a decision sent at start: the store's
+// Timeout from then, or ctx's deadline when earlier; zero for none. A
+// decision's deadline is taken when it is sent (the store's Timeout bounds
+// Redis, not the gate's own wait before the sending); on a cluster the
+// slot-map load a first decision may need is bounded from Decide.
+func (s *Store) deadline(ctx context.Context, start time.Time) time.Time {
+	var deadline time.Time
+	if s.timeout > 0 {
+		deadline = start.Add(s.timeout)
+	}
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
+	return deadline
+}
+
+// unavailable wraps a decision's error (nil: none) as Decide returns it:
+// always with ratelimit.ErrUnavailable, and a script refusing a value as a
+// bad reply too.
+func unavailable(err error) error {
 	refusedValue := isScriptRefusal(err)
 	switch {
 	case err == nil:
-		return d, nil
+		return nil
 	case errors.Is(err, ErrOverloaded), errors.Is(err, errClosed):
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
-	case errors.Is(err, errBadReply):
-		return ratelimit.Decision{}, err
+		return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+	case errors.Is(err, errBadReply), errors.Is(err, ratelimit.ErrUnavailable):
+		return err
 	case refusedValue:
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, errBadReply, err)
+		return fmt.Errorf("%w: %w: %w", ratelimit.ErrUnavailable, errBadReply, err)
 	}
-	return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+	return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 }
 
 // direct decides req alone, bounded by deadline and ctx, and reports the
@@ -458,24 +533,14 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 	var reply any
 	var err error
 	if deadline.IsZero() {
-		reply, err = runLean(ctx, s.client, req, 0)
+		reply, err = s.runLean(ctx, req, 0)
 	} else {
 		cc := s.ctxs.withDeadline(ctx, deadline)
-		reply, err = runLean(cc, s.client, req, cutoff(deadline, s.margin))
+		reply, err = s.runLean(cc, req, cutoff(deadline, s.margin))
 		cc.release()
 	}
 	d, err := decision(reply, err, req)
-	s.trips.Add(1)
-	switch {
-	case answered(err):
-		br.record(probe, outcomeOK)
-	case errors.Is(ctx.Err(), context.Canceled):
-		br.record(probe, outcomeIgnored)
-	default:
-		s.tripFailures.Add(1)
-		br.record(probe, outcomeFailed)
-		s.reloadSlots()
-	}
+	s.callTrip(ctx, br, probe, err)
 	return d, err
 }
 
@@ -569,6 +634,7 @@ type request struct {
 	// indices.
 	nums, ix string
 	scores   []float64 // when not nil, receives the scores (see decide)
+	joined   bool      // joined with the next request: one message (DecideAll)
 
 	keysArr [1]string
 }
@@ -630,6 +696,9 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 		if r.scores != nil {
 			ix |= withValue // reply its admission with the value written
 		}
+		if r.joined {
+			ix |= joinedBit
+		}
 		b = binary.LittleEndian.AppendUint16(b, ix)
 	}
 	lead := reqs[0]
@@ -669,6 +738,11 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 // ARGV[2]) that asks for its admission to be replied with the value
 // written; without it an admission is 0, 0.
 const withValue = 1 << 15
+
+// joinedBit is the bit of a decision's list index that joins it with the
+// next decision of the call: budgets of one message, written only if all
+// admit (internal/scripts/ewma.lua, "Groups").
+const joinedBit = 1 << 14
 
 // appendFloat appends f as the scripts read a packed number: a
 // little-endian IEEE double (Lua's struct "<d").
@@ -755,20 +829,46 @@ func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, e
 // decision of more than two windows with the batch script, see leanArgs):
 // no limit list index, the request id after the packed numbers when there
 // is one; EVAL on NOSCRIPT as runBy.
-func runLean(ctx context.Context, c processor, req *request, cutoff int64) (any, error) {
-	args := leanArgs(req, cutoff)
+func (s *Store) runLean(ctx context.Context, req *request, cutoff int64) (any, error) {
+	args := evalFirst(leanArgs(req, cutoff), &s.known)
 	cmd := newCmd(ctx, args)
-	_ = c.Process(ctx, cmd)
+	_ = s.client.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
 		args[0], args[1] = argEval, sourceOf(args[1])
 		cmd = newCmd(ctx, args)
-		_ = c.Process(ctx, cmd)
+		_ = s.client.Process(ctx, cmd)
 	}
+	learnScript(cmd.Err(), &s.known)
 	reply, err := cmd.Result()
 	if err != nil {
 		return nil, err
 	}
 	return reply, nil
+}
+
+// evalFirst turns args (an EVALSHA) into the same EVAL with the script's
+// source while known says Redis may not have the scripts cached (see
+// Store.known).
+func evalFirst(args []any, known *atomic.Bool) []any {
+	if known != nil && !known.Load() && args[0] == argEvalSha {
+		args[0], args[1] = argEval, sourceOf(args[1])
+	}
+	return args
+}
+
+// learnScript records what a script call's error says of Redis's script
+// cache: a NOSCRIPT forgets it, an answer (a script's reply or its error)
+// shows it.
+func learnScript(err error, known *atomic.Bool) {
+	switch {
+	case known == nil:
+	case isNoScript(err):
+		known.Store(false)
+	case answered(err) || isLate(err):
+		if !known.Load() {
+			known.Store(true)
+		}
+	}
 }
 
 // leanArgs returns the EVALSHA of the lean script (internal/scripts/ewma1.lua)

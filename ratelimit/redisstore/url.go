@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -69,21 +71,48 @@ type clientOptions struct {
 	cluster    *redis.ClusterOptions
 }
 
+// A slow Redis must not be an outage: every round trip a new connection
+// spends before its first command comes out of the deadline of the
+// decision that made it, and a call that times out costs its connection.
+// So the clients NewClient builds speak RESP2, which every Redis speaks,
+// without asking (the dialer answers go-redis's HELLO itself, see
+// handshakeConn), send no CLIENT SETINFO, and keep warmIdle connections
+// dialled ahead of need (per node on a cluster); a URL's protocol,
+// min_idle_conns or a password (which HELLO then carries to Redis) keeps
+// its own cost.
+const warmIdle = 4
+
 func (o clientOptions) client() redis.UniversalClient {
 	switch {
 	case o.failover != nil:
-		o.failover.Dialer = healingDialer(o.failover.DialTimeout, o.failover.TLSConfig)
+		o.failover.Protocol = cmp.Or(o.failover.Protocol, 2)
+		o.failover.Dialer = healingDialer(o.failover.DialTimeout, o.failover.TLSConfig, o.failover.Protocol == 2)
 		o.failover.DialerRetries = 1
+		o.failover.DisableIdentity = true
+		o.failover.MinIdleConns = cmp.Or(o.failover.MinIdleConns, warmIdle)
 		return redis.NewFailoverClient(o.failover)
 	case o.cluster != nil:
-		o.cluster.Dialer = healingDialer(o.cluster.DialTimeout, o.cluster.TLSConfig)
+		o.cluster.Protocol = cmp.Or(o.cluster.Protocol, 2)
+		o.cluster.Dialer = healingDialer(o.cluster.DialTimeout, o.cluster.TLSConfig, o.cluster.Protocol == 2)
 		o.cluster.DialerRetries = 1
+		o.cluster.DisableIdentity = true
+		o.cluster.MinIdleConns = cmp.Or(o.cluster.MinIdleConns, warmIdle)
+		// With its command routing policies on, go-redis's cluster client
+		// asks a random node for COMMAND before the first call it routes,
+		// holding every other routed call meanwhile: a hung master picked
+		// there held the decisions of clients on healthy masters for as
+		// long as its timeout. A decision routes by its one key, as without
+		// the policies.
+		o.cluster.DisableRoutingPolicies = true
 		return redis.NewClusterClient(o.cluster)
 	}
+	o.standalone.Protocol = cmp.Or(o.standalone.Protocol, 2)
 	if o.standalone.Network != "unix" {
-		o.standalone.Dialer = healingDialer(o.standalone.DialTimeout, o.standalone.TLSConfig)
+		o.standalone.Dialer = healingDialer(o.standalone.DialTimeout, o.standalone.TLSConfig, o.standalone.Protocol == 2)
 	}
 	o.standalone.DialerRetries = 1
+	o.standalone.DisableIdentity = true
+	o.standalone.MinIdleConns = cmp.Or(o.standalone.MinIdleConns, warmIdle)
 	return redis.NewClient(o.standalone)
 }
 
@@ -96,7 +125,10 @@ func (o clientOptions) client() redis.UniversalClient {
 // decisions were held back for up to a second after Redis answered again.
 // The Store's breaker already bounds how often an outage dials, so the
 // pool's second breaker only delayed healing.
-func healingDialer(timeout time.Duration, tlsConf *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+//
+// With resp2 (the client speaks RESP2) a new connection is a
+// handshakeConn: go-redis's handshake costs it no round trip.
+func healingDialer(timeout time.Duration, tlsConf *tls.Config, resp2 bool) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if timeout == 0 {
 		timeout = 5 * time.Second // go-redis's default DialTimeout
 	}
@@ -113,8 +145,70 @@ func healingDialer(timeout time.Duration, tlsConf *tls.Config) func(ctx context.
 		if err != nil {
 			return failedConn{err}, nil
 		}
-		return c, nil
+		if !resp2 {
+			return c, nil
+		}
+		if _, ok := c.(syscall.Conn); ok {
+			return &handshakeSysConn{handshakeConn{Conn: c}}, nil
+		}
+		return &handshakeConn{Conn: c}, nil
 	}
+}
+
+// handshakeConn is a new connection whose first command, when it is
+// go-redis's bare protocol handshake ("HELLO 2" or "HELLO 3": no password,
+// no name), is answered here, without a round trip, as a Redis without
+// HELLO would answer it: an error, after which go-redis speaks RESP2 on
+// the connection (and sends a password, if any, with AUTH). Every other
+// byte goes to Redis and back untouched.
+type handshakeConn struct {
+	net.Conn
+	wrote bool   // the first write has been seen
+	reply []byte // the handshake's answer, still to be read
+}
+
+// helloReply is what a Redis that does not know HELLO answers it.
+const helloReply = "-ERR unknown command 'HELLO'\r\n"
+
+func (c *handshakeConn) Write(b []byte) (int, error) {
+	if !c.wrote {
+		c.wrote = true
+		if isBareHello(b) {
+			c.reply = []byte(helloReply)
+			return len(b), nil
+		}
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *handshakeConn) Read(b []byte) (int, error) {
+	if len(c.reply) > 0 {
+		n := copy(b, c.reply)
+		c.reply = c.reply[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
+}
+
+// handshakeSysConn is a handshakeConn over a socket go-redis's pool can
+// check, idle, for a peer that closed it, as it does a plain one (a TLS
+// connection it checks no deeper than its wrapper).
+type handshakeSysConn struct{ handshakeConn }
+
+func (c *handshakeSysConn) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+// isBareHello reports whether b is exactly the command HELLO with one
+// argument, the protocol version, in RESP ("*2\r\n$5\r\nhello\r\n$1\r\n3\r\n").
+func isBareHello(b []byte) bool {
+	const head, tail = "*2\r\n$5\r\n", "\r\n$1\r\n"
+	if len(b) != len(head)+5+len(tail)+3 || string(b[:len(head)]) != head {
+		return false
+	}
+	rest := b[len(head):]
+	return strings.EqualFold(string(rest[:5]), "hello") && string(rest[5:5+len(tail)]) == tail &&
+		(rest[5+len(tail)] == '2' || rest[5+len(tail)] == '3') && string(rest[6+len(tail):]) == "\r\n"
 }
 
 // failedConn is a dial that failed, as a connection: every read and write
@@ -129,6 +223,11 @@ func (f failedConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
 func (f failedConn) SetDeadline(time.Time) error      { return nil }
 func (f failedConn) SetReadDeadline(time.Time) error  { return nil }
 func (f failedConn) SetWriteDeadline(time.Time) error { return nil }
+
+// SyscallConn fails, so that go-redis's pool, checking an idle connection
+// before it hands it out, drops a failed dial made ahead of need (warmIdle)
+// and dials again rather than fail a decision with a stale error.
+func (f failedConn) SyscallConn() (syscall.RawConn, error) { return nil, f.err }
 
 func parseURL(rawURL string) (clientOptions, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")

@@ -238,3 +238,20 @@ func TestRedactURL(t *testing.T) {
 		}
 	}
 }
+
+// TestBareHello: only go-redis's bare handshake is answered by the dialer;
+// one that carries a password or a name goes to Redis.
+func TestBareHello(t *testing.T) {
+	for cmd, want := range map[string]bool{
+		"*2\r\n$5\r\nhello\r\n$1\r\n3\r\n":                                            true,
+		"*2\r\n$5\r\nHELLO\r\n$1\r\n2\r\n":                                            true,
+		"*2\r\n$5\r\nhello\r\n$1\r\n4\r\n":                                            false,
+		"*5\r\n$5\r\nhello\r\n$1\r\n2\r\n$4\r\nAUTH\r\n$7\r\ndefault\r\n$2\r\npw\r\n": false,
+		"*2\r\n$5\r\nhello\r\n$1\r\n3\r\n*1\r\n$4\r\nPING\r\n":                        false,
+		"*1\r\n$4\r\nPING\r\n":                                                        false,
+	} {
+		if got := isBareHello([]byte(cmd)); got != want {
+			t.Errorf("isBareHello(%q) = %v, want %v", cmd, got, want)
+		}
+	}
+}

@@ -11,6 +11,7 @@
 // allow-list rule of policy.Identity. What hooks cannot do that a gate does
 // — see Hooks — follows from where a framework calls them.
 //
-// It imports go-nostr (the parsed types), relay/policy, relay/wire and
+// It imports go-nostr (the parsed types), relay/policy, relay/wire, the
+// gate's scanner and compiled policy (relay/internal) and
 // ratelimit.
 package hooks

@@ -71,11 +71,13 @@ func ExampleHooks_Khatru() {
 		fmt.Printf("EVENT %d: %s\n", i, verdict(reject, msg))
 	}
 	// … and one per REQ, under which RejectFilter runs once per filter:
-	// each filter is charged as one REQ, as a Gate charges.
+	// each filter is charged its price by shape, as a Gate charges it
+	// (one id: the least price, 1; a scrape costs 10).
+	byID := nostr.Filter{IDs: []string{"0000000000000000000000000000000000000000000000000000000000000001"}}
 	for i := 1; i <= 3; i++ {
 		req, closeReq := context.WithCancel(conn)
 		for f := 1; f <= 3; f++ {
-			reject, msg := rl.RejectFilter[0](req, nostr.Filter{})
+			reject, msg := rl.RejectFilter[0](req, byID)
 			fmt.Printf("REQ %d filter %d: %s\n", i, f, verdict(reject, msg))
 			if reject {
 				break // khatru stops at the first refused filter
@@ -121,8 +123,10 @@ func ExampleRely() {
 	r := hooks.Rely[relyClient, struct{}](h, relyClient.ip, nil)
 
 	c := relyClient{addr: "2001:db8::1"}
+	author := "0000000000000000000000000000000000000000000000000000000000000002"
 	for i := 1; i <= 3; i++ {
-		err := r.Req(c, nostr.Filters{{}, {}, {}}) // rely passes all filters at once; each costs one REQ
+		// rely passes all filters at once; each costs its price, here 1.
+		err := r.Req(c, nostr.Filters{{Authors: []string{author}}, {Authors: []string{author}}, {Authors: []string{author}}})
 		fmt.Printf("REQ %d: %v (rate-limited: %v)\n", i, err, errors.Is(err, hooks.ErrRateLimited))
 	}
 	// Output:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/relay/internal/charge"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -52,9 +53,9 @@ type Options struct {
 	// allow-lists (the address a hook is given becomes the client key,
 	// IPv6 grouped by prefix), and the frame bounds. Its zero value is the
 	// defaults (see policy.Config). A REQ with more filters than
-	// Policy.Bounds.MaxFilters (lowered by policy.EffectiveMaxFilters) is
-	// refused "invalid: too many filters"; each filter is charged as one
-	// REQ. It is compiled once, by New: another policy takes new Hooks.
+	// Policy.Bounds.MaxFilters is
+	// refused "invalid: too many filters"; each filter is charged its
+	// price by shape (policy.ReadCost). It is compiled once, by New: another policy takes new Hooks.
 	Policy policy.Config
 	// Observer receives every decision, as from a Gate. If nil, none.
 	Observer *policy.Observer
@@ -90,6 +91,11 @@ type Options struct {
 //   - khatru runs no RejectFilter for a filter with "limit": 0, so a REQ
 //     made only of such filters (a subscription to new events, no query)
 //     is not charged.
+//   - They cannot see what the relay sends back. A read is priced by its
+//     shape (policy.ReadCost: each filter's price charged to REQ's, COUNT's
+//     or NEG-OPEN's windows, as a Gate charges it), but the read budget
+//     (policy.Limits.Read, the bytes sent) is not charged through hooks:
+//     a client within its REQ windows reads as much as the relay sends.
 //   - Ephemeral events are not saved, so khatru's OnEventSaved does not run
 //     for them and they do not count against the actor quota (their EVENT
 //     budget still applies).
@@ -140,7 +146,7 @@ func New(opts Options) (*Hooks, error) {
 		lim:            opts.Limiter,
 		p:              p,
 		obs:            (*charge.Observer)(opts.Observer),
-		tooManyFilters: fmt.Sprintf("%s (at most %d)", wire.ReasonFilters, p.MaxFilters()),
+		tooManyFilters: fmt.Sprintf("%s (at most %d)", scan.ReasonFilters, p.MaxFilters()),
 	}
 	if h.lim == nil {
 		h.lim = ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), nil)
@@ -167,12 +173,12 @@ func (v verdict) refusal() error {
 // NIP-42 authenticated pubkey is authed ("" for none): a tier member's
 // budget, or the address's (charged nothing when the address or the
 // authenticated pubkey is allow-listed). addr must not be empty.
-func (h *Hooks) subject(addr, authed string) *charge.Subject {
+func (h *Hooks) subject(addr, authed string) (sub *charge.Subject, client string) {
 	key, a, free := h.p.Identity().ClientOf(addr)
 	if !free && authed != "" && h.p.AllowsPubkey(authed) {
 		free = true
 	}
-	return h.p.CallSubject(key, a, free, authed)
+	return h.p.CallSubject(key, a, free, authed), key
 }
 
 // charge decides one message of type t (a REQ of filters filters) from
@@ -184,31 +190,34 @@ func (h *Hooks) charge(ctx context.Context, addr, authed string, t wire.Type, fi
 	if addr == "" {
 		return verdict{}
 	}
-	return h.report(t, h.subject(addr, authed).Charge(ctx, h.lim, t, filters, -1))
+	sub, client := h.subject(addr, authed)
+	return h.report(client, t, sub.Charge(ctx, h.lim, t, filters, -1))
 }
 
-// report tells the observer of pv, a decision on a message of type t, and
+// report tells the observer of pv, a decision on a message of type t from
+// client, and
 // turns it into the hooks' verdict: the store failing is never a rate
 // limit; a shadow refusal passes.
-func (h *Hooks) report(t wire.Type, pv charge.Verdict) verdict {
-	h.obs.ReportFrame(t, pv.Outcome())
+func (h *Hooks) report(client string, t wire.Type, pv charge.Verdict) verdict {
+	h.obs.ReportFrame(client, t, pv.Outcome())
 	return hookVerdict(pv)
 }
 
 func hookVerdict(pv charge.Verdict) verdict {
 	switch {
 	case pv.Err != nil:
-		return verdict{refuse: true, reason: wire.ReasonUnavailable, err: pv.Err}
+		return verdict{refuse: true, reason: scan.ReasonUnavailable, err: pv.Err}
 	case pv.Refused:
-		return verdict{refuse: true, reason: wire.RateLimitedReason(pv.Wait), err: ErrRateLimited}
+		return verdict{refuse: true, reason: scan.RateLimitedReason(pv.Wait), err: ErrRateLimited}
 	}
 	return verdict{}
 }
 
 // connection decides one WebSocket upgrade from the client at addr.
 func (h *Hooks) connection(ctx context.Context, addr string) verdict {
-	pv := h.subject(addr, "").ChargeConnection(ctx, h.lim)
-	h.obs.ReportConnection(pv.Outcome())
+	sub, client := h.subject(addr, "")
+	pv := sub.ChargeConnection(ctx, h.lim)
+	h.obs.ReportConnection(client, pv.Outcome())
 	return hookVerdict(pv)
 }
 
@@ -219,8 +228,13 @@ func (h *Hooks) event(ctx context.Context, addr, authed string, evt *nostr.Event
 	if addr == "" {
 		return verdict{} // the relay's own event, not a client's
 	}
-	pv, _ := h.subject(addr, authed).Event(ctx, h.lim, evt.Kind, authed, author(evt))
-	return h.report(wire.TypeEVENT, pv)
+	sub, client := h.subject(addr, authed)
+	pv, _ := sub.Event(ctx, h.lim, evt.Kind, authed, author(evt))
+	v := h.report(client, wire.TypeEVENT, pv)
+	if pv.Refused && pv.Quota && pv.Err == nil {
+		v.reason = charge.QuotaReason(sub.Quota(), pv.Wait)
+	}
+	return v
 }
 
 // saved charges evt, validated and saved for the client at addr whose
@@ -231,15 +245,16 @@ func (h *Hooks) saved(ctx context.Context, addr, authed string, evt *nostr.Event
 	if addr == "" {
 		return // saved by the relay itself, not by a client
 	}
-	if q, actor, _ := h.subject(addr, authed).EventActor(authed, author(evt)); q != nil {
-		_, _ = q.Add(ctx, actor)
+	sub, _ := h.subject(addr, authed)
+	if q, actor, _ := sub.EventActor(authed, author(evt)); q != nil {
+		_, _ = q.Add(ctx, actor, evt.ID, int64(evt.CreatedAt))
 	}
 }
 
 // author is evt's pubkey, decoded; nil when it is not 64 hex digits (such
 // an event fails its signature check, and is never saved).
-func author(evt *nostr.Event) *wire.Hex32 {
-	k, ok := wire.DecodeHex32(evt.PubKey)
+func author(evt *nostr.Event) *scan.Hex32 {
+	k, ok := scan.DecodeHex32(evt.PubKey)
 	if !ok {
 		return nil
 	}
@@ -271,9 +286,9 @@ type KhatruHooks struct {
 	OnConnect func(ctx context.Context)
 	// RejectEvent checks the actor quota and charges the EVENT windows.
 	RejectEvent func(ctx context.Context, event *nostr.Event) (reject bool, msg string)
-	// RejectFilter charges each filter of a REQ as one REQ, as a Gate
-	// does: khatru calls it once per filter, every time under the REQ's
-	// own context, and refuses a filter past the policy's MaxFilters (policy.EffectiveMaxFilters).
+	// RejectFilter charges each filter of a REQ its price by shape
+	// (policy.ReadCost), as a Gate does: khatru calls it once per filter, every time under the REQ's
+	// own context, and refuses a filter past the policy's Bounds.MaxFilters.
 	// Filters with "limit": 0 skip khatru's RejectFilter altogether, so
 	// they are not charged. A call under a connection's context is a
 	// NEG-OPEN and charged as one.
@@ -328,12 +343,12 @@ func (h *Hooks) Khatru(ip func(context.Context) string, requestIP func(*http.Req
 			v := h.event(ctx, ip(ctx), authed(ctx), evt)
 			return v.refuse, v.reason
 		},
-		RejectFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
-			v := h.filter(ctx, ip(ctx), authed(ctx))
+		RejectFilter: func(ctx context.Context, f nostr.Filter) (bool, string) {
+			v := h.filter(ctx, ip(ctx), authed(ctx), h.price(&f))
 			return v.refuse, v.reason
 		},
-		RejectCountFilter: func(ctx context.Context, _ nostr.Filter) (bool, string) {
-			v := h.charge(ctx, ip(ctx), authed(ctx), wire.TypeCOUNT, 0)
+		RejectCountFilter: func(ctx context.Context, f nostr.Filter) (bool, string) {
+			v := h.charge(ctx, ip(ctx), authed(ctx), wire.TypeCOUNT, h.price(&f))
 			return v.refuse, v.reason
 		},
 	}
@@ -383,38 +398,45 @@ func (h *Hooks) summary() string {
 // REQ, so a REQ of n filters costs n REQs, as through a Gate. A REQ's
 // filter past maxFilters is refused; khatru then cancels the REQ, whose
 // earlier filters stay charged.
-func (h *Hooks) filter(ctx context.Context, addr, authed string) verdict {
+func (h *Hooks) filter(ctx context.Context, addr, authed string, price int) verdict {
 	scope := ctx.Done()
 	if scope == nil {
 		// A context that can never end cannot be told apart from the next
 		// REQ's, nor forgotten: charge every call, uncounted.
-		return h.charge(ctx, addr, authed, wire.TypeREQ, 1)
+		return h.charge(ctx, addr, authed, wire.TypeREQ, price)
 	}
 	if _, ok := h.conns.Load(scope); ok {
-		return h.charge(ctx, addr, authed, wire.TypeNEGOPEN, 0)
+		return h.charge(ctx, addr, authed, wire.TypeNEGOPEN, price)
 	}
 	n, loaded := h.reqs.LoadOrStore(scope, new(atomic.Int32))
 	if !loaded {
 		context.AfterFunc(ctx, func() { h.reqs.Delete(scope) })
 	}
 	if n.(*atomic.Int32).Add(1) > int32(h.p.MaxFilters()) {
-		h.obs.ReportFrame(wire.TypeREQ, policy.Invalid)
+		h.refuseFilters(addr)
 		return verdict{refuse: true, reason: h.tooManyFilters}
 	}
-	return h.charge(ctx, addr, authed, wire.TypeREQ, 1)
+	return h.charge(ctx, addr, authed, wire.TypeREQ, price)
+}
+
+// refuseFilters reports a REQ from addr refused for holding more filters
+// than the policy's bound.
+func (h *Hooks) refuseFilters(addr string) {
+	client, _, _ := h.p.Identity().ClientOf(addr)
+	h.obs.ReportFrame(client, wire.TypeREQ, policy.Invalid)
 }
 
 // req charges a REQ of n filters at once (rely passes them in one call):
 // n times a REQ's cost, or refused when n passes maxFilters.
-func (h *Hooks) req(ctx context.Context, addr string, n int) verdict {
+func (h *Hooks) req(ctx context.Context, addr string, n, price int) verdict {
 	if addr == "" {
 		return verdict{}
 	}
 	if n > h.p.MaxFilters() {
-		h.obs.ReportFrame(wire.TypeREQ, policy.Invalid)
+		h.refuseFilters(addr)
 		return verdict{refuse: true, reason: h.tooManyFilters}
 	}
-	return h.charge(ctx, addr, "", wire.TypeREQ, n)
+	return h.charge(ctx, addr, "", wire.TypeREQ, price)
 }
 
 // track remembers ctx's scope in m until ctx ends.
@@ -480,10 +502,10 @@ func Rely[C, S any](h *Hooks, ip func(C) string, requestIP func(*http.Request) s
 			return h.event(context.Background(), ip(c), "", evt).refusal()
 		},
 		Req: func(c C, filters nostr.Filters) error {
-			return h.req(context.Background(), ip(c), len(filters)).refusal()
+			return h.req(context.Background(), ip(c), len(filters), h.prices(filters)).refusal()
 		},
-		Count: func(c C, _ nostr.Filters) error {
-			return h.charge(context.Background(), ip(c), "", wire.TypeCOUNT, 0).refusal()
+		Count: func(c C, filters nostr.Filters) error {
+			return h.charge(context.Background(), ip(c), "", wire.TypeCOUNT, h.prices(filters)).refusal()
 		},
 		h:  h,
 		ip: ip,

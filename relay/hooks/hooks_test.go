@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-relay/sluice/internal/nostrtest"
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -43,8 +44,8 @@ func newHookFixture(t *testing.T, limits policy.Limits, quota *ratelimit.Quota) 
 		Policy:  policy.Config{Limits: &limits, Quota: localQuota(quota, f.clock.Now)},
 
 		Observer: &policy.Observer{
-			Frame:      func(t wire.Type, o policy.Outcome) { f.obs[t][o].Add(1) },
-			Connection: func(o policy.Outcome) { f.conns[o].Add(1) },
+			Frame:      func(_ string, t wire.Type, o policy.Outcome) { f.obs[t][o].Add(1) },
+			Connection: func(_ string, o policy.Outcome) { f.conns[o].Add(1) },
 		},
 	})
 	if err != nil {
@@ -87,14 +88,14 @@ func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
 		ctx, cancel := reqCtx(conn, fmt.Sprint("sub", i))
 		defer cancel()
 		for j := range 3 {
-			if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
+			if reject, msg := k.RejectFilter(ctx, narrowFilter); reject {
 				t.Fatalf("REQ %d filter %d refused: %q", i, j, msg)
 			}
 		}
 	}
 	ctx, cancel := reqCtx(conn, "sub2")
 	defer cancel()
-	reject, msg := k.RejectFilter(ctx, nostr.Filter{})
+	reject, msg := k.RejectFilter(ctx, narrowFilter)
 	// 6 charged, R=6.5, c=1: wait = 10s·log2(6/5.5) = 1.3s.
 	if want := "rate-limited: slow down; retry in 2s"; !reject || msg != want {
 		t.Fatalf("third REQ: got (%v, %q), want (true, %q)", reject, msg, want)
@@ -108,11 +109,11 @@ func TestKhatruRejectFilterChargesPerFilter(t *testing.T) {
 	ctx, cancel = reqCtx(context.Background(), "many")
 	defer cancel()
 	for j := range wire.DefaultBounds().MaxFilters {
-		if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
+		if reject, msg := k.RejectFilter(ctx, narrowFilter); reject {
 			t.Fatalf("filter %d refused: %q", j, msg)
 		}
 	}
-	if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); !reject || msg != wire.ReasonFilters+" (at most 10)" {
+	if reject, msg := k.RejectFilter(ctx, narrowFilter); !reject || msg != scan.ReasonFilters+" (at most 10)" {
 		t.Fatalf("filter past the bound: (%v, %q)", reject, msg)
 	}
 }
@@ -124,7 +125,7 @@ func TestKhatruRejectFilterForgetsEndedREQ(t *testing.T) {
 	k := f.h.Khatru(ipOf, nil, nil)
 	for i := range 100 {
 		ctx, cancel := reqCtx(context.Background(), fmt.Sprint(i))
-		k.RejectFilter(ctx, nostr.Filter{})
+		k.RejectFilter(ctx, narrowFilter)
 		cancel()
 	}
 	// context.AfterFunc deletes on its own goroutine; wait for it.
@@ -150,11 +151,11 @@ func TestKhatruRejectFilterNegOpen(t *testing.T) {
 	k.OnConnect(conn)
 
 	for i := range 2 {
-		if reject, msg := k.RejectFilter(conn, nostr.Filter{}); reject {
+		if reject, msg := k.RejectFilter(conn, narrowFilter); reject {
 			t.Fatalf("NEG-OPEN %d refused: %q", i, msg)
 		}
 	}
-	if reject, _ := k.RejectFilter(conn, nostr.Filter{}); !reject {
+	if reject, _ := k.RejectFilter(conn, narrowFilter); !reject {
 		t.Fatal("third NEG-OPEN admitted past a budget of 2")
 	}
 	if got := f.obs[wire.TypeNEGOPEN][policy.RateLimited].Load(); got != 1 {
@@ -163,7 +164,7 @@ func TestKhatruRejectFilterNegOpen(t *testing.T) {
 	// The REQ budget is untouched.
 	ctx, cancel := reqCtx(conn, "a")
 	defer cancel()
-	if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
+	if reject, msg := k.RejectFilter(ctx, narrowFilter); reject {
 		t.Fatalf("REQ refused after NEG-OPENs: %q", msg)
 	}
 }
@@ -174,9 +175,9 @@ func TestKhatruRejectFilterUncancelable(t *testing.T) {
 	f := newHookFixture(t, limitsOf(wire.TypeREQ, 2, time.Second), nil)
 	k := f.h.Khatru(ipOf, nil, nil)
 	ctx := context.Background()
-	k.RejectFilter(ctx, nostr.Filter{})
-	k.RejectFilter(ctx, nostr.Filter{})
-	if reject, _ := k.RejectFilter(ctx, nostr.Filter{}); !reject {
+	k.RejectFilter(ctx, narrowFilter)
+	k.RejectFilter(ctx, narrowFilter)
+	if reject, _ := k.RejectFilter(ctx, narrowFilter); !reject {
 		t.Fatal("third call under context.Background admitted past a budget of 2")
 	}
 }
@@ -219,11 +220,11 @@ func TestHooksStoreOutage(t *testing.T) {
 	defer cancel()
 	for name, call := range map[string]func() (bool, string){
 		"RejectEvent":       func() (bool, string) { return k.RejectEvent(ctx, &nostr.Event{PubKey: "aa"}) },
-		"RejectFilter":      func() (bool, string) { return k.RejectFilter(ctx, nostr.Filter{}) },
-		"RejectCountFilter": func() (bool, string) { return k.RejectCountFilter(ctx, nostr.Filter{}) },
+		"RejectFilter":      func() (bool, string) { return k.RejectFilter(ctx, narrowFilter) },
+		"RejectCountFilter": func() (bool, string) { return k.RejectCountFilter(ctx, narrowFilter) },
 	} {
-		if reject, msg := call(); !reject || msg != wire.ReasonUnavailable {
-			t.Errorf("%s: (%v, %q), want (true, %q)", name, reject, msg, wire.ReasonUnavailable)
+		if reject, msg := call(); !reject || msg != scan.ReasonUnavailable {
+			t.Errorf("%s: (%v, %q), want (true, %q)", name, reject, msg, scan.ReasonUnavailable)
 		}
 	}
 	r := httptest.NewRequest("GET", "/", nil)
@@ -239,8 +240,8 @@ func TestHooksStoreOutage(t *testing.T) {
 
 	rh := Rely[string, struct{}](f.h, func(c string) string { return c }, nil)
 	err := rh.Event(hookIP, &nostr.Event{PubKey: "aa"})
-	if err == nil || err.Error() != wire.ReasonUnavailable {
-		t.Fatalf("rely Event: %v, want %q", err, wire.ReasonUnavailable)
+	if err == nil || err.Error() != scan.ReasonUnavailable {
+		t.Fatalf("rely Event: %v, want %q", err, scan.ReasonUnavailable)
 	}
 	if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ErrRateLimited) {
 		t.Errorf("rely Event error %v: want ErrUnavailable and not ErrRateLimited", err)
@@ -302,8 +303,8 @@ func TestKhatruQuota(t *testing.T) {
 		k.OnEventSaved(ctx, alice)
 	}
 	reject, msg := k.RejectEvent(ctx, alice)
-	if !reject || msg != wire.RateLimitedReason(time.Minute) {
-		t.Fatalf("alice past quota: (%v, %q), want (true, %q)", reject, msg, wire.RateLimitedReason(time.Minute))
+	if want := "rate-limited: quota: 2 events per 60s for this pubkey; retry in 60s"; !reject || msg != want {
+		t.Fatalf("alice past quota: (%v, %q), want (true, %q)", reject, msg, want)
 	}
 	if got := f.obs[wire.TypeEVENT][policy.QuotaExceeded].Load(); got != 1 {
 		t.Errorf("observer: %d quota refusals, want 1", got)
@@ -377,7 +378,7 @@ func TestRelyHooks(t *testing.T) {
 	f := newHookFixture(t, l, nil)
 	rh := Rely[*relyClient, int](f.h, func(c *relyClient) string { return c.ip }, nil)
 	c := &relyClient{ip: hookIP}
-	three := nostr.Filters{{}, {}, {}}
+	three := nostr.Filters{narrowFilter, narrowFilter, narrowFilter}
 
 	if err := rh.Req(c, three); err != nil {
 		t.Fatalf("first REQ: %v", err)
@@ -387,8 +388,8 @@ func TestRelyHooks(t *testing.T) {
 	if !errors.Is(err, ErrRateLimited) || errors.Is(err, ratelimit.ErrUnavailable) || err.Error() != "rate-limited: slow down; retry in 1s" {
 		t.Fatalf("second REQ: %v, want a rate-limited refusal, retry in 1s", err)
 	}
-	if err := rh.Req(c, make(nostr.Filters, 5)); err == nil || err.Error() != wire.ReasonFilters+" (at most 4)" {
-		t.Errorf("REQ of 5 filters under a burst of 4.5: %v", err)
+	if err := rh.Req(c, make(nostr.Filters, wire.DefaultBounds().MaxFilters+1)); err == nil || err.Error() != scan.ReasonFilters+" (at most 10)" {
+		t.Errorf("REQ past the filter bound: %v", err)
 	}
 	if err := rh.Count(c, three); err != nil {
 		t.Fatalf("COUNT has a budget of its own: %v", err)
@@ -476,7 +477,7 @@ func TestKhatruHooksConcurrent(t *testing.T) {
 			for i := range reqs {
 				ctx, cancel := reqCtx(conn, fmt.Sprint(w, ":", i))
 				for range 3 {
-					if reject, msg := k.RejectFilter(ctx, nostr.Filter{}); reject {
+					if reject, msg := k.RejectFilter(ctx, narrowFilter); reject {
 						t.Errorf("REQ refused: %q", msg)
 					}
 				}
@@ -532,7 +533,7 @@ func TestHooksAllowList(t *testing.T) {
 	if reject, msg := allowedIP.RejectEvent(ctx, stranger); reject {
 		t.Errorf("event from an allow-listed address: %q", msg)
 	}
-	if reject, msg := allowedIP.RejectFilter(ctx, nostr.Filter{}); reject {
+	if reject, msg := allowedIP.RejectFilter(ctx, narrowFilter); reject {
 		t.Errorf("REQ from an allow-listed address: %q", msg)
 	}
 	r := httptest.NewRequest("GET", "/", nil)
@@ -542,7 +543,7 @@ func TestHooksAllowList(t *testing.T) {
 	}
 
 	authed := h.Khatru(ipOf, nil, func(context.Context) string { return pk })
-	if reject, msg := authed.RejectCountFilter(ctx, nostr.Filter{}); reject {
+	if reject, msg := authed.RejectCountFilter(ctx, narrowFilter); reject {
 		t.Errorf("COUNT of an allow-listed authenticated pubkey: %q", msg)
 	}
 	if reject, msg := authed.RejectEvent(ctx, stranger); reject {
@@ -551,7 +552,7 @@ func TestHooksAllowList(t *testing.T) {
 
 	// Nobody is exempt here: the store's outage shows.
 	plain := h.Khatru(ipOf, nil, nil)
-	if reject, msg := plain.RejectEvent(ctx, stranger); !reject || msg != wire.ReasonUnavailable {
+	if reject, msg := plain.RejectEvent(ctx, stranger); !reject || msg != scan.ReasonUnavailable {
 		t.Errorf("stranger's event: (%v, %q), want the outage", reject, msg)
 	}
 
@@ -612,4 +613,30 @@ func localQuota(q *ratelimit.Quota, clock ratelimit.Clock) ratelimit.ActorQuota 
 		return nil
 	}
 	return q.WithClock(clock)
+}
+
+// narrowFilter is a filter of the least price (policy.ReadCost): one id.
+var narrowFilter = nostr.Filter{IDs: []string{"0000000000000000000000000000000000000000000000000000000000000001"}}
+
+// TestKhatruRejectFilterPricesShape: a scrape costs what its shape says,
+// ten times a narrow filter under the default table.
+func TestKhatruRejectFilterPricesShape(t *testing.T) {
+	f := newHookFixture(t, limitsOf(wire.TypeREQ, 25, time.Minute), nil)
+	k := f.h.Khatru(ipOf, nil, nil)
+	conn, closeConn := context.WithCancel(context.Background())
+	defer closeConn()
+	k.OnConnect(conn)
+	scrape := nostr.Filter{Kinds: []int{1}, Limit: 500}
+	for i := range 2 {
+		ctx, cancel := reqCtx(conn, fmt.Sprint("sub", i))
+		defer cancel()
+		if reject, msg := k.RejectFilter(ctx, scrape); reject {
+			t.Fatalf("scrape %d refused: %q", i, msg)
+		}
+	}
+	ctx, cancel := reqCtx(conn, "sub2")
+	defer cancel()
+	if reject, _ := k.RejectFilter(ctx, scrape); !reject {
+		t.Fatal("a third scrape of price 10 passed a burst of 25")
+	}
 }

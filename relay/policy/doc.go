@@ -9,7 +9,8 @@
 // nothing). Its zero value is the defaults. Config.Validate reports all
 // that a gate would refuse, each a FieldError naming its field; the gate and the hooks compile a Config once, on New
 // and on Reload, and only read the result per frame. Observer is how their
-// decisions are seen (metrics callbacks, by Outcome and CutReason).
+// decisions are seen (metrics callbacks, by Outcome).
 //
-// It imports ratelimit and relay/wire, and nothing that does I/O.
+// It imports ratelimit, relay/wire and the gate's scanner
+// (relay/internal/scan), and nothing that does I/O.
 package policy

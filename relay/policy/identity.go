@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/sluice-relay/sluice/relay/wire"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 )
 
 // Identity says how a request becomes the client a budget belongs to, and
@@ -75,7 +75,7 @@ func (id *Identity) validate(errs *fieldErrors) {
 	}
 	checkNets("AllowIPs", id.AllowIPs)
 	for i, pk := range id.AllowPubkeys {
-		if _, ok := wire.DecodeHex32(pk); !ok {
+		if _, ok := scan.DecodeHex32(pk); !ok {
 			errs.addf(fmt.Sprintf("Identity.AllowPubkeys[%d]", i), "must be 64 hex digits, got %q", pk)
 		}
 	}

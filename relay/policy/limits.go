@@ -20,6 +20,22 @@ type Limits struct {
 	// Message[wire.TypeOther] is the catch-all bucket for unknown labels and
 	// frames that cannot be classified; leaving it empty makes them free.
 	Message [wire.NumTypes][]ratelimit.Limit
+	// MaxDelay is how long the gate may hold a frame whose true wait is
+	// that short, forwarding it once its budget admits it, instead of
+	// refusing it with the wait (shaping); 0 holds nothing. At most
+	// 10 seconds. Only the address budget's is used (a tier's, like its
+	// Connection, is not): it says how long a connection may be paused,
+	// not what a payer may spend. The hooks (relay/hooks) hold nothing:
+	// they answer within the relay's own handling of the frame.
+	MaxDelay time.Duration
+	// Read is the read budget: windows in bytes (Rate in bytes, at least
+	// 1 MiB; Cost 1) charged with what the relay sends the client —
+	// stored results and live events, on all its connections — after it
+	// was sent, by a gate (package relay; hooks cannot see what is sent).
+	// A client then receives at most what the windows admit plus, per
+	// gate process it reads from, under 2 MiB and one message per
+	// connection. Empty: reads are priced by shape only (Config.ReadCost).
+	Read []ratelimit.Limit
 }
 
 // DefaultLimits returns the limits a public relay can start with. Each
@@ -43,9 +59,9 @@ func DefaultLimits() Limits {
 		ratelimit.PerPeriod(240, time.Minute),
 	}
 	// REQ opens a subscription and runs a query per filter, and is charged
-	// once per filter. Clients open many at start-up (profiles, notes,
-	// reactions), each of one to a few filters: hence a burst of 50
-	// filters.
+	// each filter's price by shape (ReadCost: 1 for a narrow one, 10 for a
+	// scrape). Clients open many at start-up (profiles, notes, reactions),
+	// each of one to a few narrow filters: hence a burst of 50.
 	l.Message[wire.TypeREQ] = []ratelimit.Limit{ratelimit.PerPeriod(50, time.Second)}
 	// COUNT runs the same query as a REQ without returning events.
 	l.Message[wire.TypeCOUNT] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
@@ -67,5 +83,24 @@ func DefaultLimits() Limits {
 	// OTHER (unknown labels, unparsable frames) is never free: the relay
 	// still has to read and reject them.
 	l.Message[wire.TypeOther] = []ratelimit.Limit{ratelimit.PerPeriod(20, time.Second)}
+	// Three seconds of shaping: a client that opens three times a burst
+	// at once (a page opening all its columns) is paced through it and
+	// refused nothing. After a burst of R from rest a window (R, T) admits
+	// about R·ln2 per T, so 2R more take 2T/ln2, 2.9 s for the one-second
+	// windows above; a client over a minute's window, whose waits are
+	// seconds to minutes, is told its wait, and so is one that stays over
+	// its budget (see relay.Options: the delay counts from the first frame
+	// held). A held frame pauses its connection's reading that long at
+	// most.
+	l.MaxDelay = 3 * time.Second
+	// Read: 16 MiB a minute. A burst of 16 MiB from rest, then about
+	// 11 MiB a minute (190 KiB/s). A client following a timeline reads
+	// about 2 MiB a minute (a few hundred events of a few KiB, with their
+	// profiles and reactions): a fifth of the sustained rate, and a
+	// start-up that loads a day of a large follow list fits the burst. A
+	// scraper repeating {"kinds":[1],"limit":500} pulls 0.5 to 1 MiB per
+	// REQ: the burst is gone in seconds, and it is then held to the
+	// sustained rate on all its connections together.
+	l.Read = []ratelimit.Limit{ratelimit.PerPeriod(16<<20, time.Minute)}
 	return l
 }

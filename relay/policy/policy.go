@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"math"
 	"regexp"
 
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -28,9 +27,14 @@ type Config struct {
 	// Bounds are what one frame may ask of the relay: filters per REQ,
 	// tags per event, the length of an indexed tag's value, values per
 	// filter field and a filter's index fan-out (each zero field means its
-	// default: wire.DefaultBounds()).
-	// Bounds.MaxFilters is lowered by EffectiveMaxFilters.
+	// default: wire.DefaultBounds()). A REQ's filters are bounded here,
+	// not by its windows: each filter is priced (ReadCost) and a REQ's
+	// price is capped at what its windows admit from rest, so a tight REQ
+	// rate never refuses a multi-filter REQ outright.
 	Bounds wire.Bounds
+	// ReadCost prices REQ, COUNT and NEG-OPEN filters by their shape
+	// (see ReadCost); the zero ReadCost is its default table.
+	ReadCost ReadCost
 	// Kinds are named classes of event kinds with windows of their own,
 	// charged to an EVENT of such a kind in addition to EVENT's windows.
 	// A kind belongs to at most one class; one in none pays EVENT's alone.
@@ -61,6 +65,16 @@ type Config struct {
 	// Identity: the TCP peer is the client, IPv6 by /64, nothing
 	// allow-listed.
 	Identity Identity
+	// Penalty is the escalating penalty box of the address budget:
+	// violations (a connection cut for knocking, invalid frames, failed
+	// AUTHs, refused upgrades) add points per client and per aggregate,
+	// and a score reaching the threshold bans that key at the upgrade
+	// (HTTP 429 with the ban's remaining time), for a time that doubles
+	// with each ban up to its cap (see ratelimit.Penalty). Its records are
+	// the gate's Guard's: in this process, or shared through Redis
+	// (relay.Options.Guard). Nil means no penalty box; with Shadow it is
+	// off too (shadow mode refuses nothing).
+	Penalty *ratelimit.Penalty
 }
 
 // Class is a named class of event kinds.
@@ -69,14 +83,12 @@ type Class struct {
 	// 32 bytes. Keys carry only configured names, so a client cannot mint
 	// one.
 	Name string
-	// Kinds are the kinds in the class: single kinds and inclusive ranges.
-	Kinds []KindRange
+	// Kinds are the kinds in the class, as inclusive ranges {from, to}; a
+	// single kind k is {k, k}.
+	Kinds [][2]int
 	// Limits are its windows (Shadow on a window, as everywhere).
 	Limits []ratelimit.Limit
 }
-
-// KindRange is the kinds From…To, inclusive; a single kind has From = To.
-type KindRange struct{ From, To int }
 
 // Tier is a named set of member pubkeys.
 type Tier struct {
@@ -88,8 +100,6 @@ type Tier struct {
 	// Limits replace the address's message limits for a member's frames
 	// (Connection is not used: an upgrade is charged before any AUTH).
 	Limits Limits
-	// Free charges members nothing at all: the allow tier.
-	Free bool
 	// Quota is the members' actor quota. Nil means none: to share the
 	// address budget's quota, set it to Config.Quota.
 	Quota ratelimit.ActorQuota
@@ -104,6 +114,10 @@ type Aggregate struct {
 	V4 bool
 	// Limits are the prefix's windows.
 	Limits []ratelimit.Limit
+	// Read are the prefix's read windows, in bytes as Limits.Read: what
+	// the relay sends its clients, charged with each client's own. Empty:
+	// the prefix has no read budget.
+	Read []ratelimit.Limit
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
@@ -118,36 +132,4 @@ func checkName(errs *fieldErrors, path, what, name string, seen map[string]bool)
 		errs.addf(path, "%s %q twice", what, name)
 	}
 	seen[name] = true
-}
-
-// EffectiveMaxFilters returns how many filters a REQ may hold under cfg:
-// cfg.Bounds.MaxFilters (0 or less meaning wire.DefaultBounds().MaxFilters), lowered to
-// the largest n with n·cost < rate in every REQ window of the address
-// budget and of every tier that is not free (a REQ that no window could
-// ever admit would be told a wait that never comes), and at least 1. It is
-// what a Gate built on cfg enforces and what NIP-11's max_filters states.
-func EffectiveMaxFilters(cfg Config) int {
-	limit := cfg.Bounds.MaxFilters
-	if limit <= 0 {
-		limit = wire.DefaultBounds().MaxFilters
-	}
-	lowered := func(req []ratelimit.Limit) {
-		for _, l := range req {
-			if l.Rate > 0 && l.EffectiveCost() > 0 {
-				limit = min(limit, int(math.Ceil(l.Rate/l.EffectiveCost()))-1)
-			}
-		}
-	}
-	if cfg.Limits == nil {
-		def := DefaultLimits()
-		lowered(def.Message[wire.TypeREQ])
-	} else {
-		lowered(cfg.Limits.Message[wire.TypeREQ])
-	}
-	for _, t := range cfg.Tiers {
-		if !t.Free {
-			lowered(t.Limits.Message[wire.TypeREQ])
-		}
-	}
-	return max(limit, 1)
 }

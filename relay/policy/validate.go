@@ -3,8 +3,10 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -18,6 +20,11 @@ const (
 	maxMaxFilterValues  = 100000
 	maxMaxFanout        = 1000000
 )
+
+// maxMaxDelay is the longest Limits.MaxDelay: a held frame pauses its
+// connection's reading, and ten seconds stays well inside the keepalive
+// (two ping intervals) of either side.
+const maxMaxDelay = 10 * time.Second
 
 // FieldError is one thing wrong with a configuration: the field, by its
 // Path in Go's terms from the value validated ("Limits.Message[EVENT][1]",
@@ -63,6 +70,11 @@ func (c *Config) Validate() error {
 	}
 	checkWindows(&errs, "Limits.Connection", lim.Connection)
 	lim.checkMessages(&errs, "Limits")
+	if lim.MaxDelay < 0 || lim.MaxDelay > maxMaxDelay {
+		errs.addf("Limits.MaxDelay", "must be between 0 (hold nothing) and %v, got %v", maxMaxDelay, lim.MaxDelay)
+	}
+	checkRead(&errs, "Limits.Read", lim.Read)
+	c.ReadCost.validate(&errs, "ReadCost")
 
 	b := c.Bounds
 	for _, f := range []struct {
@@ -92,11 +104,11 @@ func (c *Config) Validate() error {
 		}
 		for j, r := range cl.Kinds {
 			p := fmt.Sprintf("%s.Kinds[%d]", path, j)
-			if r.From < 0 || r.To > 65535 || r.From > r.To {
-				errs.addf(p, "kinds %d-%d must lie within 0-65535, low to high", r.From, r.To)
+			if r[0] < 0 || r[1] > 65535 || r[0] > r[1] {
+				errs.addf(p, "kinds %d-%d must lie within 0-65535, low to high", r[0], r[1])
 				continue
 			}
-			for k := r.From; k <= r.To; k++ {
+			for k := r[0]; k <= r[1]; k++ {
 				if other, ok := classOf[k]; ok && other != cl.Name {
 					errs.addf(p, "kind %d is also in kind class %q", k, other)
 					break
@@ -113,17 +125,16 @@ func (c *Config) Validate() error {
 	if len(c.Tiers) > maxTiers {
 		errs.addf("Tiers", "%d tiers, at most %d", len(c.Tiers), maxTiers)
 	}
-	tierOf := map[wire.Hex32]string{}
+	tierOf := map[scan.Hex32]string{}
 	seen = map[string]bool{}
 	for i, t := range c.Tiers[:min(len(c.Tiers), maxTiers)] {
 		path := fmt.Sprintf("Tiers[%d]", i)
 		checkName(&errs, path+".Name", "tier", t.Name, seen)
-		if !t.Free {
-			t.Limits.checkMessages(&errs, path+".Limits")
-		}
+		t.Limits.checkMessages(&errs, path+".Limits")
+		checkRead(&errs, path+".Limits.Read", t.Limits.Read)
 		for j, pk := range t.Pubkeys {
 			p := fmt.Sprintf("%s.Pubkeys[%d]", path, j)
-			k, ok := wire.DecodeHex32(pk)
+			k, ok := scan.DecodeHex32(pk)
 			if !ok || k.String() != pk {
 				errs.addf(p, "must be 64 lowercase hex digits, got %q", pk)
 				continue
@@ -163,13 +174,19 @@ func (c *Config) Validate() error {
 			errs.addf(path+".Bits", "/%d is listed twice", a.Bits)
 		}
 		seenAgg[family{a.V4, a.Bits}] = true
-		if len(a.Limits) == 0 {
-			errs.addf(path+".Limits", "must list at least one window")
+		if len(a.Limits) == 0 && len(a.Read) == 0 {
+			errs.addf(path+".Limits", "must list at least one window (or Read one)")
 		}
 		checkWindows(&errs, path+".Limits", a.Limits)
+		checkRead(&errs, path+".Read", a.Read)
 	}
 
 	c.Identity.validate(&errs)
+	if c.Penalty != nil {
+		if err := c.Penalty.Validate(); err != nil {
+			errs.add("Penalty", err)
+		}
+	}
 	return errors.Join(errs...)
 }
 

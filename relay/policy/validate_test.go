@@ -64,13 +64,13 @@ func TestValidateEachField(t *testing.T) {
 			return policy.Config{Limits: &l}
 		}(), "Limits.Message[REQ][1]"},
 		{"bound", policy.Config{Bounds: wire.Bounds{MaxFanout: -1}}, "Bounds.MaxFanout"},
-		{"class name", policy.Config{Kinds: []policy.Class{{Name: "a b", Kinds: []policy.KindRange{{From: 1, To: 1}}, Limits: ok}}}, "Kinds[0].Name"},
-		{"class range", policy.Config{Kinds: []policy.Class{{Name: "a", Kinds: []policy.KindRange{{From: 0, To: 0}, {From: 9, To: 1}}, Limits: ok}}}, "Kinds[0].Kinds[1]"},
+		{"class name", policy.Config{Kinds: []policy.Class{{Name: "a b", Kinds: [][2]int{{1, 1}}, Limits: ok}}}, "Kinds[0].Name"},
+		{"class range", policy.Config{Kinds: []policy.Class{{Name: "a", Kinds: [][2]int{{0, 0}, {9, 1}}, Limits: ok}}}, "Kinds[0].Kinds[1]"},
 		{"kind in two classes", policy.Config{Kinds: []policy.Class{
-			{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 9}}, Limits: ok},
-			{Name: "b", Kinds: []policy.KindRange{{From: 9, To: 9}}, Limits: ok}}}, "Kinds[1].Kinds[0]"},
-		{"class without limits", policy.Config{Kinds: []policy.Class{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 1}}}}}, "Kinds[0].Limits"},
-		{"class window", policy.Config{Kinds: []policy.Class{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 1}}, Limits: []ratelimit.Limit{win(1, time.Second)}}}}, "Kinds[0].Limits[0]"},
+			{Name: "a", Kinds: [][2]int{{1, 9}}, Limits: ok},
+			{Name: "b", Kinds: [][2]int{{9, 9}}, Limits: ok}}}, "Kinds[1].Kinds[0]"},
+		{"class without limits", policy.Config{Kinds: []policy.Class{{Name: "a", Kinds: [][2]int{{1, 1}}}}}, "Kinds[0].Limits"},
+		{"class window", policy.Config{Kinds: []policy.Class{{Name: "a", Kinds: [][2]int{{1, 1}}, Limits: []ratelimit.Limit{win(1, time.Second)}}}}, "Kinds[0].Limits[0]"},
 		{"tier pubkey upper case", policy.Config{Tiers: []policy.Tier{{Name: "t", Pubkeys: []string{strings.ToUpper(pk)}}}}, "Tiers[0].Pubkeys[0]"},
 		{"pubkey in two tiers", policy.Config{Tiers: []policy.Tier{{Name: "t", Pubkeys: []string{pk}}, {Name: "u", Pubkeys: []string{pk}}}}, "Tiers[1].Pubkeys[0]"},
 		{"tier window", func() policy.Config {
@@ -147,8 +147,8 @@ func TestValidateGood(t *testing.T) {
 		{Limits: &policy.Limits{}},
 		{
 			Bounds:     wire.Bounds{MaxFilters: 3, MaxTags: 10},
-			Kinds:      []policy.Class{{Name: "dm", Kinds: []policy.KindRange{{From: 4, To: 4}, {From: 1059, To: 1059}}, Limits: ok}},
-			Tiers:      []policy.Tier{{Name: "paid", Pubkeys: []string{pk}, Free: true}},
+			Kinds:      []policy.Class{{Name: "dm", Kinds: [][2]int{{4, 4}, {1059, 1059}}, Limits: ok}},
+			Tiers:      []policy.Tier{{Name: "paid", Pubkeys: []string{pk}}},
 			Aggregates: []policy.Aggregate{{Bits: 48, Limits: ok}, {Bits: 24, V4: true, Limits: ok}},
 			Identity: policy.Identity{IPv6Prefix: 56, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Header: "X-Real-IP",
 				AllowIPs: []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32")}, AllowPubkeys: []string{strings.ToUpper(pk)}},
@@ -164,24 +164,14 @@ func TestValidateGood(t *testing.T) {
 // and the one past the last is "unknown" (arrays are sized by the last).
 func TestOutcomeNames(t *testing.T) {
 	seen := map[string]bool{}
-	for o := policy.Outcome(0); o <= policy.Unmatched; o++ {
+	for o := policy.Outcome(0); o <= policy.Unanswered; o++ {
 		if s := o.String(); s == "unknown" || seen[s] {
 			t.Errorf("Outcome(%d) = %q", o, s)
 		} else {
 			seen[s] = true
 		}
 	}
-	if s := (policy.Unmatched + 1).String(); s != "unknown" {
-		t.Errorf("the outcome past Unmatched is %q, want unknown: Unmatched is not the last", s)
-	}
-	for r := policy.CutReason(0); r <= policy.CutKnocking; r++ {
-		if s := r.String(); s == "unknown" || seen[s] {
-			t.Errorf("CutReason(%d) = %q", r, s)
-		} else {
-			seen[s] = true
-		}
-	}
-	if s := (policy.CutKnocking + 1).String(); s != "unknown" {
-		t.Errorf("the reason past CutKnocking is %q, want unknown", s)
+	if s := (policy.Unanswered + 1).String(); s != "unknown" {
+		t.Errorf("the outcome past Unanswered is %q, want unknown: Unanswered is not the last", s)
 	}
 }

@@ -2,25 +2,17 @@ package wire_test
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-// A frame is peeked for its type, then scanned once; a refusal is answered in the shape NIP-01 wants
-// for its type, with the wait rounded up to whole seconds.
-func ExampleScan() {
-	frame := []byte(`["REQ","feed",{"kinds":[1],"limit":20}]`)
-	p := wire.Peek(frame)
-	f, reason := wire.Scan(frame, nil)
-	if reason != "" {
-		fmt.Println("refused:", reason)
-		return
-	}
-	fmt.Printf("%v %s, %d filter(s)\n", p.Type, f.SubID, f.Filters)
-	reply := wire.AppendRateLimited(nil, p.Frame(), 17*time.Second+time.Millisecond)
-	fmt.Printf("%s\n", reply)
+// Types index per-type settings; a Bounds field left zero means its
+// default.
+func ExampleBounds() {
+	var perType [wire.NumTypes]int
+	perType[wire.TypeREQ] = 50
+	b := wire.Bounds{MaxFilters: 4}
+	fmt.Println(wire.TypeREQ, perType[wire.TypeREQ], b.MaxFilters, wire.DefaultBounds().MaxFanout)
 	// Output:
-	// REQ "feed", 1 filter(s)
-	// ["CLOSED","feed","rate-limited: slow down; retry in 18s"]
+	// REQ 50 4 50000
 }

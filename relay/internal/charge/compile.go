@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -25,14 +26,15 @@ type Policy struct {
 	conn       split
 	maxFilters int
 	bounds     wire.Bounds
+	readCost   policy.ReadCost // resolved
 	classes    []class
 	kindClass  []uint8 // kind → class index + 1; 0: none
 	tiers      []*tier
-	members    map[wire.Hex32]*tier
+	members    map[scan.Hex32]*tier
 	aggs       []aggregate
 	quota      ratelimit.ActorQuota
 	// allowPubkeys are the allow-listed pubkeys, decoded.
-	allowPubkeys map[wire.Hex32]struct{}
+	allowPubkeys map[scan.Hex32]struct{}
 }
 
 // split is one list of windows compiled twice: those that enforce and
@@ -45,7 +47,14 @@ func (s split) empty() bool { return s.enforce.Len() == 0 && s.shadow.Len() == 0
 // tier's members).
 type budget struct {
 	msg [wire.NumTypes]split
-	req []split // index n: a REQ of n filters
+	// priced are the windows of a REQ, COUNT or NEG-OPEN by its price
+	// (index n: a frame of price n, readcost.go), up to the largest price
+	// the type's windows admit from rest.
+	priced [wire.NumTypes][]split
+	read   []ratelimit.Limit // the read budget's windows, cost 1 (a byte)
+	// readMax is the most one read settlement charges: half the smallest
+	// read rate, so it is admissible from rest.
+	readMax int64
 }
 
 type class struct {
@@ -57,14 +66,15 @@ type class struct {
 type tier struct {
 	name   string
 	budget budget
-	free   bool
 	quota  ratelimit.ActorQuota
 }
 
 type aggregate struct {
-	bits int
-	v4   bool
-	win  split
+	bits    int
+	v4      bool
+	win     split
+	read    []ratelimit.Limit // its read windows (readcost.go)
+	readMax int64
 }
 
 // Compile validates cfg (policy.Config.Validate) and prepares every window.
@@ -83,20 +93,24 @@ func Compile(cfg policy.Config) (*Policy, error) {
 	if p.conn, err = splitOf(cfg.Limits.Connection, cfg.Shadow); err != nil {
 		return nil, err
 	}
-	// One bound for every payer: a REQ a tier's windows could never admit
-	// would be told a wait that never comes.
-	p.maxFilters = policy.EffectiveMaxFilters(cfg)
-	if p.budget, err = compileBudget(*cfg.Limits, p.maxFilters, cfg.Shadow); err != nil {
+	// One bound for every payer; a REQ's price, not its filter count, is
+	// capped at what its windows admit (maxPrice).
+	p.maxFilters = cfg.Bounds.MaxFilters
+	if p.maxFilters <= 0 {
+		p.maxFilters = wire.DefaultBounds().MaxFilters
+	}
+	if p.budget, err = compileBudget(*cfg.Limits, p.maxFilters, cfg.ReadCost.Resolved(), cfg.Shadow); err != nil {
 		return nil, err
 	}
 	p.bounds = compileBounds(cfg.Bounds, p.maxFilters)
+	p.readCost = cfg.ReadCost.Resolved()
 	p.quota = cfg.Quota
 	if len(cfg.Kinds) > 0 {
 		p.kindClass = make([]uint8, 65536)
 	}
 	for i, c := range cfg.Kinds {
 		for _, r := range c.Kinds {
-			for k := r.From; k <= r.To; k++ {
+			for k := r[0]; k <= r[1]; k++ {
 				p.kindClass[k] = uint8(i + 1)
 			}
 		}
@@ -106,18 +120,16 @@ func Compile(cfg policy.Config) (*Policy, error) {
 		}
 		p.classes = append(p.classes, class{name: c.Name, label: "kind " + c.Name, win: w})
 	}
-	p.members = make(map[wire.Hex32]*tier)
+	p.members = make(map[scan.Hex32]*tier)
 	for _, t := range cfg.Tiers {
-		tr := &tier{name: t.Name, free: t.Free, quota: t.Quota}
-		if !t.Free {
-			lim := t.Limits
-			lim.Connection = nil
-			if tr.budget, err = compileBudget(lim, p.maxFilters, cfg.Shadow); err != nil {
-				return nil, err
-			}
+		tr := &tier{name: t.Name, quota: t.Quota}
+		lim := t.Limits
+		lim.Connection = nil
+		if tr.budget, err = compileBudget(lim, p.maxFilters, cfg.ReadCost.Resolved(), cfg.Shadow); err != nil {
+			return nil, err
 		}
 		for _, pk := range t.Pubkeys {
-			k, _ := wire.DecodeHex32(pk)
+			k, _ := scan.DecodeHex32(pk)
 			p.members[k] = tr
 		}
 		p.tiers = append(p.tiers, tr)
@@ -127,12 +139,14 @@ func Compile(cfg policy.Config) (*Policy, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.aggs = append(p.aggs, aggregate{bits: a.Bits, v4: a.V4, win: w})
+		ag := aggregate{bits: a.Bits, v4: a.V4, win: w}
+		ag.read, ag.readMax = compileRead(a.Read)
+		p.aggs = append(p.aggs, ag)
 	}
 	if pks := cfg.Identity.AllowPubkeys; len(pks) > 0 {
-		p.allowPubkeys = make(map[wire.Hex32]struct{}, len(pks))
+		p.allowPubkeys = make(map[scan.Hex32]struct{}, len(pks))
 		for _, pk := range pks {
-			if k, ok := wire.DecodeHex32(pk); ok {
+			if k, ok := scan.DecodeHex32(pk); ok {
 				p.allowPubkeys[k] = struct{}{}
 			}
 		}
@@ -140,9 +154,9 @@ func Compile(cfg policy.Config) (*Policy, error) {
 	return p, nil
 }
 
-// compileBudget prepares the per-type windows of l, REQ's for every filter
-// count up to maxFilters.
-func compileBudget(l policy.Limits, maxFilters int, shadow bool) (budget, error) {
+// compileBudget prepares the per-type windows of l, REQ's, COUNT's and
+// NEG-OPEN's for every price up to the dearest (maxPrice).
+func compileBudget(l policy.Limits, maxFilters int, readCost policy.ReadCost, shadow bool) (budget, error) {
 	var b budget
 	var err error
 	for t := range l.Message {
@@ -150,18 +164,26 @@ func compileBudget(l policy.Limits, maxFilters int, shadow bool) (budget, error)
 			return b, err
 		}
 	}
-	req := l.Message[wire.TypeREQ]
-	b.req = make([]split, maxFilters+1)
-	for n := 1; n <= maxFilters; n++ {
-		scaled := make([]ratelimit.Limit, len(req))
-		for i, lim := range req {
-			lim.Cost = lim.EffectiveCost() * float64(n)
-			scaled[i] = lim
+	for _, t := range pricedTypes {
+		ls := l.Message[t]
+		most := readCost.Scrape // COUNT and NEG-OPEN hold one filter
+		if t == wire.TypeREQ {
+			most *= maxFilters
 		}
-		if b.req[n], err = splitOf(scaled, shadow); err != nil {
-			return b, fmt.Errorf("charge: REQ limits for %d filters: %w", n, err)
+		top := maxPrice(ls, most)
+		b.priced[t] = make([]split, top+1)
+		for n := 1; n <= top; n++ {
+			scaled := make([]ratelimit.Limit, len(ls))
+			for i, lim := range ls {
+				lim.Cost = lim.EffectiveCost() * float64(n)
+				scaled[i] = lim
+			}
+			if b.priced[t][n], err = splitOf(scaled, shadow); err != nil {
+				return b, fmt.Errorf("charge: %v limits for price %d: %w", t, n, err)
+			}
 		}
 	}
+	b.read, b.readMax = compileRead(l.Read)
 	return b, nil
 }
 
@@ -212,7 +234,7 @@ func (p *Policy) Message(t wire.Type) *ratelimit.Windows { return p.budget.msg[t
 // MaxFilters returns the most filters a forwarded REQ may hold.
 func (p *Policy) MaxFilters() int { return p.maxFilters }
 
-// Bounds returns what wire.Scan holds a forwarded frame to, every field
+// Bounds returns what scan.Scan holds a forwarded frame to, every field
 // set (MaxFilters as MaxFilters returns it). The caller must not modify it.
 func (p *Policy) Bounds() *wire.Bounds { return &p.bounds }
 
@@ -236,13 +258,13 @@ func compileBounds(b wire.Bounds, maxFilters int) wire.Bounds {
 func (p *Policy) Quota() ratelimit.ActorQuota { return p.quota }
 
 // HasQuota reports whether any payer has an actor quota: the address
-// budget, or a tier that is not free.
+// budget, or a tier.
 func (p *Policy) HasQuota() bool {
 	if p.quota != nil {
 		return true
 	}
 	for _, t := range p.tiers {
-		if t.quota != nil && !t.free {
+		if t.quota != nil {
 			return true
 		}
 	}
@@ -264,7 +286,7 @@ func (p *Policy) ClassOf(kind int) string {
 // TierOf returns the name of pubkey's tier, "" for none. pubkey is 64
 // lowercase hex digits.
 func (p *Policy) TierOf(pubkey string) string {
-	k, ok := wire.DecodeHex32(pubkey)
+	k, ok := scan.DecodeHex32(pubkey)
 	if !ok {
 		return ""
 	}
@@ -291,7 +313,7 @@ func (a *aggregate) prefix(addr netip.Addr) (string, bool) {
 // AllowsPubkey reports whether pubkeyHex (64 hex digits, either case) is
 // allow-listed. It does not allocate.
 func (p *Policy) AllowsPubkey(pubkeyHex string) bool {
-	k, ok := wire.DecodeHex32(pubkeyHex)
+	k, ok := scan.DecodeHex32(pubkeyHex)
 	if !ok {
 		return false
 	}

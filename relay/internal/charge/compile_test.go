@@ -13,30 +13,40 @@ import (
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
-func TestEffectiveMaxFilters(t *testing.T) {
+// A REQ's filter count is bounded by Bounds alone; a tight REQ window caps
+// the REQ's price at what it admits from rest instead of refusing REQs of
+// several filters.
+func TestMaxFiltersIsTheBound(t *testing.T) {
 	req := func(max int, ls ...ratelimit.Limit) policy.Config {
 		var l policy.Limits
 		l.Message[wire.TypeREQ] = ls
 		return policy.Config{Limits: &l, Bounds: wire.Bounds{MaxFilters: max}}
 	}
-	if got := policy.EffectiveMaxFilters(req(0)); got != wire.DefaultBounds().MaxFilters {
-		t.Errorf("EffectiveMaxFilters(0, no windows) = %d", got)
+	for _, tc := range []struct {
+		cfg  policy.Config
+		want int
+	}{
+		{req(0), wire.DefaultBounds().MaxFilters},
+		{policy.Config{}, wire.DefaultBounds().MaxFilters},
+		{req(50, ratelimit.Limit{Rate: 1.5, Period: time.Second}), 50},
+		{req(3, ratelimit.Limit{Rate: 20, Period: time.Second, Cost: 2}), 3},
+	} {
+		p, err := Compile(tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.MaxFilters(); got != tc.want {
+			t.Errorf("MaxFilters under %+v = %d, want %d", tc.cfg.Bounds, got, tc.want)
+		}
 	}
-	if got := policy.EffectiveMaxFilters(policy.Config{}); got != wire.DefaultBounds().MaxFilters {
-		t.Errorf("EffectiveMaxFilters(zero Config) = %d, want %d (the default REQ window admits more)", got, wire.DefaultBounds().MaxFilters)
+	// Under rate 1.5 the dearest REQ costs 1 (1·1 < 1.5), so 50 filters are
+	// admissible from rest.
+	p, err := Compile(req(50, ratelimit.Limit{Rate: 1.5, Period: time.Second}))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := policy.EffectiveMaxFilters(req(50, ratelimit.Limit{Rate: 20, Period: time.Second, Cost: 2})); got != 9 {
-		t.Errorf("EffectiveMaxFilters under rate 20, cost 2 = %d, want 9 (9·2 < 20)", got)
-	}
-	if got := policy.EffectiveMaxFilters(req(50, ratelimit.Limit{Rate: 1.5, Period: time.Second})); got != 1 {
-		t.Errorf("EffectiveMaxFilters under rate 1.5 = %d, want 1", got)
-	}
-	tiered := req(50, ratelimit.Limit{Rate: 20, Period: time.Second})
-	tiered.Tiers = []policy.Tier{{Name: "t"}, {Name: "free", Free: true}}
-	tiered.Tiers[0].Limits.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 5, Period: time.Second}}
-	tiered.Tiers[1].Limits.Message[wire.TypeREQ] = []ratelimit.Limit{{Rate: 2, Period: time.Second}}
-	if got := policy.EffectiveMaxFilters(tiered); got != 4 {
-		t.Errorf("EffectiveMaxFilters with a tier at rate 5 = %d, want 4 (a free tier's windows do not count)", got)
+	if top := len(p.budget.priced[wire.TypeREQ]) - 1; top != 1 {
+		t.Errorf("dearest REQ price under rate 1.5 = %d, want 1", top)
 	}
 }
 
@@ -59,7 +69,7 @@ func TestCompile(t *testing.T) {
 		t.Errorf("EVENT windows %v", got)
 	}
 	for n := 1; n <= p.MaxFilters(); n++ {
-		w := p.budget.req[n].enforce
+		w := p.budget.priced[wire.TypeREQ][n].enforce
 		for i, lim := range l.Message[wire.TypeREQ] {
 			if got := w.Limit(i); got.Rate != lim.Rate || got.Period != lim.Period || got.Cost != float64(n)*lim.EffectiveCost() {
 				t.Errorf("REQ of %d filters, window %d: %+v", n, i, got)
@@ -92,8 +102,8 @@ func TestKindClasses(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(10, time.Hour))
 	p, err := Compile(policy.Config{Limits: &l, Kinds: []policy.Class{
-		{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}}, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
-		{Name: "ephemeral", Kinds: []policy.KindRange{{From: 20000, To: 29999}}, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
+		{Name: "reactions", Kinds: [][2]int{{7, 7}}, Limits: lims(ratelimit.PerPeriod(2, time.Hour))},
+		{Name: "ephemeral", Kinds: [][2]int{{20000, 29999}}, Limits: lims(ratelimit.PerPeriod(3, time.Hour))},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -113,9 +123,9 @@ func TestKindClasses(t *testing.T) {
 	if !v.Refused || v.Budget != "kind reactions" {
 		t.Fatalf("third reaction: %+v, want refused by the class", v)
 	}
-	// The class refused after EVENT's window was charged (3 of 10): seven
-	// notes are left, then EVENT's window refuses.
-	for i := range 7 {
+	// The class's refusal charged nothing, EVENT's window included (2 of
+	// 10): eight notes are left, then EVENT's window refuses.
+	for i := range 8 {
 		if v := s.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() {
 			t.Fatalf("note %d: %+v", i, v)
 		}
@@ -129,11 +139,11 @@ func TestKindClasses(t *testing.T) {
 		t.Fatalf("another client's reaction: %+v", v)
 	}
 	for _, bad := range [][]policy.Class{
-		{{Name: "a b", Kinds: []policy.KindRange{{From: 1, To: 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
-		{{Name: "a", Kinds: []policy.KindRange{{From: 5, To: 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
-		{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 70000}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
-		{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}, {Name: "b", Kinds: []policy.KindRange{{From: 9, To: 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
-		{{Name: "a", Kinds: []policy.KindRange{{From: 1, To: 1}}}},
+		{{Name: "a b", Kinds: [][2]int{{1, 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: [][2]int{{5, 1}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: [][2]int{{1, 70000}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: [][2]int{{1, 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}, {Name: "b", Kinds: [][2]int{{9, 9}}, Limits: lims(ratelimit.PerPeriod(2, time.Second))}},
+		{{Name: "a", Kinds: [][2]int{{1, 1}}}},
 	} {
 		if _, err := Compile(policy.Config{Kinds: bad}); !errors.As(err, new(*policy.FieldError)) {
 			t.Errorf("Compile(%+v) = %v, want a FieldError", bad, err)
@@ -142,8 +152,8 @@ func TestKindClasses(t *testing.T) {
 }
 
 // TestTiers: a member pubkey is charged to its own budget with its tier's
-// limits; a pubkey in no tier has no member budget; the free tier pays
-// nothing.
+// limits; a pubkey in no tier has no member budget; a tier of zero Limits
+// limits nothing but is still its members' budget.
 func TestTiers(t *testing.T) {
 	member, free, stranger := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64)
 	var addr, tierL policy.Limits
@@ -151,7 +161,7 @@ func TestTiers(t *testing.T) {
 	tierL.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(5, time.Hour))
 	p, err := Compile(policy.Config{Limits: &addr, Tiers: []policy.Tier{
 		{Name: "members", Pubkeys: []string{member}, Limits: tierL},
-		{Name: "allow", Pubkeys: []string{free}, Free: true},
+		{Name: "open", Pubkeys: []string{free}},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -181,8 +191,13 @@ func TestTiers(t *testing.T) {
 		}
 	}
 	f := p.MemberSubject(free)
-	if !f.Free() || f.Charged(wire.TypeEVENT) || f.Quota() != nil {
-		t.Fatal("the free tier is charged")
+	if f.Free() || f.Charged(wire.TypeEVENT) || f.Quota() != nil {
+		t.Fatal("a tier of zero Limits is charged, or is taken for the allow-list")
+	}
+	for range 10 {
+		if v := f.Charge(ctx, lim, wire.TypeEVENT, 0, 1); !v.Pass() || v.Allowlisted {
+			t.Fatalf("member of a tier of zero Limits: %+v, want admitted uncharged", v)
+		}
 	}
 	if _, err := Compile(policy.Config{Tiers: []policy.Tier{{Name: "x", Pubkeys: []string{"AA"}}}}); !errors.As(err, new(*policy.FieldError)) {
 		t.Errorf("a bad pubkey: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -14,39 +15,41 @@ import (
 //
 //  1. A free Subject (an allow-listed address or authenticated pubkey, a
 //     Free tier's member) pays nothing.
-//  2. The EVENT windows, its kind class's and the aggregates' are charged
-//     (Charge); a refusal, or a store that cannot decide, ends it there.
-//     The windows come first because they are what a forged author cannot
-//     skip: the quota below trusts the pubkey the event names.
-//  3. The actor quota, when one applies (EventActor), is asked whether the
-//     actor has room; the quota failing refuses as unavailable.
+//  2. The actor quota, when one applies (EventActor), is asked whether the
+//     actor has room. Both quotas answer from memory, without a round trip
+//     (redisstore.Quota from what its charges were told), so an actor at
+//     its limit is refused before anything is charged; the quota failing
+//     refuses as unavailable.
+//  3. The EVENT windows, its kind class's and the aggregates' are decided
+//     as one (Charge): a refusal, or a store that cannot decide, ends it
+//     there, having charged nothing. A forged author buys nothing by this
+//     order: the quota counts only events the relay validated, and a
+//     refusal by it writes nothing anywhere.
 //
 // It returns the verdict and the actor to charge to the quota when the
 // relay accepts the event ("" for none): the quota counts validated
 // events only, so its charge is the caller's, on the relay's OK (the gate)
 // or after the save (the hooks), to the actor returned here.
-func (s *Subject) Event(ctx context.Context, lim *ratelimit.Limiter, kind int, authed string, author *wire.Hex32) (Verdict, string) {
+func (s *Subject) Event(ctx context.Context, lim *ratelimit.Limiter, kind int, authed string, author *scan.Hex32) (Verdict, string) {
 	if s.free {
 		return Verdict{Allowlisted: true}, ""
+	}
+	q, actor, exempt := s.EventActor(authed, author)
+	if q != nil {
+		over, wait, err := q.Exceeded(ctx, actor)
+		switch {
+		case err != nil:
+			return Verdict{Err: err, Quota: true, Budget: "quota"}, ""
+		case over:
+			return Verdict{Refused: true, Wait: wait, Quota: true, Budget: "quota"}, ""
+		}
 	}
 	v := s.Charge(ctx, lim, wire.TypeEVENT, 0, kind)
 	if !v.Pass() {
 		return v, ""
 	}
-	q, actor, exempt := s.EventActor(authed, author)
 	if exempt {
 		v.Allowlisted = true
-		return v, ""
-	}
-	if q == nil {
-		return v, ""
-	}
-	over, wait, err := q.Exceeded(ctx, actor)
-	switch {
-	case err != nil:
-		return Verdict{Err: err, Quota: true, Budget: "quota"}, ""
-	case over:
-		return Verdict{Refused: true, Wait: wait, Quota: true, Budget: "quota"}, ""
 	}
 	return v, actor
 }
@@ -60,7 +63,7 @@ func (s *Subject) Event(ctx context.Context, lim *ratelimit.Limiter, kind int, a
 // exempt from the quota only, not from the windows (Event): forging its
 // pubkey buys nothing, since the quota counts only events the relay
 // validated.
-func (s *Subject) EventActor(authed string, author *wire.Hex32) (q ratelimit.ActorQuota, actor string, exempt bool) {
+func (s *Subject) EventActor(authed string, author *scan.Hex32) (q ratelimit.ActorQuota, actor string, exempt bool) {
 	q = s.Quota()
 	switch {
 	case q == nil:

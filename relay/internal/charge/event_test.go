@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
@@ -55,12 +56,16 @@ func TestEvent(t *testing.T) {
 			{author: author, out: policy.QuotaExceeded, wait: time.Minute},
 		},
 	}, {
-		name: "windows before quota",
+		// The quota answers first, from memory: its refusal charges the
+		// windows nothing (the third window is still there for session).
+		name: "quota before windows",
 		steps: []step{
 			{author: author, out: policy.Admitted, actor: author},
 			{author: author, out: policy.Admitted, actor: author},
+			{author: author, out: policy.QuotaExceeded, wait: time.Minute},
+			{author: author, out: policy.QuotaExceeded, wait: time.Minute},
 			{author: session, out: policy.Admitted, actor: session},
-			{author: author, out: policy.RateLimited, wait: windowWait},
+			{author: session, out: policy.RateLimited, wait: windowWait},
 		},
 	}, {
 		name: "allow-listed author: exempt from the quota, not the windows",
@@ -94,7 +99,7 @@ func TestEvent(t *testing.T) {
 			lim := frozenLimiter()
 			ctx := context.Background()
 			for i, st := range tc.steps {
-				a, _ := wire.DecodeHex32(st.author)
+				a, _ := scan.DecodeHex32(st.author)
 				sub := p.CallSubject("203.0.113.7", netip.MustParseAddr("203.0.113.7"), false, st.authed)
 				v, actor := sub.Event(ctx, lim, 1, st.authed, &a)
 				if v.Outcome() != st.out || v.Wait.Round(time.Second) != st.wait || actor != st.actor {
@@ -109,7 +114,7 @@ func TestEvent(t *testing.T) {
 					t.Errorf("step %d: EventActor says %.8s, Event %.8s", i, settle, actor)
 				}
 				if actor != "" {
-					_, _ = quota.Add(ctx, actor)
+					_, _ = quota.Add(ctx, actor, "", 0)
 				}
 			}
 		})
@@ -120,7 +125,7 @@ func TestEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := wire.DecodeHex32(author)
+	a, _ := scan.DecodeHex32(author)
 	v, actor := p.AddressSubject("203.0.113.7", netip.MustParseAddr("203.0.113.7"), true).Event(context.Background(), frozenLimiter(), 1, "", &a)
 	if v.Outcome() != policy.Allowlisted || actor != "" {
 		t.Errorf("free payer: %v, actor %q", v.Outcome(), actor)

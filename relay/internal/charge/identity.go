@@ -6,8 +6,8 @@ import (
 	"net/textproto"
 	"strings"
 
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/policy"
-	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // Identity is a policy.Identity at work: it turns a request, or the address
@@ -279,12 +279,12 @@ func allowsAddr(nets []netip.Prefix, addr netip.Addr) bool {
 // allowsPubkey reports whether pubkeyHex (64 hex digits, either case) is
 // in pubkeys, by a linear scan. It does not allocate.
 func allowsPubkey(pubkeys []string, pubkeyHex string) bool {
-	k, ok := wire.DecodeHex32(pubkeyHex)
+	k, ok := scan.DecodeHex32(pubkeyHex)
 	if !ok {
 		return false
 	}
 	for _, p := range pubkeys {
-		if q, ok := wire.DecodeHex32(p); ok && q == k {
+		if q, ok := scan.DecodeHex32(p); ok && q == k {
 			return true
 		}
 	}

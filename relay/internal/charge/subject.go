@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
+	"github.com/sluice-relay/sluice/relay/internal/scan"
 	"github.com/sluice-relay/sluice/relay/wire"
 )
 
@@ -68,7 +69,7 @@ func (p *Policy) MemberSubject(pubkey string) *Subject {
 }
 
 func (p *Policy) memberSubject(pubkey string, lazy bool) *Subject {
-	k, ok := wire.DecodeHex32(pubkey)
+	k, ok := scan.DecodeHex32(pubkey)
 	if !ok {
 		return nil
 	}
@@ -76,7 +77,7 @@ func (p *Policy) memberSubject(pubkey string, lazy bool) *Subject {
 	if t == nil {
 		return nil
 	}
-	s := &Subject{p: p, b: &t.budget, tier: t, free: t.free, lazy: lazy, name: "pk:" + pubkey}
+	s := &Subject{p: p, b: &t.budget, tier: t, lazy: lazy, name: "pk:" + pubkey}
 	s.build()
 	return s
 }
@@ -163,6 +164,27 @@ func (s *Subject) Refused(lim *ratelimit.Limiter, t wire.Type) (time.Duration, b
 	return lim.Refused(s.msg[t])
 }
 
+// ConnectionRefused is what the limiter's local table says of s's next
+// upgrade, without a store call: refused, and the longest wait left, when
+// an enforcing window of its charges (connectionCharges) is there.
+func (s *Subject) ConnectionRefused(lim *ratelimit.Limiter) (time.Duration, bool) {
+	if s.free {
+		return 0, false
+	}
+	var buf [1 + stackAggregates]charge
+	var wait time.Duration
+	refused := false
+	for _, c := range s.connectionCharges(buf[:0]) {
+		if c.win.enforce == nil {
+			continue
+		}
+		if w, ok := lim.Refused(c.key); ok {
+			wait, refused = max(wait, w), true
+		}
+	}
+	return wait, refused
+}
+
 // Verdict is what charging one frame (or upgrade) decided.
 type Verdict struct {
 	// Refused: an enforcing window refused; Wait is its wait.
@@ -205,17 +227,17 @@ type charge struct {
 	budget         string
 }
 
-// Charge decides one frame of type t on every budget it pays, in order:
-// its type's windows (a REQ's by its filters, 1…MaxFilters; 0 or an
-// unscanned frame pays one filter's), then for an EVENT of kind kind (-1:
-// none) its kind class, then each aggregate its address is in. Enforcing
-// windows come first and the first refusal (or store failure) stops there;
-// a frame refused by a later budget has been charged to the earlier ones,
-// as an EVENT the actor quota refuses has paid its windows. When none
-// refused, the windows in shadow are decided the same way, and a refusal
-// among them is reported as Shadow. Shadow windows have keys of their own
-// (":shadow"), so that what they decide never answers for the enforcing
-// ones.
+// Charge decides one frame of type t on every budget it pays, as one
+// decision: its type's windows (a REQ's, COUNT's or NEG-OPEN's by its
+// price, filters: Policy.Price, capped at the burst; 0 or an unscanned
+// frame pays one filter's), for an EVENT of kind kind (-1: none) its kind
+// class, and each aggregate its address is in. The frame is admitted only
+// if every enforcing window admits, and charged only then: a frame refused
+// by one budget has paid none (see decide); the wait is the largest and
+// Budget names its budget. When they admitted, the windows in shadow are
+// decided the same way, and a refusal among them is reported as Shadow.
+// Shadow windows have keys of their own (":shadow"), so that what they
+// decide never answers for the enforcing ones.
 func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Type, filters, kind int) Verdict {
 	if s.free {
 		return Verdict{Allowlisted: true}
@@ -223,8 +245,8 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 	var buf [2 + stackAggregates]charge
 	cs := buf[:0]
 	win := s.b.msg[t]
-	if t == wire.TypeREQ && filters >= 1 && filters < len(s.b.req) {
-		win = s.b.req[filters]
+	if pr := s.b.priced[t]; filters >= 1 && len(pr) > 1 {
+		win = pr[min(filters, len(pr)-1)] // a price past the burst is the burst's
 	}
 	if !win.empty() {
 		k, sk := s.msg[t], s.msgShadow[t]
@@ -260,7 +282,13 @@ func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) 
 		return Verdict{Allowlisted: true}
 	}
 	var buf [1 + stackAggregates]charge
-	cs := buf[:0]
+	return decide(ctx, lim, s.connectionCharges(buf[:0]))
+}
+
+// connectionCharges appends to cs what an upgrade of s pays: the
+// connection windows, then each aggregate's windows on a key of their own
+// for upgrades.
+func (s *Subject) connectionCharges(cs []charge) []charge {
 	if !s.p.conn.empty() {
 		k, sk := s.conn, s.connShadow
 		if s.lazy {
@@ -275,7 +303,7 @@ func (s *Subject) ChargeConnection(ctx context.Context, lim *ratelimit.Limiter) 
 			cs = append(cs, charge{ak.conn, shadowKey(ak.conn, w), w, ak.label})
 		}
 	}
-	return decide(ctx, lim, cs)
+	return cs
 }
 
 // kindKey is the key of kind class class for the payer named name.
@@ -299,35 +327,35 @@ func (s *Subject) appendAggregates(cs []charge) []charge {
 	return cs
 }
 
-// decide runs the charges: the enforcing windows in order until one
-// refuses, then (when none did) the shadow windows.
+// decide runs the charges as one decision (ratelimit.Limiter.AllowAll):
+// the enforcing windows of every budget together, admitted only if all
+// admit and charged only then, the wait the largest; then, when they
+// passed, the shadow windows together the same way, on keys of their own,
+// reporting what enforcing them would have refused. A frame without
+// shadow windows is one store call.
 func decide(ctx context.Context, lim *ratelimit.Limiter, cs []charge) Verdict {
+	var buf [2 + stackAggregates]ratelimit.Budget
+	bs := buf[:0]
 	for _, c := range cs {
-		if c.win.enforce == nil {
-			continue
-		}
-		d, err := lim.Allow(ctx, c.key, c.win.enforce)
-		if err != nil {
-			return Verdict{Err: err, Budget: c.budget}
-		}
-		if !d.Allowed {
-			return Verdict{Refused: true, Wait: d.Wait, Budget: c.budget, Local: d.Local}
-		}
+		bs = append(bs, ratelimit.Budget{Key: c.key, Windows: c.win.enforce})
+	}
+	d, err := lim.AllowAll(ctx, bs)
+	switch {
+	case err != nil:
+		return Verdict{Err: err, Budget: cs[d.By].budget}
+	case !d.Allowed:
+		return Verdict{Refused: true, Wait: d.Wait, Budget: cs[d.By].budget, Local: d.Local}
+	}
+	bs = bs[:0]
+	for _, c := range cs {
+		bs = append(bs, ratelimit.Budget{Key: c.shadowKey, Windows: c.win.shadow})
 	}
 	var v Verdict
-	for _, c := range cs {
-		if c.win.shadow == nil {
-			continue
-		}
-		d, err := lim.Allow(ctx, c.shadowKey, c.win.shadow)
-		if err != nil {
-			// A shadow window that cannot decide refuses nothing either;
-			// it is not an outage of the frame's own.
-			continue
-		}
-		if !d.Allowed && !v.Shadow {
-			v.Shadow, v.ShadowWait, v.Budget, v.Local = true, d.Wait, c.budget, d.Local
-		}
+	d, err = lim.AllowAll(ctx, bs)
+	// A shadow window that cannot decide refuses nothing either; it is not
+	// an outage of the frame's own.
+	if err == nil && !d.Allowed {
+		v.Shadow, v.ShadowWait, v.Budget, v.Local = true, d.Wait, cs[d.By].budget, d.Local
 	}
 	return v
 }

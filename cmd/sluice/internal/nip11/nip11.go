@@ -7,12 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"mime"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -69,17 +72,19 @@ func IsRequest(r *http.Request) bool {
 // Limitation is what sluice adds to a NIP-11 document. The zero value
 // adds nothing.
 type Limitation struct {
-	// MaxMessageLength is the gate's read limit in bytes. It is written to
-	// limitation.max_message_length unless the document already has a
-	// smaller one (the smaller of the two is what a client can send). 0
-	// leaves the field as it is.
+	// MaxMessageLength is the gate's read limit in bytes. It is published
+	// as sluice's in rate_limits.bounds (with Limits), and written to
+	// limitation.max_message_length only when the document has one of
+	// its own, as the smaller of the two (what a client can send): where
+	// the relay says nothing, sluice's bound is not the relay's. 0 leaves
+	// the field as it is.
 	MaxMessageLength int64
 	// MaxFilters, MaxSubidLength and MaxSubscriptions are the gate's
 	// bounds on a forwarded REQ and on the subscriptions a connection
-	// holds (policy.EffectiveMaxFilters of the running policy, wire.MaxSubIDBytes, relay.Options.MaxSubscriptions),
-	// written to limitation.max_filters, max_subid_length and
-	// max_subscriptions the same way: the smaller of the document's and
-	// these; 0 leaves a field as it is.
+	// holds (the policy's Bounds.MaxFilters, wire.MaxSubIDBytes, relay.Options.MaxSubscriptions),
+	// published and merged the same way (max_filters only in
+	// rate_limits.bounds: NIP-11 no longer has it, and a document's own is
+	// dropped); 0 leaves a field as it is.
 	MaxFilters, MaxSubidLength, MaxSubscriptions int64
 	// Bounds, when not nil, are the gate's bounds on what a frame may ask
 	// of the relay (policy.Policy.Bounds), written the same way to
@@ -101,6 +106,24 @@ type Limitation struct {
 	// as rate_limits.mode "shadow" (else "enforce"); every window is then
 	// marked "shadow": true, as a window with Limit.Shadow always is.
 	Shadow bool
+	// ReadCost is the price of a filter by its shape (policy.ReadCost,
+	// resolved), published with Limits as rate_limits.read_cost; the read
+	// budget, Limits.Read, as rate_limits.read (windows in bytes).
+	ReadCost policy.ReadCost
+	// NIPs are added to supported_nips (once each, after the document's
+	// own): what sluice serves itself whatever the relay does, such as
+	// NIP-42 when the gate does it (auth: gate).
+	NIPs []int
+}
+
+// nip11ReadCost is policy.ReadCost as rate_limits.read_cost publishes it.
+type nip11ReadCost struct {
+	Note              string  `json:"note"`
+	Narrow            int     `json:"narrow"`
+	Wide              int     `json:"wide"`
+	Scrape            int     `json:"scrape"`
+	ScrapeLimit       int     `json:"scrape_limit"`
+	ScrapeSpanSeconds float64 `json:"scrape_span_seconds"`
 }
 
 // nip11Window is one limit as rate_limits publishes it: the configured
@@ -134,6 +157,11 @@ type nip11RateLimits struct {
 	Message    map[string][]nip11Window `json:"message"`
 	Kinds      map[string]nip11Class    `json:"kinds,omitempty"`
 	Quota      *nip11Quota              `json:"quota,omitempty"`
+	Read       []nip11Window            `json:"read,omitempty"`
+	ReadCost   *nip11ReadCost           `json:"read_cost,omitempty"`
+	// Bounds are sluice's own bounds on a frame and on what a connection
+	// holds open (limitation's names), whatever the relay allows.
+	Bounds map[string]int64 `json:"bounds,omitempty"`
 }
 
 func nip11Windows(ls []ratelimit.Limit, shadow bool) []nip11Window {
@@ -151,12 +179,13 @@ func nip11Windows(ls []ratelimit.Limit, shadow bool) []nip11Window {
 	return out
 }
 
-// Merge returns doc, a JSON object, with lim merged in. Every field of
-// doc other than limitation.max_message_length, max_filters,
-// max_subid_length, max_subscriptions, the Bounds fields and rate_limits
-// is kept byte for
-// byte, including fields this package does not know, except empty string
-// fields and zero created_at limits, which are dropped (dropEmpty).
+// Merge returns doc, a JSON object, with lim merged in: limitation's
+// bounds that doc sets and sluice enforces become the smaller of the two,
+// limitation.max_filters is dropped, and sluice's own bounds and limits
+// are published as sluice's, in rate_limits. Every other field of doc is
+// kept byte for byte, including fields this package does not know, except
+// empty string and null fields and zero created_at limits, which are
+// dropped (dropEmpty).
 func Merge(doc []byte, lim Limitation) ([]byte, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(doc, &top); err != nil || top == nil {
@@ -166,35 +195,57 @@ func Merge(doc []byte, lim Limitation) ([]byte, error) {
 	if lim.Bounds != nil {
 		b = *lim.Bounds
 	}
-	if lim.MaxMessageLength > 0 || lim.MaxFilters > 0 || lim.MaxSubidLength > 0 || lim.MaxSubscriptions > 0 || lim.Bounds != nil {
-		var limitation map[string]json.RawMessage
-		if raw, ok := top["limitation"]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-			if err := json.Unmarshal(raw, &limitation); err != nil || limitation == nil {
-				return nil, fmt.Errorf("%w: limitation is not a JSON object", ErrDocument)
-			}
+	// Sluice's bounds, as sluice's (rate_limits.bounds, below). In
+	// limitation, which a client reads as the relay's, a bound is written
+	// only where the document sets one itself, as the smaller of the two:
+	// what a client can send through the gate. Where the relay says
+	// nothing, sluice's bound is not the relay's (the relay may refuse
+	// far less), so it does not go there.
+	bounds := map[string]int64{}
+	var limitation map[string]json.RawMessage
+	if raw, ok := top["limitation"]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		if err := json.Unmarshal(raw, &limitation); err != nil || limitation == nil {
+			return nil, fmt.Errorf("%w: limitation is not a JSON object", ErrDocument)
 		}
-		if limitation == nil {
-			limitation = map[string]json.RawMessage{}
+	}
+	for _, f := range []struct {
+		key  string
+		ours int64
+	}{
+		{"max_message_length", lim.MaxMessageLength}, {"max_subid_length", lim.MaxSubidLength}, {"max_subscriptions", lim.MaxSubscriptions},
+		{"max_event_tags", int64(b.MaxTags)}, {"max_tag_value_bytes", int64(b.MaxTagValueBytes)}, {"max_filter_values", int64(b.MaxFilterValues)}, {"max_filter_fanout", int64(b.MaxFanout)},
+	} {
+		if f.ours <= 0 {
+			continue
 		}
-		// The smaller of the two is what a client can send.
-		for _, f := range []struct {
-			key  string
-			ours int64
-		}{
-			{"max_message_length", lim.MaxMessageLength}, {"max_filters", lim.MaxFilters}, {"max_subid_length", lim.MaxSubidLength}, {"max_subscriptions", lim.MaxSubscriptions},
-			{"max_event_tags", int64(b.MaxTags)}, {"max_tag_value_bytes", int64(b.MaxTagValueBytes)}, {"max_filter_values", int64(b.MaxFilterValues)}, {"max_filter_fanout", int64(b.MaxFanout)},
-		} {
-			if f.ours <= 0 {
-				continue
-			}
-			v := f.ours
-			var theirs float64
-			if raw, ok := limitation[f.key]; ok && json.Unmarshal(raw, &theirs) == nil && theirs > 0 && theirs < float64(v) {
-				v = int64(theirs)
-			}
-			limitation[f.key], _ = json.Marshal(v)
+		bounds[f.key] = f.ours
+		var theirs float64
+		if raw, ok := limitation[f.key]; ok && json.Unmarshal(raw, &theirs) == nil && theirs > 0 {
+			limitation[f.key], _ = json.Marshal(min(f.ours, int64(theirs)))
 		}
+	}
+	if limitation != nil {
+		// NIP-11 no longer has max_filters; the gate's bound on filters
+		// per REQ is in rate_limits.bounds.
+		delete(limitation, "max_filters")
 		top["limitation"], _ = json.Marshal(limitation)
+	}
+	if lim.MaxFilters > 0 {
+		bounds["max_filters"] = lim.MaxFilters
+	}
+	if len(lim.NIPs) > 0 {
+		var nips []json.RawMessage
+		if raw, ok := top["supported_nips"]; ok && json.Unmarshal(raw, &nips) != nil {
+			nips = nil // not a list: sluice's own are all that is known
+		}
+		have := nipSet(nips)
+		for _, n := range lim.NIPs {
+			if !have[n] {
+				have[n] = true
+				nips = append(nips, json.RawMessage(strconv.Itoa(n)))
+			}
+		}
+		top["supported_nips"], _ = json.Marshal(nips)
 	}
 	dropEmpty(top)
 	if lim.Limits != nil {
@@ -203,6 +254,7 @@ func Merge(doc []byte, lim Limitation) ([]byte, error) {
 			Mode:       "enforce",
 			Connection: nip11Windows(lim.Limits.Connection, lim.Shadow),
 			Message:    make(map[string][]nip11Window, wire.NumTypes),
+			Bounds:     bounds,
 		}
 		if lim.Shadow {
 			rl.Mode = "shadow"
@@ -215,13 +267,20 @@ func Merge(doc []byte, lim Limitation) ([]byte, error) {
 			for _, c := range lim.Kinds {
 				nc := nip11Class{Kinds: make([]any, 0, len(c.Kinds)), Limits: nip11Windows(c.Limits, lim.Shadow)}
 				for _, r := range c.Kinds {
-					if r.From == r.To {
-						nc.Kinds = append(nc.Kinds, r.From)
+					if r[0] == r[1] {
+						nc.Kinds = append(nc.Kinds, r[0])
 					} else {
-						nc.Kinds = append(nc.Kinds, fmt.Sprintf("%d-%d", r.From, r.To))
+						nc.Kinds = append(nc.Kinds, fmt.Sprintf("%d-%d", r[0], r[1]))
 					}
 				}
 				rl.Kinds[c.Name] = nc
+			}
+		}
+		rl.Read = nip11Windows(lim.Limits.Read, lim.Shadow)
+		if rc := lim.ReadCost; rc.Narrow > 0 {
+			rl.ReadCost = &nip11ReadCost{
+				Note:   "each REQ, COUNT and NEG-OPEN filter costs narrow (ids; authors or a tag with limit <= scrape_limit), wide, or scrape (no ids, authors or tag, and limit > scrape_limit or until-since > scrape_span, no since being all of time) of its type's windows; read windows are in bytes sent",
+				Narrow: rc.Narrow, Wide: rc.Wide, Scrape: rc.Scrape, ScrapeLimit: rc.ScrapeLimit, ScrapeSpanSeconds: rc.ScrapeSpan.Seconds(),
 			}
 		}
 		if q := lim.Quota; q != nil && q.Events() > 0 {
@@ -239,7 +298,7 @@ func Merge(doc []byte, lim Limitation) ([]byte, error) {
 // so). NIP-11 lets any field be omitted.
 func dropEmpty(top map[string]json.RawMessage) {
 	for k, v := range top {
-		if bytes.Equal(bytes.TrimSpace(v), []byte(`""`)) {
+		if v := bytes.TrimSpace(v); bytes.Equal(v, []byte(`""`)) || bytes.Equal(v, []byte("null")) {
 			delete(top, k)
 		}
 	}
@@ -254,6 +313,12 @@ func dropEmpty(top map[string]json.RawMessage) {
 	changed := false
 	for _, k := range []string{"created_at_lower_limit", "created_at_upper_limit"} {
 		if v, ok := limitation[k]; ok && bytes.Equal(bytes.TrimSpace(v), []byte("0")) {
+			delete(limitation, k)
+			changed = true
+		}
+	}
+	for k, v := range limitation {
+		if bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
 			delete(limitation, k)
 			changed = true
 		}
@@ -346,6 +411,10 @@ type Handler struct {
 	Fallback []byte
 	// OnError, when not nil, is told of every failed fetch.
 	OnError func(error)
+	// OnDocument, when not nil, is told of every fetched document that
+	// Handler serves from then on (merged without error), as fetched. It
+	// is called by one fetch at a time, and must not call h's methods.
+	OnDocument func(base []byte)
 	// Clock times the TTL and the retry after an error. Nil means the
 	// real clock (see ratelimit.Clock); pass the gate's Limiter.Now.
 	Clock ratelimit.Clock
@@ -437,6 +506,9 @@ func (h *Handler) document(ctx context.Context) []byte {
 	}
 	if err == nil {
 		h.doc, h.base, h.fresh, h.fetchedOK = merged, base, now.Add(ttl), true
+		if h.OnDocument != nil {
+			h.OnDocument(base)
+		}
 		return h.doc
 	}
 	if h.OnError != nil {
@@ -447,6 +519,76 @@ func (h *Handler) document(ctx context.Context) []byte {
 		h.doc = h.fallback()
 	}
 	return h.doc // stale but real beats a stub
+}
+
+// Keep fetches the document at once and again whenever it is stale (TTL
+// after the last good fetch; retryAfterError after a failed one), until
+// ctx is done, without waiting for a request to ask for it: what is
+// learnt from it (OnDocument) stays as fresh as what is served.
+func (h *Handler) Keep(ctx context.Context) {
+	if h.Fetch == nil {
+		return
+	}
+	tick := time.NewTicker(retryAfterError)
+	defer tick.Stop()
+	for {
+		h.document(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// NIPs is the set of NIPs a relay's NIP-11 document lists in
+// supported_nips, as learnt from the last document (Learn). The zero value
+// has learnt none, and supports nothing. Safe for concurrent use.
+type NIPs struct {
+	set atomic.Pointer[map[int]bool]
+}
+
+// Learn makes the NIPs that doc (a NIP-11 document) lists in
+// supported_nips the set, and reports whether that changed it. Numbers
+// and strings of digits are read as NIP numbers; a document without a
+// list there supports nothing.
+func (n *NIPs) Learn(doc []byte) (changed bool) {
+	var d struct {
+		Supported []json.RawMessage `json:"supported_nips"`
+	}
+	_ = json.Unmarshal(doc, &d) // a field of another shape lists nothing
+	set := nipSet(d.Supported)
+	old := n.set.Swap(&set)
+	return old == nil || !maps.Equal(*old, set)
+}
+
+// nipSet reads a supported_nips list: numbers, and strings of digits.
+func nipSet(list []json.RawMessage) map[int]bool {
+	set := make(map[int]bool, len(list))
+	for _, raw := range list {
+		var v any
+		if json.Unmarshal(raw, &v) != nil {
+			continue
+		}
+		switch v := v.(type) {
+		case float64:
+			if v == math.Trunc(v) && v >= 0 && v < 1<<16 {
+				set[int(v)] = true
+			}
+		case string:
+			if nip, err := strconv.Atoi(v); err == nil && nip >= 0 {
+				set[nip] = true
+			}
+		}
+	}
+	return set
+}
+
+// Supports reports whether the document learnt last lists nip; false
+// before one was learnt.
+func (n *NIPs) Supports(nip int) bool {
+	set := n.set.Load()
+	return set != nil && (*set)[nip]
 }
 
 // usable reports whether h.doc may be served at now without fetching:

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -82,13 +83,14 @@ func TestMergeNIP11KeepsUnknownFields(t *testing.T) {
 	if err := json.Unmarshal(got["limitation"], &lim); err != nil {
 		t.Fatal(err)
 	}
-	if lim["max_message_length"] != float64(524288) || lim["max_subscriptions"] != float64(20) || lim["auth_required"] != false {
-		t.Errorf("limitation = %v, want max_message_length 524288 added and the relay's fields kept", lim)
+	if _, ok := lim["max_message_length"]; ok || lim["max_subscriptions"] != float64(20) || lim["auth_required"] != false {
+		t.Errorf("limitation = %v, want the relay's fields kept and none of sluice's added", lim)
 	}
 	var rl struct {
 		Connection []nip11Window
 		Message    map[string][]nip11Window
 		Quota      *nip11Quota
+		Bounds     map[string]int64
 	}
 	if err := json.Unmarshal(got["rate_limits"], &rl); err != nil {
 		t.Fatal(err)
@@ -103,6 +105,9 @@ func TestMergeNIP11KeepsUnknownFields(t *testing.T) {
 	if c := rl.Message["CLOSE"]; c == nil || len(c) != 0 {
 		t.Errorf("CLOSE = %v, want [] (free, and said so)", c)
 	}
+	if rl.Bounds["max_message_length"] != 524288 {
+		t.Errorf("rate_limits.bounds = %v, want sluice's own bounds there", rl.Bounds)
+	}
 	if rl.Quota == nil || rl.Quota.Events != 600 || rl.Quota.WindowSeconds != 60 {
 		t.Errorf("quota = %+v, want 600 per 60s", rl.Quota)
 	}
@@ -114,12 +119,12 @@ func TestMergeNIP11MaxMessageLength(t *testing.T) {
 		ours int64
 		want float64
 	}{
-		{`{}`, 1000, 1000},
-		{`{"limitation":null}`, 1000, 1000},
+		{`{}`, 1000, -1}, // the relay sets none: sluice's is not the relay's
+		{`{"limitation":null}`, 1000, -1},
 		{`{"limitation":{"max_message_length":500}}`, 1000, 500}, // the relay's is smaller: it wins
 		{`{"limitation":{"max_message_length":5000}}`, 1000, 1000},
-		{`{"limitation":{"max_message_length":"big"}}`, 1000, 1000},
-		{`{"limitation":{"max_message_length":0}}`, 1000, 1000},
+		{`{"limitation":{"max_message_length":"big"}}`, 1000, -2}, // left as the relay wrote it
+		{`{"limitation":{"max_message_length":0}}`, 1000, 0},
 	}
 	for _, tt := range tests {
 		out, err := Merge([]byte(tt.doc), Limitation{MaxMessageLength: tt.ours})
@@ -133,7 +138,11 @@ func TestMergeNIP11MaxMessageLength(t *testing.T) {
 		if err := json.Unmarshal(out, &got); err != nil {
 			t.Fatal(err)
 		}
-		if got.Limitation["max_message_length"] != tt.want {
+		v, ok := got.Limitation["max_message_length"]
+		if tt.want == -1 && !ok || tt.want == -2 && v == "big" {
+			continue
+		}
+		if v != tt.want {
 			t.Errorf("%s: max_message_length = %v, want %v", tt.doc, got.Limitation["max_message_length"], tt.want)
 		}
 		if got.RateLimits != nil {
@@ -154,7 +163,10 @@ func TestMergeNIP11REQBounds(t *testing.T) {
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]float64{"max_filters": 5, "max_subid_length": 64, "max_limit": 500}
+	want := map[string]float64{"max_subid_length": 64, "max_limit": 500}
+	if _, ok := got.Limitation["max_filters"]; ok {
+		t.Errorf("max_filters published (NIP-11 dropped it): %s", out)
+	}
 	for k, v := range want {
 		if got.Limitation[k] != v {
 			t.Errorf("%s = %v, want %v (document %s)", k, got.Limitation[k], v, out)
@@ -181,7 +193,12 @@ func TestMergeNIP11Bounds(t *testing.T) {
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]float64{"max_event_tags": 100, "max_tag_value_bytes": 1024, "max_filter_values": 5000, "max_filter_fanout": 50000}
+	want := map[string]float64{"max_event_tags": 100}
+	for _, k := range []string{"max_tag_value_bytes", "max_filter_values", "max_filter_fanout"} {
+		if _, ok := got.Limitation[k]; ok {
+			t.Errorf("%s published as the relay's though it set none: %s", k, out)
+		}
+	}
 	for k, v := range want {
 		if got.Limitation[k] != v {
 			t.Errorf("%s = %v, want %v (document %s)", k, got.Limitation[k], v, out)
@@ -344,8 +361,8 @@ func TestNIP11HandlerCachesAndFallsBack(t *testing.T) {
 	if doc["name"] != "fallback" {
 		t.Errorf("name = %v, want fallback", doc["name"])
 	}
-	if lim, _ := doc["limitation"].(map[string]any); lim["max_message_length"] != float64(4096) {
-		t.Errorf("fallback limitation = %v", doc["limitation"])
+	if _, ok := doc["limitation"]; ok {
+		t.Errorf("fallback limitation = %v, want none: the fallback sets none", doc["limitation"])
 	}
 }
 
@@ -398,7 +415,7 @@ func TestNIP11HandlerServesStaleWhileRefreshing(t *testing.T) {
 func TestMergePolicy(t *testing.T) {
 	lim := testLimitation(t)
 	lim.Limits.Message[0] = []ratelimit.Limit{ratelimit.PerPeriod(10, time.Second), {Rate: 240, Period: time.Minute, Shadow: true}}
-	lim.Kinds = []policy.Class{{Name: "reactions", Kinds: []policy.KindRange{{From: 7, To: 7}, {From: 20000, To: 29999}},
+	lim.Kinds = []policy.Class{{Name: "reactions", Kinds: [][2]int{{7, 7}, {20000, 29999}},
 		Limits: []ratelimit.Limit{ratelimit.PerPeriod(5, time.Second)}}}
 	type window struct {
 		Rate   float64 `json:"rate"`
@@ -459,9 +476,9 @@ func TestHandlerSetLimitation(t *testing.T) {
 	h := &Handler{
 		Fetch: func(context.Context) ([]byte, error) {
 			fetches.Add(1)
-			return []byte(`{"name":"up","limitation":{"max_filters":50}}`), nil
+			return []byte(`{"name":"up","limitation":{"max_subscriptions":50}}`), nil
 		},
-		Limitation: Limitation{MaxFilters: 10},
+		Limitation: Limitation{MaxSubscriptions: 10},
 	}
 	get := func(h *Handler) map[string]any {
 		t.Helper()
@@ -473,30 +490,169 @@ func TestHandlerSetLimitation(t *testing.T) {
 		}
 		return doc
 	}
-	maxFilters := func(doc map[string]any) any { return doc["limitation"].(map[string]any)["max_filters"] }
+	maxFilters := func(doc map[string]any) any { return doc["limitation"].(map[string]any)["max_subscriptions"] }
 	if doc := get(h); maxFilters(doc) != 10.0 || doc["name"] != "up" {
 		t.Fatalf("first document %v", doc)
 	}
-	h.SetLimitation(Limitation{MaxFilters: 4}, nil)
+	h.SetLimitation(Limitation{MaxSubscriptions: 4}, nil)
 	if doc := get(h); maxFilters(doc) != 4.0 || doc["name"] != "up" {
-		t.Errorf("after SetLimitation: %v, want max_filters 4 on the upstream's document", doc)
+		t.Errorf("after SetLimitation: %v, want max_subscriptions 4 on the upstream's document", doc)
 	}
 	if n := fetches.Load(); n != 1 {
 		t.Errorf("%d fetches, want the one document re-merged", n)
 	}
 
-	fb := &Handler{Fallback: []byte(`{"name":"a"}`), Limitation: Limitation{MaxFilters: 10}}
+	fb := &Handler{Fallback: []byte(`{"name":"a","limitation":{"max_subscriptions":99}}`), Limitation: Limitation{MaxSubscriptions: 10}}
 	if doc := get(fb); doc["name"] != "a" || maxFilters(doc) != 10.0 {
 		t.Fatalf("fallback document %v", doc)
 	}
-	fb.SetLimitation(Limitation{MaxFilters: 3}, []byte(`{"name":"b"}`))
+	fb.SetLimitation(Limitation{MaxSubscriptions: 3}, []byte(`{"name":"b","limitation":{"max_subscriptions":99}}`))
 	if doc := get(fb); doc["name"] != "b" || maxFilters(doc) != 3.0 {
-		t.Errorf("after SetLimitation: %v, want the new fallback with max_filters 3", doc)
+		t.Errorf("after SetLimitation: %v, want the new fallback with max_subscriptions 3", doc)
 	}
 	// Set before the first request, too.
-	fresh := &Handler{Limitation: Limitation{MaxFilters: 10}}
-	fresh.SetLimitation(Limitation{MaxFilters: 2}, nil)
+	fresh := &Handler{Fallback: []byte(`{"limitation":{"max_subscriptions":99}}`), Limitation: Limitation{MaxSubscriptions: 10}}
+	fresh.SetLimitation(Limitation{MaxSubscriptions: 2}, nil)
 	if doc := get(fresh); maxFilters(doc) != 2.0 {
 		t.Errorf("SetLimitation before any request: %v", doc)
+	}
+}
+
+// TestMergeReadCost: the read budget and the price table are published in
+// rate_limits, as the gate runs them.
+func TestMergeReadCost(t *testing.T) {
+	l := policy.DefaultLimits()
+	out, err := Merge([]byte(`{"name":"r"}`), Limitation{Limits: &l, ReadCost: policy.ReadCost{}.Resolved()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`"read":[{"rate":16777216,"period_seconds":60,"cost":1,"burst":16777216,`,
+		`"narrow":1,"wide":2,"scrape":10,"scrape_limit":100,"scrape_span_seconds":7200}`,
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("document lacks %s: %s", want, out)
+		}
+	}
+}
+
+// A relay's null fields say nothing: dropped, in limitation too; its
+// max_filters, which NIP-11 dropped, is not passed on.
+func TestMergeNIP11DropsNullAndMaxFilters(t *testing.T) {
+	doc := `{"name":"r","pubkey":null,"contact":null,"limitation":{"max_filters":10,"max_limit":null,"max_subscriptions":32}}`
+	out, err := Merge([]byte(doc), Limitation{MaxSubscriptions: 50, MaxFilters: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"limitation":{"max_subscriptions":32},"name":"r"}`; string(out) != want {
+		t.Errorf("merged %s, want %s", out, want)
+	}
+}
+
+// NIPs learns supported_nips from a document: numbers and strings of
+// digits; nothing before a document, nor from one that lists none.
+func TestNIPsLearn(t *testing.T) {
+	var n NIPs
+	if n.Supports(1) {
+		t.Fatal("supports NIP-1 before any document")
+	}
+	for _, tc := range []struct {
+		doc     string
+		changed bool
+		want    []int
+		not     []int
+	}{
+		{`{"supported_nips":[1,11,45]}`, true, []int{1, 11, 45}, []int{77}},
+		{`{"supported_nips":[45,11,1],"name":"x"}`, false, []int{45}, []int{77}},
+		{`{"supported_nips":["77",42,1.5,-1,null,"x"]}`, true, []int{42, 77}, []int{1, 45}},
+		{`{"supported_nips":"45"}`, true, nil, []int{45, 77}},
+		{`{}`, false, nil, []int{45, 77}},
+	} {
+		if got := n.Learn([]byte(tc.doc)); got != tc.changed {
+			t.Errorf("Learn(%s) changed = %v, want %v", tc.doc, got, tc.changed)
+		}
+		for _, nip := range tc.want {
+			if !n.Supports(nip) {
+				t.Errorf("after %s: NIP-%d not supported", tc.doc, nip)
+			}
+		}
+		for _, nip := range tc.not {
+			if n.Supports(nip) {
+				t.Errorf("after %s: NIP-%d supported", tc.doc, nip)
+			}
+		}
+	}
+}
+
+// Keep fetches without waiting for a request, tells OnDocument of each
+// document it serves from then on, and keeps the last good one, unlearnt
+// by nothing, when the upstream fails.
+func TestHandlerKeep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var doc atomic.Value
+		doc.Store(`{"name":"up","supported_nips":[1,45]}`)
+		var n NIPs
+		var told atomic.Int32
+		h := &Handler{
+			Fetch: func(context.Context) ([]byte, error) {
+				d := doc.Load().(string)
+				if d == "" {
+					return nil, ErrDocument
+				}
+				return []byte(d), nil
+			},
+			OnDocument: func(base []byte) { told.Add(1); n.Learn(base) },
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { h.Keep(ctx); close(done) }()
+		synctest.Wait()
+		if told.Load() != 1 || !n.Supports(45) {
+			t.Fatalf("after start: told %d times, NIP-45 %v; want the document read at once", told.Load(), n.Supports(45))
+		}
+		doc.Store("") // the upstream fails: the last document stays
+		time.Sleep(DefaultTTL + retryAfterError)
+		synctest.Wait()
+		if told.Load() != 1 || !n.Supports(45) {
+			t.Fatalf("after a failed fetch: told %d times, NIP-45 %v; want the last document kept", told.Load(), n.Supports(45))
+		}
+		doc.Store(`{"name":"up","supported_nips":[1]}`)
+		time.Sleep(retryAfterError)
+		synctest.Wait()
+		if told.Load() != 2 || n.Supports(45) {
+			t.Fatalf("after the upstream came back: told %d times, NIP-45 %v; want the new document", told.Load(), n.Supports(45))
+		}
+		cancel()
+		<-done
+	})
+}
+
+// Limitation.NIPs are added to supported_nips once each, after the
+// document's own; a document without the list gets one.
+func TestMergeNIPs(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{`{"supported_nips":[1,11]}`, `[1,11,42]`},
+		{`{"supported_nips":[1,42,11]}`, `[1,42,11]`},
+		{`{"supported_nips":["42"]}`, `["42"]`},
+		{`{}`, `[42]`},
+		{`{"supported_nips":"1"}`, `[42]`},
+	} {
+		out, err := Merge([]byte(tc.doc), Limitation{NIPs: []int{42}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			Supported json.RawMessage `json:"supported_nips"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		if string(got.Supported) != tc.want {
+			t.Errorf("Merge(%s) supported_nips = %s, want %s", tc.doc, got.Supported, tc.want)
+		}
+	}
+	out, _ := Merge([]byte(`{"name":"x"}`), Limitation{})
+	if strings.Contains(string(out), "supported_nips") {
+		t.Errorf("Merge without NIPs added a list: %s", out)
 	}
 }
