@@ -71,10 +71,25 @@ func shapeGate(t *testing.T, rate float64, maxDelay time.Duration) (*Gate, *hold
 
 // holdCounts is what a shaping gate's observer saw.
 type holdCounts struct {
-	mu                sync.Mutex
+	mu sync.Mutex
+	holdSeen
+}
+
+type holdSeen struct {
 	held              int           // frames released after a hold
 	longest           time.Duration // the longest hold
 	maxFrames, maxBuf int64         // the most frames and bytes held at once
+}
+
+// settled is what the observer saw once every goroutine in the bubble
+// is blocked: a frame held and then refused is observed after its
+// CLOSED is written, so the client can read its last reply before the
+// gate's goroutine tells the observer.
+func (hc *holdCounts) settled() holdSeen {
+	synctest.Wait()
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	return hc.holdSeen
 }
 
 func (hc *holdCounts) sample(g *Gate) {
@@ -148,19 +163,20 @@ func TestShapeBurst(t *testing.T) {
 						t.Errorf("relay got %d REQs, want the %d admitted", got, eose)
 					}
 					held := 3*rate - tc.closed - rate
-					if hc.held != held {
-						t.Errorf("%d frames held, want %d", hc.held, held)
+					hs := hc.settled()
+					if hs.held != held {
+						t.Errorf("%d frames held, want %d", hs.held, held)
 					}
 					// The budget's own pace: the last admitted frame after
 					// its held ones, each one interval after the last.
 					if want := time.Duration(held) * interval; last < want-time.Millisecond || last > want+time.Millisecond || (tc.maxDelay > 0 && last > tc.maxDelay) {
 						t.Errorf("last EOSE after %v, want %v (within MaxDelay %v)", last, want, tc.maxDelay)
 					}
-					if hc.longest > interval+time.Millisecond {
-						t.Errorf("a frame was held %v, longer than one interval %v", hc.longest, interval)
+					if hs.longest > interval+time.Millisecond {
+						t.Errorf("a frame was held %v, longer than one interval %v", hs.longest, interval)
 					}
-					if hc.maxFrames > 1 {
-						t.Errorf("%d frames held at once on one connection", hc.maxFrames)
+					if hs.maxFrames > 1 {
+						t.Errorf("%d frames held at once on one connection", hs.maxFrames)
 					}
 					if n := g.heldFrames.Load(); n != 0 {
 						t.Errorf("%d frames still counted held", n)
@@ -228,15 +244,16 @@ func TestShapeFlooder(t *testing.T) {
 						t.Errorf("max_delay %v: the flooder was not cut for knocking: %q", maxDelay, cut)
 					}
 					cutAt[maxDelay] = time.Since(start)
-					if maxDelay > 0 && hc.maxFrames > 1 {
-						t.Errorf("%d frames held at once, want at most 1", hc.maxFrames)
+					hs := hc.settled()
+					if maxDelay > 0 && hs.maxFrames > 1 {
+						t.Errorf("%d frames held at once, want at most 1", hs.maxFrames)
 					}
 					// One pooled frame buffer: 4 KiB new, up to maxKeptFrameBuf
 					// when the pool hands back a larger one.
-					if maxDelay > 0 && hc.maxBuf > maxKeptFrameBuf {
-						t.Errorf("%d bytes held at once, want one frame buffer (at most %d)", hc.maxBuf, maxKeptFrameBuf)
+					if maxDelay > 0 && hs.maxBuf > maxKeptFrameBuf {
+						t.Errorf("%d bytes held at once, want one frame buffer (at most %d)", hs.maxBuf, maxKeptFrameBuf)
 					}
-					t.Logf("max_delay %v: %d admitted, %d refused, %d held, at most %d bytes held, cut after %v", maxDelay, eose.Load(), closed.Load(), hc.held, hc.maxBuf, cutAt[maxDelay])
+					t.Logf("max_delay %v: %d admitted, %d refused, %d held, at most %d bytes held, cut after %v", maxDelay, eose.Load(), closed.Load(), hs.held, hs.maxBuf, cutAt[maxDelay])
 				})
 			}
 			off, on := counts[0], counts[time.Second]
@@ -303,10 +320,11 @@ func TestShapeReleaseRedecides(t *testing.T) {
 						t.Errorf("%d admitted after %v, past the budget %d", i+1, at, budget)
 					}
 				}
-				if hc.held == 0 {
+				hs := hc.settled()
+				if hs.held == 0 {
 					t.Error("nothing was held")
 				}
-				t.Logf("%d admitted, %d held", len(admitted), hc.held)
+				t.Logf("%d admitted, %d held", len(admitted), hs.held)
 			})
 		})
 	}
@@ -387,13 +405,13 @@ func TestShapeGateBound(t *testing.T) {
 			}
 			return eose, closed
 		}
-		if eose, closed := send(rate + 1); eose != rate || closed != 1 || hc.held != 0 {
-			t.Errorf("gate full: %d EOSE, %d CLOSED, %d held; want %d, 1, 0", eose, closed, hc.held, rate)
+		if eose, closed := send(rate + 1); eose != rate || closed != 1 || hc.settled().held != 0 {
+			t.Errorf("gate full: %d EOSE, %d CLOSED, %d held; want %d, 1, 0", eose, closed, hc.settled().held, rate)
 		}
 		g.heldBytes.Add(-(maxHeldBytes - frameBufSize + 1))
 		time.Sleep(5 * time.Second) // after the refusal's wait, and max_delay without one
-		if eose, closed := send(rate + 1); eose != rate+1 || closed != 0 || hc.held == 0 {
-			t.Errorf("room again: %d EOSE, %d CLOSED, %d held; want %d, 0, some", eose, closed, hc.held, rate+1)
+		if eose, closed := send(rate + 1); eose != rate+1 || closed != 0 || hc.settled().held == 0 {
+			t.Errorf("room again: %d EOSE, %d CLOSED, %d held; want %d, 0, some", eose, closed, hc.settled().held, rate+1)
 		}
 	})
 }
