@@ -52,10 +52,12 @@ func (c *conn) decide(buf []byte) (fwd []byte, ok bool) {
 // returned the frame it was given.
 func sameBuf(a, b []byte) bool { return unsafe.SliceData(a) == unsafe.SliceData(b) }
 
-// closeClosed sends the relay a CLOSE for each subscription it closed
-// itself (subTable.takeClosed) before the client's next frame, frame, is
-// decided, and reports whether the connection goes on. The client reader
-// is the relay's only writer, so this is where the CLOSEs can go.
+// closeClosed sends the relay a CLOSE for each subscription marked closed
+// (subTable.takeClosed) — before the client's frame, frame, is decided,
+// or between frames with frame nil, as soon as one is owed
+// (tapConn.sendClosed, bridge.closeOwed) — and reports whether the
+// connection goes on. It runs where the relay's writer is: the client
+// reader in relay mode, the holder of relayW behind Proxy.
 func (c *conn) closeClosed(frame []byte) bool {
 	if c.subs.marked.Load() == 0 {
 		return true
@@ -73,6 +75,28 @@ func (c *conn) closeClosed(frame []byte) bool {
 		}
 	}
 	return true
+}
+
+// lockRelay takes the relay's write side behind Proxy (conn.relayW).
+func (c *conn) lockRelay() {
+	if c.relayW != nil {
+		c.relayW.Lock()
+	}
+}
+
+// unlockRelay lets go of the relay's write side, first sending the CLOSEs
+// owed meanwhile (the frame just decided is past its keep: a REQ has
+// opened its id again, which no answer can mark closed before the REQ is
+// answered). One owed after it goes from the subscription table's onMark.
+func (c *conn) unlockRelay() {
+	if c.relayW == nil {
+		return
+	}
+	c.closeClosed(nil)
+	c.relayW.Unlock()
+	if c.subs.closesOwed() && c.subs.onMark != nil {
+		c.subs.onMark()
+	}
 }
 
 // admit decides one client frame. It returns true to forward it; on a

@@ -41,6 +41,42 @@ type bridge struct {
 	// the upstream reader reads the relay's answers on for up to
 	// drainAnswers before it closes the relay's side (see shut).
 	draining atomic.Bool
+
+	relayW sync.Mutex  // conn.relayW
+	closer atomic.Bool // a closeOwed runs
+}
+
+// The CLOSEs the gate owes the relay go as soon as they are owed (see
+// tapConn.wake for why), not before the client's next frame: the
+// subscription table calls kick on each mark, which sends them from a
+// goroutine of its own unless a decision or a write holds the relay's
+// write side — then that one sends them as it lets go (conn.unlockRelay).
+// Nothing waits on the upstream reader: a relay that stops reading slows
+// only the CLOSEs, as it would the client's frames.
+
+// kick is the subscription table's onMark behind Proxy.
+func (b *bridge) kick() {
+	if b.closer.CompareAndSwap(false, true) {
+		go b.closeOwed()
+	}
+}
+
+// closeOwed sends the relay the CLOSEs the gate owes it, unless the
+// relay's write side is held (its holder sends them).
+func (b *bridge) closeOwed() {
+	c := b.c
+	for {
+		if !c.relayW.TryLock() {
+			b.closer.Store(false)
+			return
+		}
+		c.closeClosed(nil)
+		c.relayW.Unlock()
+		b.closer.Store(false)
+		if !c.subs.closesOwed() || !b.closer.CompareAndSwap(false, true) {
+			return
+		}
+	}
 }
 
 // send queues a frame for the client, waiting while the queue is at its
@@ -201,13 +237,19 @@ func (b *bridge) readClient() {
 		}
 		// While the client is behind on the answers, its next request
 		// waits (see outQueue.wait).
-		if _, ok := c.owed.wait(c.closing, owedWait); !ok || !b.out.wait(c.closing) {
+		if _, ok := c.owed.wait(c.closing, owedWait, nil); !ok || !b.out.wait(c.closing) {
 			putFrameBuf(buf)
 			return
 		}
+		c.lockRelay()
 		_ = b.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
 		// A canonical frame is UTF-8 JSON: it goes as text, however it came.
 		err = b.up.WriteMessage(websocket.TextMessage, buf)
+		if err == nil {
+			c.unlockRelay()
+		} else {
+			c.relayW.Unlock()
+		}
 		putFrameBuf(buf)
 		if err != nil {
 			c.end(true, false, closeGoingAway, "relay connection lost")

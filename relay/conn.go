@@ -45,6 +45,11 @@ type conn struct {
 	// Owned by the client reader: a CLOSE to send the relay after a
 	// refusal, and the wait of a client cut for knocking.
 	closeUp []byte
+	// relayW is the relay's write side behind Proxy (nil in relay mode,
+	// where the client reader alone writes to the relay): held while a
+	// frame is decided and while one is written, so that the CLOSEs the
+	// gate owes go between frames (bridge.closeOwed).
+	relayW  *sync.Mutex
 	knocks  knockMeter
 	knocked time.Duration
 	hold    holdState // the frame held rather than refused (shaping)

@@ -884,6 +884,8 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 	clientConn.SetReadLimit(g.readLimit)
 	b := &bridge{c: c, client: clientConn, up: upConn, wire: mc, out: newOutQueue(g.queueBytes)}
 	c.side = b
+	c.relayW = &b.relayW
+	c.subs.onMark = b.kick
 	if g.gateAuth {
 		c.gateAuth = true
 		b.reply(c.auths.issue())

@@ -527,6 +527,9 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case cmd == "echo": // answer arg
 			_ = c.WriteMessage(websocket.TextMessage, []byte(arg))
+		case cmd == "echo-behind": // answer arg after a NOTICE of 256 KiB
+			_ = c.WriteMessage(websocket.TextMessage, []byte(`["NOTICE","`+strings.Repeat("x", 256<<10)+`"]`))
+			_ = c.WriteMessage(websocket.TextMessage, []byte(arg))
 		case cmd == "echo-binary":
 			_ = c.WriteMessage(websocket.BinaryMessage, []byte(arg))
 		case cmd == "stall": // stop reading: no pongs, nothing

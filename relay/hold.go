@@ -82,7 +82,9 @@ func (c *conn) decideHeld(buf []byte) (fwd []byte, ok, held bool) {
 	}
 	h.asked = false
 	for {
+		c.lockRelay()
 		fwd, ok = c.decide(buf)
+		c.unlockRelay()
 		wait := h.wait
 		if wait == 0 || !ok {
 			held = !h.held.IsZero()

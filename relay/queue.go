@@ -160,10 +160,21 @@ func (o *owed) answered() {
 	o.mu.Unlock()
 }
 
-// wait returns once fewer than maxOwed requests are unanswered, or
-// timeout after it started waiting (the count is then forgotten), with ok
-// true; or once done is closed, ok false. waited says whether it waited.
-func (o *owed) wait(done <-chan struct{}, timeout time.Duration) (waited, ok bool) {
+// poke wakes a wait under way, for it to look at its stop again.
+func (o *owed) poke() {
+	o.mu.Lock()
+	if o.wake != nil {
+		close(o.wake)
+		o.wake = nil
+	}
+	o.mu.Unlock()
+}
+
+// wait returns once fewer than maxOwed requests are unanswered, or stop
+// (nil: never) reports true when it starts or after a poke, or timeout
+// after it started waiting (the count is then forgotten), with ok true;
+// or once done is closed, ok false. waited says whether it waited.
+func (o *owed) wait(done <-chan struct{}, timeout time.Duration, stop func() bool) (waited, ok bool) {
 	var tm *time.Timer
 	defer func() {
 		if tm != nil {
@@ -172,7 +183,7 @@ func (o *owed) wait(done <-chan struct{}, timeout time.Duration) (waited, ok boo
 	}()
 	for {
 		o.mu.Lock()
-		if o.n < maxOwed {
+		if o.n < maxOwed || (stop != nil && stop()) {
 			o.mu.Unlock()
 			return waited, true
 		}

@@ -28,10 +28,11 @@ import (
 // EVENT or EOSE under a subscription of one of its connections here is
 // replaced by ["CLOSED",<id>,"rate-limited: read budget spent; retry in
 // Ns"] (the subscription is closed for the client, which hears nothing
-// more under it, and at the relay: the gate sends a CLOSE before the
-// client's next frame), and each REQ, COUNT or NEG-OPEN is refused the
-// same way without being forwarded. The first REQ after the wait pays
-// what is owed before it is forwarded: the charge the wait was told for.
+// more under it, and at the relay: the gate sends a CLOSE as soon as the
+// relay has answered the REQ, see subTable), and each REQ, COUNT or
+// NEG-OPEN is refused the same way without being forwarded. The first REQ
+// after the wait pays what is owed before it is forwarded: the charge the
+// wait was told for.
 // Output already past the meter when the budget is found spent (queued
 // for the client) is delivered: it was counted.
 //

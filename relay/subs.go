@@ -54,8 +54,8 @@ const defaultMaxFilterBytes = 512 << 10
 // The relay's CLOSED does not free places by itself: khatru answers a REQ
 // with CLOSED when a RejectFilter hook refuses one of its filters, and
 // keeps the listeners of the filters before it. It marks the id instead;
-// the client reader sends the relay a CLOSE for it before it reads the
-// client's next frame (takeClosed), and only that frees its places.
+// the gate sends the relay a CLOSE for it as soon as it is marked (onMark,
+// takeClosed), and only that frees its places.
 //
 // Nor does a CLOSE that reaches the relay before the relay has answered
 // every REQ under its id (EOSE or CLOSED): khatru adds a filter's listener
@@ -103,6 +103,12 @@ type subTable struct {
 	// the relay reader does not look up the ids of the EVENTs it passes
 	// (heard).
 	awaiting atomic.Int32
+
+	// onMark, when set, is called (with s.mu held) each time an entry is
+	// marked closed, for the gate to send the relay its CLOSE now rather
+	// than before the client's next frame (tapConn.wake, bridge.kick). It
+	// must not call back into the table.
+	onMark func()
 
 	// release, when set, gives the bytes of freed entries (the REQ
 	// frames whose filters the relay held as listeners) back to the
@@ -227,7 +233,7 @@ func (s *subTable) expire(dst [][]byte, now time.Time) (_ [][]byte, next time.Du
 		e.places, e.bytes, e.unanswered, e.closing = 0, 0, 0, false
 		closing := e.closing // the client closed it already: nothing to tell
 		e.closed = true
-		s.marked.Add(1)
+		s.markLocked()
 		s.ids[id] = e
 		s.goneLocked([]byte(id))
 		if !closing {
@@ -478,9 +484,22 @@ func (s *subTable) answerLocked(id []byte, closed bool) {
 	}
 	if (closed || e.closing) && e.unanswered == 0 && !e.closed {
 		e.closed = true
-		s.marked.Add(1)
+		s.markLocked()
 	}
 	s.ids[string(id)] = e
+}
+
+// closesOwed reports whether an entry is marked closed: the gate owes
+// the relay a CLOSE.
+func (s *subTable) closesOwed() bool { return s.marked.Load() > 0 }
+
+// markLocked counts one more entry marked closed and tells onMark. s.mu
+// is held.
+func (s *subTable) markLocked() {
+	s.marked.Add(1)
+	if s.onMark != nil {
+		s.onMark()
+	}
 }
 
 // takeClosed removes the ids the relay closed and appends them to dst,

@@ -71,6 +71,15 @@ type tapConn struct {
 	// upClose is the close frame the handler reads once the gate has
 	// ended the connection (shut), before its reads fail.
 	upClose atomic.Pointer[[]byte]
+	// yield: the handler was just given CLOSEs of the gate's own (see
+	// next).
+	yield bool
+
+	// wakeMu guards atEdge (the reader waits for a frame's first byte,
+	// awaitFrame) and woken (wake moved the socket's read deadline to
+	// interrupt that wait).
+	wakeMu        sync.Mutex
+	atEdge, woken bool
 
 	// The write side, under wmu (a channel so that a goodbye can give up
 	// waiting for it).
@@ -207,6 +216,7 @@ func newTap(c *conn, stall time.Duration) *tapConn {
 	}
 	t.mc.stall = stall
 	t.ocond.L = &t.omu
+	c.subs.onMark = t.wake
 	t.writeFD = t.writeOn
 	t.wt.op = 0xff // before the 101
 	t.refs.Store(2)

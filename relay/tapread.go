@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"runtime"
 	"slices"
 	"time"
 	"unicode/utf8"
@@ -81,10 +82,19 @@ func (t *tapConn) Read(p []byte) (int, error) {
 // pre and rq what the handler is to read for it, possibly nothing.
 func (t *tapConn) next() error {
 	c := t.c
+	if t.yield {
+		// The handler has just been given CLOSEs of the gate's own
+		// (sendClosed), each now on a goroutine of its own (khatru runs
+		// every frame so): they run before the next frame is read, so
+		// that a REQ the client sends next under a closed id is not
+		// closed by them.
+		t.yield = false
+		runtime.Gosched()
+	}
 	waited, ok := t.waitBacklog()
 	if ok {
 		var w bool
-		w, ok = c.owed.wait(c.closing, owedWait)
+		w, ok = c.owed.wait(c.closing, owedWait, t.closesOwed)
 		waited = waited || w
 	}
 	if !ok {
@@ -97,6 +107,9 @@ func (t *tapConn) next() error {
 			_ = t.mc.SetReadDeadline(time.Now().Add(span))
 		}
 	}
+	if t.sendClosed() {
+		return nil
+	}
 	var hdr [8]byte
 	typ := 0
 	var msg []byte // from frameBufs, tapHeadroom bytes of room first
@@ -107,6 +120,18 @@ func (t *tapConn) next() error {
 		return err
 	}
 	for {
+		if typ == 0 {
+			woke, err := t.awaitFrame()
+			if err != nil {
+				return fail(t.readFailed(err))
+			}
+			if woke {
+				if t.sendClosed() {
+					return nil
+				}
+				continue
+			}
+		}
 		if _, err := io.ReadFull(t.br, hdr[:2]); err != nil {
 			return fail(t.readFailed(err))
 		}
@@ -224,7 +249,7 @@ func (t *tapConn) next() error {
 		// A held frame paused the reading, not the client (see waited
 		// above).
 		if span := time.Duration(t.rdSpan.Load()); span > 0 {
-			_ = t.raw.SetReadDeadline(time.Now().Add(span))
+			_ = t.mc.SetReadDeadline(time.Now().Add(span))
 		}
 	}
 	if fwd == nil {
@@ -252,6 +277,96 @@ func (t *tapConn) next() error {
 	copy(msg[tapHeadroom-len(h):], h)
 	t.rq, t.rqBuf = msg[tapHeadroom-len(h):], msg
 	return nil
+}
+
+// The CLOSEs the gate owes the relay (subTable.takeClosed: subscriptions
+// it closed for the client, or the relay closed, whose listeners may
+// still be there) go as soon as they are owed, not before the client's
+// next frame: until the relay has them it goes on matching every event
+// published against those listeners and writing each match out for the
+// gate to drop — the work of a subscriber nobody reads, on the
+// publisher's goroutine in khatru. The subscription table calls wake on
+// each mark; a reader waiting for the client's next frame, for its
+// backlog or for the relay's answers stops waiting and sends them
+// (sendClosed). Waiting for the next frame is waiting for its first byte
+// (awaitFrame), which wake interrupts by moving the socket's read
+// deadline into the past, and which leaves nothing half-read.
+
+// closesOwed reports whether the gate owes the relay a CLOSE.
+func (t *tapConn) closesOwed() bool { return t.c.subs.closesOwed() }
+
+// sendClosed puts in pre the CLOSEs the gate owes the relay, for the
+// handler to read next, and reports whether there were any.
+func (t *tapConn) sendClosed() bool {
+	if !t.closesOwed() {
+		return false
+	}
+	t.c.closeClosed(nil)
+	if len(t.pre) == 0 {
+		return false
+	}
+	t.yield = true
+	return true
+}
+
+// wake is the subscription table's onMark: it interrupts the client
+// reader's wait, whichever it is, for it to send the CLOSE just owed.
+func (t *tapConn) wake() {
+	t.wakeMu.Lock()
+	if t.atEdge && !t.woken && t.raw != nil {
+		t.woken = true
+		_ = t.raw.SetReadDeadline(time.Unix(1, 0))
+	}
+	t.wakeMu.Unlock()
+	t.omu.Lock()
+	t.ocond.Broadcast()
+	t.omu.Unlock()
+	t.c.owed.poke()
+}
+
+// awaitFrame waits until the first byte of the client's next frame has
+// arrived and returns woke = false, or until a CLOSE is owed (woke =
+// true, nothing read). err is the read's failure.
+func (t *tapConn) awaitFrame() (woke bool, err error) {
+	if t.br.Buffered() > 0 {
+		return false, nil
+	}
+	t.wakeMu.Lock()
+	t.atEdge = true
+	t.wakeMu.Unlock()
+	// Looked at after atEdge is set: a mark before it is seen here, one
+	// after it wakes the read.
+	owed := t.closesOwed()
+	if !owed {
+		_, err = t.br.Peek(1)
+	}
+	woken := t.leaveEdge()
+	switch {
+	case err == nil:
+		return owed, nil
+	case woken && isTimeout(err):
+		return true, nil
+	}
+	return false, err
+}
+
+// leaveEdge ends awaitFrame's wait and reports whether wake interrupted
+// it; the socket's read deadline is then the one last set again
+// (meteredConn.rdAt, the handler's or the gate's own).
+func (t *tapConn) leaveEdge() (woken bool) {
+	t.wakeMu.Lock()
+	defer t.wakeMu.Unlock()
+	t.atEdge = false
+	if !t.woken {
+		return false
+	}
+	t.woken = false
+	var d time.Time
+	if at := t.mc.rdAt.Load(); at != 0 {
+		d = time.Unix(0, at)
+	}
+	_ = t.raw.SetReadDeadline(d)
+	return true
 }
 
 // toRelay implements clientSide: frame, a text frame the gate sends the

@@ -265,7 +265,7 @@ func (t *tapConn) backlog() int {
 func (t *tapConn) waitBacklog() (waited, ok bool) {
 	t.omu.Lock()
 	defer t.omu.Unlock()
-	for len(t.over)+t.flying > backlogLow && !t.dead.Load() {
+	for len(t.over)+t.flying > backlogLow && !t.dead.Load() && !t.closesOwed() {
 		waited = true
 		t.ocond.Wait()
 	}

@@ -1,5 +1,5 @@
 #!/bin/bash
-# slowrounds.sh stall|stall1|backlog|backlog2|slowread|slowread4k|slowread16 ROUNDS OUT: the
+# slowrounds.sh stall|stall1|stall64|backlog|backlog2|slowread|slowread4k|slowread16 ROUNDS OUT: the
 # slow-reader scenarios of docs/BENCHMARKS.md ("Slow readers and
 # backpressure") against plain khatru and against sluice relay and sluice
 # proxy (in front of plain khatru) built before and after a change; every
@@ -7,7 +7,8 @@
 # targets rotates every round. One line per run in OUT:
 #   round target variant {the tool's JSON report}
 # LOAD is sluice-load, BEFORE and AFTER the two sluice binaries, CONFIG
-# the config (default: testdata/slow.yaml beside this script).
+# the config (default: testdata/slow.yaml beside this script), TARGETS the
+# targets (default: all five).
 # backlog, backlog2 and the slowread scenarios run their targets at the same time
 # (their figures are goroutines, RSS and whether and when a client is cut,
 # not latencies).
@@ -16,7 +17,7 @@ LOAD=${LOAD:-bin/sluice-load}
 CONFIG=${CONFIG:-$here/slow.yaml}
 : "${BEFORE:?set BEFORE to the sluice binary before the change}" "${AFTER:?set AFTER to the sluice binary after it}"
 scenario=$1 rounds=$2 out=$3
-targets=(khatru relay-before relay-after proxy-before proxy-after)
+read -r -a targets <<< "${TARGETS:-khatru relay-before relay-after proxy-before proxy-after}"
 
 # start TARGET N: serve TARGET on 127.0.0.1:(17100+N) with metrics on
 # 17300+N (khatru behind a proxy: 17200+N, metrics 17400+N); sets pids.
@@ -65,6 +66,12 @@ for r in $(seq "$rounds"); do
       [[ $t == *-before ]] || one "$t" unloaded "$r" stall -stallers 0 -duration 12s -timeout 8s
       one "$t" 1x256KB/s "$r" stall -stallers 1 -stall-read 256000 -duration 12s -timeout 8s
       one "$t" 64x0 "$r" stall -stallers 64 -stall-read 0 -duration 12s -timeout 8s
+    done ;;
+  stall64) # 64 connections from one address that read nothing, or all they can
+    for t in "${order[@]}"; do
+      [[ $t == *-before ]] || one "$t" unloaded "$r" stall -stallers 0 -duration 12s -timeout 8s
+      one "$t" 64x0 "$r" stall -stallers 64 -stall-read 0 -duration 12s -timeout 8s
+      one "$t" 64xfast "$r" stall -stallers 64 -stall-read 100000000 -duration 12s -timeout 8s
     done ;;
   stall1)
     for t in "${order[@]}"; do

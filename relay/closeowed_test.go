@@ -1,0 +1,81 @@
+package relay
+
+import (
+	"strings"
+	"testing"
+	"testing/synctest"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-relay/sluice/relay/policy"
+)
+
+// The CLOSE the gate owes the relay for a subscription closed for the
+// client (here by the relay's own CLOSED) goes at once, not before the
+// client's next frame: until the relay has it, it matches every event
+// published against the subscription's listeners and writes each match
+// out for the gate to drop. Sent while the client sends nothing — reading
+// what it is sent, or reading nothing with a backlog behind it — in both
+// modes; a REQ the client then sends under the same id reaches the relay
+// after the CLOSE.
+func TestGateClosesOwedAtOnce(t *testing.T) {
+	for _, mode := range shapeModes {
+		for _, behind := range []bool{false, true} {
+			name := mode.name + "/reading"
+			if behind {
+				name = mode.name + "/behind"
+			}
+			t.Run(name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					g := newGate(t, Options{Policy: policy.Config{Limits: &policy.Limits{}}})
+					rec := newRecorder()
+					rec.eose = true
+					pn, url := mode.serve(t, g, rec)
+					c := pn.dialWS(t, url)
+					send := func(frame []byte) {
+						if err := c.WriteMessage(websocket.TextMessage, frame); err != nil {
+							t.Fatal(err)
+						}
+					}
+					send([]byte(`["REQ","s",{}]`))
+					if got := readText(t, c); got != `["EOSE","s"]` {
+						t.Fatalf("REQ answered %s", got)
+					}
+					// The relay closes s; for a client behind, after a
+					// NOTICE of 256 KiB that it does not read.
+					cmd := "echo"
+					if behind {
+						cmd = "echo-behind"
+					}
+					send(recorderCmd(cmd, `["CLOSED","s","error: gone"]`))
+					if !behind {
+						for _, want := range []string{`["CLOSED","s","error: gone"]`, `["EOSE","echo"]`} {
+							if got := readText(t, c); got != want {
+								t.Fatalf("got %.80s, want %s", got, want)
+							}
+						}
+					}
+					synctest.Wait()
+					got := rec.frames(3)
+					if len(got) < 3 || got[2] != `["CLOSE","s"]` {
+						t.Fatalf("with the client silent, the relay got %.200q; want the gate's CLOSE s third", got)
+					}
+					if behind {
+						for _, want := range []string{`["NOTICE","xxx`, `["CLOSED","s","error: gone"]`, `["EOSE","echo-behind"]`} {
+							if got := readText(t, c); !strings.HasPrefix(got, want) {
+								t.Fatalf("got %.80s, want %s", got, want)
+							}
+						}
+					}
+					send([]byte(`["REQ","s",{}]`))
+					if got := readText(t, c); got != `["EOSE","s"]` {
+						t.Fatalf("REQ s again answered %s", got)
+					}
+					if got := rec.frames(4); len(got) != 4 || got[3] != `["REQ","s",{}]` {
+						t.Fatalf("relay got %.200q; want REQ s after the CLOSE", got)
+					}
+				})
+			})
+		}
+	}
+}
