@@ -88,7 +88,7 @@ for r in $(seq "$rounds"); do
         backlog) args=(backlog -duration 150s -metrics "$(metrics "$t" $i)") ;;
         backlog2) args=(backlog -filters 2 -duration 150s -metrics "$(metrics "$t" $i)") ;;
         slowread) args=(slowread -read 64000 -duration 60s) ;;
-        slowread16) args=(slowread -read 16000 -duration 200s) ;;
+        slowread16) args=(slowread -read 16000 -duration 240s) ;;
         slowread4k)
           # two clients per target, one at 16 KB/s, one at 64 KB/s, each
           # with a 4 KiB receive buffer; the second fills the store again
