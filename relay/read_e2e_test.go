@@ -4,6 +4,7 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -256,5 +257,68 @@ func TestE2EReadStoreCalls(t *testing.T) {
 	}
 	if sent.Load() != reqs*100 {
 		t.Errorf("%d events reported sent, want %d", sent.Load(), reqs*100)
+	}
+}
+
+// A subscription the read budget closes for a client that then sends
+// nothing is closed at the relay too, at once: a publish no longer finds
+// its listener there (khatru answers an ephemeral event no listener
+// matched "mute: no one was listening for this"). Before, the relay kept
+// the listener until the client's next frame, which a silent client never
+// sends, and matched and wrote every publish to it for the gate to drop.
+func TestE2EClosedSubscriptionLeavesTheRelay(t *testing.T) {
+	for _, mode := range []string{"wrap", "proxy"} {
+		t.Run(mode, func(t *testing.T) {
+			lim := ratelimit.NewLimiter(ratelimit.NewMemoryStore(0), time.Now)
+			var filters, events atomic.Int64
+			kr := badgerKhatru(t, &filters, &events)
+			storeBigNotes(t, kr, 500) // about 2 MiB
+			g := newGate(t, Options{Limiter: lim, Policy: readPolicy([]ratelimit.Limit{ratelimit.PerPeriod(1<<20, time.Hour)})})
+			url := serveMode(t, g, mode, kr)
+			c := dialAs(t, url, "198.51.100.9")
+			// The stored notes, past the budget, and live ephemeral events.
+			if _, closed := readAnswer(t, c, "s", `{"kinds":[1],"limit":500},{"kinds":[20001]}`); !strings.HasPrefix(closed, readSpent) {
+				t.Fatalf("the subscription ended %q, want the read budget's CLOSED", closed)
+			}
+			// c sends nothing more.
+			pub := dialAs(t, url, "198.51.100.10")
+			var reason string
+			for try := range 100 {
+				frame, id := signedFrame(t, 20001, nostr.Tags{})
+				if err := pub.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
+					t.Fatal(err)
+				}
+				reason = readOKReason(t, pub, id)
+				if strings.HasPrefix(reason, "mute: ") {
+					t.Logf("no listener left after %d publishes", try+1)
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			t.Fatalf("after 5 s the relay still has the closed subscription's listener: the last publish was %q", reason)
+		})
+	}
+}
+
+// readOKReason reads c until the OK for id and returns its reason.
+func readOKReason(t *testing.T, c *websocket.Conn, id string) string {
+	t.Helper()
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, b, err := c.ReadMessage()
+		if err != nil {
+			t.Fatalf("waiting for the OK of %s: %v", id, err)
+		}
+		var msg []json.RawMessage
+		if json.Unmarshal(b, &msg) != nil || len(msg) != 4 {
+			continue
+		}
+		var label, got, reason string
+		_ = json.Unmarshal(msg[0], &label)
+		_ = json.Unmarshal(msg[1], &got)
+		_ = json.Unmarshal(msg[3], &reason)
+		if label == "OK" && got == id {
+			return reason
+		}
 	}
 }
