@@ -59,17 +59,28 @@ func sameBuf(a, b []byte) bool { return unsafe.SliceData(a) == unsafe.SliceData(
 // connection goes on. It runs where the relay's writer is: the client
 // reader in relay mode, the holder of relayW behind Proxy.
 func (c *conn) closeClosed(frame []byte) bool {
+	var keep []byte
+	var buf [wire.MaxSubIDBytes]byte
+	if frame != nil {
+		if f := scan.Peek(frame).Frame(); f.Type == wire.TypeREQ && f.ID != nil {
+			if id, ok := subID(&buf, f.ID); ok {
+				keep = id
+			}
+		}
+		if c.relayW != nil {
+			// Behind Proxy the frame is written later, after the
+			// client's backlog waits (readClient): until then its id's
+			// CLOSE waits too (takeClosed's skip).
+			c.unsent = append(c.unsentBuf[:0], keep...)
+			if keep == nil {
+				c.unsent = nil
+			}
+		}
+	}
 	if c.subs.marked.Load() == 0 {
 		return true
 	}
-	var keep []byte
-	var buf [wire.MaxSubIDBytes]byte
-	if f := scan.Peek(frame).Frame(); f.Type == wire.TypeREQ && f.ID != nil {
-		if id, ok := subID(&buf, f.ID); ok {
-			keep = id
-		}
-	}
-	for _, id := range c.subs.takeClosed(nil, keep) {
+	for _, id := range c.subs.takeClosed(nil, keep, c.unsent) {
 		if !c.side.toRelay(closeFrame(nil, `["CLOSE","`, id)) {
 			return false
 		}
@@ -85,9 +96,9 @@ func (c *conn) lockRelay() {
 }
 
 // unlockRelay lets go of the relay's write side, first sending the CLOSEs
-// owed meanwhile (the frame just decided is past its keep: a REQ has
-// opened its id again, which no answer can mark closed before the REQ is
-// answered). One owed after it goes from the subscription table's onMark.
+// owed meanwhile but that of a REQ decided and not yet written (unsent),
+// which follows the REQ. One owed after it goes from the subscription
+// table's onMark.
 func (c *conn) unlockRelay() {
 	if c.relayW == nil {
 		return

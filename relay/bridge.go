@@ -229,6 +229,9 @@ func (b *bridge) readClient() {
 			if !ok {
 				return
 			}
+			c.lockRelay()
+			c.unsent = nil
+			c.unlockRelay()
 			continue
 		}
 		if !sameBuf(fwd, buf) {
@@ -245,6 +248,7 @@ func (b *bridge) readClient() {
 		_ = b.up.SetWriteDeadline(time.Now().Add(c.g.writeTimeout))
 		// A canonical frame is UTF-8 JSON: it goes as text, however it came.
 		err = b.up.WriteMessage(websocket.TextMessage, buf)
+		c.unsent = nil
 		if err == nil {
 			c.unlockRelay()
 		} else {

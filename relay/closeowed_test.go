@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/gorilla/websocket"
 
@@ -77,5 +78,38 @@ func TestGateClosesOwedAtOnce(t *testing.T) {
 				})
 			})
 		}
+	}
+}
+
+// takeClosed hands out the ids marked closed and frees their places, but
+// for keep (a REQ under that id is being decided: unmarked, its places
+// kept) and skip (a REQ under that id is decided and not yet written
+// behind Proxy: left marked, for its CLOSE to follow the REQ).
+func TestSubTableTakeClosedKeepSkip(t *testing.T) {
+	var s subTable
+	marks := 0
+	s.onMark = func() { marks++ }
+	now := time.Now()
+	for _, id := range []string{"a", "b", "c"} {
+		if !s.open([]byte(id), 10, 0, now) {
+			t.Fatalf("open %s", id)
+		}
+		s.answered([]byte(id))
+		s.closedByRelay([]byte(id))
+	}
+	if s.marked.Load() != 3 || marks != 3 {
+		t.Fatalf("%d marked, %d told, want 3 and 3", s.marked.Load(), marks)
+	}
+	if got := s.takeClosed(nil, []byte("a"), []byte("b")); len(got) != 1 || string(got[0]) != "c" {
+		t.Fatalf("took %q, want c alone", got)
+	}
+	if s.marked.Load() != 1 || s.places != 2 {
+		t.Fatalf("%d marked, %d places after the first take; want b marked, a's and b's places", s.marked.Load(), s.places)
+	}
+	if got := s.takeClosed(nil, nil, nil); len(got) != 1 || string(got[0]) != "b" {
+		t.Fatalf("took %q, want b", got)
+	}
+	if s.marked.Load() != 0 || s.places != 1 {
+		t.Fatalf("%d marked, %d places at the end; want a's place alone", s.marked.Load(), s.places)
 	}
 }

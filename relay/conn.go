@@ -49,10 +49,14 @@ type conn struct {
 	// where the client reader alone writes to the relay): held while a
 	// frame is decided and while one is written, so that the CLOSEs the
 	// gate owes go between frames (bridge.closeOwed).
-	relayW  *sync.Mutex
-	knocks  knockMeter
-	knocked time.Duration
-	hold    holdState // the frame held rather than refused (shaping)
+	relayW *sync.Mutex
+	// unsent is the id of the REQ decided and not yet written to the relay
+	// behind Proxy (under relayW), in unsentBuf; nil for none.
+	unsent    []byte
+	unsentBuf [wire.MaxSubIDBytes]byte
+	knocks    knockMeter
+	knocked   time.Duration
+	hold      holdState // the frame held rather than refused (shaping)
 
 	pending pending // forwarded EVENTs awaiting the relay's OK (quota only)
 	// settling: settleAged is due (a timer), with Options.Stored;

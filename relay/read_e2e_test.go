@@ -276,19 +276,37 @@ func TestE2EClosedSubscriptionLeavesTheRelay(t *testing.T) {
 			g := newGate(t, Options{Limiter: lim, Policy: readPolicy([]ratelimit.Limit{ratelimit.PerPeriod(1<<20, time.Hour)})})
 			url := serveMode(t, g, mode, kr)
 			c := dialAs(t, url, "198.51.100.9")
+			pub := dialAs(t, url, "198.51.100.10")
+			publish := func() string {
+				frame, id := signedFrame(t, 20001, nostr.Tags{})
+				if err := pub.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
+					t.Fatal(err)
+				}
+				return readOKReason(t, pub, id)
+			}
+			// The relay counts the listeners an ephemeral event reached: one
+			// while c holds a subscription to the kind, none after c's own
+			// CLOSE.
+			if err := c.WriteMessage(websocket.TextMessage, []byte(`["REQ","live",{"kinds":[20001]}]`)); err != nil {
+				t.Fatal(err)
+			}
+			if _, data, err := c.ReadMessage(); err != nil || strings.TrimSpace(string(data)) != `["EOSE","live"]` {
+				t.Fatalf("REQ live answered %s, %v", data, err)
+			}
+			if reason := publish(); reason != "broadcasted to 1 listeners" {
+				t.Fatalf("a publish with c subscribed was answered %q", reason)
+			}
+			if err := c.WriteMessage(websocket.TextMessage, []byte(`["CLOSE","live"]`)); err != nil {
+				t.Fatal(err)
+			}
 			// The stored notes, past the budget, and live ephemeral events.
 			if _, closed := readAnswer(t, c, "s", `{"kinds":[1],"limit":500},{"kinds":[20001]}`); !strings.HasPrefix(closed, readSpent) {
 				t.Fatalf("the subscription ended %q, want the read budget's CLOSED", closed)
 			}
 			// c sends nothing more.
-			pub := dialAs(t, url, "198.51.100.10")
 			var reason string
 			for try := range 100 {
-				frame, id := signedFrame(t, 20001, nostr.Tags{})
-				if err := pub.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
-					t.Fatal(err)
-				}
-				reason = readOKReason(t, pub, id)
+				reason = publish()
 				if strings.HasPrefix(reason, "mute: ") {
 					t.Logf("no listener left after %d publishes", try+1)
 					return

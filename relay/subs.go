@@ -508,15 +508,17 @@ func (s *subTable) markLocked() {
 // taken but only unmarked, its places kept: a CLOSE sent just before a
 // REQ for the same id could reach khatru's handler after the REQ's (it
 // runs each frame on a goroutine of its own) and close the new
-// subscription too, so its leftover listeners stay counted instead.
-func (s *subTable) takeClosed(dst [][]byte, keep []byte) [][]byte {
+// subscription too, so its leftover listeners stay counted instead. An id
+// equal to skip (a REQ decided and not yet written to the relay) is left
+// marked, for its CLOSE to follow the REQ.
+func (s *subTable) takeClosed(dst [][]byte, keep, skip []byte) [][]byte {
 	if s.marked.Load() == 0 {
 		return dst
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, e := range s.ids {
-		if !e.closed {
+		if !e.closed || skip != nil && id == string(skip) {
 			continue
 		}
 		s.marked.Add(-1)

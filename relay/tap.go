@@ -319,7 +319,9 @@ func (t *tapConn) shutLocked(toClient bool, code int, text string) {
 // kernel still holds before them. Reads fail at once.
 func (t *tapConn) linger() {
 	t.markShut()
+	t.wakeMu.Lock() // not undone by a reader woken meanwhile (leaveEdge)
 	_ = t.mc.SetReadDeadline(time.Now())
+	t.wakeMu.Unlock()
 	if cw, ok := t.raw.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 		raw := t.raw

@@ -107,7 +107,9 @@ func (t *tapConn) next() error {
 			_ = t.mc.SetReadDeadline(time.Now().Add(span))
 		}
 	}
-	if t.sendClosed() {
+	// With the next frame here already, its decision sends them
+	// (closeClosed), keeping the id of a REQ that reuses one.
+	if t.br.Buffered() == 0 && t.sendClosed() {
 		return nil
 	}
 	var hdr [8]byte
