@@ -9,12 +9,15 @@
 #   round conns server delay_ms events/s p50_ms p99_ms ok_true unavailable
 # BIN (default /tmp/lt) holds sluice-load as "load", the sluice binaries and
 # delayproxy (go build -o $BIN/delayproxy docs/bench/delayproxy/main.go).
+# REDIS_CPU, when set, pins redis-server to that CPU (0: beside the load
+# tool, so that the sluice server has CPU 1 to itself as plain khatru has;
+# unset: the kernel places it, often on the server's CPU).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 BIN=${BIN:-/tmp/lt}
 n=$1 out=$2
 rport=$((19000 + RANDOM % 500))
-redis-server --port $rport --save "" --appendonly no >/dev/null 2>&1 &
+${REDIS_CPU:+taskset -c $REDIS_CPU} redis-server --port $rport --save "" --appendonly no >/dev/null 2>&1 &
 rpid=$!
 dport=$((rport + 500))
 "$BIN/delayproxy" -target 127.0.0.1:$rport -listen 127.0.0.1:$dport -d 5ms &
