@@ -60,6 +60,15 @@ const settleBytes = 64 << 10
 // with much output, not every small one.
 const eoseBytes = 4 << 10
 
+// closeBytes is the least owed that a connection's end settles. Less
+// stays owed on the payer's account while another of its connections
+// here is open, and is forgiven with the account after its last: what a
+// relay says to every new connection (khatru's AUTH challenge, 77 bytes)
+// would otherwise cost each upgrade a third store call. What goes
+// uncharged is under closeBytes per connection, and connections are paid
+// for by the connection budget.
+const closeBytes = 1 << 10
+
 // holdBytes is the most a payer may owe in this process (or settleBytes
 // and one message longer than the difference): past it, its output waits
 // for a charge to decide (takeWait). It is the overshoot past the budget
@@ -237,8 +246,8 @@ func (c *conn) readAccount() (*readAccount, *charge.Subject) {
 			defer r.mu.Unlock()
 			if r.acct != nil {
 				// What the connection was sent and not yet charged is
-				// charged as it goes.
-				c.g.settleLater(r.acct, r.sub, 1)
+				// charged as it goes, from closeBytes owed.
+				c.g.settleLater(r.acct, r.sub, closeBytes)
 				c.g.reads.release(r.acct)
 				r.acct = nil
 				r.fast.Store(nil)

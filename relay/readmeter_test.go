@@ -315,3 +315,38 @@ func TestReadStaleSubscriptionNotCharged(t *testing.T) {
 		})
 	}
 }
+
+// A connection that ends owing less than closeBytes (what a relay says to
+// every new connection: an AUTH challenge) costs no read charge; one that
+// ends owing more is charged as it ends.
+func TestReadChargeAtCloseFromCloseBytes(t *testing.T) {
+	var settles atomic.Int64
+	obs := &policy.Observer{Sent: func(string, int64, int64) { settles.Add(1) }}
+	rec := newRecorder()
+	rec.challenge = strings.Repeat("c", 64)
+	g := newGate(t, Options{Observer: obs, Policy: readPolicy([]ratelimit.Limit{ratelimit.PerPeriod(1<<20, time.Minute)})})
+	url := serve(t, g.Wrap(rec))
+	for range 5 {
+		c := dialAs(t, url, "198.51.100.20")
+		if got := readText(t, c); !strings.HasPrefix(got, `["AUTH",`) {
+			t.Fatalf("first message %.40s, want the challenge", got)
+		}
+		_ = c.Close()
+	}
+	c := dialAs(t, url, "198.51.100.20")
+	_ = readText(t, c)
+	notice := `["NOTICE","` + strings.Repeat("n", 2<<10) + `"]`
+	if err := c.WriteMessage(websocket.TextMessage, recorderCmd("echo", notice)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readText(t, c); got != notice {
+		t.Fatalf("echo answered %.40s", got)
+	}
+	_ = c.Close()
+	for i := 0; settles.Load() == 0 && i < 200; i++ {
+		time.Sleep(25 * time.Millisecond)
+	}
+	if n := settles.Load(); n != 1 {
+		t.Fatalf("%d read charges for 5 connections sent a challenge and one sent 2 KiB more, want 1 (the last's, at its end)", n)
+	}
+}
