@@ -113,3 +113,26 @@ func TestSubTableTakeClosedKeepSkip(t *testing.T) {
 		t.Fatalf("%d marked, %d places at the end; want a's place alone", s.marked.Load(), s.places)
 	}
 }
+
+// A REQ the relay leaves unanswered past reqHold is given up and its
+// client told CLOSED, unless the client closed it already: then there is
+// nothing to tell (the relay still gets its CLOSE).
+func TestSubTableExpireTellsOnlyOpen(t *testing.T) {
+	var s subTable
+	now := time.Now()
+	for _, id := range []string{"open", "closed"} {
+		if !s.open([]byte(id), 10, 0, now) {
+			t.Fatalf("open %s", id)
+		}
+	}
+	if !s.remove([]byte("closed")) {
+		t.Fatal("the client's CLOSE of an unanswered REQ was not forwarded")
+	}
+	told, _ := s.expire(nil, now.Add(reqHold+time.Second))
+	if len(told) != 1 || string(told[0]) != "open" {
+		t.Fatalf("told the client CLOSED for %q, want open alone", told)
+	}
+	if s.marked.Load() != 2 || s.places != 0 {
+		t.Fatalf("%d marked, %d places after the give-up; want both marked, none held", s.marked.Load(), s.places)
+	}
+}

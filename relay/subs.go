@@ -230,8 +230,8 @@ func (s *subTable) expire(dst [][]byte, now time.Time) (_ [][]byte, next time.Du
 		s.places -= e.places
 		s.freeLocked(e.bytes)
 		s.awaiting.Add(-int32(e.unanswered))
-		e.places, e.bytes, e.unanswered, e.closing = 0, 0, 0, false
 		closing := e.closing // the client closed it already: nothing to tell
+		e.places, e.bytes, e.unanswered, e.closing = 0, 0, 0, false
 		e.closed = true
 		s.markLocked()
 		s.ids[id] = e

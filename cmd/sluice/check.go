@@ -32,7 +32,7 @@ func printCheck(w io.Writer, cfg *config) {
 		fmt.Fprintf(w, "store: redis %s (prefix %q, timeout %v)\n", redisstore.RedactURL(cfg.Redis), cfg.Prefix, cfg.StoreTimeout)
 	}
 	if cfg.Database != "" {
-		fmt.Fprintf(w, "events (sluice relay): postgres %s (shared by every sluice relay on it)\n", redactURL(cfg.Database))
+		fmt.Fprintf(w, "events (sluice relay): postgres %s (shared by every sluice relay on it)\n", redisstore.RedactURL(cfg.Database))
 	}
 	v6 := cfg.Identity.IPv6Prefix
 	fmt.Fprintf(w, "limits, per client (an IPv4 address or an IPv6 /%d):\n", v6)

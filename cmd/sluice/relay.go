@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/url"
+
 	"os"
 	"path/filepath"
 
@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-relay/sluice/cmd/sluice/internal/nip11"
 	"github.com/sluice-relay/sluice/cmd/sluice/internal/pgstore"
+	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 )
 
 const sluiceURL = "https://github.com/sluice-relay/sluice"
@@ -131,7 +132,7 @@ func openEventStore(cfg *config, logger *slog.Logger) (*eventDB, error) {
 		pg, err := pgstore.Open(cfg.Database, pgstore.Limits{
 			MaxLimit: maxQueryLimit, MaxSyncEvents: cfg.MaxSyncEvents, MaxValues: cfg.Bounds.MaxFilterValues,
 		})
-		where := redactURL(cfg.Database)
+		where := redisstore.RedactURL(cfg.Database)
 		if err != nil {
 			return nil, fmt.Errorf("opening the event store at %s: %w", where, err)
 		}
@@ -154,15 +155,6 @@ func openEventStore(cfg *config, logger *slog.Logger) (*eventDB, error) {
 		return nil, fmt.Errorf("opening the event store in %s: %w", dir, err)
 	}
 	return &eventDB{store: db, maxLimit: db.MaxLimit, where: dir, close: db.Close}, nil
-}
-
-// redactURL is u without its password, for logs and errors.
-func redactURL(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return p.Redacted()
 }
 
 // shareEvents makes kr one of several instances on the PostgreSQL store

@@ -412,8 +412,9 @@ for dn = 1, m do
       val = val .. sub(v, idat)
     end
     reply[o - 1], reply[o] = 0, keep and keep[dn] and val or 0
-    if np == 0 and not (joined and joined[dn]) then
-      -- A message of one budget: written at once.
+    if gok and np == 0 and not (joined and joined[dn]) then
+      -- A message of one budget (or the last of a group none of whose
+      -- earlier decisions refused or waits to be written): written at once.
       redis.call('SET', key, val, 'PX', format('%d', ttl))
       if dn < m then
         -- A later decision of this call may read this key.

@@ -49,3 +49,30 @@ func TestDecideAllOneCall(t *testing.T) {
 		t.Fatal("the aggregate's 100th message refused")
 	}
 }
+
+// A frame refused by its first budget charges none of the later ones: the
+// refusal of a group's first decision leaves nothing queued, and the last
+// decision, admitting, must not then be written as a lone one.
+func TestDecideAllFirstRefusedChargesNoOther(t *testing.T) {
+	srv, _ := realRedis(t)
+	s := newStore(t, client(t, srv.Addr()), slow)
+	ctx := context.Background()
+	frame := []ratelimit.Budget{
+		{Key: "{c}:kind:reactions", Windows: storetest.MustWindows(ratelimit.PerPeriod(1.5, time.Hour))},
+		{Key: "{p}:aggregate", Windows: storetest.MustWindows(ratelimit.PerPeriod(100, time.Hour))},
+	}
+	if d, err := s.DecideAll(ctx, frame, time.Time{}); !d.Allowed || err != nil {
+		t.Fatalf("first frame: %+v %v", d, err)
+	}
+	for i := range 10 {
+		if d, err := s.DecideAll(ctx, frame, time.Time{}); err != nil || d.Allowed || d.By != 0 {
+			t.Fatalf("frame %d: %+v %v, want refused by budget 0", i+2, d, err)
+		}
+	}
+	agg := frame[1]
+	for i := range 99 {
+		if d, _ := s.DecideAll(ctx, []ratelimit.Budget{agg}, time.Time{}); !d.Allowed {
+			t.Fatalf("the aggregate refused its message %d of 100: the refused frames charged it", i+2)
+		}
+	}
+}
