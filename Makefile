@@ -78,6 +78,9 @@ test:
 	if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ -z "$$REQUIRE_POSTGRES" ] && [ "$$CI" != true ]; then \
 		echo "make test: NOTE PostgreSQL is not installed: the tests of sluice relay's shared event store were SKIPPED (install Debian's postgresql, or set REQUIRE_POSTGRES=1 to make that a failure)"; \
 	fi; \
+	if ! { command -v node && command -v npm; } >/dev/null 2>&1 && [ -z "$$CI" ]; then \
+		echo "make test: NOTE node or npm is not installed: the tests of sluice proxy in front of a TypeScript relay were SKIPPED (install nodejs and npm, or set CI=1 to make that a failure)"; \
+	fi; \
 	exit $$status
 
 bench:

@@ -59,26 +59,15 @@ func sameBuf(a, b []byte) bool { return unsafe.SliceData(a) == unsafe.SliceData(
 // connection goes on. It runs where the relay's writer is: the client
 // reader in relay mode, the holder of relayW behind Proxy.
 func (c *conn) closeClosed(frame []byte) bool {
-	var keep []byte
-	var buf [wire.MaxSubIDBytes]byte
-	if frame != nil {
-		if f := scan.Peek(frame).Frame(); f.Type == wire.TypeREQ && f.ID != nil {
-			if id, ok := subID(&buf, f.ID); ok {
-				keep = id
-			}
-		}
-		if c.relayW != nil {
-			// Behind Proxy the frame is written later, after the
-			// client's backlog waits (readClient): until then its id's
-			// CLOSE waits too (takeClosed's skip).
-			c.unsent = append(c.unsentBuf[:0], keep...)
-			if keep == nil {
-				c.unsent = nil
-			}
-		}
-	}
 	if c.subs.marked.Load() == 0 {
 		return true
+	}
+	var keep []byte
+	var buf [wire.MaxSubIDBytes]byte
+	if f := scan.Peek(frame).Frame(); f.Type == wire.TypeREQ && f.ID != nil {
+		if id, ok := subID(&buf, f.ID); ok {
+			keep = id
+		}
 	}
 	for _, id := range c.subs.takeClosed(nil, keep, c.unsent) {
 		if !c.side.toRelay(closeFrame(nil, `["CLOSE","`, id)) {
@@ -265,6 +254,12 @@ func (c *conn) admit(frame []byte) bool {
 			c.g.filterBytes.release(c.who, held)
 			c.refuseOverCap(p.Frame(), facts.SubID, c.g.tooManySubs)
 			return false
+		}
+		if c.relayW != nil {
+			// Behind Proxy the REQ is written after the client's backlog
+			// waits (readClient): until then its id's CLOSE waits too
+			// (takeClosed's skip).
+			c.unsent = append(c.unsentBuf[:0], facts.SubID[1:len(facts.SubID)-1]...)
 		}
 		c.armSubs() // gives it up if the relay never answers (reqHold)
 	case wire.TypeCOUNT:

@@ -229,9 +229,11 @@ func (b *bridge) readClient() {
 			if !ok {
 				return
 			}
-			c.lockRelay()
-			c.unsent = nil
-			c.unlockRelay()
+			if c.unsent != nil { // set by this goroutine only (admit)
+				c.lockRelay()
+				c.unsent = nil
+				c.unlockRelay()
+			}
 			continue
 		}
 		if !sameBuf(fwd, buf) {

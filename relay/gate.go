@@ -353,7 +353,6 @@ type Gate struct {
 	upgrader     websocket.Upgrader
 	plainMethods map[string]bool // Options.PlainMethods, GET, HEAD and OPTIONS
 	plainAllow   string          // the Allow header of a 405
-	plainBody    int64           // plainBodyLimit
 
 	guard       ratelimit.Guard // Options.Guard, or this process's
 	sharedGuard bool            // guard is Options.Guard: asked alongside the connection's budget (askHold)
@@ -529,7 +528,6 @@ func New(opts Options) (*Gate, error) {
 		}
 	}
 	g.plainAllow = strings.Join(allow, ", ")
-	g.plainBody = plainBodyLimit
 	g.upgrader = websocket.Upgrader{
 		// Nostr clients are web pages on any origin; a relay is public.
 		CheckOrigin:      func(*http.Request) bool { return true },
@@ -733,7 +731,7 @@ func (g *Gate) servePlain(w http.ResponseWriter, r *http.Request, h http.Handler
 		http.Error(w, "sluice: method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	if r.ContentLength > g.plainBody {
+	if r.ContentLength > plainBodyLimit {
 		http.Error(w, "sluice: request body too large", http.StatusRequestEntityTooLarge)
 		return
 	}
@@ -741,7 +739,7 @@ func (g *Gate) servePlain(w http.ResponseWriter, r *http.Request, h http.Handler
 	r.Header.Del("Connection")
 	r.Header.Del("Upgrade")
 	if r.Body != nil {
-		r.Body = http.MaxBytesReader(w, r.Body, g.plainBody)
+		r.Body = http.MaxBytesReader(w, r.Body, plainBodyLimit)
 	}
 	h.ServeHTTP(w, r)
 }

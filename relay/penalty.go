@@ -245,7 +245,7 @@ func (g *Gate) dropHold(client string, asked holdAsked) {
 	case a.ok && g.connCounts.max > 0:
 		g.guard.Release(client)
 	case !a.ok && a.wait > 0:
-		g.learnBan(client, nil, a.wait)
+		g.learnBan(client, a.wait)
 	}
 }
 
@@ -274,7 +274,7 @@ func (g *Gate) holdUpgrade(ctx context.Context, w http.ResponseWriter, gp *gateP
 		return g.connCounts.max > 0, true
 	case wait > 0:
 		g.obs.ReportConnection(client, policy.RateLimited)
-		g.learnBan(client, aggs, wait)
+		g.learnBan(client, wait)
 		refuseBanned(w, wait)
 		return false, false
 	}
@@ -288,7 +288,7 @@ func (g *Gate) holdUpgrade(ctx context.Context, w http.ResponseWriter, gp *gateP
 // learnBan puts a ban the Guard reported at an upgrade in the deny cache,
 // for the client (its further upgrades cost no store call until it ends),
 // and tells the observer.
-func (g *Gate) learnBan(client string, _ []string, wait time.Duration) {
+func (g *Gate) learnBan(client string, wait time.Duration) {
 	g.deny.put(g.now(), client, denial{until: g.now().Add(wait), ban: true})
 	if g.obs != nil && g.obs.Ban != nil {
 		g.obs.Ban(client, wait)

@@ -4,7 +4,6 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -277,12 +276,10 @@ func TestE2EClosedSubscriptionLeavesTheRelay(t *testing.T) {
 			url := serveMode(t, g, mode, kr)
 			c := dialAs(t, url, "198.51.100.9")
 			pub := dialAs(t, url, "198.51.100.10")
+			// The relay's OK to an ephemeral event (pub reads nothing else).
 			publish := func() string {
-				frame, id := signedFrame(t, 20001, nostr.Tags{})
-				if err := pub.WriteMessage(websocket.TextMessage, []byte(frame)); err != nil {
-					t.Fatal(err)
-				}
-				return readOKReason(t, pub, id)
+				frame, _ := signedFrame(t, 20001, nostr.Tags{})
+				return send(t, pub, []byte(frame))
 			}
 			// The relay counts the listeners an ephemeral event reached: one
 			// while c holds a subscription to the kind, none after c's own
@@ -293,8 +290,8 @@ func TestE2EClosedSubscriptionLeavesTheRelay(t *testing.T) {
 			if _, data, err := c.ReadMessage(); err != nil || strings.TrimSpace(string(data)) != `["EOSE","live"]` {
 				t.Fatalf("REQ live answered %s, %v", data, err)
 			}
-			if reason := publish(); reason != "broadcasted to 1 listeners" {
-				t.Fatalf("a publish with c subscribed was answered %q", reason)
+			if ok := publish(); !strings.Contains(ok, `,"broadcasted to 1 listeners"]`) {
+				t.Fatalf("a publish with c subscribed was answered %q", ok)
 			}
 			if err := c.WriteMessage(websocket.TextMessage, []byte(`["CLOSE","live"]`)); err != nil {
 				t.Fatal(err)
@@ -307,7 +304,7 @@ func TestE2EClosedSubscriptionLeavesTheRelay(t *testing.T) {
 			var reason string
 			for try := range 100 {
 				reason = publish()
-				if strings.HasPrefix(reason, "mute: ") {
+				if strings.Contains(reason, `,"mute: `) {
 					t.Logf("no listener left after %d publishes", try+1)
 					return
 				}
@@ -315,28 +312,5 @@ func TestE2EClosedSubscriptionLeavesTheRelay(t *testing.T) {
 			}
 			t.Fatalf("after 5 s the relay still has the closed subscription's listener: the last publish was %q", reason)
 		})
-	}
-}
-
-// readOKReason reads c until the OK for id and returns its reason.
-func readOKReason(t *testing.T, c *websocket.Conn, id string) string {
-	t.Helper()
-	for {
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		_, b, err := c.ReadMessage()
-		if err != nil {
-			t.Fatalf("waiting for the OK of %s: %v", id, err)
-		}
-		var msg []json.RawMessage
-		if json.Unmarshal(b, &msg) != nil || len(msg) != 4 {
-			continue
-		}
-		var label, got, reason string
-		_ = json.Unmarshal(msg[0], &label)
-		_ = json.Unmarshal(msg[1], &got)
-		_ = json.Unmarshal(msg[3], &reason)
-		if label == "OK" && got == id {
-			return reason
-		}
 	}
 }

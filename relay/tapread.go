@@ -94,7 +94,7 @@ func (t *tapConn) next() error {
 	waited, ok := t.waitBacklog()
 	if ok {
 		var w bool
-		w, ok = c.owed.wait(c.closing, owedWait, t.closesOwed)
+		w, ok = c.owed.wait(c.closing, owedWait, c.subs.closesOwed)
 		waited = waited || w
 	}
 	if !ok {
@@ -294,13 +294,10 @@ func (t *tapConn) next() error {
 // (awaitFrame), which wake interrupts by moving the socket's read
 // deadline into the past, and which leaves nothing half-read.
 
-// closesOwed reports whether the gate owes the relay a CLOSE.
-func (t *tapConn) closesOwed() bool { return t.c.subs.closesOwed() }
-
 // sendClosed puts in pre the CLOSEs the gate owes the relay, for the
 // handler to read next, and reports whether there were any.
 func (t *tapConn) sendClosed() bool {
-	if !t.closesOwed() {
+	if !t.c.subs.closesOwed() {
 		return false
 	}
 	t.c.closeClosed(nil)
@@ -338,7 +335,7 @@ func (t *tapConn) awaitFrame() (woke bool, err error) {
 	t.wakeMu.Unlock()
 	// Looked at after atEdge is set: a mark before it is seen here, one
 	// after it wakes the read.
-	owed := t.closesOwed()
+	owed := t.c.subs.closesOwed()
 	if !owed {
 		_, err = t.br.Peek(1)
 	}

@@ -265,7 +265,7 @@ func (t *tapConn) backlog() int {
 func (t *tapConn) waitBacklog() (waited, ok bool) {
 	t.omu.Lock()
 	defer t.omu.Unlock()
-	for len(t.over)+t.flying > backlogLow && !t.dead.Load() && !t.closesOwed() {
+	for len(t.over)+t.flying > backlogLow && !t.dead.Load() && !t.c.subs.closesOwed() {
 		waited = true
 		t.ocond.Wait()
 	}

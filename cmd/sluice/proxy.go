@@ -60,7 +60,7 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 			return nip11.Fetch(ctx, client, cfg.Upstream)
 		},
 		Limitation: lim,
-		Fallback:   proxyFallbackNIP11(cfg, lim),
+		Fallback:   proxyFallbackNIP11(cfg),
 		// Keep asks every few seconds while the upstream serves no
 		// document: the same failure is logged once at warn level.
 		OnError: func(err error) {
@@ -83,7 +83,7 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 	if load != nil {
 		rl := &reloader{load: load, start: cfg, gate: gate, parts: parts, m: m, logger: logger,
 			nip11: publishNIP11(info, func(c *config, lim nip11.Limitation) ([]byte, error) {
-				return proxyFallbackNIP11(c, lim), nil
+				return proxyFallbackNIP11(c), nil
 			})}
 		go rl.run(ctx)
 	}
@@ -94,13 +94,12 @@ func runProxy(ctx context.Context, cfg *config, logger *slog.Logger, load func()
 }
 
 // proxyFallbackNIP11 is the document sluice proxy serves when the upstream
-// has none to give: the info section and the gate's bounds (lim's).
-func proxyFallbackNIP11(cfg *config, lim nip11.Limitation) []byte {
+// has none to give: the info section.
+func proxyFallbackNIP11(cfg *config) []byte {
 	// The fallback says only what sluice knows: no supported_nips (those
 	// are the upstream's), no empty fields, and no limitation (that is
 	// the relay's; sluice's own bounds are published as sluice's, in
 	// rate_limits.bounds, by the merge).
-	_ = lim
 	doc := map[string]any{
 		"software": sluiceURL,
 		"version":  buildVersion(),

@@ -198,7 +198,7 @@ func TestProxyFallbackNIP11(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	top := checkNIP11(t, "sluice proxy fallback", served(t, cfg, proxyFallbackNIP11(cfg, testLimitation(t, cfg))))
+	top := checkNIP11(t, "sluice proxy fallback", served(t, cfg, proxyFallbackNIP11(cfg)))
 	if _, ok := top["supported_nips"]; ok {
 		t.Error("the fallback lists supported_nips: those are the upstream's, which sluice does not know")
 	}

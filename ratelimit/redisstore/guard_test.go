@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
 
@@ -266,11 +265,7 @@ func TestGuardNoCapCountsNothing(t *testing.T) {
 // other masters, and a Hold, a renewal and a Violate each pipeline their
 // calls across them.
 func TestGuardCluster(t *testing.T) {
-	srvs := redistest.StartCluster(t)
-	var addrs []string
-	for _, s := range srvs {
-		addrs = append(addrs, s.Addr())
-	}
+	addrs := startCluster(t)
 	c, err := NewClient("redis+cluster://" + strings.Join(addrs, ","))
 	if err != nil {
 		t.Fatal(err)

@@ -89,7 +89,6 @@ type Quota struct {
 	full  *quotaFull    // actors known at their limit (Exceeded)
 	adds  chan quotaAdd // charges queued for the sender
 	start sync.Once     // starts the sender on the first Add
-	sent  atomic.Uint64 // batches sent, for tests
 }
 
 // quotaAdd is one queued charge: the actor, or with done (tests) a marker
@@ -417,7 +416,6 @@ func (q *Quota) sendBatch(batch []quotaAdd) {
 		lastErr = err
 	}
 	s.trips.Add(1)
-	q.sent.Add(1)
 	if failed {
 		s.tripFailures.Add(1)
 		s.br.record(probe, outcomeFailed)
