@@ -88,7 +88,8 @@ func slowLoad(t *testing.T, p *faultproxy.Proxy, g, perG int) (answered, unavail
 // flight and then went out with what was left of its budget; one failed
 // batch then opened the breaker for everyone (a sweep measured 0–7%
 // answered at 50 and 80 ms). The goal (≥ 99%) is a figure of a quiet
-// machine, logged here and published in docs/RELIABILITY.md; what the
+// machine, logged here (docs/RELIABILITY.md publishes TestSlowRedisColdPool's,
+// which asserts it on a cold pool); what the
 // test asserts is the half that no scheduling on a loaded machine under
 // -race takes away (measured there: 84% at 80 ms), and that the old
 // behaviour never reached.
