@@ -19,14 +19,16 @@ import (
 //   - the client writer is the client's only writer: it drains the
 //     bounded out queue and sends keepalive pings to both sides (a side
 //     silent for two ping intervals is gone);
-//   - the upstream reader queues every relay frame for the client; while
-//     the queue is at its bound it waits for the writer to drain it (see
-//     outQueue.push), so a client that reads slowly slows its own relay
-//     connection down and is never cut for it. A client that stops reading
-//     is cut when a write to it stays blocked past the write timeout.
+//   - the upstream reader queues every relay frame for the client without
+//     waiting (outQueue.push): a client whose backlog would pass the
+//     queue's bound is cut, so the relay's writes to this connection never
+//     wait for its client. A client that stops reading is cut when a write
+//     to it makes no progress for the write timeout.
 //
 // A slow relay slows only the client reader of its own connection, and a
-// slow client only its own relay connection.
+// slow client holds up no one: its requests wait in its own socket while
+// it is behind (outQueue.wait). The cut itself never waits for the
+// client's socket (meteredConn.Write).
 type bridge struct {
 	c      *conn
 	client *websocket.Conn

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"sync"
+	"os"
 	"sync/atomic"
 	"time"
 )
@@ -114,19 +114,31 @@ type meteredConn struct {
 	// (writeProgressing): a client that reads slowly is never timed out by
 	// a large write, and one that stops reading is within stall.
 	stall time.Duration
-	// limit is the deadline last set by SetWriteDeadline (zero: none), which
-	// caps stall's: gorilla sets one before every write, the zero time for
-	// messages (the gate sets none) and its own for control frames, whose
-	// short deadlines (a close frame's second) hold.
-	limit time.Time
+	// limit is the deadline last set by SetWriteDeadline (unix ns, 0:
+	// none), which caps stall's and the wait for the write lock: gorilla
+	// sets one before every write, under its own write lock, the zero time
+	// for messages (the gate sets none) and its own for control frames,
+	// whose short deadlines (a close frame's 10 ms or second) hold.
+	limit atomic.Int64
 
 	// The read deadline last set (unix ns, 0: none), the span it was set
 	// for and the bytes the client had acknowledged then: see Read.
 	rdAt, rdSpan, rdAcked atomic.Int64
 
-	wmu      sync.Mutex
-	wbuf     []byte
-	batching bool
+	// The write lock, a channel so that a write with a deadline gives up
+	// waiting for it at the deadline: the client's writer holds it
+	// through a flush of its batch, outside gorilla's own write lock, for
+	// as long as the client makes progress, and a close frame written
+	// meanwhile (a cut, from another goroutine) must not wait that long.
+	wmu      chan struct{}
+	wbuf     []byte // under wmu
+	batching bool   // under wmu
+}
+
+// newMeteredConn returns a client's socket (set Conn at the hijack)
+// metered by m, its writes given stall to make progress (0: no limit).
+func newMeteredConn(m *controlMeter, stall time.Duration) *meteredConn {
+	return &meteredConn{m: m, stall: stall, wmu: make(chan struct{}, 1)}
 }
 
 // Read implements net.Conn. A read that times out at the deadline last
@@ -189,46 +201,85 @@ func (c *meteredConn) readingBehind(err error) bool {
 	return c.Conn.SetReadDeadline(next) == nil
 }
 
-// Write implements net.Conn.
+// Write implements net.Conn. It waits for the write lock until the
+// deadline last set, if any, and fails as a timeout past it.
 func (c *meteredConn) Write(p []byte) (int, error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
+	limit := c.deadline()
+	if !c.lockBy(limit) {
+		return 0, os.ErrDeadlineExceeded
+	}
+	defer c.unlock()
 	if c.batching && len(c.wbuf)+len(p) <= maxCoalesce {
 		c.wbuf = append(c.wbuf, p...)
 		return len(p), nil
 	}
-	if err := c.flushLocked(); err != nil {
+	if err := c.flushLocked(limit); err != nil {
 		return 0, err
 	}
-	return c.write(p)
+	return c.write(p, limit)
 }
+
+// deadline is the write deadline last set (zero: none).
+func (c *meteredConn) deadline() time.Time {
+	if ns := c.limit.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// lockBy takes the write lock, waiting until deadline at most (zero: for
+// as long as it takes).
+func (c *meteredConn) lockBy(deadline time.Time) bool {
+	select {
+	case c.wmu <- struct{}{}:
+		return true
+	default:
+	}
+	if deadline.IsZero() {
+		c.wmu <- struct{}{}
+		return true
+	}
+	tm := time.NewTimer(time.Until(deadline))
+	defer tm.Stop()
+	select {
+	case c.wmu <- struct{}{}:
+		return true
+	case <-tm.C:
+		return false
+	}
+}
+
+func (c *meteredConn) unlock() { <-c.wmu }
 
 // write writes p; with stall set, it waits as long as the client makes
 // progress (writeProgressing), capped by limit.
-func (c *meteredConn) write(p []byte) (int, error) {
+func (c *meteredConn) write(p []byte, limit time.Time) (int, error) {
 	if c.stall <= 0 {
 		return c.Conn.Write(p)
 	}
-	return writeProgressing(c.Conn, p, c.stall, c.limit)
+	return writeProgressing(c.Conn, p, c.stall, limit)
 }
 
 // coalesce starts gathering writes (on) or writes what was gathered and
-// stops (off), returning the write's error.
+// stops (off), returning the write's error. The client's writer calls it
+// outside gorilla's write lock; the batch is messages, which have no
+// deadline of their own, and a control frame gathered with them has
+// given up its deadline by joining them.
 func (c *meteredConn) coalesce(on bool) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
+	c.lockBy(time.Time{})
+	defer c.unlock()
 	c.batching = on
 	if on {
 		return nil
 	}
-	return c.flushLocked()
+	return c.flushLocked(time.Time{})
 }
 
-func (c *meteredConn) flushLocked() error {
+func (c *meteredConn) flushLocked(limit time.Time) error {
 	if len(c.wbuf) == 0 {
 		return nil
 	}
-	_, err := c.write(c.wbuf)
+	_, err := c.write(c.wbuf, limit)
 	if cap(c.wbuf) > maxCoalesce {
 		c.wbuf = nil
 	} else {
@@ -241,12 +292,15 @@ func (c *meteredConn) flushLocked() error {
 // deadline of every piece written (see write), which sets the socket's
 // deadline itself before each piece: gorilla calls this before every
 // frame, and a socket deadline set here too would cost a second timer
-// update per frame for nothing.
+// update per frame for nothing. It never waits: a write under way may
+// hold the write lock for as long as the client makes progress.
 func (c *meteredConn) SetWriteDeadline(t time.Time) error {
 	if c.stall > 0 {
-		c.wmu.Lock()
-		c.limit = t
-		c.wmu.Unlock()
+		var ns int64
+		if !t.IsZero() {
+			ns = t.UnixNano()
+		}
+		c.limit.Store(ns)
 		return nil
 	}
 	return c.Conn.SetWriteDeadline(t)
@@ -257,10 +311,12 @@ func (c *meteredConn) SetWriteDeadline(t time.Time) error {
 // under way: a writer blocked on a client that does not read must not
 // hold up the close, which is what ends its write.
 func (c *meteredConn) Close() error {
-	if c.wmu.TryLock() {
-		_ = c.flushLocked()
+	select {
+	case c.wmu <- struct{}{}:
+		_ = c.flushLocked(c.deadline())
 		c.batching = false
-		c.wmu.Unlock()
+		c.unlock()
+	default:
 	}
 	return c.Conn.Close()
 }

@@ -251,3 +251,73 @@ func TestGateLargeEventNotCut(t *testing.T) {
 		}
 	}
 }
+
+// A close frame written while the client's writer flushes its batch to a
+// client that has stopped reading gives up at its own deadline. The flush
+// holds the socket's write lock outside gorilla's, for as long as the
+// write timeout (an hour here); a cut that waited for it would hold the
+// goroutine that cuts, and behind it the relay's writes to that client
+// and every publish they are part of (TestE2EStalledSubscriberHoldsNoPublisher
+// hung so). With a write lock that only waits, the close write below
+// waits the hour.
+func TestMeteredCloseDoesNotWaitForFlush(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peer, err := net.Dial("tcp", ln.Addr().String()) // never reads
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	_ = peer.(*net.TCPConn).SetReadBuffer(4 << 10)
+	sock, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sock.(*net.TCPConn).SetWriteBuffer(4 << 10)
+	mc := newMeteredConn(newControlMeter(), time.Hour)
+	mc.Conn = sock
+
+	flushed := make(chan error, 1)
+	go func() {
+		_ = mc.coalesce(true)
+		// More than the kernel holds for a peer that reads nothing.
+		for range 64 {
+			if _, err := mc.Write(make([]byte, 32<<10)); err != nil {
+				flushed <- err
+				return
+			}
+		}
+		flushed <- mc.coalesce(false)
+	}()
+	// Wait until the writer holds the write lock in a blocked write.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if un, ok := unsentBytes(sock); len(mc.wmu) == 1 && (!ok || un > 0) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the writer never blocked on the peer")
+		}
+	}
+	closed := make(chan error, 1)
+	go func() {
+		_ = mc.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+		_, err := mc.Write([]byte{0x88, 0x02, 0x03, 0xf0}) // a close frame, 1008
+		closed <- err
+	}()
+	select {
+	case err := <-closed:
+		if !isTimeout(err) {
+			t.Fatalf("close frame written during a blocked flush: %v, want a timeout", err)
+		}
+	case <-time.After(30 * time.Second): // a bound for a hang, far below the hour
+		t.Fatal("a close frame waited for the flush under way")
+	}
+	// Closing the socket ends the flush.
+	_ = mc.Close()
+	if err := <-flushed; err == nil {
+		t.Fatal("the flush to a closed socket succeeded")
+	}
+}

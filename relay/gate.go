@@ -872,7 +872,7 @@ func (g *Gate) serveWS(w http.ResponseWriter, r *http.Request, up *upstream) {
 		http.Error(w, "sluice: relay unreachable", http.StatusBadGateway)
 		return
 	}
-	mc := &meteredConn{m: c.meter, stall: g.writeTimeout}
+	mc := newMeteredConn(c.meter, g.writeTimeout)
 	clientConn, err := g.upgrader.Upgrade(meteredWriter{w, mc}, r, nil)
 	if err != nil {
 		cancel()

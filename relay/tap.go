@@ -210,7 +210,7 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func newTap(c *conn, stall time.Duration) *tapConn {
 	t := &tapConn{
 		c:       c,
-		mc:      &meteredConn{m: c.meter},
+		mc:      newMeteredConn(c.meter, 0),
 		wmu:     make(chan struct{}, 1),
 		flushed: make(chan struct{}, 1),
 	}
