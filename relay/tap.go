@@ -120,7 +120,15 @@ type tapConn struct {
 	dead     atomic.Bool  // shut: every read and write fails
 	refs     atomic.Int32 // the handler's call and the connection
 	closedBy atomic.Bool  // the handler has called Close
-	cleanup  func()       // run when refs reaches 0
+	// ending: the gate's goodbye (shut) or the handler's Close has begun.
+	// The handler's writes and the gate's replies fail from then on
+	// without waiting for the write lock, which the goodbye holds while
+	// the queue drains (up to a second; the handler's Close, up to the
+	// write timeout): khatru writes each new event to its listeners one
+	// after another, so one of them waiting on this connection's lock
+	// would hold every publisher.
+	ending  atomic.Bool
+	cleanup func() // run when refs reaches 0
 }
 
 // errTapClosed is every read and write of a connection the gate or the
@@ -277,6 +285,7 @@ func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
 		cl := appendClientFrame(nil, opClose, relayClose(code, text))
 		t.upClose.Store(&cl)
 	}
+	t.ending.Store(true)
 	by := time.Now().Add(time.Second)
 	if !t.lockBy(by) {
 		t.finish()
@@ -357,22 +366,27 @@ func (t *tapConn) finish() {
 // second allows), then the socket closed: a second after it was shut for
 // writing (linger) when the client was behind.
 func (t *tapConn) Close() error {
-	// The lock within a second (a handler's writer may wait for room in
-	// the queue meanwhile), and then the queue written, outside c.once:
-	// a flush that fails ends the connection through it.
-	locked := t.lockBy(time.Now().Add(time.Second))
+	// Writes from now on fail (ending) rather than wait for the drain.
 	// The queue goes out as long as the client reads it, for a write
 	// timeout at most: a client reading slowly must not hold the handler's
-	// Close for as long as its backlog takes.
-	behind := locked && t.queued()
-	if behind {
-		t.drainBy(time.Now().Add(t.mc.stall))
+	// Close for as long as its backlog takes. Then, inside c.once, what
+	// the gate held: c.once is taken without the lock held, since the
+	// gate's goodbye (shut) waits for the lock inside it.
+	t.ending.Store(true)
+	behind := false
+	if t.lockBy(time.Now().Add(time.Second)) {
+		behind = t.queued()
+		if behind {
+			t.drainBy(time.Now().Add(t.mc.stall))
+		}
+		t.unlock()
 	}
 	t.c.once.Do(func() {
-		if !locked {
+		if !t.lockBy(time.Now().Add(time.Second)) {
 			t.finish()
 			return
 		}
+		defer t.unlock()
 		var err error
 		if t.dead.Load() || t.queued() {
 			err = errTapClosed
@@ -394,9 +408,6 @@ func (t *tapConn) Close() error {
 		}
 		t.finish()
 	})
-	if locked {
-		t.unlock()
-	}
 	if t.closedBy.CompareAndSwap(false, true) {
 		t.unref()
 	}

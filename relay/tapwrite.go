@@ -45,6 +45,9 @@ func (t *tapConn) lockBy(deadline time.Time) bool {
 
 // Write implements net.Conn for the handler: its 101, then its frames.
 func (t *tapConn) Write(p []byte) (int, error) {
+	if t.ending.Load() {
+		return 0, errTapClosed
+	}
 	t.lock()
 	defer t.unlock()
 	if t.dead.Load() {
@@ -127,6 +130,9 @@ func (t *tapConn) dropHeld() {
 // the client, now when the relay's stream is between messages, else as
 // soon as it is.
 func (t *tapConn) reply(data []byte) bool {
+	if t.ending.Load() {
+		return false
+	}
 	t.lock()
 	defer t.unlock()
 	if t.dead.Load() || t.wt.closed() {
@@ -349,6 +355,12 @@ func (t *tapConn) queued() bool {
 // the write timed out, gone otherwise.
 func (t *tapConn) writeFailed(err error) {
 	c := t.c
+	if t.ending.Load() {
+		// Being ended already: the goodbye may be waiting for the write
+		// lock this caller holds, inside c.once, which would hold this
+		// caller (and the lock) until the goodbye gave up on it.
+		return
+	}
 	c.once.Do(func() {
 		// Only when the failure ends the connection: one the gate is
 		// already ending (its goodbye waiting for the queue) is not cut.
