@@ -130,7 +130,7 @@ type meteredConn struct {
 	// through a flush of its batch, outside gorilla's own write lock, for
 	// as long as the client makes progress, and a close frame written
 	// meanwhile (a cut, from another goroutine) must not wait that long.
-	wmu      chan struct{}
+	wmu      writeLock
 	wbuf     []byte // under wmu
 	batching bool   // under wmu
 }
@@ -138,7 +138,7 @@ type meteredConn struct {
 // newMeteredConn returns a client's socket (set Conn at the hijack)
 // metered by m, its writes given stall to make progress (0: no limit).
 func newMeteredConn(m *controlMeter, stall time.Duration) *meteredConn {
-	return &meteredConn{m: m, stall: stall, wmu: make(chan struct{}, 1)}
+	return &meteredConn{m: m, stall: stall, wmu: newWriteLock()}
 }
 
 // Read implements net.Conn. A read that times out at the deadline last
@@ -205,10 +205,10 @@ func (c *meteredConn) readingBehind(err error) bool {
 // deadline last set, if any, and fails as a timeout past it.
 func (c *meteredConn) Write(p []byte) (int, error) {
 	limit := c.deadline()
-	if !c.lockBy(limit) {
+	if !c.wmu.lockBy(limit) {
 		return 0, os.ErrDeadlineExceeded
 	}
-	defer c.unlock()
+	defer c.wmu.unlock()
 	if c.batching && len(c.wbuf)+len(p) <= maxCoalesce {
 		c.wbuf = append(c.wbuf, p...)
 		return len(p), nil
@@ -227,29 +227,46 @@ func (c *meteredConn) deadline() time.Time {
 	return time.Time{}
 }
 
-// lockBy takes the write lock, waiting until deadline at most (zero: for
-// as long as it takes).
-func (c *meteredConn) lockBy(deadline time.Time) bool {
+// writeLock is a socket's write lock, a channel of one so that a wait for
+// it can end at a deadline (a close frame's, or a goodbye's): the holder
+// may be a write blocked on a client that does not read.
+type writeLock chan struct{}
+
+func newWriteLock() writeLock { return make(writeLock, 1) }
+
+func (l writeLock) lock() { l <- struct{}{} }
+
+func (l writeLock) unlock() { <-l }
+
+// tryLock takes the lock if it is free.
+func (l writeLock) tryLock() bool {
 	select {
-	case c.wmu <- struct{}{}:
+	case l <- struct{}{}:
 		return true
 	default:
+		return false
+	}
+}
+
+// lockBy takes the lock, waiting until deadline at most (zero: for as
+// long as it takes).
+func (l writeLock) lockBy(deadline time.Time) bool {
+	if l.tryLock() {
+		return true
 	}
 	if deadline.IsZero() {
-		c.wmu <- struct{}{}
+		l.lock()
 		return true
 	}
 	tm := time.NewTimer(time.Until(deadline))
 	defer tm.Stop()
 	select {
-	case c.wmu <- struct{}{}:
+	case l <- struct{}{}:
 		return true
 	case <-tm.C:
 		return false
 	}
 }
-
-func (c *meteredConn) unlock() { <-c.wmu }
 
 // write writes p; with stall set, it waits as long as the client makes
 // progress (writeProgressing), capped by limit.
@@ -266,8 +283,8 @@ func (c *meteredConn) write(p []byte, limit time.Time) (int, error) {
 // deadline of their own, and a control frame gathered with them has
 // given up its deadline by joining them.
 func (c *meteredConn) coalesce(on bool) error {
-	c.lockBy(time.Time{})
-	defer c.unlock()
+	c.wmu.lock()
+	defer c.wmu.unlock()
 	c.batching = on
 	if on {
 		return nil
@@ -311,12 +328,10 @@ func (c *meteredConn) SetWriteDeadline(t time.Time) error {
 // under way: a writer blocked on a client that does not read must not
 // hold up the close, which is what ends its write.
 func (c *meteredConn) Close() error {
-	select {
-	case c.wmu <- struct{}{}:
+	if c.wmu.tryLock() {
 		_ = c.flushLocked(c.deadline())
 		c.batching = false
-		c.unlock()
-	default:
+		c.wmu.unlock()
 	}
 	return c.Conn.Close()
 }

@@ -83,7 +83,7 @@ type tapConn struct {
 
 	// The write side, under wmu (a channel so that a goodbye can give up
 	// waiting for it).
-	wmu     chan struct{}
+	wmu     writeLock
 	wt      frameTrack
 	headBuf []byte // the handler's 101, until it is whole
 	held    *[]byte
@@ -219,7 +219,7 @@ func newTap(c *conn, stall time.Duration) *tapConn {
 	t := &tapConn{
 		c:       c,
 		mc:      newMeteredConn(c.meter, 0),
-		wmu:     make(chan struct{}, 1),
+		wmu:     newWriteLock(),
 		flushed: make(chan struct{}, 1),
 	}
 	t.mc.stall = stall

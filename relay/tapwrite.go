@@ -22,26 +22,12 @@ const maxHold = 64 << 10
 // to finish a message before the client's reader waits too.
 const maxRepliesHeld = 64 << 10
 
-func (t *tapConn) lock() { t.wmu <- struct{}{} }
+func (t *tapConn) lock() { t.wmu.lock() }
 
-func (t *tapConn) unlock() { <-t.wmu }
+func (t *tapConn) unlock() { t.wmu.unlock() }
 
 // lockBy takes the write lock, waiting until deadline at most.
-func (t *tapConn) lockBy(deadline time.Time) bool {
-	select {
-	case t.wmu <- struct{}{}:
-		return true
-	default:
-	}
-	tm := time.NewTimer(time.Until(deadline))
-	defer tm.Stop()
-	select {
-	case t.wmu <- struct{}{}:
-		return true
-	case <-tm.C:
-		return false
-	}
-}
+func (t *tapConn) lockBy(deadline time.Time) bool { return t.wmu.lockBy(deadline) }
 
 // Write implements net.Conn for the handler: its 101, then its frames.
 func (t *tapConn) Write(p []byte) (int, error) {
