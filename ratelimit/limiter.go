@@ -112,6 +112,9 @@ func newLimiter(store Store, clock Clock, slots int) *Limiter {
 	return l
 }
 
+// Store returns the store the Limiter decides on.
+func (l *Limiter) Store() Store { return l.store }
+
 // Now returns the current instant of the Limiter's clock (see
 // NewLimiter).
 func (l *Limiter) Now() time.Time { return l.clock.Now() }
@@ -182,15 +185,18 @@ func (l *Limiter) AllowAll(ctx context.Context, budgets []Budget) (Decision, err
 
 func (l *Limiter) allowAllAt(ctx context.Context, budgets []Budget, now time.Time) (Decision, error) {
 	var only, charged int
+	rooms := false
 	for i, b := range budgets {
-		if b.Windows.Len() > 0 {
+		if b.Room != nil {
+			only, charged, rooms = i, charged+1, true
+		} else if b.Windows.Len() > 0 {
 			only, charged = i, charged+1
 		}
 	}
-	switch charged {
-	case 0:
+	switch {
+	case charged == 0:
 		return Decision{Allowed: true}, nil
-	case 1:
+	case charged == 1 && !rooms:
 		d, err := l.allowAt(ctx, budgets[only].Key, budgets[only].Windows, now)
 		if !d.Allowed {
 			d.By = only
@@ -211,7 +217,7 @@ func (l *Limiter) allowAllAt(ctx context.Context, budgets []Budget, now time.Tim
 		h := maphash.String(l.seed, b.Key)
 		fp := max(h, 1) // 0 marks the empty slot
 		fps = append(fps, fp)
-		if b.Windows.Len() == 0 {
+		if b.Windows.Len() == 0 && b.Room == nil {
 			continue
 		}
 		if until, ok := l.blocked[(h>>32)&l.mask].load(fp); ok && nowNs < until {
@@ -247,6 +253,11 @@ func (l *Limiter) allowAllAt(ctx context.Context, budgets []Budget, now time.Tim
 // (not one of sluice's): in order, stopping at the first refusal or error,
 // so a message refused by a later budget has paid the earlier ones.
 func (l *Limiter) oneByOne(ctx context.Context, budgets []Budget, now time.Time) (Decision, error) {
+	for i, b := range budgets {
+		if b.Room != nil { // before anything is charged
+			return Decision{By: i}, errNoRoom
+		}
+	}
 	for i, b := range budgets {
 		if b.Windows.Len() == 0 {
 			continue

@@ -409,3 +409,33 @@ func TestLimiterForget(t *testing.T) {
 // messageKey is the key the gate decides messages of type typ from client
 // under ("{client}:message:TYPE").
 func messageKey(client, typ string) string { return "{" + client + "}:message:" + typ }
+
+// A Room is decided only by the store that keeps the quota's counts
+// (redisstore): on the memory store, and on a store deciding budget by
+// budget, a message with one is unavailable, and nothing is charged —
+// never admitted as if the quota had room.
+func TestRoomOnlyWhereCountsAre(t *testing.T) {
+	ctx := context.Background()
+	ws := ratelimit.MustWindows(ratelimit.PerPeriod(1.5, time.Hour))
+	room := ratelimit.Budget{Key: "{q:alice}:quota:60000", Room: &ratelimit.Room{Events: 1, Window: time.Minute}}
+	for name, store := range map[string]ratelimit.Store{
+		"memory":     ratelimit.NewMemoryStore(0),
+		"one by one": decideOnly{ratelimit.NewMemoryStore(0)},
+	} {
+		lim := ratelimit.NewLimiter(store, nil)
+		d, err := lim.AllowAll(ctx, []ratelimit.Budget{{Key: "{c}:message:EVENT", Windows: ws}, room})
+		if !errors.Is(err, ratelimit.ErrUnavailable) || d.Allowed || d.By != 1 {
+			t.Fatalf("%s: %+v %v, want unavailable by the room", name, d, err)
+		}
+		if d, _ := lim.Allow(ctx, "{c}:message:EVENT", ws); !d.Allowed {
+			t.Fatalf("%s: the frame with a room charged its EVENT budget", name)
+		}
+	}
+}
+
+// decideOnly is a Store without DecideAll.
+type decideOnly struct{ s ratelimit.Store }
+
+func (d decideOnly) Decide(ctx context.Context, key string, w *ratelimit.Windows, now time.Time) (ratelimit.Decision, error) {
+	return d.s.Decide(ctx, key, w, now)
+}

@@ -151,7 +151,10 @@ func (m *MemoryStore) DecideAll(_ context.Context, budgets []Budget, now time.Ti
 	}
 	var shardBuf [maxStackBudgets]uint64
 	shards := shardBuf[:0]
-	for _, b := range budgets {
+	for i, b := range budgets {
+		if b.Room != nil {
+			return Decision{By: i}, errNoRoom
+		}
 		parts = append(parts, part{})
 		p := &parts[len(parts)-1]
 		n := b.Windows.Len()

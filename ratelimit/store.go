@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -37,7 +38,28 @@ type Decision struct {
 type Budget struct {
 	Key     string
 	Windows *Windows
+	// Room, when not nil, makes this budget a room check instead of
+	// windows (Windows is then ignored): see Room.
+	Room *Room
 }
+
+// Room is a budget that is checked and never charged: an actor quota's
+// room, decided with the message's other budgets. Its budget's Key holds
+// the quota's count of the current window (at most Events in each fixed
+// window of Window, aligned on the unix epoch), kept by the quota that
+// made the budget; the message is refused while that count is Events or
+// more, with the wait until the window ends, and admitted otherwise, with
+// nothing written at Key: the quota counts what it is told afterwards.
+// Only the store that keeps the counts decides a Room
+// (redisstore.Quota.Room makes one for its own Store); any other store
+// answers a Room as unavailable.
+type Room struct {
+	Events int
+	Window time.Duration
+}
+
+// errNoRoom is a store's answer to a Room it does not keep the counts of.
+var errNoRoom = fmt.Errorf("%w: this store keeps no quota counts to check a room against", ErrUnavailable)
 
 // multiStore is a Store that decides several budgets in one atomic step:
 // both of sluice's stores. The Limiter asks one that is not, budget by

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/sluice-relay/sluice/ratelimit"
 	"github.com/sluice-relay/sluice/ratelimit/redisstore"
 	"github.com/sluice-relay/sluice/relay/policy"
+	"github.com/sluice-relay/sluice/relay/wire"
 )
 
 // countingGuard counts the calls a gate makes of its Guard.
@@ -365,6 +367,73 @@ func TestUnavailableRetryAfter(t *testing.T) {
 	for name, in := range map[string]*instance{"connection limit": withLimit, "cap": capOnly} {
 		if c, code, ra := upgrade(t, in.url); c != nil || code != http.StatusServiceUnavailable || ra != "5" {
 			t.Errorf("%s with the store down: admitted %v, %d, Retry-After %q; want 503 and 5", name, c != nil, code, ra)
+		}
+	}
+}
+
+// The Redis quota's room is decided in the frame's own script call, so an
+// actor at its limit is refused on every instance at once: two events by
+// one author accepted through instance a fill its quota of 2, and the
+// third, sent through instance b, whose own quota has charged nothing
+// and so knows nothing of a's charges, is refused without reaching the
+// relay. With the room asked from each instance's memory of its own
+// charges, b forwards it and the relay stores a third event.
+func TestSharedQuotaRoomAcrossInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	rec := newRecorder()
+	rec.answerOK = func(hex32) bool { return true }
+	var l policy.Limits
+	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
+	var urls []string
+	for range 2 {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		st, err := redisstore.New(c, redisstore.Options{Timeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := redisstore.NewQuota(st, 2, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim := ratelimit.NewLimiter(st, nil)
+		g := newGate(t, Options{UpstreamVerifies: true, Limiter: lim, Policy: policy.Config{Limits: &l, Quota: q}})
+		urls = append(urls, serve(t, g.Wrap(rec)))
+	}
+	a, b := dialRaw(t, urls[0]), dialRaw(t, urls[1])
+	send := func(c *websocket.Conn, n int) string {
+		t.Helper()
+		if err := c.WriteMessage(websocket.TextMessage, []byte(eventFrame(n, pubkeyN(1)))); err != nil {
+			t.Fatal(err)
+		}
+		return readText(t, c)
+	}
+	for n := 1; n <= 2; n++ {
+		if got, want := send(a, n), okReply(n, true, ""); got != want {
+			t.Fatalf("event %d through a: %s, want %s", n, got, want)
+		}
+	}
+	// a's charges go in the background, after the relay's OK: wait for
+	// Redis to hold both.
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = admin.Close() })
+	for deadline := time.Now().Add(nostrtest.Timeout); ; time.Sleep(10 * time.Millisecond) {
+		v, _ := admin.Get(context.Background(), "sluice:{q:"+pubkeyN(1)+"}:quota:3600000").Result()
+		if f := strings.Fields(v); len(f) >= 2 && f[1] == "2" { // "<window> <count> <id>"
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("instance a's charges never reached Redis")
+		}
+	}
+	got := send(b, 3)
+	id := evID(3)
+	if !strings.HasPrefix(got, fmt.Sprintf(`["OK","%x",false,"rate-limited: quota: 2 events per 3600s for this pubkey; retry in `, id[:])) {
+		t.Fatalf("third event through b: %s, want refused by the quota", got)
+	}
+	for _, f := range rec.frames(0) {
+		if strings.Contains(f, fmt.Sprintf("%x", id[:])) {
+			t.Fatal("the event refused by the quota reached the relay")
 		}
 	}
 }

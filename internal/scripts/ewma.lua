@@ -44,7 +44,8 @@
 --             the L limit lists, each: n >= 1, then per window: rate R,
 --             half-life T in ms, cost c: refused unless what
 --             ratelimit.Limit.Validate accepts (R finite, T a whole number
---             >= 1, c > 0, R > c). A fraction where a whole number is
+--             >= 1, c > 0, R > c); or n = 0, then E >= 1 and W >= 1, whole
+--             numbers: a room list (see Rooms). A fraction where a whole number is
 --             wanted is an error reply, since Go, which decides at whole ms,
 --             never sends one. One instant for the whole call: TIME runs at
 --             most once. If Redis TIME is past the cutoff, the call decides
@@ -98,6 +99,21 @@
 -- unwritten; the caller reads the group's verdict from all its entries.
 -- A decision of a group with an error (-1) leaves the whole group
 -- unwritten too. A group's keys are distinct.
+--
+-- Rooms: a decision whose list is a room list (n = 0, E, W) is a room
+-- check of an actor quota, decided with the message's other budgets and
+-- never written: its key is the actor's quota key, whose value
+-- internal/scripts/quota.lua keeps ("<window> <count>", or with " <id>"
+-- after; windows of W ms aligned on the unix epoch, numbered from this
+-- call's now). It refuses while the count in the window of now (or in a
+-- newer one already opened) is E or more, its wait the ms until that
+-- window ends; it admits otherwise, and its group is then written as if
+-- it were not there. So a message refused by its author's quota writes
+-- nothing, and one refused by a window is not counted by the quota
+-- either (the quota counts on the relay's OK). Its admission is replied
+-- 0, 0 whatever its index's top bit; its refusal wait_ms and 8 bytes, the
+-- window's start in ms packed, in a value's layout with no score. A value
+-- not of quota.lua's shape is an error as a malformed window value is.
 --
 -- Reply: one flat array, two entries per decision, in order:
 --   admitted        0, the value written (see "Stored value") if its index
@@ -153,7 +169,7 @@ local HUGE = math.huge
 -- Library functions used on every call, as locals (a register, not a table
 -- lookup).
 local tunpack = unpack -- Lua's: struct's takes the name below
-local find, sub, byte, format, pack, unpack = string.find, string.sub, string.byte, string.format, struct.pack, struct.unpack
+local find, sub, byte, format, match, pack, unpack = string.find, string.sub, string.byte, string.format, string.match, struct.pack, struct.unpack
 local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 -- Allocation is the other cost per call (a table, a closure, each upvalue
 -- of a closure, each time a table grows): so the decisions are one loop,
@@ -168,7 +184,7 @@ local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 
 -- Parse and check the whole call before touching anything. lim holds every
 -- list: at lim[q+1] its window count n, then three numbers per window (rate,
--- half-life, cost). lo[l] is the q of list l, and lo[nl+d] that of decision
+-- half-life, cost); for a room list 0, then E and W. lo[l] is the q of list l, and lo[nl+d] that of decision
 -- d's list.
 local nk, na = #KEYS, #ARGV
 local a, ix = ARGV[1], ARGV[2]
@@ -177,8 +193,8 @@ if not (ix and la >= 24) then
   return redis.error_reply('ERR sluice ewma: want now, cutoff, the number L >= 1 of limit lists and the lists packed, then a list index per decision')
 end
 local now, cutoff, nl = unpack('<ddd', a)
--- Every list takes at least 4 numbers: this bounds the loop.
-if not (nl >= 1 and nl % 1 == 0 and 24 + 32 * nl <= la) then
+-- Every list takes at least 3 numbers: this bounds the loop.
+if not (nl >= 1 and nl % 1 == 0 and 24 + 24 * nl <= la) then
   return redis.error_reply('ERR sluice ewma: want the number L >= 1 of limit lists, then the lists')
 end
 local lim = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
@@ -186,22 +202,34 @@ local lo = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 local at, q = 25, 0 -- the next number's byte; the entries of lim so far
 for l = 1, nl do
   local n = at + 8 <= la + 1 and unpack('<d', a, at)
-  if not (n and n >= 1 and n % 1 == 0 and at + 8 + 24 * n <= la + 1) then
-    return redis.error_reply('ERR sluice ewma: bad window count in limit list ' .. l)
-  end
-  lo[l], lim[q + 1] = q, n
-  q = q + 1
-  for j = at + 8, at + 24 * n - 16, 24 do
-    -- What ratelimit.Limit.Validate accepts: a finite rate, a half-life of
-    -- a whole number of ms >= 1, a cost > 0 and below the rate (so finite).
-    local r, p, c = unpack('<ddd', a, j)
-    if not (r < HUGE and p >= 1 and p % 1 == 0 and p < EXACT and c > 0 and r - c > 0) then
-      return redis.error_reply('ERR sluice ewma: bad limit in limit list ' .. l)
+  lo[l] = q
+  if n == 0 and at + 24 <= la + 1 then
+    -- A room list: E events per window of W ms (see Rooms).
+    local e, w = unpack('<dd', a, at + 8)
+    if not (e >= 1 and e % 1 == 0 and e < EXACT and w >= 1 and w % 1 == 0 and w < EXACT) then
+      return redis.error_reply('ERR sluice ewma: bad room in limit list ' .. l)
     end
-    lim[q + 1], lim[q + 2], lim[q + 3] = r, p, c
+    lim[q + 1], lim[q + 2], lim[q + 3] = 0, e, w
     q = q + 3
+    at = at + 24
+  elseif not (n and n >= 1 and n % 1 == 0 and at + 8 + 24 * n <= la + 1) then
+    return redis.error_reply('ERR sluice ewma: bad window count in limit list ' .. l)
+  else
+    lim[q + 1] = n
+    q = q + 1
+    for j = at + 8, at + 24 * n - 16, 24 do
+      -- What ratelimit.Limit.Validate accepts: a finite rate, a half-life
+      -- of a whole number of ms >= 1, a cost > 0 and below the rate (so
+      -- finite).
+      local r, p, c = unpack('<ddd', a, j)
+      if not (r < HUGE and p >= 1 and p % 1 == 0 and p < EXACT and c > 0 and r - c > 0) then
+        return redis.error_reply('ERR sluice ewma: bad limit in limit list ' .. l)
+      end
+      lim[q + 1], lim[q + 2], lim[q + 3] = r, p, c
+      q = q + 3
+    end
+    at = at + 8 + 24 * n
   end
-  at = at + 8 + 24 * n
 end
 if at ~= la + 1 then
   return redis.error_reply('ERR sluice ewma: want nothing packed after the limit lists')
@@ -280,153 +308,182 @@ for dn = 1, m do
   local seen -- whether reqid is one of v's ids (a repeat: charge nothing)
   local err
   local allowed = true
-  for i = 1, n do
-    local j, k = q + 3 * i - 1, 5 * i
-    win[k - 4], win[k - 3], win[k - 2], win[k - 1] = lim[j], lim[j + 1], lim[j + 2], 0
-  end
-  local t, idat = 0, nil -- the value's write time; where its ids begin, if any
-  if v then
-    -- Read strictly: t, then a score per window, then optionally ids;
-    -- anything else (a value too short, a negative or non-finite score, a
-    -- fractional t) fails this decision and is never read as a score.
-    local l, bad = #v, true
-    if l >= 8 * n + 8 then
-      -- t and the scores: one or two windows in one unpack (a call
-      -- into C each)
-      if n == 2 then
-        t, win[4], win[9] = unpack('<ddd', v)
-      elseif n == 1 then
-        t, win[4] = unpack('<dd', v)
-      else
-        t = unpack('<d', v)
-        for i = 1, n do
-          win[5 * i - 1] = unpack('<d', v, 8 * i + 1)
-        end
-      end
-      bad = not (t >= 0 and t < EXACT and t % 1 == 0)
-      for i = 1, n do
-        local s = win[5 * i - 1]
-        if not (s >= 0 and s < HUGE) then bad = true end
-      end
-      if l > 8 * n + 8 then idat = 8 * n + 9 end
-    end
-    if bad then
-      err = 'ERR sluice ewma: malformed value at ' .. key
-    end
-  end
-  if not err then
-    for i = 1, n do
-      local k = 5 * i
-      local d = decay(win[k - 1], t, now, win[k - 3])
-      win[k] = d
-      if not (d + win[k - 2] <= win[k - 4]) then
-        allowed = false
+  if n == 0 then
+    -- A room check (see Rooms): the quota's count read, nothing written.
+    local e, w = lim[q + 2], lim[q + 3]
+    local sw = floor(now / w)
+    -- Exact integers below 2^53, but a quotient can round up to the next
+    -- integer (as in quota.lua).
+    if sw * w > now then sw = sw - 1 elseif (sw + 1) * w <= now then sw = sw + 1 end
+    local count = 0
+    if v then
+      local vw, vc = match(v, '^(%d+) (%d+)$')
+      if not vw then vw, vc = match(v, '^(%d+) (%d+) %x+$') end
+      if not vw then
+        err = 'ERR sluice ewma: malformed value at ' .. key
+      elseif tonumber(vw) >= sw then
+        -- This window, or a newer one a faster caller opened.
+        sw, count = tonumber(vw), tonumber(vc)
       end
     end
-  end
-  if not err and idat and reqid ~= '' then
-    seen = kept(v, idat, reqid)
-  end
-
-  local o = 2 * dn
-  if err then
-    -- Nothing written for this decision; the others go on.
-    reply[o - 1], reply[o] = -1, err
-  elseif seen then
-    -- A repeat of an admitted request: its stored value, nothing charged.
-    reply[o - 1], reply[o] = 0, keep and keep[dn] and v or 0
-  elseif not allowed then
-    if not waitms then
-      -- #include waitms.lua
+    local o = 2 * dn
+    if err then
+      reply[o - 1], reply[o] = -1, err
+    elseif count >= e then
+      allowed = false
+      reply[o - 1], reply[o] = (sw + 1) * w - now, pack('<d', sw * w)
+    else
+      reply[o - 1], reply[o] = 0, 0
     end
-    local wait = 0
-    local val = pack('<d', t)
-    for i = 1, n do
-      local k = 5 * i
-      local r, p, c, s, d = win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k]
-      if not (d + c <= r) then
-        local w = waitms(now, s, t, p, c, r)
-        if w > wait then wait = w end
-      end
-      val = val .. pack('<d', d)
-    end
-    reply[o - 1], reply[o] = wait, val
   else
-    -- Admitted: write every window, in one value, at max(now, t).
-    if now > t then
-      t = now
-    end
-    local ttl = 0
     for i = 1, n do
-      local k = 5 * i
-      local r, p, c = win[k - 4], win[k - 3], win[k - 2]
-      local s = win[k] + c
-      win[k] = s
-      -- TTL: keep the key until every window's score is negligible: for a
-      -- window, eps = min(c, R-c)/1024 (forgetting it then gives a client
-      -- at most 1/1024 of a message), that is T*log2(S/eps) ms; the key's
-      -- is the largest over its windows. Since eps <= R-c this is never
-      -- shorter than the longest wait the key can still report,
-      -- T*log2(S/(R-c)); since S <= R it is at most
-      -- T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any sane limit.
-      -- +1 covers the rounding. (If t is ahead of now, the score starts
-      -- decaying only at t; the TTL counts from now and would be short by
-      -- t-now, so that is added.) Capped at 2*MAX_WAIT (70 years), twice
-      -- the longest wait ever reported: absurd limits (a ten-year half-life
-      -- with R a hair above c) would otherwise ask for centuries, which
-      -- overflows some Redis-compatible servers' expiry arithmetic. It goes
-      -- to SET as digits: redis.call formats a number argument with %.17g,
-      -- which costs more than %d here. (min and max are written as
-      -- comparisons: the same result, without a call.)
-      local eps = r - c
-      if c < eps then eps = c end
-      eps = eps / 1024
-      local x = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
-      if x > 2 * MAX_WAIT then x = 2 * MAX_WAIT end
-      x = x + (t - now)
-      if x > ttl then ttl = x end
+      local j, k = q + 3 * i - 1, 5 * i
+      win[k - 4], win[k - 3], win[k - 2], win[k - 1] = lim[j], lim[j + 1], lim[j + 2], 0
     end
-    -- The value: t, the scores, then the ids, the last IDS admitted, newest
-    -- first. Ids are of one width (16 bytes from the Go store), so keeping
-    -- IDS-1 old ones is one string.sub; an id of another width is at worst
-    -- cut short, and a cut id never matches (the seen check looks at the
-    -- boundaries).
-    local val
-    if n == 1 then
-      val = pack('<dd', t, win[5])
-    elseif n == 2 then
-      val = pack('<ddd', t, win[5], win[10])
-    else
-      val = pack('<d', t)
-      for i = 1, n do
-        val = val .. pack('<d', win[5 * i])
-      end
-    end
-    if reqid ~= '' then
-      if idat then
-        val = val .. reqid .. sub(v, idat, idat + (IDS - 1) * #reqid - 1)
-      else
-        val = val .. reqid
-      end
-    elseif idat then
-      val = val .. sub(v, idat)
-    end
-    reply[o - 1], reply[o] = 0, keep and keep[dn] and val or 0
-    if gok and np == 0 and not (joined and joined[dn]) then
-      -- A message of one budget (or the last of a group none of whose
-      -- earlier decisions refused or waits to be written): written at once.
-      redis.call('SET', key, val, 'PX', format('%d', ttl))
-      if dn < m then
-        -- A later decision of this call may read this key.
-        if not wr then
-          wr = {}
+    local t, idat = 0, nil -- the value's write time; where its ids begin, if any
+    if v then
+      -- Read strictly: t, then a score per window, then optionally ids;
+      -- anything else (a value too short, a negative or non-finite score, a
+      -- fractional t) fails this decision and is never read as a score.
+      local l, bad = #v, true
+      if l >= 8 * n + 8 then
+        -- t and the scores: one or two windows in one unpack (a call
+        -- into C each)
+        if n == 2 then
+          t, win[4], win[9] = unpack('<ddd', v)
+        elseif n == 1 then
+          t, win[4] = unpack('<dd', v)
+        else
+          t = unpack('<d', v)
+          for i = 1, n do
+            win[5 * i - 1] = unpack('<d', v, 8 * i + 1)
+          end
         end
-        wr[key] = val
+        bad = not (t >= 0 and t < EXACT and t % 1 == 0)
+        for i = 1, n do
+          local s = win[5 * i - 1]
+          if not (s >= 0 and s < HUGE) then bad = true end
+        end
+        if l > 8 * n + 8 then idat = 8 * n + 9 end
       end
+      if bad then
+        err = 'ERR sluice ewma: malformed value at ' .. key
+      end
+    end
+    if not err then
+      for i = 1, n do
+        local k = 5 * i
+        local d = decay(win[k - 1], t, now, win[k - 3])
+        win[k] = d
+        if not (d + win[k - 2] <= win[k - 4]) then
+          allowed = false
+        end
+      end
+    end
+    if not err and idat and reqid ~= '' then
+      seen = kept(v, idat, reqid)
+    end
+
+    local o = 2 * dn
+    if err then
+      -- Nothing written for this decision; the others go on.
+      reply[o - 1], reply[o] = -1, err
+    elseif seen then
+      -- A repeat of an admitted request: its stored value, nothing charged.
+      reply[o - 1], reply[o] = 0, keep and keep[dn] and v or 0
+    elseif not allowed then
+      if not waitms then
+        -- #include waitms.lua
+      end
+      local wait = 0
+      local val = pack('<d', t)
+      for i = 1, n do
+        local k = 5 * i
+        local r, p, c, s, d = win[k - 4], win[k - 3], win[k - 2], win[k - 1], win[k]
+        if not (d + c <= r) then
+          local w = waitms(now, s, t, p, c, r)
+          if w > wait then wait = w end
+        end
+        val = val .. pack('<d', d)
+      end
+      reply[o - 1], reply[o] = wait, val
     else
-      pend = pend or {}
-      pend[np + 1], pend[np + 2], pend[np + 3], pend[np + 4] = key, val, ttl, dn
-      np = np + 4
+      -- Admitted: write every window, in one value, at max(now, t).
+      if now > t then
+        t = now
+      end
+      local ttl = 0
+      for i = 1, n do
+        local k = 5 * i
+        local r, p, c = win[k - 4], win[k - 3], win[k - 2]
+        local s = win[k] + c
+        win[k] = s
+        -- TTL: keep the key until every window's score is negligible: for a
+        -- window, eps = min(c, R-c)/1024 (forgetting it then gives a client
+        -- at most 1/1024 of a message), that is T*log2(S/eps) ms; the key's
+        -- is the largest over its windows. Since eps <= R-c this is never
+        -- shorter than the longest wait the key can still report,
+        -- T*log2(S/(R-c)); since S <= R it is at most
+        -- T*log2(1024*R/min(c, R-c)): 10 to 30 half-lives for any sane limit.
+        -- +1 covers the rounding. (If t is ahead of now, the score starts
+        -- decaying only at t; the TTL counts from now and would be short by
+        -- t-now, so that is added.) Capped at 2*MAX_WAIT (70 years), twice
+        -- the longest wait ever reported: absurd limits (a ten-year half-life
+        -- with R a hair above c) would otherwise ask for centuries, which
+        -- overflows some Redis-compatible servers' expiry arithmetic. It goes
+        -- to SET as digits: redis.call formats a number argument with %.17g,
+        -- which costs more than %d here. (min and max are written as
+        -- comparisons: the same result, without a call.)
+        local eps = r - c
+        if c < eps then eps = c end
+        eps = eps / 1024
+        local x = ceil(p * log((s > eps and s or eps) / eps) / LN2) + 1
+        if x > 2 * MAX_WAIT then x = 2 * MAX_WAIT end
+        x = x + (t - now)
+        if x > ttl then ttl = x end
+      end
+      -- The value: t, the scores, then the ids, the last IDS admitted, newest
+      -- first. Ids are of one width (16 bytes from the Go store), so keeping
+      -- IDS-1 old ones is one string.sub; an id of another width is at worst
+      -- cut short, and a cut id never matches (the seen check looks at the
+      -- boundaries).
+      local val
+      if n == 1 then
+        val = pack('<dd', t, win[5])
+      elseif n == 2 then
+        val = pack('<ddd', t, win[5], win[10])
+      else
+        val = pack('<d', t)
+        for i = 1, n do
+          val = val .. pack('<d', win[5 * i])
+        end
+      end
+      if reqid ~= '' then
+        if idat then
+          val = val .. reqid .. sub(v, idat, idat + (IDS - 1) * #reqid - 1)
+        else
+          val = val .. reqid
+        end
+      elseif idat then
+        val = val .. sub(v, idat)
+      end
+      reply[o - 1], reply[o] = 0, keep and keep[dn] and val or 0
+      if gok and np == 0 and not (joined and joined[dn]) then
+        -- A message of one budget (or the last of a group none of whose
+        -- earlier decisions refused or waits to be written): written at once.
+        redis.call('SET', key, val, 'PX', format('%d', ttl))
+        if dn < m then
+          -- A later decision of this call may read this key.
+          if not wr then
+            wr = {}
+          end
+          wr[key] = val
+        end
+      else
+        pend = pend or {}
+        pend[np + 1], pend[np + 2], pend[np + 3], pend[np + 4] = key, val, ttl, dn
+        np = np + 4
+      end
     end
   end
   if err or not (seen or allowed) then

@@ -567,9 +567,9 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 	}
 	groups := sc.groups[:0]
 	for start, keys, i := 0, 0, 0; i < len(reqs); i++ {
-		keys += len(reqs[i].keys)
+		keys += len(reqs[i].keys) + reqs[i].entries()/2 - 1
 		next := i + 1
-		if next == len(reqs) || reqs[next].now != reqs[start].now || keys+len(reqs[next].keys) > maxCallKeys ||
+		if next == len(reqs) || reqs[next].now != reqs[start].now || keys+len(reqs[next].keys)+reqs[next].entries()/2-1 > maxCallKeys ||
 			(!b.shared && (!cluster || batch[next].br != batch[start].br)) {
 			var args []any
 			switch {
@@ -872,12 +872,33 @@ func answered(err error) bool {
 	return err == nil || isScriptRefusal(err) || isCrossSlot(err)
 }
 
-// decision reads the reply of request r (or its call's error).
+// decision reads the reply of request r (or its call's error): with a
+// companion, both parts (By 1: the companion's refusal or error).
 func decision(reply any, err error, r *request) (ratelimit.Decision, error) {
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	return parseReply(reply, r.windows.Len(), r.scores)
+	if r.with == nil {
+		return parseReply(reply, r.windows.Len(), r.scores)
+	}
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != 4 {
+		return ratelimit.Decision{}, badReply("reply of a decision with a room is %#v, want 4 elements", reply)
+	}
+	d, err := parseReply(arr[:2:2], r.windows.Len(), r.scores)
+	if err != nil {
+		return d, err
+	}
+	w, err := parseReply(arr[2:4:4], 0, nil)
+	if err != nil {
+		w.By = 1
+		return w, err
+	}
+	if !w.Allowed && (d.Allowed || w.Wait > d.Wait) {
+		w.By = 1
+		return w, nil
+	}
+	return d, nil
 }
 
 // process sends the groups' commands (only those marked again when retry)

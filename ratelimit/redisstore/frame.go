@@ -38,23 +38,55 @@ var refund = redis.NewScript(scripts.Refund)
 // that one cost charged, decaying as any charge does.
 //
 // A message of several budgets is sent on its own, never batched with
-// other clients' decisions (Options.Batch batches single-budget ones).
+// other clients' decisions (Options.Batch batches single-budget ones),
+// but for the usual EVENT with the quota on: one window budget and a
+// quota's room (ratelimit.Room) off a Cluster go as one decision with a
+// companion in a batch's call (request.with), joined as a group there.
+// Sent alone, those frames took a call each, and at 256 connections some
+// queued past their deadline.
 func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now time.Time) (ratelimit.Decision, error) {
 	var only, n int
+	rooms := false
 	for i, b := range budgets {
-		if b.Windows.Len() > 0 {
+		if b.Room != nil {
+			only, n, rooms = i, n+1, true
+		} else if b.Windows.Len() > 0 {
 			only, n = i, n+1
 		}
 	}
-	switch n {
-	case 0:
+	switch {
+	case n == 0:
 		return ratelimit.Decision{Allowed: true}, nil
-	case 1:
+	case n == 1 && !rooms:
 		d, err := s.decide(ctx, budgets[only].Key, budgets[only].Windows, now, nil)
 		if !d.Allowed || err != nil {
 			d.By = only
 		}
 		return d, err
+	case n == 2 && rooms && s.nodes == nil:
+		// One window budget and a quota's room (an EVENT with the quota
+		// on and no other budget, the usual frame): one decision with a
+		// companion, batched with other clients' decisions like any one.
+		win, room := -1, -1
+		for i, b := range budgets {
+			switch {
+			case b.Room != nil:
+				room = i
+			case b.Windows.Len() > 0:
+				win = i
+			}
+		}
+		if win >= 0 {
+			d, err := s.decideWith(ctx, budgets[win].Key, budgets[win].Windows, now, nil, &budgets[room])
+			if !d.Allowed || err != nil {
+				if d.By == 1 {
+					d.By = room
+				} else {
+					d.By = win
+				}
+			}
+			return d, err
+		}
 	}
 	if s.closed.Load() {
 		return ratelimit.Decision{By: only}, errClosedRefused
@@ -65,10 +97,15 @@ func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now t
 	var byBuf [8]int
 	reqs, by := reqBuf[:0], byBuf[:0]
 	for i, b := range budgets {
-		if b.Windows.Len() > 0 {
+		switch {
+		case b.Room != nil:
+			reqs = append(reqs, s.roomRequest(b.Key, b.Room, now))
+		case b.Windows.Len() > 0:
 			reqs = append(reqs, s.request(b.Key, b.Windows, now))
-			by = append(by, i)
+		default:
+			continue
 		}
+		by = append(by, i)
 	}
 	var d ratelimit.Decision
 	var at int
@@ -229,7 +266,9 @@ func (s *Store) clusterFrame(ctx context.Context, deadline, start time.Time, req
 	// Several masters: every admission is replied with the value written
 	// (its instant, for a refund).
 	for _, r := range reqs {
-		r.scores = make([]float64, r.windows.Len())
+		if r.room == nil { // a room writes nothing to refund
+			r.scores = make([]float64, r.windows.Len())
+		}
 	}
 	var wg sync.WaitGroup
 	for i := range parts[1:] {
@@ -292,7 +331,7 @@ func (s *Store) refund(ctx context.Context, reqs []*request, replies []any) {
 	pipe := s.nodes.cc.Pipeline() // each call routed by its key
 	for i, r := range reqs {
 		arr, ok := replies[i].([]any)
-		if !ok || len(arr) != 2 {
+		if !ok || len(arr) != 2 || r.room != nil {
 			continue
 		}
 		v, ok := arr[1].(string)

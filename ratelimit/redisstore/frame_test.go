@@ -2,8 +2,15 @@ package redisstore
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
@@ -74,5 +81,189 @@ func TestDecideAllFirstRefusedChargesNoOther(t *testing.T) {
 		if d, _ := s.DecideAll(ctx, []ratelimit.Budget{agg}, time.Time{}); !d.Allowed {
 			t.Fatalf("the aggregate refused its message %d of 100: the refused frames charged it", i+2)
 		}
+	}
+}
+
+// An actor quota's room is decided in the frame's own call: the count
+// another instance's charges wrote refuses the frame at once, with the
+// wait to the end of the quota's window, and the refused frame charges
+// nothing. The quota's own memory (Exceeded) has not heard of those
+// charges and would have let it through. A room on another limiter's
+// store is not offered (Room's false), and a stored count not of the
+// quota's shape is an error, never a count of zero.
+func TestDecideAllQuotaRoom(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) {
+		srv, admin := realRedis(t)
+		a := newStore(t, client(t, srv.Addr()), slow)
+		b := newStore(t, client(t, srv.Addr()), slow)
+		quotaRoom(t, a, b, admin)
+		// The room costs no call of its own: a frame of three budgets and
+		// a room is one script call.
+		q := newQuota(t, a, 5, time.Minute)
+		room, _ := q.Room(strings.Repeat("ef", 32), ratelimit.NewLimiter(a, nil))
+		w := storetest.MustWindows(ratelimit.PerPeriod(100, time.Hour))
+		frame := []ratelimit.Budget{{Key: "{d}:message:EVENT", Windows: w}, {Key: "{d}:kind:notes", Windows: w}, {Key: "{p2}:aggregate", Windows: w}, room}
+		before := evalshaCalls(t, admin)
+		if d, err := a.DecideAll(context.Background(), frame, time.Time{}); !d.Allowed || err != nil {
+			t.Fatalf("frame of three budgets and a room: %+v %v", d, err)
+		}
+		if n := evalshaCalls(t, admin) - before; n != 1 {
+			t.Fatalf("%d script calls for a frame with a room, want 1", n)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		addrs := startCluster(t)
+		var st []*Store
+		for range 2 {
+			c, err := NewClient("redis+cluster://" + strings.Join(addrs, ","))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			st = append(st, newStore(t, c, slow))
+		}
+		quotaRoom(t, st[0], st[1], st[0].nodes.cc)
+	})
+}
+
+func quotaRoom(t *testing.T, a, b *Store, c redis.Cmdable) {
+	t.Helper()
+	ctx := context.Background()
+	now := m0.Add(20 * time.Second)
+	qa := newQuota(t, a, 2, time.Minute)
+	qb := newQuota(t, b, 2, time.Minute)
+	lim := ratelimit.NewLimiter(a, nil)
+	actor := strings.Repeat("ab", 32)
+	// Quota.Room offers a room on one Redis only (see its doc); a Cluster
+	// still decides one given to DecideAll.
+	roomOf := func(actor string) ratelimit.Budget {
+		return ratelimit.Budget{Key: "{q:" + actor + "}:quota:60000", Room: &ratelimit.Room{Events: 2, Window: time.Minute}}
+	}
+	room, ok := qa.Room(actor, lim)
+	switch {
+	case a.nodes != nil && ok:
+		t.Fatal("Room offered on a Cluster")
+	case a.nodes == nil && (!ok || room.Room == nil || *room.Room != *roomOf(actor).Room || room.Key != roomOf(actor).Key):
+		t.Fatalf("Room on the limiter's own store: %+v %v, want %+v", room, ok, roomOf(actor))
+	}
+	room = roomOf(actor)
+	if _, ok := qa.Room(actor, ratelimit.NewLimiter(b, nil)); ok {
+		t.Fatal("Room offered for a limiter on another store")
+	}
+	if _, ok := qa.Room(actor, ratelimit.NewLimiter(nil, nil)); ok {
+		t.Fatal("Room offered for a limiter on a memory store")
+	}
+	// The client's EVENT budget (2.5 an hour: room for two more after the
+	// first frame) and the actor's quota key are in different slots (on a
+	// cluster, most likely on different masters).
+	ev := ratelimit.Budget{Key: "{198.51.100.7}:message:EVENT", Windows: storetest.MustWindows(ratelimit.PerPeriod(2.5, time.Hour))}
+	frame := []ratelimit.Budget{ev, room}
+	if d, err := a.DecideAll(ctx, frame, now); !d.Allowed || err != nil {
+		t.Fatalf("frame with room: %+v %v", d, err)
+	}
+	// Instance b's charges fill the actor's quota; instance a's memory
+	// has not heard of them.
+	for i := range 2 {
+		if ok, err := qb.addAt(ctx, actor, now); !ok || err != nil {
+			t.Fatalf("charge %d on b: %v %v", i, ok, err)
+		}
+	}
+	if over, _, _ := qa.Exceeded(ctx, actor); over {
+		t.Fatal("a's memory knows of b's charges: the test shows nothing")
+	}
+	d, err := a.DecideAll(ctx, frame, now)
+	if err != nil || d.Allowed || d.By != 1 || d.Wait != 40*time.Second {
+		t.Fatalf("frame of an actor at its quota: %+v %v, want refused by the room, wait 40s", d, err)
+	}
+	// A value the quota never writes is an error.
+	other := roomOf(strings.Repeat("cd", 32))
+	if err := c.Set(ctx, a.prefix+other.Key, "garbage", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.DecideAll(ctx, []ratelimit.Budget{ev, other}, now); !errors.Is(err, ratelimit.ErrUnavailable) {
+		t.Fatalf("malformed quota value: %v, want unavailable", err)
+	}
+	// Neither frame charged the EVENT budget: it admits one more message,
+	// and then refuses.
+	for i, want := range []bool{true, false} {
+		if d, err := a.DecideAll(ctx, []ratelimit.Budget{ev}, now); d.Allowed != want || err != nil {
+			t.Fatalf("EVENT alone, %d: %+v %v, want admitted %v (the refused frames charged it)", i, d, err, want)
+		}
+	}
+	// The next window has room again.
+	ev.Key = "{198.51.100.8}:message:EVENT"
+	if d, err := a.DecideAll(ctx, []ratelimit.Budget{ev, room}, m0.Add(time.Minute)); !d.Allowed || err != nil {
+		t.Fatalf("frame in the next window: %+v %v", d, err)
+	}
+}
+
+// A frame of one window budget and a quota's room (an EVENT with the
+// quota on, the usual frame) is one decision with a companion, batched
+// with other clients' decisions: 200 such frames at once from 64
+// goroutines share calls, and within the shared calls the actors at their
+// quota are refused, with nothing charged, and the others admitted. Sent
+// alone each (DecideAll's call per frame), the frames took one call each,
+// and at 256 connections they queued past their deadline.
+func TestDecideAllRoomBatched(t *testing.T) {
+	srv, admin := realRedis(t)
+	s := newStore(t, client(t, srv.Addr()), Options{Timeout: slow.Timeout, Batch: 32})
+	ctx := context.Background()
+	now := m0.Add(20 * time.Second)
+	q := newQuota(t, s, 1, time.Minute)
+	lim := ratelimit.NewLimiter(s, nil)
+	ws := storetest.MustWindows(ratelimit.PerPeriod(1.5, time.Hour))
+	const n = 200
+	frames := make([][]ratelimit.Budget, n)
+	for i := range n {
+		actor := fmt.Sprintf("%064x", i)
+		if i%2 == 1 { // odd actors are at their quota of 1
+			if ok, err := q.addAt(ctx, actor, now); !ok || err != nil {
+				t.Fatalf("fill %d: %v %v", i, ok, err)
+			}
+		}
+		room, _ := q.Room(actor, lim)
+		frames[i] = []ratelimit.Budget{{Key: fmt.Sprintf("{10.0.%d.%d}:message:EVENT", i>>8, i&255), Windows: ws}, room}
+	}
+	before := evalshaCalls(t, admin)
+	var wg sync.WaitGroup
+	ds := make([]ratelimit.Decision, n)
+	errs := make([]error, n)
+	next := atomic.Int64{}
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				ds[i], errs[i] = s.DecideAll(ctx, frames[i], now)
+			}
+		}()
+	}
+	wg.Wait()
+	calls := evalshaCalls(t, admin) - before
+	for i := range n {
+		switch {
+		case errs[i] != nil:
+			t.Fatalf("frame %d: %v", i, errs[i])
+		case i%2 == 0 && !ds[i].Allowed:
+			t.Fatalf("frame %d, actor with room: %+v", i, ds[i])
+		case i%2 == 1 && (ds[i].Allowed || ds[i].By != 1 || ds[i].Wait != 40*time.Second):
+			t.Fatalf("frame %d, actor at its quota: %+v, want refused by the room, 40s", i, ds[i])
+		}
+	}
+	// Nothing charged for the refused: each of their clients still
+	// admits a message of its window of 1.5 (an admitted one's refuses).
+	for i := range n {
+		d, err := s.DecideAll(ctx, frames[i][:1], now)
+		if err != nil || d.Allowed != (i%2 == 1) {
+			t.Fatalf("client %d afterwards: %+v %v, want admitted %v", i, d, err, i%2 == 1)
+		}
+	}
+	t.Logf("%d frames with a room in %d script calls", n, calls)
+	if calls >= n {
+		t.Fatalf("%d frames with a room took %d script calls: not batched", n, calls)
 	}
 }

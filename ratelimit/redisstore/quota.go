@@ -64,16 +64,22 @@ const maxActorLen = 64
 // the Store's client, breaker and Close and ten times its deadline
 // (Options.Timeout: no caller waits for a batch); a batch that fails
 // leaves its events uncounted (the relay has them
-// already). Exceeded asks no one: it answers from a bounded table of the
-// actors this Quota's charges found at their limit (Redis's reply to a
-// charge carries the actor's count in the shared window), until the end of
-// that window. The price, stated as a bound: an actor can get accepted,
-// per instance and window, the events it sends between its count reaching
-// Events (by any instance) and this instance's next charge for it coming
-// back, which is at most one batch round trip after the relay's OK (plus
-// the events already forwarded and awaiting their OK, as without
-// batching); and an actor whose entry another actor's took (4,096 entries,
-// hashed with a per-process seed) gets one such gap more. An Add is
+// already). Whether an actor has room is read in the frame's own script
+// call when the gate's limiter decides on this Quota's Store, off a
+// Cluster (Room: a ratelimit.Room decided with the frame's windows, from
+// the count every instance's charges write). The price, stated as a
+// bound: an actor can get accepted, across instances, the events it sends
+// between its count reaching Events and the charges of its accepted
+// events reaching Redis, at most one batch round trip after the relay's
+// OK (plus the events already forwarded and awaiting their OK, as without
+// batching). Exceeded, asked on a Cluster or when the limiter is on
+// another store, asks no one: it
+// answers from a bounded table of the actors this Quota's charges found
+// at their limit (Redis's reply to a charge carries the actor's count in
+// the shared window), until the end of that window; its bound is per
+// instance (an instance that charged nothing since does not know), and an
+// actor whose entry another actor's took (4,096 entries, hashed with a
+// per-process seed) gets one such gap more. An Add is
 // idempotent across go-redis's retries (a request id, as Decide's), so a
 // lost reply does not charge an actor twice.
 //
@@ -86,9 +92,10 @@ type Quota struct {
 	tail   string // ":quota:<window ms>"
 	args   [2]any // events and the window in ms, boxed once
 
-	full  *quotaFull    // actors known at their limit (Exceeded)
-	adds  chan quotaAdd // charges queued for the sender
-	start sync.Once     // starts the sender on the first Add
+	room  ratelimit.Room // Events per Window, for Room's budgets
+	full  *quotaFull     // actors known at their limit (Exceeded)
+	adds  chan quotaAdd  // charges queued for the sender
+	start sync.Once      // starts the sender on the first Add
 }
 
 // quotaAdd is one queued charge: the actor, or with done (tests) a marker
@@ -175,6 +182,7 @@ func NewQuota(s *Store, events int, window time.Duration) (*Quota, error) {
 		window: window,
 		tail:   "}:quota:" + ms,
 		args:   [2]any{strconv.Itoa(events), ms},
+		room:   ratelimit.Room{Events: events, Window: window},
 		full:   &quotaFull{seed: maphash.MakeSeed()},
 		adds:   make(chan quotaAdd, quotaQueue),
 	}, nil
@@ -426,6 +434,27 @@ func (q *Quota) sendBatch(batch []quotaAdd) {
 	if s.observe != nil {
 		s.observe(time.Since(start), lastErr)
 	}
+}
+
+// Room returns actor's room check as a budget of a message decided by lim
+// (ratelimit.Room), and true, when lim decides on this Quota's Store and
+// that Store is not a Cluster's: the count is then read in the message's
+// own script call, with its other budgets, from the key every instance's
+// charges write, so a message of an actor at its limit is refused however
+// recently another instance counted it, and nothing of a refused message
+// is written. On a Cluster the actor's key is in a slot of its own, most
+// often on another master than the client's keys: the room would cost
+// each frame a second call, outside the batches its single-budget
+// decisions share. There, and on any other store (false), ask Exceeded.
+func (q *Quota) Room(actor string, lim *ratelimit.Limiter) (ratelimit.Budget, bool) {
+	if lim == nil || q.s.nodes != nil {
+		return ratelimit.Budget{}, false
+	}
+	if st, ok := lim.Store().(*Store); !ok || st != q.s {
+		return ratelimit.Budget{}, false
+	}
+	key, _ := q.key(actor, false)
+	return ratelimit.Budget{Key: key[len(q.s.prefix):], Room: &q.room}, true
 }
 
 // key returns actor's key and, for an Add on a client that may resend, a

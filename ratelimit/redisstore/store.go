@@ -406,6 +406,13 @@ func (s *Store) Decide(ctx context.Context, key string, windows *ratelimit.Windo
 // scores when it is not nil (len windows.Len()): the conformance suite
 // reads them, the hot path does not.
 func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windows, now time.Time, scores []float64) (ratelimit.Decision, error) {
+	return s.decideWith(ctx, key, windows, now, scores, nil)
+}
+
+// decideWith is decide with, when room is not nil (never on a cluster), a
+// quota's room decided in the same call as one message (request.with):
+// batched like any decision. A refusal or error of the room's has By 1.
+func (s *Store) decideWith(ctx context.Context, key string, windows *ratelimit.Windows, now time.Time, scores []float64, room *ratelimit.Budget) (ratelimit.Decision, error) {
 	if windows.Len() == 0 {
 		return ratelimit.Decision{Allowed: true}, nil
 	}
@@ -451,6 +458,9 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 	if req == nil {
 		req = s.request(key, windows, now)
 		req.scores = scores
+	}
+	if room != nil {
+		req.with = s.roomRequest(room.Key, room.Room, now)
 	}
 	var d ratelimit.Decision
 	var err error
@@ -628,7 +638,13 @@ type request struct {
 	keys    []string
 	id      string
 	windows *ratelimit.Windows
-	now     int64 // unix ms; 0 means Redis TIME
+	room    *ratelimit.Room // a room check (ratelimit.Room) instead of windows
+	// with, when set, is a room check decided with this request, as one
+	// message of two budgets (joined: see internal/scripts/ewma.lua,
+	// "Groups"), in the same call: so a frame of one window budget and a
+	// quota's room still goes batched, a call shared with others.
+	with *request
+	now  int64 // unix ms; 0 means Redis TIME
 	// The packed arguments of the call this request leads (see commandOf
 	// and leanArgs): now, the cutoff and the limits; a batch call's list
 	// indices.
@@ -659,44 +675,73 @@ func commandBy(reqs []*request, cutoff int64) []any { return commandOf(reqs, cut
 func clusterCommand(reqs []*request, cutoff int64) []any { return commandOf(reqs, cutoff, true) }
 
 func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
-	var lists [8]*ratelimit.Windows
+	// A limit list is a request's windows or its room (a room list).
+	type list struct {
+		ws   *ratelimit.Windows
+		room *ratelimit.Room
+	}
+	var lists [8]list
 	distinct := lists[:0]
-	index := func(b *ratelimit.Windows) int {
+	index := func(r *request) int {
+		l := list{r.windows, r.room}
+		if r.room != nil {
+			l.ws = nil
+		}
 		for i, d := range distinct {
-			if d == b {
+			if d == l {
 				return i + 1
 			}
 		}
-		distinct = append(distinct, b)
+		distinct = append(distinct, l)
 		return len(distinct)
 	}
-	nkeys, nlim := 0, 0
+	// The call's decisions: each request, then its companion (with).
+	var decBuf [16]*request
+	decs := decBuf[:0]
 	for _, r := range reqs {
+		decs = append(decs, r)
+		if r.with != nil {
+			decs = append(decs, r.with)
+		}
+	}
+	nkeys, nlim := 0, 0
+	for _, r := range decs {
 		nkeys += len(r.keys)
-		index(r.windows)
+		index(r)
 	}
 	for _, d := range distinct {
-		nlim += 8 + 24*d.Len()
+		if d.room != nil {
+			nlim += 24
+		} else {
+			nlim += 8 + 24*d.ws.Len()
+		}
 	}
 	// One string holds both packed arguments: the call's numbers (now, the
 	// cutoff, the number of lists, the lists), then each decision's list
 	// index (two bytes); it is kept in the first request, so that the
 	// arguments point into it (*string) rather than box a copy.
-	b := make([]byte, 0, 24+nlim+2*len(reqs))
+	b := make([]byte, 0, 24+nlim+2*len(decs))
 	b = appendFloat(b, float64(reqs[0].now))
 	b = appendFloat(b, float64(cutoff))
 	b = appendFloat(b, float64(len(distinct)))
 	for _, d := range distinct {
-		b = appendFloat(b, float64(d.Len()))
-		b = appendLimits(b, d)
+		if d.room != nil {
+			// A room list (internal/scripts/ewma.lua, "Rooms"): 0, E, W.
+			b = appendFloat(b, 0)
+			b = appendFloat(b, float64(d.room.Events))
+			b = appendFloat(b, float64(d.room.Window.Milliseconds()))
+			continue
+		}
+		b = appendFloat(b, float64(d.ws.Len()))
+		b = appendLimits(b, d.ws)
 	}
 	nums := len(b)
-	for _, r := range reqs {
-		ix := uint16(index(r.windows))
+	for _, r := range decs {
+		ix := uint16(index(r))
 		if r.scores != nil {
 			ix |= withValue // reply its admission with the value written
 		}
-		if r.joined {
+		if r.joined || r.with != nil {
 			ix |= joinedBit
 		}
 		b = binary.LittleEndian.AppendUint16(b, ix)
@@ -704,16 +749,21 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	lead := reqs[0]
 	packed := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
 	lead.nums, lead.ix = packed[:nums], packed[nums:]
-	ids := len(reqs)
-	if reqs[0].id == "" {
-		ids = 0 // a store sends ids for every decision or for none
+	// A store sends ids for every decision or for none ("" for a room,
+	// which writes nothing).
+	ids := 0
+	for _, r := range decs {
+		if r.id != "" {
+			ids = len(decs)
+			break
+		}
 	}
-	args := make([]any, 0, 6+nkeys+ids+len(reqs))
+	args := make([]any, 0, 6+nkeys+ids+len(decs))
 	if cluster {
-		args = append(args, argEvalSha, argSHAX, 1, &reqs[0].keys[0])
+		args = append(args, argEvalSha, argSHAX, 1, &decs[0].keys[0])
 	} else {
 		args = append(args, argEvalSha, argSHA, nkeys)
-		for _, r := range reqs {
+		for _, r := range decs {
 			for i := range r.keys {
 				args = append(args, &r.keys[i])
 			}
@@ -721,15 +771,15 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	}
 	args = append(args, &lead.nums, &lead.ix)
 	if ids > 0 {
-		for _, r := range reqs {
+		for _, r := range decs {
 			args = append(args, &r.id)
 		}
 	}
 	if cluster {
-		for _, r := range reqs[1:] {
+		for _, r := range decs[1:] {
 			args = append(args, &r.keys[0])
 		}
-		args = append(args, len(reqs)-1)
+		args = append(args, len(decs)-1)
 	}
 	return args
 }
@@ -881,7 +931,7 @@ func learnScript(err error, known *atomic.Bool) {
 // the batch script deciding one (commandBy), which replies alike.
 func leanArgs(req *request, cutoff int64) []any {
 	n := req.windows.Len()
-	if n > 2 {
+	if n > 2 || req.with != nil {
 		reqs := [1]*request{req}
 		return commandBy(reqs[:], cutoff)
 	}
@@ -915,15 +965,22 @@ func split(cmd *redis.Cmd, reqs []*request, deliver func(i int, reply any, err e
 		return
 	}
 	if err == nil {
+		want := 0
+		for _, r := range reqs {
+			want += r.entries()
+		}
 		arr, ok := reply.([]any)
 		switch {
 		case !ok:
 			err = badReply("reply is %T, not an array", reply)
-		case len(arr) != 2*len(reqs):
-			err = badReply("reply has %d elements, want %d", len(arr), 2*len(reqs))
+		case len(arr) != want:
+			err = badReply("reply has %d elements, want %d", len(arr), want)
 		default:
-			for i := range reqs {
-				deliver(i, arr[2*i:2*i+2:2*i+2], nil)
+			at := 0
+			for i, r := range reqs {
+				n := r.entries()
+				deliver(i, arr[at:at+n:at+n], nil)
+				at += n
 			}
 			return
 		}
@@ -954,6 +1011,28 @@ func (s *Store) request(key string, windows *ratelimit.Windows, now time.Time) *
 	}
 	all := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
 	r.keys[0], r.id = all[:end], all[end:]
+	return r
+}
+
+// entries is how many entries of a call's reply are r's: two per
+// decision, its companion's too.
+func (r *request) entries() int {
+	if r.with != nil {
+		return 4
+	}
+	return 2
+}
+
+// roomRequest builds the room check of a message's budgets (see
+// ratelimit.Room): key is the quota's key without the store's prefix
+// (Quota.Room), and no request id goes with it, since nothing is written.
+func (s *Store) roomRequest(key string, room *ratelimit.Room, now time.Time) *request {
+	r := &request{room: room}
+	r.keys = r.keysArr[:1]
+	if !now.IsZero() {
+		r.now = now.UnixMilli()
+	}
+	r.keys[0] = s.prefix + key
 	return r
 }
 

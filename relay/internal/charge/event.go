@@ -15,16 +15,20 @@ import (
 //
 //  1. A free Subject (an allow-listed address or authenticated pubkey, a
 //     Free tier's member) pays nothing.
-//  2. The actor quota, when one applies (EventActor), is asked whether the
-//     actor has room. Both quotas answer from memory, without a round trip
-//     (redisstore.Quota from what its charges were told), so an actor at
-//     its limit is refused before anything is charged; the quota failing
-//     refuses as unavailable.
-//  3. The EVENT windows, its kind class's and the aggregates' are decided
-//     as one (Charge): a refusal, or a store that cannot decide, ends it
-//     there, having charged nothing. A forged author buys nothing by this
-//     order: the quota counts only events the relay validated, and a
-//     refusal by it writes nothing anywhere.
+//  2. The EVENT windows, its kind class's, the aggregates' and the actor
+//     quota's room, when a quota applies (EventActor), are decided as one
+//     (Charge): admitted only if all admit, written only then, the wait
+//     the largest. A refusal, or a store that cannot decide, ends it
+//     there, having charged nothing. The Redis quota's room is read in the
+//     frame's own script call (redisstore.Quota.Room, on one Redis), from
+//     the count every instance's charges write; the in-process quota, the
+//     Redis quota on a Cluster, or one on another store than the
+//     limiter's, is asked first instead,
+//     from memory and without a round trip: an actor at its limit is then
+//     refused before anything is charged, and the quota failing refuses
+//     as unavailable. A forged author buys nothing: the quota counts only
+//     events the relay validated, and a refusal by it writes nothing
+//     anywhere.
 //
 // It returns the verdict and the actor to charge to the quota when the
 // relay accepts the event ("" for none): the quota counts validated
@@ -35,16 +39,24 @@ func (s *Subject) Event(ctx context.Context, lim *ratelimit.Limiter, kind int, a
 		return Verdict{Allowlisted: true}, ""
 	}
 	q, actor, exempt := s.EventActor(authed, author)
+	var room *ratelimit.Budget
 	if q != nil {
-		over, wait, err := q.Exceeded(ctx, actor)
-		switch {
-		case err != nil:
-			return Verdict{Err: err, Quota: true, Budget: "quota"}, ""
-		case over:
-			return Verdict{Refused: true, Wait: wait, Quota: true, Budget: "quota"}, ""
+		if rq, ok := q.(roomQuota); ok {
+			if b, ok := rq.Room(actor, lim); ok {
+				room = &b
+			}
+		}
+		if room == nil {
+			over, wait, err := q.Exceeded(ctx, actor)
+			switch {
+			case err != nil:
+				return Verdict{Err: err, Quota: true, Budget: "quota"}, ""
+			case over:
+				return Verdict{Refused: true, Wait: wait, Quota: true, Budget: "quota"}, ""
+			}
 		}
 	}
-	v := s.Charge(ctx, lim, wire.TypeEVENT, 0, kind)
+	v := s.chargeWith(ctx, lim, wire.TypeEVENT, 0, kind, room)
 	if !v.Pass() {
 		return v, ""
 	}
@@ -52,6 +64,13 @@ func (s *Subject) Event(ctx context.Context, lim *ratelimit.Limiter, kind int, a
 		v.Allowlisted = true
 	}
 	return v, actor
+}
+
+// roomQuota is an actor quota whose room is checked inside the frame's
+// own decision when the limiter decides on the store that keeps its
+// counts (redisstore.Quota.Room).
+type roomQuota interface {
+	Room(actor string, lim *ratelimit.Limiter) (ratelimit.Budget, bool)
 }
 
 // EventActor returns the actor quota that an EVENT by author (nil: none)

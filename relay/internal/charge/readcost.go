@@ -156,7 +156,7 @@ func (s *Subject) SettleRead(ctx context.Context, lim *ratelimit.Limiter, key st
 			ls[i] = l
 		}
 		win, err := splitOf(ls, s.p.cfg.Shadow)
-		cs = append(cs, charge{k, shadowKey(k, win), win, budget})
+		cs = append(cs, charge{k, shadowKey(k, win), win, budget, nil})
 		return err
 	}
 	err := add(key, s.b.read, "read")

@@ -225,6 +225,7 @@ type charge struct {
 	key, shadowKey string
 	win            split
 	budget         string
+	room           *ratelimit.Room // an actor quota's room check (Event): key is the quota's
 }
 
 // Charge decides one frame of type t on every budget it pays, as one
@@ -239,10 +240,16 @@ type charge struct {
 // Shadow windows have keys of their own (":shadow"), so that what they
 // decide never answers for the enforcing ones.
 func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Type, filters, kind int) Verdict {
+	return s.chargeWith(ctx, lim, t, filters, kind, nil)
+}
+
+// chargeWith is Charge with room, when not nil, decided as one more of the
+// frame's budgets (an EVENT's actor quota: Event).
+func (s *Subject) chargeWith(ctx context.Context, lim *ratelimit.Limiter, t wire.Type, filters, kind int, room *ratelimit.Budget) Verdict {
 	if s.free {
 		return Verdict{Allowlisted: true}
 	}
-	var buf [2 + stackAggregates]charge
+	var buf [3 + stackAggregates]charge
 	cs := buf[:0]
 	win := s.b.msg[t]
 	if pr := s.b.priced[t]; filters >= 1 && len(pr) > 1 {
@@ -254,7 +261,7 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 			k = messageKey(s.name, t.String())
 			sk = shadowKey(k, win)
 		}
-		cs = append(cs, charge{k, sk, win, t.String()})
+		cs = append(cs, charge{k, sk, win, t.String(), nil})
 	}
 	if t == wire.TypeEVENT && kind >= 0 && kind < len(s.p.kindClass) {
 		if j := s.p.kindClass[kind]; j != 0 {
@@ -266,10 +273,13 @@ func (s *Subject) Charge(ctx context.Context, lim *ratelimit.Limiter, t wire.Typ
 			} else {
 				k, sk = s.class[j-1], s.classShadow[j-1]
 			}
-			cs = append(cs, charge{k, sk, c.win, c.label})
+			cs = append(cs, charge{k, sk, c.win, c.label, nil})
 		}
 	}
 	cs = s.appendAggregates(cs)
+	if room != nil {
+		cs = append(cs, charge{key: room.Key, budget: "quota", room: room.Room})
+	}
 	return decide(ctx, lim, cs)
 }
 
@@ -295,12 +305,12 @@ func (s *Subject) connectionCharges(cs []charge) []charge {
 			k = connectionKey(s.name)
 			sk = shadowKey(k, s.p.conn)
 		}
-		cs = append(cs, charge{k, sk, s.p.conn, "connection"})
+		cs = append(cs, charge{k, sk, s.p.conn, "connection", nil})
 	}
 	for i, ak := range s.aggs {
 		if ak.conn != "" {
 			w := s.p.aggs[i].win
-			cs = append(cs, charge{ak.conn, shadowKey(ak.conn, w), w, ak.label})
+			cs = append(cs, charge{ak.conn, shadowKey(ak.conn, w), w, ak.label, nil})
 		}
 	}
 	return cs
@@ -321,7 +331,7 @@ func shadowKey(k string, w split) string {
 func (s *Subject) appendAggregates(cs []charge) []charge {
 	for i, ak := range s.aggs {
 		if ak.msg != "" {
-			cs = append(cs, charge{ak.msg, ak.shadow, s.p.aggs[i].win, ak.label})
+			cs = append(cs, charge{ak.msg, ak.shadow, s.p.aggs[i].win, ak.label, nil})
 		}
 	}
 	return cs
@@ -334,21 +344,23 @@ func (s *Subject) appendAggregates(cs []charge) []charge {
 // reporting what enforcing them would have refused. A frame without
 // shadow windows is one store call.
 func decide(ctx context.Context, lim *ratelimit.Limiter, cs []charge) Verdict {
-	var buf [2 + stackAggregates]ratelimit.Budget
+	var buf [3 + stackAggregates]ratelimit.Budget
 	bs := buf[:0]
 	for _, c := range cs {
-		bs = append(bs, ratelimit.Budget{Key: c.key, Windows: c.win.enforce})
+		bs = append(bs, ratelimit.Budget{Key: c.key, Windows: c.win.enforce, Room: c.room})
 	}
 	d, err := lim.AllowAll(ctx, bs)
 	switch {
 	case err != nil:
-		return Verdict{Err: err, Budget: cs[d.By].budget}
+		return Verdict{Err: err, Budget: cs[d.By].budget, Quota: cs[d.By].room != nil}
 	case !d.Allowed:
-		return Verdict{Refused: true, Wait: d.Wait, Budget: cs[d.By].budget, Local: d.Local}
+		return Verdict{Refused: true, Wait: d.Wait, Budget: cs[d.By].budget, Local: d.Local, Quota: cs[d.By].room != nil}
 	}
 	bs = bs[:0]
 	for _, c := range cs {
-		bs = append(bs, ratelimit.Budget{Key: c.shadowKey, Windows: c.win.shadow})
+		if c.room == nil { // a room has no shadow
+			bs = append(bs, ratelimit.Budget{Key: c.shadowKey, Windows: c.win.shadow})
+		}
 	}
 	var v Verdict
 	d, err = lim.AllowAll(ctx, bs)
