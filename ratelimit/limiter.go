@@ -214,7 +214,7 @@ func (l *Limiter) allowAllAt(ctx context.Context, budgets []Budget, now time.Tim
 	var fpBuf [maxStackBudgets]uint64
 	fps := fpBuf[:0]
 	for i, b := range budgets {
-		h := maphash.String(l.seed, b.Key)
+		h := l.budgetHash(b)
 		fp := max(h, 1) // 0 marks the empty slot
 		fps = append(fps, fp)
 		if b.Windows.Len() == 0 && b.Room == nil {
@@ -243,10 +243,22 @@ func (l *Limiter) allowAllAt(ctx context.Context, budgets []Budget, now time.Tim
 	}
 	if !d.Allowed && d.Wait > 0 && d.By >= 0 && d.By < len(fps) {
 		fp := fps[d.By]
-		h := maphash.String(l.seed, budgets[d.By].Key)
+		h := l.budgetHash(budgets[d.By])
 		l.blocked[(h>>32)&l.mask].remember(fp, nowNs, nowNs+int64(d.Wait))
 	}
 	return d, nil
+}
+
+// budgetHash is b's hash in the local table: its key's, and for a Room
+// its Events too. Two quotas of one window (the global one and a tier's)
+// count one actor at one key, and a refusal by the smaller one must not
+// answer for the larger one.
+func (l *Limiter) budgetHash(b Budget) uint64 {
+	h := maphash.String(l.seed, b.Key)
+	if b.Room != nil {
+		h ^= uint64(b.Room.Events) * 0x9e3779b97f4a7c15
+	}
+	return h
 }
 
 // oneByOne decides budgets on a store that cannot decide them at once

@@ -439,3 +439,49 @@ type decideOnly struct{ s ratelimit.Store }
 func (d decideOnly) Decide(ctx context.Context, key string, w *ratelimit.Windows, now time.Time) (ratelimit.Decision, error) {
 	return d.s.Decide(ctx, key, w, now)
 }
+
+// roomStore decides windows on a memory store and refuses a Room of at
+// most 5 events (an actor at 10 of them), as the Redis store would.
+type roomStore struct {
+	*ratelimit.MemoryStore
+	asked int
+}
+
+func (s *roomStore) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now time.Time) (ratelimit.Decision, error) {
+	s.asked++
+	var plain []ratelimit.Budget
+	for i, b := range budgets {
+		if b.Room != nil {
+			if b.Room.Events <= 5 {
+				return ratelimit.Decision{Wait: 30 * time.Second, By: i}, nil
+			}
+			continue
+		}
+		plain = append(plain, b)
+	}
+	return s.MemoryStore.DecideAll(ctx, plain, now)
+}
+
+// Two quotas of one window (the global one and a tier's) count one actor
+// at one key: a refusal by the smaller one, which the Limiter remembers,
+// must not answer for the larger one. An actor at 10 events is over a
+// quota of 5 and within one of 5,000.
+func TestRoomRefusalRemembersItsQuota(t *testing.T) {
+	ctx := context.Background()
+	st := &roomStore{MemoryStore: ratelimit.NewMemoryStore(0)}
+	lim := ratelimit.NewLimiter(st, nil)
+	ws := ratelimit.MustWindows(ratelimit.PerPeriod(100, time.Second))
+	frame := func(client string, events int) []ratelimit.Budget {
+		return []ratelimit.Budget{{Key: "{" + client + "}:message:EVENT", Windows: ws}, {Key: "{q:alice}:quota:60000", Room: &ratelimit.Room{Events: events, Window: time.Minute}}}
+	}
+	if d, err := lim.AllowAll(ctx, frame("anon", 5)); err != nil || d.Allowed || d.By != 1 {
+		t.Fatalf("global quota: %+v %v, want refused by the room", d, err)
+	}
+	if d, err := lim.AllowAll(ctx, frame("anon", 5)); err != nil || d.Allowed || !d.Local {
+		t.Fatalf("global quota again: %+v %v, want refused from the local table", d, err)
+	}
+	asked := st.asked
+	if d, err := lim.AllowAll(ctx, frame("member", 5000)); err != nil || !d.Allowed || st.asked != asked+1 {
+		t.Fatalf("tier quota of 5,000: %+v %v (store asked %d times more), want admitted by the store", d, err, st.asked-asked)
+	}
+}

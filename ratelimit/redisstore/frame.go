@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -49,6 +50,11 @@ func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now t
 	rooms := false
 	for i, b := range budgets {
 		if b.Room != nil {
+			// Checked here: the script refuses a bad room for the whole
+			// call, and a batch's call carries other clients' decisions.
+			if r := b.Room; r.Events < 1 || r.Window < time.Millisecond || r.Window%time.Millisecond != 0 {
+				return ratelimit.Decision{By: i}, fmt.Errorf("%w: a room of %d events per %v (want at least one, per a whole number of ms)", ratelimit.ErrUnavailable, r.Events, r.Window)
+			}
 			only, n, rooms = i, n+1, true
 		} else if b.Windows.Len() > 0 {
 			only, n = i, n+1

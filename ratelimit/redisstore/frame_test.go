@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
@@ -265,5 +266,27 @@ func TestDecideAllRoomBatched(t *testing.T) {
 	t.Logf("%d frames with a room in %d script calls", n, calls)
 	if calls >= n {
 		t.Fatalf("%d frames with a room took %d script calls: not batched", n, calls)
+	}
+}
+
+// A room is offered on one Redis only: a Ring routes a call by its first
+// key and would read the actor's count on the wrong shard (always 0). And
+// a room the script would refuse for the whole call, which a batch shares
+// with other clients, is refused before it is sent.
+func TestQuotaRoomOneRedisOnly(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr(), "b": b.Addr()}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = ring.Close() })
+	rs := newStore(t, ring, Options{Timeout: slow.Timeout, Batch: 32})
+	if _, ok := newQuota(t, rs, 5, time.Minute).Room(strings.Repeat("ab", 32), ratelimit.NewLimiter(rs, nil)); ok {
+		t.Fatal("Room offered on a Ring")
+	}
+	s := newStore(t, client(t, a.Addr()), Options{Timeout: slow.Timeout, Batch: 32})
+	ws := storetest.MustWindows(ratelimit.PerPeriod(100, time.Hour))
+	for _, r := range []ratelimit.Room{{Events: 0, Window: time.Minute}, {Events: 5, Window: 0}, {Events: 5, Window: 1500 * time.Microsecond}} {
+		d, err := s.DecideAll(context.Background(), []ratelimit.Budget{{Key: "{e}:message:EVENT", Windows: ws}, {Key: "{q:x}:quota:60000", Room: &r}}, time.Time{})
+		if !errors.Is(err, ratelimit.ErrUnavailable) || d.By != 1 {
+			t.Fatalf("room %+v: %+v %v, want unavailable by the room", r, d, err)
+		}
 	}
 }
