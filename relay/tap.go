@@ -178,11 +178,11 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	t := w.t
-	t.lock()
+	t.wmu.lock()
 	t.raw = raw
 	t.mc.Conn = raw
 	dead := t.dead.Load()
-	t.unlock()
+	t.wmu.unlock()
 	if dead {
 		// Ended before the handler took the socket (Shutdown): nothing
 		// will close it but this.
@@ -218,11 +218,10 @@ func (w *tapResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func newTap(c *conn, stall time.Duration) *tapConn {
 	t := &tapConn{
 		c:       c,
-		mc:      newMeteredConn(c.meter, 0),
+		mc:      newMeteredConn(c.meter, stall),
 		wmu:     newWriteLock(),
 		flushed: make(chan struct{}, 1),
 	}
-	t.mc.stall = stall
 	t.ocond.L = &t.omu
 	c.subs.onMark = t.wake
 	t.writeFD = t.writeOn
@@ -287,11 +286,11 @@ func (t *tapConn) shut(toClient, toUp bool, code int, text string) {
 	}
 	t.ending.Store(true)
 	by := time.Now().Add(time.Second)
-	if !t.lockBy(by) {
+	if !t.wmu.lockBy(by) {
 		t.finish()
 		return
 	}
-	defer t.unlock()
+	defer t.wmu.unlock()
 	if toClient && code != 0 {
 		t.drainBy(by)
 	}
@@ -374,19 +373,19 @@ func (t *tapConn) Close() error {
 	// gate's goodbye (shut) waits for the lock inside it.
 	t.ending.Store(true)
 	behind := false
-	if t.lockBy(time.Now().Add(time.Second)) {
+	if t.wmu.lockBy(time.Now().Add(time.Second)) {
 		behind = t.queued()
 		if behind {
 			t.drainBy(time.Now().Add(t.mc.stall))
 		}
-		t.unlock()
+		t.wmu.unlock()
 	}
 	t.c.once.Do(func() {
-		if !t.lockBy(time.Now().Add(time.Second)) {
+		if !t.wmu.lockBy(time.Now().Add(time.Second)) {
 			t.finish()
 			return
 		}
-		defer t.unlock()
+		defer t.wmu.unlock()
 		var err error
 		if t.dead.Load() || t.queued() {
 			err = errTapClosed

@@ -22,20 +22,13 @@ const maxHold = 64 << 10
 // to finish a message before the client's reader waits too.
 const maxRepliesHeld = 64 << 10
 
-func (t *tapConn) lock() { t.wmu.lock() }
-
-func (t *tapConn) unlock() { t.wmu.unlock() }
-
-// lockBy takes the write lock, waiting until deadline at most.
-func (t *tapConn) lockBy(deadline time.Time) bool { return t.wmu.lockBy(deadline) }
-
 // Write implements net.Conn for the handler: its 101, then its frames.
 func (t *tapConn) Write(p []byte) (int, error) {
 	if t.ending.Load() {
 		return 0, errTapClosed
 	}
-	t.lock()
-	defer t.unlock()
+	t.wmu.lock()
+	defer t.wmu.unlock()
 	if t.dead.Load() {
 		return 0, errTapClosed
 	}
@@ -119,8 +112,8 @@ func (t *tapConn) reply(data []byte) bool {
 	if t.ending.Load() {
 		return false
 	}
-	t.lock()
-	defer t.unlock()
+	t.wmu.lock()
+	defer t.wmu.unlock()
 	if t.dead.Load() || t.wt.closed() {
 		return false
 	}

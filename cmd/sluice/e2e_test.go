@@ -240,16 +240,24 @@ func (p *proc) stop() int {
 	return 0
 }
 
-// metric returns the value of one sample line ("name{labels}") of /metrics.
-func (p *proc) metric(t *testing.T, sample string) float64 {
+// get fetches path from p's metrics listener (/metrics, /readyz, /top);
+// the caller closes the body.
+func (p *proc) get(t *testing.T, path string) *http.Response {
 	t.Helper()
 	p.mu.Lock()
 	addr := p.metrics
 	p.mu.Unlock()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get("http://" + addr + path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return resp
+}
+
+// metric returns the value of one sample line ("name{labels}") of /metrics.
+func (p *proc) metric(t *testing.T, sample string) float64 {
+	t.Helper()
+	resp := p.get(t, "/metrics")
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	for _, line := range strings.Split(string(body), "\n") {

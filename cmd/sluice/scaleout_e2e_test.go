@@ -76,13 +76,7 @@ func dialHeld(t *testing.T, ctx context.Context, url string) (*websocket.Conn, i
 // its labels) is name; 0 when there is none.
 func (p *proc) metricSum(t *testing.T, name string) float64 {
 	t.Helper()
-	p.mu.Lock()
-	addr := p.metrics
-	p.mu.Unlock()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := p.get(t, "/metrics")
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	sum := 0.0
@@ -406,15 +400,9 @@ func TestE2EScaleOutBan(t *testing.T) {
 		t.Errorf("the ban logged %d times across the instances, want once", lines)
 	}
 	for i, p := range ps {
-		p.mu.Lock()
-		addr := p.metrics
-		p.mu.Unlock()
-		resp, err := http.Get("http://" + addr + "/top")
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := p.get(t, "/top")
 		var top struct{ Bans []Ban }
-		err = json.NewDecoder(resp.Body).Decode(&top)
+		err := json.NewDecoder(resp.Body).Decode(&top)
 		resp.Body.Close()
 		if err != nil || len(top.Bans) != 1 || top.Bans[0].Key != "127.0.0.1" || top.Bans[0].RetryAfter < int64(lo)-1 {
 			t.Errorf("instance %d's /top lists bans %+v (%v), want the client's", i, top.Bans, err)

@@ -306,13 +306,7 @@ func TestE2ESharedReplaceable(t *testing.T) {
 // readyz returns the status of p's /readyz and its body.
 func readyz(t *testing.T, p *proc) (int, string) {
 	t.Helper()
-	p.mu.Lock()
-	addr := p.metrics
-	p.mu.Unlock()
-	resp, err := http.Get("http://" + addr + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := p.get(t, "/readyz")
 	defer resp.Body.Close()
 	var body json.RawMessage
 	_ = json.NewDecoder(resp.Body).Decode(&body)

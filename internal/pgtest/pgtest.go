@@ -14,7 +14,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,8 @@ import (
 	"time"
 
 	_ "github.com/lib/pq" // the driver eventstore's backend uses
+
+	"github.com/sluice-relay/sluice/internal/redistest"
 )
 
 // Server is one PostgreSQL server owned by a test.
@@ -88,7 +89,7 @@ func Start(tb testing.TB) *Server {
 	if err := own(dir); err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
-	s := &Server{tb: tb, bin: bin, dir: dir, Port: freePort(tb)}
+	s := &Server{tb: tb, bin: bin, dir: dir, Port: redistest.FreePort(tb)}
 	out, err := s.command("initdb", "-D", s.data(), "-U", "postgres", "-A", "trust",
 		"-E", "UTF8", "--locale=C", "--no-sync").CombinedOutput()
 	if err != nil {
@@ -168,14 +169,3 @@ func (s *Server) NewDatabase(name string) string {
 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("pgtest: free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}

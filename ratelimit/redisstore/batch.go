@@ -567,9 +567,9 @@ func (b *batcher) exec(deadline time.Time, cut int64, batch []*call, sc *batchSc
 	}
 	groups := sc.groups[:0]
 	for start, keys, i := 0, 0, 0; i < len(reqs); i++ {
-		keys += len(reqs[i].keys) + reqs[i].entries()/2 - 1
+		keys += reqs[i].callKeys()
 		next := i + 1
-		if next == len(reqs) || reqs[next].now != reqs[start].now || keys+len(reqs[next].keys)+reqs[next].entries()/2-1 > maxCallKeys ||
+		if next == len(reqs) || reqs[next].now != reqs[start].now || keys+reqs[next].callKeys() > maxCallKeys ||
 			(!b.shared && (!cluster || batch[next].br != batch[start].br)) {
 			var args []any
 			switch {

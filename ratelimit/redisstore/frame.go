@@ -47,7 +47,7 @@ var refund = redis.NewScript(scripts.Refund)
 // queued past their deadline.
 func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now time.Time) (ratelimit.Decision, error) {
 	var only, n int
-	rooms := false
+	win, room := -1, -1 // the last window budget and room
 	for i, b := range budgets {
 		if b.Room != nil {
 			// Checked here: the script refuses a bad room for the whole
@@ -55,44 +55,33 @@ func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now t
 			if r := b.Room; r.Events < 1 || r.Window < time.Millisecond || r.Window%time.Millisecond != 0 {
 				return ratelimit.Decision{By: i}, fmt.Errorf("%w: a room of %d events per %v (want at least one, per a whole number of ms)", ratelimit.ErrUnavailable, r.Events, r.Window)
 			}
-			only, n, rooms = i, n+1, true
+			only, n, room = i, n+1, i
 		} else if b.Windows.Len() > 0 {
-			only, n = i, n+1
+			only, n, win = i, n+1, i
 		}
 	}
 	switch {
 	case n == 0:
 		return ratelimit.Decision{Allowed: true}, nil
-	case n == 1 && !rooms:
+	case n == 1 && room < 0:
 		d, err := s.decide(ctx, budgets[only].Key, budgets[only].Windows, now, nil)
 		if !d.Allowed || err != nil {
 			d.By = only
 		}
 		return d, err
-	case n == 2 && rooms && s.nodes == nil:
+	case n == 2 && room >= 0 && win >= 0 && s.nodes == nil:
 		// One window budget and a quota's room (an EVENT with the quota
 		// on and no other budget, the usual frame): one decision with a
 		// companion, batched with other clients' decisions like any one.
-		win, room := -1, -1
-		for i, b := range budgets {
-			switch {
-			case b.Room != nil:
-				room = i
-			case b.Windows.Len() > 0:
-				win = i
+		d, err := s.decideWith(ctx, budgets[win].Key, budgets[win].Windows, now, nil, &budgets[room])
+		if !d.Allowed || err != nil {
+			if d.By == 1 {
+				d.By = room
+			} else {
+				d.By = win
 			}
 		}
-		if win >= 0 {
-			d, err := s.decideWith(ctx, budgets[win].Key, budgets[win].Windows, now, nil, &budgets[room])
-			if !d.Allowed || err != nil {
-				if d.By == 1 {
-					d.By = room
-				} else {
-					d.By = win
-				}
-			}
-			return d, err
-		}
+		return d, err
 	}
 	if s.closed.Load() {
 		return ratelimit.Decision{By: only}, errClosedRefused
@@ -162,20 +151,13 @@ func (s *Store) frameCall(ctx context.Context, deadline time.Time, br *breaker, 
 	} else {
 		args = commandBy(reqs, cut)
 	}
-	args = evalFirst(args, &s.known)
 	cctx := ctx
 	if !deadline.IsZero() {
 		cc := s.ctxs.withDeadline(ctx, deadline)
 		defer cc.release()
 		cctx = cc
 	}
-	cmd := newCmd(cctx, args)
-	_ = s.client.Process(cctx, cmd)
-	if isNoScript(cmd.Err()) {
-		cmd = newCmd(cctx, evalArgs(args))
-		_ = s.client.Process(cctx, cmd)
-	}
-	learnScript(cmd.Err(), &s.known)
+	cmd := s.run(cctx, args)
 	replies := make([]any, len(reqs))
 	var err error
 	split(cmd, reqs, func(i int, r any, e error) {

@@ -144,3 +144,21 @@ func keySuffix(ws *ratelimit.Windows) string { return string(appendKeySuffix(nil
 // messageKey is the key the gate decides messages of type typ from client
 // under ("{client}:message:TYPE").
 func messageKey(client, typ string) string { return "{" + client + "}:message:" + typ }
+
+// run decides req alone as one EVALSHA of the batch script, and as EVAL
+// (which caches the script again) if Redis answers NOSCRIPT: after a
+// restart or SCRIPT FLUSH.
+func run(ctx context.Context, c processor, req *request) (any, error) {
+	reqs := [1]*request{req}
+	args := commandBy(reqs[:], 0)
+	cmd := newCmd(ctx, args)
+	_ = c.Process(ctx, cmd)
+	if isNoScript(cmd.Err()) {
+		cmd = newCmd(ctx, evalArgs(args))
+		_ = c.Process(ctx, cmd)
+	}
+	var reply any
+	var err error
+	split(cmd, reqs[:], func(_ int, r any, e error) { reply, err = r, e })
+	return reply, err
+}

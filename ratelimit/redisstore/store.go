@@ -683,10 +683,7 @@ func commandOf(reqs []*request, cutoff int64, cluster bool) []any {
 	var lists [8]list
 	distinct := lists[:0]
 	index := func(r *request) int {
-		l := list{r.windows, r.room}
-		if r.room != nil {
-			l.ws = nil
-		}
+		l := list{r.windows, r.room} // a room request has no windows
 		for i, d := range distinct {
 			if d == l {
 				return i + 1
@@ -853,47 +850,32 @@ func newCmd(ctx context.Context, args []any) *redis.Cmd {
 	return cmd
 }
 
-// run decides req as one EVALSHA, and as EVAL (which caches the script
-// again) if Redis answers NOSCRIPT: after a restart or SCRIPT FLUSH.
-func run(ctx context.Context, c processor, req *request) (any, error) {
-	return runBy(ctx, c, req, 0)
-}
-
-// runBy is run with a cutoff for the script (see commandBy).
-func runBy(ctx context.Context, c processor, req *request, cutoff int64) (any, error) {
-	reqs := [1]*request{req}
-	args := commandBy(reqs[:], cutoff)
-	cmd := newCmd(ctx, args)
-	_ = c.Process(ctx, cmd)
-	if isNoScript(cmd.Err()) {
-		cmd = newCmd(ctx, evalArgs(args))
-		_ = c.Process(ctx, cmd)
-	}
-	var reply any
-	var err error
-	split(cmd, reqs[:], func(_ int, r any, e error) { reply, err = r, e })
-	return reply, err
-}
-
 // runLean decides req alone with the lean script (internal/scripts/ewma1.lua; a
 // decision of more than two windows with the batch script, see leanArgs):
 // no limit list index, the request id after the packed numbers when there
-// is one; EVAL on NOSCRIPT as runBy.
+// is one; EVAL on NOSCRIPT (run).
 func (s *Store) runLean(ctx context.Context, req *request, cutoff int64) (any, error) {
-	args := evalFirst(leanArgs(req, cutoff), &s.known)
+	reply, err := s.run(ctx, leanArgs(req, cutoff)).Result()
+	if err != nil {
+		return nil, err // a reply of no use beside an error
+	}
+	return reply, nil
+}
+
+// run sends the script call args (an EVALSHA, or the EVAL evalFirst makes
+// of it) as one command, and once more as an EVAL when Redis has lost the
+// script (NOSCRIPT), noting in s.known what the answer says of Redis's
+// script cache.
+func (s *Store) run(ctx context.Context, args []any) *redis.Cmd {
+	args = evalFirst(args, &s.known)
 	cmd := newCmd(ctx, args)
 	_ = s.client.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
-		args[0], args[1] = argEval, sourceOf(args[1])
-		cmd = newCmd(ctx, args)
+		cmd = newCmd(ctx, evalArgs(args))
 		_ = s.client.Process(ctx, cmd)
 	}
 	learnScript(cmd.Err(), &s.known)
-	reply, err := cmd.Result()
-	if err != nil {
-		return nil, err
-	}
-	return reply, nil
+	return cmd
 }
 
 // evalFirst turns args (an EVALSHA) into the same EVAL with the script's
@@ -1021,6 +1003,15 @@ func (r *request) entries() int {
 		return 4
 	}
 	return 2
+}
+
+// callKeys is how many keys r puts in a call: its own and its
+// companion's.
+func (r *request) callKeys() int {
+	if r.with != nil {
+		return len(r.keys) + len(r.with.keys)
+	}
+	return len(r.keys)
 }
 
 // roomRequest builds the room check of a message's budgets (see
