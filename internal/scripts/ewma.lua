@@ -311,27 +311,15 @@ for dn = 1, m do
   if n == 0 then
     -- A room check (see Rooms): the quota's count read, nothing written.
     local e, w = lim[q + 2], lim[q + 3]
-    local sw = floor(now / w)
-    -- Exact integers below 2^53, but a quotient can round up to the next
-    -- integer (as in quota.lua).
-    if sw * w > now then sw = sw - 1 elseif (sw + 1) * w <= now then sw = sw + 1 end
-    local count = 0
-    if v then
-      local vw, vc = match(v, '^(%d+) (%d+)$')
-      if not vw then vw, vc = match(v, '^(%d+) (%d+) %x+$') end
-      if not vw then
-        err = 'ERR sluice ewma: malformed value at ' .. key
-      elseif tonumber(vw) >= sw then
-        -- This window, or a newer one a faster caller opened.
-        sw, count = tonumber(vw), tonumber(vc)
-      end
-    end
+    local rwait, rstart
+    -- #include room.lua
     local o = 2 * dn
-    if err then
+    if not rwait then
+      err = 'ERR sluice ewma: malformed value at ' .. key
       reply[o - 1], reply[o] = -1, err
-    elseif count >= e then
+    elseif rwait > 0 then
       allowed = false
-      reply[o - 1], reply[o] = (sw + 1) * w - now, pack('<d', sw * w)
+      reply[o - 1], reply[o] = rwait, pack('<d', rstart)
     else
       reply[o - 1], reply[o] = 0, 0
     end

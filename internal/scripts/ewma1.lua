@@ -29,6 +29,17 @@
 --          does; without it an admission is the bare integer 0 (a table
 --          and a bulk string less to build and send).
 --
+-- KEYS[2] optionally, with 16 bytes more in ARGV[1] after the windows (E
+--          and W, whole numbers >= 1): a room check of an actor quota
+--          decided with the message (ewma.lua's "Rooms" for a message of
+--          two budgets, its windows' and the room's): KEYS[2] is the
+--          actor's quota key. The message is written only if the room
+--          admits too. An admission of both is replied as one without a
+--          room; anything else as ewma.lua replies the two decisions:
+--          the windows' wait and value (0, 0 or the would-be value if
+--          they admitted, unwritten), then the room's (0, 0; or its wait
+--          and 8 bytes, the window's start packed; or -1 and the error).
+--
 -- Reply: wait, value: 0 and the written value (admitted, with ARGV[3]
 -- 's'; or the stored value, nothing charged, for a request id already
 -- kept; without 's', either is the integer 0 alone); wait_ms >= 1 and
@@ -48,7 +59,7 @@ local EXACT = 9007199254740992
 local LN2 = 0.69314718055994531
 local IDS = 4
 local HUGE = math.huge
-local find, sub, format, pack, unpack = string.find, string.sub, string.format, struct.pack, struct.unpack
+local find, sub, format, match, pack, unpack = string.find, string.sub, string.format, string.match, struct.pack, struct.unpack
 local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 
 -- #include decay.lua
@@ -57,7 +68,9 @@ local log, ceil, floor, ldexp = math.log, math.ceil, math.floor, math.ldexp
 local a = ARGV[1]
 local la = a and #a
 local scores = ARGV[3]
-if not ((la == 64 or la == 40) and #KEYS == 1 and #ARGV <= 3 and (scores == nil or scores == 's')) then
+local room = #KEYS == 2 -- a room check goes with the message
+if room then la = la - 16 end
+if not ((la == 64 or la == 40) and (room or #KEYS == 1) and #ARGV <= 3 and (scores == nil or scores == 's')) then
   return redis.error_reply("ERR sluice ewma: want one key, then now, cutoff and three numbers for each of one or two windows packed, then optionally a request id and 's'")
 end
 local reqid = ARGV[2] or ''
@@ -77,11 +90,41 @@ if not (r1 < HUGE and p1 >= 1 and p1 % 1 == 0 and p1 < EXACT and c1 > 0 and r1 -
   return redis.error_reply('ERR sluice ewma: bad limit in limit list 1')
 end
 
+local e, w -- the room's events and window
+if room then
+  e, w = unpack('<dd', a, la + 1)
+  if not (e >= 1 and e % 1 == 0 and e < EXACT and w >= 1 and w % 1 == 0 and w < EXACT) then
+    return redis.error_reply('ERR sluice ewma: bad room in limit list 2')
+  end
+end
+
 -- #include clock.lua
 local key = KEYS[1]
-local v = redis.call('GET', key)
+local v, rv
+if room then
+  local vs = redis.call('MGET', key, KEYS[2])
+  v, rv = vs[1], vs[2]
+else
+  v = redis.call('GET', key)
+end
 if now <= 0 then
   now = clock
+end
+
+-- The room's verdict, first: ra, rb are its two entries of a reply (0, 0
+-- when it admits).
+local ra, rb = 0, 0
+if room then
+  local rwait, rstart
+  do
+    local v = rv
+    -- #include room.lua
+  end
+  if not rwait then
+    ra, rb = -1, 'ERR sluice ewma: malformed value at ' .. KEYS[2]
+  elseif rwait > 0 then
+    ra, rb = rwait, pack('<d', rstart)
+  end
 end
 
 -- The stored value: its write time t, a score per window (s1, s2), where
@@ -100,7 +143,7 @@ if v then
     if l > w then idat = w + 1 end
   end
   if bad then
-    return {-1, 'ERR sluice ewma: malformed value at ' .. key}
+    return {-1, 'ERR sluice ewma: malformed value at ' .. key, room and ra or nil, room and rb or nil}
   end
 end
 local d1, d2 = decay(s1, t, now, p1), 0
@@ -115,8 +158,11 @@ if idat and reqid ~= '' then
   seen = kept(v, idat, reqid)
 end
 if seen then
+  -- A repeat of an admitted request: its stored value, nothing charged.
+  if ra ~= 0 then return {0, scores and v or 0, ra, rb} end
   if not scores then return 0 end
-  return {0, v} -- a repeat of an admitted request: its stored value, nothing charged
+  if room then return {0, v, 0, 0} end
+  return {0, v}
 end
 
 if not allowed then
@@ -131,9 +177,9 @@ if not allowed then
       local x = waitms(now, s2, t, p2, c2, r2)
       if x > wait then wait = x end
     end
-    return {wait, pack('<ddd', t, d1, d2)}
+    return {wait, pack('<ddd', t, d1, d2), room and ra or nil, room and rb or nil}
   end
-  return {wait, pack('<dd', t, d1)}
+  return {wait, pack('<dd', t, d1), room and ra or nil, room and rb or nil}
 end
 
 if now > t then
@@ -169,6 +215,11 @@ if reqid ~= '' then
 elseif idat then
   val = val .. sub(v, idat)
 end
+if ra ~= 0 then
+  -- The room refused (or its value is malformed): nothing written.
+  return {0, scores and val or 0, ra, rb}
+end
 redis.call('SET', key, val, 'PX', format('%d', ttl))
 if not scores then return 0 end
+if room then return {0, val, 0, 0} end
 return {0, val}

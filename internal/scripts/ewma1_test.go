@@ -204,3 +204,109 @@ func TestLeanBareAdmission(t *testing.T) {
 		}
 	})
 }
+
+// TestLeanRoomEqualsBatch: a message of one or two windows with the
+// quota's room going with it (KEYS[2]) is, in ewma1.lua, exactly what
+// ewma.lua makes of the two as one group (the windows' decision joined
+// with the room list): the same reply, entry for entry (the lean bare
+// admission being the batch's four zeros), and the same stored values,
+// over random window values (as TestLeanEqualsBatch) and quota values
+// (none, under the quota, at it, of an older window, of a newer one,
+// carrying an id, junk), with request ids new, kept and none.
+func TestLeanRoomEqualsBatch(t *testing.T) {
+	servers(t, func(t *testing.T, c *redis.Client) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(5, 6))
+		lists := [][]any{
+			{2, 1000, 1},
+			{10, 1000, 1, 240, 60000, 1},
+			{1.0001, 3600000, 1},
+		}
+		periods := []string{"1000", "60000"}
+		nowms, _ := strconv.ParseInt(now, 10, 64)
+		const events, window = 3, 60000
+		win := nowms / window
+		quota := []string{
+			"", "", "",
+			strconv.FormatInt(win, 10) + " 2",
+			strconv.FormatInt(win, 10) + " 3",
+			strconv.FormatInt(win, 10) + " 7 0123abcd",
+			strconv.FormatInt(win-1, 10) + " 9",
+			strconv.FormatInt(win+1, 10) + " 3",
+			"junk",
+		}
+		refused := 0
+		for round := 0; round < 600; round++ {
+			l := lists[rng.IntN(len(lists))]
+			n := len(l) / 3
+			ks := []string{"t:{c}:" + strings.Join(periods[:n], ":"), "t:{q:alice}:quota:60000"}
+			var scores []float64
+			for i := range n {
+				r, _ := l[3*i].(int)
+				scores = append(scores, rng.Float64()*float64(max(r, 1)+1))
+			}
+			at := nowms - int64(rng.IntN(5000)) + 300
+			seeds := []string{"", quota[rng.IntN(len(quota))]}
+			switch x := rng.IntN(8); {
+			case x == 0:
+				seeds[0] = "junk"
+			case x < 3:
+				seeds[0] = value(at, scores, "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb")
+			case x < 6:
+				seeds[0] = value(at, scores)
+			}
+			seed := func() {
+				c.FlushAll(ctx)
+				for i, v := range seeds {
+					if v != "" {
+						c.Set(ctx, ks[i], v, 0)
+					}
+				}
+			}
+			id := []string{"", "cccccccccccccccc", "aaaaaaaaaaaaaaaa"}[rng.IntN(3)]
+			withS := rng.IntN(2) == 0
+			// The batch call: the windows' list joined with the room list.
+			nums := append([]any{now, "0", 2, n}, l...)
+			nums = append(nums, 0, events, window)
+			bit := 0
+			if withS {
+				bit = withValue
+			}
+			bargs := []any{pack(nums...), packIndices(bit, []int{1 | 1<<14, 2})}
+			if id != "" {
+				bargs = append(bargs, id, "")
+			}
+			seed()
+			want, err := ewma.Run(ctx, c, ks, bargs...).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			vw := values(t, c, ks...)
+			seed()
+			largs := []any{pack(append(append([]any{now, "0"}, l...), events, window)...), id}
+			if withS {
+				largs = append(largs, "s")
+			}
+			got, err := ewma1.Run(ctx, c, ks, largs...).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got == int64(0) {
+				if withS {
+					t.Fatalf("round %d: a bare admission although 's' was asked", round)
+				}
+				got = []any{int64(0), int64(0), int64(0), int64(0)}
+			}
+			vg := values(t, c, ks...)
+			if !slices.Equal(got.([]any), want) || !slices.Equal(vg, vw) {
+				t.Fatalf("round %d %q id %q s %v: lean %v stored %q; batch %v stored %q", round, seeds, id, withS, got, vg, want, vw)
+			}
+			if w, _ := want[2].(int64); w > 0 {
+				refused++
+			}
+		}
+		if refused < 100 {
+			t.Fatalf("the room refused in %d rounds of 600: the test does not reach it", refused)
+		}
+	})
+}

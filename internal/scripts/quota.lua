@@ -37,6 +37,17 @@
 --         added, uncounted (copies of old events are not their author's
 --         charge).
 --
+-- The batch Add, "A": many charges in one call (the Quota's sender on one
+-- Redis, where a call's keys may be any): KEYS are two per charge, the
+-- actor's key and the event's seen key, in order; ARGV[1] "A", ARGV[2..5]
+-- E, W, now and the cutoff as above, then one created_at per charge
+-- (ARGV[5+i], as ARGV[7]; "0": unknown). No request id: a charge resent
+-- whole finds its seen key and is answered added, uncounted. Each charge is
+-- an Add as below, in order, so a later charge of the same actor sees an
+-- earlier one's count. Reply: three integers per charge, in order, as an
+-- Add's; a charge whose actor's value is malformed is -1, 0, 0 and writes
+-- nothing, and the others are charged.
+--
 -- Reply: {flag, wait_ms, count}, integers.
 --   "x": 1, wait, count when the actor has used its quota (count >= E) in
 --        the window containing now, or in a newer one already opened (a late
@@ -52,11 +63,16 @@
 local tonumber, floor, match, format = tonumber, math.floor, string.match, string.format
 
 local op, events, win = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-if #KEYS < 1 or #KEYS > 2 or #ARGV < 6 or #ARGV > 7 or (op ~= 'x' and op ~= 'a')
+local m = op == 'A' and #KEYS / 2 -- the charges of a batch Add
+if m then
+  if not (m >= 1 and m % 1 == 0 and #ARGV == 5 + m and events and events >= 1 and win and win >= 1) then
+    return redis.error_reply('ERR sluice quota: want two keys per charge and op, events, window, now, cutoff, a created_at per charge')
+  end
+elseif #KEYS < 1 or #KEYS > 2 or #ARGV < 6 or #ARGV > 7 or (op ~= 'x' and op ~= 'a')
     or not (events and events >= 1 and win and win >= 1) then
   return redis.error_reply('ERR sluice quota: want one key and op, events, window, now, cutoff, id')
 end
-local now, cutoff, id = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local now, cutoff = tonumber(ARGV[4]), tonumber(ARGV[5])
 if cutoff and cutoff <= 0 then cutoff = nil end
 if cutoff or not now or now <= 0 then
   if not redis.REDIS_VERSION and redis.replicate_commands then
@@ -73,42 +89,67 @@ now = floor(now)
 local w = floor(now / win)
 -- Exact integers below 2^53, but a quotient can round up to the next integer.
 if w * win > now then w = w - 1 elseif (w + 1) * win <= now then w = w + 1 end
+local margin = win < 1000 and win or 1000
 
-local key = KEYS[1]
-local v = redis.pcall('GET', key)
-local sw, count, sid = w, 0, ''
-if v then
+-- window reads key's value: the window it counts (ours, or a newer one a
+-- faster caller opened: we are late, and count there rather than roll
+-- back, as ratelimit.Quota does), its count and its request id; nil for a
+-- value of another shape.
+local function window(key)
+  local v = redis.pcall('GET', key)
+  if not v then return w, 0, '' end
   local a, b, c
   if type(v) == 'string' then
     a, b = match(v, '^(%d+) (%d+)$')
     if not a then a, b, c = match(v, '^(%d+) (%d+) (%x+)$') end
   end
-  if not a then
-    return redis.error_reply('ERR sluice quota: malformed value at ' .. key)
-  end
+  if not a then return nil end
   a, b = tonumber(a), tonumber(b)
-  if a >= w then
-    -- Our window, or a newer one a faster caller opened (we are late):
-    -- counted there rather than rolled back, as ratelimit.Quota does.
-    sw, count, sid = a, b, c or ''
-  end
+  if a >= w then return a, b, c or '' end
+  return w, 0, ''
 end
 
-local wait = (sw + 1) * win - now
+-- add charges one event to key (see "a"), seen its seen key (or nil),
+-- created its created_at in ms (0: unknown), id the call's request id.
+local function add(key, seen, id, sw, count, sid, created)
+  local wait = (sw + 1) * win - now
+  if id ~= '' and sid == id then return 1, 0, count end
+  if created and created > 0 and created < now - win then return 1, 0, count end
+  if count >= events then return 0, wait, count end
+  if seen and not redis.call('SET', seen, '1', 'NX', 'PX', format('%.0f', win)) then
+    return 1, 0, count
+  end
+  count = count + 1
+  local val = format('%.0f %.0f', sw, count)
+  if id ~= '' then val = val .. ' ' .. id end
+  redis.call('SET', key, val, 'PX', format('%.0f', wait + margin))
+  return 1, 0, count
+end
+
+if m then
+  local reply = {}
+  for i = 1, m do
+    local key = KEYS[2 * i - 1]
+    local sw, count = window(key)
+    local o = 3 * i
+    if sw then
+      reply[o - 2], reply[o - 1], reply[o] = add(key, KEYS[2 * i], '', sw, count, '', tonumber(ARGV[5 + i]))
+    else
+      reply[o - 2], reply[o - 1], reply[o] = -1, 0, 0
+    end
+  end
+  return reply
+end
+
+local key = KEYS[1]
+local sw, count, sid = window(key)
+if not sw then
+  return redis.error_reply('ERR sluice quota: malformed value at ' .. key)
+end
 if op == 'x' then
-  if count >= events then return {1, wait, count} end
+  if count >= events then return {1, (sw + 1) * win - now, count} end
   return {0, 0, count}
 end
-if id ~= '' and sid == id then return {1, 0, count} end
-local created = tonumber(ARGV[7] or '0')
-if created and created > 0 and created < now - win then return {1, 0, count} end
-if count >= events then return {0, wait, count} end
-if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', format('%.0f', win)) then
-  return {1, 0, count}
-end
-count = count + 1
-local val = format('%.0f %.0f', sw, count)
-if id ~= '' then val = val .. ' ' .. id end
-local margin = win < 1000 and win or 1000
-redis.call('SET', key, val, 'PX', format('%.0f', wait + margin))
-return {1, 0, count}
+local flag, wait
+flag, wait, count = add(key, KEYS[2], ARGV[6], sw, count, sid, tonumber(ARGV[7] or '0'))
+return {flag, wait, count}

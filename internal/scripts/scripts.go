@@ -10,7 +10,7 @@ import (
 // pieces are the Lua parts several scripts share, each written once and
 // spliced into every script that names it (see include).
 //
-//go:embed decay.lua waitms.lua clock.lua keptid.lua
+//go:embed decay.lua waitms.lua clock.lua keptid.lua room.lua
 var pieces embed.FS
 
 //go:embed ewma.lua

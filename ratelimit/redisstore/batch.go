@@ -878,7 +878,9 @@ func decision(reply any, err error, r *request) (ratelimit.Decision, error) {
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	if r.with == nil {
+	if _, bare := reply.(int64); r.with == nil || bare {
+		// Alone, or the lean script's bare admission of the message and
+		// its room together.
 		return parseReply(reply, r.windows.Len(), r.scores)
 	}
 	arr, ok := reply.([]any)

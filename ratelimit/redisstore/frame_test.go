@@ -104,6 +104,11 @@ func TestDecideAllQuotaRoom(t *testing.T) {
 		room, _ := q.Room(strings.Repeat("ef", 32), ratelimit.NewLimiter(a, nil))
 		w := storetest.MustWindows(ratelimit.PerPeriod(100, time.Hour))
 		frame := []ratelimit.Budget{{Key: "{d}:message:EVENT", Windows: w}, {Key: "{d}:kind:notes", Windows: w}, {Key: "{p2}:aggregate", Windows: w}, room}
+		// Once for Redis to have the batch script cached (the frames above
+		// were lean calls), then counted.
+		if d, err := a.DecideAll(context.Background(), frame, time.Time{}); !d.Allowed || err != nil {
+			t.Fatalf("frame of three budgets and a room: %+v %v", d, err)
+		}
 		before := evalshaCalls(t, admin)
 		if d, err := a.DecideAll(context.Background(), frame, time.Time{}); !d.Allowed || err != nil {
 			t.Fatalf("frame of three budgets and a room: %+v %v", d, err)
@@ -288,5 +293,44 @@ func TestQuotaRoomOneRedisOnly(t *testing.T) {
 		if !errors.Is(err, ratelimit.ErrUnavailable) || d.By != 1 {
 			t.Fatalf("room %+v: %+v %v, want unavailable by the room", r, d, err)
 		}
+	}
+}
+
+// TestRoomGoesLean: the usual frame with the quota on, one window budget
+// and the actor's room, sent alone is a call of the lean script
+// (ewma1.lua with the room as its second key), not of the batch one; it
+// is decided as the batch script decides it (internal/scripts
+// TestLeanRoomEqualsBatch): admitted while the actor has room, refused by
+// the room with the wait to its window's end, nothing written.
+func TestRoomGoesLean(t *testing.T) {
+	srv, admin := realRedis(t)
+	s := newStore(t, client(t, srv.Addr()), slow)
+	q := newQuota(t, s, 1, time.Minute)
+	ctx := context.Background()
+	actor := strings.Repeat("ab", 32)
+	room, ok := q.Room(actor, ratelimit.NewLimiter(s, nil))
+	if !ok {
+		t.Fatal("no room on one Redis")
+	}
+	ev := ratelimit.Budget{Key: "{198.51.100.7}:message:EVENT", Windows: storetest.MustWindows(ratelimit.PerPeriod(10, time.Hour))}
+	now := m0.Add(15 * time.Second)
+	if d, err := s.DecideAll(ctx, []ratelimit.Budget{ev, room}, now); !d.Allowed || err != nil {
+		t.Fatalf("first frame: %+v %v", d, err)
+	}
+	if ok, err := q.addAt(ctx, actor, now); !ok || err != nil {
+		t.Fatalf("charge: %v %v", ok, err)
+	}
+	evKey := s.request(ev.Key, ev.Windows, now).keys[0]
+	before := admin.Get(ctx, evKey).Val()
+	d, err := s.DecideAll(ctx, []ratelimit.Budget{ev, room}, now)
+	if err != nil || d.Allowed || d.By != 1 || d.Wait != 45*time.Second {
+		t.Fatalf("frame of an actor at its quota: %+v %v, want refused by the room, wait 45s", d, err)
+	}
+	if after := admin.Get(ctx, evKey).Val(); after != before {
+		t.Error("the refused frame wrote its window")
+	}
+	have, err := admin.ScriptExists(ctx, ewma.Hash(), ewma1.Hash()).Result()
+	if err != nil || have[0] || !have[1] {
+		t.Errorf("scripts in Redis's cache (batch, lean): %v %v, want only the lean one", have, err)
 	}
 }

@@ -28,6 +28,7 @@ var (
 	argQuotaSource any = scripts.Quota
 	argOpExceeded  any = "x"
 	argOpAdd       any = "a"
+	argOpBatch     any = "A"
 	argNoID        any = ""
 )
 
@@ -60,18 +61,20 @@ const maxActorLen = 64
 //
 // Nothing of the quota is on an event's path to the relay. Add queues
 // the charge and returns; one goroutine per Quota sends the queued charges
-// in batches (up to 256 script calls in one pipeline, one round trip), with
-// the Store's client, breaker and Close and ten times its deadline
-// (Options.Timeout: no caller waits for a batch); a batch that fails
-// leaves its events uncounted (the relay has them
-// already). Whether an actor has room is read in the frame's own script
+// in batches of up to 256, gathered for at most 2 ms after the first
+// (quotaLinger), one round trip each: on one Redis (a plain or Sentinel
+// client) the charges of events with an id as one script call, otherwise
+// a call per charge in one pipeline. It uses the Store's client, breaker
+// and Close and ten times its deadline (Options.Timeout: no caller waits
+// for a batch); a batch that fails leaves its events uncounted (the relay
+// has them already). Whether an actor has room is read in the frame's own script
 // call when the gate's limiter decides on this Quota's Store, off a
 // Cluster (Room: a ratelimit.Room decided with the frame's windows, from
 // the count every instance's charges write). The price, stated as a
 // bound: an actor can get accepted, across instances, the events it sends
 // between its count reaching Events and the charges of its accepted
-// events reaching Redis, at most one batch round trip after the relay's
-// OK (plus the events already forwarded and awaiting their OK, as without
+// events reaching Redis, at most 2 ms and one batch round trip after the
+// relay's OK (plus the events already forwarded and awaiting their OK, as without
 // batching). Exceeded, asked on a Cluster or when the limiter is on
 // another store, asks no one: it
 // answers from a bounded table of the actors this Quota's charges found
@@ -112,6 +115,12 @@ const (
 	quotaQueue = 4096
 	quotaBatch = 256
 )
+
+// quotaLinger is how long the sender waits, after a charge, for others to
+// send with it: at a few thousand events a second, the charges of
+// several events in one call (one script run, one TIME, one round trip)
+// instead of one each, for 2 ms more before a charge reaches Redis.
+const quotaLinger = 2 * time.Millisecond
 
 // quotaPatience is how many of the store's Timeouts a batch of charges may
 // take (see sendBatch).
@@ -269,13 +278,34 @@ func (q *Quota) argsOf(op any, a quotaAdd, nowMs, cut int64) []any {
 	if a.id == "" {
 		return []any{argEvalSha, argQuotaSHA, 1, key, op, q.args[0], q.args[1], nowMs, cut, reqID, created}
 	}
-	id := a.id
+	return []any{argEvalSha, argQuotaSHA, 2, key, q.seen(key, a.id), op, q.args[0], q.args[1], nowMs, cut, reqID, created}
+}
+
+// seen returns the seen key of event id in the slot of the actor whose
+// key is key (see Add).
+func (q *Quota) seen(key, id string) string {
 	if len(id) > maxActorLen || strings.ContainsAny(id, "{}") {
 		h := sha256.Sum256([]byte(id))
 		id = "#" + hex.EncodeToString(h[:])
 	}
-	seen := key[:len(key)-len(q.tail)] + "}:seen:" + id
-	return []any{argEvalSha, argQuotaSHA, 2, key, seen, op, q.args[0], q.args[1], nowMs, cut, reqID, created}
+	return key[:len(key)-len(q.tail)] + "}:seen:" + id
+}
+
+// batchArgs returns the one script call charging every charge of adds (each
+// with an event id) in order, the batch Add of quota.lua ("A"), with the
+// cutoff cut: two keys per charge, then the created_at of each.
+func (q *Quota) batchArgs(adds []quotaAdd, cut int64) []any {
+	args := make([]any, 0, 3+2*len(adds)+5+len(adds))
+	args = append(args, argEvalSha, argQuotaSHA, 2*len(adds))
+	for _, a := range adds {
+		key, _ := q.key(a.actor, false)
+		args = append(args, key, q.seen(key, a.id))
+	}
+	args = append(args, argOpBatch, q.args[0], q.args[1], 0, cut)
+	for _, a := range adds {
+		args = append(args, a.created*1000)
+	}
+	return args
 }
 
 // learn enters actor in the table of actors at their limit when a charge's
@@ -297,6 +327,8 @@ func (q *Quota) learn(actor string, added bool, wait time.Duration, count int64)
 // a time, and sends it as one pipeline, until the Store is closed.
 func (q *Quota) send() {
 	batch := make([]quotaAdd, 0, quotaBatch)
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
 	for {
 		select {
 		case a := <-q.adds:
@@ -304,15 +336,21 @@ func (q *Quota) send() {
 		case <-q.s.done:
 			return
 		}
+		// Wait up to quotaLinger for more charges, unless the batch is
+		// full or a marker (tests) asks for it to go now.
+		linger.Reset(quotaLinger)
 	more:
-		for len(batch) < quotaBatch {
+		for len(batch) < quotaBatch && batch[len(batch)-1].done == nil {
 			select {
 			case a := <-q.adds:
 				batch = append(batch, a)
-			default:
+			case <-linger.C:
+				break more
+			case <-q.s.done:
 				break more
 			}
 		}
+		linger.Stop()
 		q.sendBatch(batch)
 		for _, a := range batch {
 			if a.done != nil {
@@ -362,18 +400,31 @@ func (q *Quota) sendBatch(batch []quotaAdd) {
 		ctx = cc
 	}
 	cut := cutoff(deadline, s.margin)
+	// On one Redis the charges of events with an id go as one call of the
+	// batch Add (its keys may be any); the rest, and every charge on a
+	// Cluster or a Ring, go as a call each, in one pipeline.
 	type one struct {
-		actor string
+		adds  []quotaAdd // what this call charges, in order
+		batch bool       // a batch Add ("A")
 		args  []any
 		cmd   *redis.Cmd
 	}
 	ones := make([]one, 0, n)
-	for _, a := range batch {
-		if a.done != nil {
-			continue
+	_, plain := s.client.(*redis.Client)
+	var together []quotaAdd
+	for i, a := range batch {
+		switch {
+		case a.done != nil:
+		case plain && a.id != "":
+			together = append(together, a)
+		default:
+			args := q.argsOf(argOpAdd, a, 0, cut)
+			ones = append(ones, one{adds: batch[i : i+1 : i+1], args: args, cmd: newCmd(ctx, args)})
 		}
-		args := q.argsOf(argOpAdd, a, 0, cut)
-		ones = append(ones, one{actor: a.actor, args: args, cmd: newCmd(ctx, args)})
+	}
+	if len(together) > 0 {
+		args := q.batchArgs(together, cut)
+		ones = append(ones, one{adds: together, batch: true, args: args, cmd: newCmd(ctx, args)})
 	}
 	exec := func(again bool) {
 		pl := s.nodesOrClient()
@@ -409,14 +460,18 @@ func (q *Quota) sendBatch(batch []quotaAdd) {
 	var lastErr error
 	for _, o := range ones {
 		reply, err := o.cmd.Result()
-		if err == nil {
+		if err == nil && o.batch {
+			err = q.learnBatch(o.adds, reply)
+		} else if err == nil {
 			var added bool
 			var wait time.Duration
 			var count int64
 			if added, wait, count, err = parseQuotaReply(reply, true); err == nil {
-				q.learn(o.actor, added, wait, count)
-				continue
+				q.learn(o.adds[0].actor, added, wait, count)
 			}
+		}
+		if err == nil {
+			continue
 		}
 		if !answered(err) && !isQuotaRefusal(err) {
 			failed = true
@@ -434,6 +489,30 @@ func (q *Quota) sendBatch(batch []quotaAdd) {
 	if s.observe != nil {
 		s.observe(time.Since(start), lastErr)
 	}
+}
+
+// learnBatch reads the reply of a batch Add of adds: three integers per
+// charge, each an Add's reply, or -1, 0, 0 for an actor whose stored value
+// the script would not read (nothing charged: Redis answered, about that
+// key). The first wrong reply is the error; every charge read before it
+// is learnt.
+func (q *Quota) learnBatch(adds []quotaAdd, reply any) error {
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != 3*len(adds) {
+		return badReply("batch quota reply %#v, want 3 integers for each of %d charges", reply, len(adds))
+	}
+	for i, a := range adds {
+		part := arr[3*i : 3*i+3]
+		if f, ok := part[0].(int64); ok && f == -1 {
+			continue
+		}
+		added, wait, count, err := parseQuotaReply(part, true)
+		if err != nil {
+			return err
+		}
+		q.learn(a.actor, added, wait, count)
+	}
+	return nil
 }
 
 // Room returns actor's room check as a budget of a message decided by lim

@@ -807,3 +807,65 @@ func TestQuotaCountsWhatWasSigned(t *testing.T) {
 		t.Fatalf("count %s, want 6: events without an id are charged each time", n)
 	}
 }
+
+// TestQuotaChargesOneCall: on one Redis, a batch of queued charges is one
+// script call (one EVALSHA, one TIME), not one per charge, and each charge
+// in it is what an Add alone would be: an event charged twice in the batch
+// counts once, the actor's charge past the quota is refused (and learnt:
+// Exceeded knows), an old copy is not charged, and an actor whose stored
+// value is malformed holds up no one else's charge.
+func TestQuotaChargesOneCall(t *testing.T) {
+	srv, c := realRedis(t)
+	ctx := context.Background()
+	q := newQuota(t, newStore(t, client(t, srv.Addr()), slow), 3, time.Hour)
+	if err := quotaScript.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
+	carol, _ := q.key("carol", false)
+	c.Set(ctx, carol, "garbage", 0)
+	now := time.Now().Unix()
+	ev := func(i int) string { return fmt.Sprintf("%064x", i) }
+	batch := []quotaAdd{
+		{actor: "alice", id: ev(1), created: now},
+		{actor: "alice", id: ev(1), created: now},
+		{actor: "alice", id: ev(2), created: now},
+		{actor: "carol", id: ev(9), created: now},
+		{actor: "alice", id: ev(3), created: now},
+		{actor: "alice", id: ev(4), created: now},
+		{actor: "bob", id: ev(5), created: now - 2*3600},
+		{actor: "dave", id: ev(6), created: now},
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	q.sendBatch(batch)
+	info := c.Info(ctx, "commandstats").Val()
+	if !strings.Contains(info, "cmdstat_evalsha:calls=1,") || !strings.Contains(info, "cmdstat_time:calls=1,") {
+		t.Errorf("8 charges made these calls, want one EVALSHA and one TIME:\n%s", info)
+	}
+	count := func(actor string) string {
+		key, _ := q.key(actor, false)
+		v, err := c.Get(ctx, key).Result()
+		if err != nil {
+			return err.Error()
+		}
+		if f := strings.Fields(v); len(f) >= 2 {
+			return f[1]
+		}
+		return v
+	}
+	for actor, want := range map[string]string{"alice": "3", "bob": "redis: nil", "carol": "garbage", "dave": "1"} {
+		if got := count(actor); got != want {
+			t.Errorf("%s: count %q, want %q", actor, got, want)
+		}
+	}
+	if over, wait, _ := q.Exceeded(ctx, "alice"); !over || wait <= 0 {
+		t.Errorf("alice refused in the batch, Exceeded = %v %v", over, wait)
+	}
+	if over, _, _ := q.Exceeded(ctx, "dave"); over {
+		t.Error("dave is over after one charge")
+	}
+	if st := q.s.Stats(); st.RoundTrips != 1 || st.RoundTripFailures != 0 {
+		t.Errorf("stats %+v, want one round trip, no failure", st)
+	}
+}

@@ -909,23 +909,33 @@ func learnScript(err error, known *atomic.Bool) {
 // then 's' if req wants its scores (without it an admission is answered
 // with the integer 0 alone: a table and a bulk string less for Redis).
 // Two allocations: the argument slice and the packed numbers. The lean
-// script decides one or two windows; a decision of more goes alone as
-// the batch script deciding one (commandBy), which replies alike.
+// script decides one or two windows, and the quota's room going with them
+// (request.with); a decision of more windows goes alone as the batch
+// script deciding one (commandBy), which replies alike.
 func leanArgs(req *request, cutoff int64) []any {
 	n := req.windows.Len()
-	if n > 2 || req.with != nil {
+	room := req.with
+	if n > 2 || room != nil && room.room == nil {
 		reqs := [1]*request{req}
 		return commandBy(reqs[:], cutoff)
 	}
-	b := make([]byte, 0, 16+24*n)
+	b := make([]byte, 0, 32+24*n)
 	b = appendFloat(b, float64(req.now))
 	b = appendFloat(b, float64(cutoff))
 	b = appendLimits(b, req.windows)
+	if room != nil {
+		// The quota's room, decided with the message (ewma1.lua's KEYS[2]).
+		b = appendFloat(b, float64(room.room.Events))
+		b = appendFloat(b, float64(room.room.Window.Milliseconds()))
+	}
 	req.nums = unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
-	args := make([]any, 0, 6+len(req.keys))
-	args = append(args, argEvalSha, argSHA1, len(req.keys))
+	args := make([]any, 0, 7+len(req.keys))
+	args = append(args, argEvalSha, argSHA1, req.callKeys())
 	for i := range req.keys {
 		args = append(args, &req.keys[i])
+	}
+	if room != nil {
+		args = append(args, &room.keys[0])
 	}
 	args = append(args, &req.nums)
 	switch {
