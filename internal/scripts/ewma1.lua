@@ -6,7 +6,8 @@
 -- lists, no list index, no table of values written earlier in the call,
 -- and no window count but one or two (every limit sluice ships, and most an
 -- operator writes), so that the windows are locals, not a table indexed in
--- loops. One GET and one SET of the decision's one key. A store sends every
+-- loops. One GET and one SET of the decision's one key (an MGET with the
+-- quota's key when a room goes with it, KEYS[2]). A store sends every
 -- decision of one or two windows that goes out alone as this call (one of
 -- more windows as ewma.lua deciding one): with a request id when its client
 -- may resend a command (go-redis retries on), without one when it never
@@ -14,7 +15,7 @@
 -- none to guard; ids another gate keeps in the value are kept as they
 -- are).
 --
--- KEYS     one key, holding both windows of the decision (see ewma.lua's
+-- KEYS[1]  the key holding both windows of the decision (see ewma.lua's
 --          "Stored value").
 -- ARGV[1]  the call, packed as little-endian doubles (see ewma.lua's
 --          "Packed"): now in whole unix ms (0, or a negative whole
@@ -69,9 +70,9 @@ local a = ARGV[1]
 local la = a and #a
 local scores = ARGV[3]
 local room = #KEYS == 2 -- a room check goes with the message
-if room then la = la - 16 end
+if room and la then la = la - 16 end
 if not ((la == 64 or la == 40) and (room or #KEYS == 1) and #ARGV <= 3 and (scores == nil or scores == 's')) then
-  return redis.error_reply("ERR sluice ewma: want one key, then now, cutoff and three numbers for each of one or two windows packed, then optionally a request id and 's'")
+  return redis.error_reply("ERR sluice ewma: want one key (and the quota's), then now, cutoff and three numbers for each of one or two windows packed (then the room's two), then optionally a request id and 's'")
 end
 local reqid = ARGV[2] or ''
 -- The windows: rate, half-life and cost of the first (r1, p1, c1) and, when

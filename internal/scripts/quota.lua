@@ -9,9 +9,11 @@
 -- the window if shorter), so the key is gone soon after its window ends and
 -- Redis's memory for the quota is bounded by time. A value naming an older
 -- window is a fresh window (count 0): a key outliving its window by the
--- margin is harmless. The key is the one key the script touches, declared
--- in KEYS, so the call is legal on a cluster (and routed by it) whatever
--- the window.
+-- margin is harmless. A single Add or Exceeded touches the actor's key
+-- (and an Add its seen key, in the actor's slot), declared in KEYS, so the
+-- call is legal on a cluster (and routed by it) whatever the window; the
+-- batch Add below, of many actors, is sent only where keys may be any
+-- (one Redis).
 --
 -- KEYS[1] the actor's key, e.g. "sluice:{q:<pubkey>}:quota:60000".
 -- KEYS[2] (an Add's, optional) the event's seen key, in the actor's slot,
@@ -42,7 +44,8 @@
 -- actor's key and the event's seen key, in order; ARGV[1] "A", ARGV[2..5]
 -- E, W, now and the cutoff as above, then one created_at per charge
 -- (ARGV[5+i], as ARGV[7]; "0": unknown). No request id: a charge resent
--- whole finds its seen key and is answered added, uncounted. Each charge is
+-- whole finds its seen key and is not counted again (answered added, or
+-- refused if it was the one that filled the quota). Each charge is
 -- an Add as below, in order, so a later charge of the same actor sees an
 -- earlier one's count. Reply: three integers per charge, in order, as an
 -- Add's; a charge whose actor's value is malformed is -1, 0, 0 and writes

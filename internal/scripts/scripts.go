@@ -27,8 +27,9 @@ var EWMA = include(ewmaSource)
 
 // EWMA1 is the source of ewma1.lua: the lean call of EWMA for one decision
 // of one or two windows sent alone, with a request id or without (for a
-// client that never resends a command). Same decisions, stored values and
-// reply as EWMA deciding that one message.
+// client that never resends a command), and optionally an actor quota's
+// room decided with it. Same decisions, stored values and reply as EWMA
+// deciding that one message (with the room: the two as one group).
 var EWMA1 = include(ewma1Source)
 
 //go:embed refund.lua

@@ -42,9 +42,11 @@ var refund = redis.NewScript(scripts.Refund)
 // other clients' decisions (Options.Batch batches single-budget ones),
 // but for the usual EVENT with the quota on: one window budget and a
 // quota's room (ratelimit.Room) off a Cluster go as one decision with a
-// companion in a batch's call (request.with), joined as a group there.
-// Sent alone, those frames took a call each, and at 256 connections some
-// queued past their deadline.
+// companion (request.with), batched like a single-budget one: joined as
+// a group in a batch's call, or the lean call with the room as its
+// second key when it goes out alone. Sent on their own, those frames
+// took a call each, and at 256 connections some queued past their
+// deadline.
 func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now time.Time) (ratelimit.Decision, error) {
 	var only, n int
 	win, room := -1, -1 // the last window budget and room

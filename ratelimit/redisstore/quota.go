@@ -73,8 +73,8 @@ const maxActorLen = 64
 // the count every instance's charges write). The price, stated as a
 // bound: an actor can get accepted, across instances, the events it sends
 // between its count reaching Events and the charges of its accepted
-// events reaching Redis, at most 2 ms and one batch round trip after the
-// relay's OK (plus the events already forwarded and awaiting their OK, as without
+// events reaching Redis (after the relay's OK: up to 2 ms of gathering,
+// the batch already in flight if any, and its own round trip) (plus the events already forwarded and awaiting their OK, as without
 // batching). Exceeded, asked on a Cluster or when the limiter is on
 // another store, asks no one: it
 // answers from a bounded table of the actors this Quota's charges found
@@ -473,7 +473,7 @@ func (q *Quota) sendBatch(batch []quotaAdd) {
 		if err == nil {
 			continue
 		}
-		if !answered(err) && !isQuotaRefusal(err) {
+		if !answered(err) && !isQuotaRefusal(err) && err != errQuotaMalformed {
 			failed = true
 		}
 		lastErr = err
@@ -491,19 +491,26 @@ func (q *Quota) sendBatch(batch []quotaAdd) {
 	}
 }
 
+// errQuotaMalformed is a batch Add's report of an actor whose stored
+// value the script would not read (nothing charged): Redis answered,
+// about that key, as a single Add's 'ERR sluice quota: malformed value'.
+var errQuotaMalformed = errors.New("redisstore: quota: malformed value in a batch of charges")
+
 // learnBatch reads the reply of a batch Add of adds: three integers per
 // charge, each an Add's reply, or -1, 0, 0 for an actor whose stored value
-// the script would not read (nothing charged: Redis answered, about that
-// key). The first wrong reply is the error; every charge read before it
-// is learnt.
+// the script would not read (then errQuotaMalformed, once every charge is
+// read). A wrong reply is the error; every charge read before it is
+// learnt.
 func (q *Quota) learnBatch(adds []quotaAdd, reply any) error {
 	arr, ok := reply.([]any)
 	if !ok || len(arr) != 3*len(adds) {
 		return badReply("batch quota reply %#v, want 3 integers for each of %d charges", reply, len(adds))
 	}
+	var bad error
 	for i, a := range adds {
 		part := arr[3*i : 3*i+3]
 		if f, ok := part[0].(int64); ok && f == -1 {
+			bad = errQuotaMalformed
 			continue
 		}
 		added, wait, count, err := parseQuotaReply(part, true)
@@ -512,7 +519,7 @@ func (q *Quota) learnBatch(adds []quotaAdd, reply any) error {
 		}
 		q.learn(a.actor, added, wait, count)
 	}
-	return nil
+	return bad
 }
 
 // Room returns actor's room check as a budget of a message decided by lim

@@ -817,7 +817,10 @@ func TestQuotaCountsWhatWasSigned(t *testing.T) {
 func TestQuotaChargesOneCall(t *testing.T) {
 	srv, c := realRedis(t)
 	ctx := context.Background()
-	q := newQuota(t, newStore(t, client(t, srv.Addr()), slow), 3, time.Hour)
+	var seen []error
+	opts := slow
+	opts.Observe = func(_ time.Duration, err error) { seen = append(seen, err) }
+	q := newQuota(t, newStore(t, client(t, srv.Addr()), opts), 3, time.Hour)
 	if err := quotaScript.Load(ctx, c).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -867,5 +870,38 @@ func TestQuotaChargesOneCall(t *testing.T) {
 	}
 	if st := q.s.Stats(); st.RoundTrips != 1 || st.RoundTripFailures != 0 {
 		t.Errorf("stats %+v, want one round trip, no failure", st)
+	}
+	if len(seen) != 1 || !errors.Is(seen[0], errQuotaMalformed) {
+		t.Errorf("observed %v, want the one round trip with carol's malformed value", seen)
+	}
+}
+
+// TestQuotaBatchLostReplyChargesOnce: a batch of charges in one call
+// carries no request id; when its reply is lost and go-redis resends the
+// call, each event's seen key keeps it from counting again.
+func TestQuotaBatchLostReplyChargesOnce(t *testing.T) {
+	srv, direct := realRedis(t)
+	p := startLossyProxy(t, srv.Addr())
+	c := client(t, p.ln.Addr().String()) // go-redis defaults: MaxRetries 3
+	q := newQuota(t, newStore(t, c, slow), 5, time.Hour)
+	ctx := context.Background()
+	now := time.Now().Unix()
+	charge := func(ids ...int) {
+		t.Helper()
+		var batch []quotaAdd
+		for _, i := range ids {
+			batch = append(batch, quotaAdd{actor: "alice", id: fmt.Sprintf("%064x", i), created: now})
+		}
+		q.sendBatch(batch)
+	}
+	charge(1) // warm-up: the script cached, a connection made
+	p.armed.Store(true)
+	charge(2, 3)
+	if p.lost.Load() != 1 {
+		t.Fatalf("proxy lost %d replies, want 1", p.lost.Load())
+	}
+	key, _ := q.key("alice", false)
+	if v, err := direct.Get(ctx, key).Result(); err != nil || !strings.HasPrefix(strings.SplitN(v, " ", 2)[1], "3") {
+		t.Errorf("stored %q %v after 3 events (a batch of 2 resent), want a count of 3", v, err)
 	}
 }

@@ -642,7 +642,8 @@ type request struct {
 	// with, when set, is a room check decided with this request, as one
 	// message of two budgets (joined: see internal/scripts/ewma.lua,
 	// "Groups"), in the same call: so a frame of one window budget and a
-	// quota's room still goes batched, a call shared with others.
+	// quota's room still goes batched, a call shared with others, or
+	// alone as the lean call with two keys (leanArgs).
 	with *request
 	now  int64 // unix ms; 0 means Redis TIME
 	// The packed arguments of the call this request leads (see commandOf
