@@ -371,23 +371,49 @@ func TestUnavailableRetryAfter(t *testing.T) {
 	}
 }
 
-// The Redis quota's room is decided in the frame's own script call, so an
-// actor at its limit is refused on every instance at once: two events by
-// one author accepted through instance a fill its quota of 2, and the
-// third, sent through instance b, whose own quota has charged nothing
-// and so knows nothing of a's charges, is refused without reaching the
-// relay. With the room asked from each instance's memory of its own
-// charges, b forwards it and the relay stores a third event.
+// The Redis quota's room is decided with the frame's own decision (on one
+// Redis in its script call, on a Cluster beside it), so an actor at its
+// limit is refused on every instance at once: two events by one author
+// accepted through instance a fill its quota of 2, and the third, sent
+// through instance b, whose own quota has charged nothing and so knows
+// nothing of a's charges, is refused without reaching the relay. With the
+// room asked from each instance's memory of its own charges, b forwards
+// it and the relay stores a third event.
 func TestSharedQuotaRoomAcrossInstances(t *testing.T) {
-	srv := redistest.Start(t)
+	t.Run("standalone", func(t *testing.T) {
+		srv := redistest.Start(t)
+		sharedQuotaRoom(t, func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		var addrs []string
+		for _, s := range redistest.StartCluster(t) {
+			addrs = append(addrs, s.Addr())
+		}
+		sharedQuotaRoom(t, func() redis.UniversalClient {
+			c, err := redisstore.NewClient("redis+cluster://" + strings.Join(addrs, ","))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		})
+	})
+}
+
+// sharedQuotaRoom runs TestSharedQuotaRoomAcrossInstances with two gates,
+// each on a client of its own from newClient.
+func sharedQuotaRoom(t *testing.T, newClient func() redis.UniversalClient) {
 	rec := newRecorder()
 	rec.answerOK = func(hex32) bool { return true }
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = []ratelimit.Limit{ratelimit.PerPeriod(100, time.Second)}
 	var urls []string
+	var admin redis.UniversalClient
 	for range 2 {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		c := newClient()
 		t.Cleanup(func() { _ = c.Close() })
+		admin = c
 		st, err := redisstore.New(c, redisstore.Options{Timeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -415,8 +441,6 @@ func TestSharedQuotaRoomAcrossInstances(t *testing.T) {
 	}
 	// a's charges go in the background, after the relay's OK: wait for
 	// Redis to hold both.
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { _ = admin.Close() })
 	for deadline := time.Now().Add(nostrtest.Timeout); ; time.Sleep(10 * time.Millisecond) {
 		v, _ := admin.Get(context.Background(), "sluice:{q:"+pubkeyN(1)+"}:quota:3600000").Result()
 		if f := strings.Fields(v); len(f) >= 2 && f[1] == "2" { // "<window> <count> <id>"

@@ -47,11 +47,7 @@ func TestLeanEqualsBatch(t *testing.T) {
 			l := lists[rng.IntN(len(lists))]
 			n := len(l) / 3
 			ks := []string{"t:{c}:" + strings.Join(periods[:n], ":")}
-			var scores []float64
-			for i := range n {
-				r, _ := l[3*i].(int)
-				scores = append(scores, rng.Float64()*float64(max(r, 1)+1))
-			}
+			scores := randomScores(rng, l)
 			at := nowms - int64(rng.IntN(5000)) + 300
 			seeds := []string{""}
 			switch x := rng.IntN(14); {
@@ -74,14 +70,7 @@ func TestLeanEqualsBatch(t *testing.T) {
 			case x < 9:
 				seeds[0] = value(at, scores)
 			}
-			seed := func() {
-				c.FlushAll(ctx)
-				for i, v := range seeds {
-					if v != "" {
-						c.Set(ctx, ks[i], v, 0)
-					}
-				}
-			}
+			seed := func() { reseed(c, ks, seeds) }
 			seed()
 			id := []string{"", "", "cccccccccccccccc", "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"}[rng.IntN(5)]
 			want, err := ewma.Run(ctx, c, ks, single(now, id, l...)...).Slice()
@@ -117,6 +106,28 @@ func TestLeanEqualsBatch(t *testing.T) {
 			}
 		}
 	})
+}
+
+// reseed empties Redis and stores seeds[i] (unless "") at ks[i].
+func reseed(c *redis.Client, ks, seeds []string) {
+	ctx := context.Background()
+	c.FlushAll(ctx)
+	for i, v := range seeds {
+		if v != "" {
+			c.Set(ctx, ks[i], v, 0)
+		}
+	}
+}
+
+// randomScores returns a score for each window of the limit list l
+// (rate, half-life, cost, ...), up to a little over its rate.
+func randomScores(rng *rand.Rand, l []any) []float64 {
+	var scores []float64
+	for i := range len(l) / 3 {
+		r, _ := l[3*i].(int)
+		scores = append(scores, rng.Float64()*float64(max(r, 1)+1))
+	}
+	return scores
 }
 
 // TestLeanCutoff: past its cutoff ewma1.lua writes nothing and says so;
@@ -240,11 +251,7 @@ func TestLeanRoomEqualsBatch(t *testing.T) {
 			l := lists[rng.IntN(len(lists))]
 			n := len(l) / 3
 			ks := []string{"t:{c}:" + strings.Join(periods[:n], ":"), "t:{q:alice}:quota:60000"}
-			var scores []float64
-			for i := range n {
-				r, _ := l[3*i].(int)
-				scores = append(scores, rng.Float64()*float64(max(r, 1)+1))
-			}
+			scores := randomScores(rng, l)
 			at := nowms - int64(rng.IntN(5000)) + 300
 			seeds := []string{"", quota[rng.IntN(len(quota))]}
 			switch x := rng.IntN(8); {
@@ -255,14 +262,7 @@ func TestLeanRoomEqualsBatch(t *testing.T) {
 			case x < 6:
 				seeds[0] = value(at, scores)
 			}
-			seed := func() {
-				c.FlushAll(ctx)
-				for i, v := range seeds {
-					if v != "" {
-						c.Set(ctx, ks[i], v, 0)
-					}
-				}
-			}
+			seed := func() { reseed(c, ks, seeds) }
 			id := []string{"", "cccccccccccccccc", "aaaaaaaaaaaaaaaa"}[rng.IntN(3)]
 			withS := rng.IntN(2) == 0
 			// The batch call: the windows' list joined with the room list.

@@ -881,7 +881,11 @@ func decision(reply any, err error, r *request) (ratelimit.Decision, error) {
 	if _, bare := reply.(int64); r.with == nil || bare {
 		// Alone, or the lean script's bare admission of the message and
 		// its room together.
-		return parseReply(reply, r.windows.Len(), r.scores)
+		d, err := parseReply(reply, r.windows.Len(), r.scores)
+		if err == nil && d.Allowed && r.scores != nil {
+			r.value = reply.([]any)[1].(string) // parseReply read it
+		}
+		return d, err
 	}
 	arr, ok := reply.([]any)
 	if !ok || len(arr) != 4 {

@@ -41,12 +41,13 @@ var refund = redis.NewScript(scripts.Refund)
 // A message of several budgets is sent on its own, never batched with
 // other clients' decisions (Options.Batch batches single-budget ones),
 // but for the usual EVENT with the quota on: one window budget and a
-// quota's room (ratelimit.Room) off a Cluster go as one decision with a
-// companion (request.with), batched like a single-budget one: joined as
-// a group in a batch's call, or the lean call with the room as its
-// second key when it goes out alone. Sent on their own, those frames
-// took a call each, and at 256 connections some queued past their
-// deadline.
+// quota's room (ratelimit.Room) go as one decision with a companion
+// (request.with), batched like a single-budget one: joined as a group in
+// a batch's call, or the lean call with the room as its second key when
+// it goes out alone. Sent on their own, those frames took a call each,
+// and at 256 connections some queued past their deadline. On a Cluster
+// the two go as two decisions at once, each batched with its master's,
+// the window refunded when the room refuses (decideApart).
 func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now time.Time) (ratelimit.Decision, error) {
 	var only, n int
 	win, room := -1, -1 // the last window budget and room
@@ -71,10 +72,11 @@ func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now t
 			d.By = only
 		}
 		return d, err
-	case n == 2 && room >= 0 && win >= 0 && s.nodes == nil:
+	case n == 2 && room >= 0 && win >= 0:
 		// One window budget and a quota's room (an EVENT with the quota
 		// on and no other budget, the usual frame): one decision with a
-		// companion, batched with other clients' decisions like any one.
+		// companion, batched with other clients' decisions like any one
+		// (on a cluster, two, each batched with its master's: decideApart).
 		d, err := s.decideWith(ctx, budgets[win].Key, budgets[win].Windows, now, nil, &budgets[room])
 		if !d.Allowed || err != nil {
 			if d.By == 1 {

@@ -524,22 +524,26 @@ func (q *Quota) learnBatch(adds []quotaAdd, reply any) error {
 
 // Room returns actor's room check as a budget of a message decided by lim
 // (ratelimit.Room), and true, when lim decides on this Quota's Store and
-// that Store is on one Redis (a plain or Sentinel client): the count is then read in the message's
-// own script call, with its other budgets, from the key every instance's
-// charges write, so a message of an actor at its limit is refused however
-// recently another instance counted it, and nothing of a refused message
-// is written. On a Cluster the actor's key is in a slot of its own, most
-// often on another master than the client's keys: the room would cost
-// each frame a second call, outside the batches its single-budget
-// decisions share (a Ring would even read it on the wrong shard). There,
-// and on any other store (false), ask Exceeded.
+// that Store is on one Redis (a plain or Sentinel client) or a Cluster:
+// the count is then read with the message's other budgets, from the key
+// every instance's charges write, so a message of an actor at its limit is
+// refused however recently another instance counted it. On one Redis it is
+// read in the message's own script call, and nothing of a refused message
+// is written; on a Cluster, where the actor's key is in a slot of its own,
+// it is a decision of its own at the same time as the message's (batched
+// with its master's), and a message the room refuses has its windows
+// refunded (Store.DecideAll). A Ring routes a call by its first key and
+// would read the count on the wrong shard: there, and on any other store
+// (false), ask Exceeded.
 func (q *Quota) Room(actor string, lim *ratelimit.Limiter) (ratelimit.Budget, bool) {
 	if lim == nil {
 		return ratelimit.Budget{}, false
 	}
-	if _, one := q.s.client.(*redis.Client); !one {
-		// A Cluster, or a Ring, which routes a call by its first key
-		// and would read the actor's count on the wrong shard.
+	switch q.s.client.(type) {
+	case *redis.Client, *redis.ClusterClient:
+	default:
+		// A Ring, which routes a call by its first key and would read
+		// the actor's count on the wrong shard.
 		return ratelimit.Budget{}, false
 	}
 	if st, ok := lim.Store().(*Store); !ok || st != q.s {

@@ -409,13 +409,75 @@ func (s *Store) decide(ctx context.Context, key string, windows *ratelimit.Windo
 	return s.decideWith(ctx, key, windows, now, scores, nil)
 }
 
-// decideWith is decide with, when room is not nil (never on a cluster), a
-// quota's room decided in the same call as one message (request.with):
-// batched like any decision. A refusal or error of the room's has By 1.
+// decideWith is decide with, when room is not nil, a quota's room decided
+// with it as one message: off a cluster in the same call
+// (request.with), batched like any decision; on a cluster, where the
+// actor's key is in a slot of its own, apart (decideApart). A refusal or
+// error of the room's has By 1.
 func (s *Store) decideWith(ctx context.Context, key string, windows *ratelimit.Windows, now time.Time, scores []float64, room *ratelimit.Budget) (ratelimit.Decision, error) {
 	if windows.Len() == 0 {
 		return ratelimit.Decision{Allowed: true}, nil
 	}
+	if room != nil && s.nodes != nil {
+		return s.decideApart(ctx, key, windows, now, room)
+	}
+	var req *request
+	if s.nodes == nil || routeKey(key) == "" {
+		req = s.request(key, windows, now)
+		req.scores = scores
+		if room != nil {
+			req.with = s.roomRequest(room.Key, room.Room, now)
+		}
+	}
+	return s.decideReq(ctx, key, req, func() *request {
+		r := s.request(key, windows, now)
+		r.scores = scores
+		return r
+	})
+}
+
+// decideApart decides a message of one window budget and a quota's room
+// on a cluster: the two as decisions of their own, each batched with its
+// master's, at once. The window's admission is written before the room is
+// known, so when the room refuses (or fails) it is refunded, as
+// DecideAll's parts on several masters are; the bound on what a racing
+// message sees is DecideAll's. The verdict is decision's for a
+// request with a companion: the window's error, then the room's, then the
+// longer wait of the two refusals.
+func (s *Store) decideApart(ctx context.Context, key string, windows *ratelimit.Windows, now time.Time, room *ratelimit.Budget) (ratelimit.Decision, error) {
+	wreq := s.request(key, windows, now)
+	wreq.scores = make([]float64, windows.Len()) // its admission replied with its value, for a refund
+	rreq := s.roomRequest(room.Key, room.Room, now)
+	type result struct {
+		d   ratelimit.Decision
+		err error
+	}
+	rc := make(chan result, 1)
+	go func() {
+		d, err := s.decideReq(ctx, room.Key, rreq, nil)
+		rc <- result{d, err}
+	}()
+	d, err := s.decideReq(ctx, key, wreq, nil)
+	r := <-rc
+	r.d.By = 1
+	switch {
+	case err != nil:
+		return d, err
+	case r.err == nil && r.d.Allowed:
+		return d, nil
+	case d.Allowed:
+		s.refund(ctx, []*request{wreq}, []any{[]any{int64(0), wreq.value}})
+	}
+	if r.err != nil || d.Allowed || r.d.Wait > d.Wait {
+		return r.d, r.err
+	}
+	return d, nil
+}
+
+// decideReq decides req (built by mk when nil, once its key's master is
+// known on a cluster: key is the budget's key without the prefix, which
+// routes it), straight out or batched (see batcher).
+func (s *Store) decideReq(ctx context.Context, key string, req *request, mk func() *request) (ratelimit.Decision, error) {
 	if s.closed.Load() {
 		return ratelimit.Decision{}, errClosedRefused
 	}
@@ -424,7 +486,6 @@ func (s *Store) decideWith(ctx context.Context, key string, windows *ratelimit.W
 		return ratelimit.Decision{}, errOpenRefused
 	}
 	br := s.br
-	var req *request
 	start := time.Now()
 	deadline := s.deadline(ctx, start)
 	if s.nodes != nil {
@@ -432,8 +493,6 @@ func (s *Store) decideWith(ctx context.Context, key string, windows *ratelimit.W
 		// only refuses while the client cannot load a slot map at all.
 		rk := routeKey(key)
 		if rk == "" {
-			req = s.request(key, windows, now)
-			req.scores = scores
 			rk = req.keys[0]
 		}
 		nd, err := s.nodes.of(ctx, deadline, rk, start)
@@ -456,11 +515,7 @@ func (s *Store) decideWith(ctx context.Context, key string, windows *ratelimit.W
 		}
 	}
 	if req == nil {
-		req = s.request(key, windows, now)
-		req.scores = scores
-	}
-	if room != nil {
-		req.with = s.roomRequest(room.Key, room.Room, now)
+		req = mk()
 	}
 	var d ratelimit.Decision
 	var err error
@@ -639,6 +694,7 @@ type request struct {
 	id      string
 	windows *ratelimit.Windows
 	room    *ratelimit.Room // a room check (ratelimit.Room) instead of windows
+	value   string          // the value an admission wrote, when its scores were asked for (decision)
 	// with, when set, is a room check decided with this request, as one
 	// message of two budgets (joined: see internal/scripts/ewma.lua,
 	// "Groups"), in the same call: so a frame of one window budget and a
@@ -916,7 +972,7 @@ func learnScript(err error, known *atomic.Bool) {
 func leanArgs(req *request, cutoff int64) []any {
 	n := req.windows.Len()
 	room := req.with
-	if n > 2 || room != nil && room.room == nil {
+	if n > 2 || req.room != nil || room != nil && room.room == nil {
 		reqs := [1]*request{req}
 		return commandBy(reqs[:], cutoff)
 	}

@@ -19,10 +19,11 @@ import (
 //     quota's room, when a quota applies (EventActor), are decided as one
 //     (Charge): admitted only if all admit, written only then, the wait
 //     the largest. A refusal, or a store that cannot decide, ends it
-//     there, having charged nothing. The Redis quota's room is read in the
-//     frame's own script call (redisstore.Quota.Room, on one Redis), from
-//     the count every instance's charges write; the in-process quota, the
-//     Redis quota on a Cluster, or one on another store than the
+//     there, having charged nothing. The Redis quota's room is read with
+//     the frame's budgets (redisstore.Quota.Room: on one Redis in the
+//     frame's own script call; on a Cluster at the same time, the windows
+//     refunded if it refuses), from the count every instance's charges
+//     write; the in-process quota, or one on another store than the
 //     limiter's, is asked first instead,
 //     from memory and without a round trip: an actor at its limit is then
 //     refused before anything is charged, and the quota failing refuses
