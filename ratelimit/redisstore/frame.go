@@ -25,7 +25,8 @@ var refund = redis.NewScript(scripts.Refund)
 // the budgets' keys are one group of internal/scripts/ewma.lua. On a
 // Cluster the keys of one master go in one call (scripts.EWMACluster: keys
 // in several slots of one master), so a message whose budgets share a hash
-// tag, or whose tags one master serves, is decided in one call too. A
+// tag, or whose tags one master serves, is decided in one call too (but
+// for the usual EVENT below). A
 // message whose budgets span masters (an aggregate shared by many clients,
 // say) is decided by one call per master, sent at once (one round trip,
 // each master deciding its part atomically); when any part refuses or
@@ -328,7 +329,7 @@ func (s *Store) refund(ctx context.Context, reqs []*request, replies []any) {
 		}
 		v, ok := arr[1].(string)
 		if !ok || len(v) < 8 {
-			continue // a repeat answered as an admission without a value: nothing was charged
+			continue // no value written to take back from
 		}
 		b := make([]byte, 0, 8+16*r.windows.Len())
 		b = append(b, v[:8]...)
@@ -337,8 +338,17 @@ func (s *Store) refund(ctx context.Context, reqs []*request, replies []any) {
 			b = appendFloat(b, float64(l.Period/time.Millisecond))
 			b = appendFloat(b, l.EffectiveCost())
 		}
-		// EVAL, not EVALSHA: a refund is rare, and in a pipeline a
-		// missing script could not be sent again before the reply.
+		if len(reqs) == 1 {
+			// The usual EVENT's window, refused by the quota's room
+			// (decideApart): EVALSHA, and EVAL only when Redis has
+			// lost the script, since an actor past its quota is
+			// refunded at each of its events that reaches Redis.
+			_ = refund.Run(rctx, s.nodes.cc, []string{r.keys[0]}, string(b)).Err()
+			return
+		}
+		// EVAL, not EVALSHA: a message spanning masters is refunded
+		// rarely, and in a pipeline a missing script could not be sent
+		// again before the reply.
 		refund.Eval(rctx, pipe, []string{r.keys[0]}, string(b))
 	}
 	_, _ = pipe.Exec(rctx)

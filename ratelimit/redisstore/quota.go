@@ -67,15 +67,15 @@ const maxActorLen = 64
 // a call per charge in one pipeline. It uses the Store's client, breaker
 // and Close and ten times its deadline (Options.Timeout: no caller waits
 // for a batch); a batch that fails leaves its events uncounted (the relay
-// has them already). Whether an actor has room is read in the frame's own script
-// call when the gate's limiter decides on this Quota's Store, off a
-// Cluster (Room: a ratelimit.Room decided with the frame's windows, from
-// the count every instance's charges write). The price, stated as a
+// has them already). Whether an actor has room is read with the frame's
+// own decision when the gate's limiter decides on this Quota's Store, on
+// one Redis or a Cluster (Room: a ratelimit.Room decided with the frame's
+// windows, from the count every instance's charges write). The price, stated as a
 // bound: an actor can get accepted, across instances, the events it sends
 // between its count reaching Events and the charges of its accepted
 // events reaching Redis (after the relay's OK: up to 2 ms of gathering,
 // the batch already in flight if any, and its own round trip) (plus the events already forwarded and awaiting their OK, as without
-// batching). Exceeded, asked on a Cluster or when the limiter is on
+// batching). Exceeded, asked on a Ring or when the limiter is on
 // another store, asks no one: it
 // answers from a bounded table of the actors this Quota's charges found
 // at their limit (Redis's reply to a charge carries the actor's count in

@@ -23,8 +23,8 @@ import (
 //     the frame's budgets (redisstore.Quota.Room: on one Redis in the
 //     frame's own script call; on a Cluster at the same time, the windows
 //     refunded if it refuses), from the count every instance's charges
-//     write; the in-process quota, or one on another store than the
-//     limiter's, is asked first instead,
+//     write; the in-process quota, the Redis quota on a Ring, or one on
+//     another store than the limiter's, is asked first instead,
 //     from memory and without a round trip: an actor at its limit is then
 //     refused before anything is charged, and the quota failing refuses
 //     as unavailable. A forged author buys nothing: the quota counts only
