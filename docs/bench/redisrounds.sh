@@ -6,7 +6,9 @@
 # CPU 1 and the load tool to CPU 0; publish at 8, 64 and 256 connections,
 # then, per sluice binary, publish at 8 connections with Redis's replies
 # 5 ms late (delayproxy). One line per run in OUT:
-#   round conns server delay_ms events/s p50_ms p99_ms ok_true unavailable
+#   round conns server delay_ms events/s p50_ms p99_ms ok_true unavailable server_ticks redis_ticks
+# the last two the CPU (user + system, in clock ticks of /proc/PID/stat)
+# the server process and redis-server spent during the load run.
 # BIN (default /tmp/lt) holds sluice-load as "load", the sluice binaries and
 # delayproxy (go build -o $BIN/delayproxy docs/bench/delayproxy/main.go).
 # REDIS_CPU, when set, pins redis-server to that CPU (0: beside the load
@@ -33,8 +35,13 @@ run() { # run ROUND CONNS SERVER REDISPORT DELAY
   esac
   pid=$!
   for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.05; done
-  taskset -c 0 "$BIN/load" publish -conns $2 -events 16000 -url ws://127.0.0.1:$port -xff -json 2>&1 |
-    python3 -c "import sys,json; j=json.loads(sys.stdin.read()); r=j.get('prefixes',{}) or {}; print($1, $2, '$3', $5, round(j['rate_per_s']), j['latency_ms']['p50'], j['latency_ms']['p99'], j['ok_true'], r.get('error:',0))"
+  local c0 r0 j
+  c0=$(awk '{print $14+$15}' /proc/$pid/stat)
+  r0=$(awk '{print $14+$15}' /proc/$rpid/stat)
+  j=$(taskset -c 0 "$BIN/load" publish -conns $2 -events 16000 -url ws://127.0.0.1:$port -xff -json 2>&1)
+  c0=$(( $(awk '{print $14+$15}' /proc/$pid/stat) - c0 ))
+  r0=$(( $(awk '{print $14+$15}' /proc/$rpid/stat) - r0 ))
+  echo "$j" | python3 -c "import sys,json; j=json.loads(sys.stdin.read()); r=j.get('prefixes',{}) or {}; print($1, $2, '$3', $5, round(j['rate_per_s']), j['latency_ms']['p50'], j['latency_ms']['p99'], j['ok_true'], r.get('error:',0), $c0, $r0)"
   kill $pid; wait $pid 2>/dev/null || true; rm -rf "$d"
 }
 for r in $(seq "$n"); do
