@@ -36,11 +36,12 @@ run() { # run ROUND CONNS SERVER REDISPORT DELAY
   pid=$!
   for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.05; done
   local c0 r0 j
-  c0=$(awk '{print $14+$15}' /proc/$pid/stat)
-  r0=$(awk '{print $14+$15}' /proc/$rpid/stat)
+  ticks() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; } # 0 once the process is gone
+  c0=$(ticks $pid)
+  r0=$(ticks $rpid)
   j=$(taskset -c 0 "$BIN/load" publish -conns $2 -events 16000 -url ws://127.0.0.1:$port -xff -json 2>&1)
-  c0=$(( $(awk '{print $14+$15}' /proc/$pid/stat) - c0 ))
-  r0=$(( $(awk '{print $14+$15}' /proc/$rpid/stat) - r0 ))
+  c0=$(( $(ticks $pid) - c0 ))
+  r0=$(( $(ticks $rpid) - r0 ))
   echo "$j" | python3 -c "import sys,json; j=json.loads(sys.stdin.read()); r=j.get('prefixes',{}) or {}; print($1, $2, '$3', $5, round(j['rate_per_s']), j['latency_ms']['p50'], j['latency_ms']['p99'], j['ok_true'], r.get('error:',0), $c0, $r0)"
   kill $pid; wait $pid 2>/dev/null || true; rm -rf "$d"
 }

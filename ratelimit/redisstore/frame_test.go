@@ -306,11 +306,12 @@ func roomBatched(t *testing.T, s *Store, perFrame int, calls func() int) {
 	}
 }
 
-// A room is offered on one Redis only: a Ring routes a call by its first
-// key and would read the actor's count on the wrong shard (always 0). And
+// A room is not offered on a Ring (one Redis and a Cluster have it): a
+// Ring routes a call by its first key and would read the actor's count on
+// the wrong shard (always 0). And
 // a room the script would refuse for the whole call, which a batch shares
 // with other clients, is refused before it is sent.
-func TestQuotaRoomOneRedisOnly(t *testing.T) {
+func TestQuotaRoomNotOnRing(t *testing.T) {
 	a, b := redistest.Start(t), redistest.Start(t)
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr(), "b": b.Addr()}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = ring.Close() })

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,16 +76,18 @@ const maxActorLen = 64
 // between its count reaching Events and the charges of its accepted
 // events reaching Redis (after the relay's OK: up to 2 ms of gathering,
 // the batch already in flight if any, and its own round trip) (plus the events already forwarded and awaiting their OK, as without
-// batching). Exceeded, asked on a Ring or when the limiter is on
-// another store, asks no one: it
+// batching). Exceeded asks no one (the gate asks it first, and where
+// there is no Room, on a Ring or when the limiter is on another store,
+// only it): it
 // answers from a bounded table of the actors this Quota's charges found
 // at their limit (Redis's reply to a charge carries the actor's count in
 // the shared window), until the end of that window; its bound is per
 // instance (an instance that charged nothing since does not know), and an
 // actor whose entry another actor's took (4,096 entries, hashed with a
 // per-process seed) gets one such gap more. An Add is
-// idempotent across go-redis's retries (a request id, as Decide's), so a
-// lost reply does not charge an actor twice.
+// idempotent across go-redis's retries (a request id, as Decide's; in a
+// batch of charges sent as one call, each event's seen key), so a lost
+// reply does not charge an actor twice.
 //
 // A Quota is safe for concurrent use. The zero Quota is not usable; use
 // NewQuota.
@@ -274,7 +277,7 @@ func (q *Quota) argsOf(op any, a quotaAdd, nowMs, cut int64) []any {
 	if op != argOpAdd {
 		return []any{argEvalSha, argQuotaSHA, 1, key, op, q.args[0], q.args[1], nowMs, cut, argNoID}
 	}
-	created := a.created * 1000
+	created := createdMs(a.created)
 	if a.id == "" {
 		return []any{argEvalSha, argQuotaSHA, 1, key, op, q.args[0], q.args[1], nowMs, cut, reqID, created}
 	}
@@ -303,9 +306,20 @@ func (q *Quota) batchArgs(adds []quotaAdd, cut int64) []any {
 	}
 	args = append(args, argOpBatch, q.args[0], q.args[1], 0, cut)
 	for _, a := range adds {
-		args = append(args, a.created*1000)
+		args = append(args, createdMs(a.created))
 	}
 	return args
+}
+
+// createdMs is an event's created_at (unix seconds) in ms as quota.lua
+// reads it, 0 (unknown: charged) for one that is not positive or whose ms
+// would not fit an int64: a created_at of 18446744073709552 s, wrapped, read
+// as 384 ms after the epoch, an old copy, and its author was never counted.
+func createdMs(created int64) int64 {
+	if created <= 0 || created > math.MaxInt64/1000 {
+		return 0
+	}
+	return created * 1000
 }
 
 // learn enters actor in the table of actors at their limit when a charge's
@@ -324,7 +338,11 @@ func (q *Quota) learn(actor string, added bool, wait time.Duration, count int64)
 }
 
 // send is the Quota's sender: it takes what is queued, up to quotaBatch at
-// a time, and sends it as one pipeline, until the Store is closed.
+// a time, gathered for up to quotaLinger, and sends it as one round trip
+// (sendBatch), until the Store is closed. A batch gathered when Close
+// comes is still sent (and fails if the client is closed already);
+// charges still queued then may be sent or dropped, as the relay has
+// their events either way.
 func (q *Quota) send() {
 	batch := make([]quotaAdd, 0, quotaBatch)
 	linger := time.NewTimer(time.Hour)
@@ -369,9 +387,11 @@ func (q *Quota) flushed() {
 	<-done
 }
 
-// sendBatch charges batch (markers aside) in one pipeline, bounded by
-// quotaPatience of the store's Timeouts, and learns from each reply. It is one round trip for
-// the breaker; an open breaker drops the batch uncounted.
+// sendBatch charges batch (markers aside) in one round trip (one call of
+// the batch Add on one Redis, else a pipeline of calls), bounded by
+// quotaPatience of the store's Timeouts, and learns from each reply. It
+// is one round trip for the breaker; an open breaker drops the batch
+// uncounted.
 func (q *Quota) sendBatch(batch []quotaAdd) {
 	s := q.s
 	n := 0

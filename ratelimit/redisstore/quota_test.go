@@ -680,6 +680,9 @@ func TestQuotaLostReplyChargesOnce(t *testing.T) {
 		t.Errorf("stored %q %v after two Adds (one resent), want a count of 2", v, err)
 	}
 
+	// The batch's charges by Redis TIME, in an hour's window (the minute
+	// above is at a fixed instant).
+	q = newQuota(t, q.s, 5, time.Hour)
 	created := time.Now().Unix()
 	charge := func(ids ...int) {
 		t.Helper()
@@ -696,7 +699,7 @@ func TestQuotaLostReplyChargesOnce(t *testing.T) {
 		t.Fatalf("proxy lost %d replies, want 2", p.lost.Load())
 	}
 	key, _ = q.key("bob", false)
-	if v, err := direct.Get(ctx, key).Result(); err != nil || !strings.HasPrefix(strings.SplitN(v, " ", 2)[1], "3") {
+	if v, err := direct.Get(ctx, key).Result(); err != nil || len(strings.Fields(v)) < 2 || strings.Fields(v)[1] != "3" {
 		t.Errorf("stored %q %v after 3 events (a batch of 2 resent), want a count of 3", v, err)
 	}
 }
@@ -859,6 +862,9 @@ func TestQuotaChargesOneCall(t *testing.T) {
 		{actor: "alice", id: ev(4), created: now},
 		{actor: "bob", id: ev(5), created: now - 2*3600},
 		{actor: "dave", id: ev(6), created: now},
+		// A created_at whose ms overflow an int64 (scan takes up to
+		// 2^56 s) is unknown, charged: wrapped, it read as an old copy.
+		{actor: "erin", id: ev(7), created: 18446744073709552},
 	}
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -866,7 +872,7 @@ func TestQuotaChargesOneCall(t *testing.T) {
 	q.sendBatch(batch)
 	info := c.Info(ctx, "commandstats").Val()
 	if !strings.Contains(info, "cmdstat_evalsha:calls=1,") || !strings.Contains(info, "cmdstat_time:calls=1,") {
-		t.Errorf("8 charges made these calls, want one EVALSHA and one TIME:\n%s", info)
+		t.Errorf("9 charges made these calls, want one EVALSHA and one TIME:\n%s", info)
 	}
 	count := func(actor string) string {
 		key, _ := q.key(actor, false)
@@ -879,7 +885,7 @@ func TestQuotaChargesOneCall(t *testing.T) {
 		}
 		return v
 	}
-	for actor, want := range map[string]string{"alice": "3", "bob": "redis: nil", "carol": "garbage", "dave": "1"} {
+	for actor, want := range map[string]string{"alice": "3", "bob": "redis: nil", "carol": "garbage", "dave": "1", "erin": "1"} {
 		if got := count(actor); got != want {
 			t.Errorf("%s: count %q, want %q", actor, got, want)
 		}
@@ -895,5 +901,12 @@ func TestQuotaChargesOneCall(t *testing.T) {
 	}
 	if len(seen) != 1 || !errors.Is(seen[0], errQuotaMalformed) {
 		t.Errorf("observed %v, want the one round trip with carol's malformed value", seen)
+	}
+	// The same created_at in a charge of its own.
+	if ok, err := q.addEventAt(ctx, "frank", ev(8), 18446744073709552, time.Time{}); !ok || err != nil {
+		t.Fatalf("charge with a created_at past int64 ms: %v %v", ok, err)
+	}
+	if got := count("frank"); got != "1" {
+		t.Errorf("frank: count %q after an event dated past int64 ms, want 1", got)
 	}
 }

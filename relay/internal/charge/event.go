@@ -19,15 +19,17 @@ import (
 //     quota's room, when a quota applies (EventActor), are decided as one
 //     (Charge): admitted only if all admit, written only then, the wait
 //     the largest. A refusal, or a store that cannot decide, ends it
-//     there, having charged nothing. The Redis quota's room is read with
-//     the frame's budgets (redisstore.Quota.Room: on one Redis in the
+//     there, having charged nothing (on a Redis Cluster, the windows
+//     charged and refunded: redisstore.Store.DecideAll). The quota is
+//     asked first (Exceeded: the Redis quota from its memory of its
+//     charges' replies, without a round trip): an actor known at its
+//     limit is refused before anything is charged or sent, and the quota
+//     failing refuses as unavailable. The Redis quota's room is then read
+//     with the frame's budgets (redisstore.Quota.Room: on one Redis in the
 //     frame's own script call; on a Cluster at the same time, the windows
 //     refunded if it refuses), from the count every instance's charges
-//     write; the in-process quota, the Redis quota on a Ring, or one on
-//     another store than the limiter's, is asked first instead,
-//     from memory and without a round trip: an actor at its limit is then
-//     refused before anything is charged, and the quota failing refuses
-//     as unavailable. A forged author buys nothing: the quota counts only
+//     write; on a Ring, or on another store than the limiter's, the
+//     memory alone answers. A forged author buys nothing: the quota counts only
 //     events the relay validated, and a refusal by it writes nothing
 //     anywhere.
 //
@@ -42,18 +44,16 @@ func (s *Subject) Event(ctx context.Context, lim *ratelimit.Limiter, kind int, a
 	q, actor, exempt := s.EventActor(authed, author)
 	var room *ratelimit.Budget
 	if q != nil {
+		over, wait, err := q.Exceeded(ctx, actor)
+		switch {
+		case err != nil:
+			return Verdict{Err: err, Quota: true, Budget: "quota"}, ""
+		case over:
+			return Verdict{Refused: true, Wait: wait, Quota: true, Budget: "quota"}, ""
+		}
 		if rq, ok := q.(roomQuota); ok {
 			if b, ok := rq.Room(actor, lim); ok {
 				room = &b
-			}
-		}
-		if room == nil {
-			over, wait, err := q.Exceeded(ctx, actor)
-			switch {
-			case err != nil:
-				return Verdict{Err: err, Quota: true, Budget: "quota"}, ""
-			case over:
-				return Verdict{Refused: true, Wait: wait, Quota: true, Budget: "quota"}, ""
 			}
 		}
 	}

@@ -21,6 +21,24 @@ func (failingQuota) Exceeded(context.Context, string) (bool, time.Duration, erro
 	return false, 0, fmt.Errorf("test: %w", ratelimit.ErrUnavailable)
 }
 
+// fullRoomQuota is a quota whose room is read with the frame's budgets
+// (as redisstore.Quota's) and whose memory knows the actor is full: the
+// room must not be asked for then (on a Cluster it costs the frame a
+// window written and refunded, and a round trip).
+type fullRoomQuota struct {
+	ratelimit.ActorQuota
+	rooms *int
+}
+
+func (fullRoomQuota) Exceeded(context.Context, string) (bool, time.Duration, error) {
+	return true, time.Minute, nil
+}
+
+func (q fullRoomQuota) Room(string, *ratelimit.Limiter) (ratelimit.Budget, bool) {
+	*q.rooms++
+	return ratelimit.Budget{}, false
+}
+
 // TestEvent: the EVENT rule step by step, on a clock that stands still
 // (the relay-level table, TestE2EEventRule in package relay, runs the same
 // rule through a gate and the hooks). Each admitted event with an actor is
@@ -44,6 +62,7 @@ func TestEvent(t *testing.T) {
 	var l policy.Limits
 	l.Message[wire.TypeEVENT] = lims(ratelimit.PerPeriod(3, time.Hour))
 	const windowWait = 2106 * time.Second // 3 an hour, past its burst
+	rooms := 0                            // rooms asked of fullRoomQuota
 	for _, tc := range []struct {
 		name  string
 		quota ratelimit.ActorQuota // nil: q on the frozen clock
@@ -86,6 +105,11 @@ func TestEvent(t *testing.T) {
 		name:  "quota unavailable",
 		quota: failingQuota{},
 		steps: []step{{author: author, out: policy.Unavailable}},
+	}, {
+		// Memory first, then the room: an actor known full asks no room.
+		name:  "quota with a room, known full",
+		quota: fullRoomQuota{rooms: &rooms},
+		steps: []step{{author: author, out: policy.QuotaExceeded, wait: time.Minute}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			quota := tc.quota
@@ -118,6 +142,10 @@ func TestEvent(t *testing.T) {
 				}
 			}
 		})
+	}
+
+	if rooms != 0 {
+		t.Errorf("the room was asked for %d times of an actor known full", rooms)
 	}
 
 	// A free payer pays nothing, whatever the store says.
