@@ -144,6 +144,46 @@ func BenchmarkRedisClusterConcurrency(b *testing.B) {
 	}
 }
 
+// BenchmarkRoomFrame: the usual EVENT with the actor quota on (one window
+// budget and the actor's room, DecideAll) against the EVENT's window alone,
+// as the binary's store decides them (Batch 32), at 64 goroutines, on one
+// Redis (the room in the frame's own call) and on a 3-master cluster (the
+// room a decision of its own beside the window's). Every actor has room,
+// so nothing is refunded: what reading the room with each frame costs.
+func BenchmarkRoomFrame(b *testing.B) {
+	for _, where := range []string{"standalone", "cluster"} {
+		b.Run(where, func(b *testing.B) {
+			var e *benchEnv
+			if where == "cluster" {
+				addrs := startCluster(b)
+				e = newBenchEnvOn(b, "redis+cluster://"+strings.Join(addrs, ","), addrs...)
+			} else {
+				e = newBenchEnv(b)
+			}
+			w := storetest.MustWindows(ratelimit.PerPeriod(1000, time.Second))
+			room := &ratelimit.Room{Events: 1 << 20, Window: time.Minute}
+			for _, withRoom := range []bool{false, true} {
+				name := "Window"
+				if withRoom {
+					name = "WindowAndRoom"
+				}
+				b.Run(name, func(b *testing.B) {
+					s := newStore(b, e.universal(b), Options{Timeout: time.Second, Batch: 32})
+					b.Cleanup(func() { _ = s.Close() })
+					e.parallel(b, 64, s, func(ctx context.Context, key string) (bool, error) {
+						budgets := []ratelimit.Budget{{Key: key, Windows: w}}
+						if withRoom {
+							budgets = append(budgets, ratelimit.Budget{Key: "{q:" + key + "}:quota:60000", Room: room})
+						}
+						d, err := s.DecideAll(ctx, budgets, time.Time{})
+						return d.Allowed, err
+					})
+				})
+			}
+		})
+	}
+}
+
 // parallel runs call from g goroutines (exactly: RunParallel cannot run
 // fewer than GOMAXPROCS) over the benchmark keys and reports the metrics. call reports whether the request was
 // admitted: admitted-% is reported so that a comparison can check both
