@@ -302,7 +302,7 @@ func (s *Store) clusterFrame(ctx context.Context, deadline, start time.Time, req
 		return out, 0, nil
 	}
 	for _, pi := range admitted {
-		s.refund(ctx, parts[pi].reqs, parts[pi].replies)
+		s.refund(ctx, parts[pi].reqs, written(parts[pi].replies))
 	}
 	if err != nil {
 		return ratelimit.Decision{}, at, err
@@ -310,11 +310,24 @@ func (s *Store) clusterFrame(ctx context.Context, deadline, start time.Time, req
 	return out, at, nil
 }
 
+// written returns the value each admission of replies (a call's parts,
+// asked with their values) wrote, "" for a room's or a request's that
+// wrote none.
+func written(replies []any) []string {
+	out := make([]string, len(replies))
+	for i, r := range replies {
+		if arr, ok := r.([]any); ok && len(arr) == 2 {
+			out[i], _ = arr[1].(string)
+		}
+	}
+	return out
+}
+
 // refund takes back the admissions of reqs, one master's part of a
-// message on a Cluster (their replies hold the values written), in one
-// pipeline, bounded by the store's Timeout from now: the
+// message on a Cluster, from the values they wrote (values[i], "" for
+// none), in one pipeline, bounded by the store's Timeout from now: the
 // message was refused elsewhere, and its caller may have given up.
-func (s *Store) refund(ctx context.Context, reqs []*request, replies []any) {
+func (s *Store) refund(ctx context.Context, reqs []*request, values []string) {
 	rctx := context.WithoutCancel(ctx)
 	if s.timeout > 0 {
 		var cancel context.CancelFunc
@@ -323,13 +336,9 @@ func (s *Store) refund(ctx context.Context, reqs []*request, replies []any) {
 	}
 	pipe := s.nodes.cc.Pipeline() // each call routed by its key
 	for i, r := range reqs {
-		arr, ok := replies[i].([]any)
-		if !ok || len(arr) != 2 || r.room != nil {
-			continue
-		}
-		v, ok := arr[1].(string)
-		if !ok || len(v) < 8 {
-			continue // no value written to take back from
+		v := values[i]
+		if r.room != nil || len(v) < 8 {
+			continue // a room writes nothing; no value written to take back from
 		}
 		b := make([]byte, 0, 8+16*r.windows.Len())
 		b = append(b, v[:8]...)

@@ -430,12 +430,11 @@ func (q *Quota) sendBatch(batch []quotaAdd) {
 		cmd   *redis.Cmd
 	}
 	ones := make([]one, 0, n)
-	_, plain := s.client.(*redis.Client)
 	var together []quotaAdd
 	for i, a := range batch {
 		switch {
 		case a.done != nil:
-		case plain && a.id != "":
+		case s.one && a.id != "":
 			together = append(together, a)
 		default:
 			args := q.argsOf(argOpAdd, a, 0, cut)
@@ -559,9 +558,7 @@ func (q *Quota) Room(actor string, lim *ratelimit.Limiter) (ratelimit.Budget, bo
 	if lim == nil {
 		return ratelimit.Budget{}, false
 	}
-	switch q.s.client.(type) {
-	case *redis.Client, *redis.ClusterClient:
-	default:
+	if !q.s.one && q.s.nodes == nil {
 		// A Ring, which routes a call by its first key and would read
 		// the actor's count on the wrong shard.
 		return ratelimit.Budget{}, false

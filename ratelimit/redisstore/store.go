@@ -148,6 +148,12 @@ type Store struct {
 	// client.)
 	lean bool
 
+	// one: the client is a plain one (one Redis, or a sentinel's
+	// master), where one script call may touch any keys: decisions of
+	// different clients, a message and its quota's room, many quota
+	// charges. A cluster's or a ring's keys live on different nodes.
+	one bool
+
 	ctxs callPool // the timers of direct and quota calls (callCtx)
 
 	done chan struct{} // closed by Close: stops the quotas' senders
@@ -232,8 +238,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		st.nodes = newNodes(cc, opts.breaker)
 	}
-	if c, ok := client.(*redis.Client); ok && c.Options().MaxRetries == 0 {
-		st.lean = true
+	if c, ok := client.(*redis.Client); ok {
+		st.one = true
+		st.lean = c.Options().MaxRetries == 0
 	}
 	// The counter starts at a random point too: two gates (or one restarted)
 	// whose 24-bit bases collide would otherwise count 1, 2, 3… in step, and
@@ -251,10 +258,8 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 			workers = 4
 		}
 		// Decisions of different clients share a script call only on a
-		// plain client (one Redis, or a sentinel's master): a cluster's or
-		// a ring's keys live on different nodes and slots.
-		_, shared := client.(*redis.Client)
-		st.batch = newBatcher(client, shared, opts.Batch, workers, timeout/20, st.batchTrip)
+		// plain client (one).
+		st.batch = newBatcher(client, st.one, opts.Batch, workers, timeout/20, st.batchTrip)
 		st.batch.timeout = timeout
 		// On a cluster, decisions whose keys one master serves may share a
 		// call too (scripts.EWMACluster); not on a ring, whose shards are
@@ -421,17 +426,12 @@ func (s *Store) decideWith(ctx context.Context, key string, windows *ratelimit.W
 	if room != nil && s.nodes != nil {
 		return s.decideApart(ctx, key, windows, now, room)
 	}
-	var req *request
-	if s.nodes == nil || routeKey(key) == "" {
-		req = s.request(key, windows, now)
-		req.scores = scores
-		if room != nil {
-			req.with = s.roomRequest(room.Key, room.Room, now)
-		}
-	}
-	return s.decideReq(ctx, key, req, func() *request {
+	return s.decideReq(ctx, key, nil, func() *request {
 		r := s.request(key, windows, now)
 		r.scores = scores
+		if room != nil {
+			r.with = s.roomRequest(room.Key, room.Room, now)
+		}
 		return r
 	})
 }
@@ -466,7 +466,7 @@ func (s *Store) decideApart(ctx context.Context, key string, windows *ratelimit.
 	case r.err == nil && r.d.Allowed:
 		return d, nil
 	case d.Allowed:
-		s.refund(ctx, []*request{wreq}, []any{[]any{int64(0), wreq.value}})
+		s.refund(ctx, []*request{wreq}, []string{wreq.value})
 	}
 	if r.err != nil || d.Allowed || r.d.Wait > d.Wait {
 		return r.d, r.err
@@ -474,9 +474,9 @@ func (s *Store) decideApart(ctx context.Context, key string, windows *ratelimit.
 	return d, nil
 }
 
-// decideReq decides req (built by mk when nil, once its key's master is
-// known on a cluster: key is the budget's key without the prefix, which
-// routes it), straight out or batched (see batcher).
+// decideReq decides req (when nil, built by mk once the breakers let the
+// decision go: key is the budget's key without the prefix, which routes
+// it on a cluster), straight out or batched (see batcher).
 func (s *Store) decideReq(ctx context.Context, key string, req *request, mk func() *request) (ratelimit.Decision, error) {
 	if s.closed.Load() {
 		return ratelimit.Decision{}, errClosedRefused
@@ -493,6 +493,9 @@ func (s *Store) decideReq(ctx context.Context, key string, req *request, mk func
 		// only refuses while the client cannot load a slot map at all.
 		rk := routeKey(key)
 		if rk == "" {
+			if req == nil {
+				req = mk()
+			}
 			rk = req.keys[0]
 		}
 		nd, err := s.nodes.of(ctx, deadline, rk, start)
