@@ -123,6 +123,10 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 			Name: "sluice_store_overloaded_total",
 			Help: "Decisions that expired in the Redis store's own queue, never sent: sluice's overload, not Redis's (refused as unavailable).",
 		}, func() float64 { return float64(st.Stats().Overloaded) }))
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_store_stalls_total",
+			Help: "Redis answers given back the time sluice itself did not run (its machine paused, its CPU taken): a reply read past its deadline, or a decision Redis found late sent again. Each is a refusal not blamed on Redis.",
+		}, func() float64 { return float64(st.Stats().Stalls) }))
 		go ol.run(ctx)
 
 		pctx, cancel := context.WithTimeout(ctx, redisPingTimeout)

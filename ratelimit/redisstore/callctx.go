@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,7 +25,9 @@ import (
 type callCtx struct {
 	parent   context.Context
 	deadline time.Time
-	timer    *callTimer // the pooled timer; nil once the call ended
+	start    time.Time
+	extra    atomic.Int64 // nanoseconds the deadline was put off by (fire)
+	timer    *callTimer   // the pooled timer; nil once the call ended
 
 	mu   sync.Mutex
 	done chan struct{} // made by the first Done; closed when err is set
@@ -55,11 +58,12 @@ func (cp *callPool) withDeadline(parent context.Context, deadline time.Time) *ca
 		t.t = time.AfterFunc(time.Hour, t.fire)
 		t.t.Stop()
 	}
-	c := &callCtx{parent: parent, deadline: deadline, timer: t}
+	now := time.Now()
+	c := &callCtx{parent: parent, deadline: deadline, start: now, timer: t}
 	t.mu.Lock()
 	t.cur = c
 	t.mu.Unlock()
-	t.t.Reset(time.Until(deadline))
+	t.t.Reset(deadline.Sub(now))
 	return c
 }
 
@@ -80,10 +84,20 @@ func (c *callCtx) release() {
 	}
 }
 
-// fire ends the current call, if any, at its deadline.
+// fire ends the current call, if any, at its deadline — unless the
+// process did not run for part of the call (stalls): then, once, the
+// deadline is put off by the time lost, which was the gate's, not Redis's.
 func (t *callTimer) fire() {
 	t.mu.Lock()
 	c := t.cur
+	if c != nil && c.extra.Load() == 0 {
+		if lost := stalls.since(c.start); lost > 0 {
+			c.extra.Store(int64(lost))
+			t.t.Reset(time.Until(c.deadline.Add(lost)))
+			t.mu.Unlock()
+			return
+		}
+	}
 	t.mu.Unlock()
 	if c != nil {
 		c.end(context.DeadlineExceeded)
@@ -102,8 +116,10 @@ func (c *callCtx) end(err error) {
 	c.mu.Unlock()
 }
 
-func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
-func (c *callCtx) Value(key any) any           { return c.parent.Value(key) }
+func (c *callCtx) Deadline() (time.Time, bool) {
+	return c.deadline.Add(time.Duration(c.extra.Load())), true
+}
+func (c *callCtx) Value(key any) any { return c.parent.Value(key) }
 
 func (c *callCtx) Done() <-chan struct{} {
 	c.mu.Lock()

@@ -18,6 +18,9 @@
 // refusal and never a score of zero: the caller fails closed. The script
 // is idempotent by request id, so go-redis's retries never charge a client
 // twice; a call that Redis runs past its deadline's cutoff writes nothing.
+// A deadline counts only the time the gate ran: after a stall of the
+// gate's own process, a call is given the time lost back, once (see
+// stallMeter).
 //
 // A breaker that counts round trips, not decisions, stops calling Redis
 // during an outage and probes until it answers again; on a Cluster each

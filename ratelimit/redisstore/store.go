@@ -158,6 +158,9 @@ type Store struct {
 
 	done chan struct{} // closed by Close: stops the quotas' senders
 
+	unstall func() // releases the heartbeat (stalls), once
+	resent  atomic.Uint64
+
 	// known: Redis has answered a script call of this store, so the
 	// scripts are cached there and calls go as EVALSHA. Until then (a
 	// new store, or after a NOSCRIPT) they go as EVAL with the source: a
@@ -234,6 +237,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		br:      br,
 		idBase:  hex.EncodeToString(seed[:3]),
 		done:    make(chan struct{}),
+		unstall: stalls.hold(),
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		st.nodes = newNodes(cc, opts.breaker)
@@ -286,6 +290,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 func (s *Store) Close() error {
 	if !s.closed.Swap(true) {
 		close(s.done)
+		s.unstall()
 	}
 	if s.batch != nil {
 		s.batch.close()
@@ -350,11 +355,19 @@ type Stats struct {
 	// Overloaded is how many decisions expired in the store's own queue,
 	// never sent (ErrOverloaded): the gate's overload, not Redis's.
 	Overloaded uint64
+	// Stalls is how many times Redis's answer was given back the time the
+	// gate itself did not run (its machine paused, its CPU taken): a
+	// reply read on past its deadline, by any store's connection NewClient
+	// dialled in this process, or a decision Redis had refused as late
+	// sent once more (see the package docs). Each is a refusal the gate
+	// did not blame on Redis.
+	Stalls uint64
 }
 
 // Stats returns the store's counters now.
 func (s *Store) Stats() Stats {
-	st := Stats{RoundTrips: s.trips.Load(), RoundTripFailures: s.tripFailures.Load(), Overloaded: s.overloaded.Load()}
+	st := Stats{RoundTrips: s.trips.Load(), RoundTripFailures: s.tripFailures.Load(), Overloaded: s.overloaded.Load(),
+		Stalls: stallGraces.Load() + s.resent.Load()}
 	if s.batch != nil {
 		st.Overloaded += uint64(s.batch.expired.Load())
 	}
@@ -520,6 +533,27 @@ func (s *Store) decideReq(ctx context.Context, key string, req *request, mk func
 	if req == nil {
 		req = mk()
 	}
+	d, err := s.send(ctx, start, br, probe, req)
+	if isLate(err) && stalls.since(start) > 0 {
+		// Redis ran the call past its cutoff, so nothing of it was
+		// written, and the gate itself did not run for part of the wait
+		// (stallMeter): the time lost was the gate's, not Redis's. Asked
+		// once more, with a deadline of its own.
+		if probe, ok := br.allow(); ok {
+			s.resent.Add(1)
+			d, err = s.send(ctx, time.Now(), br, probe, req)
+		}
+	}
+	if s.observe != nil && !errors.Is(err, errBreakerOpen) { // a queued decision its breaker refused was not sent
+		s.observe(time.Since(start), err)
+	}
+	return d, unavailable(err)
+}
+
+// send decides req once: straight out, or in a batch when round trips
+// are busy. asked is when the decision was asked for (its wait in the
+// queue starts there).
+func (s *Store) send(ctx context.Context, asked time.Time, br *breaker, probe bool, req *request) (ratelimit.Decision, error) {
 	var d ratelimit.Decision
 	var err error
 	switch {
@@ -527,7 +561,7 @@ func (s *Store) decideReq(ctx context.Context, key string, req *request, mk func
 		d, err = s.direct(ctx, s.deadline(ctx, time.Now()), br, probe, req)
 		s.batch.finish(false)
 	case s.batch != nil:
-		c := &call{req: req, asked: start, br: br, probe: probe}
+		c := &call{req: req, asked: asked, br: br, probe: probe}
 		if until, ok := ctx.Deadline(); ok {
 			c.until = until
 		}
@@ -538,10 +572,7 @@ func (s *Store) decideReq(ctx context.Context, key string, req *request, mk func
 	default:
 		d, err = s.direct(ctx, s.deadline(ctx, time.Now()), br, probe, req)
 	}
-	if s.observe != nil && !errors.Is(err, errBreakerOpen) { // a queued decision its breaker refused was not sent
-		s.observe(time.Since(start), err)
-	}
-	return d, unavailable(err)
+	return d, err
 }
 
 // deadline is the whole deadline of a decision sent at start: the store's

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -76,7 +78,7 @@ type clientOptions struct {
 // decision that made it, and a call that times out costs its connection.
 // So the clients NewClient builds speak RESP2, which every Redis speaks,
 // without asking (the dialer answers go-redis's HELLO itself, see
-// handshakeConn), send no CLIENT SETINFO, and keep warmIdle connections
+// stallConn), send no CLIENT SETINFO, and keep warmIdle connections
 // dialled ahead of need (per node on a cluster); a URL's protocol,
 // min_idle_conns or a password (which HELLO then carries to Redis) keeps
 // its own cost.
@@ -126,8 +128,10 @@ func (o clientOptions) client() redis.UniversalClient {
 // The Store's breaker already bounds how often an outage dials, so the
 // pool's second breaker only delayed healing.
 //
-// With resp2 (the client speaks RESP2) a new connection is a
-// handshakeConn: go-redis's handshake costs it no round trip.
+// Every connection is a stallConn: a read that times out after the gate
+// itself did not run is given that time back (see stallMeter). With resp2
+// (the client speaks RESP2) it also answers go-redis's handshake itself,
+// which then costs no round trip.
 func healingDialer(timeout time.Duration, tlsConf *tls.Config, resp2 bool) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if timeout == 0 {
 		timeout = 5 * time.Second // go-redis's default DialTimeout
@@ -145,57 +149,88 @@ func healingDialer(timeout time.Duration, tlsConf *tls.Config, resp2 bool) func(
 		if err != nil {
 			return failedConn{err}, nil
 		}
-		if !resp2 {
-			return c, nil
-		}
+		sc := stallConn{Conn: c, hello: resp2}
 		if _, ok := c.(syscall.Conn); ok {
-			return &handshakeSysConn{handshakeConn{Conn: c}}, nil
+			return &stallSysConn{sc}, nil
 		}
-		return &handshakeConn{Conn: c}, nil
+		return &sc, nil
 	}
 }
 
-// handshakeConn is a new connection whose first command, when it is
-// go-redis's bare protocol handshake ("HELLO 2" or "HELLO 3": no password,
-// no name), is answered here, without a round trip, as a Redis without
-// HELLO would answer it: an error, after which go-redis speaks RESP2 on
-// the connection (and sends a password, if any, with AUTH). Every other
+// stallConn is a connection to Redis as NewClient's clients dial it.
+//
+// With hello, its first command, when it is go-redis's bare protocol
+// handshake ("HELLO 2" or "HELLO 3": no password, no name), is answered
+// here, without a round trip, as a Redis without HELLO would answer it: an
+// error, after which go-redis speaks RESP2 on the connection (and sends a
+// password, if any, with AUTH).
+//
+// A read that times out when the gate did not run for part of its wait
+// (stalls) reads on for that long, once: the reply may be in the socket
+// already, or on its way from a Redis paused with the gate. Every other
 // byte goes to Redis and back untouched.
-type handshakeConn struct {
+type stallConn struct {
 	net.Conn
-	wrote bool   // the first write has been seen
-	reply []byte // the handshake's answer, still to be read
+	hello bool      // answer a bare HELLO
+	wrote bool      // the first write has been seen
+	reply []byte    // the handshake's answer, still to be read
+	sent  time.Time // the latest write: a reply's wait starts there
+	rd    time.Time // the read deadline go-redis set
 }
 
 // helloReply is what a Redis that does not know HELLO answers it.
 const helloReply = "-ERR unknown command 'HELLO'\r\n"
 
-func (c *handshakeConn) Write(b []byte) (int, error) {
+func (c *stallConn) Write(b []byte) (int, error) {
 	if !c.wrote {
 		c.wrote = true
-		if isBareHello(b) {
+		if c.hello && isBareHello(b) {
 			c.reply = []byte(helloReply)
 			return len(b), nil
 		}
 	}
+	c.sent = time.Now()
 	return c.Conn.Write(b)
 }
 
-func (c *handshakeConn) Read(b []byte) (int, error) {
+func (c *stallConn) Read(b []byte) (int, error) {
 	if len(c.reply) > 0 {
 		n := copy(b, c.reply)
 		c.reply = c.reply[n:]
 		return n, nil
 	}
-	return c.Conn.Read(b)
+	n, err := c.Conn.Read(b)
+	if n == 0 && !c.rd.IsZero() && errors.Is(err, os.ErrDeadlineExceeded) {
+		if lost := stalls.since(c.sent); lost > 0 {
+			stallGraces.Add(1)
+			if c.Conn.SetReadDeadline(time.Now().Add(lost)) == nil {
+				n, err = c.Conn.Read(b)
+				_ = c.Conn.SetReadDeadline(c.rd) // go-redis's again: past, as it was
+			}
+		}
+	}
+	return n, err
 }
 
-// handshakeSysConn is a handshakeConn over a socket go-redis's pool can
-// check, idle, for a peer that closed it, as it does a plain one (a TLS
-// connection it checks no deeper than its wrapper).
-type handshakeSysConn struct{ handshakeConn }
+func (c *stallConn) SetDeadline(t time.Time) error {
+	c.rd = t
+	return c.Conn.SetDeadline(t)
+}
 
-func (c *handshakeSysConn) SyscallConn() (syscall.RawConn, error) {
+func (c *stallConn) SetReadDeadline(t time.Time) error {
+	c.rd = t
+	return c.Conn.SetReadDeadline(t)
+}
+
+// stallGraces counts the reads given time back (Stats.StallGraces).
+var stallGraces atomic.Uint64
+
+// stallSysConn is a stallConn over a socket go-redis's pool can check,
+// idle, for a peer that closed it, as it does a plain one (a TLS
+// connection it checks no deeper than its wrapper).
+type stallSysConn struct{ stallConn }
+
+func (c *stallSysConn) SyscallConn() (syscall.RawConn, error) {
 	return c.Conn.(syscall.Conn).SyscallConn()
 }
 

@@ -1,0 +1,212 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluice-relay/sluice/internal/faultproxy"
+	"github.com/sluice-relay/sluice/internal/storetest"
+	"github.com/sluice-relay/sluice/ratelimit"
+)
+
+const ms = int64(time.Millisecond)
+
+// TestStallMeterLost: the heartbeat's arithmetic. A gap between ticks of
+// stallTick+stallMin or more is a stall; what a wait since from lost is the
+// longest stall's part after from, less the tick it would have waited
+// anyway; a stall in progress (the heartbeat late now) counts; a short
+// gap, a stall over before the wait began, or no heartbeat at all count
+// nothing.
+func TestStallMeterLost(t *testing.T) {
+	var m stallMeter
+	if got := m.lost(0, 500*ms); got != 0 {
+		t.Fatalf("no heartbeat: lost %v, want 0", got)
+	}
+	m.prev = 1 * ms
+	for _, at := range []int64{11, 21, 46, 171, 181} { // 46: a gap of 25 ms, not a stall; 46→171: one
+		m.tick(at * ms)
+	}
+	cases := []struct {
+		from, now int64
+		want      time.Duration
+	}{
+		{from: 1, now: 185, want: 115 * time.Millisecond},   // 171-46-10
+		{from: 100, now: 185, want: 61 * time.Millisecond},  // 171-100-10
+		{from: 150, now: 185, want: 0},                      // 11 ms of the stall after from: under stallMin
+		{from: 172, now: 185, want: 0},                      // over before the wait
+		{from: 172, now: 281, want: 90 * time.Millisecond},  // the heartbeat 100 ms late now: 281-181-10
+		{from: 200, now: 281, want: 71 * time.Millisecond},  // in progress, from 200
+		{from: 200, now: 205, want: 0},                      // the heartbeat on time
+		{from: 1, now: 281, want: 115 * time.Millisecond},   // the older stall is the longer
+		{from: 1, now: 400, want: 209 * time.Millisecond},   // now the one in progress is
+		{from: 46, now: 185, want: 115 * time.Millisecond},  // from its first tick
+		{from: 21, now: 185, want: 115 * time.Millisecond},  // the short gap before it adds nothing
+		{from: 170, now: 185, want: 0},                      // 1 ms of it
+		{from: 141, now: 185, want: 20 * time.Millisecond},  // 30 ms of it, less the tick
+		{from: 142, now: 185, want: 0},                      // 29 ms, less the tick: under stallMin
+		{from: 1, now: 211, want: 115 * time.Millisecond},   // 30 ms since the last tick: in progress, 20 ms
+		{from: 181, now: 211, want: 20 * time.Millisecond},  // that one alone
+		{from: 181, now: 210, want: 0},                      // 29 ms: not yet
+		{from: 400, now: 401, want: 0},                      // a wait begun 1 ms ago, the heartbeat late since long before
+		{from: 250, now: 401, want: 141 * time.Millisecond}, // 401-250-10
+	}
+	for _, c := range cases {
+		if got := m.lost(c.from*ms, c.now*ms); got != c.want {
+			t.Errorf("lost(from %d ms, now %d ms) = %v, want %v", c.from, c.now, got, c.want)
+		}
+	}
+	if n := m.count.Load(); n != 1 {
+		t.Errorf("%d stalls noted, want 1", n)
+	}
+	// The ring keeps the newest stallKeep.
+	for i := range int64(stallKeep) {
+		m.tick(m.prev + 50*ms + i*ms)
+	}
+	if got := m.lost(1, m.prev); got != time.Duration(50+stallKeep-1-10)*time.Millisecond {
+		t.Errorf("after %d more stalls: lost %v, want the newest's", stallKeep, got)
+	}
+}
+
+// pretendStall records a stall of the process spanning the next d, as the
+// heartbeat would have seen it had the test process been paused (which a
+// test cannot do to itself); forget forgets every stall noted, at the
+// latest when the test ends.
+func pretendStall(t *testing.T, d time.Duration) (forget func()) {
+	t.Helper()
+	now := monoNow()
+	stalls.mu.Lock()
+	stalls.note(now-int64(time.Millisecond), now+int64(d))
+	stalls.mu.Unlock()
+	forget = func() {
+		stalls.mu.Lock()
+		stalls.gaps = [stallKeep]span{}
+		stalls.mu.Unlock()
+	}
+	t.Cleanup(forget)
+	return forget
+}
+
+// oneEvent is a budget of a few decisions an hour.
+var oneEvent = storetest.MustWindows(ratelimit.PerPeriod(2, time.Hour))
+
+// admits is how many more decisions of key s admits now, in a row.
+func admits(t *testing.T, s *Store, key string) int {
+	t.Helper()
+	for n := 0; n < 10; n++ {
+		d, err := s.Decide(context.Background(), key, oneEvent, time.Time{})
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		if !d.Allowed {
+			return n
+		}
+	}
+	t.Fatalf("%s: 10 admitted in a row", key)
+	return 0
+}
+
+// TestStallReadsTheReplyOn: Redis answers a decision in time (its call runs
+// at once, before its cutoff, and writes) but the reply reaches the gate
+// after the deadline (replies held 80 ms, Timeout 50 ms). Alone that is a
+// slow Redis, and the decision is unavailable as before. When the gate
+// itself did not run for part of the wait, its read is given that time
+// back and the written decision is read, not lost: without the grace the
+// client is refused while the budget is charged.
+func TestStallReadsTheReplyOn(t *testing.T) {
+	srv, _ := realRedis(t)
+	p := faultproxy.Start(t, srv.Addr())
+	c, err := NewClient("redis://" + p.Addr() + "/0?max_retries=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, batch := range []bool{false, true} {
+		s := newStore(t, c, Options{Timeout: 50 * time.Millisecond, Batch: batchSize(batch)})
+		t.Cleanup(func() { _ = s.Close() })
+		// Warm: the script cached, so the call is one EVALSHA.
+		if _, err := s.Decide(ctx, "{warm}:message:EVENT", oneEvent, time.Time{}); err != nil {
+			t.Fatalf("batch %v: warm: %v", batch, err)
+		}
+		p.SetLatency(80 * time.Millisecond)
+		key := "{slow" + itoa(time.Now().UnixNano()) + "}:message:EVENT"
+		if _, err := s.Decide(ctx, key, oneEvent, time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) {
+			t.Fatalf("batch %v: a slow Redis, the gate running: %v, want unavailable", batch, err)
+		}
+		before := s.Stats().Stalls
+		key2 := key + "2"
+		forget := pretendStall(t, 300*time.Millisecond)
+		d, err := s.Decide(ctx, key2, oneEvent, time.Time{})
+		p.SetLatency(0)
+		forget()
+		if err != nil || !d.Allowed {
+			t.Fatalf("batch %v: the gate stalled, the reply on its way: %+v, %v; want admitted", batch, d, err)
+		}
+		if s.Stats().Stalls == before {
+			t.Errorf("batch %v: Stats().Stalls did not count the grace", batch)
+		}
+		// It was charged once.
+		if n, fresh := admits(t, s, key2), admits(t, s, key2+"fresh"); n != fresh-1 {
+			t.Errorf("batch %v: %d more admitted after it, want %d (one fewer than a fresh key's)", batch, n, fresh-1)
+		}
+	}
+}
+
+// TestStallLateDecisionSentAgain: the gate and its Redis paused together
+// (Redis SIGSTOPped for 150 ms, the gate's stall pretended): Redis runs the
+// decision past its cutoff and writes nothing ("late"). Alone that is a
+// slow Redis, refused as unavailable. After a stall of the gate the
+// decision is sent once more and admitted, charged exactly once: the late
+// call wrote nothing, and the resend did.
+func TestStallLateDecisionSentAgain(t *testing.T) {
+	srv, _ := realRedis(t)
+	c, err := NewClient(srv.URL() + "?max_retries=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	for _, batch := range []bool{false, true} {
+		for _, stalled := range []bool{false, true} {
+			s := newStore(t, c, Options{Timeout: 50 * time.Millisecond, Batch: batchSize(batch)})
+			if _, err := s.Decide(ctx, "{warm}:message:EVENT", oneEvent, time.Time{}); err != nil {
+				t.Fatalf("warm: %v", err)
+			}
+			key := "{late" + itoa(time.Now().UnixNano()) + "}:message:EVENT"
+			forget := func() {}
+			if stalled {
+				forget = pretendStall(t, 400*time.Millisecond)
+			}
+			srv.Pause()
+			resumed := make(chan struct{})
+			go func() {
+				time.Sleep(150 * time.Millisecond)
+				srv.Resume()
+				close(resumed)
+			}()
+			before := s.Stats().Stalls
+			d, err := s.Decide(ctx, key, oneEvent, time.Time{})
+			<-resumed
+			forget()
+			switch {
+			case !stalled && !errors.Is(err, ratelimit.ErrUnavailable):
+				t.Errorf("batch %v: Redis paused, the gate running: %+v, %v; want unavailable", batch, d, err)
+			case stalled && (err != nil || !d.Allowed):
+				t.Errorf("batch %v: Redis paused with the gate: %+v, %v; want admitted", batch, d, err)
+			case stalled:
+				if s.Stats().Stalls-before < 2 {
+					t.Errorf("batch %v: Stats().Stalls counted %d, want the grace and the resend", batch, s.Stats().Stalls-before)
+				}
+				if n, fresh := admits(t, s, key), admits(t, s, key+"fresh"); n != fresh-1 {
+					t.Errorf("batch %v: %d more admitted after it, want %d (one fewer than a fresh key's: charged once)", batch, n, fresh-1)
+				}
+			}
+			_ = s.Close()
+		}
+	}
+}
