@@ -125,7 +125,7 @@ func newLimiter(ctx context.Context, cfg *config, m *metrics, logger *slog.Logge
 		}, func() float64 { return float64(st.Stats().Overloaded) }))
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_store_stalls_total",
-			Help: "Redis answers given back the time sluice itself did not run (its machine paused, its CPU taken): a reply read past its deadline, or a decision Redis found late sent again. Each is a refusal not blamed on Redis.",
+			Help: "Redis answers saved after sluice itself did not run for a while (its machine paused, its CPU taken): replies read in the time given back past their deadline, and decisions Redis found late sent again.",
 		}, func() float64 { return float64(st.Stats().Stalls) }))
 		go ol.run(ctx)
 

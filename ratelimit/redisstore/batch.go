@@ -774,7 +774,7 @@ func (b *batcher) round(ctx context.Context, cut int64, reqs []*request, batch [
 			r := reqs[g.start+i]
 			d, err := decision(reply, err, r)
 			c := batch[g.start+i]
-			c.answered = answered(err)
+			c.answered = heard(err, c.asked)
 			if !c.answered {
 				ok = false
 			}

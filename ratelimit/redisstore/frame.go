@@ -117,6 +117,14 @@ func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now t
 		}
 		var replies []any
 		replies, err = s.frameCall(ctx, s.deadline(ctx, time.Now()), s.br, probe, reqs, false)
+		if isLate(err) && stalls.since(start) > 0 {
+			// Nothing written, the lateness the gate's: once more, as
+			// decideReq does.
+			if probe, ok := s.br.allow(); ok {
+				s.resent.Add(1)
+				replies, err = s.frameCall(ctx, s.deadline(ctx, time.Now()), s.br, probe, reqs, false)
+			}
+		}
 		if err == nil {
 			d, at, err = combine(reqs, replies)
 		}
@@ -162,6 +170,7 @@ func (s *Store) frameCall(ctx context.Context, deadline time.Time, br *breaker, 
 		defer cc.release()
 		cctx = cc
 	}
+	sent := time.Now()
 	cmd := s.run(cctx, args)
 	replies := make([]any, len(reqs))
 	var err error
@@ -171,7 +180,7 @@ func (s *Store) frameCall(ctx context.Context, deadline time.Time, br *breaker, 
 			err = e
 		}
 	})
-	s.callTrip(ctx, br, probe, err)
+	s.callTrip(ctx, sent, br, probe, err)
 	return replies, err
 }
 

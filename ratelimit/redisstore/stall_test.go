@@ -3,6 +3,10 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +28,11 @@ func TestStallMeterLost(t *testing.T) {
 	if got := m.lost(0, 500*ms); got != 0 {
 		t.Fatalf("no heartbeat: lost %v, want 0", got)
 	}
+	m.tick(5 * ms)
+	if m.last.Load() != 0 {
+		t.Fatal("a tick with no Store holding the heartbeat started it")
+	}
+	m.users = 1
 	m.prev = 1 * ms
 	for _, at := range []int64{11, 21, 46, 171, 181} { // 46: a gap of 25 ms, not a stall; 46→171: one
 		m.tick(at * ms)
@@ -66,6 +75,67 @@ func TestStallMeterLost(t *testing.T) {
 	}
 	if got := m.lost(1, m.prev); got != time.Duration(50+stallKeep-1-10)*time.Millisecond {
 		t.Errorf("after %d more stalls: lost %v, want the newest's", stallKeep, got)
+	}
+}
+
+// deadlines counts the read deadlines set on a connection.
+type deadlines struct {
+	net.Conn
+	n int
+}
+
+func (d *deadlines) SetReadDeadline(t time.Time) error {
+	d.n++
+	return d.Conn.SetReadDeadline(t)
+}
+
+// TestStallConnGracesOncePerWait: a read that times out after a stall of
+// the gate reads on, past go-redis's deadline by the time lost, once per
+// wait: a second timed-out read of the same wait (go-redis reading the
+// rest of a reply) is not given the time again, which would make the
+// wait as long as the reply has bytes; the next command's wait is.
+// Without a stall nothing is given.
+func TestStallConnGracesOncePerWait(t *testing.T) {
+	release := stalls.hold()
+	defer release()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	d := &deadlines{Conn: a}
+	c := &stallConn{Conn: d}
+	go func() { _, _ = io.Copy(io.Discard, b) }()
+	read := func() error {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
+		_, err := c.Read(make([]byte, 8))
+		return err
+	}
+	if _, err := c.Write([]byte("PING")); err != nil {
+		t.Fatal(err)
+	}
+	before := d.n
+	if err := read(); !errors.Is(err, os.ErrDeadlineExceeded) || d.n-before != 1 {
+		t.Fatalf("no stall: %v after %d deadlines, want a timeout and go-redis's one", err, d.n-before)
+	}
+	forget := pretendStall(t, 100*time.Millisecond)
+	defer forget()
+	if _, err := c.Write([]byte("PING")); err != nil {
+		t.Fatal(err)
+	}
+	before = d.n
+	if err := read(); !errors.Is(err, os.ErrDeadlineExceeded) || d.n-before != 2 {
+		t.Fatalf("after a stall: %v after %d deadlines, want a timeout after go-redis's and the grace's", err, d.n-before)
+	}
+	before = d.n
+	if err := read(); !errors.Is(err, os.ErrDeadlineExceeded) || d.n-before != 1 {
+		t.Fatalf("the same wait again: %v after %d deadlines, want no second grace", err, d.n-before)
+	}
+	pretendStall(t, 100*time.Millisecond) // another
+	if _, err := c.Write([]byte("PING")); err != nil {
+		t.Fatal(err)
+	}
+	before = d.n
+	if err := read(); !errors.Is(err, os.ErrDeadlineExceeded) || d.n-before != 2 {
+		t.Fatalf("a new wait: %v after %d deadlines, want a grace of its own", err, d.n-before)
 	}
 }
 
@@ -190,20 +260,48 @@ func TestStallLateDecisionSentAgain(t *testing.T) {
 				close(resumed)
 			}()
 			before := s.Stats().Stalls
-			d, err := s.Decide(ctx, key, oneEvent, time.Time{})
+			// g decisions at once, every other one a frame of two budgets
+			// (DecideAll's one call): the late calls must not open the
+			// breaker and so refuse their own resends.
+			const g = 16
+			ds := make([]ratelimit.Decision, g)
+			errs := make([]error, g)
+			var wg sync.WaitGroup
+			for i := range g {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					k := key + itoa(int64(i))
+					if i%2 == 0 {
+						ds[i], errs[i] = s.Decide(ctx, k, oneEvent, time.Time{})
+						return
+					}
+					ds[i], errs[i] = s.DecideAll(ctx, []ratelimit.Budget{{Key: k, Windows: oneEvent}, {Key: k + "b", Windows: oneEvent}}, time.Time{})
+				}()
+			}
+			wg.Wait()
 			<-resumed
 			forget()
-			switch {
-			case !stalled && !errors.Is(err, ratelimit.ErrUnavailable):
-				t.Errorf("batch %v: Redis paused, the gate running: %+v, %v; want unavailable", batch, d, err)
-			case stalled && (err != nil || !d.Allowed):
-				t.Errorf("batch %v: Redis paused with the gate: %+v, %v; want admitted", batch, d, err)
-			case stalled:
-				if s.Stats().Stalls-before < 2 {
-					t.Errorf("batch %v: Stats().Stalls counted %d, want the grace and the resend", batch, s.Stats().Stalls-before)
+			for i := range g {
+				d, err := ds[i], errs[i]
+				switch {
+				case !stalled && !errors.Is(err, ratelimit.ErrUnavailable):
+					t.Errorf("batch %v, decision %d: Redis paused, the gate running: %+v, %v; want unavailable", batch, i, d, err)
+				case stalled && (err != nil || !d.Allowed):
+					t.Errorf("batch %v, decision %d: Redis paused with the gate: %+v, %v; want admitted", batch, i, d, err)
+				case stalled:
+					k := key + itoa(int64(i))
+					if n, fresh := admits(t, s, k), admits(t, s, k+"fresh"); n != fresh-1 {
+						t.Errorf("batch %v, decision %d: %d more admitted after it, want %d (one fewer than a fresh key's: charged once)", batch, i, n, fresh-1)
+					}
 				}
-				if n, fresh := admits(t, s, key), admits(t, s, key+"fresh"); n != fresh-1 {
-					t.Errorf("batch %v: %d more admitted after it, want %d (one fewer than a fresh key's: charged once)", batch, n, fresh-1)
+			}
+			if stalled {
+				if n := s.Stats().Stalls - before; n < g {
+					t.Errorf("batch %v: Stats().Stalls counted %d, want a resend per decision at least", batch, n)
+				}
+				if st := s.breakerNow(); st != breakerClosed {
+					t.Errorf("batch %v: breaker %v after late answers the gate's stall made", batch, st)
 				}
 			}
 			_ = s.Close()

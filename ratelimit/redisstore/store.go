@@ -311,16 +311,17 @@ func (s *Store) batchTrip(br *breaker, probe, ok bool) {
 	s.reloadSlots()
 }
 
-// callTrip is a direct call's report of its round trip, which ended in
-// err: a call its caller gave up on (a canceled context) says nothing of
-// the node.
-func (s *Store) callTrip(ctx context.Context, br *breaker, probe bool, err error) {
-	if !answered(err) && errors.Is(ctx.Err(), context.Canceled) {
+// callTrip is a direct call's report of its round trip, sent at sent,
+// which ended in err: a call its caller gave up on (a canceled context)
+// says nothing of the node.
+func (s *Store) callTrip(ctx context.Context, sent time.Time, br *breaker, probe bool, err error) {
+	ok := heard(err, sent)
+	if !ok && errors.Is(ctx.Err(), context.Canceled) {
 		s.trips.Add(1)
 		br.record(probe, outcomeIgnored)
 		return
 	}
-	s.batchTrip(br, probe, answered(err))
+	s.batchTrip(br, probe, ok)
 }
 
 // nodesOrClient is the client a pipeline of several keys goes through:
@@ -355,12 +356,11 @@ type Stats struct {
 	// Overloaded is how many decisions expired in the store's own queue,
 	// never sent (ErrOverloaded): the gate's overload, not Redis's.
 	Overloaded uint64
-	// Stalls is how many times Redis's answer was given back the time the
-	// gate itself did not run (its machine paused, its CPU taken): a
-	// reply read on past its deadline, by any store's connection NewClient
-	// dialled in this process, or a decision Redis had refused as late
-	// sent once more (see the package docs). Each is a refusal the gate
-	// did not blame on Redis.
+	// Stalls is how many Redis answers were saved after the gate itself
+	// did not run for a while (its machine paused, its CPU taken): replies
+	// read in the time given back past their deadline, by any connection
+	// NewClient dialled in this process, and this store's decisions Redis
+	// had refused as late sent once more (see the package docs).
 	Stalls uint64
 }
 
@@ -537,8 +537,8 @@ func (s *Store) decideReq(ctx context.Context, key string, req *request, mk func
 	if isLate(err) && stalls.since(start) > 0 {
 		// Redis ran the call past its cutoff, so nothing of it was
 		// written, and the gate itself did not run for part of the wait
-		// (stallMeter): the time lost was the gate's, not Redis's. Asked
-		// once more, with a deadline of its own.
+		// (stallMeter): the time lost was the gate's, not Redis's (heard).
+		// Asked once more, with a deadline of its own.
 		if probe, ok := br.allow(); ok {
 			s.resent.Add(1)
 			d, err = s.send(ctx, time.Now(), br, probe, req)
@@ -631,6 +631,7 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 	}
 	var reply any
 	var err error
+	sent := time.Now()
 	if deadline.IsZero() {
 		reply, err = s.runLean(ctx, req, 0)
 	} else {
@@ -639,7 +640,7 @@ func (s *Store) direct(ctx context.Context, deadline time.Time, br *breaker, pro
 		cc.release()
 	}
 	d, err := decision(reply, err, req)
-	s.callTrip(ctx, br, probe, err)
+	s.callTrip(ctx, sent, br, probe, err)
 	return d, err
 }
 
@@ -651,6 +652,14 @@ func cutoff(deadline time.Time, margin time.Duration) int64 {
 		return 0
 	}
 	return deadline.Add(-margin).UnixMilli()
+}
+
+// heard reports whether a call sent at sent that ended in err shows Redis
+// answering: the script's reply, or its refusal of one key — or, when the
+// gate itself did not run for part of the wait (stallMeter), the script's
+// refusal of the call as late, since the lateness was the gate's.
+func heard(err error, sent time.Time) bool {
+	return answered(err) || isLate(err) && stalls.since(sent) > 0
 }
 
 // isLate reports whether the script refused a call as past its cutoff.

@@ -166,16 +166,17 @@ func healingDialer(timeout time.Duration, tlsConf *tls.Config, resp2 bool) func(
 // password, if any, with AUTH).
 //
 // A read that times out when the gate did not run for part of its wait
-// (stalls) reads on for that long, once: the reply may be in the socket
-// already, or on its way from a Redis paused with the gate. Every other
-// byte goes to Redis and back untouched.
+// (stalls) reads on for that long past go-redis's deadline, once per wait:
+// the reply may be in the socket already, or on its way from a Redis
+// paused with the gate. Every other byte goes to Redis and back untouched.
 type stallConn struct {
 	net.Conn
-	hello bool      // answer a bare HELLO
-	wrote bool      // the first write has been seen
-	reply []byte    // the handshake's answer, still to be read
-	sent  time.Time // the latest write: a reply's wait starts there
-	rd    time.Time // the read deadline go-redis set
+	hello  bool      // answer a bare HELLO
+	wrote  bool      // the first write has been seen
+	reply  []byte    // the handshake's answer, still to be read
+	sent   time.Time // the latest write: a reply's wait starts there
+	rd     time.Time // the read deadline go-redis set
+	graced bool      // the wait since sent was given its time back
 }
 
 // helloReply is what a Redis that does not know HELLO answers it.
@@ -189,10 +190,14 @@ func (c *stallConn) Write(b []byte) (int, error) {
 			return len(b), nil
 		}
 	}
-	c.sent = time.Now()
+	c.sent, c.graced = time.Now(), false
 	return c.Conn.Write(b)
 }
 
+// Read reads on, once per wait (since the latest write), for the time the
+// gate lost in it when its deadline passed: the socket's deadline moves
+// that much later for every read until go-redis sets its next one, so the
+// whole wait is bounded by go-redis's deadline plus the time lost.
 func (c *stallConn) Read(b []byte) (int, error) {
 	if len(c.reply) > 0 {
 		n := copy(b, c.reply)
@@ -200,12 +205,14 @@ func (c *stallConn) Read(b []byte) (int, error) {
 		return n, nil
 	}
 	n, err := c.Conn.Read(b)
-	if n == 0 && !c.rd.IsZero() && errors.Is(err, os.ErrDeadlineExceeded) {
+	if n == 0 && !c.graced && !c.rd.IsZero() && errors.Is(err, os.ErrDeadlineExceeded) {
 		if lost := stalls.since(c.sent); lost > 0 {
-			stallGraces.Add(1)
-			if c.Conn.SetReadDeadline(time.Now().Add(lost)) == nil {
+			c.graced = true
+			if c.Conn.SetReadDeadline(c.rd.Add(lost)) == nil {
 				n, err = c.Conn.Read(b)
-				_ = c.Conn.SetReadDeadline(c.rd) // go-redis's again: past, as it was
+				if n > 0 {
+					stallGraces.Add(1)
+				}
 			}
 		}
 	}
@@ -222,7 +229,7 @@ func (c *stallConn) SetReadDeadline(t time.Time) error {
 	return c.Conn.SetReadDeadline(t)
 }
 
-// stallGraces counts the reads given time back (Stats.StallGraces).
+// stallGraces counts the replies read in the time given back (Stats.Stalls).
 var stallGraces atomic.Uint64
 
 // stallSysConn is a stallConn over a socket go-redis's pool can check,
