@@ -567,10 +567,22 @@ func (g *guardedStore) close(ctx context.Context, closeDB func()) error {
 	}()
 	select {
 	case <-done:
-		closeDB()
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("event store: calls still running, left unclosed: %w", ctx.Err())
+	}
+	// Closing flushes to disk, and a store whose disk fails may never
+	// return (badger retries a flush to a directory gone for ever): the
+	// shutdown is bounded all the same, and says so.
+	closed := make(chan struct{})
+	go func() {
+		closeDB()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("event store: not closed within the shutdown timeout (is its disk failing? see its errors above); its last writes may be lost: %w", ctx.Err())
 	}
 }
 

@@ -119,6 +119,23 @@ func TestGuardedStoreCloseTimeout(t *testing.T) {
 	close(db.release)
 }
 
+// TestGuardedStoreCloseThatHangs: a store whose close never returns (badger
+// retrying a flush to a data directory that is gone) does not hold the
+// shutdown past its timeout: close reports it and returns.
+func TestGuardedStoreCloseThatHangs(t *testing.T) {
+	g := newGuardedStore(&blockingDB{}, newSavedIDs())
+	ctx, cancel := context.WithCancel(context.Background())
+	release := make(chan struct{})
+	defer close(release)
+	err := g.close(ctx, func() {
+		cancel() // the shutdown's timeout passes while the store closes
+		<-release
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("close: %v, want the shutdown's context error", err)
+	}
+}
+
 // TestSavedIDs: an id saved is taken once; one of two generations back is
 // forgotten; a malformed id is ignored.
 func TestSavedIDs(t *testing.T) {
