@@ -235,7 +235,9 @@ func TestStallReadsTheReplyOn(t *testing.T) {
 // call wrote nothing, and the resend did.
 func TestStallLateDecisionSentAgain(t *testing.T) {
 	srv, _ := realRedis(t)
-	c, err := NewClient(srv.URL() + "?max_retries=-1")
+	// Two connections for 16 decisions: most wait for one, on their
+	// context, which a stall must put off too (callCtx).
+	c, err := NewClient(srv.URL() + "?max_retries=-1&pool_size=2&min_idle_conns=2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,6 +307,73 @@ func TestStallLateDecisionSentAgain(t *testing.T) {
 				}
 			}
 			_ = s.Close()
+		}
+	}
+}
+
+// TestStallGuardHold: the connection cap's place, whose call keeps its
+// plain deadline, is read on after a stall like any reply: with Redis
+// paused 150 ms past a 50 ms deadline, two holds at once fail as
+// unavailable while the gate runs, and are answered (the places held)
+// when the gate itself was paused with Redis.
+func TestStallGuardHold(t *testing.T) {
+	srv, _ := realRedis(t)
+	c, err := NewClient(srv.URL() + "?max_retries=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, c, Options{Timeout: 50 * time.Millisecond})
+	t.Cleanup(func() { _ = s.Close() })
+	g := newGuard(t, s, 0)
+	ctx := context.Background()
+	if _, ok, err := g.Hold(ctx, "198.51.100.1", nil, 4); err != nil || !ok {
+		t.Fatalf("warm: %v, %v", ok, err)
+	}
+	// Clients of different stripes, whose holds go at once.
+	var apart []string
+	for i := 2; len(apart) < 4; i++ {
+		cl := "198.51.100." + itoa(int64(i))
+		if len(apart)%2 == 0 || g.(*guard).stripe(cl) != g.(*guard).stripe(apart[len(apart)-1]) {
+			apart = append(apart, cl)
+		}
+	}
+	for _, stalled := range []bool{false, true} {
+		clients := apart[:2]
+		if stalled {
+			clients = apart[2:]
+		}
+		forget := func() {}
+		if stalled {
+			forget = pretendStall(t, 400*time.Millisecond)
+		}
+		srv.Pause()
+		resumed := make(chan struct{})
+		go func() {
+			time.Sleep(150 * time.Millisecond)
+			srv.Resume()
+			close(resumed)
+		}()
+		oks := make([]bool, len(clients))
+		errs := make([]error, len(clients))
+		var wg sync.WaitGroup
+		for i, cl := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, oks[i], errs[i] = g.Hold(ctx, cl, nil, 4)
+			}()
+		}
+		wg.Wait()
+		<-resumed
+		forget()
+		for i := range clients {
+			switch {
+			case !stalled && !errors.Is(errs[i], ratelimit.ErrUnavailable):
+				t.Errorf("hold %d, Redis paused, the gate running: held %v, %v; want unavailable", i, oks[i], errs[i])
+			case stalled && (errs[i] != nil || !oks[i]):
+				t.Errorf("hold %d, Redis paused with the gate: held %v, %v; want held", i, oks[i], errs[i])
+			}
 		}
 	}
 }
