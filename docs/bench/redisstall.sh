@@ -9,9 +9,12 @@
 #   redis  redis-server alone: Redis slow, the gate running
 # Each run a fresh redis-server and server (pinned to CPU 1, the load tool
 # to CPU 0). One line per run in OUT:
-#   round server paused stall_ms events/s ok_true unavailable stalls_total other
+#   round server paused stall_ms events/s ok_true unavailable stalls_total other connected sent
 # stalls_total is the server's sluice_store_stalls_total at the end; other
-# counts the EVENTs sent that got neither OK true nor an "error:" answer.
+# counts the EVENTs sent that got neither OK true nor an "error:" answer;
+# connected is how many of the 256 connections were upgraded (one refused
+# while Redis was paused sends none of its EVENTs) and sent how many
+# EVENTs went out.
 # BIN (default /tmp/lt) holds sluice-load as "load" and the two binaries.
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,7 +43,7 @@ run() { # run ROUND SERVER PAUSED
   kill -CONT $pid $rpid 2>/dev/null || true
   local st
   st=$(curl -s 127.0.0.1:$mport/metrics | awk '/^sluice_store_stalls_total/{print $2}')
-  python3 -c "import sys,json; j=json.load(open('$d/load.json')); r=j.get('prefixes',{}) or {}; print($1, '$2', '$3', $stall, round(j['rate_per_s']), j['ok_true'], r.get('error:',0), '${st:-0}', j['sent']-j['ok_true']-r.get('error:',0))"
+  python3 -c "import sys,json; j=json.load(open('$d/load.json')); r=j.get('prefixes',{}) or {}; print($1, '$2', '$3', $stall, round(j['rate_per_s']), j['ok_true'], r.get('error:',0), '${st:-0}', j['sent']-j['ok_true']-r.get('error:',0), j['connected'], j['sent'])"
   kill $pid $rpid; wait $pid $rpid 2>/dev/null || true; rm -rf "$d"
 }
 for r in $(seq "$n"); do
