@@ -14,7 +14,7 @@ import (
 // call past its cutoff and writes nothing ("late"). Either way the client
 // was told "unavailable" while Redis answered everything it was sent in
 // time: a pause of 150 ms every 0.7 s of the gate and its Redis together
-// did that to 1 to 316 of 16,000 EVENTs at 256 connections, by the run
+// did that to up to 316 of 16,000 EVENTs at 256 connections in a run
 // (docs/bench/redisstall.sh).
 //
 // So the store keeps a heartbeat (stalls): a tick every stallTick, and
