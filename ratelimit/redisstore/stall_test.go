@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-relay/sluice/internal/faultproxy"
+	"github.com/sluice-relay/sluice/internal/redistest"
 	"github.com/sluice-relay/sluice/internal/storetest"
 	"github.com/sluice-relay/sluice/ratelimit"
 )
@@ -158,6 +159,28 @@ func pretendStall(t *testing.T, d time.Duration) (forget func()) {
 	return forget
 }
 
+// pauseRedis pauses srv (SIGSTOP) for 150 ms, the gate's stall pretended
+// over it when stalled (the two paused together); resumed waits for srv
+// to run again and forgets the stall.
+func pauseRedis(t *testing.T, srv *redistest.Server, stalled bool) (resumed func()) {
+	t.Helper()
+	forget := func() {}
+	if stalled {
+		forget = pretendStall(t, 400*time.Millisecond)
+	}
+	srv.Pause()
+	done := make(chan struct{})
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		srv.Resume()
+		close(done)
+	}()
+	return func() {
+		<-done
+		forget()
+	}
+}
+
 // oneEvent is a budget of a few decisions an hour.
 var oneEvent = storetest.MustWindows(ratelimit.PerPeriod(2, time.Hour))
 
@@ -250,17 +273,7 @@ func TestStallLateDecisionSentAgain(t *testing.T) {
 				t.Fatalf("warm: %v", err)
 			}
 			key := "{late" + itoa(time.Now().UnixNano()) + "}:message:EVENT"
-			forget := func() {}
-			if stalled {
-				forget = pretendStall(t, 400*time.Millisecond)
-			}
-			srv.Pause()
-			resumed := make(chan struct{})
-			go func() {
-				time.Sleep(150 * time.Millisecond)
-				srv.Resume()
-				close(resumed)
-			}()
+			resumed := pauseRedis(t, srv, stalled)
 			before := s.Stats().Stalls
 			// g decisions at once, every other one a frame of two budgets
 			// (DecideAll's one call): the late calls must not open the
@@ -282,8 +295,7 @@ func TestStallLateDecisionSentAgain(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			<-resumed
-			forget()
+			resumed()
 			for i := range g {
 				d, err := ds[i], errs[i]
 				switch {
@@ -343,17 +355,7 @@ func TestStallGuardHold(t *testing.T) {
 		if stalled {
 			clients = apart[2:]
 		}
-		forget := func() {}
-		if stalled {
-			forget = pretendStall(t, 400*time.Millisecond)
-		}
-		srv.Pause()
-		resumed := make(chan struct{})
-		go func() {
-			time.Sleep(150 * time.Millisecond)
-			srv.Resume()
-			close(resumed)
-		}()
+		resumed := pauseRedis(t, srv, stalled)
 		oks := make([]bool, len(clients))
 		errs := make([]error, len(clients))
 		var wg sync.WaitGroup
@@ -365,8 +367,7 @@ func TestStallGuardHold(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		<-resumed
-		forget()
+		resumed()
 		for i := range clients {
 			switch {
 			case !stalled && !errors.Is(errs[i], ratelimit.ErrUnavailable):
