@@ -10,13 +10,16 @@
 # One line per run in OUT: round server delay_ms cpu_ticks upgrades/s p50_ms
 # BIN (default /tmp/lt) holds sluice-load as "load", the sluice binaries and
 # delayproxy (go build -o $BIN/delayproxy docs/bench/delayproxy/main.go).
+# REDIS_CPU, when set, pins redis-server to that CPU (0: beside the load
+# tool, so that the sluice server has CPU 1 to itself as plain khatru has;
+# unset: the kernel places it).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 BIN=${BIN:-/tmp/lt}
 n=$1 out=$2 delay=$3
 shift 3
 rport=$((19000 + RANDOM % 500))
-redis-server --port $rport --save "" --appendonly no >/dev/null 2>&1 &
+${REDIS_CPU:+taskset -c $REDIS_CPU} redis-server --port $rport --save "" --appendonly no >/dev/null 2>&1 &
 pids=$!
 uport=$rport
 if [ "$delay" != 0 ]; then
