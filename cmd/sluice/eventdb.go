@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nbd-wtf/go-nostr"
 	"github.com/nbd-wtf/go-nostr/nip40"
@@ -553,9 +554,13 @@ func (q *expiryQueue) due(now nostr.Timestamp) []string {
 }
 
 // close refuses new calls, waits for those in flight, then runs closeDB.
-// If ctx ends first, the store is left open (badger recovers from its log
-// at the next start; closing it under a running call could not be undone)
-// and the error says so.
+// Each step has until ctx ends, and at least closeFloor: a shutdown whose
+// time went to draining connections still lets a healthy store finish.
+// If the calls have not ended by then, the store is left open (badger
+// recovers from its log at the next start; closing it under a running
+// call could not be undone); if closeDB has not returned (a store whose
+// disk fails may never return), close returns while it runs on, and the
+// process exits without it. Either way the error says so.
 func (g *guardedStore) close(ctx context.Context, closeDB func()) error {
 	g.mu.Lock()
 	g.closed = true
@@ -565,26 +570,41 @@ func (g *guardedStore) close(ctx context.Context, closeDB func()) error {
 		g.calls.Wait()
 		close(done)
 	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
+	if !closesWithin(ctx, done) {
 		return fmt.Errorf("event store: calls still running, left unclosed: %w", ctx.Err())
 	}
-	// Closing flushes to disk, and a store whose disk fails may never
-	// return (badger retries a flush to a directory gone for ever): the
-	// shutdown is bounded all the same, and says so.
 	closed := make(chan struct{})
 	go func() {
 		closeDB()
 		close(closed)
 	}()
+	if !closesWithin(ctx, closed) {
+		return fmt.Errorf("event store: not closed within the shutdown timeout (is its disk failing? see its errors above); what it had not yet written to disk may be lost: %w", ctx.Err())
+	}
+	return nil
+}
+
+// closesWithin reports whether ch closes before ctx ends or, past that, within
+// closeFloor more.
+func closesWithin(ctx context.Context, ch <-chan struct{}) bool {
 	select {
-	case <-closed:
-		return nil
+	case <-ch:
+		return true
 	case <-ctx.Done():
-		return fmt.Errorf("event store: not closed within the shutdown timeout (is its disk failing? see its errors above); its last writes may be lost: %w", ctx.Err())
+	}
+	t := time.NewTimer(closeFloor)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
 	}
 }
+
+// closeFloor is the least time each step of the event store's close is
+// given, however much of the shutdown's time is left.
+const closeFloor = time.Second
 
 // savedIDs remembers the ids of the last events the store saved, for the
 // gate, which charges an actor's quota on the relay's OK only for an event

@@ -136,6 +136,18 @@ func TestGuardedStoreCloseThatHangs(t *testing.T) {
 	}
 }
 
+// TestGuardedStoreClosesLate: a shutdown whose time is already spent (on
+// draining connections) still lets a store with no call running close.
+func TestGuardedStoreClosesLate(t *testing.T) {
+	g := newGuardedStore(&blockingDB{}, newSavedIDs())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	closed := false
+	if err := g.close(ctx, func() { closed = true }); err != nil || !closed {
+		t.Fatalf("close after the shutdown's time: %v, closed %v; want closed", err, closed)
+	}
+}
+
 // TestSavedIDs: an id saved is taken once; one of two generations back is
 // forgotten; a malformed id is ignored.
 func TestSavedIDs(t *testing.T) {

@@ -10,6 +10,8 @@
 # Each run a fresh redis-server and server (pinned to CPU 1, the load tool
 # to CPU 0). One line per run in OUT:
 #   round server paused stall_ms events/s ok_true unavailable stalls_total other connected sent
+# unavailable counts every answer that starts "error:" (the limiter's
+# "error: rate limiter unavailable" is the only one this load draws).
 # stalls_total is the server's sluice_store_stalls_total at the end; other
 # counts the EVENTs sent that got neither OK true nor an "error:" answer;
 # connected is how many of the 256 connections were upgraded (one refused
@@ -22,7 +24,7 @@ BIN=${BIN:-/tmp/lt}
 n=$1 out=$2 stall=${3:-150}
 run() { # run ROUND SERVER PAUSED
   local rport=$((19000 + RANDOM % 500)) port=$((17000 + RANDOM % 2000)) d pid rpid lp pz mport
-  mport=$((port + 2000))
+  mport=$((port + 3000)) # 20000-21999: clear of the servers and of Redis
   redis-server --port $rport --save "" --appendonly no >/dev/null 2>&1 &
   rpid=$!
   sleep 0.3
@@ -44,7 +46,7 @@ run() { # run ROUND SERVER PAUSED
   local st
   st=$(curl -s 127.0.0.1:$mport/metrics | awk '/^sluice_store_stalls_total/{print $2}')
   python3 -c "import sys,json; j=json.load(open('$d/load.json')); r=j.get('prefixes',{}) or {}; print($1, '$2', '$3', $stall, round(j['rate_per_s']), j['ok_true'], r.get('error:',0), '${st:-0}', j['sent']-j['ok_true']-r.get('error:',0), j['connected'], j['sent'])"
-  kill $pid $rpid; wait $pid $rpid 2>/dev/null || true; rm -rf "$d"
+  kill $pid $rpid 2>/dev/null || true; wait $pid $rpid 2>/dev/null || true; rm -rf "$d"
 }
 for r in $(seq "$n"); do
   case $((r % 2)) in 0) order="old new";; 1) order="new old";; esac

@@ -108,10 +108,13 @@ func TestQuotaApart(t *testing.T) {
 }
 
 // sharesSome reports whether two of actors share a slot of q, by charging
-// them one by one in a window of their own far from T0 (q's budget is one
-// event): an actor refused shares its slot with one charged before.
+// them one by one (q's budget is one event): an actor refused shares its
+// slot with one charged before. It charges in a window older than every
+// window QuotaApart probes in (2^21 windows before T0), which those probes
+// then overwrite: a later window would take their counts and make every
+// actor look shared.
 func sharesSome(q *ratelimit.Quota, actors []string) bool {
-	qa := q.WithClock(func() time.Time { return T0.Add(-24 * time.Hour) })
+	qa := q.WithClock(func() time.Time { return T0.Add(-(1 << 21) * q.Window()) })
 	for _, a := range actors {
 		if added, _ := qa.Add(context.Background(), a, "", 0); !added {
 			return true

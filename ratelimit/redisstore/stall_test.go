@@ -159,19 +159,19 @@ func pretendStall(t *testing.T, d time.Duration) (forget func()) {
 	return forget
 }
 
-// pauseRedis pauses srv (SIGSTOP) for 150 ms, the gate's stall pretended
+// pauseRedis pauses srv (SIGSTOP) for 250 ms, the gate's stall pretended
 // over it when stalled (the two paused together); resumed waits for srv
 // to run again and forgets the stall.
 func pauseRedis(t *testing.T, srv *redistest.Server, stalled bool) (resumed func()) {
 	t.Helper()
 	forget := func() {}
 	if stalled {
-		forget = pretendStall(t, 400*time.Millisecond)
+		forget = pretendStall(t, 600*time.Millisecond)
 	}
 	srv.Pause()
 	done := make(chan struct{})
 	go func() {
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
 		srv.Resume()
 		close(done)
 	}()
@@ -179,6 +179,17 @@ func pauseRedis(t *testing.T, srv *redistest.Server, stalled bool) (resumed func
 		<-done
 		forget()
 	}
+}
+
+// stalledReally reports whether the heartbeat saw the test process itself
+// stall since it had counted before (a loaded machine): then a control
+// that expects "unavailable" may rightly have been answered.
+func stalledReally(t *testing.T, before uint64) bool {
+	if n := stalls.count.Load() - before; n > 0 {
+		t.Logf("the test process itself stalled (%d stalls seen): the control's answer is not judged", n)
+		return true
+	}
+	return false
 }
 
 // oneEvent is a budget of a few decisions an hour.
@@ -202,7 +213,7 @@ func admits(t *testing.T, s *Store, key string) int {
 
 // TestStallReadsTheReplyOn: Redis answers a decision in time (its call runs
 // at once, before its cutoff, and writes) but the reply reaches the gate
-// after the deadline (replies held 80 ms, Timeout 50 ms). Alone that is a
+// after the deadline (replies held 150 ms, Timeout 100 ms). Alone that is a
 // slow Redis, and the decision is unavailable as before. When the gate
 // itself did not run for part of the wait, its read is given that time
 // back and the written decision is read, not lost: without the grace the
@@ -220,20 +231,21 @@ func TestStallReadsTheReplyOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, batch := range []bool{false, true} {
-		s := newStore(t, c, Options{Timeout: 50 * time.Millisecond, Batch: batchSize(batch)})
+		s := newStore(t, c, Options{Timeout: 100 * time.Millisecond, Batch: batchSize(batch)})
 		t.Cleanup(func() { _ = s.Close() })
 		// Warm: the script cached, so the call is one EVALSHA.
 		if _, err := s.Decide(ctx, "{warm}:message:EVENT", oneEvent, time.Time{}); err != nil {
 			t.Fatalf("batch %v: warm: %v", batch, err)
 		}
-		p.SetLatency(80 * time.Millisecond)
+		p.SetLatency(150 * time.Millisecond)
 		key := "{slow" + itoa(time.Now().UnixNano()) + "}:message:EVENT"
-		if _, err := s.Decide(ctx, key, oneEvent, time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) {
+		real := stalls.count.Load()
+		if _, err := s.Decide(ctx, key, oneEvent, time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) && !stalledReally(t, real) {
 			t.Fatalf("batch %v: a slow Redis, the gate running: %v, want unavailable", batch, err)
 		}
 		before := s.Stats().Stalls
 		key2 := key + "2"
-		forget := pretendStall(t, 300*time.Millisecond)
+		forget := pretendStall(t, 500*time.Millisecond)
 		d, err := s.Decide(ctx, key2, oneEvent, time.Time{})
 		p.SetLatency(0)
 		forget()
@@ -251,7 +263,7 @@ func TestStallReadsTheReplyOn(t *testing.T) {
 }
 
 // TestStallLateDecisionSentAgain: the gate and its Redis paused together
-// (Redis SIGSTOPped for 150 ms, the gate's stall pretended): Redis runs the
+// (Redis SIGSTOPped for 250 ms, the gate's stall pretended): Redis runs the
 // decision past its cutoff and writes nothing ("late"). Alone that is a
 // slow Redis, refused as unavailable. After a stall of the gate the
 // decision is sent once more and admitted, charged exactly once: the late
@@ -268,11 +280,12 @@ func TestStallLateDecisionSentAgain(t *testing.T) {
 	ctx := context.Background()
 	for _, batch := range []bool{false, true} {
 		for _, stalled := range []bool{false, true} {
-			s := newStore(t, c, Options{Timeout: 50 * time.Millisecond, Batch: batchSize(batch)})
+			s := newStore(t, c, Options{Timeout: 100 * time.Millisecond, Batch: batchSize(batch)})
 			if _, err := s.Decide(ctx, "{warm}:message:EVENT", oneEvent, time.Time{}); err != nil {
 				t.Fatalf("warm: %v", err)
 			}
 			key := "{late" + itoa(time.Now().UnixNano()) + "}:message:EVENT"
+			real := stalls.count.Load()
 			resumed := pauseRedis(t, srv, stalled)
 			before := s.Stats().Stalls
 			// g decisions at once, every other one a frame of two budgets
@@ -299,7 +312,7 @@ func TestStallLateDecisionSentAgain(t *testing.T) {
 			for i := range g {
 				d, err := ds[i], errs[i]
 				switch {
-				case !stalled && !errors.Is(err, ratelimit.ErrUnavailable):
+				case !stalled && !errors.Is(err, ratelimit.ErrUnavailable) && !stalledReally(t, real):
 					t.Errorf("batch %v, decision %d: Redis paused, the gate running: %+v, %v; want unavailable", batch, i, d, err)
 				case stalled && (err != nil || !d.Allowed):
 					t.Errorf("batch %v, decision %d: Redis paused with the gate: %+v, %v; want admitted", batch, i, d, err)
@@ -325,7 +338,7 @@ func TestStallLateDecisionSentAgain(t *testing.T) {
 
 // TestStallGuardHold: the connection cap's place, whose call keeps its
 // plain deadline, is read on after a stall like any reply: with Redis
-// paused 150 ms past a 50 ms deadline, two holds at once fail as
+// paused 250 ms past a 100 ms deadline, two holds at once fail as
 // unavailable while the gate runs, and are answered (the places held)
 // when the gate itself was paused with Redis.
 func TestStallGuardHold(t *testing.T) {
@@ -335,7 +348,7 @@ func TestStallGuardHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	s := newStore(t, c, Options{Timeout: 50 * time.Millisecond})
+	s := newStore(t, c, Options{Timeout: 100 * time.Millisecond})
 	t.Cleanup(func() { _ = s.Close() })
 	g := newGuard(t, s, 0)
 	ctx := context.Background()
@@ -355,6 +368,7 @@ func TestStallGuardHold(t *testing.T) {
 		if stalled {
 			clients = apart[2:]
 		}
+		real := stalls.count.Load()
 		resumed := pauseRedis(t, srv, stalled)
 		oks := make([]bool, len(clients))
 		errs := make([]error, len(clients))
@@ -370,11 +384,39 @@ func TestStallGuardHold(t *testing.T) {
 		resumed()
 		for i := range clients {
 			switch {
-			case !stalled && !errors.Is(errs[i], ratelimit.ErrUnavailable):
+			case !stalled && !errors.Is(errs[i], ratelimit.ErrUnavailable) && !stalledReally(t, real):
 				t.Errorf("hold %d, Redis paused, the gate running: held %v, %v; want unavailable", i, oks[i], errs[i])
 			case stalled && (errs[i] != nil || !oks[i]):
 				t.Errorf("hold %d, Redis paused with the gate: held %v, %v; want held", i, oks[i], errs[i])
 			}
 		}
+	}
+}
+
+// TestStallHeartbeatHeldByOpenStores: a Store holds the heartbeat from New
+// to its first Close; a New that fails holds nothing (it would tick for
+// the life of the process).
+func TestStallHeartbeatHeldByOpenStores(t *testing.T) {
+	users := func() int {
+		stalls.mu.Lock()
+		defer stalls.mu.Unlock()
+		return stalls.users
+	}
+	c := client(t, "127.0.0.1:1") // never asked
+	before := users()
+	if _, err := New(c, Options{Batch: -1}); err == nil {
+		t.Fatal("New with Batch -1 succeeded")
+	}
+	if got := users(); got != before {
+		t.Fatalf("a failed New: %d holders, want %d", got, before)
+	}
+	s := newStore(t, c, Options{})
+	if got := users(); got != before+1 {
+		t.Fatalf("an open Store: %d holders, want %d", got, before+1)
+	}
+	_ = s.Close()
+	_ = s.Close()
+	if got := users(); got != before {
+		t.Fatalf("closed twice: %d holders, want %d", got, before)
 	}
 }

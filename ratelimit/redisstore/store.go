@@ -237,7 +237,6 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		br:      br,
 		idBase:  hex.EncodeToString(seed[:3]),
 		done:    make(chan struct{}),
-		unstall: stalls.hold(),
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		st.nodes = newNodes(cc, opts.breaker)
@@ -281,6 +280,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		st.batch.known = &st.known
 		st.batch.margin = st.margin
 	}
+	st.unstall = stalls.hold() // last: a New that fails holds nothing
 	return st, nil
 }
 
