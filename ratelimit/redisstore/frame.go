@@ -117,13 +117,8 @@ func (s *Store) DecideAll(ctx context.Context, budgets []ratelimit.Budget, now t
 		}
 		var replies []any
 		replies, err = s.frameCall(ctx, s.deadline(ctx, time.Now()), s.br, probe, reqs, false)
-		if isLate(err) && stalls.since(start) > 0 {
-			// Nothing written, the lateness the gate's: once more, as
-			// decideReq does.
-			if probe, ok := s.br.allow(); ok {
-				s.resent.Add(1)
-				replies, err = s.frameCall(ctx, s.deadline(ctx, time.Now()), s.br, probe, reqs, false)
-			}
+		if probe, ok := s.again(err, start, s.br); ok {
+			replies, err = s.frameCall(ctx, s.deadline(ctx, time.Now()), s.br, probe, reqs, false)
 		}
 		if err == nil {
 			d, at, err = combine(reqs, replies)

@@ -43,11 +43,9 @@ type stallMeter struct {
 	mu    sync.Mutex
 	users int
 	stop  chan struct{}
-	prev  int64           // the tick before, under mu (tick)
 	gaps  [stallKeep]span // the newest stalls, a ring, under mu
 	next  int
-	last  atomic.Int64 // the newest tick (monoNow); 0: not running
-	count atomic.Uint64
+	last  atomic.Int64 // the newest tick (monoNow), written under mu; 0: not running
 }
 
 // span is a stall: the last tick before it and the first after, in monoNow's
@@ -69,8 +67,7 @@ func (m *stallMeter) hold() (release func()) {
 	m.users++
 	if m.users == 1 {
 		m.stop = make(chan struct{})
-		m.prev = monoNow()
-		m.last.Store(m.prev)
+		m.last.Store(monoNow())
 		go m.run(m.stop)
 	}
 	m.mu.Unlock()
@@ -109,10 +106,9 @@ func (m *stallMeter) tick(now int64) {
 	if m.users == 0 {
 		return // released while this tick was on its way: last stays 0
 	}
-	if now-m.prev >= int64(stallTick+stallMin) {
-		m.note(m.prev, now)
+	if prev := m.last.Load(); now-prev >= int64(stallTick+stallMin) {
+		m.note(prev, now)
 	}
-	m.prev = now
 	m.last.Store(now)
 }
 
@@ -121,7 +117,6 @@ func (m *stallMeter) tick(now int64) {
 func (m *stallMeter) note(from, to int64) {
 	m.gaps[m.next%stallKeep] = span{from, to}
 	m.next++
-	m.count.Add(1)
 }
 
 // since is how long, at the longest, the process did not run between t

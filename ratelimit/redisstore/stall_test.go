@@ -34,7 +34,7 @@ func TestStallMeterLost(t *testing.T) {
 		t.Fatal("a tick with no Store holding the heartbeat started it")
 	}
 	m.users = 1
-	m.prev = 1 * ms
+	m.last.Store(1 * ms)
 	for _, at := range []int64{11, 21, 46, 171, 181} { // 46: a gap of 25 ms, not a stall; 46→171: one
 		m.tick(at * ms)
 	}
@@ -67,14 +67,20 @@ func TestStallMeterLost(t *testing.T) {
 			t.Errorf("lost(from %d ms, now %d ms) = %v, want %v", c.from, c.now, got, c.want)
 		}
 	}
-	if n := m.count.Load(); n != 1 {
-		t.Errorf("%d stalls noted, want 1", n)
+	noted := 0
+	for _, g := range m.gaps {
+		if g.to != 0 {
+			noted++
+		}
+	}
+	if noted != 1 {
+		t.Errorf("%d stalls noted, want 1", noted)
 	}
 	// The ring keeps the newest stallKeep.
 	for i := range int64(stallKeep) {
-		m.tick(m.prev + 50*ms + i*ms)
+		m.tick(m.last.Load() + 50*ms + i*ms)
 	}
-	if got := m.lost(1, m.prev); got != time.Duration(50+stallKeep-1-10)*time.Millisecond {
+	if got := m.lost(1, m.last.Load()); got != time.Duration(50+stallKeep-1-10)*time.Millisecond {
 		t.Errorf("after %d more stalls: lost %v, want the newest's", stallKeep, got)
 	}
 }
@@ -182,11 +188,11 @@ func pauseRedis(t *testing.T, srv *redistest.Server, stalled bool) (resumed func
 }
 
 // stalledReally reports whether the heartbeat saw the test process itself
-// stall since it had counted before (a loaded machine): then a control
-// that expects "unavailable" may rightly have been answered.
-func stalledReally(t *testing.T, before uint64) bool {
-	if n := stalls.count.Load() - before; n > 0 {
-		t.Logf("the test process itself stalled (%d stalls seen): the control's answer is not judged", n)
+// stall since (a loaded machine): then a control that expects
+// "unavailable" may rightly have been answered.
+func stalledReally(t *testing.T, since time.Time) bool {
+	if lost := stalls.since(since); lost > 0 {
+		t.Logf("the test process itself stalled (%v lost): the control's answer is not judged", lost)
 		return true
 	}
 	return false
@@ -239,7 +245,7 @@ func TestStallReadsTheReplyOn(t *testing.T) {
 		}
 		p.SetLatency(150 * time.Millisecond)
 		key := "{slow" + itoa(time.Now().UnixNano()) + "}:message:EVENT"
-		real := stalls.count.Load()
+		real := time.Now()
 		if _, err := s.Decide(ctx, key, oneEvent, time.Time{}); !errors.Is(err, ratelimit.ErrUnavailable) && !stalledReally(t, real) {
 			t.Fatalf("batch %v: a slow Redis, the gate running: %v, want unavailable", batch, err)
 		}
@@ -285,7 +291,7 @@ func TestStallLateDecisionSentAgain(t *testing.T) {
 				t.Fatalf("warm: %v", err)
 			}
 			key := "{late" + itoa(time.Now().UnixNano()) + "}:message:EVENT"
-			real := stalls.count.Load()
+			real := time.Now()
 			resumed := pauseRedis(t, srv, stalled)
 			before := s.Stats().Stalls
 			// g decisions at once, every other one a frame of two budgets
@@ -368,7 +374,7 @@ func TestStallGuardHold(t *testing.T) {
 		if stalled {
 			clients = apart[2:]
 		}
-		real := stalls.count.Load()
+		real := time.Now()
 		resumed := pauseRedis(t, srv, stalled)
 		oks := make([]bool, len(clients))
 		errs := make([]error, len(clients))

@@ -534,15 +534,8 @@ func (s *Store) decideReq(ctx context.Context, key string, req *request, mk func
 		req = mk()
 	}
 	d, err := s.send(ctx, start, br, probe, req)
-	if isLate(err) && stalls.since(start) > 0 {
-		// Redis ran the call past its cutoff, so nothing of it was
-		// written, and the gate itself did not run for part of the wait
-		// (stallMeter): the time lost was the gate's, not Redis's (heard).
-		// Asked once more, with a deadline of its own.
-		if probe, ok := br.allow(); ok {
-			s.resent.Add(1)
-			d, err = s.send(ctx, time.Now(), br, probe, req)
-		}
+	if probe, ok := s.again(err, start, br); ok {
+		d, err = s.send(ctx, time.Now(), br, probe, req)
 	}
 	if s.observe != nil && !errors.Is(err, errBreakerOpen) { // a queued decision its breaker refused was not sent
 		s.observe(time.Since(start), err)
@@ -655,11 +648,31 @@ func cutoff(deadline time.Time, margin time.Duration) int64 {
 }
 
 // heard reports whether a call sent at sent that ended in err shows Redis
-// answering: the script's reply, or its refusal of one key — or, when the
-// gate itself did not run for part of the wait (stallMeter), the script's
-// refusal of the call as late, since the lateness was the gate's.
+// answering: the script's reply, or its refusal of one key — or its
+// refusal of the call as late when the gate stalled meanwhile (lateOnUs).
 func heard(err error, sent time.Time) bool {
-	return answered(err) || isLate(err) && stalls.since(sent) > 0
+	return answered(err) || lateOnUs(err, sent)
+}
+
+// lateOnUs reports whether Redis refused a call asked at since as late
+// (past its cutoff: nothing of it was written) while the gate itself did
+// not run for part of the wait (stallMeter): the time lost was the
+// gate's, not Redis's.
+func lateOnUs(err error, since time.Time) bool {
+	return isLate(err) && stalls.since(since) > 0
+}
+
+// again reports whether a decision asked at since that ended in err goes
+// once more, with a deadline of its own, and with which probe of br: when
+// it was late on us (lateOnUs) and br lets it go.
+func (s *Store) again(err error, since time.Time, br *breaker) (probe, ok bool) {
+	if !lateOnUs(err, since) {
+		return false, false
+	}
+	if probe, ok = br.allow(); ok {
+		s.resent.Add(1)
+	}
+	return probe, ok
 }
 
 // isLate reports whether the script refused a call as past its cutoff.
