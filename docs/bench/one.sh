@@ -4,7 +4,9 @@
 # pinned to CPU 0; print the server's CPU ticks (utime + stime from
 # /proc/PID/stat) over the run and the tool's JSON line.
 #   SERVER: khatru (plain khatru: sluice-load khatru) or a name N for which
-#   $BIN/sluice.N is a sluice binary (run as sluice relay with bench.yaml).
+#   $BIN/sluice.N is a sluice binary (run as sluice relay with bench.yaml,
+#   or with the config CONFIG names, and with --redis REDIS when REDIS is
+#   set: a Redis URL).
 # BIN (default /tmp/lt) holds sluice-load as "load" and the sluice binaries.
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,7 +16,7 @@ port=$((17000 + RANDOM % 2000))
 d=$(mktemp -d)
 case $srv in
   khatru) taskset -c 1 "$BIN/load" khatru -listen 127.0.0.1:$port -data "$d" >/dev/null 2>&1 & ;;
-  *) taskset -c 1 "$BIN/sluice.$srv" relay --config "$here/bench.yaml" --listen 127.0.0.1:$port --data-dir "$d" --metrics-listen "" >/dev/null 2>&1 & ;;
+  *) taskset -c 1 "$BIN/sluice.$srv" relay --config "${CONFIG:-$here/bench.yaml}" ${REDIS:+--redis "$REDIS"} --listen 127.0.0.1:$port --data-dir "$d" --metrics-listen "" >/dev/null 2>&1 & ;;
 esac
 pid=$!
 for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.05; done

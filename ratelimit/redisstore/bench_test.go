@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -58,6 +60,8 @@ func BenchmarkRedis(b *testing.B) {
 	b.Run("Decide1WindowBatch32x2", e.decide(oneWindow, Options{Batch: 32, batchWorkers: 2}, false, benchGoroutines))
 	b.Run("Decide2WindowsGoRedisAutoPipeline", e.decide(twoWindows, Options{}, true, benchGoroutines))
 	b.Run("RedisRateAllow1WindowGoRedisAutoPipeline", e.rate(true, benchGoroutines))
+	b.Run("GoRedisPing", e.ping(false, benchGoroutines))
+	b.Run("RawPing", e.ping(true, benchGoroutines))
 }
 
 // BenchmarkRedisConcurrency runs the pair that matters — our two-window
@@ -288,6 +292,48 @@ func (e *benchEnv) rate(ap bool, g int) func(b *testing.B) {
 		e.parallel(b, g, nil, func(ctx context.Context, key string) (bool, error) {
 			r, err := lim.Allow(ctx, key, limit)
 			return err == nil && r.Allowed > 0, err
+		})
+	}
+}
+
+// ping benchmarks the floor under every decision: one round trip that
+// decides nothing, a PING, through the client NewClient builds or (raw) as
+// bare RESP over one net.Conn per goroutine, written and read by hand. Its
+// client-cpu-µs/op is what any answer from Redis costs this process on
+// this machine, whatever the script or client.
+func (e *benchEnv) ping(raw bool, g int) func(b *testing.B) {
+	return func(b *testing.B) {
+		if !raw {
+			c := e.universal(b)
+			e.parallel(b, g, nil, func(ctx context.Context, _ string) (bool, error) {
+				return true, c.Ping(ctx).Err()
+			})
+			return
+		}
+		conns := make(chan net.Conn, g)
+		for range g {
+			c, err := net.Dial("tcp", e.admin.Options().Addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = c.Close() })
+			conns <- c
+		}
+		ping := []byte("*1\r\n$4\r\nPING\r\n")
+		e.parallel(b, g, nil, func(context.Context, string) (bool, error) {
+			c := <-conns
+			defer func() { conns <- c }()
+			var buf [7]byte // +PONG\r\n
+			if _, err := c.Write(ping); err != nil {
+				return false, err
+			}
+			if _, err := io.ReadFull(c, buf[:]); err != nil {
+				return false, err
+			}
+			if string(buf[:]) != "+PONG\r\n" {
+				return false, errors.New("not a PONG: " + strconv.Quote(string(buf[:])))
+			}
+			return true, nil
 		})
 	}
 }
